@@ -1,0 +1,171 @@
+"""`amflow <step> --config FILE --run-id ID [--set key=value ...]`
+
+The exact command a container, a Ray job or an Airflow task runs. Step modules are
+imported only when their step runs, so `--help` is instant. The last line a step
+prints on stdout is `AMFLOW_SUMMARY <json>`: its metrics, which Airflow keeps as XCom.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import logging
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from amflow.config import ConfigError, load_config
+
+SUMMARY_PREFIX = "AMFLOW_SUMMARY "
+DEFAULT_CONFIG = "configs/local.yaml"
+
+
+@dataclass
+class Step:
+    entry: str  # "module:function"
+    help: str
+    reads: str
+    writes: str
+    needs_run: bool = True
+    add_args: Callable[[argparse.ArgumentParser], None] | None = None
+    extra: dict = field(default_factory=dict)
+
+
+def _corpus_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--out", help="corpus root URI to write (default: data.corpus)")
+
+
+def _evaluate_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", help="model checkpoint URI (default: this run's train output)")
+    p.add_argument("--data", help="corpus root URI with alignments.ctm (default: data.corpus)")
+    p.add_argument("--split", default="test", help="corpus split to score (default: test)")
+    p.add_argument("--out", help="JSON file/URI to write (default: <run>/evaluate/result.json)")
+
+
+def _bench_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("what", choices=["features", "targets", "trainers", "train", "gtc"],
+                   help="which benchmark to run")
+    p.add_argument("--out", help="where to write the benchmark JSON (default: under the run)")
+
+
+def _simulate_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--measured", help="JSON with measured compute seconds and bytes per "
+                   "minibatch per algorithm (default: from this run's train step, if any)")
+
+
+STEPS: dict[str, Step] = {
+    "corpus": Step(
+        "tasks.corpus:run", "synthesise the embedded espeak-ng speech corpus",
+        reads="nothing but config (corpus.*)",
+        writes="--out URI: audio/<split>/*.wav, metadata/date=*/bucket=*/part.jsonl, "
+               "alignments.ctm, phones.txt, _SUCCESS.json",
+        needs_run=False, add_args=_corpus_args),
+    "select": Step(
+        "tasks.select:run", "sample select.hours of audio and shard it by speaker",
+        reads="data.corpus metadata/**.jsonl",
+        writes="runs/<id>/select/shards/*.parquet (manifests), rejects/, _SUCCESS.json"),
+    "features": Step(
+        "tasks.features:run", "log-mel fbank, causal CMN, global CMVN, low frame rate",
+        reads="runs/<id>/select shard manifests, the audio they point at, alignments.ctm",
+        writes="runs/<id>/features/shards/*.parquet, cmvn.json, phones.json, rejects/, "
+               "_SUCCESS.json"),
+    "targets": Step(
+        "tasks.targets:run", "teacher inference on a Ray actor pool, top-k soft targets",
+        reads="runs/<id>/features shards, teacher checkpoint (targets.teacher)",
+        writes="runs/<id>/targets/shards/*.parquet (topk_idx int16, topk_logit fp16), "
+               "_SUCCESS.json with the top-k fidelity report"),
+    "repartition": Step(
+        "tasks.repartition:run", "join features and targets into equal training partitions",
+        reads="runs/<id>/features (and targets, when present)",
+        writes="runs/<id>/repartition/<split>/part-*.parquet, _SUCCESS.json"),
+    "train": Step(
+        "training.launch:run", "train the teacher or the student (train.algorithm on Ray Train)",
+        reads="runs/<id>/repartition partitions",
+        writes="runs/<id>/train/ (or train_<model>): checkpoints/, model.pt, metrics.jsonl, "
+               "learning_curve.png, _SUCCESS.json"),
+    "evaluate": Step(
+        "training.evaluate:run", "frame accuracy and phone error rate per condition",
+        reads="--model checkpoint, --data corpus with alignments.ctm, the run's cmvn.json",
+        writes="--out JSON (frame_accuracy, per_condition, num_frames, per), _SUCCESS.json",
+        add_args=_evaluate_args),
+    "simulate": Step(
+        "training.simulate:run", "project trainer throughput to 16-128 workers",
+        reads="measured compute time and bytes per minibatch (train step or --measured)",
+        writes="runs/<id>/simulate/table.md, table.json, _SUCCESS.json",
+        add_args=_simulate_args),
+    "bench": Step(
+        "bench.cli:run", "benchmarks measured side by side, printed as ratios",
+        reads="the run's data (or the embedded corpus)",
+        writes="runs/<id>/bench/<what>.json", add_args=_bench_args),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="amflow",
+        description="amflow: a semi-supervised teacher/student acoustic-model factory.\n"
+                    "Every step reads and writes under <storage.root>/runs/<run-id>/<step>/.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="\n".join(f"  {name:<12} {s.help}\n  {'':<12}   reads:  {s.reads}\n"
+                         f"  {'':<12}   writes: {s.writes}" for name, s in STEPS.items()))
+    sub = parser.add_subparsers(dest="step", metavar="<step>", required=True)
+    for name, step in STEPS.items():
+        p = sub.add_parser(name, help=step.help,
+                           description=f"{step.help}.\n\nreads:  {step.reads}\n"
+                                       f"writes: {step.writes}",
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
+        p.add_argument("--config", default=None,
+                       help=f"YAML config (default: {DEFAULT_CONFIG} if present)")
+        p.add_argument("--run-id", required=step.needs_run and name != "bench",
+                       default=None, help="run name; outputs go under runs/<run-id>/")
+        p.add_argument("--set", dest="overrides", action="append", default=[],
+                       metavar="KEY=VALUE", help="override a config key, e.g. select.hours=2")
+        p.add_argument("--force", action="store_true",
+                       help="redo shards whose outputs already exist")
+        p.add_argument("--log-level", default=os.environ.get("AMFLOW_LOG_LEVEL", "INFO"))
+        if step.add_args:
+            step.add_args(p)
+    return parser
+
+
+def _load_entry(entry: str) -> Callable[..., dict]:
+    module, func = entry.split(":")
+    return getattr(importlib.import_module(module), func)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    config_path = args.config
+    if config_path is None and Path(DEFAULT_CONFIG).exists():
+        config_path = DEFAULT_CONFIG
+    step = STEPS[args.step]
+    try:
+        cfg = load_config(config_path, args.overrides)
+    except ConfigError as exc:
+        print(f"amflow {args.step}: {exc}", file=sys.stderr)
+        return 2
+    from amflow.runs import StepContext, StepError
+
+    try:
+        fn = _load_entry(step.entry)
+        if step.needs_run or args.run_id:
+            ctx = StepContext(cfg, args.run_id or "bench", args.step, force=args.force)
+            summary = fn(ctx, args)
+        else:
+            summary = fn(cfg, args)
+    except ConfigError as exc:
+        print(f"amflow {args.step}: {exc}", file=sys.stderr)
+        return 2
+    except StepError as exc:
+        print(f"amflow {args.step}: error: {exc}", file=sys.stderr)
+        return 1
+    print(SUMMARY_PREFIX + json.dumps(summary, sort_keys=True, default=str), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,459 @@
+"""One validated config schema for every step.
+
+The schema is a tree of dataclasses. A YAML file and `--set a.b=c` overrides are merged
+onto the defaults; an unknown key, a wrong type or an out-of-range value raises
+`ConfigError` naming the dotted key. Steps receive the typed `Config` object.
+"""
+from __future__ import annotations
+
+import dataclasses
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A bad config key or value; the message starts with the dotted key."""
+
+    def __init__(self, key: str, message: str):
+        super().__init__(f"config key '{key}': {message}")
+        self.key = key
+
+
+def _check(cond: bool, key: str, message: str) -> None:
+    if not cond:
+        raise ConfigError(key, message)
+
+
+@dataclass
+class S3Config:
+    # Empty values mean "use the standard AWS chain" (env, profile, instance role).
+    endpoint_url: str = ""
+    region: str = ""
+    access_key_id: str = ""
+    secret_access_key: str = ""
+    session_token: str = ""
+    # Path-style addressing is required by most non-AWS endpoints (moto, MinIO).
+    force_path_style: bool = False
+
+
+@dataclass
+class StorageConfig:
+    root: str = "./data"
+    s3: S3Config = field(default_factory=S3Config)
+    retries: int = 5
+    retry_backoff_s: float = 0.5
+
+    def validate(self, key: str) -> None:
+        _check(bool(self.root.strip()), f"{key}.root", "must be a non-empty URI")
+        _check(self.retries >= 0, f"{key}.retries", "must be >= 0")
+
+
+@dataclass
+class DataConfig:
+    corpus: str = "./data/corpus"
+
+    def validate(self, key: str) -> None:
+        _check(bool(self.corpus.strip()), f"{key}.corpus", "must be a non-empty URI")
+
+
+@dataclass
+class RayConfig:
+    # Empty address: start (or join) a local Ray on this machine.
+    address: str = ""
+    num_cpus: int = 2
+    num_gpus: int = 0
+    # Torch/BLAS threads inside each Ray task, so tasks do not oversubscribe the cores.
+    worker_threads: int = 1
+    # Custom resources each step requests, so it lands on its pool on a cluster
+    # (e.g. {"features": {"pool_c4": 0.01}}). Empty on a laptop.
+    step_resources: dict[str, dict[str, float]] = field(default_factory=dict)
+
+    def validate(self, key: str) -> None:
+        _check(self.num_cpus >= 1, f"{key}.num_cpus", "must be >= 1")
+        _check(self.num_gpus >= 0, f"{key}.num_gpus", "must be >= 0")
+
+
+@dataclass
+class CorpusConfig:
+    """`amflow corpus`: the synthetic espeak-ng corpus."""
+
+    hours: float = 0.3
+    seed: int = 0
+    # Split shares of the speakers not held out for test; test speakers are unseen elsewhere.
+    labeled_share: float = 0.2
+    dev_share: float = 0.1
+    test_share: float = 0.15
+    speakers: int = 24
+    test_speakers: int = 4
+    conditions: list[str] = field(default_factory=lambda: ["DP1", "DP2", "DP3", "DP4", "DP5"])
+    sample_rate: int = 16000
+    workers: int = 2
+    language: str = "en-us"
+    locale: str = "en-US"
+
+    def validate(self, key: str) -> None:
+        _check(self.hours > 0, f"{key}.hours", "must be > 0")
+        for name in ("labeled_share", "dev_share", "test_share"):
+            v = getattr(self, name)
+            _check(0 <= v < 1, f"{key}.{name}", "must be in [0, 1)")
+        _check(self.speakers >= 4, f"{key}.speakers", "must be >= 4")
+        _check(0 < self.test_speakers < self.speakers, f"{key}.test_speakers",
+               "must be in (0, corpus.speakers)")
+        _check(self.workers >= 1, f"{key}.workers", "must be >= 1")
+        _check(self.sample_rate == 16000, f"{key}.sample_rate", "only 16000 is supported")
+        bad = [c for c in self.conditions if c not in ("DP1", "DP2", "DP3", "DP4", "DP5")]
+        _check(not bad and self.conditions, f"{key}.conditions", f"must be among DP1..DP5, got {bad}")
+
+
+@dataclass
+class SelectConfig:
+    hours: float = 1.0
+    shard_hours: float = 0.05
+    splits: list[str] = field(default_factory=lambda: ["labeled", "unlabeled"])
+    # Mild oversampling from the mean utterance length, then trim to `hours`.
+    oversample: float = 1.05
+    seed: int = 0
+
+    def validate(self, key: str) -> None:
+        _check(self.hours > 0, f"{key}.hours", "must be > 0")
+        _check(self.shard_hours > 0, f"{key}.shard_hours", "must be > 0")
+        _check(self.oversample >= 1.0, f"{key}.oversample", "must be >= 1.0")
+        _check(bool(self.splits), f"{key}.splits", "must name at least one split")
+
+
+@dataclass
+class FeaturesConfig:
+    backend: str = "numpy"  # numpy (batched, vectorised) | kaldi (kaldi-native-fbank per utterance)
+    sample_rate: int = 16000
+    num_mel_bins: int = 64
+    frame_length_ms: float = 25.0
+    frame_shift_ms: float = 10.0
+    dither: float = 0.0
+    preemph_coeff: float = 0.97
+    remove_dc_offset: bool = True
+    window_type: str = "povey"
+    low_freq: float = 20.0
+    high_freq: float = 0.0
+    snip_edges: bool = True
+    # Causal mean normalisation carried over a speaker's stream.
+    cmn_window: int = 600
+    cmn_min_window: int = 100
+    stack: int = 3
+    subsample: int = 3
+    storage_dtype: str = "float16"  # float16 | uint8
+    resample: bool = True
+    downmix: bool = True
+    seed: int = 0
+
+    def validate(self, key: str) -> None:
+        _check(self.backend in ("numpy", "kaldi"), f"{key}.backend", "must be numpy or kaldi")
+        _check(self.num_mel_bins > 0, f"{key}.num_mel_bins", "must be > 0")
+        _check(self.frame_length_ms > 0 and self.frame_shift_ms > 0, f"{key}.frame_shift_ms",
+               "frame length and shift must be > 0")
+        _check(self.dither >= 0, f"{key}.dither", "must be >= 0")
+        _check(self.stack >= 1, f"{key}.stack", "must be >= 1")
+        _check(self.subsample >= 1, f"{key}.subsample", "must be >= 1")
+        _check(self.storage_dtype in ("float16", "uint8"), f"{key}.storage_dtype",
+               "must be float16 or uint8")
+
+
+@dataclass
+class TargetsConfig:
+    teacher: str = ""  # URI of a teacher checkpoint; empty = the run's own teacher step output
+    k: int = 20
+    temperature: float = 1.0
+    actors: int = 2
+    threads_per_actor: int = 1
+    batch_frames: int = 8000
+    max_frames: int = 20000  # longer utterances are split into pieces of this size
+    device: str = "auto"  # auto | cpu | cuda
+    fp16: bool = True  # only used on GPU (or when device is forced)
+    fidelity_sample_frames: int = 20000
+
+    def validate(self, key: str) -> None:
+        _check(self.k >= 1, f"{key}.k", "must be >= 1")
+        _check(self.actors >= 1, f"{key}.actors", "must be >= 1")
+        _check(self.device in ("auto", "cpu", "cuda"), f"{key}.device", "must be auto, cpu or cuda")
+        _check(self.temperature > 0, f"{key}.temperature", "must be > 0")
+
+
+@dataclass
+class RepartitionConfig:
+    # Target partition duration; the count is rounded up to a multiple of train.workers.
+    partition_hours: float = 0.05
+    splits: list[str] = field(default_factory=lambda: ["labeled", "unlabeled"])
+    seed: int = 0
+
+    def validate(self, key: str) -> None:
+        _check(self.partition_hours > 0, f"{key}.partition_hours", "must be > 0")
+
+
+@dataclass
+class StudentConfig:
+    layers: int = 2
+    hidden: int = 128
+    lookahead: int = 3
+
+    def validate(self, key: str) -> None:
+        _check(self.layers >= 1, f"{key}.layers", "must be >= 1")
+        _check(self.hidden >= 1, f"{key}.hidden", "must be >= 1")
+        _check(self.lookahead >= 0, f"{key}.lookahead", "must be >= 0")
+
+
+@dataclass
+class TeacherConfig:
+    layers: int = 2
+    hidden: int = 128
+
+    def validate(self, key: str) -> None:
+        _check(self.layers >= 1, f"{key}.layers", "must be >= 1")
+        _check(self.hidden >= 1, f"{key}.hidden", "must be >= 1")
+
+
+@dataclass
+class ModelConfig:
+    student: StudentConfig = field(default_factory=StudentConfig)
+    teacher: TeacherConfig = field(default_factory=TeacherConfig)
+    # 0 = the run's phone inventory size; a larger number (e.g. 3183 senones) in config.
+    num_classes: int = 0
+
+
+@dataclass
+class TrainConfig:
+    model: str = "student"  # teacher | student
+    # labeled: CE on hard labels; ssl: scheduled learning over unlabeled soft targets
+    recipe: str = "labeled"
+    algorithm: str = "sgd"  # sgd | gtc | bmuf | htm | ma
+    workers: int = 1
+    epochs: int = 6
+    finetune_epochs: int = 1
+    lr: float = 1.0e-3
+    final_lr: float = 1.0e-4
+    labeled_lr_scale: float = 1.5
+    optimizer: str = "adam"  # adam | sgd
+    momentum: float = 0.9
+    schedule: str = "exponential"  # exponential | newbob
+    newbob_threshold: float = 0.005
+    min_lr: float = 1.0e-5
+    sub_epochs: int = 4
+    chunk_frames: int = 32
+    minibatch_frames: int = 2048
+    max_change: float = 0.0  # 0 = off; Kaldi-style per-minibatch parameter change cap
+    clip_grad_norm: float = 5.0
+    temperature: float = 1.0
+    topk_fill: float = -1.0e4
+    checkpoint_every: int = 200  # minibatches
+    seed: int = 0
+    prefetch: int = 4
+    # Distributed algorithm knobs.
+    gtc_tau: float = 0.0  # 0 = derive from gtc_tau_scale
+    gtc_tau_scale: float = 8.0
+    block_size: int = 50
+    block_lr: float = 1.0  # zeta
+    block_momentum: float = -1.0  # eta; < 0 = derive from zeta/(N(1-eta)) = C
+    bmuf_c: float = 1.0
+    group_size: int = 2
+    ma_samples: int = 20000  # frames between averages (Kaldi's K)
+    use_gpu: bool = False
+
+    def validate(self, key: str) -> None:
+        _check(self.model in ("teacher", "student"), f"{key}.model", "must be teacher or student")
+        _check(self.recipe in ("labeled", "ssl"), f"{key}.recipe", "must be labeled or ssl")
+        _check(self.algorithm in ("sgd", "gtc", "bmuf", "htm", "ma"), f"{key}.algorithm",
+               "must be one of sgd, gtc, bmuf, htm, ma")
+        _check(self.workers >= 1, f"{key}.workers", "must be >= 1")
+        _check(self.epochs >= 1, f"{key}.epochs", "must be >= 1")
+        _check(self.lr > 0, f"{key}.lr", "must be > 0")
+        _check(self.optimizer in ("adam", "sgd"), f"{key}.optimizer", "must be adam or sgd")
+        _check(self.schedule in ("exponential", "newbob"), f"{key}.schedule",
+               "must be exponential or newbob")
+        _check(self.chunk_frames >= 1, f"{key}.chunk_frames", "must be >= 1")
+        _check(self.minibatch_frames >= self.chunk_frames, f"{key}.minibatch_frames",
+               "must be >= train.chunk_frames")
+        _check(self.group_size >= 1, f"{key}.group_size", "must be >= 1")
+        _check(self.block_size >= 1, f"{key}.block_size", "must be >= 1")
+
+
+@dataclass
+class EvaluateConfig:
+    baseline: str = ""  # optional model URI to compare against
+
+    def validate(self, key: str) -> None:
+        pass
+
+
+@dataclass
+class SimulateConfig:
+    workers: list[int] = field(default_factory=lambda: [16, 32, 64, 128])
+    gpus_per_host: int = 8
+    intra_host_gbps: float = 300.0
+    inter_host_gbps: float = 25.0
+    params: int = 24_000_000
+    minibatch_frames: int = 2048
+    # Measured on a V100 in the paper's setup unless a measurement is given.
+    compute_s_per_minibatch: float = 0.0
+
+    def validate(self, key: str) -> None:
+        _check(self.gpus_per_host >= 1, f"{key}.gpus_per_host", "must be >= 1")
+
+
+@dataclass
+class RunnerConfig:
+    """Where Airflow runs a step: a local subprocess or a Ray job on a cluster."""
+
+    mode: str = "local"  # local | ray_job
+    ray_dashboard: str = "http://127.0.0.1:8265"
+    poll_s: float = 5.0
+    # One Airflow try waits at most this long before handing over to the next poke.
+    max_wait_per_try_s: float = 600.0
+
+    def validate(self, key: str) -> None:
+        _check(self.mode in ("local", "ray_job"), f"{key}.mode", "must be local or ray_job")
+
+
+@dataclass
+class CostConfig:
+    """On-demand USD/hour, for the infra cost estimate."""
+
+    p3_16xlarge: float = 24.48
+    x1_32xlarge: float = 13.338
+    c4_4xlarge: float = 0.796
+
+
+@dataclass
+class Config:
+    storage: StorageConfig = field(default_factory=StorageConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    ray: RayConfig = field(default_factory=RayConfig)
+    corpus: CorpusConfig = field(default_factory=CorpusConfig)
+    select: SelectConfig = field(default_factory=SelectConfig)
+    features: FeaturesConfig = field(default_factory=FeaturesConfig)
+    targets: TargetsConfig = field(default_factory=TargetsConfig)
+    repartition: RepartitionConfig = field(default_factory=RepartitionConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    evaluate: EvaluateConfig = field(default_factory=EvaluateConfig)
+    simulate: SimulateConfig = field(default_factory=SimulateConfig)
+    runner: RunnerConfig = field(default_factory=RunnerConfig)
+    cost: CostConfig = field(default_factory=CostConfig)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def get(self, dotted: str) -> Any:
+        node: Any = self
+        for part in dotted.split("."):
+            node = getattr(node, part)
+        return node
+
+
+def _coerce(value: Any, tp: Any, key: str) -> Any:
+    origin = typing.get_origin(tp)
+    if dataclasses.is_dataclass(tp):
+        _check(isinstance(value, dict), key, f"must be a mapping, got {type(value).__name__}")
+        return _build(tp, value, key)
+    if origin is list:
+        (item_tp,) = typing.get_args(tp)
+        if isinstance(value, str):
+            value = [v.strip() for v in value.split(",") if v.strip()]
+        _check(isinstance(value, list), key, f"must be a list, got {type(value).__name__}")
+        return [_coerce(v, item_tp, f"{key}[{i}]") for i, v in enumerate(value)]
+    if origin is dict:
+        _, val_tp = typing.get_args(tp)
+        _check(isinstance(value, dict), key, f"must be a mapping, got {type(value).__name__}")
+        return {str(k): _coerce(v, val_tp, f"{key}.{k}") for k, v in value.items()}
+    if tp is bool:
+        _check(isinstance(value, bool), key, f"must be true or false, got {value!r}")
+        return value
+    if tp is int:
+        ok = isinstance(value, int) and not isinstance(value, bool)
+        _check(ok, key, f"must be an integer, got {value!r}")
+        return value
+    if tp is float:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        _check(ok, key, f"must be a number, got {value!r}")
+        return float(value)
+    if tp is str:
+        if value is None:
+            return ""
+        _check(isinstance(value, (str, int, float)) and not isinstance(value, bool), key,
+               f"must be a string, got {value!r}")
+        return str(value)
+    raise ConfigError(key, f"unsupported type {tp}")
+
+
+def _build(cls: type, data: dict[str, Any], prefix: str) -> Any:
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    for k in data:
+        if k not in names:
+            where = f"{prefix}.{k}" if prefix else k
+            raise ConfigError(where, f"unknown key (known: {', '.join(sorted(names))})")
+    obj = cls()
+    for k, v in data.items():
+        key = f"{prefix}.{k}" if prefix else k
+        current = getattr(obj, k)
+        if dataclasses.is_dataclass(current) and isinstance(v, dict):
+            merged = dataclasses.asdict(current)
+            _deep_update(merged, v)
+            v = merged
+        setattr(obj, k, _coerce(v, hints[k], key))
+    validate = getattr(obj, "validate", None)
+    if validate is not None:
+        validate(prefix)
+    return obj
+
+
+def _deep_update(base: dict, update: dict) -> None:
+    for k, v in update.items():
+        if isinstance(v, dict) and isinstance(base.get(k), dict):
+            _deep_update(base[k], v)
+        else:
+            base[k] = v
+
+
+def parse_override(item: str) -> tuple[str, Any]:
+    """`a.b=c` -> ("a.b", parsed YAML scalar of c). Empty value is the empty string."""
+    if "=" not in item:
+        raise ConfigError(item, "override must look like key=value")
+    key, raw = item.split("=", 1)
+    key = key.strip()
+    if not key:
+        raise ConfigError(item, "override has an empty key")
+    value = yaml.safe_load(raw) if raw.strip() else ""
+    return key, value
+
+
+def _nest(key: str, value: Any) -> dict:
+    out: dict = {}
+    node = out
+    parts = key.split(".")
+    for p in parts[:-1]:
+        node = node.setdefault(p, {})
+    node[parts[-1]] = value
+    return out
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
+    """Defaults <- YAML file <- `key=value` overrides, then validate every section."""
+    data: dict[str, Any] = {}
+    if path:
+        p = Path(path)
+        if not p.exists():
+            raise ConfigError("--config", f"file not found: {p}")
+        loaded = yaml.safe_load(p.read_text()) or {}
+        if not isinstance(loaded, dict):
+            raise ConfigError("--config", f"{p} must hold a mapping at the top level")
+        data = loaded
+    for item in overrides or []:
+        key, value = parse_override(item)
+        _deep_update(data, _nest(key, value))
+    return _build(Config, data, "")
+
+
+def config_to_yaml(cfg: Config) -> str:
+    return yaml.safe_dump(cfg.to_dict(), sort_keys=False)

@@ -1,0 +1,92 @@
+"""Ray plumbing: join or start Ray from config, and fan shards out as Ray tasks.
+
+`map_shards` is the shell every data step shares: one Ray task per shard file, shards
+that already have a done-marker are skipped (idempotent re-runs), each finished task
+publishes its marker itself, and the driver shows progress as tasks complete.
+"""
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any, Callable, Sequence
+
+from amflow.config import Config
+from amflow.progress import Progress
+from amflow.runs import StepContext
+
+log = logging.getLogger(__name__)
+
+THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+
+
+def init_ray(cfg: Config) -> None:
+    """Connect to `ray.address`, or start a local Ray with `ray.num_cpus` CPUs."""
+    import ray
+
+    if ray.is_initialized():
+        return
+    threads = str(cfg.ray.worker_threads)
+    env = {v: threads for v in THREAD_VARS}
+    # Workers must reach the same S3 endpoint; credentials travel in the pickled config.
+    runtime_env = {"env_vars": env}
+    if cfg.ray.address:
+        ray.init(address=cfg.ray.address, runtime_env=runtime_env, logging_level=logging.WARNING,
+                 log_to_driver=True)
+    else:
+        os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
+        ray.init(num_cpus=cfg.ray.num_cpus, num_gpus=cfg.ray.num_gpus,
+                 include_dashboard=False, runtime_env=runtime_env,
+                 logging_level=logging.WARNING, log_to_driver=True)
+
+
+def step_resources(cfg: Config, step: str) -> dict[str, float]:
+    return dict(cfg.ray.step_resources.get(step, {}))
+
+
+def _run_shard(fn: Callable[..., dict], ctx: StepContext, shard_id: str, payload: Any) -> dict:
+    stats = fn(ctx, shard_id, payload)
+    stats = dict(stats, shard=shard_id)
+    ctx.storage.write_json(ctx.shard_marker(shard_id), stats)
+    return stats
+
+
+def map_shards(ctx: StepContext, shards: Sequence[tuple[str, Any]],
+               fn: Callable[[StepContext, str, Any], dict], *, unit: str = "shards",
+               num_cpus: float = 1, num_gpus: float = 0,
+               postfix: Callable[[list[dict]], dict] | None = None) -> list[dict]:
+    """Run `fn(ctx, shard_id, payload) -> stats` once per shard not yet done.
+
+    Returns the stats of every shard (fresh or from its marker), in input order.
+    """
+    import ray
+
+    results: dict[str, dict] = {}
+    todo = []
+    for shard_id, payload in shards:
+        done = ctx.shard_done(shard_id)
+        if done is not None:
+            results[shard_id] = done
+        else:
+            todo.append((shard_id, payload))
+    if len(results):
+        log.info("%s: %d of %d shards already done, skipping them", ctx.step, len(results),
+                 len(shards))
+    if todo:
+        init_ray(ctx.cfg)
+        remote = ray.remote(_run_shard).options(
+            num_cpus=num_cpus, num_gpus=num_gpus, max_retries=3,
+            resources=step_resources(ctx.cfg, ctx.step) or None)
+        fn_ref = ray.put(fn)
+        ctx_ref = ray.put(ctx)
+        pending = {remote.remote(fn_ref, ctx_ref, sid, payload): sid for sid, payload in todo}
+        with Progress(len(todo), ctx.step, unit) as bar:
+            fresh: list[dict] = []
+            while pending:
+                ready, _ = ray.wait(list(pending), num_returns=1)
+                for ref in ready:
+                    sid = pending.pop(ref)
+                    stats = ray.get(ref)
+                    results[sid] = stats
+                    fresh.append(stats)
+                    bar.update(1, **(postfix(fresh) if postfix else {}))
+    return [results[sid] for sid, _ in shards]

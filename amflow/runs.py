@@ -1,0 +1,153 @@
+"""The run layout and the step contract.
+
+    <storage.root>/runs/<run_id>/<step>/            outputs of one step
+    <storage.root>/runs/<run_id>/<step>/_shards/    one JSON per finished shard (its counts)
+    <storage.root>/runs/<run_id>/<step>/rejects/    one Parquet per shard: utt_id, reason, detail
+    <storage.root>/runs/<run_id>/<step>/_SUCCESS.json
+
+A shard is done when its `_shards/<id>.json` exists; it is written last, after the
+shard's outputs were published, so a step killed half-way redoes exactly the shards
+without a marker. Every step closes with `StepContext.finish`, which checks the
+conservation law (items in = out + rejected) before writing `_SUCCESS.json`.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import socket
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable
+
+import pyarrow as pa
+
+from amflow.config import Config
+from amflow.storage import Storage, join
+
+log = logging.getLogger(__name__)
+
+SUCCESS = "_SUCCESS.json"
+REJECT_SCHEMA = pa.schema([("utt_id", pa.string()), ("shard", pa.string()),
+                           ("reason", pa.string()), ("detail", pa.string())])
+
+
+class StepError(RuntimeError):
+    """A step cannot proceed (missing input, broken invariant); the message says why."""
+
+
+class ConservationError(StepError):
+    pass
+
+
+@dataclass
+class Reject:
+    utt_id: str
+    reason: str
+    detail: str = ""
+    shard: str = ""
+
+
+def rejects_table(rejects: Iterable[Reject]) -> pa.Table:
+    rows = list(rejects)
+    return pa.table({
+        "utt_id": [r.utt_id for r in rows],
+        "shard": [r.shard for r in rows],
+        "reason": [r.reason for r in rows],
+        "detail": [r.detail[:2000] for r in rows],
+    }, schema=REJECT_SCHEMA)
+
+
+def run_uri(cfg: Config, run_id: str) -> str:
+    return join(cfg.storage.root, "runs", run_id)
+
+
+@dataclass
+class StepContext:
+    cfg: Config
+    run_id: str
+    step: str
+    force: bool = False
+    storage: Storage = field(init=False)
+    started: float = field(init=False, default_factory=time.time)
+
+    def __post_init__(self) -> None:
+        if not self.run_id or "/" in self.run_id:
+            raise StepError(f"--run-id must be a non-empty name without '/', got {self.run_id!r}")
+        self.storage = Storage(self.cfg.storage)
+
+    @property
+    def run_uri(self) -> str:
+        return run_uri(self.cfg, self.run_id)
+
+    @property
+    def step_uri(self) -> str:
+        return join(self.run_uri, self.step)
+
+    def path(self, *parts: str) -> str:
+        return join(self.step_uri, *parts)
+
+    def other(self, step: str, *parts: str) -> str:
+        return join(self.run_uri, step, *parts)
+
+    def require(self, step: str) -> dict[str, Any]:
+        """The `_SUCCESS.json` of an earlier step of this run, or a clear error."""
+        uri = self.other(step, SUCCESS)
+        if not self.storage.exists(uri):
+            raise StepError(f"step '{self.step}' needs step '{step}' of run '{self.run_id}' "
+                            f"to have finished first ({uri} not found): run "
+                            f"`amflow {step} --run-id {self.run_id}`")
+        return self.storage.read_json(uri)
+
+    # -- per-shard idempotency
+    def shard_marker(self, shard_id: str) -> str:
+        return self.path("_shards", f"{shard_id}.json")
+
+    def shard_done(self, shard_id: str) -> dict[str, Any] | None:
+        if self.force:
+            return None
+        uri = self.shard_marker(shard_id)
+        return self.storage.read_json(uri) if self.storage.exists(uri) else None
+
+    def finish(self, *, inputs: dict[str, Any], counts: dict[str, int],
+               metrics: dict[str, Any], bytes_written: int = 0,
+               extra: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Check in = out + rejected, then publish `_SUCCESS.json`; returns the summary."""
+        n_in, n_out, n_rej = counts.get("in"), counts.get("out"), counts.get("rejected", 0)
+        if n_in is None or n_out is None:
+            raise StepError("finish() needs counts 'in' and 'out'")
+        if n_in != n_out + n_rej:
+            raise ConservationError(
+                f"step '{self.step}': items in ({n_in}) != out ({n_out}) + rejected ({n_rej})")
+        wall = time.time() - self.started
+        summary = {
+            "step": self.step,
+            "run_id": self.run_id,
+            "uri": self.step_uri,
+            "started_at": _iso(self.started),
+            "finished_at": _iso(time.time()),
+            "wall_s": round(wall, 3),
+            "host": socket.gethostname(),
+            "inputs": inputs,
+            "counts": counts,
+            "bytes": bytes_written,
+            "metrics": metrics,
+        }
+        if extra:
+            summary.update(extra)
+        self.storage.write_json(self.path(SUCCESS), summary)
+        return summary
+
+
+def _iso(t: float) -> str:
+    return dt.datetime.fromtimestamp(t, tz=dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def sum_counts(stats: Iterable[dict[str, Any]], keys: Iterable[str]) -> dict[str, float]:
+    stats = list(stats)
+    return {k: sum(s.get(k, 0) for s in stats) for k in keys}
+
+
+def timed(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[Any, float]:
+    t0 = time.perf_counter()
+    out = fn(*args, **kwargs)
+    return out, time.perf_counter() - t0

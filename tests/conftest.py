@@ -1,0 +1,89 @@
+"""Shared fixtures: configs on a temp storage root, a local S3 (moto server over HTTP)."""
+from __future__ import annotations
+
+import os
+import socket
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+VENV_BIN = ROOT / ".venv" / "bin"
+if VENV_BIN.exists():
+    os.environ["PATH"] = f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}"
+# Keep torch and BLAS from oversubscribing the 2 CI cores.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def s3_server():
+    """A moto S3 server on localhost, reached over HTTP by boto3, pyarrow and Ray workers."""
+    from moto.server import ThreadedMotoServer
+
+    port = _free_port()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    endpoint = f"http://127.0.0.1:{port}"
+    env = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+           "AWS_DEFAULT_REGION": "us-east-1"}
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    yield endpoint
+    server.stop()
+    for k, v in old.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+
+
+@pytest.fixture()
+def s3_bucket(s3_server, request):
+    """A fresh bucket; returns (bucket name, overrides that point storage.s3 at moto)."""
+    import boto3
+
+    name = "t-" + request.node.name.lower().replace("_", "-").replace("[", "-").replace("]", "")[:40]
+    name = name.rstrip("-")
+    client = boto3.client("s3", endpoint_url=s3_server, region_name="us-east-1")
+    client.create_bucket(Bucket=name)
+    overrides = [f"storage.s3.endpoint_url={s3_server}", "storage.s3.region=us-east-1",
+                 "storage.s3.access_key_id=testing", "storage.s3.secret_access_key=testing",
+                 "storage.s3.force_path_style=true"]
+    return name, overrides
+
+
+@pytest.fixture()
+def local_cfg(tmp_path):
+    """The embedded default with storage under a temp dir."""
+    from amflow.config import load_config
+
+    def make(*overrides: str):
+        return load_config(ROOT / "configs" / "local.yaml",
+                           [f"storage.root={tmp_path / 'store'}", *overrides])
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def ray_local():
+    """One local Ray for the whole session (starting Ray costs seconds)."""
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING",
+                 runtime_env={"env_vars": {"OMP_NUM_THREADS": "1"}})
+    yield ray
+    ray.shutdown()
+
+
+def amflow_bin() -> str:
+    exe = VENV_BIN / "amflow"
+    return str(exe) if exe.exists() else f"{sys.executable} -m amflow.cli"

@@ -1,0 +1,62 @@
+import subprocess
+
+import pytest
+
+from amflow.config import ConfigError, load_config
+from tests.conftest import ROOT, amflow_bin
+
+
+def test_local_and_aws_profiles_load():
+    local = load_config(ROOT / "configs/local.yaml")
+    aws = load_config(ROOT / "configs/aws.yaml")
+    assert local.storage.root == "./data" and local.ray.address == ""
+    assert aws.storage.root.startswith("s3://")
+    assert (aws.model.student.layers, aws.model.student.hidden) == (5, 768)
+    assert (aws.model.teacher.layers, aws.model.teacher.hidden) == (5, 768)
+    assert aws.features.num_mel_bins == 64 and aws.targets.k == 20
+
+
+def test_override_types_and_nesting():
+    cfg = load_config(ROOT / "configs/local.yaml",
+                      ["select.hours=2.5", "train.workers=4", "ray.address=auto",
+                       "corpus.conditions=DP1,DP3", "storage.s3.force_path_style=true"])
+    assert cfg.select.hours == 2.5 and cfg.train.workers == 4 and cfg.ray.address == "auto"
+    assert cfg.corpus.conditions == ["DP1", "DP3"] and cfg.storage.s3.force_path_style is True
+
+
+@pytest.mark.parametrize("override,key", [
+    ("storage.root=", "storage.root"),
+    ("corpus.hours=-1", "corpus.hours"),
+    ("corpus.nonsense=3", "corpus.nonsense"),
+    ("nosuchsection.x=1", "nosuchsection"),
+    ("train.workers=many", "train.workers"),
+    ("train.algorithm=adamw", "train.algorithm"),
+    ("ray.num_cpus=0", "ray.num_cpus"),
+])
+def test_bad_values_name_the_key(override, key):
+    with pytest.raises(ConfigError) as err:
+        load_config(ROOT / "configs/local.yaml", [override])
+    assert err.value.key == key
+    assert f"'{key}'" in str(err.value)
+
+
+def test_cli_fails_fast_naming_the_key(tmp_path):
+    for override, key in [("storage.root=", "storage.root"), ("corpus.hours=-1", "corpus.hours"),
+                          ("corpus.bogus=1", "corpus.bogus")]:
+        proc = subprocess.run(
+            f"{amflow_bin()} corpus --config configs/local.yaml --out {tmp_path}/c --set {override}",
+            shell=True, cwd=ROOT, capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 2, proc.stderr
+        assert key in proc.stderr
+
+
+def test_every_step_help_says_what_it_reads_and_writes():
+    proc = subprocess.run(f"{amflow_bin()} --help", shell=True, cwd=ROOT, capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 0
+    for step in ["corpus", "select", "features", "targets", "repartition", "train", "evaluate",
+                 "simulate", "bench"]:
+        assert step in proc.stdout
+        sub = subprocess.run(f"{amflow_bin()} {step} --help", shell=True, cwd=ROOT,
+                             capture_output=True, text=True, timeout=60)
+        assert sub.returncode == 0 and "reads:" in sub.stdout and "writes:" in sub.stdout

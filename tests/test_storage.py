@@ -1,0 +1,105 @@
+import os
+import threading
+
+import pyarrow as pa
+import pytest
+
+from amflow.config import load_config
+from amflow.storage import Storage, is_transient, join
+from tests.conftest import ROOT
+
+
+def _roundtrip(st: Storage, base: str) -> None:
+    st.write_bytes(join(base, "a/b.bin"), b"hello")
+    assert st.read_bytes(join(base, "a/b.bin")) == b"hello"
+    assert st.exists(join(base, "a/b.bin")) and not st.exists(join(base, "a/none"))
+    st.write_json(join(base, "a/c.json"), {"x": 1})
+    assert st.read_json(join(base, "a/c.json")) == {"x": 1}
+    t = pa.table({"utt_id": ["u1", "u2"], "n": [1, 2]})
+    n = st.write_parquet(join(base, "p/part-0.parquet"), t)
+    assert n > 0 and st.size(join(base, "p/part-0.parquet")) == n
+    assert st.read_parquet(join(base, "p/part-0.parquet")).equals(t)
+    assert st.list(join(base, "a")) == [join(base, "a/b.bin"), join(base, "a/c.json")]
+    assert st.list(join(base, "a"), suffix=".json") == [join(base, "a/c.json")]
+    assert st.list(base, suffix=".parquet", recursive=True) == [join(base, "p/part-0.parquet")]
+    assert st.list(join(base, "missing")) == []
+    st.delete(join(base, "a/b.bin"))
+    assert not st.exists(join(base, "a/b.bin"))
+    with pytest.raises(FileNotFoundError):
+        st.read_bytes(join(base, "a/b.bin"))
+
+
+def test_local_paths_and_file_uris(tmp_path):
+    st = Storage()
+    _roundtrip(st, str(tmp_path / "plain"))
+    _roundtrip(st, f"file://{tmp_path}/uri")
+
+
+def test_local_write_is_atomic(tmp_path):
+    """A concurrent reader sees either nothing or the whole file, never a prefix."""
+    st = Storage()
+    uri = str(tmp_path / "big.bin")
+    payload = os.urandom(8 << 20)
+    seen = []
+    stop = threading.Event()
+
+    def reader():
+        while not stop.is_set():
+            if os.path.exists(uri):
+                seen.append(len(open(uri, "rb").read()))
+
+    th = threading.Thread(target=reader)
+    th.start()
+    for _ in range(5):
+        st.write_bytes(uri, payload)
+    stop.set()
+    th.join()
+    assert seen and set(seen) == {len(payload)}
+    assert not [p for p in os.listdir(tmp_path) if ".tmp-" in p]
+
+
+def test_transient_classification():
+    assert is_transient(OSError("AWS Error NETWORK_CONNECTION during GetObject: curl code 7"))
+    assert is_transient(ConnectionError("reset"))
+    assert not is_transient(FileNotFoundError("x"))
+    assert not is_transient(OSError("Access Denied"))
+
+
+def test_retry_with_backoff(tmp_path):
+    st = Storage(load_config(None, ["storage.retry_backoff_s=0.001"]).storage)
+    calls = []
+
+    def flaky():
+        calls.append(1)
+        if len(calls) < 3:
+            raise ConnectionError("connection reset by peer")
+        return "ok"
+
+    assert st.retry(flaky, "flaky") == "ok" and len(calls) == 3
+
+
+@pytest.mark.integration
+def test_s3_roundtrip_over_http(s3_bucket):
+    bucket, overrides = s3_bucket
+    cfg = load_config(ROOT / "configs/local.yaml", [f"storage.root=s3://{bucket}/root", *overrides])
+    st = Storage(cfg.storage)
+    _roundtrip(st, f"s3://{bucket}/root")
+    # boto3 sees what pyarrow wrote
+    keys = [o["Key"] for o in st.boto3_client().list_objects_v2(Bucket=bucket)["Contents"]]
+    assert "root/p/part-0.parquet" in keys
+
+
+@pytest.mark.integration
+def test_s3_write_from_a_ray_task(s3_bucket, ray_local):
+    bucket, overrides = s3_bucket
+    cfg = load_config(ROOT / "configs/local.yaml", [f"storage.root=s3://{bucket}/r", *overrides])
+    st = Storage(cfg.storage)
+
+    @ray_local.remote
+    def write(storage: Storage, i: int) -> str:
+        uri = f"s3://{bucket}/r/from-ray-{i}.json"
+        storage.write_json(uri, {"i": i, "pid": os.getpid()})
+        return uri
+
+    uris = ray_local.get([write.remote(st, i) for i in range(3)])
+    assert [st.read_json(u)["i"] for u in uris] == [0, 1, 2]
