@@ -34,6 +34,12 @@ class Algorithm:
         self.bytes_sent = 0
         self.comm_seconds = 0.0
 
+    @classmethod
+    def from_config(cls, train_cfg: Any, model: nn.Module, optimizer: torch.optim.Optimizer,
+                    group: Any = None, world_size: int | None = None) -> "Algorithm":
+        """Build from `config.train` (subclasses read their knobs from it)."""
+        return cls(model, optimizer, group)
+
     # -- the optimizer-like surface
     def zero_grad(self) -> None:
         self.optimizer.zero_grad(set_to_none=False)
@@ -72,3 +78,149 @@ class Algorithm:
                 algo.comm_seconds += time.perf_counter() - self_inner.t0
 
         return _T()
+
+
+# ---------------------------------------------------------------------------------------
+# Shared helpers: process-group resolution, device placement, flat buckets.
+# ---------------------------------------------------------------------------------------
+
+import torch.distributed as dist  # noqa: E402
+
+BUCKET_BYTES = 32 << 20  # flatten tensors into buffers of at most this many bytes
+
+
+def resolve_group(group: Any = None, world_size: int | None = None) -> tuple[Any, int, int]:
+    """(group, rank, world size) for an algorithm.
+
+    `group=None` means the default (WORLD) group when torch.distributed is initialised with
+    more than one rank, else a single process. `world_size=1` forces single-process mode
+    (the algorithm is then just the local optimizer step, and no collective is issued).
+    """
+    if world_size == 1 or not (dist.is_available() and dist.is_initialized()):
+        return None, 0, 1
+    if group is None:
+        group = dist.group.WORLD
+    n = dist.get_world_size(group)
+    if n <= 1:
+        return None, 0, 1
+    return group, dist.get_rank(group), n
+
+
+def comm_device(group: Any, model_device: torch.device) -> torch.device:
+    """NCCL communicates tensors where the model lives (GPU); gloo on the CPU."""
+    if group is None:
+        return model_device
+    backend = dist.get_backend(group)
+    if backend == "nccl":
+        return model_device
+    return torch.device("cpu")
+
+
+def model_device(model: nn.Module) -> torch.device:
+    for p in model.parameters():
+        return p.device
+    return torch.device("cpu")
+
+
+def trainable(model: nn.Module) -> list[torch.Tensor]:
+    return [p for p in model.parameters() if p.requires_grad]
+
+
+class FlatBuckets:
+    """Tensors laid out in a few large contiguous fp32 buffers (one collective per bucket).
+
+    `gather(tensors)` copies them into the buffers; `scatter(buffers, tensors)` copies back.
+    The element order is fixed by parameter order, so an element's flat index is the same
+    on every worker (GTC uses it as the 31-bit index).
+    """
+
+    def __init__(self, params: list[torch.Tensor], device: torch.device,
+                 bucket_bytes: int = BUCKET_BYTES, dtype: torch.dtype = torch.float32):
+        self.params = params
+        self.device = device
+        self.dtype = dtype
+        self.numels = [p.numel() for p in params]
+        self.total = sum(self.numels)
+        per = max(bucket_bytes // torch.empty((), dtype=dtype).element_size(), 1)
+        # bucket -> list of parameter indices
+        self.buckets: list[list[int]] = []
+        cur: list[int] = []
+        size = 0
+        for i, n in enumerate(self.numels):
+            if cur and size + n > per:
+                self.buckets.append(cur)
+                cur, size = [], 0
+            cur.append(i)
+            size += n
+        if cur:
+            self.buckets.append(cur)
+        self.sizes = [sum(self.numels[i] for i in b) for b in self.buckets]
+        self.buffers = [torch.zeros(s, dtype=dtype, device=device) for s in self.sizes]
+
+    @property
+    def nbytes(self) -> int:
+        return self.total * torch.empty((), dtype=self.dtype).element_size()
+
+    def gather(self, tensors: list[torch.Tensor | None]) -> list[torch.Tensor]:
+        for buf, idx in zip(self.buffers, self.buckets):
+            parts = []
+            for i in idx:
+                t = tensors[i]
+                if t is None:
+                    t = torch.zeros(self.numels[i], dtype=self.dtype, device=buf.device)
+                parts.append(t.detach().reshape(-1).to(device=buf.device, dtype=self.dtype))
+            if len(parts) == 1:
+                buf.copy_(parts[0])
+            else:
+                torch.cat(parts, out=buf)
+        return self.buffers
+
+    def scatter(self, buffers: list[torch.Tensor], tensors: list[torch.Tensor]) -> None:
+        with torch.no_grad():
+            for buf, idx in zip(buffers, self.buckets):
+                views = buf.split([self.numels[i] for i in idx])
+                for i, v in zip(idx, views):
+                    tensors[i].copy_(v.view_as(tensors[i]))
+
+    def grads(self) -> list[torch.Tensor]:
+        return self.gather([p.grad for p in self.params])
+
+    def set_grads(self, buffers: list[torch.Tensor]) -> None:
+        for p in self.params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        self.scatter(buffers, [p.grad for p in self.params])
+
+    def weights(self) -> list[torch.Tensor]:
+        return self.gather([p.data for p in self.params])
+
+    def set_weights(self, buffers: list[torch.Tensor]) -> None:
+        self.scatter(buffers, [p.data for p in self.params])
+
+    def flat(self, tensors: list[torch.Tensor | None]) -> torch.Tensor:
+        """All tensors as one new flat vector (for state and small models)."""
+        return torch.cat([b.clone() for b in self.gather(tensors)]) if self.buffers else \
+            torch.zeros(0, dtype=self.dtype, device=self.device)
+
+    def split(self, flat: torch.Tensor) -> list[torch.Tensor]:
+        """A flat vector cut into this layout's buckets (views)."""
+        return list(flat.split(self.sizes))
+
+
+def allreduce_mean_(buffers: list[torch.Tensor], group: Any, world: int) -> int:
+    """In-place average over the group; returns the payload bytes this worker contributed."""
+    sent = 0
+    for b in buffers:
+        dist.all_reduce(b, op=dist.ReduceOp.SUM, group=group)
+        b.div_(world)
+        sent += b.numel() * b.element_size()
+    return sent
+
+
+def broadcast_(buffers: list[torch.Tensor], src_rank_global: int, group: Any, is_src: bool) -> int:
+    sent = 0
+    for b in buffers:
+        dist.broadcast(b, src=src_rank_global, group=group)
+        if is_src:
+            sent += b.numel() * b.element_size()
+    return sent
