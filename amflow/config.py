@@ -170,8 +170,10 @@ class TargetsConfig:
     threads_per_actor: int = 1
     batch_frames: int = 8000
     max_frames: int = 20000  # longer utterances are split into pieces of this size
-    device: str = "auto"  # auto | cpu | cuda
-    fp16: bool = True  # only used on GPU (or when device is forced)
+    device: str = "auto"  # auto | cpu | cuda (resolved inside each actor)
+    num_gpus_per_actor: float = -1.0  # -1: 1 when the cluster has GPUs and device allows
+    fp16: bool = True  # half precision on GPU
+    fp16_on_cpu: bool = False  # run the fp16 GPU path on CPU (tests, debugging)
     fidelity_sample_frames: int = 20000
 
     def validate(self, key: str) -> None:

@@ -1,0 +1,347 @@
+"""`amflow targets`: the teacher labels the run's features; only the top-k logits are kept.
+
+Pure core (tensors in, tensors out): length-sorted batching, chunked scoring of very
+long utterances, top-k selection, rebuilding a distribution from top-k logits, and the
+fidelity measures (probability mass kept, KL(full || rebuilt)).
+
+Shell: a pool of Ray actors, each holding the teacher once. On GPUs an actor takes
+`num_gpus=1` and runs the model in fp16; on CPUs each actor has its own thread count.
+Actors take whole feature shards (the unit of parallelism), write
+`targets/shards/<shard>.parquet` aligned row for row with the feature shard, then the
+shard's done-marker, so a re-run skips finished shards.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import time
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+import pyarrow as pa
+import torch
+
+from amflow.records import TARGET_SCHEMA, decode_feats, encode_topk, load_cmvn
+from amflow.runs import Reject, StepContext, StepError, rejects_table
+
+log = logging.getLogger(__name__)
+
+FIDELITY_KS = (1, 5, 10, 20, 50)
+
+
+# ---------------------------------------------------------------- pure core
+def length_batches(lengths: Sequence[int], batch_frames: int) -> list[list[int]]:
+    """Indices grouped so that each batch's padded size (count x longest) fits the budget.
+
+    Sorting by length first keeps utterances of similar length together, which is what
+    cuts the padding; a single utterance longer than the budget forms its own batch.
+    """
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    batches: list[list[int]] = []
+    current: list[int] = []
+    for i in order:
+        longest = max(lengths[i], max((lengths[j] for j in current), default=0))
+        if current and longest * (len(current) + 1) > batch_frames:
+            batches.append(current)
+            current = []
+        current.append(i)
+    if current:
+        batches.append(current)
+    return batches
+
+
+def chunk_spans(num_frames: int, max_frames: int, overlap: int) -> list[tuple[int, int, int, int]]:
+    """Split a long utterance for a bidirectional model.
+
+    Returns (start, end, keep_start, keep_end): score frames [start, end) and keep the
+    outputs for [keep_start, keep_end). Neighbouring chunks overlap by `overlap` frames on
+    each side so every kept frame sees at least `overlap` frames of context both ways.
+    """
+    if num_frames <= max_frames:
+        return [(0, num_frames, 0, num_frames)]
+    step = max_frames - 2 * overlap
+    if step <= 0:
+        raise ValueError("targets.max_frames must exceed twice the chunk overlap")
+    spans = []
+    keep_start = 0
+    while keep_start < num_frames:
+        keep_end = min(keep_start + step, num_frames)
+        start = max(0, keep_start - overlap)
+        end = min(num_frames, keep_end + overlap)
+        spans.append((start, end, keep_start, keep_end))
+        keep_start = keep_end
+    return spans
+
+
+def topk(logits: torch.Tensor, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """[T, C] logits -> (int16 indices, fp16 values) of the k largest per frame."""
+    k = min(k, logits.shape[-1])
+    vals, idx = torch.topk(logits.float(), k, dim=-1)
+    return idx.to(torch.int16).cpu().numpy(), vals.to(torch.float16).cpu().numpy()
+
+
+def rebuild_log_probs(idx: torch.Tensor, vals: torch.Tensor, num_classes: int,
+                      fill: float = -1.0e4, temperature: float = 1.0) -> torch.Tensor:
+    """Top-k logits -> log-probabilities over all classes, missing logits set to `fill`."""
+    full = torch.full((*idx.shape[:-1], num_classes), fill, dtype=torch.float32,
+                      device=vals.device)
+    full.scatter_(-1, idx.long(), vals.float())
+    return torch.log_softmax(full / temperature, dim=-1)
+
+
+def fidelity(logits: torch.Tensor, ks: Iterable[int] = FIDELITY_KS,
+             fill: float = -1.0e4) -> dict[int, dict[str, float]]:
+    """Per k: mean probability mass the top-k keep, and mean KL(full || rebuilt) in nats.
+
+    Sums (not means) are returned under 'mass_sum'/'kl_sum' with 'frames', so shards can
+    be aggregated exactly; `summarise_fidelity` turns them into means.
+    """
+    logits = logits.float()
+    logp = torch.log_softmax(logits, dim=-1)
+    p = logp.exp()
+    out: dict[int, dict[str, float]] = {}
+    for k in ks:
+        if k > logits.shape[-1]:
+            continue
+        vals, idx = torch.topk(logits, k, dim=-1)
+        # Stored logits are fp16: measure what the student will actually see.
+        vals = vals.to(torch.float16).float()
+        q_log = rebuild_log_probs(idx, vals, logits.shape[-1], fill)
+        mass = p.gather(-1, idx).sum(-1)
+        kl = (p * (logp - q_log)).sum(-1)
+        agree = (q_log.argmax(-1) == logits.argmax(-1)).float()
+        out[k] = {"frames": float(logits.shape[0]), "mass_sum": float(mass.sum()),
+                  "kl_sum": float(kl.sum()), "argmax_agree_sum": float(agree.sum())}
+    return out
+
+
+def summarise_fidelity(parts: Iterable[dict]) -> dict[str, dict[str, float]]:
+    acc: dict[str, dict[str, float]] = {}
+    for part in parts:
+        for k, d in part.items():
+            a = acc.setdefault(str(k), {"frames": 0.0, "mass_sum": 0.0, "kl_sum": 0.0,
+                                        "argmax_agree_sum": 0.0})
+            for key in a:
+                a[key] += d[key]
+    return {k: {"frames": int(a["frames"]),
+                "mass_kept": a["mass_sum"] / max(a["frames"], 1),
+                "kl_nats": a["kl_sum"] / max(a["frames"], 1),
+                "argmax_agreement": a["argmax_agree_sum"] / max(a["frames"], 1)}
+            for k, a in sorted(acc.items(), key=lambda kv: int(kv[0]))}
+
+
+class TeacherScorer:
+    """Runs a teacher over utterances in length-sorted, padded batches."""
+
+    def __init__(self, model: torch.nn.Module, mean: np.ndarray, inv_std: np.ndarray,
+                 device: str = "cpu", fp16: bool = False, batch_frames: int = 8000,
+                 max_frames: int = 20000, overlap: int = 50):
+        self.device = torch.device(device)
+        self.dtype = torch.float16 if fp16 else torch.float32
+        self.model = model.to(self.device, self.dtype).eval()
+        self.mean = torch.from_numpy(mean).to(self.device)
+        self.inv_std = torch.from_numpy(inv_std).to(self.device)
+        self.batch_frames = batch_frames
+        self.max_frames = max_frames
+        self.overlap = overlap
+
+    def _normalise(self, x: np.ndarray) -> torch.Tensor:
+        t = torch.from_numpy(x).to(self.device)
+        return ((t - self.mean) * self.inv_std).to(self.dtype)
+
+    @torch.inference_mode()
+    def score(self, feats: Sequence[np.ndarray]) -> list[torch.Tensor]:
+        """Full-rate logits (float32, on CPU) for each utterance, in input order."""
+        pieces: list[tuple[int, int, int, int, int]] = []  # (utt, start, end, keep_s, keep_e)
+        for u, x in enumerate(feats):
+            for span in chunk_spans(len(x), self.max_frames, self.overlap):
+                pieces.append((u, *span))
+        lengths = [p[2] - p[1] for p in pieces]
+        outputs: list[list[tuple[int, torch.Tensor]]] = [[] for _ in feats]
+        for batch in length_batches(lengths, self.batch_frames):
+            xs = [self._normalise(feats[pieces[i][0]][pieces[i][1]:pieces[i][2]]) for i in batch]
+            lens = torch.tensor([len(x) for x in xs])
+            padded = torch.nn.utils.rnn.pad_sequence(xs, batch_first=True)
+            logits = self.model(padded, lens).float().cpu()
+            for row, i in enumerate(batch):
+                u, start, _, keep_s, keep_e = pieces[i]
+                outputs[u].append((keep_s, logits[row, keep_s - start:keep_e - start]))
+        return [torch.cat([t for _, t in sorted(o, key=lambda z: z[0])]) if o
+                else torch.zeros(0, 1) for o in outputs]
+
+
+# ---------------------------------------------------------------- shell
+def resolve_device(requested: str) -> str:
+    """Resolved where the model runs (inside the actor), not on the driver."""
+    if requested != "auto":
+        return requested
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def gpus_per_actor(cfg, cluster_gpus: float) -> float:
+    """-1 (default): one GPU per actor when the device may be a GPU and the cluster has GPUs."""
+    tc = cfg.targets
+    if tc.num_gpus_per_actor >= 0:
+        return tc.num_gpus_per_actor
+    return 1.0 if tc.device in ("auto", "cuda") and cluster_gpus > 0 else 0.0
+
+
+def teacher_uri(ctx: StepContext) -> str:
+    return ctx.cfg.targets.teacher or ctx.other("train", "model.pt")
+
+
+class TargetActor:
+    """One teacher per actor; scores whole shards and publishes their outputs."""
+
+    def __init__(self, ctx: StepContext, model_uri: str):
+        from training.checkpoint import load_model
+
+        tc = ctx.cfg.targets
+        torch.set_num_threads(tc.threads_per_actor)
+        device = resolve_device(tc.device)
+        if device == "cuda" and not torch.cuda.is_available():
+            raise StepError("targets.device=cuda but this actor sees no GPU")
+        self.device = device
+        self.ctx = ctx
+        model, meta = load_model(ctx.storage, model_uri)
+        cmvn = meta.get("cmvn") or ctx.storage.read_json(ctx.other("features", "cmvn.json"))
+        mean, inv_std = load_cmvn(cmvn)
+        self.num_classes = model.output.out_features
+        # fp16 on GPUs; on CPU only when asked (it exercises the GPU path in tests).
+        use_fp16 = tc.fp16 and (device == "cuda" or tc.fp16_on_cpu)
+        self.fp16 = use_fp16
+        self.scorer = TeacherScorer(model, mean, inv_std, device=device, fp16=use_fp16,
+                                    batch_frames=tc.batch_frames, max_frames=tc.max_frames)
+
+    def ready(self) -> dict[str, Any]:
+        return {"device": self.device, "fp16": self.fp16,
+                "gpu_ids": __import__("ray").get_gpu_ids()}
+
+    def score_shard(self, shard_id: str) -> dict[str, Any]:
+        ctx, tc = self.ctx, self.ctx.cfg.targets
+        t0 = time.perf_counter()
+        table = ctx.storage.read_parquet(ctx.other("features", "shards", f"{shard_id}.parquet"))
+        rows = table.to_pylist()
+        feats, keep, rejects = [], [], []
+        for r in rows:
+            x = decode_feats(r)
+            if x.shape[0] == 0 or not np.isfinite(x).all():
+                rejects.append(Reject(r["utt_id"], "bad_features",
+                                      f"{x.shape[0]} frames, finite={np.isfinite(x).all()}",
+                                      shard_id))
+                continue
+            feats.append(x)
+            keep.append(r)
+        logits = self.scorer.score(feats)
+        out_rows, frames = [], 0
+        sample_budget = tc.fidelity_sample_frames
+        fid_parts = []
+        for r, lg in zip(keep, logits):
+            if not torch.isfinite(lg).all():
+                rejects.append(Reject(r["utt_id"], "non_finite_teacher_output", "", shard_id))
+                continue
+            idx, val = topk(lg, tc.k)
+            out_rows.append({"utt_id": r["utt_id"], **encode_topk(idx, val)})
+            frames += len(lg)
+            if sample_budget > 0:
+                fid_parts.append(fidelity(lg[:sample_budget]))
+                sample_budget -= len(lg)
+        out = pa.Table.from_pylist(out_rows, schema=TARGET_SCHEMA)
+        nbytes = ctx.storage.write_parquet(ctx.path("shards", f"{shard_id}.parquet"), out)
+        ctx.storage.write_parquet(ctx.path("rejects", f"{shard_id}.parquet"),
+                                  rejects_table(rejects))
+        stats = {"shard": shard_id, "in": len(rows), "out": len(out_rows),
+                 "rejected": len(rejects), "frames": frames, "bytes": nbytes,
+                 "seconds": time.perf_counter() - t0, "fidelity": fid_parts}
+        ctx.storage.write_json(ctx.shard_marker(shard_id), stats)
+        return stats
+
+
+def feature_shards(ctx: StepContext) -> list[str]:
+    uris = ctx.storage.list(ctx.other("features", "shards"), suffix=".parquet")
+    return [u.rsplit("/", 1)[1][: -len(".parquet")] for u in uris]
+
+
+def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
+    import ray
+
+    from amflow.progress import Progress
+    from amflow.raycluster import init_ray, step_resources
+
+    feats_summary = ctx.require("features")
+    model_uri = teacher_uri(ctx)
+    if not ctx.storage.exists(model_uri):
+        raise StepError(f"teacher checkpoint not found at {model_uri}: set targets.teacher "
+                        "to a model.pt URI (e.g. from the teacher DAG)")
+    shards = feature_shards(ctx)
+    done = {s: d for s in shards if (d := ctx.shard_done(s)) is not None}
+    todo = [s for s in shards if s not in done]
+    tc = ctx.cfg.targets
+    actor_info: list[dict] = []
+    stats = list(done.values())
+    t0 = time.perf_counter()
+    if todo:
+        init_ray(ctx.cfg)
+        n_actors = max(1, min(tc.actors, len(todo)))
+        opts: dict[str, Any] = {"num_cpus": tc.threads_per_actor, "max_restarts": 2,
+                                "max_task_retries": 2}
+        if gpus := gpus_per_actor(ctx.cfg, ray.cluster_resources().get("GPU", 0)):
+            opts["num_gpus"] = gpus
+        if res := step_resources(ctx.cfg, "targets"):
+            opts["resources"] = res
+        actor_cls = ray.remote(TargetActor).options(**opts)
+        actors = [actor_cls.remote(ctx, model_uri) for _ in range(n_actors)]
+        actor_info = ray.get([a.ready.remote() for a in actors])
+        queue = list(todo)
+        pending: dict[Any, Any] = {}
+        for a in actors:
+            if queue:
+                pending[a.score_shard.remote(queue.pop(0))] = a
+        with Progress(len(todo), "targets", "shards") as bar:
+            frames = 0
+            while pending:
+                ready, _ = ray.wait(list(pending), num_returns=1)
+                for ref in ready:
+                    actor = pending.pop(ref)
+                    s = ray.get(ref)
+                    stats.append(s)
+                    frames += s["frames"]
+                    bar.update(1, frames_per_s=frames / (time.perf_counter() - t0))
+                    if queue:
+                        pending[actor.score_shard.remote(queue.pop(0))] = actor
+        for a in actors:
+            ray.kill(a)
+    wall = time.perf_counter() - t0
+    fid = summarise_fidelity(p for s in stats for p in s.get("fidelity", []))
+    total_frames = sum(s["frames"] for s in stats)
+    fresh_frames = sum(s["frames"] for s in stats if s["shard"] in todo)
+    audio_hours = total_frames * 0.03 / 3600.0
+    nbytes = sum(s["bytes"] for s in stats)
+    _print_fidelity(fid, tc.k)
+    metrics = {
+        "frames": total_frames, "k": tc.k, "actors": actor_info,
+        "frames_per_s": round(fresh_frames / wall, 1) if todo and wall > 0 else None,
+        "shards": len(shards), "shards_skipped": len(done),
+        "bytes_per_audio_hour": round(nbytes / audio_hours) if audio_hours else None,
+        "fidelity": fid,
+    }
+    counts = {"in": sum(s["in"] for s in stats), "out": sum(s["out"] for s in stats),
+              "rejected": sum(s["rejected"] for s in stats)}
+    return ctx.finish(inputs={"features": feats_summary["uri"], "teacher": model_uri},
+                      counts=counts, metrics=metrics, bytes_written=nbytes)
+
+
+def _print_fidelity(fid: dict[str, dict[str, float]], k: int) -> None:
+    print("top-k fidelity (sampled frames): k  mass_kept  KL(nats)  argmax_agree")
+    for key, d in fid.items():
+        mark = "  <- stored" if int(key) == k else ""
+        print(f"  {int(key):>3}  {d['mass_kept']:.4f}  {d['kl_nats']:.4f}  "
+              f"{d['argmax_agreement']:.4f}{mark}")
+
+
+def full_posterior_bytes_per_frame(num_classes: int) -> int:
+    return 2 * num_classes  # fp16
+
+
+def topk_bytes_per_frame(k: int) -> int:
+    return k * (2 + 2)  # int16 index + fp16 logit

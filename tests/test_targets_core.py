@@ -1,0 +1,90 @@
+import copy
+
+import numpy as np
+import pytest
+import torch
+
+from tasks.targets import (TeacherScorer, chunk_spans, fidelity, length_batches,
+                           rebuild_log_probs, summarise_fidelity, topk)
+from training.models import StudentLSTM, TeacherBLSTM
+
+
+def test_length_batches_cover_every_index_once_within_budget():
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(5, 400, size=200).tolist() + [5000]
+    batches = length_batches(lengths, batch_frames=1000)
+    flat = sorted(i for b in batches for i in b)
+    assert flat == list(range(len(lengths)))
+    for b in batches:
+        assert len(b) == 1 or max(lengths[i] for i in b) * len(b) <= 1000
+    # sorted by length: padding stays small
+    padded = sum(max(lengths[i] for i in b) * len(b) for b in batches)
+    assert padded / sum(lengths) < 1.3
+
+
+@pytest.mark.parametrize("n,maxf,ov", [(10, 100, 5), (1000, 100, 10), (1001, 300, 50), (7, 7, 3)])
+def test_chunk_spans_tile_the_utterance(n, maxf, ov):
+    spans = chunk_spans(n, maxf, ov)
+    kept = [i for _, _, ks, ke in spans for i in range(ks, ke)]
+    assert kept == list(range(n))
+    for s, e, ks, ke in spans:
+        assert e - s <= maxf and s <= ks < ke <= e
+        assert ks - s >= min(ov, ks) and e - ke >= min(ov, n - ke)
+
+
+def test_batched_scoring_equals_one_at_a_time():
+    torch.manual_seed(0)
+    model = TeacherBLSTM(12, 16, 2, 7)
+    rng = np.random.default_rng(1)
+    feats = [rng.standard_normal((n, 12)).astype(np.float32) for n in (3, 40, 17, 40, 9)]
+    mean, inv = np.zeros(12, np.float32), np.ones(12, np.float32)
+    batched = TeacherScorer(model, mean, inv, batch_frames=200).score(feats)
+    single = [TeacherScorer(model, mean, inv, batch_frames=1).score([f])[0] for f in feats]
+    for a, b in zip(batched, single):
+        assert a.shape == b.shape
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+
+
+def test_long_utterances_are_split_and_stitched():
+    torch.manual_seed(0)
+    model = StudentLSTM(8, 16, 1, 5, lookahead=0)  # unidirectional: context beyond overlap fades
+    x = np.random.default_rng(2).standard_normal((600, 8)).astype(np.float32)
+    mean, inv = np.zeros(8, np.float32), np.ones(8, np.float32)
+    whole = TeacherScorer(model, mean, inv, max_frames=10_000).score([x])[0]
+    split = TeacherScorer(model, mean, inv, max_frames=200, overlap=60).score([x])[0]
+    assert split.shape == whole.shape
+    assert (split.argmax(-1) == whole.argmax(-1)).float().mean() > 0.98
+
+
+def test_fp16_path_runs_on_cpu():
+    """The GPU path (model and inputs in fp16) forced onto the CPU agrees with fp32."""
+    torch.manual_seed(0)
+    model = TeacherBLSTM(12, 16, 1, 7)
+    feats = [np.random.default_rng(3).standard_normal((30, 12)).astype(np.float32)]
+    mean, inv = np.zeros(12, np.float32), np.ones(12, np.float32)
+    f32 = TeacherScorer(copy.deepcopy(model), mean, inv).score(feats)[0]
+    half_scorer = TeacherScorer(copy.deepcopy(model), mean, inv, fp16=True)
+    assert next(half_scorer.model.parameters()).dtype == torch.float16
+    half = half_scorer.score(feats)[0]
+    assert half.dtype == torch.float32 and half.shape == f32.shape
+    torch.testing.assert_close(half, f32, atol=2e-2, rtol=2e-2)
+
+
+def test_topk_and_rebuild_keep_the_argmax():
+    logits = torch.randn(500, 60) * 4
+    idx, val = topk(logits, 5)
+    assert idx.dtype == np.int16 and val.dtype == np.float16 and idx.shape == (500, 5)
+    q = rebuild_log_probs(torch.from_numpy(idx), torch.from_numpy(val), 60)
+    assert torch.equal(q.argmax(-1), logits.argmax(-1))
+    assert torch.allclose(q.exp().sum(-1), torch.ones(500), atol=1e-5)
+
+
+def test_fidelity_is_monotone_and_exact_at_full_k():
+    logits = torch.randn(300, 40) * 3
+    parts = [fidelity(logits[:150], ks=(1, 5, 20, 40)), fidelity(logits[150:], ks=(1, 5, 20, 40))]
+    fid = summarise_fidelity(parts)
+    masses = [fid[k]["mass_kept"] for k in ("1", "5", "20", "40")]
+    kls = [fid[k]["kl_nats"] for k in ("1", "5", "20", "40")]
+    assert masses == sorted(masses) and masses[-1] == pytest.approx(1.0, abs=1e-6)
+    assert kls == sorted(kls, reverse=True) and kls[-1] == pytest.approx(0.0, abs=1e-3)
+    assert fid["40"]["frames"] == 300
