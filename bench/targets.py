@@ -1,0 +1,105 @@
+"""`amflow bench targets --run-id R`: the actor pool against a naive loop, side by side.
+
+Both score the same feature shards of run R with the same teacher on the same cores:
+- pool: the `targets` step itself (length-sorted batches, `targets.actors` actors with
+  `targets.threads_per_actor` threads each), written to a scratch step dir;
+- naive: one process with as many torch threads as the pool has in total, one
+  utterance at a time, no batching.
+It prints frames/s of both and their ratio, and the bytes per audio hour of top-k
+targets against full fp16 posteriors (measured on this teacher, and raw at the paper's
+3,183 classes).
+"""
+from __future__ import annotations
+
+import io
+import time
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import torch
+
+from amflow.records import decode_feats, load_cmvn
+from amflow.runs import StepContext, StepError
+from tasks import targets as T
+
+FRAME_S = 0.03  # one low-frame-rate row
+
+
+def _naive_frames_per_s(model, feats, mean, inv_std, threads: int, budget_s: float) -> float:
+    torch.set_num_threads(threads)
+    model = model.eval()
+    m, s = torch.from_numpy(mean), torch.from_numpy(inv_std)
+    frames, t0 = 0, time.perf_counter()
+    with torch.inference_mode():
+        for x in feats:
+            model(((torch.from_numpy(x) - m) * s)[None])
+            frames += len(x)
+            if time.perf_counter() - t0 > budget_s:
+                break
+    return frames / (time.perf_counter() - t0)
+
+
+def _parquet_bytes(table: pa.Table) -> int:
+    buf = io.BytesIO()
+    pq.write_table(table, buf, compression="zstd")
+    return len(buf.getvalue())
+
+
+def run(ctx: StepContext, args: Any) -> dict[str, Any]:
+    from training.checkpoint import load_model
+
+    cfg = ctx.cfg
+    if not ctx.storage.exists(ctx.other("features", "_SUCCESS.json")):
+        raise StepError(f"bench targets needs run '{ctx.run_id}' with features (and a teacher "
+                        "at targets.teacher or runs/<id>/train/model.pt)")
+    pool_ctx = StepContext(cfg, ctx.run_id, "bench/targets-pool", force=True)
+    pool = T.run(pool_ctx)
+    pool_fps = pool["metrics"]["frames_per_s"]
+
+    model, meta = load_model(ctx.storage, T.teacher_uri(ctx))
+    cmvn = meta.get("cmvn") or ctx.storage.read_json(ctx.other("features", "cmvn.json"))
+    mean, inv_std = load_cmvn(cmvn)
+    feats = []
+    for shard in T.feature_shards(ctx):
+        rows = ctx.storage.read_parquet(ctx.other("features", "shards", f"{shard}.parquet"))
+        feats += [decode_feats(r) for r in rows.to_pylist()]
+    threads = cfg.targets.actors * cfg.targets.threads_per_actor
+    naive_fps = _naive_frames_per_s(model, feats, mean, inv_std, threads, budget_s=60.0)
+
+    # Storage: top-k as written vs full fp16 posteriors of the same frames.
+    sample = feats[:50]
+    with torch.inference_mode():
+        scorer = T.TeacherScorer(model, mean, inv_std)
+        logits = torch.cat(scorer.score(sample))
+    n = logits.shape[0]
+    c = logits.shape[1]
+    idx, val = T.topk(logits, cfg.targets.k)
+    topk_tbl = pa.table({"topk_idx": [idx.tobytes()], "topk_logit": [val.tobytes()]})
+    full = torch.softmax(logits, -1).to(torch.float16).numpy()
+    full_tbl = pa.table({"posterior": [full.tobytes()]})
+    per_hour = 3600.0 / FRAME_S
+    topk_b = _parquet_bytes(topk_tbl) / n * per_hour
+    full_b = _parquet_bytes(full_tbl) / n * per_hour
+    paper_c = 3183
+    result = {
+        "frames": pool["metrics"]["frames"],
+        "pool_frames_per_s": pool_fps,
+        "naive_frames_per_s": round(naive_fps, 1),
+        "speedup_pool_over_naive": round(pool_fps / naive_fps, 2) if naive_fps else None,
+        "cores": threads,
+        "num_classes": c, "k": cfg.targets.k,
+        "topk_bytes_per_audio_hour": round(topk_b),
+        "full_fp16_bytes_per_audio_hour": round(full_b),
+        "full_over_topk_measured": round(full_b / topk_b, 1),
+        "paper_classes": paper_c,
+        "full_over_topk_raw_at_paper_classes": round(
+            T.full_posterior_bytes_per_frame(paper_c) / T.topk_bytes_per_frame(cfg.targets.k), 1),
+        "fidelity": pool["metrics"]["fidelity"],
+    }
+    print(f"targets: pool {pool_fps:.0f} frames/s vs naive {naive_fps:.0f} frames/s on "
+          f"{threads} cores -> {result['speedup_pool_over_naive']}x")
+    print(f"targets: top-k {topk_b / 1e6:.2f} MB/h vs full fp16 posteriors {full_b / 1e6:.2f} MB/h "
+          f"({c} classes, measured) -> {result['full_over_topk_measured']}x; raw at {paper_c} "
+          f"classes: {result['full_over_topk_raw_at_paper_classes']}x")
+    return result
