@@ -95,6 +95,10 @@ STEPS: dict[str, Step] = {
         reads="measured compute time and bytes per minibatch (train step or --measured)",
         writes="runs/<id>/simulate/table.md, table.json, _SUCCESS.json",
         add_args=_simulate_args),
+    "report": Step(
+        "tasks.report:run", "the demo report: Table II per condition, curves, timings",
+        reads="evaluate results of teacher, baseline and SSL runs, every step's _SUCCESS.json",
+        writes="runs/<id>/report/report.md, report.json, accuracy.png, learning_curves.png"),
     "bench": Step(
         "bench.cli:run", "benchmarks measured side by side, printed as ratios",
         reads="the run's data (or the embedded corpus)",

@@ -318,6 +318,16 @@ class RunnerConfig:
 
 
 @dataclass
+class ReportConfig:
+    """`amflow report`: which runs and evaluations the report compares."""
+
+    teacher_run: str = ""  # run holding the teacher and the baseline; empty = this run
+    teacher_eval: str = ""  # URIs; empty = the conventional places under the runs
+    baseline_eval: str = ""
+    ssl_eval: str = ""
+
+
+@dataclass
 class CostConfig:
     """On-demand USD/hour, for the infra cost estimate."""
 
@@ -341,6 +351,7 @@ class Config:
     evaluate: EvaluateConfig = field(default_factory=EvaluateConfig)
     simulate: SimulateConfig = field(default_factory=SimulateConfig)
     runner: RunnerConfig = field(default_factory=RunnerConfig)
+    report: ReportConfig = field(default_factory=ReportConfig)
     cost: CostConfig = field(default_factory=CostConfig)
 
     def to_dict(self) -> dict[str, Any]:

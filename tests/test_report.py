@@ -1,0 +1,51 @@
+import pytest
+
+from amflow.runs import StepContext, StepError
+from tasks.report import relative_error_reduction, run, table_ii
+
+
+def _eval(base: float) -> dict:
+    return {"frame_accuracy": base, "per": 1 - base,
+            "per_condition": {f"DP{i}": base - 0.05 * i for i in range(1, 6)},
+            "per_condition_per": {f"DP{i}": 0.3 + 0.05 * i for i in range(1, 6)}}
+
+
+def test_relative_error_reduction():
+    assert relative_error_reduction(0.8, 0.84) == pytest.approx(0.2)
+    assert relative_error_reduction(0.8, 0.8) == 0.0
+    assert relative_error_reduction(1.0, 0.9) == 0.0
+
+
+def test_table_ii_rows():
+    rows = table_ii(_eval(0.95), _eval(0.8), _eval(0.85))
+    assert [r["condition"] for r in rows] == ["DP1", "DP2", "DP3", "DP4", "DP5", "all"]
+    dp2 = rows[1]
+    assert dp2["baseline_fa"] == pytest.approx(0.7) and dp2["ssl_fa"] == pytest.approx(0.75)
+    assert dp2["rel_fer_reduction"] == pytest.approx(0.05 / 0.3)
+
+
+def test_report_writes_markdown_and_pngs(local_cfg):
+    cfg = local_cfg("report.teacher_run=t1")
+    teacher = StepContext(cfg, "t1", "evaluate")
+    teacher.storage.write_json(teacher.path("result.json"), _eval(0.95))
+    teacher.storage.write_json(teacher.other("evaluate-baseline", "result.json"), _eval(0.8))
+    teacher.finish(inputs={}, counts={"in": 3, "out": 2, "rejected": 1},
+                   metrics={"audio_hours": 0.1, "x_real_time": 300.0})
+    ssl = StepContext(cfg, "s1", "evaluate")
+    ssl.storage.write_json(ssl.path("result.json"), _eval(0.86))
+    ssl.storage.write_text(ssl.other("train", "metrics.jsonl"),
+                           '{"loss": 2.0, "frames_seen": 10}\n{"loss": 1.0, "frames_seen": 20}\n')
+    summary = run(StepContext(cfg, "s1", "report"))
+    md = ssl.storage.read_text(ssl.other("report", "report.md"))
+    assert md.startswith("# amflow report")
+    assert md.index("| condition |") < md.index("## Steps")
+    assert "| DP5 |" in md and "| t1 | evaluate |" in md
+    assert ssl.storage.exists(ssl.other("report", "accuracy.png"))
+    assert ssl.storage.exists(ssl.other("report", "learning_curves.png"))
+    assert summary["metrics"]["table_ii"][0]["condition"] == "DP1"
+
+
+def test_report_names_missing_evaluations(local_cfg):
+    cfg = local_cfg()
+    with pytest.raises(StepError, match="baseline"):
+        run(StepContext(cfg, "nothing", "report"))
