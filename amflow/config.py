@@ -310,11 +310,27 @@ class RunnerConfig:
     mode: str = "local"  # local | ray_job
     ray_dashboard: str = "http://127.0.0.1:8265"
     poll_s: float = 5.0
-    # One Airflow try waits at most this long before handing over to the next poke.
+    # One Airflow try waits at most this long (and at most half the execution-API token
+    # lifetime) before handing over to the next poke (UP_FOR_RESCHEDULE, same try number).
     max_wait_per_try_s: float = 600.0
+    # The command that runs a step; the step name and its arguments are appended.
+    command: list[str] = field(default_factory=lambda: ["amflow"])
+    # Directory the step runs in. Empty: the project root for local steps; for Ray jobs the
+    # job's own working directory (set it to the image's project dir, e.g. /app).
+    workdir: str = ""
+    # Where the runner keeps job state (pid, exit code, log, log cursor) on the Airflow side.
+    # Empty: $AMFLOW_RUNNER_STATE, else $AIRFLOW_HOME/amflow_jobs, else ~/.cache/amflow/jobs.
+    state_dir: str = ""
+    # Give up (stop the job, fail the try) after this many seconds; 0 = no limit.
+    step_timeout_s: float = 0.0
 
     def validate(self, key: str) -> None:
         _check(self.mode in ("local", "ray_job"), f"{key}.mode", "must be local or ray_job")
+        _check(self.poll_s > 0, f"{key}.poll_s", "must be > 0")
+        _check(self.max_wait_per_try_s >= self.poll_s, f"{key}.max_wait_per_try_s",
+               "must be >= runner.poll_s")
+        _check(bool(self.command), f"{key}.command", "must name an executable")
+        _check(self.step_timeout_s >= 0, f"{key}.step_timeout_s", "must be >= 0")
 
 
 @dataclass
