@@ -1,0 +1,170 @@
+"""Shared wiring for the amflow DAGs: assets, trigger-form params, the step operator.
+
+Parse-time cost is kept to `airflow.sdk` and `amflow.config` (PyYAML). Everything that
+runs a step (subprocess, Ray job client, storage) lives in `amflow.runner` and is
+imported only when a task runs.
+"""
+from __future__ import annotations
+
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from airflow.sdk import Asset, BaseOperator, Param
+
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_CONFIG = "configs/local.yaml"
+ALGORITHMS = ["sgd", "gtc", "bmuf", "htm", "ma"]
+
+# Asset URIs use a private scheme: what changes per run (the storage URI of a run's
+# output) travels in each event's `extra`, next to the step's counts and metrics.
+CORPUS = Asset(name="amflow_corpus", uri="x-amflow://corpus", group="amflow")
+TEACHER_FEATURES = Asset(name="amflow_teacher_features", uri="x-amflow://teacher/features",
+                         group="amflow")
+TEACHER_MODEL = Asset(name="amflow_teacher_model", uri="x-amflow://teacher/model", group="amflow")
+STUDENT_FEATURES = Asset(name="amflow_student_features", uri="x-amflow://ssl_student/features",
+                         group="amflow")
+STUDENT_TARGETS = Asset(name="amflow_student_targets", uri="x-amflow://ssl_student/targets",
+                        group="amflow")
+STUDENT_MODEL = Asset(name="amflow_student_model", uri="x-amflow://ssl_student/model",
+                      group="amflow")
+
+
+def local_defaults():
+    """The embedded default config (configs/local.yaml), for the trigger forms' defaults."""
+    from amflow.config import Config, load_config
+
+    path = PROJECT_ROOT / DEFAULT_CONFIG
+    return load_config(path) if path.exists() else Config()
+
+
+def common_params(cfg) -> dict[str, Param]:
+    """Params every pipeline DAG shows in its trigger form."""
+    return {
+        "config": Param(DEFAULT_CONFIG, type="string", title="Config file",
+                        description="YAML config, relative to the project root or absolute "
+                                    "(configs/local.yaml: this machine; configs/aws.yaml: the EC2 "
+                                    "Ray cluster on S3)."),
+        "hours": Param(cfg.select.hours, type="number", minimum=0.01, maximum=1_000_000,
+                       title="Hours of audio", description="select.hours: audio to select."),
+        "algorithm": Param(cfg.train.algorithm, type="string", enum=ALGORITHMS,
+                           title="Training algorithm", description="train.algorithm"),
+        "workers": Param(cfg.train.workers, type="integer", minimum=1, maximum=1024,
+                         title="Training workers", description="train.workers (the repartition "
+                         "step makes the partition count a multiple of it)."),
+        "epochs": Param(cfg.train.epochs, type="integer", minimum=1, maximum=100,
+                        title="Epochs", description="train.epochs"),
+        "overrides": Param([], type="array", items={"type": "string"},
+                           title="Config overrides",
+                           description="More key=value config overrides for every step, "
+                                       "e.g. train.lr=0.002 (they win over the fields above)."),
+        "rerun": Param("redo", type="string", enum=["redo", "resume"],
+                       title="When a cleared task's step had finished",
+                       description="redo: run it again from scratch (--force); resume: keep "
+                                   "finished shards and only fill in what is missing."),
+        "run_id": Param(None, type=["null", "string"], title="amflow run id",
+                        description="Empty: derived from this DAG run (stable across retries "
+                                    "and clears). Set it to reuse another run's outputs."),
+    }
+
+
+PARAM_SETS = {"hours": "select.hours", "algorithm": "train.algorithm",
+              "workers": "train.workers", "epochs": "train.epochs",
+              "teacher": "targets.teacher"}
+
+DEFAULT_ARGS = {
+    "owner": "amflow",
+    "retries": 2,
+    "retry_delay": timedelta(seconds=15),
+    "retry_exponential_backoff": 2.0,
+    "max_retry_delay": timedelta(minutes=10),
+}
+
+
+class AmflowStepOperator(BaseOperator):
+    """Run `amflow <step>` where `runner.mode` says; return its summary (XCom).
+
+    One try follows its job for a bounded time, then reschedules itself (same try, same
+    job) until the job ends. Killing the task (or its timeout) stops the job.
+    """
+
+    ui_color = "#dbeafe"
+
+    def __init__(self, *, step: str, sets: list[str] | None = None,
+                 param_sets: dict[str, str] | None = None, model_from: str | None = None,
+                 teacher_asset: Asset | None = None, model_output: bool = False,
+                 **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.step = step
+        self.sets = list(sets or [])
+        self.param_sets = dict(param_sets or {})
+        self.model_from = model_from
+        self.teacher_asset = teacher_asset
+        self.model_output = model_output
+
+    # -- what the runner asks of the wiring
+    def resolved_overrides(self, context) -> list[str]:
+        params = context["params"]
+        out = list(self.sets)
+        for name, key in self.param_sets.items():
+            value = params.get(name)
+            if value is not None and value != "":
+                out.append(f"{key}={value}")
+        if self.teacher_asset is not None and not params.get("teacher"):
+            uri = self._latest_teacher(context)
+            if uri:
+                self.log.info("teacher model from asset %s: %s", self.teacher_asset.name, uri)
+                out.append(f"targets.teacher={uri}")
+        out += [str(o) for o in (params.get("overrides") or [])]
+        return out
+
+    def resolved_extra_args(self, context) -> list[str]:
+        if not self.model_from:
+            return []
+        from amflow.runner import model_uri
+
+        summary = context["ti"].xcom_pull(task_ids=self.model_from)
+        uri = model_uri(summary) if isinstance(summary, dict) else ""
+        return ["--model", uri] if uri else []
+
+    def _latest_teacher(self, context) -> str:
+        asset = self.teacher_asset
+        try:
+            events = context["triggering_asset_events"][asset]
+        except (KeyError, TypeError):
+            events = []
+        if not events:
+            try:
+                events = list(context["inlet_events"][asset])
+            except (KeyError, TypeError, IndexError):
+                events = []
+        for event in reversed(events):
+            uri = (event.extra or {}).get("uri")
+            if uri:
+                return str(uri)
+        return ""
+
+    def emit_asset_events(self, context, summary: dict, run_id: str) -> None:
+        if not self.outlets:
+            return
+        from amflow.runner import model_uri
+
+        uri = model_uri(summary) if self.model_output else summary.get("uri", "")
+        metrics = {k: v for k, v in (summary.get("metrics") or {}).items()
+                   if isinstance(v, (int, float, str, bool))}
+        extra = {"uri": uri, "run_id": run_id, "step": self.step,
+                 "airflow_run_id": context["dag_run"].run_id,
+                 "counts": summary.get("counts", {}), "bytes": summary.get("bytes", 0),
+                 "wall_s": summary.get("wall_s"), "metrics": metrics}
+        for asset in self.outlets:
+            context["outlet_events"][asset].extra.update(extra)
+
+    def execute(self, context):
+        from amflow.runner import airflow_execute
+
+        return airflow_execute(self, context)
+
+    def on_kill(self) -> None:
+        from amflow.runner import airflow_kill
+
+        airflow_kill(self)

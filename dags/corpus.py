@@ -1,0 +1,45 @@
+"""corpus: synthesise the embedded espeak-ng corpus (`amflow corpus`).
+
+Writes data.corpus (audio, metadata, alignments.ctm) and publishes asset amflow_corpus.
+"""
+from __future__ import annotations
+
+import pendulum
+from airflow.sdk import Param, dag
+
+from amflow_common import CORPUS, DEFAULT_ARGS, DEFAULT_CONFIG, AmflowStepOperator, local_defaults
+
+_cfg = local_defaults()
+
+
+@dag(
+    dag_id="corpus",
+    schedule=None,
+    start_date=pendulum.datetime(2024, 1, 1, tz="UTC"),
+    catchup=False,
+    max_active_runs=1,
+    tags=["amflow"],
+    doc_md=__doc__,
+    default_args={**DEFAULT_ARGS,
+                  "param_sets": {"hours": "corpus.hours", "speakers": "corpus.speakers",
+                                 "seed": "corpus.seed"}},
+    params={
+        "config": Param(DEFAULT_CONFIG, type="string", title="Config file"),
+        "hours": Param(_cfg.corpus.hours, type="number", minimum=0.01, maximum=10_000,
+                       title="Hours of speech", description="corpus.hours"),
+        "speakers": Param(_cfg.corpus.speakers, type="integer", minimum=4, maximum=100_000,
+                          title="Speakers", description="corpus.speakers"),
+        "seed": Param(_cfg.corpus.seed, type="integer", minimum=0, title="Seed"),
+        "overrides": Param([], type="array", items={"type": "string"},
+                           title="Config overrides", description="More key=value overrides."),
+        "rerun": Param("resume", type="string", enum=["redo", "resume"],
+                       title="When a cleared task's step had finished"),
+        "run_id": Param(None, type=["null", "string"], title="amflow run id"),
+    },
+)
+def corpus():
+    AmflowStepOperator(task_id="corpus", step="corpus", outlets=[CORPUS],
+                       doc_md="espeak-ng speech, phone alignments, DP1..DP5 rooms.")
+
+
+corpus()

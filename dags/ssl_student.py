@@ -1,0 +1,57 @@
+"""ssl_student: the semi-supervised student pipeline.
+
+select -> features -> targets -> repartition -> train (student, recipe ssl) -> evaluate
+
+Runs on a new teacher (the `teacher` DAG's model asset) or from the trigger form. Each
+task runs `amflow <step> --config FILE --run-id <derived from this DAG run>` locally or
+as a Ray job (config `runner.mode`) and returns the step's summary as its XCom.
+"""
+from __future__ import annotations
+
+import pendulum
+from airflow.sdk import Param, dag
+
+from amflow_common import (DEFAULT_ARGS, PARAM_SETS, STUDENT_FEATURES, STUDENT_MODEL,
+                           STUDENT_TARGETS, TEACHER_MODEL, AmflowStepOperator, common_params,
+                           local_defaults)
+
+_cfg = local_defaults()
+
+
+@dag(
+    dag_id="ssl_student",
+    schedule=[TEACHER_MODEL],
+    start_date=pendulum.datetime(2024, 1, 1, tz="UTC"),
+    catchup=False,
+    max_active_runs=2,
+    tags=["amflow", "student"],
+    doc_md=__doc__,
+    default_args={**DEFAULT_ARGS, "param_sets": PARAM_SETS,
+                  "sets": ["train.model=student", "train.recipe=ssl"]},
+    params={
+        **common_params(_cfg),
+        "teacher": Param(_cfg.targets.teacher or None, type=["null", "string"],
+                         title="Teacher model URI",
+                         description="targets.teacher. Empty: the model of the latest "
+                                     "`teacher` DAG run (asset amflow_teacher_model)."),
+    },
+)
+def ssl_student():
+    select = AmflowStepOperator(task_id="select", step="select",
+                                doc_md="Sample `hours` of labeled + unlabeled audio, shard by speaker.")
+    features = AmflowStepOperator(task_id="features", step="features", outlets=[STUDENT_FEATURES],
+                                  doc_md="Log-mel fbank, causal CMN, global CMVN, LFR.")
+    targets = AmflowStepOperator(task_id="targets", step="targets", outlets=[STUDENT_TARGETS],
+                                 inlets=[TEACHER_MODEL], teacher_asset=TEACHER_MODEL,
+                                 doc_md="Teacher inference, top-k soft targets.")
+    repartition = AmflowStepOperator(task_id="repartition", step="repartition",
+                                     doc_md="Equal training partitions (a multiple of workers).")
+    train = AmflowStepOperator(task_id="train", step="train", outlets=[STUDENT_MODEL],
+                               model_output=True,
+                               doc_md="Student LSTM, scheduled learning over soft targets.")
+    evaluate = AmflowStepOperator(task_id="evaluate", step="evaluate", model_from="train",
+                                  doc_md="Frame accuracy per condition DP1..DP5.")
+    select >> features >> targets >> repartition >> train >> evaluate
+
+
+ssl_student()

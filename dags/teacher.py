@@ -1,0 +1,46 @@
+"""teacher: train the teacher on labeled data and publish it.
+
+select (labeled + dev) -> features -> repartition -> train (teacher) -> evaluate
+
+Alignment (CTM) labels stand in for soft targets. The trained model is published as the
+asset `amflow_teacher_model` (its URI in the event's extra), which schedules `ssl_student`.
+"""
+from __future__ import annotations
+
+import pendulum
+from airflow.sdk import dag
+
+from amflow_common import (DEFAULT_ARGS, PARAM_SETS, TEACHER_FEATURES, TEACHER_MODEL,
+                           AmflowStepOperator, common_params, local_defaults)
+
+_cfg = local_defaults()
+TEACHER_SETS = ["select.splits=labeled,dev", "train.model=teacher", "train.recipe=labeled",
+                "train.tag=teacher", "evaluate.tag=teacher"]
+
+
+@dag(
+    dag_id="teacher",
+    schedule=None,
+    start_date=pendulum.datetime(2024, 1, 1, tz="UTC"),
+    catchup=False,
+    max_active_runs=1,
+    tags=["amflow", "teacher"],
+    doc_md=__doc__,
+    default_args={**DEFAULT_ARGS, "param_sets": PARAM_SETS, "sets": TEACHER_SETS},
+    params=common_params(_cfg),
+)
+def teacher():
+    select = AmflowStepOperator(task_id="select", step="select",
+                                doc_md="Sample `hours` of labeled audio (and dev), by speaker.")
+    features = AmflowStepOperator(task_id="features", step="features", outlets=[TEACHER_FEATURES],
+                                  doc_md="Features and frame labels from alignments.ctm.")
+    repartition = AmflowStepOperator(task_id="repartition", step="repartition",
+                                     doc_md="Equal training partitions.")
+    train = AmflowStepOperator(task_id="train", step="train", outlets=[TEACHER_MODEL],
+                               model_output=True, doc_md="Teacher BLSTM, cross-entropy on labels.")
+    evaluate = AmflowStepOperator(task_id="evaluate", step="evaluate", model_from="train",
+                                  doc_md="Teacher frame accuracy per condition.")
+    select >> features >> repartition >> train >> evaluate
+
+
+teacher()

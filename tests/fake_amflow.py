@@ -1,0 +1,88 @@
+"""A stand-in for the `amflow` CLI, to test orchestration without the pipeline's cost.
+
+Same command line and contract as the real one (`<step> --config F --run-id ID [--set k=v]
+[--force] [...]`): it loads and validates the config the same way, prints progress lines
+on stderr, writes `<root>/runs/<id>/<step>[-<tag>]/_SUCCESS.json` and ends with
+`AMFLOW_SUMMARY <json>` on stdout. What each step does is read from the JSON file named
+by $AMFLOW_FAKE_PLAN: {"<step>": {"seconds": s, "fail_times": n, "lines": k}} (defaults:
+0.5 s, never fails, 3 progress lines). Every call is appended to
+`<root>/runs/<id>/_calls.jsonl`, so tests can count how often a step ran and with what.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import sys
+import time
+from pathlib import Path
+
+from amflow.config import load_config
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("step")
+    p.add_argument("--config")
+    p.add_argument("--run-id")
+    p.add_argument("--set", dest="overrides", action="append", default=[])
+    p.add_argument("--force", action="store_true")
+    p.add_argument("--model")
+    p.add_argument("--out")
+    args, _ = p.parse_known_args()
+    cfg = load_config(args.config, args.overrides)
+    plan = {}
+    if os.environ.get("AMFLOW_FAKE_PLAN"):
+        plan = json.loads(Path(os.environ["AMFLOW_FAKE_PLAN"]).read_text())
+    spec = {"seconds": 0.5, "fail_times": 0, "lines": 3, **plan.get(args.step, {})}
+    root = Path(cfg.storage.root)
+    if args.step == "corpus":
+        run_dir = root / "runs" / "_corpus"
+        step_dir = Path(cfg.data.corpus)
+    else:
+        run_dir = root / "runs" / args.run_id
+        tag = getattr(getattr(cfg, args.step, None), "tag", "") or ""
+        step_dir = run_dir / (f"{args.step}-{tag}" if tag else args.step)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    calls = run_dir / "_calls.jsonl"
+    previous = [json.loads(line) for line in calls.read_text().splitlines()] if calls.exists() else []
+    n_before = sum(1 for c in previous if c["step"] == args.step)
+    with open(calls, "a") as f:
+        f.write(json.dumps({"step": args.step, "argv": sys.argv[1:], "pid": os.getpid(),
+                            "t": time.time(), "force": args.force}) + "\n")
+
+    def on_term(signum, frame):  # noqa: ARG001
+        print(f"[{args.step}] terminated by signal {signum}", file=sys.stderr, flush=True)
+        sys.exit(128 + signum)
+
+    signal.signal(signal.SIGTERM, on_term)
+    print(f"[{args.step}] fake amflow {' '.join(sys.argv[1:])}", file=sys.stderr, flush=True)
+    t0 = time.time()
+    n = max(1, int(spec["lines"]))
+    for i in range(n):
+        time.sleep(float(spec["seconds"]) / n)
+        print(f"[{args.step}] {i + 1}/{n} shards ({100 * (i + 1) // n}%)", file=sys.stderr,
+              flush=True)
+    if n_before < int(spec["fail_times"]):
+        print(f"[{args.step}] error: injected failure {n_before + 1}", file=sys.stderr, flush=True)
+        return 1
+    step_dir.mkdir(parents=True, exist_ok=True)
+    if args.step == "train":
+        (step_dir / "model.pt").write_bytes(b"fake model")
+    summary = {"step": args.step, "run_id": args.run_id, "uri": str(step_dir),
+               "wall_s": round(time.time() - t0, 3), "host": socket.gethostname(),
+               "counts": {"in": 10, "out": 9, "rejected": 1}, "bytes": 1234,
+               "metrics": {"frames_per_s": 1000.0, "hours": cfg.select.hours,
+                           "algorithm": cfg.train.algorithm, "workers": cfg.train.workers,
+                           "teacher": cfg.targets.teacher, "model_arg": args.model or "",
+                           "forced": args.force},
+               "inputs": {"config": args.config}}
+    (step_dir / "_SUCCESS.json").write_text(json.dumps(summary))
+    print("AMFLOW_SUMMARY " + json.dumps(summary, sort_keys=True), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
