@@ -123,6 +123,8 @@ class SelectConfig:
         _check(self.shard_hours > 0, f"{key}.shard_hours", "must be > 0")
         _check(self.oversample >= 1.0, f"{key}.oversample", "must be >= 1.0")
         _check(bool(self.splits), f"{key}.splits", "must name at least one split")
+        bad = [s for s in self.splits if s not in ("labeled", "unlabeled", "dev", "test")]
+        _check(not bad, f"{key}.splits", f"must be among labeled, unlabeled, dev, test; got {bad}")
 
 
 @dataclass
@@ -132,33 +134,53 @@ class FeaturesConfig:
     num_mel_bins: int = 64
     frame_length_ms: float = 25.0
     frame_shift_ms: float = 10.0
-    dither: float = 0.0
+    dither: float = 0.0  # Kaldi units (int16 LSBs); 0 = off
     preemph_coeff: float = 0.97
     remove_dc_offset: bool = True
     window_type: str = "povey"
     low_freq: float = 20.0
     high_freq: float = 0.0
     snip_edges: bool = True
-    # Causal mean normalisation carried over a speaker's stream.
+    # Causal mean normalisation carried over a speaker's stream (tasks/features.py).
     cmn_window: int = 600
     cmn_min_window: int = 100
     stack: int = 3
     subsample: int = 3
-    storage_dtype: str = "float16"  # float16 | uint8
+    # uint8 with a per-row column range meets the <= 25 MB per audio hour budget; float16 does not.
+    storage_dtype: str = "uint8"  # float16 | uint8
     resample: bool = True
     downmix: bool = True
+    # Reject audio whose length differs from the metadata duration by more than
+    # max(0.1 s, this fraction of it); 0 = do not check.
+    duration_tolerance: float = 0.25
+    # Alignment frames may miss the audio by at most this much at either end or in a gap.
+    align_tolerance_s: float = 0.3
+    # Audio seconds per batched fbank call, and threads fetching audio ahead of it.
+    batch_seconds: float = 60.0
+    io_threads: int = 4
     seed: int = 0
 
     def validate(self, key: str) -> None:
         _check(self.backend in ("numpy", "kaldi"), f"{key}.backend", "must be numpy or kaldi")
+        _check(self.sample_rate > 0, f"{key}.sample_rate", "must be > 0")
         _check(self.num_mel_bins > 0, f"{key}.num_mel_bins", "must be > 0")
         _check(self.frame_length_ms > 0 and self.frame_shift_ms > 0, f"{key}.frame_shift_ms",
                "frame length and shift must be > 0")
         _check(self.dither >= 0, f"{key}.dither", "must be >= 0")
+        _check(self.window_type in ("povey", "hanning", "hamming", "blackman", "rectangular"),
+               f"{key}.window_type", "must be povey, hanning, hamming, blackman or rectangular")
+        _check(0 <= self.preemph_coeff <= 1, f"{key}.preemph_coeff", "must be in [0, 1]")
+        _check(self.cmn_window >= 1, f"{key}.cmn_window", "must be >= 1")
+        _check(0 <= self.cmn_min_window <= self.cmn_window, f"{key}.cmn_min_window",
+               "must be in [0, features.cmn_window]")
         _check(self.stack >= 1, f"{key}.stack", "must be >= 1")
         _check(self.subsample >= 1, f"{key}.subsample", "must be >= 1")
         _check(self.storage_dtype in ("float16", "uint8"), f"{key}.storage_dtype",
                "must be float16 or uint8")
+        _check(self.duration_tolerance >= 0, f"{key}.duration_tolerance", "must be >= 0")
+        _check(self.align_tolerance_s >= 0, f"{key}.align_tolerance_s", "must be >= 0")
+        _check(self.batch_seconds > 0, f"{key}.batch_seconds", "must be > 0")
+        _check(self.io_threads >= 1, f"{key}.io_threads", "must be >= 1")
 
 
 @dataclass
@@ -187,11 +209,14 @@ class TargetsConfig:
 class RepartitionConfig:
     # Target partition duration; the count is rounded up to a multiple of train.workers.
     partition_hours: float = 0.05
-    splits: list[str] = field(default_factory=lambda: ["labeled", "unlabeled"])
+    # Splits to partition; empty = every split the features step produced.
+    splits: list[str] = field(default_factory=list)
     seed: int = 0
 
     def validate(self, key: str) -> None:
         _check(self.partition_hours > 0, f"{key}.partition_hours", "must be > 0")
+        bad = [s for s in self.splits if s not in ("labeled", "unlabeled", "dev", "test")]
+        _check(not bad, f"{key}.splits", f"must be among labeled, unlabeled, dev, test; got {bad}")
 
 
 @dataclass
@@ -251,6 +276,20 @@ class TrainConfig:
     checkpoint_every: int = 200  # minibatches
     seed: int = 0
     prefetch: int = 4
+    # Output dir `train` (empty tag) or `train-<tag>`, so several trainings share a run.
+    tag: str = ""
+    labeled_split: str = "labeled"
+    unlabeled_split: str = "unlabeled"
+    dev_split: str = "dev"  # scored after every epoch / sub-epoch when it exists
+    # Chunked BPTT: frames fed before / after each chunk but not scored.
+    # right context -1 = the student's look-ahead (teacher: the left context).
+    chunk_left_context: int = 8
+    chunk_right_context: int = -1
+    shuffle_partitions: int = 4  # partitions pooled before chunks are shuffled
+    log_every: int = 10  # minibatches per metrics.jsonl record
+    keep_checkpoints: int = 2
+    threads: int = 0  # torch threads per worker; 0 = torch's default
+    fail_after: int = 0  # fault injection: die once after this many minibatches (0 = off)
     # Distributed algorithm knobs.
     gtc_tau: float = 0.0  # 0 = derive from gtc_tau_scale
     gtc_tau_scale: float = 8.0
@@ -278,11 +317,28 @@ class TrainConfig:
                "must be >= train.chunk_frames")
         _check(self.group_size >= 1, f"{key}.group_size", "must be >= 1")
         _check(self.block_size >= 1, f"{key}.block_size", "must be >= 1")
+        _check(self.finetune_epochs >= 0, f"{key}.finetune_epochs", "must be >= 0")
+        _check(self.sub_epochs >= 1, f"{key}.sub_epochs", "must be >= 1")
+        _check(self.final_lr > 0 and self.min_lr > 0, f"{key}.final_lr",
+               "final_lr and min_lr must be > 0")
+        _check(self.temperature > 0, f"{key}.temperature", "must be > 0")
+        _check(self.checkpoint_every >= 1, f"{key}.checkpoint_every", "must be >= 1")
+        _check(self.log_every >= 1, f"{key}.log_every", "must be >= 1")
+        _check(self.keep_checkpoints >= 1, f"{key}.keep_checkpoints", "must be >= 1")
+        _check(self.chunk_left_context >= 0, f"{key}.chunk_left_context", "must be >= 0")
+        _check(self.chunk_right_context >= -1, f"{key}.chunk_right_context", "must be >= -1")
+        _check(self.shuffle_partitions >= 1, f"{key}.shuffle_partitions", "must be >= 1")
+        _check(self.prefetch >= 1, f"{key}.prefetch", "must be >= 1")
+        _check("/" not in self.tag, f"{key}.tag", "must not contain '/'")
 
 
 @dataclass
 class EvaluateConfig:
     baseline: str = ""  # optional model URI to compare against
+    # Output dir `evaluate` (empty tag) or `evaluate-<tag>`; the default --model is then
+    # this run's `train[-<tag>]/model.pt`.
+    tag: str = ""
+    batch_frames: int = 20000
 
     def validate(self, key: str) -> None:
         pass

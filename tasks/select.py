@@ -1,0 +1,305 @@
+"""`amflow select`: choose `select.hours` of audio uniformly and shard it by speaker.
+
+Reads  `data.corpus`: `metadata/**.jsonl` (or `metadata.jsonl`), and `alignments.ctm` only
+       when a record has no `split` (then: aligned -> labeled, else unlabeled).
+Writes `runs/<R>/select/shards/<shard_id>.parquet`   one manifest per shard (MANIFEST_SCHEMA)
+       `runs/<R>/select/shards.json`                  the shard index (split, utts, seconds)
+       `runs/<R>/select/rejects/select.parquet`       malformed metadata lines with reasons
+       `runs/<R>/select/_SUCCESS.json`
+
+Pure core, no storage and no Ray: `parse_metadata_line`, `sample_uniform`, `shard_speakers`.
+
+Selection (the paper's IV-B1): records of the wanted `select.splits` are Bernoulli-sampled
+with p = oversample x (hours / mean utterance length) / N (seeded), shuffled, then trimmed
+to the first utterances whose durations reach `select.hours` (topped up from the rest in
+random order in the unlikely case the sample falls short). Everything is kept when the
+corpus holds less than `select.hours`.
+
+Sharding: per split, a speaker's utterances always share one shard. Shard count per split
+is round(split hours / shard_hours) (at least 1, at most the number of speakers); speakers
+are placed longest first onto the currently shortest shard (LPT), which keeps shards
+within one speaker's duration of each other. Rows of a manifest are ordered by speaker and
+`created_at`, i.e. each speaker's stream in time order, as the features step reads it.
+
+Counts: in = metadata lines, out = valid records, rejected = malformed lines; of `out`,
+`selected` went into manifests and `not_selected` were filtered by split or sampling.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import heapq
+import json
+import logging
+import math
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from amflow.progress import Progress
+from amflow.runs import SUCCESS, Reject, StepContext, StepError, rejects_table
+from amflow.storage import Storage, iter_jsonl, join
+from tasks.audio import resolve_uri
+
+log = logging.getLogger(__name__)
+
+SPLITS = ("labeled", "unlabeled", "dev", "test")
+MANIFEST_SCHEMA = pa.schema([
+    ("shard", pa.string()), ("split", pa.string()), ("utt_id", pa.string()),
+    ("speaker_id", pa.string()), ("duration", pa.float64()), ("created_at", pa.string()),
+    ("created_ts", pa.float64()), ("locale", pa.string()), ("condition", pa.string()),
+    ("text", pa.string()), ("audio_uri", pa.string()),
+])
+
+
+class MetadataError(ValueError):
+    def __init__(self, reason: str, detail: str, utt_id: str = ""):
+        super().__init__(detail)
+        self.reason, self.detail, self.utt_id = reason, detail, utt_id
+
+
+@dataclass
+class Record:
+    utt_id: str
+    speaker_id: str
+    duration: float
+    created_at: str
+    created_ts: float
+    locale: str
+    audio_uri: str
+    text: str = ""
+    condition: str = ""
+    split: str = ""
+
+
+def parse_time(value: str) -> float:
+    """ISO 8601 -> POSIX seconds; a naive time is taken as UTC."""
+    t = dt.datetime.fromisoformat(value.strip())
+    if t.tzinfo is None:
+        t = t.replace(tzinfo=dt.timezone.utc)
+    return t.timestamp()
+
+
+def _str(rec: dict, key: str, utt: str, required: bool = True) -> str:
+    v = rec.get(key)
+    if v is None:
+        if required:
+            raise MetadataError("malformed_metadata", f"missing field '{key}'", utt)
+        return ""
+    if not isinstance(v, str) or (required and not v.strip()):
+        raise MetadataError("malformed_metadata", f"field '{key}' must be a non-empty string, "
+                            f"got {v!r:.60}", utt)
+    return v.strip()
+
+
+def parse_metadata_line(line: str) -> Record:
+    """One JSONL line -> Record, or MetadataError(reason, detail, utt_id)."""
+    try:
+        rec = json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise MetadataError("malformed_metadata", f"not JSON: {exc.msg} at column {exc.colno}")
+    if not isinstance(rec, dict):
+        raise MetadataError("malformed_metadata", f"not a JSON object: {type(rec).__name__}")
+    utt = rec.get("utt_id") if isinstance(rec.get("utt_id"), str) else ""
+    utt = _str(rec, "utt_id", utt)
+    speaker = _str(rec, "speaker_id", utt)
+    dur = rec.get("duration")
+    if isinstance(dur, bool) or not isinstance(dur, (int, float)) or not math.isfinite(dur) \
+            or dur <= 0:
+        raise MetadataError("malformed_metadata", f"duration must be a positive number, "
+                            f"got {dur!r:.60}", utt)
+    created = _str(rec, "created_at", utt)
+    try:
+        ts = parse_time(created)
+    except ValueError:
+        raise MetadataError("malformed_metadata", f"created_at is not ISO 8601: {created!r:.60}",
+                            utt)
+    locale = _str(rec, "locale", utt)
+    audio = _str(rec, "audio_uri", utt)
+    text = _str(rec, "text", utt, required=False)
+    condition = _str(rec, "condition", utt, required=False)
+    split = _str(rec, "split", utt, required=False)
+    if split and split not in SPLITS:
+        raise MetadataError("bad_split", f"split must be one of {', '.join(SPLITS)}, got "
+                            f"{split!r:.40}", utt)
+    return Record(utt, speaker, float(dur), created, ts, locale, audio, text, condition, split)
+
+
+def sample_uniform(durations: np.ndarray, hours: float, oversample: float,
+                   seed: int) -> np.ndarray:
+    """Indices of a uniform random selection whose durations first reach `hours`."""
+    n = len(durations)
+    target = hours * 3600.0
+    rng = np.random.default_rng(seed)
+    if n == 0:
+        return np.zeros(0, np.int64)
+    if durations.sum() <= target:
+        return rng.permutation(n)
+    mean = float(durations.mean())
+    p = min(1.0, oversample * target / (mean * n))
+    picked = np.nonzero(rng.random(n) < p)[0]
+    order = picked[rng.permutation(len(picked))]
+    cum = np.cumsum(durations[order])
+    if len(cum) and cum[-1] >= target:
+        return order[: int(np.searchsorted(cum, target)) + 1]
+    rest = np.setdiff1d(np.arange(n), picked)
+    rest = rest[rng.permutation(len(rest))]
+    order = np.concatenate([order, rest])
+    cum = np.cumsum(durations[order])
+    return order[: int(np.searchsorted(cum, target)) + 1]
+
+
+def shard_speakers(speaker_seconds: dict[str, float], shard_seconds: float) -> list[list[str]]:
+    """Speakers -> nearly-equal-duration groups (LPT); deterministic for equal inputs."""
+    total = sum(speaker_seconds.values())
+    k = max(1, min(len(speaker_seconds), int(round(total / shard_seconds))))
+    heap = [(0.0, i) for i in range(k)]
+    groups: list[list[str]] = [[] for _ in range(k)]
+    for spk, sec in sorted(speaker_seconds.items(), key=lambda kv: (-kv[1], kv[0])):
+        load, i = heapq.heappop(heap)
+        groups[i].append(spk)
+        heapq.heappush(heap, (load + sec, i))
+    return [g for g in groups if g]
+
+
+def metadata_files(storage: Storage, corpus: str) -> list[str]:
+    files = storage.list(join(corpus, "metadata"), suffix=".jsonl", recursive=True)
+    single = join(corpus, "metadata.jsonl")
+    if storage.exists(single):
+        files.append(single)
+    return files
+
+
+def _relname(uri: str, corpus: str) -> str:
+    return uri[len(corpus.rstrip("/")) + 1:] if uri.startswith(corpus.rstrip("/")) else uri
+
+
+def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
+    cfg, st, scfg = ctx.cfg, ctx.storage, ctx.cfg.select
+    if not ctx.force and st.exists(ctx.path(SUCCESS)):
+        log.info("select: %s exists, nothing to do (use --force to redo)", ctx.path(SUCCESS))
+        return st.read_json(ctx.path(SUCCESS))
+    corpus = cfg.data.corpus.rstrip("/")
+    files = metadata_files(st, corpus)
+    if not files:
+        raise StepError(f"no metadata under {corpus}: expected metadata/**.jsonl or "
+                        f"metadata.jsonl")
+    log.info("select: reading %d metadata files under %s", len(files), corpus)
+    with ThreadPoolExecutor(max_workers=8) as pool, \
+            Progress(len(files), "select", "metadata files") as bar:
+        texts = []
+        for text in pool.map(st.read_text, files):
+            texts.append(text)
+            bar.update(1)
+
+    rejects: list[Reject] = []
+    records: list[Record] = []
+    seen: set[str] = set()
+    n_lines = 0
+    for uri, text in zip(files, texts):
+        name = _relname(uri, corpus)
+        for lineno, line in iter_jsonl(text):
+            n_lines += 1
+            where = f"{name}:{lineno}"
+            try:
+                rec = parse_metadata_line(line)
+            except MetadataError as exc:
+                rejects.append(Reject(exc.utt_id or where, exc.reason, f"{where}: {exc.detail}",
+                                      "select"))
+                continue
+            if rec.utt_id in seen:
+                rejects.append(Reject(rec.utt_id, "duplicate_utt_id",
+                                      f"{where}: utt_id seen earlier in the metadata", "select"))
+                continue
+            seen.add(rec.utt_id)
+            records.append(rec)
+
+    if any(not r.split for r in records):
+        ctm = join(corpus, "alignments.ctm")
+        aligned: set[str] = set()
+        if st.exists(ctm):
+            from tasks.alignments import ctm_utt_ids
+
+            aligned = ctm_utt_ids(st.read_text(ctm))
+        for r in records:
+            if not r.split:
+                r.split = "labeled" if r.utt_id in aligned else "unlabeled"
+
+    wanted = [r for r in records if r.split in scfg.splits]
+    durations = np.array([r.duration for r in wanted], dtype=np.float64)
+    chosen = sample_uniform(durations, scfg.hours, scfg.oversample, scfg.seed)
+    selected = [wanted[i] for i in sorted(chosen.tolist())]
+
+    shards: list[tuple[str, str, list[Record]]] = []
+    for split in SPLITS:
+        recs = [r for r in selected if r.split == split]
+        if not recs:
+            continue
+        per_spk: dict[str, list[Record]] = {}
+        for r in recs:
+            per_spk.setdefault(r.speaker_id, []).append(r)
+        secs = {s: sum(r.duration for r in rs) for s, rs in per_spk.items()}
+        for i, group in enumerate(shard_speakers(secs, scfg.shard_hours * 3600.0)):
+            rows = [r for s in sorted(group) for r in
+                    sorted(per_spk[s], key=lambda r: (r.created_ts, r.utt_id))]
+            shards.append((f"{split}-{i:05d}", split, rows))
+
+    index = []
+    written = 0
+    with Progress(len(shards), "select", "shards") as bar:
+        for shard_id, split, rows in shards:
+            table = pa.table({
+                "shard": [shard_id] * len(rows), "split": [split] * len(rows),
+                "utt_id": [r.utt_id for r in rows], "speaker_id": [r.speaker_id for r in rows],
+                "duration": [r.duration for r in rows],
+                "created_at": [r.created_at for r in rows],
+                "created_ts": [r.created_ts for r in rows],
+                "locale": [r.locale for r in rows], "condition": [r.condition for r in rows],
+                "text": [r.text for r in rows],
+                "audio_uri": [resolve_uri(corpus, r.audio_uri) for r in rows],
+            }, schema=MANIFEST_SCHEMA)
+            written += st.write_parquet(ctx.path("shards", f"{shard_id}.parquet"), table)
+            index.append({"shard": shard_id, "split": split, "utts": len(rows),
+                          "speakers": len({r.speaker_id for r in rows}),
+                          "seconds": round(sum(r.duration for r in rows), 3)})
+            bar.update(1)
+    keep = {f"{s}.parquet" for s, _, _ in shards}
+    for uri in st.list(ctx.path("shards"), suffix=".parquet"):
+        if uri.rsplit("/", 1)[-1] not in keep:
+            st.delete(uri)
+    st.write_parquet(ctx.path("rejects", "select.parquet"), rejects_table(rejects))
+    st.write_json(ctx.path("shards.json"), {"shards": index})
+
+    sel_seconds = sum(r.duration for r in selected)
+    per_split = {}
+    for e in index:
+        d = per_split.setdefault(e["split"], {"shards": 0, "utts": 0, "hours": 0.0})
+        d["shards"] += 1
+        d["utts"] += e["utts"]
+        d["hours"] = round(d["hours"] + e["seconds"] / 3600.0, 6)
+    seconds = [e["seconds"] for e in index]
+    reasons: dict[str, int] = {}
+    for r in rejects:
+        reasons[r.reason] = reasons.get(r.reason, 0) + 1
+    if sum(durations) < scfg.hours * 3600.0:
+        log.warning("select: wanted %.3f h but splits %s hold only %.3f h; took all",
+                    scfg.hours, scfg.splits, durations.sum() / 3600.0)
+    metrics = {
+        "audio_hours": round(sel_seconds / 3600.0, 6),
+        "requested_hours": scfg.hours,
+        "available_hours": round(float(durations.sum()) / 3600.0, 6),
+        "shards": len(index),
+        "speakers": len({r.speaker_id for r in selected}),
+        "per_split": per_split,
+        "shard_seconds_min": min(seconds) if seconds else 0.0,
+        "shard_seconds_max": max(seconds) if seconds else 0.0,
+        "reject_reasons": reasons,
+    }
+    return ctx.finish(
+        inputs={"corpus": corpus, "metadata_files": len(files), "splits": scfg.splits,
+                "seed": scfg.seed},
+        counts={"in": n_lines, "out": len(records), "rejected": len(rejects),
+                "selected": len(selected), "not_selected": len(records) - len(selected)},
+        metrics=metrics, bytes_written=written)
