@@ -1,27 +1,60 @@
 """Acoustic models: the unidirectional LSTM student and the bidirectional LSTM teacher.
 
-Both map low-frame-rate features [B, T, D] to per-frame class logits [B, T, C].
+Both map low-frame-rate features [B, T, D] to per-frame class logits [B, T, C], with
+optional `lengths` [B] for padded batches (the padding must be zeros).
+
 The student delays its output by `lookahead` frames: logits[t] is produced after the
-model has read frames up to t + lookahead (the input is padded with `lookahead`
-zero frames at the end, and the first `lookahead` outputs are dropped), so a streaming
-deployment sees 3 frames (90 ms at 33 Hz) of future context, as in the paper.
+model has read frames up to t + lookahead (the input is padded with `lookahead` zero
+frames at the end, and the first `lookahead` outputs are dropped), so a streaming
+deployment sees 3 frames (90 ms at 33 Hz) of future context, as in the paper. Because the
+student is causal apart from that look-ahead, zero padding at the end of a sequence does
+not change the outputs of the real frames, so it never needs `lengths`.
+
+Paper sizes (config `model.*` in aws.yaml): student 5 x 768 LSTM (~24 M parameters with
+192-d input and 3,183 senones), teacher 5 x 768-per-direction BLSTM.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
+SPEC_FORMAT = 1
+
 
 class _LSTMBody(nn.Module):
+    kind = "base"
+
     def __init__(self, input_dim: int, hidden: int, layers: int, num_classes: int,
                  bidirectional: bool):
         super().__init__()
+        if min(input_dim, hidden, layers, num_classes) < 1:
+            raise ValueError(f"bad model size: input_dim={input_dim} hidden={hidden} "
+                             f"layers={layers} num_classes={num_classes}")
+        self.bidirectional = bidirectional
         self.lstm = nn.LSTM(input_dim, hidden, num_layers=layers, batch_first=True,
                             bidirectional=bidirectional)
         self.output = nn.Linear(hidden * (2 if bidirectional else 1), num_classes)
+        self._init_forget_bias()
+
+    @property
+    def num_classes(self) -> int:
+        return self.output.out_features
+
+    @property
+    def input_dim(self) -> int:
+        return self.lstm.input_size
+
+    def _init_forget_bias(self) -> None:
+        # A forget-gate bias of 1 (split over the two bias vectors) lets gradients flow
+        # through time from the first update; gates are ordered i, f, g, o in PyTorch.
+        h = self.lstm.hidden_size
+        with torch.no_grad():
+            for name, p in self.lstm.named_parameters():
+                if name.startswith("bias_"):
+                    p[h:2 * h].fill_(0.5)
 
     def _run(self, x: torch.Tensor, lengths: torch.Tensor | None) -> torch.Tensor:
         if lengths is None:
@@ -39,14 +72,16 @@ class StudentLSTM(_LSTMBody):
     def __init__(self, input_dim: int, hidden: int, layers: int, num_classes: int,
                  lookahead: int = 3):
         super().__init__(input_dim, hidden, layers, num_classes, bidirectional=False)
+        if lookahead < 0:
+            raise ValueError("lookahead must be >= 0")
         self.lookahead = lookahead
 
     def forward(self, x: torch.Tensor, lengths: torch.Tensor | None = None) -> torch.Tensor:
+        # Causal: right padding never reaches earlier outputs, so `lengths` is not needed
+        # (it is accepted for interface parity with the teacher).
         if self.lookahead:
             x = nn.functional.pad(x, (0, 0, 0, self.lookahead))
-            if lengths is not None:
-                lengths = lengths + self.lookahead
-        y = self._run(x, lengths)
+        y = self._run(x, None)
         return y[:, self.lookahead:, :]
 
 
@@ -57,7 +92,21 @@ class TeacherBLSTM(_LSTMBody):
         super().__init__(input_dim, hidden, layers, num_classes, bidirectional=True)
 
     def forward(self, x: torch.Tensor, lengths: torch.Tensor | None = None) -> torch.Tensor:
+        if lengths is not None and bool((lengths == x.shape[1]).all()):
+            lengths = None  # no padding: skip the packing overhead
         return self._run(x, lengths)
+
+
+def resolve_num_classes(model_cfg: Any, phones: Sequence[str] | None) -> int:
+    """`model.num_classes`, or the run's phone inventory size when it is 0."""
+    if model_cfg.num_classes > 0:
+        if phones and model_cfg.num_classes < len(phones):
+            raise ValueError(f"model.num_classes={model_cfg.num_classes} is smaller than the "
+                             f"run's phone inventory ({len(phones)} phones)")
+        return int(model_cfg.num_classes)
+    if not phones:
+        raise ValueError("model.num_classes is 0 and the run has no phone inventory")
+    return len(phones)
 
 
 def build_model(kind: str, input_dim: int, num_classes: int, model_cfg: Any) -> nn.Module:
@@ -72,10 +121,12 @@ def build_model(kind: str, input_dim: int, num_classes: int, model_cfg: Any) -> 
 
 
 def model_spec(model: nn.Module) -> dict[str, Any]:
-    """What is needed to rebuild `model` from a checkpoint."""
+    """What is needed to rebuild `model` from a checkpoint (plain JSON types)."""
     lstm = model.lstm
-    spec = {"kind": model.kind, "input_dim": lstm.input_size, "hidden": lstm.hidden_size,
-            "layers": lstm.num_layers, "num_classes": model.output.out_features}
+    spec = {"format": SPEC_FORMAT, "kind": model.kind, "input_dim": lstm.input_size,
+            "hidden": lstm.hidden_size, "layers": lstm.num_layers,
+            "num_classes": model.output.out_features,
+            "bidirectional": bool(lstm.bidirectional)}
     if isinstance(model, StudentLSTM):
         spec["lookahead"] = model.lookahead
     return spec
@@ -85,8 +136,22 @@ def model_from_spec(spec: dict[str, Any]) -> nn.Module:
     if spec["kind"] == "student":
         return StudentLSTM(spec["input_dim"], spec["hidden"], spec["layers"],
                            spec["num_classes"], spec.get("lookahead", 0))
-    return TeacherBLSTM(spec["input_dim"], spec["hidden"], spec["layers"], spec["num_classes"])
+    if spec["kind"] == "teacher":
+        return TeacherBLSTM(spec["input_dim"], spec["hidden"], spec["layers"],
+                            spec["num_classes"])
+    raise ValueError(f"unknown model kind {spec['kind']!r} in model spec")
 
 
 def num_parameters(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
+
+
+def lstm_parameter_count(input_dim: int, hidden: int, layers: int, num_classes: int,
+                         bidirectional: bool = False) -> int:
+    """Parameter count of a model of this shape, without building it."""
+    dirs = 2 if bidirectional else 1
+    total = 0
+    for layer in range(layers):
+        in_dim = input_dim if layer == 0 else hidden * dirs
+        total += dirs * 4 * hidden * (in_dim + hidden + 2)
+    return total + hidden * dirs * num_classes + num_classes

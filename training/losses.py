@@ -1,0 +1,101 @@
+"""Frame-level training criteria.
+
+- `ce_loss`: cross-entropy against hard labels (alignments); label `IGNORE` (-100) marks
+  frames that are padding or chunk context.
+- `distill_loss`: cross-entropy against the teacher's posterior, rebuilt from its top-k
+  logits per frame (paper V-C): the missing logits are set to `fill` (a large negative
+  number) and the full C-way softmax is taken, at temperature T for both teacher and
+  student (the loss is multiplied by T**2 so gradients keep their scale, as in Hinton's
+  distillation). The rebuild is exact but never materialises the [N, C] target: with
+  z = logsumexp(top-k logits / T, (C - k) copies of fill / T) the teacher probability is
+  p_i = exp(l_i / T - z) on the top-k classes and p_f = exp(fill / T - z) on every other
+  class, so  CE = -sum_k p_i log q_i - p_f (sum_all log q - sum_k log q_i).
+
+Every loss is the mean over the scored frames of the minibatch and comes back with the
+number of scored frames and of correctly classified frames (for frame accuracy: against
+the label, or against the teacher's best class).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+IGNORE = -100
+
+
+@dataclass
+class LossOut:
+    loss: torch.Tensor  # scalar, mean over scored frames (0 with a graph if none)
+    frames: int
+    correct: int
+
+
+def ce_loss(logits: torch.Tensor, labels: torch.Tensor) -> LossOut:
+    """logits [B, T, C], labels [B, T] (IGNORE = not scored)."""
+    c = logits.shape[-1]
+    flat = logits.reshape(-1, c)
+    lab = labels.reshape(-1)
+    mask = lab != IGNORE
+    n = int(mask.sum())
+    if n == 0:
+        return LossOut(flat.sum() * 0.0, 0, 0)
+    sel = flat[mask]
+    tgt = lab[mask]
+    if int(tgt.max()) >= c or int(tgt.min()) < 0:
+        raise ValueError(f"label out of range [0, {c}): min {int(tgt.min())} max {int(tgt.max())}")
+    loss = F.cross_entropy(sel, tgt, reduction="mean")
+    with torch.no_grad():
+        correct = int((sel.argmax(-1) == tgt).sum())
+    return LossOut(loss, n, correct)
+
+
+def teacher_log_normaliser(topk_logit: torch.Tensor, num_classes: int, fill: float,
+                           temperature: float = 1.0) -> torch.Tensor:
+    """log Z of the rebuilt teacher softmax, per frame: [..., k] -> [...]."""
+    t = topk_logit / temperature
+    k = t.shape[-1]
+    if num_classes > k:
+        rest = torch.full_like(t[..., :1], fill / temperature + math.log(num_classes - k))
+        t = torch.cat([t, rest], dim=-1)
+    return torch.logsumexp(t, dim=-1)
+
+
+def teacher_probs(topk_idx: torch.Tensor, topk_logit: torch.Tensor, num_classes: int,
+                  fill: float, temperature: float = 1.0) -> torch.Tensor:
+    """The full rebuilt teacher distribution [N, C] (for tests and inspection)."""
+    full = torch.full((*topk_idx.shape[:-1], num_classes), float(fill),
+                      dtype=topk_logit.dtype, device=topk_logit.device)
+    full.scatter_(-1, topk_idx, topk_logit)
+    return torch.softmax(full / temperature, dim=-1)
+
+
+def distill_loss(logits: torch.Tensor, topk_idx: torch.Tensor, topk_logit: torch.Tensor,
+                 mask: torch.Tensor, fill: float, temperature: float = 1.0) -> LossOut:
+    """logits [B, T, C]; topk_idx/topk_logit [B, T, k]; mask [B, T] bool (scored frames)."""
+    c = logits.shape[-1]
+    n = int(mask.sum())
+    if n == 0:
+        return LossOut(logits.sum() * 0.0, 0, 0)
+    sel = logits[mask]  # [N, C]
+    idx = topk_idx[mask]  # [N, k]
+    val = topk_logit[mask].to(sel.dtype)
+    if int(idx.max()) >= c or int(idx.min()) < 0:
+        raise ValueError(f"top-k class index out of range [0, {c}): the targets were made "
+                         f"for a different class inventory (max index {int(idx.max())})")
+    T = float(temperature)
+    logq = torch.log_softmax(sel / T, dim=-1)
+    logz = teacher_log_normaliser(val, c, fill, T)  # [N]
+    p_top = torch.exp(val / T - logz[:, None])  # [N, k]
+    logq_top = logq.gather(-1, idx)  # [N, k]
+    per_frame = -(p_top * logq_top).sum(-1)
+    if c > idx.shape[-1]:
+        p_fill = torch.exp(fill / T - logz)  # [N]
+        per_frame = per_frame - p_fill * (logq.sum(-1) - logq_top.sum(-1))
+    loss = per_frame.mean() * (T * T)
+    with torch.no_grad():
+        best = idx.gather(-1, val.argmax(-1, keepdim=True)).squeeze(-1)
+        correct = int((sel.argmax(-1) == best).sum())
+    return LossOut(loss, n, correct)
