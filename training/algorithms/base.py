@@ -33,6 +33,7 @@ class Algorithm:
         self.frames = 0
         self.bytes_sent = 0
         self.comm_seconds = 0.0
+        self.setup_bytes = 0  # one-off traffic (initial model broadcast), not per minibatch
 
     @classmethod
     def from_config(cls, train_cfg: Any, model: nn.Module, optimizer: torch.optim.Optimizer,
@@ -90,7 +91,7 @@ BUCKET_BYTES = 32 << 20  # flatten tensors into buffers of at most this many byt
 
 
 def resolve_group(group: Any = None, world_size: int | None = None) -> tuple[Any, int, int]:
-    """(group, rank, world size) for an algorithm.
+    """(group, rank in group, group size) for an algorithm.
 
     `group=None` means the default (WORLD) group when torch.distributed is initialised with
     more than one rank, else a single process. `world_size=1` forces single-process mode
@@ -106,14 +107,11 @@ def resolve_group(group: Any = None, world_size: int | None = None) -> tuple[Any
     return group, dist.get_rank(group), n
 
 
-def comm_device(group: Any, model_device: torch.device) -> torch.device:
+def comm_device(group: Any, model_dev: torch.device) -> torch.device:
     """NCCL communicates tensors where the model lives (GPU); gloo on the CPU."""
-    if group is None:
-        return model_device
-    backend = dist.get_backend(group)
-    if backend == "nccl":
-        return model_device
-    return torch.device("cpu")
+    if group is not None and dist.get_backend(group) == "nccl":
+        return model_dev
+    return torch.device("cpu") if group is not None else model_dev
 
 
 def model_device(model: nn.Module) -> torch.device:
@@ -126,12 +124,31 @@ def trainable(model: nn.Module) -> list[torch.Tensor]:
     return [p for p in model.parameters() if p.requires_grad]
 
 
+def broadcast_model_(params: list[torch.Tensor], group: Any, src: int = 0) -> int:
+    """Every worker starts from `src`'s weights (as DDP does); returns bytes sent by src."""
+    if group is None:
+        return 0
+    dev = comm_device(group, params[0].device if params else torch.device("cpu"))
+    flat = FlatBuckets(params, dev)
+    bufs = flat.weights()
+    src_global = dist.get_global_rank(group, src) if group is not dist.group.WORLD else src
+    for b in bufs:
+        dist.broadcast(b, src=src_global, group=group)
+    flat.set_weights(bufs)
+    return flat.nbytes if dist.get_rank(group) == src else 0
+
+
 class FlatBuckets:
     """Tensors laid out in a few large contiguous fp32 buffers (one collective per bucket).
 
-    `gather(tensors)` copies them into the buffers; `scatter(buffers, tensors)` copies back.
-    The element order is fixed by parameter order, so an element's flat index is the same
-    on every worker (GTC uses it as the 31-bit index).
+    `gather(tensors)` copies tensors into the buffers; `scatter(buffers, tensors)` copies
+    back. The element order follows parameter order, so a flat index means the same
+    element on every worker (GTC uses it as the 31-bit index).
+
+    `bind_grads()` makes each `param.grad` a view into the buffers (as DDP's
+    gradient-as-bucket-view): backward then accumulates straight into the flat buffers and
+    `grads()` costs no copy. If anything replaces a `.grad` tensor later (set_to_none,
+    an optimizer that reassigns it), `grads()` notices and falls back to copying.
     """
 
     def __init__(self, params: list[torch.Tensor], device: torch.device,
@@ -141,9 +158,9 @@ class FlatBuckets:
         self.dtype = dtype
         self.numels = [p.numel() for p in params]
         self.total = sum(self.numels)
-        per = max(bucket_bytes // torch.empty((), dtype=dtype).element_size(), 1)
-        # bucket -> list of parameter indices
-        self.buckets: list[list[int]] = []
+        self.itemsize = torch.empty((), dtype=dtype).element_size()
+        per = max(bucket_bytes // self.itemsize, 1)
+        self.buckets: list[list[int]] = []  # bucket -> parameter indices
         cur: list[int] = []
         size = 0
         for i, n in enumerate(self.numels):
@@ -156,10 +173,39 @@ class FlatBuckets:
             self.buckets.append(cur)
         self.sizes = [sum(self.numels[i] for i in b) for b in self.buckets]
         self.buffers = [torch.zeros(s, dtype=dtype, device=device) for s in self.sizes]
+        self._views: list[torch.Tensor] | None = None
 
     @property
     def nbytes(self) -> int:
-        return self.total * torch.empty((), dtype=self.dtype).element_size()
+        return self.total * self.itemsize
+
+    def _param_views(self, buffers: list[torch.Tensor]) -> list[torch.Tensor]:
+        views: list[torch.Tensor] = [None] * len(self.params)  # type: ignore[list-item]
+        for buf, idx in zip(buffers, self.buckets):
+            for i, v in zip(idx, buf.split([self.numels[i] for i in idx])):
+                views[i] = v.view_as(self.params[i])
+        return views
+
+    def bind_grads(self) -> bool:
+        """Point every `.grad` into the buffers when dtype and device allow it."""
+        ok = all(p.dtype == self.dtype and p.device == self.device for p in self.params)
+        if not ok:
+            return False
+        views = self._param_views(self.buffers)
+        with torch.no_grad():
+            for p, v in zip(self.params, views):
+                if p.grad is not None:
+                    v.copy_(p.grad)
+                else:
+                    v.zero_()
+                p.grad = v
+        self._views = views
+        return True
+
+    def _bound(self) -> bool:
+        return self._views is not None and all(
+            p.grad is not None and p.grad.data_ptr() == v.data_ptr()
+            for p, v in zip(self.params, self._views))
 
     def gather(self, tensors: list[torch.Tensor | None]) -> list[torch.Tensor]:
         for buf, idx in zip(self.buffers, self.buckets):
@@ -180,9 +226,15 @@ class FlatBuckets:
             for buf, idx in zip(buffers, self.buckets):
                 views = buf.split([self.numels[i] for i in idx])
                 for i, v in zip(idx, views):
-                    tensors[i].copy_(v.view_as(tensors[i]))
+                    if tensors[i].data_ptr() != v.data_ptr():
+                        tensors[i].copy_(v.view_as(tensors[i]))
 
     def grads(self) -> list[torch.Tensor]:
+        """The current gradients as flat buffers (no copy when bound)."""
+        if self._views is not None:
+            if self._bound():
+                return self.buffers
+            self._views = None
         return self.gather([p.grad for p in self.params])
 
     def set_grads(self, buffers: list[torch.Tensor]) -> None:
@@ -197,30 +249,9 @@ class FlatBuckets:
     def set_weights(self, buffers: list[torch.Tensor]) -> None:
         self.scatter(buffers, [p.data for p in self.params])
 
-    def flat(self, tensors: list[torch.Tensor | None]) -> torch.Tensor:
-        """All tensors as one new flat vector (for state and small models)."""
-        return torch.cat([b.clone() for b in self.gather(tensors)]) if self.buffers else \
-            torch.zeros(0, dtype=self.dtype, device=self.device)
+    def flat_weights(self) -> torch.Tensor:
+        """All weights as one new flat fp32 vector on this layout's device."""
+        return torch.cat([b.clone() for b in self.weights()])
 
-    def split(self, flat: torch.Tensor) -> list[torch.Tensor]:
-        """A flat vector cut into this layout's buckets (views)."""
-        return list(flat.split(self.sizes))
-
-
-def allreduce_mean_(buffers: list[torch.Tensor], group: Any, world: int) -> int:
-    """In-place average over the group; returns the payload bytes this worker contributed."""
-    sent = 0
-    for b in buffers:
-        dist.all_reduce(b, op=dist.ReduceOp.SUM, group=group)
-        b.div_(world)
-        sent += b.numel() * b.element_size()
-    return sent
-
-
-def broadcast_(buffers: list[torch.Tensor], src_rank_global: int, group: Any, is_src: bool) -> int:
-    sent = 0
-    for b in buffers:
-        dist.broadcast(b, src=src_rank_global, group=group)
-        if is_src:
-            sent += b.numel() * b.element_size()
-    return sent
+    def set_flat_weights(self, flat: torch.Tensor) -> None:
+        self.set_weights(list(flat.split(self.sizes)))

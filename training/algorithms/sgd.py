@@ -19,8 +19,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from training.algorithms.base import (Algorithm, FlatBuckets, comm_device, model_device,
-                                      resolve_group, trainable)
+from training.algorithms.base import (Algorithm, FlatBuckets, broadcast_model_, comm_device,
+                                      model_device, resolve_group, trainable)
 
 
 class SyncSGD(Algorithm):
@@ -34,6 +34,8 @@ class SyncSGD(Algorithm):
         if self.world > 1:
             dev = comm_device(group, model_device(model))
             self.buckets = FlatBuckets(self.params, dev)
+            self.buckets.bind_grads()
+            self.setup_bytes = broadcast_model_(self.params, group)
             # one trailing element carries the frame weight
             self.weight = torch.zeros(1, dtype=torch.float32, device=dev)
 

@@ -1,0 +1,140 @@
+"""`bmuf`: blockwise model-update filtering with Nesterov block momentum (Chen & Huo 2016).
+
+Each worker runs its local optimizer for `block_size` minibatches (no communication),
+then, at the end of block t:
+
+    W_bar(t) = (1/N) sum_i W_i(t)                 all-reduce average of the local models
+    G(t)     = W_bar(t) - W_g(t-1)                 block-level "gradient"
+    Delta(t) = eta * Delta(t-1) + zeta * G(t)      block momentum, block learning rate
+    W_g(t)   = W_g(t-1) + Delta(t)                 the global model
+    W_0(t+1) = W_g(t) + eta * Delta(t)             Nesterov look-ahead: where every worker
+                                                   starts block t+1
+
+W_g and the look-ahead are kept apart: G is always taken against W_g, and `finalize()`
+leaves every worker with W_g (after a last, possibly partial, block), not the look-ahead.
+eta < 0 in the config means: derive it from zeta / (N (1 - eta)) = C, i.e.
+eta = 1 - zeta / (N C) (clamped to [0, 1)); zeta = 1, C = 1 are the papers' settings.
+eta = 0, zeta = 1 is plain model averaging.
+
+Bytes counted: the fp32 model put into the all-reduce once per block (so
+4 * params / block_size per minibatch on average).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from training.algorithms.base import (Algorithm, FlatBuckets, broadcast_model_, comm_device,
+                                      model_device, resolve_group, trainable)
+
+
+def derive_eta(zeta: float, n: int, c: float) -> float:
+    """Block momentum from zeta / (N (1 - eta)) = C."""
+    return min(max(1.0 - zeta / (n * c), 0.0), 0.999)
+
+
+class BlockFilter:
+    """The global model W_g and block momentum Delta, as flat fp32 vectors."""
+
+    def __init__(self, w0: torch.Tensor, zeta: float, eta: float):
+        self.zeta = float(zeta)
+        self.eta = float(eta)
+        self.w_g = w0.clone()
+        self.delta = torch.zeros_like(w0)
+
+    @property
+    def identity(self) -> bool:
+        """A filter over a single model that returns the model unchanged."""
+        return self.zeta == 1.0 and self.eta == 0.0
+
+    def update(self, w_bar: torch.Tensor) -> torch.Tensor:
+        """One BMUF step from the averaged model; returns the look-ahead model (new)."""
+        g = w_bar.sub(self.w_g)
+        self.delta.mul_(self.eta).add_(g, alpha=self.zeta)
+        self.w_g.add_(self.delta)
+        return self.w_g.add(self.delta, alpha=self.eta)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"zeta": self.zeta, "eta": self.eta, "w_g": self.w_g.detach().cpu().clone(),
+                "delta": self.delta.detach().cpu().clone()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.zeta, self.eta = state["zeta"], state["eta"]
+        self.w_g.copy_(state["w_g"].to(self.w_g.device))
+        self.delta.copy_(state["delta"].to(self.delta.device))
+
+
+class BMUF(Algorithm):
+    name = "bmuf"
+
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, group: Any = None,
+                 world_size: int | None = None, block_size: int = 50, zeta: float = 1.0,
+                 eta: float = -1.0, c: float = 1.0):
+        group, self.rank, self.world = resolve_group(group, world_size)
+        super().__init__(model, optimizer, group)
+        self.block_size = int(block_size)
+        self.params = trainable(model)
+        self.blocks = 0
+        self.finalized = False
+        if self.world > 1:
+            dev = comm_device(group, model_device(model))
+            self.setup_bytes = broadcast_model_(self.params, group)
+            self.flat = FlatBuckets(self.params, dev)
+            eta = derive_eta(zeta, self.world, c) if eta < 0 else eta
+            self.filter = BlockFilter(self.flat.flat_weights(), zeta, eta)
+
+    @classmethod
+    def from_config(cls, train_cfg, model, optimizer, group=None, world_size=None):
+        return cls(model, optimizer, group, world_size, block_size=train_cfg.block_size,
+                   zeta=train_cfg.block_lr, eta=train_cfg.block_momentum, c=train_cfg.bmuf_c)
+
+    @property
+    def eta(self) -> float:
+        return self.filter.eta if self.world > 1 else 0.0
+
+    def _block(self, final: bool = False) -> None:
+        with self._timed():
+            bufs = self.flat.weights()
+            for b in bufs:
+                dist.all_reduce(b, op=dist.ReduceOp.SUM, group=self.group)
+                b.div_(self.world)
+                self.bytes_sent += b.numel() * b.element_size()
+            look = self.filter.update(torch.cat(bufs) if len(bufs) > 1 else bufs[0])
+            self.flat.set_flat_weights(self.filter.w_g if final else look)
+        self.blocks += 1
+
+    def step(self, num_frames: int = 0) -> None:
+        self.optimizer.step()
+        self.steps += 1
+        self.frames += num_frames
+        if self.world > 1 and self.steps % self.block_size == 0:
+            self._block()
+
+    def finalize(self) -> None:
+        if self.world <= 1 or self.finalized:
+            return
+        if self.steps % self.block_size:
+            self._block(final=True)
+        else:
+            self.flat.set_flat_weights(self.filter.w_g)
+        self.finalized = True
+
+    def stats(self) -> dict[str, float]:
+        out = super().stats()
+        out.update(blocks=self.blocks, eta=self.eta, block_size=self.block_size)
+        return out
+
+    def state_dict(self) -> dict[str, Any]:
+        state = super().state_dict()
+        state.update(blocks=self.blocks,
+                     filter=self.filter.state_dict() if self.world > 1 else None)
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        self.blocks = state["blocks"]
+        if self.world > 1 and state.get("filter") is not None:
+            self.filter.load_state_dict(state["filter"])

@@ -1,0 +1,225 @@
+"""Launching the training worker function on many processes.
+
+`run_distributed(train_worker_fn, plan, cfg)` runs `train_worker_fn(plan)` on a Ray Train
+`TorchTrainer` with `train.workers` workers (gloo on the CPU; NCCL when `train.use_gpu`
+and the cluster has enough GPUs), and returns what rank 0 returned. Ray Train creates the
+torch.distributed process group before the function starts; the function reads rank and
+world size from `torch.distributed` and builds its algorithm with
+`training.algorithms.build_algorithm` (group None = WORLD).
+
+Checkpoints carry the algorithm state, per rank. A worker function calls
+
+    state = load_checkpoint()            # None on a fresh start, else this rank's dict
+    ...
+    save_checkpoint({"model": ..., "algorithm": algo.state_dict(), ...}, metrics)
+
+`save_checkpoint` must be called by every rank at the same point (it is a barrier):
+each rank writes `rank-<r>.pt` into a temporary directory and reports it with
+`ray.train.report`; Ray Train merges them into one checkpoint directory on
+persistent storage. `FailureConfig(max_failures=...)` restarts a failed worker group,
+and the restarted function finds the last checkpoint through `ray.train.get_checkpoint()`.
+(BMUF workers' local models, MA's drifting replicas and GTC residuals differ per rank,
+hence one file per rank rather than rank 0's copy.)
+
+Plan keys read here (all optional): `storage_path` (where Ray Train persists checkpoints,
+default `<storage.root>/runs/<run_id>/train/ray` with `run_id` from the plan),
+`name` (experiment name), `max_failures` (default 2), `cpus_per_worker`,
+`num_to_keep` (checkpoints kept, default 2).
+
+`spawn_local(fn, world_size, *args)` runs `fn(rank, world_size, *args)` in `world_size`
+fresh processes joined by a gloo process group, without Ray: the multi-process tests and
+the trainer benchmark use it.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+
+log = logging.getLogger(__name__)
+
+CKPT_PREFIX = "rank-"
+
+
+# ---------------------------------------------------------------------------------------
+# Inside a worker: checkpoints.
+# ---------------------------------------------------------------------------------------
+
+def in_ray_train() -> bool:
+    try:
+        import ray.train
+
+        ray.train.get_context().get_world_rank()
+        return True
+    except Exception:
+        return False
+
+
+def _rank() -> int:
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+
+def save_checkpoint(state: dict[str, Any], metrics: dict[str, Any] | None = None) -> None:
+    """Report this rank's `state` (torch.save-able) as part of one checkpoint. Every rank
+    must call it at the same point. Outside Ray Train it does nothing."""
+    if not in_ray_train():
+        return
+    import ray.train
+
+    with tempfile.TemporaryDirectory(prefix="amflow-ckpt-") as tmp:
+        torch.save(state, os.path.join(tmp, f"{CKPT_PREFIX}{_rank()}.pt"))
+        ray.train.report(dict(metrics or {}),
+                         checkpoint=ray.train.Checkpoint.from_directory(tmp))
+
+
+def load_checkpoint(map_location: str | torch.device = "cpu") -> dict[str, Any] | None:
+    """This rank's state from the latest reported checkpoint, or None (fresh start).
+    A checkpoint written by a different number of workers gives rank 0's state to
+    every rank that has no file of its own."""
+    if not in_ray_train():
+        return None
+    import ray.train
+
+    ckpt = ray.train.get_checkpoint()
+    if ckpt is None:
+        return None
+    with ckpt.as_directory() as d:
+        path = Path(d) / f"{CKPT_PREFIX}{_rank()}.pt"
+        if not path.exists():
+            path = Path(d) / f"{CKPT_PREFIX}0.pt"
+        if not path.exists():
+            return None
+        return torch.load(path, map_location=map_location, weights_only=False)
+
+
+# ---------------------------------------------------------------------------------------
+# The launcher.
+# ---------------------------------------------------------------------------------------
+
+def _gpus_available(workers: int) -> bool:
+    import ray
+
+    return torch.cuda.is_available() or ray.cluster_resources().get("GPU", 0) >= workers
+
+
+def _storage_path(plan: dict, cfg: Any) -> tuple[str, Any]:
+    """(storage_path, pyarrow filesystem or None) for Ray Train's persistent storage."""
+    from amflow.storage import Storage, is_s3, join
+
+    uri = plan.get("storage_path") or join(cfg.storage.root, "runs",
+                                           str(plan.get("run_id", "adhoc")), "train", "ray")
+    if is_s3(uri):
+        storage = Storage(cfg.storage)
+        fs, path = storage.resolve(uri)
+        return path, fs
+    path = uri[len("file://"):] if uri.startswith("file://") else uri
+    path = os.path.abspath(path)
+    os.makedirs(path, exist_ok=True)
+    return path, None
+
+
+def _worker_entry(config: dict) -> Any:
+    """What every Ray Train worker runs: pin threads, then the user's function."""
+    threads = int(config.get("threads", 1))
+    torch.set_num_threads(threads)
+    fn = config["fn"]
+    return fn(config["plan"])
+
+
+def run_distributed(train_worker_fn: Callable[[dict], dict], plan: dict, cfg: Any) -> dict:
+    """Run `train_worker_fn(plan)` on `cfg.train.workers` Ray Train workers; returns rank
+    0's return value (a dict), with `ray_result_path` and `ray_checkpoint` added."""
+    import ray
+    import ray.train
+    from ray.train.torch import TorchConfig, TorchTrainer
+
+    from amflow.raycluster import init_ray
+
+    init_ray(cfg)
+    train = cfg.train
+    workers = int(train.workers)
+    use_gpu = bool(train.use_gpu) and _gpus_available(workers)
+    if train.use_gpu and not use_gpu:
+        log.warning("train.use_gpu is set but the cluster has fewer than %d GPUs: "
+                    "training on CPU with gloo", workers)
+    backend = "nccl" if use_gpu else "gloo"
+    cpus = float(ray.cluster_resources().get("CPU", 1))
+    cpus_per_worker = float(plan.get("cpus_per_worker") or min(1.0, cpus / workers))
+    storage_path, fs = _storage_path(plan, cfg)
+    name = str(plan.get("name") or f"{plan.get('run_id', 'adhoc')}-{train.algorithm}")
+    trainer = TorchTrainer(
+        _worker_entry,
+        train_loop_config={"fn": train_worker_fn, "plan": plan,
+                           "threads": max(int(cfg.ray.worker_threads), 1)},
+        torch_config=TorchConfig(backend=backend),
+        scaling_config=ray.train.ScalingConfig(
+            num_workers=workers, use_gpu=use_gpu,
+            resources_per_worker={"CPU": cpus_per_worker, **({"GPU": 1} if use_gpu else {})}),
+        run_config=ray.train.RunConfig(
+            name=name, storage_path=storage_path, storage_filesystem=fs,
+            failure_config=ray.train.FailureConfig(max_failures=int(plan.get("max_failures", 2))),
+            checkpoint_config=ray.train.CheckpointConfig(
+                num_to_keep=int(plan.get("num_to_keep", 2)))),
+    )
+    t0 = time.time()
+    result = trainer.fit()
+    if result.error is not None:
+        raise result.error
+    out = dict(result.return_value or {})
+    out["ray_result_path"] = result.path
+    out["ray_checkpoint"] = result.checkpoint.path if result.checkpoint else None
+    out.setdefault("wall_seconds", round(time.time() - t0, 3))
+    out.setdefault("backend", backend)
+    return out
+
+
+# ---------------------------------------------------------------------------------------
+# Without Ray: N local processes on one gloo group (tests, benchmarks).
+# ---------------------------------------------------------------------------------------
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _spawn_entry(rank: int, world: int, port: int, out_dir: str, threads: int,
+                 fn: Callable[..., Any], args: tuple) -> None:
+    os.environ["OMP_NUM_THREADS"] = str(threads)
+    torch.set_num_threads(threads)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world)
+    try:
+        result = fn(rank, world, *args)
+        torch.save(result, os.path.join(out_dir, f"{rank}.pt"))
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+def spawn_local(fn: Callable[..., Any], world_size: int, *args: Any,
+                threads: int = 1, timeout: float = 600.0) -> list[Any]:
+    """Run `fn(rank, world_size, *args)` on `world_size` spawned processes sharing a gloo
+    process group (TCP on localhost); returns every rank's return value, by rank.
+    `fn` must be importable (a module-level function)."""
+    import torch.multiprocessing as mp
+
+    with tempfile.TemporaryDirectory(prefix="amflow-spawn-") as out:
+        ctx = mp.spawn(_spawn_entry, args=(world_size, free_port(), out, threads, fn, args),
+                       nprocs=world_size, join=False)
+        deadline = time.time() + timeout
+        while not ctx.join(timeout=1.0):
+            if time.time() > deadline:
+                for p in ctx.processes:
+                    if p.is_alive():
+                        p.terminate()
+                raise TimeoutError(f"spawn_local: {fn.__name__} did not finish in {timeout} s")
+        return [torch.load(os.path.join(out, f"{r}.pt"), weights_only=False)
+                for r in range(world_size)]
