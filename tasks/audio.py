@@ -68,8 +68,8 @@ def resolve_uri(corpus_root: str, audio_uri: str) -> str:
     return join(corpus_root, audio_uri)
 
 
-def wav_truncation(data: bytes) -> str | None:
-    """For RIFF/WAVE bytes: a message if the data chunk is cut short, else None."""
+def wav_truncation(data: bytes) -> tuple[str, str] | None:
+    """For RIFF/WAVE bytes: (reason, detail) if the data chunk is cut short or missing."""
     if len(data) < 12 or data[:4] not in (b"RIFF", b"RIFX") or data[8:12] != b"WAVE":
         return None
     endian = "<" if data[:4] == b"RIFF" else ">"
@@ -84,14 +84,13 @@ def wav_truncation(data: bytes) -> str | None:
         if cid == b"data":
             have = len(data) - body
             if size != 0xFFFFFFFF and size > have:
-                return f"data chunk declares {size} bytes, file holds {have}"
+                return "truncated_audio", f"data chunk declares {size} bytes, file holds {have}"
             if block_align and (min(size, have) % block_align):
-                return f"data chunk of {min(size, have)} bytes is not a whole number of frames"
+                return "truncated_audio", (f"data chunk of {min(size, have)} bytes is not a "
+                                           f"whole number of {block_align}-byte frames")
             return None
         pos = body + size + (size & 1)
-    if pos > len(data):
-        return f"chunk at byte {pos - 8 - (pos - 8) % 2} runs past the end of the file"
-    return "no data chunk"
+    return "corrupt_audio", "no data chunk before the end of the file"
 
 
 def _resample(x: np.ndarray, src: int, dst: int) -> np.ndarray:
@@ -111,8 +110,7 @@ def decode_audio(data: bytes, fcfg: FeaturesConfig,
         return AudioResult(None, "empty_audio", "zero-byte file")
     trunc = wav_truncation(data)
     if trunc is not None:
-        return AudioResult(None, "truncated_audio" if trunc != "no data chunk" else "corrupt_audio",
-                           trunc)
+        return AudioResult(None, trunc[0], trunc[1])
     try:
         x, rate = sf.read(io.BytesIO(data), dtype="float32", always_2d=True)
     except Exception as exc:  # noqa: BLE001 - libsndfile raises several types

@@ -254,5 +254,7 @@ def test_wav_truncation_detection():
     hdr = b"RIFF" + struct.pack("<I", 100) + b"WAVE" + b"fmt " + struct.pack("<I", 16) + \
         struct.pack("<HHIIHH", 1, 1, 16000, 32000, 2, 16)
     assert wav_truncation(hdr + b"data" + struct.pack("<I", 8) + bytes(8)) is None
-    assert "declares" in wav_truncation(hdr + b"data" + struct.pack("<I", 80) + bytes(8))
+    assert wav_truncation(hdr + b"data" + struct.pack("<I", 80) + bytes(8))[0] == \
+        "truncated_audio"
+    assert wav_truncation(hdr + b"junk" + struct.pack("<I", 80) + bytes(8))[0] == "corrupt_audio"
     assert wav_truncation(b"fLaC....") is None

@@ -1,0 +1,408 @@
+"""`amflow features`: per-speaker log-mel streams, causal CMN, LFR rows, global CMVN stats.
+
+Reads  `runs/<R>/select/shards/*.parquet` (+ `shards.json`), the audio they point at,
+       `<corpus>/alignments.ctm` and optional `<corpus>/phones.txt`.
+Writes `runs/<R>/features/shards/<shard_id>.parquet`  rows in records.FEATURE_SCHEMA
+       `runs/<R>/features/rejects/<shard_id>.parquet` rejected utterances with reasons
+       `runs/<R>/features/_shards/<shard_id>.json`    per-shard done-marker and stats
+       `runs/<R>/features/cmvn.json`                  {count, sum, sumsq} over 192-d rows
+       `runs/<R>/features/phones.json`                class names; index = class id
+       `runs/<R>/features/shards.json`                shard index in the shuffled order
+       `runs/<R>/features/_SUCCESS.json`
+
+Public, pure functions (what `amflow evaluate` calls to featurise audio the same way):
+
+    featurize_stream(waves, fcfg) -> list[np.ndarray]
+        One speaker's utterances in time order (float32 mono [-1, 1] at fcfg.sample_rate)
+        -> per utterance float32 [rows, stack * bins] low-frame-rate rows at offset 0,
+        after the causal mean normalisation and before the global CMVN (which the loader
+        applies from cmvn.json). Utterances too short for one row give a [0, D] array.
+    stack_frames(x, stack, subsample) -> [rows, stack * bins]
+    StreamCMN(dim, window, min_window).apply(frames) -> normalised frames (stateful)
+    process_shard(ctx, shard_id, payload) -> stats       the Ray task of one shard
+
+The causal mean normalisation (Kaldi's `apply-cmvn-sliding --center=false
+--norm-vars=false`, applied to a speaker's whole stream): the speaker's utterances, sorted
+by `created_at`, are concatenated into one stream of 100 Hz fbank frames x_0 .. x_{N-1}.
+Frame t becomes x_t - mean(x_s .. x_t) with s = max(0, t - cmn_window + 1), i.e. the mean
+of the last `cmn_window` frames up to and including t, carried across utterance
+boundaries. Only where that window would hold fewer than `cmn_min_window` frames (the
+first second of a speaker's stream) the mean is over the first min(cmn_min_window, N)
+frames of the stream instead (Kaldi's cold start; the only look-ahead, and only at a
+stream's start). Variance is not normalised here; the global CMVN does that.
+
+Low frame rate: frames are stacked `stack` at a time with step `subsample` (3 and 3): row r
+holds frames 3r, 3r+1, 3r+2 (so a T-frame utterance has floor(T/3) rows, 192-d @ 33 Hz).
+Only offset 0 is stored; records.shift_offset derives offsets 1 and 2.
+Labels: `frame_labels` are the 100 Hz phone ids (tasks.alignments.frame_labels); `labels`
+the id of each row's centre frame (3r + 1).
+
+Hierarchical shuffle: the shard order is a seeded permutation (features.seed), recorded in
+`shards.json` and used to dispatch shards; within a shard the rows are written in a
+permutation seeded by (features.seed, shard id). Features are computed in stream order
+before that, so the shuffle never disturbs the normalisation.
+"""
+from __future__ import annotations
+
+import collections
+import logging
+import time
+import zlib
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Iterator
+
+import numpy as np
+import pyarrow as pa
+
+from amflow import records
+from amflow.config import FeaturesConfig
+from amflow.raycluster import map_shards
+from amflow.runs import SUCCESS, Reject, StepContext, StepError, rejects_table
+from amflow.storage import join
+from tasks import alignments as al
+from tasks.audio import decode_audio, read_audio_bytes
+from tasks.fbank import FbankComputer, fbank
+
+log = logging.getLogger(__name__)
+
+LABELED_SPLITS = ("labeled", "dev", "test")  # splits whose utterances carry alignments
+TRAIN_SPLITS = ("labeled", "unlabeled")      # splits the global CMVN is estimated on
+
+
+# --------------------------------------------------------------------------- pure core
+class StreamCMN:
+    """Causal sliding-window mean normalisation over one speaker's stream (see module doc)."""
+
+    def __init__(self, dim: int, window: int, min_window: int):
+        self.window = int(window)
+        self.min_window = int(min(min_window, window))
+        self.hist = np.zeros((0, dim), dtype=np.float32)
+        self.seen = 0
+        self._cold_mean: np.ndarray | None = None
+
+    def apply(self, x: np.ndarray, final: bool = True) -> np.ndarray:
+        """Normalise the next `x` [n, dim] frames of the stream.
+
+        `final` says no more frames follow; it only matters while the stream is shorter
+        than `min_window` (then the cold-start mean covers all frames seen so far).
+        """
+        n = x.shape[0]
+        if n == 0:
+            return x.astype(np.float32, copy=True)
+        h = self.hist.shape[0]
+        ext = np.concatenate([self.hist, x]) if h else x
+        cs = np.zeros((ext.shape[0] + 1, ext.shape[1]), dtype=np.float64)
+        np.cumsum(ext, axis=0, dtype=np.float64, out=cs[1:])
+        t = self.seen + np.arange(n)                      # global frame index
+        end = h + np.arange(n) + 1                        # exclusive end in ext
+        start = np.maximum(0, t - self.window + 1) - (self.seen - h)
+        mean = (cs[end] - cs[start]) / (end - start)[:, None]
+        cold = (t + 1) < self.min_window
+        if cold.any():
+            if self._cold_mean is None:
+                k = min(self.min_window, ext.shape[0])
+                if k >= self.min_window or final:
+                    self._cold_mean = cs[k] / k
+            if self._cold_mean is not None:
+                mean[cold] = self._cold_mean
+        out = (x - mean).astype(np.float32)
+        keep = self.window - 1
+        self.hist = ext[-keep:].astype(np.float32, copy=True) if keep else ext[:0]
+        self.seen += n
+        return out
+
+
+def stack_frames(x: np.ndarray, stack: int, subsample: int) -> np.ndarray:
+    """[T, d] -> [rows, stack * d]; row r holds frames r*subsample .. r*subsample+stack-1."""
+    t, d = x.shape
+    rows = 0 if t < stack else (t - stack) // subsample + 1
+    if rows == 0:
+        return np.zeros((0, stack * d), dtype=np.float32)
+    if stack == subsample:
+        return np.ascontiguousarray(x[: rows * stack]).reshape(rows, stack * d)
+    x = np.ascontiguousarray(x)
+    view = np.lib.stride_tricks.as_strided(
+        x, shape=(rows, stack * d), strides=(subsample * x.strides[0], x.strides[1]),
+        writeable=False)
+    return np.array(view)
+
+
+def featurize_stream(waves: list[np.ndarray], fcfg: FeaturesConfig,
+                     computer: FbankComputer | None = None) -> list[np.ndarray]:
+    """One speaker's utterances (time order) -> LFR rows per utterance, before global CMVN."""
+    feats = fbank(waves, fcfg, computer)
+    cmn = StreamCMN(fcfg.num_mel_bins, fcfg.cmn_window, fcfg.cmn_min_window)
+    lengths = [f.shape[0] for f in feats]
+    normed = cmn.apply(np.concatenate(feats) if feats else
+                       np.zeros((0, fcfg.num_mel_bins), np.float32))
+    out, o = [], 0
+    for n in lengths:
+        out.append(stack_frames(normed[o:o + n], fcfg.stack, fcfg.subsample))
+        o += n
+    return out
+
+
+# --------------------------------------------------------------------------- shard task
+def _prefetch(storage, uris: list[str], threads: int) -> Iterator[tuple[bytes | None, str | None,
+                                                                         str]]:
+    """read_audio_bytes for each uri in order, `threads` reads in flight ahead."""
+    if threads <= 1:
+        for u in uris:
+            yield read_audio_bytes(storage, u)
+        return
+    with ThreadPoolExecutor(max_workers=threads) as pool:
+        window: collections.deque = collections.deque()
+        it = iter(uris)
+        for u in it:
+            window.append(pool.submit(read_audio_bytes, storage, u))
+            if len(window) >= 2 * threads:
+                break
+        while window:
+            fut = window.popleft()
+            nxt = next(it, None)
+            if nxt is not None:
+                window.append(pool.submit(read_audio_bytes, storage, nxt))
+            yield fut.result()
+
+
+def shard_rng(seed: int, shard_id: str) -> np.random.Generator:
+    return np.random.default_rng([seed, zlib.crc32(shard_id.encode())])
+
+
+def process_shard(ctx: StepContext, shard_id: str, payload: dict[str, Any]) -> dict[str, Any]:
+    """Featurise one shard: returns its stats (also written as the shard's done-marker)."""
+    t0, c0 = time.perf_counter(), time.process_time()
+    st = ctx.storage
+    fcfg = ctx.cfg.features
+    table = st.read_parquet(payload["manifest"])
+    man = table.to_pylist()
+    man.sort(key=lambda r: (r["speaker_id"], r["created_ts"], r["utt_id"]))
+    align: dict[str, tuple] = payload.get("align") or {}
+    ctm_errors: dict[str, str] = payload.get("ctm_errors") or {}
+    computer = FbankComputer(fcfg)  # also counts frames for the kaldi backend
+    dim = fcfg.num_mel_bins * fcfg.stack
+    rejects: list[Reject] = []
+    rows: list[dict[str, Any]] = []
+    acc_n = 0
+    acc_s = np.zeros(dim, np.float64)
+    acc_ss = np.zeros(dim, np.float64)
+    audio_s = 0.0
+    frames_total = 0
+
+    def reject(rec: dict, reason: str, detail: str) -> None:
+        rejects.append(Reject(rec["utt_id"], reason, detail, shard_id))
+
+    # Decode in stream order; batch whole utterances up to batch_seconds of audio. A
+    # speaker's stream may span batches (its CMN state carries over); a batch is closed
+    # only once the current speaker has at least cmn_min_window frames in it, so the
+    # cold-start mean never needs frames of a later batch.
+    batch: list[tuple[dict, np.ndarray]] = []
+    batch_samples = 0
+    cmn_state: dict[str, StreamCMN] = {}
+    spk_frames: dict[str, int] = {}  # frames of each speaker's stream decoded so far
+    limit = int(fcfg.batch_seconds * fcfg.sample_rate)
+
+    def flush() -> None:
+        nonlocal batch, batch_samples
+        if not batch:
+            return
+        feats = fbank([w for _, w in batch], fcfg, computer)
+        # one CMN call per run of consecutive utterances of one speaker
+        i = 0
+        while i < len(batch):
+            spk = batch[i][0]["speaker_id"]
+            j = i
+            while j < len(batch) and batch[j][0]["speaker_id"] == spk:
+                j += 1
+            cmn = cmn_state.setdefault(spk, StreamCMN(fcfg.num_mel_bins, fcfg.cmn_window,
+                                                      fcfg.cmn_min_window))
+            normed = cmn.apply(np.concatenate(feats[i:j]))
+            o = 0
+            for (rec, wave), f in zip(batch[i:j], feats[i:j]):
+                n = f.shape[0]
+                _emit(rec, wave, normed[o:o + n])
+                o += n
+            i = j
+        # only the batch's last speaker can continue in the next batch
+        last = batch[-1][0]["speaker_id"]
+        for spk in [s for s in cmn_state if s != last]:
+            del cmn_state[spk]
+        batch = []
+        batch_samples = 0
+
+    def _emit(rec: dict, wave: np.ndarray, normed: np.ndarray) -> None:
+        nonlocal acc_n, acc_s, acc_ss, audio_s, frames_total
+        x = stack_frames(normed, fcfg.stack, fcfg.subsample)
+        if x.shape[0] == 0:
+            reject(rec, "too_short", f"{len(wave)} samples give {normed.shape[0]} frames, "
+                   f"need {fcfg.stack}")
+            return
+        if not np.isfinite(x).all():
+            reject(rec, "nonfinite_features", f"{int((~np.isfinite(x)).sum())} values")
+            return
+        labels = flabels = None
+        a = align.get(rec["utt_id"])
+        if rec["split"] in LABELED_SPLITS and a is not None:
+            fl, reason, detail = al.frame_labels_ids(a[0], a[1], a[2], normed.shape[0], fcfg)
+            if fl is None:
+                reject(rec, reason, detail)
+                return
+            flabels = fl
+            labels = al.lfr_labels(fl, x.shape[0], fcfg.stack, fcfg.subsample)
+        elif rec["split"] == "labeled":
+            msg = ctm_errors.get(rec["utt_id"], "no lines for this utterance in alignments.ctm")
+            reject(rec, "missing_alignment", msg)
+            return
+        enc = records.encode_feats(x, fcfg.storage_dtype)
+        dec = records.decode_feats(enc) if fcfg.storage_dtype == "uint8" else \
+            x.astype(np.float16).astype(np.float32)
+        acc_n += dec.shape[0]
+        acc_s += dec.sum(axis=0, dtype=np.float64)
+        acc_ss += np.einsum("ij,ij->j", dec, dec, dtype=np.float64)
+        audio_s += len(wave) / fcfg.sample_rate
+        frames_total += normed.shape[0]
+        rows.append({
+            "utt_id": rec["utt_id"], "speaker_id": rec["speaker_id"], "split": rec["split"],
+            "condition": rec.get("condition") or "", "shard": shard_id, **enc,
+            "labels": records.encode_int16(labels), "frame_labels": records.encode_int16(flabels),
+        })
+
+    uris = [r["audio_uri"] for r in man]
+    for rec, (data, reason, detail) in zip(man, _prefetch(st, uris, fcfg.io_threads)):
+        if data is None:
+            reject(rec, reason, detail)
+            continue
+        res = decode_audio(data, fcfg, rec["duration"])
+        if res.samples is None:
+            reject(rec, res.reason, res.detail)
+            continue
+        spk = rec["speaker_id"]
+        batch.append((rec, res.samples))
+        batch_samples += len(res.samples)
+        nf = computer.num_frames(len(res.samples))
+        spk_frames[spk] = spk_frames.get(spk, 0) + nf
+        if batch_samples >= limit and spk_frames[spk] >= fcfg.cmn_min_window:
+            flush()
+    flush()
+
+    # hierarchical shuffle, level 2: utterance order within the shard
+    perm = shard_rng(fcfg.seed, shard_id).permutation(len(rows))
+    rows = [rows[i] for i in perm]
+    out_table = pa.Table.from_pylist(rows, schema=records.FEATURE_SCHEMA) if rows else \
+        records.FEATURE_SCHEMA.empty_table()
+    nbytes = st.write_parquet(ctx.path("shards", f"{shard_id}.parquet"), out_table)
+    st.write_parquet(ctx.path("rejects", f"{shard_id}.parquet"), rejects_table(rejects))
+    reasons: dict[str, int] = {}
+    for r in rejects:
+        reasons[r.reason] = reasons.get(r.reason, 0) + 1
+    return {
+        "split": payload["split"], "in": len(man), "out": len(rows), "rejected": len(rejects),
+        "reasons": reasons, "audio_s": round(audio_s, 4), "frames": frames_total,
+        "rows": acc_n, "bytes": nbytes, "count": acc_n, "sum": acc_s.tolist(),
+        "sumsq": acc_ss.tolist(), "wall_s": round(time.perf_counter() - t0, 4),
+        "cpu_s": round(time.process_time() - c0, 4),
+    }
+
+
+# --------------------------------------------------------------------------- driver
+def _alignment_payloads(ctx: StepContext, index: list[dict]) -> tuple[dict, dict, list[str]]:
+    """(per-shard alignment slices, per-shard ctm errors, phone inventory)."""
+    st = ctx.storage
+    corpus = ctx.cfg.data.corpus.rstrip("/")
+    ctm_uri = join(corpus, "alignments.ctm")
+    alignments: dict[str, al.Alignment] = {}
+    errors: list[tuple[int, str, str]] = []
+    if st.exists(ctm_uri):
+        alignments, errors = al.read_ctm(st.read_text(ctm_uri))
+    phones_uri = ctx.path("phones.json")
+    if st.exists(phones_uri) and not ctx.force:
+        inventory = st.read_json(phones_uri)
+    else:
+        inventory = al.load_inventory(st, corpus, alignments)
+        st.write_json(phones_uri, inventory)
+    ids = {p: i for i, p in enumerate(inventory)}
+    err_by_utt = {u: m for _, u, m in errors}
+    per_shard: dict[str, dict] = {}
+    per_shard_err: dict[str, dict] = {}
+    for e in index:
+        if e["split"] not in LABELED_SPLITS:
+            continue
+        utts = ctx.storage.read_parquet(ctx.other("select", "shards", f"{e['shard']}.parquet"),
+                                        columns=["utt_id"]).column("utt_id").to_pylist()
+        per_shard[e["shard"]] = {u: (alignments[u].starts, alignments[u].ends,
+                                     alignments[u].phone_ids(ids))
+                                 for u in utts if u in alignments}
+        per_shard_err[e["shard"]] = {u: err_by_utt[u] for u in utts if u in err_by_utt}
+    return per_shard, per_shard_err, inventory
+
+
+def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
+    st, fcfg = ctx.storage, ctx.cfg.features
+    select = ctx.require("select")
+    if not ctx.force and st.exists(ctx.path(SUCCESS)):
+        log.info("features: %s exists, nothing to do (use --force to redo)", ctx.path(SUCCESS))
+        return st.read_json(ctx.path(SUCCESS))
+    index = st.read_json(ctx.other("select", "shards.json"))["shards"]
+    if not index:
+        raise StepError("select produced no shards")
+    aligns, errs, inventory = _alignment_payloads(ctx, index)
+    # hierarchical shuffle, level 1: the global order of the shard files
+    order = np.random.default_rng(fcfg.seed).permutation(len(index))
+    shards = []
+    for i in order:
+        e = index[int(i)]
+        sid = e["shard"]
+        shards.append((sid, {"manifest": ctx.other("select", "shards", f"{sid}.parquet"),
+                             "split": e["split"], "align": aligns.get(sid),
+                             "ctm_errors": errs.get(sid)}))
+    t0 = time.time()
+
+    def postfix(done: list[dict]) -> dict:
+        audio = sum(s["audio_s"] for s in done)
+        return {"audio_h": audio / 3600.0, "xRT": audio / max(1e-9, time.time() - t0)}
+
+    stats = map_shards(ctx, shards, process_shard, unit="shards", postfix=postfix)
+    return summarise(ctx, select, stats, inventory, [sid for sid, _ in shards])
+
+
+def summarise(ctx: StepContext, select: dict, stats: list[dict], inventory: list[str],
+              order: list[str]) -> dict[str, Any]:
+    st, fcfg = ctx.storage, ctx.cfg.features
+    dim = fcfg.num_mel_bins * fcfg.stack
+    train = [s for s in stats if s["split"] in TRAIN_SPLITS] or stats
+    cmvn = {"count": int(sum(s["count"] for s in train)),
+            "sum": np.sum([s["sum"] for s in train], axis=0).tolist() if train else [0.0] * dim,
+            "sumsq": np.sum([s["sumsq"] for s in train], axis=0).tolist() if train else
+            [0.0] * dim,
+            "dim": dim, "splits": sorted({s["split"] for s in train})}
+    if cmvn["count"] == 0:
+        raise StepError("no feature rows were produced: every utterance was rejected "
+                        f"(see {ctx.path('rejects')})")
+    st.write_json(ctx.path("cmvn.json"), cmvn)
+    st.write_json(ctx.path("shards.json"), {"order": order, "shards": [
+        {k: s[k] for k in ("shard", "split", "in", "out", "rejected", "rows", "frames",
+                           "audio_s", "bytes")} for s in stats]})
+    audio_s = sum(s["audio_s"] for s in stats)
+    nbytes = sum(s["bytes"] for s in stats)
+    task_s = sum(s["wall_s"] for s in stats)
+    reasons: dict[str, int] = {}
+    for s in stats:
+        for k, v in s["reasons"].items():
+            reasons[k] = reasons.get(k, 0) + v
+    wall = time.time() - ctx.started
+    hours = audio_s / 3600.0
+    metrics = {
+        "audio_hours": round(hours, 6), "frames": sum(s["frames"] for s in stats),
+        "rows": sum(s["rows"] for s in stats), "shards": len(stats),
+        "mb_per_audio_hour": round(nbytes / 1e6 / hours, 3) if hours else None,
+        "xrt": round(audio_s / wall, 2) if wall else None,
+        "xrt_per_task": round(audio_s / task_s, 2) if task_s else None,
+        "storage_dtype": fcfg.storage_dtype, "backend": fcfg.backend,
+        "feat_dim": dim, "phones": len(inventory), "reject_reasons": reasons,
+    }
+    return ctx.finish(
+        inputs={"select": ctx.other("select", SUCCESS), "corpus": ctx.cfg.data.corpus,
+                "select_finished_at": select.get("finished_at")},
+        counts={"in": sum(s["in"] for s in stats), "out": sum(s["out"] for s in stats),
+                "rejected": sum(s["rejected"] for s in stats)},
+        metrics=metrics, bytes_written=nbytes)

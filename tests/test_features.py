@@ -1,0 +1,130 @@
+"""features: rows, labels, CMVN stats, rejects with reasons, idempotent and resumable."""
+from __future__ import annotations
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+import soundfile as sf
+
+from amflow import records
+from tests.test_select import make_corpus
+
+
+def _steps(cfg, run_id, *names, force=False):
+    from amflow.runs import StepContext
+    from tasks import features, repartition, select
+
+    mods = {"select": select, "features": features, "repartition": repartition}
+    return [mods[n].run(StepContext(cfg, run_id, n, force=force)) for n in names]
+
+
+def _feature_rows(root, run_id):
+    d = root / "runs" / run_id / "features" / "shards"
+    return {p.stem: pq.read_table(p).to_pylist() for p in sorted(d.glob("*.parquet"))}
+
+
+@pytest.fixture()
+def corpus(tmp_path):
+    info = make_corpus(tmp_path / "corpus", speakers=5, utts=3, labeled=2, dev=1, bad=True,
+                       seconds=(0.8, 2.0))
+    return tmp_path / "corpus", info
+
+
+def test_features_step(corpus, local_cfg, ray_local, tmp_path):
+    root, info = corpus
+    cfg = local_cfg(f"data.corpus={root}", "select.shard_hours=0.0005",
+                    "select.splits=labeled,unlabeled,dev", "features.resample=false",
+                    "features.downmix=false")
+    sel, feat = _steps(cfg, "f1", "select", "features")
+    c = feat["counts"]
+    assert c["in"] == sel["counts"]["selected"] == c["out"] + c["rejected"]
+    assert c["out"] == len(info["good"])
+    store = tmp_path / "store" / "runs" / "f1" / "features"
+    rej = {r["utt_id"]: r for p in (store / "rejects").glob("*.parquet")
+           for r in pq.read_table(p).to_pylist()}
+    want = {u: r for u, r in info["bad"].items() if u.startswith("b_")}
+    assert {u: r["reason"] for u, r in rej.items()} == want
+    assert all(r["detail"] for r in rej.values())
+    assert feat["metrics"]["reject_reasons"]["wrong_sample_rate"] == 1
+
+    phones = records_phones = __import__("json").loads((store / "phones.json").read_text())
+    assert phones[-1] == "<unk>" and "ʃ" in records_phones
+    meta = {m["utt_id"]: m for m in info["meta"]}
+    n_rows = 0
+    for shard, rows in _feature_rows(tmp_path / "store", "f1").items():
+        for r in rows:
+            x = records.decode_feats(r)
+            assert x.shape[1] == 192 and r["feat_dtype"] == "uint8"
+            samples = int(round(meta[r["utt_id"]]["duration"] * 16000))
+            frames = 1 + (samples - 400) // 160
+            assert r["num_frames"] == frames // 3
+            if r["split"] in ("labeled", "dev"):
+                fl = records.decode_int16(r["frame_labels"])
+                assert len(fl) == frames and fl.max() < len(phones)
+                lab = records.decode_int16(r["labels"])
+                assert np.array_equal(lab, records.offset_labels(fl, 0, 3, r["num_frames"]))
+            else:
+                assert r["labels"] is None and r["frame_labels"] is None
+            assert r["shard"] == shard
+            n_rows += r["num_frames"]
+    cmvn = __import__("json").loads((store / "cmvn.json").read_text())
+    assert len(cmvn["sum"]) == 192
+    mean, inv_std = records.load_cmvn(cmvn)
+    assert np.isfinite(inv_std).all()
+    assert 0 < cmvn["count"] <= n_rows
+    m = feat["metrics"]
+    assert m["mb_per_audio_hour"] > 0 and m["xrt"] > 0 and m["audio_hours"] > 0
+    # a re-run is a no-op
+    (again,) = _steps(cfg, "f1", "features")
+    assert again["finished_at"] == feat["finished_at"]
+
+
+def test_decode_resamples_and_downmixes(tmp_path):
+    from amflow.config import FeaturesConfig
+    from amflow.storage import Storage
+    from tasks.audio import load_audio
+
+    x = np.sin(2 * np.pi * 440 * np.arange(8000) / 8000).astype(np.float32) * 0.5
+    sf.write(tmp_path / "a.wav", np.stack([x, x], 1), 8000, subtype="PCM_16")
+    y, reason = load_audio(Storage(), str(tmp_path / "a.wav"), FeaturesConfig(), 1.0)
+    assert reason is None and len(y) == 16000 and abs(np.abs(y).max() - 0.5) < 0.02
+    _, reason = load_audio(Storage(), str(tmp_path / "a.wav"), FeaturesConfig(resample=False))
+    assert reason == "wrong_sample_rate"
+    _, reason = load_audio(Storage(), str(tmp_path / "a.wav"), FeaturesConfig(downmix=False))
+    assert reason == "wrong_channels"
+    _, reason = load_audio(Storage(), str(tmp_path / "a.wav"), FeaturesConfig(), 3.0)
+    assert reason == "duration_mismatch"
+    _, reason = load_audio(Storage(), str(tmp_path / "none.wav"), FeaturesConfig())
+    assert reason == "missing_audio"
+
+
+def test_killed_features_rerun_matches_clean_run(tmp_path, local_cfg, ray_local):
+    root = tmp_path / "corpus"
+    make_corpus(root, speakers=6, utts=2, labeled=2, seconds=(0.6, 1.2))
+    cfg = local_cfg(f"data.corpus={root}", "select.shard_hours=0.0003")
+    _steps(cfg, "clean", "select", "features")
+    _steps(cfg, "crash", "select", "features")
+    clean = _feature_rows(tmp_path / "store", "clean")
+    assert len(clean) >= 4
+    feat = tmp_path / "store" / "runs" / "crash" / "features"
+    # Simulate a kill at every stage a shard can be in: never started (outputs and marker
+    # gone), outputs published but no marker, a stale temp file; and no _SUCCESS.
+    shards = sorted(clean)
+    (feat / "_SUCCESS.json").unlink()
+    (feat / "cmvn.json").unlink()
+    for s in shards[:2]:
+        (feat / "_shards" / f"{s}.json").unlink()
+        (feat / "shards" / f"{s}.parquet").unlink()
+    (feat / "_shards" / f"{shards[2]}.json").unlink()
+    (feat / "shards" / f"{shards[3]}.parquet.tmp-dead").write_bytes(b"partial")
+    (resumed,) = _steps(cfg, "crash", "features")
+    assert resumed["counts"]["in"] == resumed["counts"]["out"] + resumed["counts"]["rejected"]
+    crashed = _feature_rows(tmp_path / "store", "crash")
+    assert crashed.keys() == clean.keys()
+    for s in clean:
+        a = [{k: v for k, v in r.items()} for r in clean[s]]
+        b = [{k: v for k, v in r.items()} for r in crashed[s]]
+        assert a == b, s
+    cm = [(tmp_path / "store" / "runs" / r / "features" / "cmvn.json").read_text()
+          for r in ("clean", "crash")]
+    assert cm[0] == cm[1]
