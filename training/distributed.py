@@ -223,3 +223,66 @@ def spawn_local(fn: Callable[..., Any], world_size: int, *args: Any,
                 raise TimeoutError(f"spawn_local: {fn.__name__} did not finish in {timeout} s")
         return [torch.load(os.path.join(out, f"{r}.pt"), weights_only=False)
                 for r in range(world_size)]
+
+
+# ---------------------------------------------------------------------------------------
+# A self-contained worker function: the launcher's smoke test and fault-injection target.
+# ---------------------------------------------------------------------------------------
+
+def toy_worker(plan: dict) -> dict:
+    """Train a tiny LSTM on deterministic synthetic data with `plan["train"]` (TrainConfig
+    overrides), checkpointing every `plan["checkpoint_every"]` steps. With
+    `plan["crash_at"]` and `plan["crash_marker"]` the worker of rank `plan["crash_rank"]`
+    kills its own process once (the marker file records that it did), to exercise
+    FailureConfig recovery. Returns rank 0's final weights and counters."""
+    from torch import nn
+
+    from amflow.config import TrainConfig
+    from training.algorithms import build_algorithm
+
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    train = TrainConfig()
+    for k, v in (plan.get("train") or {}).items():
+        setattr(train, k, v)
+    torch.manual_seed(0)
+    model = nn.Sequential()
+    model.lstm = nn.LSTM(5, 8, batch_first=True)
+    model.out = nn.Linear(8, 3)
+
+    def forward(x):
+        return model.out(model.lstm(x)[0])
+
+    opt = torch.optim.Adam(model.parameters(), lr=train.lr)
+    algo = build_algorithm(train, model, opt)
+    start = 0
+    state = load_checkpoint()
+    if state is not None:
+        model.load_state_dict(state["model"])
+        algo.load_state_dict(state["algorithm"])
+        start = state["step"]
+    steps = int(plan.get("steps", 10))
+    every = int(plan.get("checkpoint_every", 2))
+    for step in range(start, steps):
+        if (plan.get("crash_at") == step and rank == plan.get("crash_rank", 1)
+                and not os.path.exists(plan["crash_marker"])):
+            Path(plan["crash_marker"]).write_text(f"killed rank {rank} at step {step}\n")
+            os._exit(1)
+        g = torch.Generator().manual_seed(1000 * step + rank)
+        x = torch.randn(4, 6, 5, generator=g)
+        y = torch.randint(0, 3, (4, 6), generator=g)
+        algo.zero_grad()
+        loss = nn.functional.cross_entropy(forward(x).reshape(-1, 3), y.reshape(-1))
+        loss.backward()
+        algo.step(num_frames=24)
+        if (step + 1) % every == 0 and step + 1 < steps:
+            save_checkpoint({"model": model.state_dict(), "algorithm": algo.state_dict(),
+                             "step": step + 1}, {"step": step + 1, "loss": float(loss.detach())})
+    algo.finalize()
+    weights = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    return {"rank": rank, "resumed_from": start, "weights": weights.tolist(),
+            "stats": algo.stats()}
+
+
+def toy_spawn(rank: int, world: int, plan: dict) -> dict:
+    """`toy_worker` under `spawn_local` (no Ray): the uninterrupted reference."""
+    return toy_worker(plan)
