@@ -1,0 +1,348 @@
+"""`amflow evaluate`: frame accuracy and phone error rate of a model on a corpus split.
+
+Reads   --model  a model.pt (default: this run's `train[-<evaluate.tag>]/model.pt`)
+        --data   a corpus in the input format (default: data.corpus): metadata/**.jsonl
+                 (records with `split` == --split), the audio, alignments.ctm
+        the model's own CMVN stats, phone list and features config (stored in model.pt;
+        the run's features/cmvn.json when the model file has none)
+Writes  --out    JSON (default: runs/<R>/evaluate[-<tag>]/result.json):
+          frame_accuracy, num_frames, num_utterances, per (phone error rate),
+          per_condition {DP1..DP5: frame accuracy}, per_condition_per, per_condition_frames,
+          rejected {reason: count}; with evaluate.baseline also `baseline` (the same
+          numbers for that model) and rel_frame_error_reduction per condition
+        runs/<R>/evaluate[-<tag>]/_SUCCESS.json, rejects/rejects.parquet
+
+Features are computed on the fly exactly as the features step does
+(`tasks.features.featurize_stream`: per speaker stream in `created_at` order, causal
+mean normalisation, low frame rate), then the global CMVN. References are the
+alignment's phone at each low-frame-rate row's centre frame (`tasks.alignments`).
+
+PER: the frame outputs (argmax per row) are collapsed greedily (runs of one class become
+one phone) and compared with the collapsed reference by edit distance; PER = total edits
+/ total reference phones.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections import defaultdict
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+import torch
+
+from amflow.config import FeaturesConfig
+from amflow.progress import Progress
+from amflow.runs import Reject, StepContext, StepError, rejects_table
+from amflow.storage import join
+from training.checkpoint import load_model
+from training.data import Normalizer
+from training.launch import train_dir_name
+
+log = logging.getLogger(__name__)
+
+
+# ----------------------------------------------------------------- pure scoring
+def collapse(seq: Sequence[int] | np.ndarray) -> np.ndarray:
+    """Greedy collapse: consecutive repeats become one symbol."""
+    a = np.asarray(seq)
+    if a.size == 0:
+        return a
+    keep = np.ones(len(a), bool)
+    keep[1:] = a[1:] != a[:-1]
+    return a[keep]
+
+
+def edit_distance(hyp: Sequence[int] | np.ndarray, ref: Sequence[int] | np.ndarray) -> int:
+    """Levenshtein distance (substitutions, insertions, deletions all cost 1)."""
+    h, r = np.asarray(hyp), np.asarray(ref)
+    if len(r) == 0:
+        return int(len(h))
+    if len(h) == 0:
+        return int(len(r))
+    cols = np.arange(len(r) + 1)
+    prev = cols.copy()
+    for i in range(1, len(h) + 1):
+        sub = prev[:-1] + (r != h[i - 1])
+        cur = np.empty_like(prev)
+        cur[0] = i
+        cur[1:] = np.minimum(prev[1:] + 1, sub)
+        # insertions within the row: cur[j] = min_k<=j cur[k] + (j - k)
+        cur = np.minimum.accumulate(cur - cols) + cols
+        prev = cur
+    return int(prev[-1])
+
+
+@dataclasses.dataclass
+class UttScore:
+    condition: str
+    frames: int
+    correct: int
+    ref_phones: int
+    edits: int
+
+
+def score_utterance(pred: np.ndarray, ref: np.ndarray, condition: str) -> UttScore:
+    pred = np.asarray(pred)
+    ref = np.asarray(ref)
+    if pred.shape != ref.shape:
+        raise ValueError(f"prediction {pred.shape} and reference {ref.shape} differ")
+    cref = collapse(ref)
+    return UttScore(condition, int(len(ref)), int((pred == ref).sum()), int(len(cref)),
+                    edit_distance(collapse(pred), cref))
+
+
+def aggregate(scores: Iterable[UttScore]) -> dict[str, Any]:
+    scores = list(scores)
+    by: dict[str, list[UttScore]] = defaultdict(list)
+    for s in scores:
+        by[s.condition].append(s)
+
+    def acc(xs: list[UttScore]) -> float:
+        f = sum(s.frames for s in xs)
+        return sum(s.correct for s in xs) / f if f else 0.0
+
+    def per(xs: list[UttScore]) -> float:
+        n = sum(s.ref_phones for s in xs)
+        return sum(s.edits for s in xs) / n if n else 0.0
+
+    conds = sorted(by)
+    return {
+        "frame_accuracy": acc(scores), "num_frames": sum(s.frames for s in scores),
+        "num_utterances": len(scores), "per": per(scores),
+        "ref_phones": sum(s.ref_phones for s in scores),
+        "per_condition": {c: acc(by[c]) for c in conds},
+        "per_condition_per": {c: per(by[c]) for c in conds},
+        "per_condition_frames": {c: sum(s.frames for s in by[c]) for c in conds},
+        "per_condition_utterances": {c: len(by[c]) for c in conds},
+    }
+
+
+def relative_error_reduction(base: dict[str, float], new: dict[str, float]) -> dict[str, float]:
+    out = {}
+    for c in sorted(set(base) & set(new)):
+        eb, en = 1.0 - base[c], 1.0 - new[c]
+        out[c] = (eb - en) / eb if eb > 0 else 0.0
+    return out
+
+
+# ----------------------------------------------------------------- featurising a corpus
+@dataclasses.dataclass
+class EvalUtt:
+    utt_id: str
+    condition: str
+    feats: np.ndarray  # [rows, D] normalised
+    labels: np.ndarray  # [rows] class ids
+
+
+def _phone_ids(phones: Sequence[str]) -> tuple[dict[str, int], int]:
+    from tasks.alignments import UNK
+
+    ids = {p: i for i, p in enumerate(phones)}
+    return ids, ids.get(UNK, -1)
+
+
+def load_split(ctx: StepContext, corpus: str, split: str, fcfg: FeaturesConfig,
+               phones: Sequence[str], norm: Normalizer
+               ) -> tuple[list[EvalUtt], list[Reject], int]:
+    """Featurise the corpus records of `split`: (utterances, rejects, records in)."""
+    from tasks import alignments as al
+    from tasks.audio import load_audio_result, resolve_uri
+    from tasks.features import featurize_stream
+    from tasks.fbank import FbankComputer
+    from tasks.select import MetadataError, metadata_files, parse_metadata_line
+
+    st = ctx.storage
+    files = metadata_files(st, corpus)
+    if not files:
+        raise StepError(f"no metadata/**.jsonl or metadata.jsonl under {corpus}")
+    rejects: list[Reject] = []
+    recs = []
+    n_in = 0
+    for uri in files:
+        for lineno, line in enumerate(st.read_text(uri).splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                rec = parse_metadata_line(line)
+            except MetadataError as exc:
+                n_in += 1
+                rejects.append(Reject(exc.utt_id or f"{uri}:{lineno}", exc.reason, exc.detail))
+                continue
+            if rec.split == split:
+                n_in += 1
+                recs.append(rec)
+    if not recs:
+        raise StepError(f"corpus {corpus} has no records with split '{split}'")
+    ctm_uri = join(corpus, "alignments.ctm")
+    if not st.exists(ctm_uri):
+        raise StepError(f"{ctm_uri} not found: evaluation needs alignments")
+    aligns, ctm_errors = al.read_ctm(st.read_text(ctm_uri))
+    bad_ctm = {utt: msg for _, utt, msg in ctm_errors}
+    ids, unk = _phone_ids(phones)
+    recs.sort(key=lambda r: (r.speaker_id, r.created_ts, r.utt_id))
+    computer = FbankComputer(fcfg)
+    out: list[EvalUtt] = []
+    speakers: dict[str, list] = defaultdict(list)
+    for r in recs:
+        speakers[r.speaker_id].append(r)
+    prog = Progress(len(recs), desc="evaluate features", unit="utts", interval_s=10)
+    for spk, srecs in speakers.items():
+        stream = []
+        for r in srecs:
+            a = aligns.get(r.utt_id)
+            if a is None:
+                rejects.append(Reject(r.utt_id, "missing_alignment",
+                                      bad_ctm.get(r.utt_id, "no lines in alignments.ctm")))
+                continue
+            res = load_audio_result(st, resolve_uri(corpus, r.audio_uri), fcfg, r.duration)
+            if res.samples is None:
+                rejects.append(Reject(r.utt_id, res.reason or "unreadable_audio", res.detail))
+                continue
+            stream.append((r, a, res.samples))
+        feats = featurize_stream([w for _, _, w in stream], fcfg, computer) if stream else []
+        for (r, a, wave), x in zip(stream, feats):
+            if x.shape[0] == 0:
+                rejects.append(Reject(r.utt_id, "too_short", f"{len(wave)} samples"))
+                continue
+            pid = np.array([ids.get(p, unk) for p in a.phones], dtype=np.int64)
+            if (pid < 0).any():
+                missing = sorted({p for p, i in zip(a.phones, pid) if i < 0})
+                rejects.append(Reject(r.utt_id, "unknown_phone",
+                                      f"phones not in the model's inventory: {missing[:5]}"))
+                continue
+            n100 = computer.num_frames(len(wave))
+            fl, reason, detail = al.frame_labels_ids(a.starts, a.ends, pid, n100, fcfg)
+            if fl is None:
+                rejects.append(Reject(r.utt_id, reason or "alignment_mismatch", detail))
+                continue
+            lab = al.lfr_labels(fl, x.shape[0], fcfg.stack, fcfg.subsample).astype(np.int64)
+            out.append(EvalUtt(r.utt_id, r.condition or "unknown",
+                               norm(x).astype(np.float32), lab))
+        prog.update(len(srecs))
+    prog.close()
+    return out, rejects, n_in
+
+
+# ----------------------------------------------------------------- running a model
+@torch.no_grad()
+def predict(model: torch.nn.Module, utts: Sequence[EvalUtt], batch_frames: int = 20000,
+            device: str = "cpu") -> list[np.ndarray]:
+    """Argmax class per row for each utterance (in input order), length-sorted batches."""
+    model = model.to(device).eval()
+    order = sorted(range(len(utts)), key=lambda i: len(utts[i].feats))
+    preds: list[np.ndarray | None] = [None] * len(utts)
+    batch: list[int] = []
+
+    def run(b: list[int]) -> None:
+        lens = torch.tensor([len(utts[i].feats) for i in b])
+        x = torch.zeros(len(b), int(lens.max()), utts[b[0]].feats.shape[1])
+        for j, i in enumerate(b):
+            x[j, :lens[j]] = torch.from_numpy(utts[i].feats)
+        y = model(x.to(device), lens).argmax(-1).cpu().numpy()
+        for j, i in enumerate(b):
+            preds[i] = y[j, :int(lens[j])]
+
+    for i in order:
+        n = len(utts[i].feats)
+        if batch and n * (len(batch) + 1) > batch_frames:
+            run(batch)
+            batch = []
+        batch.append(i)
+    if batch:
+        run(batch)
+    return preds  # type: ignore[return-value]
+
+
+def evaluate_model(model: torch.nn.Module, utts: Sequence[EvalUtt], batch_frames: int = 20000,
+                   device: str = "cpu") -> dict[str, Any]:
+    preds = predict(model, utts, batch_frames, device)
+    return aggregate(score_utterance(p, u.labels, u.condition) for p, u in zip(preds, utts))
+
+
+# ----------------------------------------------------------------- the step
+def _features_config(meta: dict[str, Any], fallback: FeaturesConfig) -> FeaturesConfig:
+    from training.loop import dataclass_from_dict
+
+    stored = meta.get("features") or {}
+    return dataclass_from_dict(FeaturesConfig, stored) if stored else fallback
+
+
+def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
+    cfg = ctx.cfg
+    tag = cfg.evaluate.tag
+    step = f"evaluate-{tag}" if tag else "evaluate"
+    if ctx.step != step:
+        started = ctx.started
+        ctx = StepContext(cfg, ctx.run_id, step, force=ctx.force)
+        ctx.started = started
+    st = ctx.storage
+    model_uri = getattr(args, "model", None) or ctx.other(train_dir_name(tag), "model.pt")
+    corpus = getattr(args, "data", None) or cfg.data.corpus
+    split = getattr(args, "split", None) or "test"
+    out_uri = getattr(args, "out", None) or ctx.path("result.json")
+    if not st.exists(model_uri):
+        raise StepError(f"model {model_uri} not found: train one with `amflow train` or pass "
+                        "--model URI")
+    model, meta = load_model(st, model_uri)
+    cmvn = meta.get("cmvn")
+    if not cmvn:
+        uri = ctx.other("features", "cmvn.json")
+        if not st.exists(uri):
+            raise StepError(f"{model_uri} carries no CMVN stats and {uri} does not exist")
+        cmvn = st.read_json(uri)
+    phones = meta.get("phones") or []
+    if not phones:
+        uri = ctx.other("features", "phones.json")
+        if not st.exists(uri):
+            raise StepError(f"{model_uri} carries no phone list and {uri} does not exist")
+        phones = st.read_json(uri)
+    fcfg = _features_config(meta, cfg.features)
+    norm = Normalizer.from_stats(cmvn, model.input_dim)
+    utts, rejects, n_in = load_split(ctx, corpus, split, fcfg, phones, norm)
+    if not utts:
+        reasons = sorted({r.reason for r in rejects})
+        raise StepError(f"no utterance of split '{split}' could be scored (rejects: {reasons})")
+    dim = utts[0].feats.shape[1]
+    if dim != model.input_dim:
+        raise StepError(f"features have {dim} dims, the model expects {model.input_dim}")
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    result = evaluate_model(model, utts, cfg.evaluate.batch_frames, device)
+    reasons: dict[str, int] = {}
+    for r in rejects:
+        reasons[r.reason] = reasons.get(r.reason, 0) + 1
+    result.update({"model": model_uri, "model_kind": meta["spec"]["kind"], "data": corpus,
+                   "split": split, "rejected": reasons,
+                   "train_info": {k: v for k, v in (meta.get("info") or {}).items()
+                                  if k != "metrics"}})
+    if cfg.evaluate.baseline:
+        base_model, base_meta = load_model(st, cfg.evaluate.baseline)
+        if base_meta.get("phones") and list(base_meta["phones"]) != list(phones):
+            raise StepError("evaluate.baseline has a different phone inventory than --model")
+        base = evaluate_model(base_model, utts, cfg.evaluate.batch_frames, device)
+        base["model"] = cfg.evaluate.baseline
+        result["baseline"] = base
+        result["rel_frame_error_reduction"] = relative_error_reduction(
+            {**base["per_condition"], "all": base["frame_accuracy"]},
+            {**result["per_condition"], "all": result["frame_accuracy"]})
+    st.write_json(out_uri, result)
+    if rejects:
+        st.write_parquet(ctx.path("rejects", "rejects.parquet"), rejects_table(rejects))
+    _print(result)
+    metrics = {k: result[k] for k in ("frame_accuracy", "per", "num_frames", "num_utterances",
+                                      "per_condition", "per_condition_per")}
+    if "rel_frame_error_reduction" in result:
+        metrics["rel_frame_error_reduction"] = result["rel_frame_error_reduction"]
+    return ctx.finish(inputs={"model": model_uri, "data": corpus, "split": split},
+                      counts={"in": n_in, "out": len(utts), "rejected": len(rejects)},
+                      metrics=metrics, extra={"out": out_uri})
+
+
+def _print(result: dict[str, Any]) -> None:
+    lines = [f"{'condition':<10} {'frames':>8} {'frame acc %':>12} {'PER %':>8}"]
+    for c, a in result["per_condition"].items():
+        lines.append(f"{c:<10} {result['per_condition_frames'][c]:>8} {100 * a:>12.2f} "
+                     f"{100 * result['per_condition_per'][c]:>8.2f}")
+    lines.append(f"{'all':<10} {result['num_frames']:>8} {100 * result['frame_accuracy']:>12.2f} "
+                 f"{100 * result['per']:>8.2f}")
+    print("\n".join(lines), flush=True)

@@ -1,0 +1,157 @@
+"""`amflow train`: train the teacher or the student of a run.
+
+Reads   runs/<R>/repartition/<split>/part-*.parquet (labeled, unlabeled, dev splits as
+        `train.recipe` needs), runs/<R>/features/cmvn.json and phones.json.
+Writes  runs/<R>/train[-<tag>]/ (the dir is `train` when `train.tag` is empty):
+          model.pt            the self-describing final model (training.checkpoint)
+          checkpoints/        resumable per-rank state, latest.json
+          metrics/ + metrics.jsonl   per-block records (loss, frame_acc, lr, frames/s,
+                              bytes_sent, comm_seconds) and dev scores per epoch
+          learning_curve.png
+          rejects/rejects.parquet  rows that cannot be trained on, with the reason
+          _SUCCESS.json       final metrics (dev frame accuracy when a dev split exists)
+
+One worker (default) trains in this process; `train.workers` > 1 runs the same worker
+function on Ray Train through `training.distributed.run_distributed`. A killed training
+resumes from its last checkpoint when re-run; `--force` starts over.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from amflow.config import Config, ConfigError
+from amflow.runs import SUCCESS, Reject, StepContext, StepError, rejects_table
+from amflow.storage import join
+from training.data import SplitIndex, partition_uris
+from training.models import resolve_num_classes
+
+log = logging.getLogger(__name__)
+
+
+def train_dir_name(tag: str = "") -> str:
+    return f"train-{tag}" if tag else "train"
+
+
+def model_uri(cfg: Config, run_id: str, tag: str | None = None) -> str:
+    """Where `amflow train` leaves the final model of `run_id` (tag: train.tag)."""
+    tag = cfg.train.tag if tag is None else tag
+    return join(cfg.storage.root, "runs", run_id, train_dir_name(tag), "model.pt")
+
+
+def _split_kinds(cfg: Config) -> dict[str, str]:
+    """{kind: split name} of the training data the recipe needs."""
+    tc = cfg.train
+    if tc.recipe == "ssl":
+        return {"unlabeled": tc.unlabeled_split, "labeled": tc.labeled_split}
+    return {"labeled": tc.labeled_split}
+
+
+def build_plan(ctx: StepContext, train_dir: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(the picklable plan for `training.loop.train_worker`, the data report)."""
+    cfg = ctx.cfg
+    tc = cfg.train
+    ctx.require("repartition")
+    storage = ctx.storage
+    cmvn_uri = ctx.other("features", "cmvn.json")
+    phones_uri = ctx.other("features", "phones.json")
+    cmvn = storage.read_json(cmvn_uri) if storage.exists(cmvn_uri) else None
+    if cmvn is None:
+        raise StepError(f"{cmvn_uri} not found: the features step writes the global CMVN "
+                        "stats the trainer normalises with")
+    phones = storage.read_json(phones_uri) if storage.exists(phones_uri) else []
+    try:
+        num_classes = resolve_num_classes(cfg.model, phones)
+    except ValueError as exc:
+        raise StepError(f"{exc} ({phones_uri})") from exc
+
+    splits: dict[str, list[str]] = {}
+    report: dict[str, Any] = {"splits": {}, "rejects": []}
+    feat_dim = None
+    for kind, name in _split_kinds(cfg).items():
+        uris = partition_uris(storage, ctx.other("repartition", name))
+        if not uris:
+            raise StepError(f"recipe '{tc.recipe}' needs split '{name}', but "
+                            f"{ctx.other('repartition', name)} has no part-*.parquet")
+        index = SplitIndex.load(storage, uris, "labels" if kind == "labeled" else "topk", feat_dim)
+        if len(index) == 0:
+            hint = (" (run `amflow targets` before repartition)" if kind == "unlabeled" else "")
+            raise StepError(f"split '{name}' has no usable rows{hint}: rejected {index.rejected}")
+        feat_dim = index.feat_dim
+        splits[kind] = uris
+        report["splits"][name] = {"partitions": len(uris), "rows": index.rows_in,
+                                  "usable": len(index), "rejected": index.rejected,
+                                  "frames": index.total_frames}
+        report["rejects"] += [Reject(u, r, f"split {name}", name) for u, r in index.reject_ids]
+        if len(uris) < tc.workers:
+            raise StepError(f"split '{name}' has {len(uris)} partitions, fewer than "
+                            f"train.workers={tc.workers}: re-run repartition for that many workers")
+    dev_uris = partition_uris(storage, ctx.other("repartition", tc.dev_split)) if tc.dev_split else []
+    if dev_uris:
+        splits["dev"] = dev_uris
+        report["splits"][tc.dev_split] = {"partitions": len(dev_uris)}
+    plan = {
+        "config": cfg.to_dict(), "run_id": ctx.run_id, "train_dir": train_dir,
+        "kind": tc.model, "splits": splits, "cmvn": cmvn, "phones": list(phones),
+        "num_classes": int(num_classes), "feat_dim": int(feat_dim), "stack": cfg.features.stack,
+        # for training.distributed.run_distributed
+        "storage_path": join(train_dir, "ray"),
+        "name": f"{ctx.run_id}-{train_dir_name(tc.tag)}-{tc.algorithm}",
+    }
+    return plan, report
+
+
+def _clear(ctx: StepContext) -> None:
+    """--force: remove a previous training's state and outputs."""
+    for sub in ("checkpoints", "metrics", "rejects"):
+        for uri in ctx.storage.list(ctx.path(sub), recursive=True):
+            ctx.storage.delete(uri)
+    for name in ("model.pt", "metrics.jsonl", "learning_curve.png", "_fault_injected.json",
+                 SUCCESS):
+        ctx.storage.delete(ctx.path(name))
+
+
+def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
+    cfg = ctx.cfg
+    tc = cfg.train
+    if tc.model == "teacher" and tc.recipe == "ssl":
+        raise ConfigError("train.recipe", "the teacher trains on labeled data only "
+                          "(recipe labeled); ssl is the student's recipe")
+    step = train_dir_name(tc.tag)
+    if ctx.step != step:
+        started = ctx.started
+        ctx = StepContext(cfg, ctx.run_id, step, force=ctx.force)
+        ctx.started = started
+    if ctx.force:
+        _clear(ctx)
+    elif ctx.storage.exists(ctx.path(SUCCESS)):
+        done = ctx.storage.read_json(ctx.path(SUCCESS))
+        log.info("%s already finished (%s); use --force to train again", ctx.step_uri,
+                 ctx.path(SUCCESS))
+        return done
+    plan, report = build_plan(ctx, ctx.step_uri)
+    from training.loop import train_worker
+
+    if tc.workers > 1:
+        try:
+            from training.distributed import run_distributed
+        except ImportError as exc:
+            raise StepError("train.workers > 1 needs training.distributed.run_distributed "
+                            f"(the Ray Train launcher), which cannot be imported: {exc}") from exc
+        result = run_distributed(train_worker, plan, cfg)
+    else:
+        result = train_worker(plan)
+    if "metrics" not in result:
+        raise StepError(f"the training workers returned no summary from rank 0: {result}")
+    if report["rejects"]:
+        ctx.storage.write_parquet(ctx.path("rejects", "rejects.parquet"),
+                                  rejects_table(report["rejects"]))
+    counts = dict(result["counts"])
+    metrics = dict(result["metrics"])
+    metrics["model_uri"] = result["model_uri"]
+    inputs = {"repartition": ctx.other("repartition"),
+              "cmvn": ctx.other("features", "cmvn.json"), "splits": report["splits"]}
+    extra = {"model_uri": result["model_uri"], "resumed_from_step": result.get("resumed_from_step"),
+             "minibatches_per_pass": result.get("minibatches_per_pass")}
+    return ctx.finish(inputs=inputs, counts=counts, metrics=metrics,
+                      bytes_written=int(result.get("model_bytes", 0)), extra=extra)
