@@ -54,7 +54,7 @@ def common_params(cfg) -> dict[str, Param]:
                          "step makes the partition count a multiple of it)."),
         "epochs": Param(cfg.train.epochs, type="integer", minimum=1, maximum=100,
                         title="Epochs", description="train.epochs"),
-        "overrides": Param([], type="array", items={"type": "string"},
+        "overrides": Param(None, type=["null", "array"], items={"type": "string"},
                            title="Config overrides",
                            description="More key=value config overrides for every step, "
                                        "e.g. train.lr=0.002 (they win over the fields above)."),

@@ -30,7 +30,7 @@ _cfg = local_defaults()
         "speakers": Param(_cfg.corpus.speakers, type="integer", minimum=4, maximum=100_000,
                           title="Speakers", description="corpus.speakers"),
         "seed": Param(_cfg.corpus.seed, type="integer", minimum=0, title="Seed"),
-        "overrides": Param([], type="array", items={"type": "string"},
+        "overrides": Param(None, type=["null", "array"], items={"type": "string"},
                            title="Config overrides", description="More key=value overrides."),
         "rerun": Param("resume", type="string", enum=["redo", "resume"],
                        title="When a cleared task's step had finished"),
