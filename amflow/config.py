@@ -346,17 +346,45 @@ class EvaluateConfig:
 
 @dataclass
 class SimulateConfig:
+    """`amflow simulate`: the throughput projection (cost models in training/simulate.py)."""
+
     workers: list[int] = field(default_factory=lambda: [16, 32, 64, 128])
     gpus_per_host: int = 8
     intra_host_gbps: float = 300.0
     inter_host_gbps: float = 25.0
     params: int = 24_000_000
     minibatch_frames: int = 2048
-    # Measured on a V100 in the paper's setup unless a measurement is given.
+    # 0 = the V100 time per minibatch implied by the HTM paper's 1-GPU baseline
+    # (first epoch of 2000 h at 33.3 frames/s in 290 min), scaled to minibatch_frames.
     compute_s_per_minibatch: float = 0.0
+    # Per-message latency of one ring hop between hosts (TCP), microseconds.
+    latency_us: float = 25.0
+    # GPU memory bandwidth, for the GTC encode (passes over the gradient) and decode.
+    hbm_gbps: float = 900.0
+    # Coefficient of variation of one worker's time per minibatch (straggler wait at
+    # every synchronisation); < 0 = the value measured by `amflow bench trainers`.
+    jitter_cv: float = 0.0
+    # Fraction of gradient elements GTC sends per minibatch; < 0 = measured.
+    gtc_sent_fraction: float = -1.0
+    htm_sent_fraction: float = -1.0
+    block_size: int = 50
+    group_size: int = 8
+    ma_samples: int = 400_000
 
     def validate(self, key: str) -> None:
         _check(self.gpus_per_host >= 1, f"{key}.gpus_per_host", "must be >= 1")
+        _check(bool(self.workers) and all(w >= 1 for w in self.workers), f"{key}.workers",
+               "must be a non-empty list of worker counts >= 1")
+        _check(self.intra_host_gbps > 0 and self.inter_host_gbps > 0, f"{key}.inter_host_gbps",
+               "bandwidths must be > 0")
+        _check(self.params >= 1, f"{key}.params", "must be >= 1")
+        _check(self.minibatch_frames >= 1, f"{key}.minibatch_frames", "must be >= 1")
+        _check(self.compute_s_per_minibatch >= 0, f"{key}.compute_s_per_minibatch",
+               "must be >= 0")
+        _check(self.block_size >= 1, f"{key}.block_size", "must be >= 1")
+        _check(self.group_size >= 1, f"{key}.group_size", "must be >= 1")
+        _check(self.gtc_sent_fraction <= 1 and self.htm_sent_fraction <= 1,
+               f"{key}.gtc_sent_fraction", "must be <= 1")
 
 
 @dataclass

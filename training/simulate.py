@@ -1,0 +1,385 @@
+"""`amflow simulate`: project trainer throughput to 16-128 GPUs from measured numbers.
+
+Reads   measured bytes per minibatch per algorithm (GTC/HTM sparsity above all) from
+        `--measured FILE`, else this run's `bench/trainers.json`, else the algorithm
+        stats in this run's `train*/_SUCCESS.json`.
+Writes  runs/<R>/simulate/table.md, table.json, _SUCCESS.json
+
+Inputs
+------
+t_c   compute time of one minibatch on one GPU (forward, backward, local optimizer step,
+      data staging). Default: the V100 time implied by the HTM paper's own baseline, the
+      first 1-GPU epoch of 2000 h in 290 min: 2000 h * 3600 s * 33.3 frames/s (10 ms
+      shift, subsampled by 3) = 240 M frames in 17 400 s = 13 790 frames/s, so 0.1485 s
+      per 2048-frame minibatch (scaled linearly for other minibatch sizes and by
+      params / 24 M for other model sizes).
+P     parameters (default 24 M: the papers' 5x768 LSTM); dense fp32 = 4P bytes.
+s     fraction of gradient elements GTC sends per worker per minibatch (measured);
+      HTM's lower tier has its own measured fraction. Each sent element is 4 bytes.
+pad   measured ratio of padded to unpadded GTC buffers (all-gather pads to the longest).
+B_in, B_out   bandwidth inside a host (300 Gb/s NVLink) and between hosts (25 Gb/s).
+alpha per-message latency of one ring hop (latency_us), counted on every hop.
+HBM   GPU memory bandwidth; GTC encode = 5 passes over the 4P-byte gradient
+      (add residual, compare, compact, gather, update), decode = one 32-byte sector
+      read-modify-write per received code.
+cv    coefficient of variation of a worker's minibatch time (default 0: fixed-shape
+      chunked-BPTT minibatches on a GPU are very regular).
+
+Cost models (n ranks; B = B_in when all n share a host, else B_out: with ranks ordered by
+host, a ring crosses each host's single NIC once per direction, so that link bounds it)
+-------------------------------------------------------------------------------------
+ring all-reduce of S bytes     T_ar(n, S) = 2 (n-1)/n * S/B + 2 (n-1) alpha
+ring all-gather, m bytes/rank  T_ag(n, m) = (n-1) m/B + (n-1) alpha     (+ the same for
+                               the 8-byte lengths exchanged first)
+pipelined broadcast of S       T_bc(n, S) = S/B + ceil(log2 n) alpha
+synchronisation wait           J(n, k) = cv * t_c * sqrt(k) * sqrt(2 ln n): the expected
+                               excess of the slowest of n workers over the mean after k
+                               minibatches (Gaussian extreme-value approximation)
+
+Time per minibatch on every worker (N workers, G = gpus_per_host, b = block size):
+  sgd   t_c + J(N,1) + T_ar(N, 4P)
+  gtc   t_c + J(N,1) + t_enc + T_ag(N, pad*4sP) + t_dec((N-1) sP)
+  bmuf  t_c + [J(N,b) + T_ar(N, 4P) + t_filter] / b       (t_filter: 4 passes over 4P)
+  htm   t_c + J(g,1) + t_enc + T_ag(g, pad*4s'P) + t_dec((g-1) s'P)
+            + [J(N/g, b) + T_ar(N/g, 4P) + T_bc(g, 4P) + t_filter] / b    g = group_size
+  ma    as bmuf with b = ceil(K / minibatch_frames) and no filter
+Speedup in frames/s over 1-GPU SGD = N t_c / T(N).
+
+The table is printed beside Table 1 of the HTM paper (speedup in frames/s) and
+Table I of the petabyte-scale paper (training speedup), kept here as data.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import math
+from dataclasses import asdict
+from typing import Any
+
+from amflow.runs import StepContext, StepError
+
+log = logging.getLogger(__name__)
+
+# Table 1 of "Two Tiered Distributed Training Algorithm for Acoustic Modeling":
+# speedup in frames/s, speedup in convergence time, relative WERR (%); block size 50.
+HTM_TABLE1: dict[str, dict[int, tuple[float, float, float]]] = {
+    "gtc": {16: (12.5, 21.0, 0.4), 32: (23.5, 26.3, -1.4), 64: (21.7, 17.4, -2.8),
+            128: (10.9, 10.8, -15.6)},
+    "bmuf": {16: (15.7, 20.5, -0.8), 32: (28.1, 36.6, -3.5), 64: (58.2, 56.9, -8.9),
+             128: (101.5, 80.4, -9.6)},
+    "htm": {16: (13.9, 18.2, -0.5), 32: (24.2, 31.0, 0.1), 64: (49.2, 42.3, -3.2),
+            128: (97.8, 97.4, -4.7)},
+}
+# Table I of "Realizing Petabyte Scale Acoustic Modeling" (K80s): relative frame accuracy
+# improvement (%), training speedup. BMUF-NBM with block size 100.
+PETABYTE_TABLE1: dict[str, dict[int, tuple[float, float]]] = {
+    "gtc": {8: (0.41, 7.01), 16: (0.41, 12.53), 32: (0.54, 21.75), 64: (0.27, 16.76)},
+    "bmuf": {8: (-0.27, 7.18), 16: (-0.06, 13.34), 32: (-0.10, 25.46), 64: (-0.13, 50.91),
+             128: (-2.46, 97.59)},
+}
+PAPER_PARAMS = 24_000_000
+PAPER_MINIBATCH = 2048
+# 2000 h of audio at 100/3 frames/s, first 1-GPU epoch 290 min (HTM paper, section 4).
+PAPER_FRAMES_PER_S = 2000 * 3600 * (100.0 / 3.0) / (290 * 60)
+ALGORITHMS = ("sgd", "gtc", "bmuf", "htm", "ma")
+
+
+def paper_compute_s(minibatch_frames: int, params: int) -> float:
+    return minibatch_frames / PAPER_FRAMES_PER_S * (params / PAPER_PARAMS)
+
+
+# ---------------------------------------------------------------------------------------
+# Cost models.
+# ---------------------------------------------------------------------------------------
+
+class Cluster:
+    def __init__(self, gpus_per_host: int, intra_gbps: float, inter_gbps: float,
+                 latency_us: float, hbm_gbps: float):
+        self.g = gpus_per_host
+        self.b_in = intra_gbps * 1e9 / 8
+        self.b_out = inter_gbps * 1e9 / 8
+        self.alpha = latency_us * 1e-6
+        self.hbm = hbm_gbps * 1e9
+
+    def bandwidth(self, n: int, spread: bool | None = None) -> float:
+        """Bottleneck bandwidth of a ring over n ranks (packed onto hosts unless
+        `spread`: one rank per host, as HTM's upper tier)."""
+        cross = n > self.g if spread is None else (spread and n > 1)
+        return self.b_out if cross else self.b_in
+
+    def allreduce(self, n: int, nbytes: float, spread: bool | None = None) -> float:
+        if n <= 1:
+            return 0.0
+        return 2 * (n - 1) / n * nbytes / self.bandwidth(n, spread) + 2 * (n - 1) * self.alpha
+
+    def allgather(self, n: int, per_rank: float) -> float:
+        if n <= 1:
+            return 0.0
+        b = self.bandwidth(n)
+        return (n - 1) * (per_rank + 8) / b + 2 * (n - 1) * self.alpha
+
+    def broadcast(self, n: int, nbytes: float) -> float:
+        if n <= 1:
+            return 0.0
+        return nbytes / self.bandwidth(n) + math.ceil(math.log2(n)) * self.alpha
+
+    def passes(self, k: float, nbytes: float) -> float:
+        """k streaming passes over nbytes of GPU memory."""
+        return k * nbytes / self.hbm
+
+    def scatter(self, codes: float) -> float:
+        """Decode: one 32-byte sector read-modify-write per code."""
+        return codes * 32 / self.hbm
+
+
+def jitter(cv: float, t_c: float, n: int, k: int) -> float:
+    if n <= 1 or cv <= 0:
+        return 0.0
+    return cv * t_c * math.sqrt(k) * math.sqrt(2 * math.log(n))
+
+
+def step_time(algo: str, n: int, p: dict[str, Any], c: Cluster) -> dict[str, float]:
+    """Seconds per minibatch on every worker, split into compute / wait / comm / codec."""
+    t_c, P, cv = p["t_c"], p["params"], p["cv"]
+    dense = 4.0 * P
+    out = {"compute": t_c, "wait": 0.0, "comm": 0.0, "codec": 0.0}
+    if n == 1:
+        return out
+    if algo == "sgd":
+        out["wait"] = jitter(cv, t_c, n, 1)
+        out["comm"] = c.allreduce(n, dense + 4)
+    elif algo == "gtc":
+        k = p["gtc_s"] * P
+        out["wait"] = jitter(cv, t_c, n, 1)
+        out["comm"] = c.allgather(n, 4 * k * p["gtc_pad"])
+        out["codec"] = c.passes(5, dense) + c.scatter((n - 1) * k)
+    elif algo in ("bmuf", "ma"):
+        b = p["block"] if algo == "bmuf" else p["ma_period"]
+        filt = c.passes(4, dense) if algo == "bmuf" else c.passes(1, dense)
+        out["wait"] = jitter(cv, t_c, n, b) / b
+        out["comm"] = c.allreduce(n, dense) / b
+        out["codec"] = filt / b
+    elif algo == "htm":
+        g = min(p["group"], n)
+        m = n // g
+        b = p["block"]
+        k = p["htm_s"] * P
+        out["wait"] = jitter(cv, t_c, g, 1) + jitter(cv, t_c, m, b) / b
+        out["comm"] = (c.allgather(g, 4 * k * p["htm_pad"])
+                       + (c.allreduce(m, dense, spread=True) + c.broadcast(g, dense)) / b)
+        out["codec"] = (c.passes(5, dense) if g > 1 else 0.0) + c.scatter((g - 1) * k) \
+            + c.passes(4, dense) / b
+    else:
+        raise ValueError(f"unknown algorithm {algo!r}")
+    return out
+
+
+def project(params: dict[str, Any], cluster: Cluster, workers: list[int],
+            algorithms: tuple[str, ...] = ALGORITHMS) -> dict[str, dict[int, dict[str, float]]]:
+    table: dict[str, dict[int, dict[str, float]]] = {}
+    for algo in algorithms:
+        table[algo] = {}
+        for n in workers:
+            parts = step_time(algo, n, params, cluster)
+            total = sum(parts.values())
+            table[algo][n] = {"speedup": n * params["t_c"] / total,
+                              "frames_per_s": n * params["minibatch_frames"] / total,
+                              "step_s": total, **{f"{k}_s": v for k, v in parts.items()}}
+    return table
+
+
+def implied_gtc_fraction(speedup: float, n: int, params: dict[str, Any], c: Cluster) -> float:
+    """The GTC sent fraction that would make this cost model reproduce `speedup`."""
+    t_target = n * params["t_c"] / speedup
+    lo, hi = 0.0, 1.0
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        t = sum(step_time("gtc", n, dict(params, gtc_s=mid), c).values())
+        lo, hi = (mid, hi) if t < t_target else (lo, mid)
+    return (lo + hi) / 2
+
+
+# ---------------------------------------------------------------------------------------
+# Measured inputs.
+# ---------------------------------------------------------------------------------------
+
+def _from_train_success(ctx: StepContext) -> dict[str, Any]:
+    """Algorithm stats from this run's train steps (train, train-<tag>)."""
+    out: dict[str, Any] = {"algorithms": {}}
+    run = ctx.run_uri
+    for uri in ctx.storage.list(run, suffix="_SUCCESS.json", recursive=True):
+        step = uri[len(run):].strip("/").split("/")[0]
+        if not step.startswith("train"):
+            continue
+        m = ctx.storage.read_json(uri).get("metrics", {})
+        algo = m.get("algorithm")
+        if not algo or m.get("workers", 1) <= 1:
+            continue
+        stats = {k[len("algo_"):]: v for k, v in m.items() if k.startswith("algo_")}
+        stats["workers"] = m.get("workers")
+        out["algorithms"][algo] = stats
+        out.setdefault("params_measured", m.get("parameters"))
+        out.setdefault("compute_s_per_minibatch", m.get("compute_s_per_minibatch"))
+        out["source"] = uri
+    return out
+
+
+def load_measured(ctx: StepContext, measured: str | None) -> dict[str, Any]:
+    if measured:
+        data = ctx.storage.read_json(measured)
+        data = data.get("measured", data)
+        data.setdefault("source", measured)
+        return data
+    bench = ctx.other("bench", "trainers.json")
+    if ctx.storage.exists(bench):
+        data = ctx.storage.read_json(bench)["measured"]
+        data.setdefault("source", bench)
+        return data
+    return _from_train_success(ctx)
+
+
+def resolve_inputs(cfg: Any, measured: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(model parameters, provenance notes)."""
+    sim = cfg.simulate
+    algos = measured.get("algorithms", {})
+    notes: dict[str, Any] = {"measured_source": measured.get("source")}
+
+    def fraction(name: str, override: float, fallback: str | None = None) -> tuple[float, float]:
+        if override >= 0:
+            notes[f"{name}_sent_fraction"] = "config"
+            return override, 1.0
+        for key in (name, fallback):
+            st = algos.get(key or "", {})
+            if st.get("sent_fraction") is not None:
+                pay = st.get("payload_bytes_per_step") or 0
+                pad = (st["bytes_per_step"] / pay) if pay else 1.0
+                if key == "htm":
+                    pad = 1.0  # block traffic is in htm's bytes; padding as measured for gtc
+                    g = algos.get("gtc", {})
+                    if g.get("payload_bytes_per_step"):
+                        pad = g["bytes_per_step"] / g["payload_bytes_per_step"]
+                notes[f"{name}_sent_fraction"] = f"measured ({key}, "\
+                    f"{st.get('workers', '?')} workers)"
+                return float(st["sent_fraction"]), max(float(pad), 1.0)
+        raise StepError(
+            f"no measured GTC sparsity for '{name}': run `amflow bench trainers --run-id "
+            f"<R>` (or train with train.algorithm={name} and train.workers>1) first, pass "
+            f"--measured FILE, or set simulate.{name}_sent_fraction")
+
+    gtc_s, gtc_pad = fraction("gtc", sim.gtc_sent_fraction)
+    htm_s, htm_pad = fraction("htm", sim.htm_sent_fraction, fallback="gtc")
+    cv = sim.jitter_cv
+    if cv < 0:
+        cv = float(measured.get("jitter_cv") or 0.0)
+        notes["jitter_cv"] = "measured"
+    else:
+        notes["jitter_cv"] = "config"
+    t_c = sim.compute_s_per_minibatch
+    if t_c > 0:
+        notes["t_c"] = "config"
+    else:
+        t_c = paper_compute_s(sim.minibatch_frames, sim.params)
+        notes["t_c"] = "V100, from the HTM paper's 1-GPU epoch time (290 min / 2000 h)"
+    params = {"t_c": t_c, "params": sim.params, "minibatch_frames": sim.minibatch_frames,
+              "cv": cv, "gtc_s": gtc_s, "gtc_pad": gtc_pad, "htm_s": htm_s, "htm_pad": htm_pad,
+              "block": sim.block_size, "group": sim.group_size,
+              "ma_period": max(1, math.ceil(sim.ma_samples / sim.minibatch_frames))}
+    # measured bytes of the dense algorithms, as a check of the byte models
+    checks = {}
+    pm = measured.get("params_measured")
+    for algo, model in (("sgd", lambda st: 4 * pm + 4),
+                        ("bmuf", lambda st: 4 * pm / st.get("block_size", sim.block_size)),
+                        ("ma", lambda st: 4 * pm / st.get("period", 1))):
+        st = algos.get(algo)
+        if st and pm and st.get("bytes_per_step"):
+            checks[algo] = round(st["bytes_per_step"] / model(st), 4)
+    notes["measured_bytes_over_model"] = checks
+    return params, notes
+
+
+# ---------------------------------------------------------------------------------------
+# Output.
+# ---------------------------------------------------------------------------------------
+
+def render(table: dict, params: dict, notes: dict, workers: list[int], cfg: Any,
+           implied: dict[int, float]) -> str:
+    sim = cfg.simulate
+    lines = [
+        "# Projected speedup in frames/s over 1-GPU SGD",
+        "",
+        f"Model {sim.params / 1e6:.1f} M parameters, minibatch {sim.minibatch_frames} frames, "
+        f"t_c = {params['t_c'] * 1e3:.1f} ms/minibatch ({notes['t_c']}); "
+        f"{sim.gpus_per_host} GPUs/host, {sim.intra_host_gbps:g} Gb/s in a host, "
+        f"{sim.inter_host_gbps:g} Gb/s between hosts, {sim.latency_us:g} us/hop; "
+        f"block {params['block']}, HTM group {params['group']}, jitter cv {params['cv']:g}.",
+        f"GTC sends {params['gtc_s'] * 100:.3f} % of elements per minibatch "
+        f"({1 / max(params['gtc_s'], 1e-12):.0f}x fewer bytes than dense fp32, pad x"
+        f"{params['gtc_pad']:.2f}); HTM's lower tier {params['htm_s'] * 100:.3f} % "
+        f"({notes.get('gtc_sent_fraction')}; source {notes.get('measured_source')}).",
+        "",
+        "| Method | GPUs | simulated | HTM paper Table 1 | sim / paper | petabyte Table I |"
+        " step ms (compute / wait / comm / codec) |",
+        "|---|---:|---:|---:|---:|---:|---|",
+    ]
+    for algo in ALGORITHMS:
+        for n in workers:
+            r = table[algo][n]
+            paper = HTM_TABLE1.get(algo, {}).get(n)
+            pb = PETABYTE_TABLE1.get(algo, {}).get(n)
+            ratio = f"{r['speedup'] / paper[0]:.2f}" if paper else ""
+            lines.append(
+                f"| {algo.upper()} | {n} | {r['speedup']:.1f} | "
+                f"{paper[0] if paper else ''} | {ratio} | {pb[1] if pb else ''} | "
+                f"{r['step_s'] * 1e3:.1f} ({r['compute_s'] * 1e3:.1f} / {r['wait_s'] * 1e3:.1f}"
+                f" / {r['comm_s'] * 1e3:.1f} / {r['codec_s'] * 1e3:.2f}) |")
+    top = max(workers)
+    order = sorted(("bmuf", "htm", "gtc"), key=lambda a: -table[a][top]["speedup"])
+    lines += ["", f"Ordering at {top} GPUs: " + " > ".join(a.upper() for a in order)
+              + ("  (paper: BMUF > HTM > GTC)" if top == 128 else "")]
+    if implied:
+        lines += ["", "GTC sent fraction this cost model would need to reproduce the paper's "
+                  "GTC row: " + ", ".join(f"{n}: {v * 100:.2f} %" for n, v in implied.items())]
+    return "\n".join(lines) + "\n"
+
+
+def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
+    cfg = ctx.cfg
+    sim = cfg.simulate
+    measured = load_measured(ctx, getattr(args, "measured", None))
+    params, notes = resolve_inputs(cfg, measured)
+    cluster = Cluster(sim.gpus_per_host, sim.intra_host_gbps, sim.inter_host_gbps,
+                      sim.latency_us, sim.hbm_gbps)
+    workers = sorted(set(sim.workers))
+    table = project(params, cluster, workers)
+    implied = {n: implied_gtc_fraction(HTM_TABLE1["gtc"][n][0], n, params, cluster)
+               for n in workers if n in HTM_TABLE1["gtc"]}
+    md = render(table, params, notes, workers, cfg, implied)
+    comparison = {}
+    for algo, rows in HTM_TABLE1.items():
+        for n, (paper, _, _) in rows.items():
+            if n in table[algo]:
+                comparison[f"{algo}_{n}"] = round(table[algo][n]["speedup"] / paper - 1, 4)
+    top = max(workers)
+    speed_top = {a: round(table[a][top]["speedup"], 2) for a in ALGORITHMS}
+    result = {"params": params, "notes": notes, "simulate": asdict(sim),
+              "table": {a: {str(n): {k: round(v, 6) for k, v in r.items()} for n, r in rows.items()}
+                        for a, rows in table.items()},
+              "paper_htm_table1": {a: {str(n): list(v) for n, v in rows.items()}
+                                   for a, rows in HTM_TABLE1.items()},
+              "paper_petabyte_table1": {a: {str(n): list(v) for n, v in rows.items()}
+                                        for a, rows in PETABYTE_TABLE1.items()},
+              "relative_error_vs_htm_table1": comparison,
+              "implied_gtc_sent_fraction": {str(n): v for n, v in implied.items()}}
+    ctx.storage.write_text(ctx.path("table.md"), md)
+    ctx.storage.write_json(ctx.path("table.json"), result)
+    print(md)
+    within = [k for k, v in comparison.items() if abs(v) <= 0.25]
+    metrics = {"speedup_at_max_workers": speed_top,
+               "ordering_bmuf_htm_gtc": speed_top["bmuf"] > speed_top["htm"] > speed_top["gtc"],
+               "within_25pct_of_paper": f"{len(within)}/{len(comparison)}",
+               "max_abs_relative_error": max((abs(v) for v in comparison.values()), default=0.0),
+               "gtc_sent_fraction": params["gtc_s"], "htm_sent_fraction": params["htm_s"]}
+    return ctx.finish(inputs={"measured": notes.get("measured_source")},
+                      counts={"in": len(ALGORITHMS) * len(workers),
+                              "out": len(ALGORITHMS) * len(workers)},
+                      metrics=metrics, extra={"table_md": ctx.path("table.md")})
