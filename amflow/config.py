@@ -155,6 +155,9 @@ class FeaturesConfig:
     duration_tolerance: float = 0.25
     # Alignment frames may miss the audio by at most this much at either end or in a gap.
     align_tolerance_s: float = 0.3
+    # FFT + mel matmul engine of the numpy backend: torch's (MKL) when importable, else
+    # scipy.fft + numpy BLAS. Same results to float32 rounding.
+    fft_engine: str = "auto"  # auto | torch | scipy
     # Audio seconds per batched fbank call, and threads fetching audio ahead of it.
     batch_seconds: float = 60.0
     io_threads: int = 4
@@ -179,6 +182,8 @@ class FeaturesConfig:
                "must be float16 or uint8")
         _check(self.duration_tolerance >= 0, f"{key}.duration_tolerance", "must be >= 0")
         _check(self.align_tolerance_s >= 0, f"{key}.align_tolerance_s", "must be >= 0")
+        _check(self.fft_engine in ("auto", "torch", "scipy"), f"{key}.fft_engine",
+               "must be auto, torch or scipy")
         _check(self.batch_seconds > 0, f"{key}.batch_seconds", "must be > 0")
         _check(self.io_threads >= 1, f"{key}.io_threads", "must be >= 1")
 

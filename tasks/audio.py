@@ -68,29 +68,60 @@ def resolve_uri(corpus_root: str, audio_uri: str) -> str:
     return join(corpus_root, audio_uri)
 
 
-def wav_truncation(data: bytes) -> tuple[str, str] | None:
-    """For RIFF/WAVE bytes: (reason, detail) if the data chunk is cut short or missing."""
+@dataclass
+class WavInfo:
+    fmt: int = 0
+    channels: int = 0
+    rate: int = 0
+    bits: int = 0
+    block_align: int = 0
+    data_offset: int = 0
+    data_size: int = 0
+    little_endian: bool = True
+
+
+def scan_wav(data: bytes) -> WavInfo | tuple[str, str] | None:
+    """RIFF/WAVE bytes -> WavInfo, or (reason, detail) if the data chunk is cut short or
+    missing; None when the bytes are not WAV (e.g. FLAC)."""
     if len(data) < 12 or data[:4] not in (b"RIFF", b"RIFX") or data[8:12] != b"WAVE":
         return None
     endian = "<" if data[:4] == b"RIFF" else ">"
+    info = WavInfo(little_endian=endian == "<")
     pos = 12
-    block_align = 0
     while pos + 8 <= len(data):
         cid = data[pos:pos + 4]
         (size,) = struct.unpack(endian + "I", data[pos + 4:pos + 8])
         body = pos + 8
-        if cid == b"fmt " and body + 14 <= len(data):
-            block_align = struct.unpack(endian + "H", data[body + 12:body + 14])[0]
+        if cid == b"fmt " and body + 16 <= len(data):
+            (info.fmt, info.channels, info.rate, _, info.block_align,
+             info.bits) = struct.unpack(endian + "HHIIHH", data[body:body + 16])
         if cid == b"data":
             have = len(data) - body
             if size != 0xFFFFFFFF and size > have:
                 return "truncated_audio", f"data chunk declares {size} bytes, file holds {have}"
-            if block_align and (min(size, have) % block_align):
-                return "truncated_audio", (f"data chunk of {min(size, have)} bytes is not a "
-                                           f"whole number of {block_align}-byte frames")
-            return None
+            size = min(size, have)
+            if info.block_align and size % info.block_align:
+                return "truncated_audio", (f"data chunk of {size} bytes is not a whole number "
+                                           f"of {info.block_align}-byte frames")
+            info.data_offset, info.data_size = body, size
+            return info
         pos = body + size + (size & 1)
     return "corrupt_audio", "no data chunk before the end of the file"
+
+
+def wav_truncation(data: bytes) -> tuple[str, str] | None:
+    """For RIFF/WAVE bytes: (reason, detail) if the data chunk is cut short or missing."""
+    r = scan_wav(data)
+    return r if isinstance(r, tuple) else None
+
+
+_INV_INT16 = np.float32(1.0 / 32768.0)
+
+
+def _read_pcm16(data: bytes, info: WavInfo) -> np.ndarray:
+    """Plain little-endian 16-bit PCM WAV: samples straight from the bytes, [frames, ch]."""
+    a = np.frombuffer(data, dtype="<i2", count=info.data_size // 2, offset=info.data_offset)
+    return np.multiply(a, _INV_INT16, dtype=np.float32).reshape(-1, info.channels)
 
 
 def _resample(x: np.ndarray, src: int, dst: int) -> np.ndarray:
@@ -108,13 +139,17 @@ def decode_audio(data: bytes, fcfg: FeaturesConfig,
 
     if not data:
         return AudioResult(None, "empty_audio", "zero-byte file")
-    trunc = wav_truncation(data)
-    if trunc is not None:
-        return AudioResult(None, trunc[0], trunc[1])
-    try:
-        x, rate = sf.read(io.BytesIO(data), dtype="float32", always_2d=True)
-    except Exception as exc:  # noqa: BLE001 - libsndfile raises several types
-        return AudioResult(None, "corrupt_audio", f"{type(exc).__name__}: {exc}")
+    wav = scan_wav(data)
+    if isinstance(wav, tuple):
+        return AudioResult(None, wav[0], wav[1])
+    if wav is not None and wav.fmt == 1 and wav.bits == 16 and wav.little_endian \
+            and wav.channels >= 1 and wav.rate > 0 and wav.block_align == 2 * wav.channels:
+        x, rate = _read_pcm16(data, wav), wav.rate
+    else:
+        try:
+            x, rate = sf.read(io.BytesIO(data), dtype="float32", always_2d=True)
+        except Exception as exc:  # noqa: BLE001 - libsndfile raises several types
+            return AudioResult(None, "corrupt_audio", f"{type(exc).__name__}: {exc}")
     frames, channels = x.shape
     res = AudioResult(None, source_rate=int(rate), channels=int(channels))
     if frames == 0:

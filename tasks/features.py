@@ -91,22 +91,27 @@ class StreamCMN:
         if n == 0:
             return x.astype(np.float32, copy=True)
         h = self.hist.shape[0]
-        ext = np.concatenate([self.hist, x]) if h else x
-        cs = np.zeros((ext.shape[0] + 1, ext.shape[1]), dtype=np.float64)
-        np.cumsum(ext, axis=0, dtype=np.float64, out=cs[1:])
+        ext = np.concatenate([self.hist, x]) if h else np.asarray(x, dtype=np.float32)
+        # float32 prefix sums of (ext - ref): centred, so they stay small and exact enough
+        ref = ext[: min(len(ext), 100)].mean(axis=0, dtype=np.float64).astype(np.float32)
+        cs = np.zeros((ext.shape[0] + 1, ext.shape[1]), dtype=np.float32)
+        np.cumsum(ext - ref, axis=0, out=cs[1:])
         t = self.seen + np.arange(n)                      # global frame index
         end = h + np.arange(n) + 1                        # exclusive end in ext
         start = np.maximum(0, t - self.window + 1) - (self.seen - h)
-        mean = (cs[end] - cs[start]) / (end - start)[:, None]
+        mean = cs[end]
+        mean -= cs[start]
+        mean /= (end - start).astype(np.float32)[:, None]
         cold = (t + 1) < self.min_window
         if cold.any():
             if self._cold_mean is None:
                 k = min(self.min_window, ext.shape[0])
                 if k >= self.min_window or final:
-                    self._cold_mean = cs[k] / k
+                    self._cold_mean = cs[k] / np.float32(k) + ref
             if self._cold_mean is not None:
-                mean[cold] = self._cold_mean
-        out = (x - mean).astype(np.float32)
+                mean[cold] = self._cold_mean - ref
+        out = x - ref
+        out -= mean
         keep = self.window - 1
         self.hist = ext[-keep:].astype(np.float32, copy=True) if keep else ext[:0]
         self.seen += n

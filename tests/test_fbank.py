@@ -19,6 +19,7 @@ def _speechlike(rng, n: int, rate: int = 16000) -> np.ndarray:
 
 @pytest.mark.parametrize("opts", [{}, {"snip_edges": False}, {"num_mel_bins": 80},
                                   {"window_type": "hamming", "preemph_coeff": 0.0},
+                                  {"fft_engine": "scipy"}, {"fft_engine": "scipy", "snip_edges": False},
                                   {"remove_dc_offset": False, "low_freq": 60,
                                    "high_freq": -400}])
 def test_numpy_fbank_matches_kaldi_native_fbank(opts):
