@@ -456,7 +456,7 @@ def train_worker(plan: dict[str, Any]) -> dict[str, Any]:
             algo.zero_grad()
             out = batch_loss(model, batch, tc)
             if not torch.isfinite(out.loss):
-                raise StepError(_nonfinite_msg("loss", float(out.loss), p, state, ckpt))
+                raise StepError(_nonfinite_msg("loss", float(out.loss.detach()), p, state, ckpt))
             out.loss.backward()
             gnorm = torch.nn.utils.clip_grad_norm_(
                 params, tc.clip_grad_norm if tc.clip_grad_norm > 0 else math.inf)

@@ -1,0 +1,193 @@
+"""`amflow train`: learns, resumes bitwise, stops on non-finite loss, distils, runs on N ranks."""
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from amflow.runs import StepContext, StepError
+from amflow.storage import Storage, join
+from training import launch
+from training.checkpoint import load_model
+from training.data import make_synthetic_run, rows_table, synthetic_rows
+from training.loop import InjectedFailure, train_worker
+from tests.conftest import ROOT, amflow_bin
+
+torch.set_num_threads(1)
+
+TINY = ["train.threads=1", "train.minibatch_frames=256", "train.chunk_frames=16",
+        "train.chunk_left_context=4", "train.lr=0.01", "train.final_lr=0.002",
+        "train.log_every=4", "model.student.layers=1", "model.student.hidden=32",
+        "model.teacher.layers=1", "model.teacher.hidden=24"]
+TEACHER = ["train.model=teacher", "train.recipe=labeled", "train.epochs=4",
+           "train.finetune_epochs=1"]
+SSL = ["train.model=student", "train.recipe=ssl", "train.sub_epochs=3", "train.finetune_epochs=1"]
+
+
+def _synthetic(root: str, **splits) -> dict:
+    return make_synthetic_run(Storage(), join(root, "runs", "r"), noise=1.5, splits=splits or {
+        "labeled": {"utts": 60, "parts": 2}, "dev": {"utts": 16, "parts": 1}})
+
+
+def _train(local_cfg, *overrides, expect=None):
+    cfg = local_cfg(*TINY, *overrides)
+    ctx = StepContext(cfg, "r", "train")
+    if expect is None:
+        return launch.run(ctx, None)
+    with pytest.raises(expect) as err:
+        launch.run(ctx, None)
+    return err.value
+
+
+def _weights(storage: Storage, uri: str) -> dict:
+    return load_model(storage, uri)[0].state_dict()
+
+
+def _records(path: Path) -> list[dict]:
+    return [{k: v for k, v in json.loads(line).items() if k not in ("time", "frames_per_s",
+                                                                     "compute_s", "data_wait_s")}
+            for line in path.read_text().splitlines()]
+
+
+def test_resume_equals_uninterrupted_bitwise(tmp_path, local_cfg):
+    """A training killed mid-pass resumes from its checkpoint and ends with the same model."""
+    splits = {"labeled": {"utts": 24, "parts": 2}, "unlabeled": {"utts": 48, "parts": 2, "soft_k": 3},
+              "dev": {"utts": 8, "parts": 1}}
+    _synthetic(str(tmp_path / "store"), **splits)
+    common = [*SSL, "train.checkpoint_every=3"]
+    ref = _train(local_cfg, *common, "train.tag=ref")
+    # die two minibatches after a checkpoint taken in the middle of a pass
+    ends = np.cumsum(ref["minibatches_per_pass"])
+    fail = next(s + 2 for s in range(3, int(ends[-1]), 3)
+                if not any(e - 2 <= s <= e for e in ends))
+    killed = _train(local_cfg, *common, "train.tag=resumed", f"train.fail_after={fail}",
+                    expect=InjectedFailure)
+    assert f"minibatch {fail}" in str(killed)
+    ckpt_dir = tmp_path / "store" / "runs" / "r" / "train-resumed" / "checkpoints"
+    last = json.loads((ckpt_dir / "latest.json").read_text())
+    assert last["step"] == fail - 2 and last["batch"] > 0
+    resumed = _train(local_cfg, *common, "train.tag=resumed", f"train.fail_after={fail}")
+    assert resumed["resumed_from_step"] == last["step"]
+    assert sum(resumed["minibatches_per_pass"]) == resumed["metrics"]["steps"] > fail
+    st = Storage()
+    a, b = (_weights(st, s["metrics"]["model_uri"]) for s in (ref, resumed))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    run = tmp_path / "store" / "runs" / "r"
+    assert _records(run / "train-ref" / "metrics.jsonl") == \
+        _records(run / "train-resumed" / "metrics.jsonl")
+    assert resumed["metrics"]["dev_frame_acc"] == ref["metrics"]["dev_frame_acc"]
+    # a changed training knob cannot silently continue someone else's checkpoint
+    (run / "train-resumed" / "_SUCCESS.json").unlink()
+    err = _train(local_cfg, *common, "train.tag=resumed", "train.lr=0.5", expect=StepError)
+    assert "--force" in str(err) and "lr" in str(err)
+
+
+def test_nonfinite_loss_stops_the_step_and_keeps_the_model(tmp_path, local_cfg):
+    root = str(tmp_path / "store")
+    _synthetic(root, labeled={"utts": 40, "parts": 2})
+    # a third partition holding one utterance whose features are NaN
+    means = np.random.default_rng(1).standard_normal((8, 16)).astype(np.float32)
+    rows = synthetic_rows(20, means, 3, 7, "labeled")
+    rows[3]["feats"] = np.full((rows[3]["num_frames"], 48), np.nan, np.float16).tobytes()
+    Storage().write_parquet(join(root, "runs", "r", "repartition", "labeled", "part-00002.parquet"),
+                            rows_table(rows))
+    for seed in range(4):  # until the bad minibatch comes after the first checkpoint
+        tag = f"s{seed}"
+        err = _train(local_cfg, *TEACHER, "train.checkpoint_every=1", "train.shuffle_partitions=1",
+                     f"train.seed={seed}", f"train.tag={tag}", expect=StepError)
+        assert "non-finite loss" in str(err) and "was not updated" in str(err)
+        train_dir = Path(root) / "runs" / "r" / f"train-{tag}"
+        assert not (train_dir / "model.pt").exists() and not (train_dir / "_SUCCESS.json").exists()
+        if (train_dir / "checkpoints" / "latest.json").exists():
+            break
+        assert "no checkpoint" in str(err)
+    latest = json.loads((train_dir / "checkpoints" / "latest.json").read_text())
+    assert f"checkpoint {latest['name']}" in str(err)
+    state = torch.load(train_dir / "checkpoints" / latest["name"] / "rank-0.pt", weights_only=False)
+    assert all(torch.isfinite(v).all() for v in state["model"].values())
+
+
+def test_distillation_from_topk_targets_trains_a_student(tmp_path, local_cfg):
+    """Scheduled learning on soft top-k targets, with very little labeled data."""
+    root = str(tmp_path / "store")
+    _synthetic(root, labeled={"utts": 4, "parts": 1},
+               unlabeled={"utts": 400, "parts": 2, "soft_k": 4}, dev={"utts": 16, "parts": 1})
+    # (the synthetic phones carry no information about their successors, so a long
+    # look-ahead only makes the task harder here)
+    knobs = ["train.checkpoint_every=1000", "train.lr=0.02", "model.student.lookahead=1"]
+    out = _train(local_cfg, *SSL, *knobs, "train.sub_epochs=4", "train.labeled_lr_scale=1.0")
+    m = out["metrics"]
+    assert m["dev_frame_acc"] > 0.9, m
+    recs = _records(Path(root) / "runs" / "r" / "train" / "metrics.jsonl")
+    soft = [r for r in recs if r.get("kind") == "train" and r["data"] == "unlabeled"]
+    assert soft[-1]["loss"] < 0.6 * soft[0]["loss"]
+    # the student alone (4 labeled utterances, same schedule) does much worse
+    sup = _train(local_cfg, *knobs, "train.model=student", "train.recipe=labeled",
+                 "train.epochs=4", "train.finetune_epochs=1", "train.tag=sup")
+    assert m["dev_frame_acc"] > sup["metrics"]["dev_frame_acc"] + 0.05
+
+
+def test_teacher_trained_by_amflow_train(tmp_path):
+    """`amflow train` on a learnable synthetic task: high dev frame accuracy, all outputs."""
+    root = tmp_path / "store"
+    _synthetic(str(root))
+    cmd = [*amflow_bin().split(), "train", "--config", str(ROOT / "configs" / "local.yaml"),
+           "--run-id", "r", "--set", f"storage.root={root}"]
+    for o in [*TINY, *TEACHER, "train.tag=teacher", "train.checkpoint_every=10"]:
+        cmd += ["--set", o]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads(proc.stdout.strip().splitlines()[-1].split(" ", 1)[1])
+    assert summary["metrics"]["dev_frame_acc"] > 0.95, summary["metrics"]
+    assert "frames_per_s" in summary["metrics"] and "[train teacher]" in proc.stderr
+    out = root / "runs" / "r" / "train-teacher"
+    for name in ("model.pt", "metrics.jsonl", "learning_curve.png", "_SUCCESS.json"):
+        assert (out / name).exists(), name
+    success = json.loads((out / "_SUCCESS.json").read_text())
+    assert success["counts"] == {"in": 60, "out": 60, "rejected": 0}
+    assert success["metrics"]["dev_frame_acc"] == summary["metrics"]["dev_frame_acc"]
+    recs = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    first = recs[0]
+    for key in ("loss", "frame_acc", "lr", "frames_per_s", "bytes_sent", "comm_seconds",
+                "frames_seen"):
+        assert key in first
+    assert sorted({r["offset"] for r in recs if r["kind"] == "train"}) == [0, 1, 2]
+    assert {r["mode"] for r in recs if r["kind"] == "train"} == {"chunk", "full"}
+    model, meta = load_model(Storage(), str(out / "model.pt"))
+    assert meta["spec"]["kind"] == "teacher" and len(meta["phones"]) == model.num_classes
+    assert meta["cmvn"]["count"] > 0 and meta["features"]["stack"] == 3
+    # a finished training is not redone
+    again = subprocess.run(cmd + ["--set", "train.tag=teacher"], capture_output=True, text=True,
+                           timeout=300, cwd=ROOT)
+    assert again.returncode == 0 and "already finished" in again.stderr
+
+
+def _rank_entry(rank: int, world: int, plan: dict) -> dict:
+    return train_worker(plan)
+
+
+def test_train_worker_on_two_ranks(tmp_path, local_cfg):
+    """The same worker function inside an initialised torch.distributed group."""
+    from training.distributed import spawn_local
+
+    root = str(tmp_path / "store")
+    _synthetic(root, labeled={"utts": 40, "parts": 2}, dev={"utts": 6, "parts": 1})
+    cfg = local_cfg(*TINY, *TEACHER, "train.epochs=2", "train.workers=2",
+                    "train.algorithm=sgd", "train.checkpoint_every=6")
+    ctx = StepContext(cfg, "r", "train")
+    plan, _ = launch.build_plan(ctx, ctx.step_uri)
+    plan["progress"] = False
+    results = spawn_local(_rank_entry, 2, plan, timeout=300)
+    assert [r["rank"] for r in results] == [0, 1] and results[0]["world"] == 2
+    m = results[0]["metrics"]
+    assert m["workers"] == 2 and m["algo_bytes_sent"] > 0
+    assert results[0]["counts"] == {"in": 40, "out": 40, "rejected": 0}
+    ckpt = Path(root) / "runs" / "r" / "train" / "checkpoints"
+    latest = json.loads((ckpt / "latest.json").read_text())
+    assert latest["world"] == 2
+    assert {p.name for p in (ckpt / latest["name"]).iterdir()} == {"rank-0.pt", "rank-1.pt"}
+    assert m["dev_frame_acc"] > 0.8
