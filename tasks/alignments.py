@@ -6,7 +6,7 @@ Public functions (also used by `amflow evaluate`):
         Kaldi CTM lines `utt_id channel start_s duration_s phone [confidence]` ->
         {utt_id: Alignment(starts, ends, phones)} sorted by start, and a list of
         (line number, utt_id, message) for malformed lines (those utterances are dropped
-        whole: a partial alignment would mislabel frames).
+        whole: a partial alignment would mislabel frames). Zero-length segments are skipped.
     ctm_utt_ids(text) -> set[str]
         The utterance ids a CTM covers (cheap; used by `select` to infer splits).
     parse_phones_txt(text) -> list[str]
@@ -72,9 +72,11 @@ def read_ctm(text: str) -> tuple[dict[str, Alignment], list[tuple[int, str, str]
             errors.append((lineno, utt, f"line {lineno}: start/duration not numbers: {s[:80]}"))
             bad.setdefault(utt, (lineno, "bad number"))
             continue
-        if not (math.isfinite(start) and math.isfinite(dur)) or start < 0 or dur <= 0:
+        if not (math.isfinite(start) and math.isfinite(dur)) or start < 0 or dur < 0:
             errors.append((lineno, utt, f"line {lineno}: bad start {start} or duration {dur}"))
             bad.setdefault(utt, (lineno, "bad interval"))
+            continue
+        if dur == 0:  # an empty segment labels no frame
             continue
         raw.setdefault(utt, []).append((start, start + dur, parts[4]))
     out: dict[str, Alignment] = {}

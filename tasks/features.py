@@ -213,6 +213,20 @@ def process_shard(ctx: StepContext, shard_id: str, payload: dict[str, Any]) -> d
         if not batch:
             return
         feats = fbank([w for _, w in batch], fcfg, computer)
+        # Non-finite fbank frames (absurd sample values) are rejected before they can
+        # poison the speaker's CMN window; the rest of the stream goes on without them.
+        keep = []
+        for (rec, wave), f in zip(batch, feats):
+            bad = int(f.size - np.count_nonzero(np.isfinite(f)))
+            if bad:
+                reject(rec, "nonfinite_features", f"{bad} non-finite fbank values")
+            else:
+                keep.append(((rec, wave), f))
+        batch = [b for b, _ in keep]
+        feats = [f for _, f in keep]
+        if not batch:
+            batch_samples = 0
+            return
         # one CMN call per run of consecutive utterances of one speaker
         i = 0
         while i < len(batch):

@@ -128,3 +128,20 @@ def test_killed_features_rerun_matches_clean_run(tmp_path, local_cfg, ray_local)
     cm = [(tmp_path / "store" / "runs" / r / "features" / "cmvn.json").read_text()
           for r in ("clean", "crash")]
     assert cm[0] == cm[1]
+
+
+def test_resampled_and_downmixed_audio_survive_a_poisoned_stream(corpus, local_cfg, ray_local,
+                                                                tmp_path):
+    """b_rate (8 kHz) and b_stereo share a speaker stream with b_huge (inf fbank): they are
+    resampled/downmixed and featurised, and the inf utterance does not poison their CMN."""
+    root, info = corpus
+    cfg = local_cfg(f"data.corpus={root}", "select.shard_hours=0.0005")
+    _, feat = _steps(cfg, "f2", "select", "features")
+    reasons = feat["metrics"]["reject_reasons"]
+    assert reasons["nonfinite_features"] == 1
+    assert "wrong_sample_rate" not in reasons and "wrong_channels" not in reasons
+    rows = {r["utt_id"]: r for rs in _feature_rows(tmp_path / "store", "f2").values()
+            for r in rs}
+    for utt in ("b_rate", "b_stereo"):
+        x = records.decode_feats(rows[utt])
+        assert x.shape == (32, 192) and np.isfinite(x).all()
