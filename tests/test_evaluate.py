@@ -1,0 +1,184 @@
+"""`amflow evaluate`: scoring maths, and a corpus -> features -> model -> report round trip."""
+from __future__ import annotations
+
+import json
+import random
+
+import numpy as np
+import pytest
+import soundfile as sf
+import torch
+
+from amflow import records
+from amflow.cli import SUMMARY_PREFIX, main
+from amflow.runs import StepContext
+from amflow.storage import Storage, join
+from training import launch
+from training.data import cmvn_stats, rows_table
+from training.evaluate import (UttScore, aggregate, collapse, edit_distance, relative_error_reduction,
+                               score_utterance)
+from tests.conftest import ROOT
+
+torch.set_num_threads(1)
+
+
+def _levenshtein(a, b):
+    d = [[i + j if i * j == 0 else 0 for j in range(len(b) + 1)] for i in range(len(a) + 1)]
+    for i in range(1, len(a) + 1):
+        for j in range(1, len(b) + 1):
+            d[i][j] = min(d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + (a[i - 1] != b[j - 1]))
+    return d[-1][-1]
+
+
+def test_collapse_and_edit_distance():
+    assert collapse([3, 3, 1, 1, 1, 3, 2, 2]).tolist() == [3, 1, 3, 2]
+    assert collapse([]).tolist() == []
+    rng = random.Random(0)
+    for _ in range(200):
+        a = [rng.randrange(4) for _ in range(rng.randrange(0, 12))]
+        b = [rng.randrange(4) for _ in range(rng.randrange(0, 12))]
+        assert edit_distance(a, b) == _levenshtein(a, b)
+
+
+def test_score_utterance_frames_and_collapsed_phones():
+    ref = np.array([0, 0, 1, 1, 2, 2])
+    s = score_utterance(np.array([0, 0, 1, 2, 2, 2]), ref, "DP1")
+    assert (s.frames, s.correct, s.ref_phones, s.edits) == (6, 5, 3, 0)  # same phone string
+    s = score_utterance(np.array([0, 2, 1, 1, 2, 2]), ref, "DP1")
+    assert (s.correct, s.edits) == (5, 1)  # "0 2 1 2" vs "0 1 2": one insertion
+    with pytest.raises(ValueError):
+        score_utterance(np.zeros(5), ref, "DP1")
+
+
+def test_aggregate_and_relative_reduction():
+    scores = [UttScore("DP1", 10, 9, 4, 1), UttScore("DP1", 10, 7, 4, 0),
+              UttScore("DP5", 20, 10, 8, 4)]
+    r = aggregate(scores)
+    assert r["frame_accuracy"] == pytest.approx(26 / 40) and r["num_frames"] == 40
+    assert r["per_condition"] == {"DP1": pytest.approx(0.8), "DP5": pytest.approx(0.5)}
+    assert r["per_condition_per"] == {"DP1": pytest.approx(1 / 8), "DP5": pytest.approx(0.5)}
+    assert r["per"] == pytest.approx(5 / 16) and r["num_utterances"] == 3
+    red = relative_error_reduction({"DP1": 0.8, "DP5": 0.5}, {"DP1": 0.9, "DP5": 0.5})
+    assert red == {"DP1": pytest.approx(0.5), "DP5": 0.0}
+
+
+# ---------------------------------------------------------------- a tone "speech" corpus
+PHONES = ["a", "e", "i", "o", "u", "s"]
+FREQS = [300.0, 550.0, 900.0, 1400.0, 2100.0, 3200.0]
+SR = 16000
+
+
+def _utterance(rng, snr_db):
+    segs, t, wave = [], 0.0, []
+    prev = -1
+    while t < rng.uniform(0.9, 1.4):
+        p = int(rng.integers(len(PHONES)))
+        if p == prev:
+            continue
+        dur = round(float(rng.uniform(0.06, 0.15)), 3)
+        n = int(round(dur * SR))
+        tt = np.arange(n) / SR
+        wave.append(0.3 * np.sin(2 * np.pi * FREQS[p] * tt) * (1 + 0.3 * np.sin(2 * np.pi * 3 * tt)))
+        segs.append((t, dur, PHONES[p]))
+        t += dur
+        prev = p
+    x = np.concatenate(wave)
+    noise = rng.standard_normal(len(x)) * np.sqrt(np.mean(x**2) / 10 ** (snr_db / 10))
+    return (x + noise).astype(np.float32), segs
+
+
+def _write_corpus(root, rng):
+    """Speakers s0..s2 train (labeled), t0..t1 test in DP1 and DP3; two bad test records."""
+    meta, ctm, train = [], [], []
+    for spk, split, n in [("s0", "labeled", 10), ("s1", "labeled", 10), ("s2", "labeled", 10),
+                          ("t0", "test", 6), ("t1", "test", 6)]:
+        for i in range(n):
+            cond = "DP1" if i % 2 == 0 else "DP3"
+            x, segs = _utterance(rng, 30.0 if cond == "DP1" else 8.0)
+            utt = f"{spk}-{i:02d}"
+            sf.write(str(root / "audio" / f"{utt}.wav"), x, SR, subtype="PCM_16")
+            meta.append({"utt_id": utt, "speaker_id": spk, "duration": len(x) / SR,
+                         "created_at": f"2024-01-01T00:{i:02d}:00", "locale": "en-US",
+                         "audio_uri": f"audio/{utt}.wav", "condition": cond, "split": split})
+            ctm += [f"{utt} 1 {s:.3f} {d:.3f} {p}" for s, d, p in segs]
+            if split == "labeled":
+                train.append((spk, x, segs, cond, utt))
+    meta.append({"utt_id": "t9-missing-audio", "speaker_id": "t9", "duration": 1.0,
+                 "created_at": "2024-01-01T00:00:00", "locale": "en-US",
+                 "audio_uri": "audio/nope.wav", "condition": "DP1", "split": "test"})
+    ctm.append("t9-missing-audio 1 0.000 0.500 a")
+    meta.append(dict(meta[-2], utt_id="t0-no-ctm"))  # same audio, no alignment lines
+    (root / "metadata.jsonl").write_text("".join(json.dumps(m) + "\n" for m in meta))
+    (root / "alignments.ctm").write_text("\n".join(ctm) + "\n")
+    return train
+
+
+def _featurise_training_run(run_root, train, fcfg):
+    """What select -> features -> repartition would write, via the same public functions."""
+    from tasks import alignments as al
+    from tasks.features import featurize_stream
+    from tasks.fbank import FbankComputer
+
+    inventory = PHONES + [al.UNK]
+    ids = {p: i for i, p in enumerate(inventory)}
+    computer = FbankComputer(fcfg)
+    rows = []
+    for spk in sorted({t[0] for t in train}):
+        items = [t for t in train if t[0] == spk]
+        feats = featurize_stream([t[1] for t in items], fcfg, computer)
+        for (_, x, segs, cond, utt), f in zip(items, feats):
+            starts = np.array([s for s, _, _ in segs])
+            ends = np.array([s + d for s, d, _ in segs])
+            pid = np.array([ids[p] for _, _, p in segs])
+            fl, reason, _ = al.frame_labels_ids(starts, ends, pid, computer.num_frames(len(x)), fcfg)
+            assert fl is not None, reason
+            rows.append({"utt_id": utt, "speaker_id": spk, "split": "labeled", "condition": cond,
+                         "shard": "s", **records.encode_feats(f, "float16"),
+                         "labels": records.encode_int16(al.lfr_labels(fl, len(f), 3, 3)),
+                         "frame_labels": records.encode_int16(fl)})
+    st = Storage()
+    tables = [rows_table(rows[0::2]), rows_table(rows[1::2])]
+    for i, t in enumerate(tables):
+        st.write_parquet(join(run_root, "repartition", "labeled", f"part-{i:05d}.parquet"), t)
+    st.write_json(join(run_root, "features", "cmvn.json"), cmvn_stats(tables))
+    st.write_json(join(run_root, "features", "phones.json"), inventory)
+    for step in ("features", "repartition"):
+        st.write_json(join(run_root, step, "_SUCCESS.json"), {"step": step})
+
+
+def test_evaluate_a_trained_teacher_on_a_corpus(tmp_path, local_cfg, capsys):
+    corpus = tmp_path / "corpus"
+    (corpus / "audio").mkdir(parents=True)
+    train = _write_corpus(corpus, np.random.default_rng(0))
+    store = tmp_path / "store"
+    cfg = local_cfg("train.model=teacher", "train.epochs=4", "train.finetune_epochs=1",
+                    "train.lr=0.01", "train.final_lr=0.002", "train.minibatch_frames=512",
+                    "model.teacher.layers=1", "model.teacher.hidden=32", "train.threads=1",
+                    "train.checkpoint_every=1000")
+    _featurise_training_run(str(store / "runs" / "r"), train, cfg.features)
+    launch.run(StepContext(cfg, "r", "train"), None)
+    capsys.readouterr()
+    out = tmp_path / "result.json"
+    argv = ["evaluate", "--config", str(ROOT / "configs" / "local.yaml"), "--run-id", "r",
+            "--data", str(corpus), "--split", "test", "--out", str(out),
+            "--set", f"storage.root={store}"]
+    assert main(argv + ["--set", f"evaluate.baseline={store}/runs/r/train/model.pt"]) == 0
+    printed = capsys.readouterr().out
+    summary = json.loads(printed.strip().splitlines()[-1][len(SUMMARY_PREFIX):])
+    res = json.loads(out.read_text())
+    assert set(res["per_condition"]) == {"DP1", "DP3"} and res["num_utterances"] == 12
+    assert res["frame_accuracy"] > 0.8, res
+    assert res["per_condition"]["DP1"] >= res["per_condition"]["DP3"] - 0.02
+    assert 0 <= res["per"] < 0.5 and set(res["per_condition_per"]) == {"DP1", "DP3"}
+    assert res["rejected"] == {"missing_audio": 1, "missing_alignment": 1}
+    assert res["rel_frame_error_reduction"]["all"] == 0.0  # the baseline is the same model
+    assert res["num_frames"] == sum(res["per_condition_frames"].values())
+    success = json.loads((store / "runs" / "r" / "evaluate" / "_SUCCESS.json").read_text())
+    assert success["counts"] == {"in": 14, "out": 12, "rejected": 2}
+    assert summary["metrics"]["frame_accuracy"] == res["frame_accuracy"]
+    assert "DP3" in printed  # the per-condition table
+    # the default --out and a tag: evaluate-<tag>/result.json, model from train-<tag>
+    assert main(argv[:-4] + ["--set", f"storage.root={store}", "--set", "evaluate.tag=x",
+                             "--model", str(store / "runs" / "r" / "train" / "model.pt")]) == 0
+    again = json.loads((store / "runs" / "r" / "evaluate-x" / "result.json").read_text())
+    assert again["frame_accuracy"] == res["frame_accuracy"]
