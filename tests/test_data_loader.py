@@ -51,7 +51,13 @@ def test_chunks_have_context_budget_and_correct_labels(run):
     plan = plan_pass(idx, spec)
     pieces = np.concatenate([b for w in plan.windows for b in w.batches])
     assert ((pieces[:, 4] - pieces[:, 3]) <= 8).all()
-    assert (pieces[:, 3] - pieces[:, 1] <= 3).all() and (pieces[:, 2] - pieces[:, 4] <= 2).all()
+    rows = idx.frames[pieces[:, 0]] - 1  # offset 1
+    # windows hold the chunk and keep the full length (8 + 3 + 2) inside the utterance
+    assert ((pieces[:, 1] <= pieces[:, 3]) & (pieces[:, 4] <= pieces[:, 2])).all()
+    assert (pieces[:, 2] - pieces[:, 1] == np.minimum(13, rows)).all()
+    assert (pieces[:, 2] <= rows).all() and (pieces[:, 1] >= 0).all()
+    inner = (pieces[:, 3] >= 3) & (pieces[:, 4] + 2 <= rows)  # chunks away from the edges
+    assert (pieces[inner, 3] - pieces[inner, 1] == 3).all()
     assert all(len(b) <= 64 // 8 for w in plan.windows for b in w.batches)
     # chunks of many utterances are mixed within a minibatch
     assert len(set(plan.windows[0].batches[0][:, 0].tolist())) > 2

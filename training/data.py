@@ -13,7 +13,8 @@ Two stages, so that a pass is fully determined before any feature is read:
 2. `plan_pass` turns the index and a `PassSpec` into windows of `shuffle_partitions`
    partitions, each with its list of minibatches (which rows and frame ranges). Chunked
    mode cuts every utterance into `chunk_frames` sub-sequences (plus unscored left/right
-   context frames) and shuffles the chunks of all utterances in the window; a minibatch
+   context frames; at an utterance's edges the window slides so that it keeps the full
+   length) and shuffles the chunks of all utterances in the window; a minibatch
    holds `minibatch_frames // chunk_frames` chunks. Full-sequence mode batches whole
    utterances of similar length up to `minibatch_frames` padded frames. The plan depends
    only on (seed, pass, rank), so a resumed run skips exactly the minibatches it did.
@@ -297,8 +298,12 @@ def _chunk_batches(members: np.ndarray, rows: np.ndarray, spec: PassSpec,
         ends = np.minimum(starts + c, r)
         p = np.empty((len(starts), 5), np.int64)
         p[:, 0] = u
-        p[:, 1] = np.maximum(starts - spec.left_context, 0)
-        p[:, 2] = np.minimum(ends + spec.right_context, r)
+        # Every input window has the same length W (when the utterance is that long):
+        # at the edges of an utterance the missing context is taken from the other side,
+        # so a bidirectional model needs no packing for chunk minibatches.
+        w = c + spec.left_context + spec.right_context
+        p[:, 1] = np.clip(starts - spec.left_context, 0, max(r - w, 0))
+        p[:, 2] = np.minimum(p[:, 1] + w, r)
         p[:, 3] = starts
         p[:, 4] = ends
         pieces.append(p)
