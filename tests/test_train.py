@@ -191,3 +191,32 @@ def test_train_worker_on_two_ranks(tmp_path, local_cfg):
     assert latest["world"] == 2
     assert {p.name for p in (ckpt / latest["name"]).iterdir()} == {"rank-0.pt", "rank-1.pt"}
     assert m["dev_frame_acc"] > 0.8
+
+
+def test_max_change_caps_each_tensor_update():
+    from training.loop import MaxChangeOptimizer
+
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(4, 3)
+    opt = MaxChangeOptimizer(torch.optim.SGD(lin.parameters(), lr=10.0), max_change=0.01)
+    before = [p.detach().clone() for p in lin.parameters()]
+    lin(torch.randn(8, 4)).pow(2).sum().backward()
+    opt.step()
+    for b, p in zip(before, lin.parameters()):
+        assert float((p.detach() - b).norm()) == pytest.approx(0.01, rel=1e-4)
+    assert opt.capped == 2 and opt.param_groups[0]["lr"] == 10.0
+    assert opt.state_dict()["param_groups"][0]["lr"] == 10.0
+
+
+def test_newbob_stops_early_and_fine_tunes(tmp_path, local_cfg):
+    _synthetic(str(tmp_path / "store"), labeled={"utts": 30, "parts": 2},
+               dev={"utts": 8, "parts": 1})
+    out = _train(local_cfg, *TEACHER, "train.epochs=8", "train.finetune_epochs=1",
+                 "train.schedule=newbob", "train.newbob_threshold=0.5", "train.min_lr=0.004",
+                 "train.checkpoint_every=1000", "train.max_change=0.5")
+    units = [r for r in _records(tmp_path / "store" / "runs" / "r" / "train" / "metrics.jsonl")
+             if r["kind"] == "unit"]
+    actions = [u["schedule"].get("action") for u in units]
+    assert "halve" in actions and "stop" in actions
+    assert units[-1]["unit"] == 7  # jumped to the fine-tuning epoch
+    assert len(units) < 8 and out["metrics"]["newbob_halvings"] >= 1

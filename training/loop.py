@@ -385,7 +385,12 @@ def train_worker(plan: dict[str, Any]) -> dict[str, Any]:
     metrics = MetricsLog(storage, train_dir, enabled=(rank == 0))
     state = TrainState()
     fingerprint = _fingerprint(wc, plan)
-    saved = ckpt.load()
+    latest = ckpt.latest()
+    if latest is not None and int(latest.get("world", 1)) != world:
+        raise StepError(f"{train_dir} holds a checkpoint written by {latest.get('world')} "
+                        f"workers; this training has {world}: re-run with --force to start "
+                        "over, or use another train.tag")
+    saved = ckpt.load(latest) if latest is not None else None
     resumed_from = None
     if saved is not None:
         if saved["fingerprint"] != fingerprint:
