@@ -205,7 +205,8 @@ class FbankComputer:
                 k = min(nf - j, C - fill)
                 dst = buf[fill:fill + k, :L]
                 np.subtract(view[j:j + k], dc[j:j + k, None], out=dst)
-                dst[:, 0] = first[j:j + k]
+                dst *= self.win  # while the rows are still in cache
+                dst[:, 0] = first[j:j + k] * self.win[0]
                 fill += k
                 j += k
                 if fill == C:
@@ -224,8 +225,7 @@ class FbankComputer:
         return res
 
     def _flush(self, n: int, dst: np.ndarray) -> None:
-        frames = self._buf[:n]
-        frames[:, : self.length] *= self.win
+        frames = self._buf[:n]  # already windowed
         lo, hi = 2 * self.lo_bin, 2 * self.hi_bin
         if self._torch is not None:
             torch = self._torch

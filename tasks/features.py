@@ -92,26 +92,34 @@ class StreamCMN:
             return x.astype(np.float32, copy=True)
         h = self.hist.shape[0]
         ext = np.concatenate([self.hist, x]) if h else np.asarray(x, dtype=np.float32)
-        # float32 prefix sums of (ext - ref): centred, so they stay small and exact enough
-        ref = ext[: min(len(ext), 100)].mean(axis=0, dtype=np.float64).astype(np.float32)
-        cs = np.zeros((ext.shape[0] + 1, ext.shape[1]), dtype=np.float32)
-        np.cumsum(ext - ref, axis=0, out=cs[1:])
-        t = self.seen + np.arange(n)                      # global frame index
-        end = h + np.arange(n) + 1                        # exclusive end in ext
-        start = np.maximum(0, t - self.window + 1) - (self.seen - h)
-        mean = cs[end]
-        mean -= cs[start]
-        mean /= (end - start).astype(np.float32)[:, None]
-        cold = (t + 1) < self.min_window
-        if cold.any():
+        m, d = ext.shape
+        W = self.window
+        # Prefix sums along time, in a [dim, time] layout (numpy's cumsum is ~5x faster
+        # along the contiguous axis), of (ext - ref): centred, so float32 stays exact enough.
+        ref = ext[: min(m, 100)].mean(axis=0, dtype=np.float64).astype(np.float32)
+        cs = np.empty((d, m + 1), dtype=np.float32)
+        cs[:, 0] = 0.0
+        np.subtract(ext.T, ref[:, None], out=cs[:, 1:])
+        np.cumsum(cs[:, 1:], axis=1, out=cs[:, 1:])
+        # New frame j (global t = seen + j) averages ext[s_j : h + j + 1] with
+        # s_j = max(0, j - g), g = W - 1 - h: the last W frames, fewer at a stream's start.
+        g = W - 1 - h
+        win = cs[:, h + 1:h + n + 1].copy()
+        if n > g + 1:
+            win[:, g + 1:] -= cs[:, 1:n - g]
+        j = np.arange(n)
+        cnt = np.where(j <= g, h + 1 + j, W).astype(np.float32)
+        win /= cnt
+        cold = max(0, min(n, self.min_window - 1 - self.seen))  # frames t + 1 < min_window
+        if cold:
             if self._cold_mean is None:
-                k = min(self.min_window, ext.shape[0])
+                k = min(self.min_window, m)
                 if k >= self.min_window or final:
-                    self._cold_mean = cs[k] / np.float32(k) + ref
+                    self._cold_mean = cs[:, k] / np.float32(k) + ref
             if self._cold_mean is not None:
-                mean[cold] = self._cold_mean - ref
+                win[:, :cold] = (self._cold_mean - ref)[:, None]
         out = x - ref
-        out -= mean
+        out -= win.T
         keep = self.window - 1
         self.hist = ext[-keep:].astype(np.float32, copy=True) if keep else ext[:0]
         self.seen += n
