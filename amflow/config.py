@@ -412,6 +412,8 @@ class RunnerConfig:
     state_dir: str = ""
     # Give up (stop the job, fail the try) after this many seconds; 0 = no limit.
     step_timeout_s: float = 0.0
+    # Extra environment variables for the step (a Ray job's runtime_env env_vars).
+    env: dict[str, str] = field(default_factory=dict)
 
     def validate(self, key: str) -> None:
         _check(self.mode in ("local", "ray_job"), f"{key}.mode", "must be local or ray_job")
