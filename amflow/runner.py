@@ -323,9 +323,9 @@ class RayJobBackend:
 def make_backend(cfg, state_dir: Path | None = None):
     r = cfg.runner
     if r.mode == "ray_job":
-        return RayJobBackend(r.ray_dashboard, cwd=r.workdir or None)
+        return RayJobBackend(r.ray_dashboard, cwd=r.workdir or None, env=dict(r.env))
     return LocalBackend(state_dir or Path(r.state_dir or default_state_dir()),
-                        cwd=r.workdir or str(PROJECT_ROOT))
+                        cwd=r.workdir or str(PROJECT_ROOT), env=dict(r.env))
 
 
 # ----------------------------------------------------------------------------- following

@@ -1,0 +1,307 @@
+"""amflow.runner: local detached jobs, Ray jobs, stable ids, re-attach, stop on kill."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from amflow import runner as R
+
+ROOT = Path(__file__).resolve().parents[1]
+FAKE = ROOT / "tests" / "fake_amflow.py"
+PY = sys.executable
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture()
+def fake_env(tmp_path, monkeypatch):
+    """A config whose runner runs tests/fake_amflow.py, and a plan file for its steps."""
+    plan = tmp_path / "plan.json"
+    plan.write_text("{}")
+    monkeypatch.setenv("AMFLOW_FAKE_PLAN", str(plan))
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text(json.dumps({
+        "storage": {"root": str(tmp_path / "store")},
+        "data": {"corpus": str(tmp_path / "store" / "corpus")},
+        "runner": {"mode": "local", "command": [PY, str(FAKE)], "poll_s": 0.2,
+                   "max_wait_per_try_s": 30, "state_dir": str(tmp_path / "jobs")},
+    }))
+
+    def set_plan(**steps):
+        plan.write_text(json.dumps(steps))
+
+    return cfg, set_plan, tmp_path
+
+
+def _calls(tmp_path: Path, run_id: str) -> list[dict]:
+    path = tmp_path / "store" / "runs" / run_id / "_calls.jsonl"
+    return [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
+
+
+def _local_runner(tmp_path: Path, lines: list[str]):
+    backend = R.LocalBackend(tmp_path / "jobs")
+    return R.StepRunner(backend, tmp_path / "jobs", poll_s=0.1, emit=lines.append)
+
+
+def test_ids_are_stable_and_path_safe():
+    a = R.amflow_run_id("ssl_student", "manual__2026-01-01T00:00:00+00:00")
+    assert a == R.amflow_run_id("ssl_student", "manual__2026-01-01T00:00:00+00:00")
+    assert "/" not in a and ":" not in a and "+" not in a
+    assert a != R.amflow_run_id("ssl_student", "manual__2026-01-01T00:00:00-00:00")
+    j1 = R.job_id("ssl_student", "manual__x", "train", 1)
+    assert j1 == R.job_id("ssl_student", "manual__x", "train", 1)
+    assert j1 != R.job_id("ssl_student", "manual__x", "train", 2)
+    assert j1 != R.job_id("ssl_student", "manual__y", "train", 1)
+    assert len(R.job_id("d" * 300, "r" * 300, "t" * 300, 12)) < 100
+
+
+def test_step_command_and_summary_parsing():
+    argv = R.step_command(["amflow"], "train", config="configs/local.yaml", run_id="r1",
+                          overrides=["train.workers=2"], extra_args=["--model", "m.pt"],
+                          force=True)
+    assert argv == ["amflow", "train", "--config", "configs/local.yaml", "--run-id", "r1",
+                    "--set", "train.workers=2", "--force", "--model", "m.pt"]
+    text = 'x\nAMFLOW_SUMMARY {"a": 1}\nnoise\nAMFLOW_SUMMARY {"a": 2}\ntrailing\n'
+    assert R.parse_summary(text) == {"a": 2}
+    assert R.parse_summary("no summary here") is None
+    assert R.model_uri({"uri": "s3://b/runs/r/train"}) == "s3://b/runs/r/train/model.pt"
+    assert R.model_uri({"model_uri": "s3://m.pt", "uri": "x"}) == "s3://m.pt"
+
+
+def test_try_budget_is_capped_by_the_token_lifetime(monkeypatch):
+    monkeypatch.setenv("AIRFLOW__EXECUTION_API__JWT_EXPIRATION_TIME", "60")
+    assert R.try_budget_s(600, 5) == 30
+    assert R.try_budget_s(10, 5) == 10
+    assert R.try_budget_s(1, 5) == 5
+
+
+def test_local_job_follow_in_short_tries_reattaches_without_duplicates(fake_env):
+    cfg, set_plan, tmp = fake_env
+    set_plan(features={"seconds": 3, "lines": 6})
+    argv = R.step_command([PY, str(FAKE)], "features", config=str(cfg), run_id="r1")
+    lines: list[str] = []
+    first = _local_runner(tmp, lines)
+    out = first.run("job-a", argv, budget_s=0.8)
+    assert out.submitted and out.status == R.RUNNING and not out.done
+    # A second caller (a later poke, another process) re-attaches to the same job.
+    pokes = 1
+    while not out.done:
+        again = _local_runner(tmp, lines)
+        out = again.run("job-a", argv, budget_s=0.8)
+        assert not out.submitted
+        pokes += 1
+    assert pokes >= 3 and out.pokes == pokes
+    assert out.ok and out.summary["step"] == "features" and out.summary["run_id"] == "r1"
+    progress = [x for x in lines if "shards (" in x]
+    assert progress == [f"[features] {i}/6 shards ({100 * i // 6}%)" for i in range(1, 7)]
+    assert len(_calls(tmp, "r1")) == 1  # one job, however many pokes
+    assert (tmp / "store" / "runs" / "r1" / "features" / "_SUCCESS.json").exists()
+
+
+def test_local_job_failure_reports_its_last_lines(fake_env):
+    cfg, set_plan, tmp = fake_env
+    set_plan(select={"seconds": 0.2, "fail_times": 1})
+    argv = R.step_command([PY, str(FAKE)], "select", config=str(cfg), run_id="r2")
+    out = _local_runner(tmp, []).run("job-f", argv, budget_s=20)
+    assert out.status == R.FAILED and not out.ok
+    assert any("injected failure" in x for x in out.tail)
+
+
+def test_local_job_outlives_its_submitter_and_stop_ends_it(fake_env):
+    cfg, set_plan, tmp = fake_env
+    set_plan(train={"seconds": 60, "lines": 60})
+    argv = R.step_command([PY, str(FAKE)], "train", config=str(cfg), run_id="r3")
+    code = ("import sys; from pathlib import Path; from amflow import runner as R; "
+            f"b = R.LocalBackend(Path({str(tmp / 'jobs')!r})); "
+            f"print(b.submit('job-s', {argv!r}))")
+    done = subprocess.run([PY, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.stdout.strip() == "True", done.stderr
+    backend = R.LocalBackend(tmp / "jobs")
+    deadline = time.time() + 20
+    while not _calls(tmp, "r3") and time.time() < deadline:
+        time.sleep(0.1)
+    assert backend.status("job-s") == R.RUNNING  # the submitter is gone, the job is not
+    pid = _calls(tmp, "r3")[0]["pid"]
+    assert backend.submit("job-s", argv) is False  # the same id never starts twice
+    assert backend.stop("job-s") is True
+    assert backend.status("job-s") == R.STOPPED
+    time.sleep(0.2)
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+    text, _ = backend.final_logs("job-s")
+    assert "terminated by signal 15" in text
+
+
+def _airflow_step(cfg: Path, try_number: int, **kw) -> R.AirflowStep:
+    return R.AirflowStep(step="repartition", dag_id="ssl_student", airflow_run_id="manual__t",
+                         task_id="repartition", try_number=try_number, config=str(cfg),
+                         overrides=[], emit=lambda line: None, **kw)
+
+
+def test_cleared_finished_step_is_redone_and_retry_adopts_a_running_job(fake_env):
+    cfg, set_plan, tmp = fake_env
+    set_plan(repartition={"seconds": 0.3})
+    s1 = _airflow_step(cfg, 1)
+    out = s1.poke()
+    assert out.ok and out.summary["metrics"]["forced"] is False
+    # Clearing the task (new try) after it finished: the step is redone with --force ...
+    out = _airflow_step(cfg, 2).poke()
+    assert out.ok and out.summary["metrics"]["forced"] is True
+    # ... unless the run asked to resume.
+    out = _airflow_step(cfg, 3, rerun="resume").poke()
+    assert out.ok and out.summary["metrics"]["forced"] is False
+    calls = _calls(tmp, s1.run_id)
+    assert [c["force"] for c in calls] == [False, True, False]
+
+    # A try whose job is still running (its task died without stopping it): the next try
+    # follows that job instead of starting a second one.
+    set_plan(repartition={"seconds": 4, "lines": 4})
+    s4 = _airflow_step(cfg, 4)
+    s4.cfg.runner.max_wait_per_try_s = 0.5
+    s4.cfg.runner.poll_s = 0.1
+    assert not s4.poke().done
+    s5 = _airflow_step(cfg, 5)
+    s5.cfg.runner.max_wait_per_try_s = 30
+    out = s5.poke()
+    assert out.ok and out.job_id == s4.job_id
+    assert len(_calls(tmp, s1.run_id)) == 4
+
+
+def test_runner_cli_runs_a_step_and_sigterm_stops_its_job(fake_env):
+    cfg, set_plan, tmp = fake_env
+    set_plan(select={"seconds": 0.3}, train={"seconds": 60, "lines": 120})
+    done = subprocess.run([PY, "-m", "amflow.runner", "run", "select", "--config", str(cfg),
+                           "--run-id", "cli"], capture_output=True, text=True, timeout=60,
+                          cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    assert R.parse_summary(done.stdout)["step"] == "select"
+    proc = subprocess.Popen([PY, "-m", "amflow.runner", "run", "train", "--config", str(cfg),
+                             "--run-id", "cli", "--job-id", "cli-train"], cwd=ROOT,
+                            stdout=subprocess.PIPE, text=True)
+    seen = []
+    for line in proc.stdout:
+        seen.append(line)
+        if "shards" in line:
+            break
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(timeout=30)
+    assert proc.returncode != 0
+    assert R.LocalBackend(tmp / "jobs").status("cli-train") == R.STOPPED
+
+
+# ----------------------------------------------------------------------------- Ray jobs
+
+@pytest.fixture(scope="module")
+def ray_head(tmp_path_factory):
+    """A local Ray head with the dashboard (job API) on a free port, and pool_c4 = 1."""
+    import secrets
+
+    tmp = tmp_path_factory.mktemp("ray")
+    port, dash = _free_port(), _free_port()
+    # Ray >= 2.59 wants token auth on local clusters: one token for the head and clients.
+    auth = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(16)}
+    saved = {k: os.environ.get(k) for k in auth}
+    os.environ.update(auth)
+    env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0", OMP_NUM_THREADS="1")
+    # --block keeps `ray start` in the foreground: its process group is ours to end.
+    proc = subprocess.Popen(
+        ["ray", "start", "--head", "--block", f"--port={port}", "--dashboard-host=127.0.0.1",
+         f"--dashboard-port={dash}", "--include-dashboard=true", "--num-cpus=1",
+         "--num-gpus=0", '--resources={"pool_c4": 1}', f"--temp-dir={tmp}",
+         f"--dashboard-agent-listen-port={_free_port()}", "--disable-usage-stats"],
+        env=env, stdout=open(tmp / "ray.log", "w"), stderr=subprocess.STDOUT,
+        start_new_session=True)
+    address = f"http://127.0.0.1:{dash}"
+    from ray.job_submission import JobSubmissionClient
+
+    deadline = time.time() + 90
+    client = None
+    while time.time() < deadline:
+        try:
+            client = JobSubmissionClient(address)
+            client.list_jobs()
+            break
+        except Exception:  # noqa: BLE001 - not up yet
+            client = None
+            if proc.poll() is not None:
+                break
+            time.sleep(1)
+    if client is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        pytest.fail("ray head did not come up:\n" + (tmp / "ray.log").read_text()[-3000:])
+    yield address
+    os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        pass
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    for k, v in saved.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_ray_job_runs_a_step_streams_its_log_and_sigterm_stops_it(fake_env, ray_head):
+    cfg, set_plan, tmp = fake_env
+    set_plan(features={"seconds": 2, "lines": 4}, train={"seconds": 120, "lines": 240})
+    sets = ["--set", "runner.mode=ray_job", "--set", f"runner.ray_dashboard={ray_head}",
+            "--set", "ray.step_resources={features: {pool_c4: 0.5}, train: {pool_c4: 0.5}}",
+            # The job's environment is the cluster's: hand the fake its plan explicitly.
+            "--set", f"runner.env={{AMFLOW_FAKE_PLAN: {os.environ['AMFLOW_FAKE_PLAN']}}}"]
+    from amflow.config import load_config
+    from ray.job_submission import JobSubmissionClient
+
+    conf = load_config(cfg, [s for s in sets if s != "--set"])
+    backend = R.make_backend(conf)
+    assert isinstance(backend, R.RayJobBackend)
+    lines: list[str] = []
+    runner = R.StepRunner(backend, tmp / "jobs", poll_s=0.5, emit=lines.append)
+    jid = "amflow-test-features-try1"
+    argv = R.step_command(conf.runner.command, "features", config=str(cfg), run_id="ray1")
+    out = runner.run(jid, argv, budget_s=1.0, resources={"pool_c4": 0.5})
+    assert out.submitted
+    while not out.done:  # short tries, as an Airflow task polls
+        out = runner.run(jid, argv, budget_s=2.0, resources={"pool_c4": 0.5})
+        assert not out.submitted  # a re-poke re-attaches; never a second job
+    assert out.ok, out.tail
+    assert [x for x in lines if "shards (" in x] == [
+        f"[features] {i}/4 shards ({100 * i // 4}%)" for i in range(1, 5)]
+    assert out.summary["step"] == "features"
+    client = JobSubmissionClient(ray_head)
+    # The driver is placed by the step's pool resource: a pool this head lacks never runs it.
+    assert backend.submit("amflow-test-nopool", argv, {"pool_p3": 0.01})
+    time.sleep(3)
+    assert str(client.get_job_status("amflow-test-nopool")) == "PENDING"
+    assert backend.stop("amflow-test-nopool")
+
+    # The runner CLI (as a killed Airflow task would) stops its Ray job on SIGTERM.
+    proc = subprocess.Popen([PY, "-m", "amflow.runner", "run", "train", "--config", str(cfg),
+                             "--run-id", "ray1", "--job-id", "amflow-test-train", *sets],
+                            cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    for line in proc.stdout:
+        if "shards (" in line:
+            break
+    assert client.get_job_status("amflow-test-train") == "RUNNING"
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(timeout=60)
+    assert str(client.get_job_status("amflow-test-train")) == "STOPPED"
+    assert len([c for c in _calls(tmp, "ray1") if c["step"] == "train"]) == 1
