@@ -79,34 +79,66 @@ class RayConfig:
 
 @dataclass
 class CorpusConfig:
-    """`amflow corpus`: the synthetic espeak-ng corpus."""
+    """`amflow corpus`: the synthetic espeak-ng corpus (see tasks/corpus.py)."""
 
     hours: float = 0.3
     seed: int = 0
-    # Split shares of the speakers not held out for test; test speakers are unseen elsewhere.
-    labeled_share: float = 0.2
-    dev_share: float = 0.1
-    test_share: float = 0.15
+    # Shares of the corpus duration per split; unlabeled gets the rest, which must be
+    # larger than the labeled share (several times larger, as in the paper).
+    labeled_share: float = 0.12
+    dev_share: float = 0.08
+    test_share: float = 0.12
+    # Speakers; `test_speakers` of them speak only the test split (unseen elsewhere).
     speakers: int = 24
     test_speakers: int = 4
     conditions: list[str] = field(default_factory=lambda: ["DP1", "DP2", "DP3", "DP4", "DP5"])
     sample_rate: int = 16000
+    # Ray tasks in flight at once (each synthesises one batch of one speaker's utterances).
     workers: int = 2
-    language: str = "en-us"
-    locale: str = "en-US"
+    batch_utts: int = 16
+    language: str = "en-us"  # espeak-ng voice language
+    locale: str = "en-US"  # written to the metadata
+    # Utterance durations (seconds, padding included) and recording dates.
+    min_duration: float = 1.5
+    max_duration: float = 5.0
+    start_date: str = "2026-03-01"
+    days: int = 21
+    # Metadata partitions: metadata/date=YYYY-MM-DD/bucket=NN/part-*.jsonl.
+    buckets: int = 16
+    # Background talkers for babble noise: banks of sentences by voices outside the corpus.
+    babble_banks: int = 4
 
     def validate(self, key: str) -> None:
+        import datetime as _dt
+
         _check(self.hours > 0, f"{key}.hours", "must be > 0")
         for name in ("labeled_share", "dev_share", "test_share"):
             v = getattr(self, name)
             _check(0 <= v < 1, f"{key}.{name}", "must be in [0, 1)")
+        _check(self.labeled_share > 0 and self.test_share > 0, f"{key}.labeled_share",
+               "labeled_share and test_share must be > 0")
+        unlabeled = 1.0 - self.labeled_share - self.dev_share - self.test_share
+        _check(unlabeled > self.labeled_share, f"{key}.labeled_share",
+               f"the unlabeled share (1 - labeled - dev - test = {unlabeled:.3f}) must be "
+               f"larger than the labeled share")
         _check(self.speakers >= 4, f"{key}.speakers", "must be >= 4")
         _check(0 < self.test_speakers < self.speakers, f"{key}.test_speakers",
                "must be in (0, corpus.speakers)")
         _check(self.workers >= 1, f"{key}.workers", "must be >= 1")
+        _check(self.batch_utts >= 1, f"{key}.batch_utts", "must be >= 1")
         _check(self.sample_rate == 16000, f"{key}.sample_rate", "only 16000 is supported")
         bad = [c for c in self.conditions if c not in ("DP1", "DP2", "DP3", "DP4", "DP5")]
         _check(not bad and self.conditions, f"{key}.conditions", f"must be among DP1..DP5, got {bad}")
+        _check(0.5 <= self.min_duration < self.max_duration, f"{key}.min_duration",
+               "must be >= 0.5 and < corpus.max_duration")
+        _check(self.max_duration >= 3.0, f"{key}.max_duration", "must be >= 3.0")
+        try:
+            _dt.date.fromisoformat(self.start_date)
+        except ValueError:
+            raise ConfigError(f"{key}.start_date", "must be a date YYYY-MM-DD") from None
+        _check(self.days >= 1, f"{key}.days", "must be >= 1")
+        _check(1 <= self.buckets <= 100, f"{key}.buckets", "must be in [1, 100]")
+        _check(self.babble_banks >= 1, f"{key}.babble_banks", "must be >= 1")
 
 
 @dataclass
