@@ -15,8 +15,8 @@ from amflow.runs import StepContext
 from amflow.storage import Storage, join
 from training import launch
 from training.data import cmvn_stats, rows_table
-from training.evaluate import (UttScore, aggregate, collapse, edit_distance, relative_error_reduction,
-                               score_utterance)
+from training.evaluate import (UttScore, aggregate, collapse, edit_distance,
+                               relative_error_reduction, score_utterance)
 from tests.conftest import ROOT
 
 torch.set_num_threads(1)
@@ -26,7 +26,8 @@ def _levenshtein(a, b):
     d = [[i + j if i * j == 0 else 0 for j in range(len(b) + 1)] for i in range(len(a) + 1)]
     for i in range(1, len(a) + 1):
         for j in range(1, len(b) + 1):
-            d[i][j] = min(d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + (a[i - 1] != b[j - 1]))
+            d[i][j] = min(d[i - 1][j] + 1, d[i][j - 1] + 1,
+                          d[i - 1][j - 1] + (a[i - 1] != b[j - 1]))
     return d[-1][-1]
 
 
@@ -78,7 +79,8 @@ def _utterance(rng, snr_db):
         dur = round(float(rng.uniform(0.06, 0.15)), 3)
         n = int(round(dur * SR))
         tt = np.arange(n) / SR
-        wave.append(0.3 * np.sin(2 * np.pi * FREQS[p] * tt) * (1 + 0.3 * np.sin(2 * np.pi * 3 * tt)))
+        envelope = 1 + 0.3 * np.sin(2 * np.pi * 3 * tt)
+        wave.append(0.3 * np.sin(2 * np.pi * FREQS[p] * tt) * envelope)
         segs.append((t, dur, PHONES[p]))
         t += dur
         prev = p
@@ -130,7 +132,8 @@ def _featurise_training_run(run_root, train, fcfg):
             starts = np.array([s for s, _, _ in segs])
             ends = np.array([s + d for s, d, _ in segs])
             pid = np.array([ids[p] for _, _, p in segs])
-            fl, reason, _ = al.frame_labels_ids(starts, ends, pid, computer.num_frames(len(x)), fcfg)
+            n100 = computer.num_frames(len(x))
+            fl, reason, _ = al.frame_labels_ids(starts, ends, pid, n100, fcfg)
             assert fl is not None, reason
             rows.append({"utt_id": utt, "speaker_id": spk, "split": "labeled", "condition": cond,
                          "shard": "s", **records.encode_feats(f, "float16"),

@@ -55,8 +55,8 @@ def _records(path: Path) -> list[dict]:
 
 def test_resume_equals_uninterrupted_bitwise(tmp_path, local_cfg):
     """A training killed mid-pass resumes from its checkpoint and ends with the same model."""
-    splits = {"labeled": {"utts": 24, "parts": 2}, "unlabeled": {"utts": 48, "parts": 2, "soft_k": 3},
-              "dev": {"utts": 8, "parts": 1}}
+    splits = {"labeled": {"utts": 24, "parts": 2}, "dev": {"utts": 8, "parts": 1},
+              "unlabeled": {"utts": 48, "parts": 2, "soft_k": 3}}
     _synthetic(str(tmp_path / "store"), **splits)
     common = [*SSL, "train.checkpoint_every=3"]
     ref = _train(local_cfg, *common, "train.tag=ref")

@@ -85,8 +85,8 @@ def load_model(storage: Storage, uri: str, map_location: Any = "cpu"
     features and info."""
     payload = from_bytes(storage.read_bytes(uri), weights_only=True, map_location=map_location)
     if not isinstance(payload, dict) or payload.get("format") != MODEL_FORMAT:
-        raise ValueError(f"{uri} is not an amflow model file (format "
-                         f"{payload.get('format') if isinstance(payload, dict) else type(payload)})")
+        found = payload.get("format") if isinstance(payload, dict) else type(payload).__name__
+        raise ValueError(f"{uri} is not an amflow model file (format {found!r})")
     model = model_from_spec(payload["spec"])
     model.load_state_dict(payload["state_dict"])
     model.eval()

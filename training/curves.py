@@ -29,9 +29,9 @@ def plot_learning_curve(records: Sequence[dict[str, Any]], title: str = "") -> b
             continue
         label = "labeled (CE)" if data == "labeled" else "unlabeled (distillation)"
         xs = [r["frames_seen"] for r in pts]
-        ax_loss.plot(xs, [r["loss"] for r in pts], ".-", ms=3, lw=0.8, color=colours[data], label=label)
-        ax_acc.plot(xs, [100 * r["frame_acc"] for r in pts], ".-", ms=3, lw=0.8, color=colours[data],
-                    label=label)
+        style = {"ms": 3, "lw": 0.8, "color": colours[data], "label": label}
+        ax_loss.plot(xs, [r["loss"] for r in pts], ".-", **style)
+        ax_acc.plot(xs, [100 * r["frame_acc"] for r in pts], ".-", **style)
     if dev:
         xs = [r["frames_seen"] for r in dev]
         ax_loss.plot(xs, [r["loss"] for r in dev], "o-", color="tab:red", label="dev")

@@ -86,7 +86,8 @@ def build_plan(ctx: StepContext, train_dir: str) -> tuple[dict[str, Any], dict[s
         if len(uris) < tc.workers:
             raise StepError(f"split '{name}' has {len(uris)} partitions, fewer than "
                             f"train.workers={tc.workers}: re-run repartition for that many workers")
-    dev_uris = partition_uris(storage, ctx.other("repartition", tc.dev_split)) if tc.dev_split else []
+    dev_uris = (partition_uris(storage, ctx.other("repartition", tc.dev_split))
+                if tc.dev_split else [])
     if dev_uris:
         splits["dev"] = dev_uris
         report["splits"][tc.dev_split] = {"partitions": len(dev_uris)}

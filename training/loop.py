@@ -518,7 +518,8 @@ def train_worker(plan: dict[str, Any]) -> dict[str, Any]:
                 metrics.add({"kind": "dev", **state.last_dev})
             sched.end_unit(p.unit, metric)
             metrics.add({"kind": "unit", "unit": p.unit, "step": state.step,
-                         "frames_seen": state.frames_seen, "train_loss": state.last_unit_train["loss"],
+                         "frames_seen": state.frames_seen,
+                         "train_loss": state.last_unit_train["loss"],
                          "train_frame_acc": state.last_unit_train["frame_acc"],
                          "schedule": sched.history[-1], "time": time.time()})
         state.pass_index = sched.next_pass(p.index)
