@@ -220,3 +220,30 @@ def test_newbob_stops_early_and_fine_tunes(tmp_path, local_cfg):
     assert "halve" in actions and "stop" in actions
     assert units[-1]["unit"] == 7  # jumped to the fine-tuning epoch
     assert len(units) < 8 and out["metrics"]["newbob_halvings"] >= 1
+
+
+@pytest.mark.integration
+def test_train_and_resume_on_s3(s3_bucket, tmp_path):
+    """The same step with storage.root on S3 (moto over HTTP): partitions, checkpoints,
+    metrics and the model all go through the S3 API."""
+    from amflow.config import load_config
+
+    bucket, overrides = s3_bucket
+    cfg = load_config(ROOT / "configs" / "local.yaml",
+                      [f"storage.root=s3://{bucket}/amflow", *overrides, *TINY, *TEACHER,
+                       "train.epochs=2", "train.checkpoint_every=3"])
+    st = Storage(cfg.storage)
+    make_synthetic_run(st, f"s3://{bucket}/amflow/runs/r", splits={
+        "labeled": {"utts": 16, "parts": 2}, "dev": {"utts": 4, "parts": 1}})
+    with pytest.raises(InjectedFailure):
+        launch.run(StepContext(load_config(ROOT / "configs" / "local.yaml", [
+            f"storage.root=s3://{bucket}/amflow", *overrides, *TINY, *TEACHER,
+            "train.epochs=2", "train.checkpoint_every=3", "train.fail_after=4"]), "r", "train"),
+            None)
+    out = launch.run(StepContext(cfg, "r", "train"), None)
+    assert out["resumed_from_step"] == 3
+    uri = out["metrics"]["model_uri"]
+    assert uri.startswith("s3://") and st.exists(uri)
+    model, meta = load_model(st, uri)
+    assert meta["spec"]["kind"] == "teacher"
+    assert st.exists(f"s3://{bucket}/amflow/runs/r/train/learning_curve.png")
