@@ -1,8 +1,9 @@
-"""`amflow bench features`: our features step core vs lhotse, one core each, side by side.
+"""`amflow bench features`: our features step core vs lhotse, one core each, in one run.
 
-Competitors, each in its own process (spawned from this one, pinned to one core when the
-machine has enough, BLAS/torch threads = 1), started together behind a barrier so they
-see the same machine load:
+Competitors, each in its own process spawned from this one (one process tree), all pinned
+to the same single core with BLAS/torch threads = 1. Each sets itself up first (imports,
+warm-up); then they are timed in turn, round after round, so they never compete with each
+other for the machine and all see the same background load:
 
   ours    tasks.features.process_shard on one shard holding all the bench utterances:
           read + decode WAV, batched numpy fbank, causal CMN, LFR, uint8/fp16 encoding,
@@ -10,13 +11,14 @@ see the same machine load:
   lhotse  CutSet.compute_and_store_features with a 64-bin lhotse `Fbank` (num_jobs=1,
           its default lilcom storage) over the same files
 
-then, as the ceiling reference, the bare kernels on samples already in memory (no I/O):
-kaldi-native-fbank per utterance and our FbankComputer. Each figure is audio seconds per
-wall second (x real time), best of `AMFLOW_BENCH_REPEATS` (3) timed runs after a warm-up.
+  kaldi_native_fbank   the ceiling reference: its bare kernel, per utterance, on samples
+          already in memory (no I/O); and `numpy_kernel`, our FbankComputer, likewise.
+Each figure is audio seconds per wall second (x real time), the best of
+`AMFLOW_BENCH_REPEATS` (3) rounds.
 
 Audio: the utterances of `data.corpus` when it has metadata (up to AMFLOW_BENCH_SECONDS,
 default 1200 s), else that much synthetic speech-like audio (harmonics + noise, 2-8 s
-utterances, 10 speakers) written as 16-bit WAV under the bench run directory.
+utterances, 10 speakers) written as 16-bit WAV to a temporary directory.
 """
 from __future__ import annotations
 
@@ -91,6 +93,10 @@ def _corpus_audio(cfg, seconds: float) -> list[dict]:
 
 
 # --------------------------------------------------------------------------- workers
+# Each competitor lives in its own spawned process: it sets itself up (imports, warm-up),
+# reports "ready", then times one full pass per "go" from the parent. The parent runs the
+# competitors in turn, round after round, so they never compete for the (shared, small)
+# machine with each other, and each one's figure is its best round.
 def _pin(core: int | None) -> None:
     if core is not None and hasattr(os, "sched_setaffinity"):
         try:
@@ -99,18 +105,15 @@ def _pin(core: int | None) -> None:
             pass
 
 
-def _time_best(fn, repeats: int) -> float:
-    best = float("inf")
-    for _ in range(repeats):
+def _serve(conn, once) -> None:
+    conn.send(("ready", None))
+    while conn.recv() == "go":
         t0 = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t0)
-    return best
+        extra = once()
+        conn.send((time.perf_counter() - t0, extra))
 
 
-def _worker_ours(cfg_dict: dict, utts: list[dict], work: str, repeats: int, core,
-                 barrier, queue) -> None:
-    _pin(core)
+def _setup_ours(opts: dict, utts: list[dict], work: str):
     import pyarrow as pa
 
     from amflow.config import load_config
@@ -119,7 +122,7 @@ def _worker_ours(cfg_dict: dict, utts: list[dict], work: str, repeats: int, core
     from tasks.select import MANIFEST_SCHEMA
 
     cfg = load_config(None, [f"storage.root={work}/ours", "features.io_threads=1",
-                             f"features.storage_dtype={cfg_dict['storage_dtype']}"])
+                             f"features.storage_dtype={opts['storage_dtype']}"])
     ctx = StepContext(cfg, "bench", "features")
     rows = sorted(utts, key=lambda u: (u["speaker_id"], u["utt_id"]))
     man = pa.table({
@@ -134,20 +137,15 @@ def _worker_ours(cfg_dict: dict, utts: list[dict], work: str, repeats: int, core
     ctx.storage.write_parquet(f"{work}/ours/warm.parquet", man.slice(0, 3))
     payload = {"manifest": f"{work}/ours/manifest.parquet", "split": "unlabeled"}
     process_shard(ctx, "warm", dict(payload, manifest=f"{work}/ours/warm.parquet"))
-    barrier.wait()
-    stats: dict = {}
 
-    def once() -> None:
-        stats.update(process_shard(ctx, "bench", payload))
+    def once() -> dict:
+        st = process_shard(ctx, "bench", payload)
+        return {"out": st["out"], "bytes": st["bytes"], "audio_s": st["audio_s"]}
 
-    best = _time_best(once, repeats)
-    queue.put(("ours", best, {"out": stats["out"], "bytes": stats["bytes"],
-                              "audio_s": stats["audio_s"]}))
+    return once
 
 
-def _worker_lhotse(cfg_dict: dict, utts: list[dict], work: str, repeats: int, core,
-                   barrier, queue) -> None:
-    _pin(core)
+def _setup_lhotse(opts: dict, utts: list[dict], work: str):
     import logging as lg
 
     import torch
@@ -163,56 +161,90 @@ def _worker_lhotse(cfg_dict: dict, utts: list[dict], work: str, repeats: int, co
     warm = CutSet.from_cuts(list(cuts)[:3])
     warm.compute_and_store_features(extractor, storage_path=f"{work}/lhotse-warm", num_jobs=1,
                                     progress_bar=False)
-    barrier.wait()
-    runs = iter(range(1000))
+    runs = iter(range(10 ** 6))
 
-    def once() -> None:
-        out = f"{work}/lhotse-{next(runs)}"
+    def once() -> dict:
+        out = Path(f"{work}/lhotse-{next(runs)}")
         cuts.compute_and_store_features(extractor, storage_path=out, num_jobs=1,
                                         progress_bar=False)
+        size = sum(f.stat().st_size for f in out.rglob("*") if f.is_file())
+        shutil.rmtree(out, ignore_errors=True)
+        return {"bytes": size}
 
-    best = _time_best(once, repeats)
-    size = sum(f.stat().st_size for f in Path(f"{work}/lhotse-0").rglob("*") if f.is_file())
-    queue.put(("lhotse", best, {"bytes": size}))
+    return once
 
 
-def _worker_kernels(cfg_dict: dict, utts: list[dict], work: str, repeats: int, core,
-                    barrier, queue) -> None:
-    _pin(core)
+def _load_waves(utts: list[dict]) -> list[np.ndarray]:
     import soundfile as sf
 
+    return [sf.read(u["path"], dtype="float32")[0] for u in utts]
+
+
+def _setup_knf(opts: dict, utts: list[dict], work: str):
     from amflow.config import FeaturesConfig
-    from tasks.fbank import FbankComputer, kaldi_fbank, kaldi_options
+    from tasks.fbank import kaldi_fbank, kaldi_options
 
     fcfg = FeaturesConfig()
-    waves = [sf.read(u["path"], dtype="float32")[0] for u in utts]
-    opts = kaldi_options(fcfg)
-    comp = FbankComputer(fcfg)
+    waves = _load_waves(utts)
+    kopts = kaldi_options(fcfg)
+    kaldi_fbank(waves[0], fcfg, kopts)
+    return lambda: [kaldi_fbank(w, fcfg, kopts) for w in waves] and {}
+
+
+def _setup_numpy(opts: dict, utts: list[dict], work: str):
+    from amflow.config import FeaturesConfig
+    from tasks.fbank import FbankComputer
+
+    waves = _load_waves(utts)
+    comp = FbankComputer(FeaturesConfig())
     comp.compute(waves[:3])
-    kaldi_fbank(waves[0], fcfg, opts)
-    barrier.wait()
-    t_knf = _time_best(lambda: [kaldi_fbank(w, fcfg, opts) for w in waves], repeats)
-    t_np = _time_best(lambda: comp.compute(waves), repeats)
-    queue.put(("kernels", t_knf, {"numpy_s": t_np}))
+    return lambda: comp.compute(waves) and {}
 
 
-def _race(targets: list, args: tuple, cores: list) -> dict[str, tuple[float, dict]]:
+SETUPS = {"ours": _setup_ours, "lhotse": _setup_lhotse, "kaldi_native_fbank": _setup_knf,
+          "numpy_kernel": _setup_numpy}
+
+
+def _worker(name: str, opts: dict, utts: list[dict], work: str, core, conn) -> None:
+    _pin(core)
+    _serve(conn, SETUPS[name](opts, utts, work))
+
+
+def _rounds(names: list[str], args: tuple, core, repeats: int) -> dict[str, tuple[float, dict]]:
     ctx = mp.get_context("spawn")
-    barrier = ctx.Barrier(len(targets))
-    queue = ctx.Queue()
-    procs = [ctx.Process(target=t, args=(*args, core, barrier, queue))
-             for t, core in zip(targets, cores)]
-    for p in procs:
+    pipes, procs = {}, []
+    for name in names:
+        parent, child = ctx.Pipe()
+        p = ctx.Process(target=_worker, args=(name, *args, core, child), name=name)
         p.start()
-    out = {}
-    for _ in procs:
-        name, secs, extra = queue.get(timeout=3600)
-        out[name] = (secs, extra)
+        pipes[name] = parent
+        procs.append(p)
+    try:
+        for name in names:
+            if not pipes[name].poll(1800):
+                raise RuntimeError(f"bench worker {name} did not get ready")
+            pipes[name].recv()
+        best: dict[str, tuple[float, dict]] = {}
+        for _ in range(repeats):
+            for name in names:
+                pipes[name].send("go")
+                secs, extra = pipes[name].recv()
+                if name not in best or secs < best[name][0]:
+                    best[name] = (secs, extra)
+    finally:
+        for name in names:
+            try:
+                pipes[name].send("stop")
+            except (BrokenPipeError, OSError):
+                pass
+        for p in procs:
+            p.join(60)
+            if p.is_alive():
+                p.terminate()
     for p in procs:
-        p.join()
         if p.exitcode:
             raise RuntimeError(f"bench worker {p.name} exited with {p.exitcode}")
-    return out
+    return best
 
 
 # --------------------------------------------------------------------------- entry
@@ -231,11 +263,10 @@ def run(ctx, args) -> dict[str, Any]:
         old = {v: os.environ.get(v) for v in THREAD_VARS}
         os.environ.update({v: "1" for v in THREAD_VARS})
         try:
-            ncpu = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
-            cores = sorted(os.sched_getaffinity(0))[:2] if ncpu >= 2 else [None, None]
-            wargs = ({"storage_dtype": cfg.features.storage_dtype}, utts, work, repeats)
-            race = _race([_worker_ours, _worker_lhotse], wargs, cores)
-            kern = _race([_worker_kernels], wargs, cores[:1])
+            cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+            core = cores[-1] if cores else None
+            wargs = ({"storage_dtype": cfg.features.storage_dtype}, utts, work)
+            best = _rounds(list(SETUPS), wargs, core, repeats)
         finally:
             for k, v in old.items():
                 if v is None:
@@ -244,9 +275,9 @@ def run(ctx, args) -> dict[str, Any]:
                     os.environ[k] = v
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    ours_s, ours_x = race["ours"]
-    lh_s, lh_x = race["lhotse"]
-    knf_s, kx = kern["kernels"]
+    ours_s, ours_x = best["ours"]
+    lh_s, lh_x = best["lhotse"]
+    knf_s, np_s = best["kaldi_native_fbank"][0], best["numpy_kernel"][0]
     result = {
         "audio_seconds": round(audio_s, 2), "utterances": len(utts), "source": source,
         "repeats": repeats,
@@ -254,14 +285,14 @@ def run(ctx, args) -> dict[str, Any]:
         "lhotse_xrt": round(audio_s / lh_s, 1),
         "ratio_vs_lhotse": round(lh_s / ours_s, 3),
         "kaldi_native_fbank_kernel_xrt": round(audio_s / knf_s, 1),
-        "numpy_fbank_kernel_xrt": round(audio_s / kx["numpy_s"], 1),
+        "numpy_fbank_kernel_xrt": round(audio_s / np_s, 1),
         "ours_mb_per_audio_hour": round(ours_x["bytes"] / 1e6 / (audio_s / 3600), 2),
         "lhotse_mb_per_audio_hour": round(lh_x["bytes"] / 1e6 / (audio_s / 3600), 2),
         "storage_dtype": cfg.features.storage_dtype,
         "goal": ">= 1.5x lhotse (floor 1.0x)",
     }
     print(f"\nfeatures bench on {audio_s:.0f} s of audio ({len(utts)} utterances, {source}), "
-          f"one core each, best of {repeats}:")
+          f"one core each, in turn, best of {repeats} rounds:")
     print(f"  {'ours (features step core)':<34} {result['ours_xrt']:>9.1f} x RT   "
           f"{result['ours_mb_per_audio_hour']:>6.2f} MB/h")
     print(f"  {'lhotse compute_and_store_features':<34} {result['lhotse_xrt']:>9.1f} x RT   "
