@@ -1,0 +1,190 @@
+"""Helpers for the Airflow tests: an isolated AIRFLOW_HOME, a fake-step config, a
+standalone server on a free port, and a small /api/v2 client."""
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+VENV_BIN = ROOT / ".venv" / "bin"
+FAKE = ROOT / "tests" / "fake_amflow.py"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def airflow_env(home: Path, port: int | None = None, **extra: str) -> dict[str, str]:
+    """Environment for airflow commands on a temp AIRFLOW_HOME with our dags folder."""
+    home.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ)
+    env.update({
+        "PATH": f"{VENV_BIN}{os.pathsep}{env.get('PATH', '')}",
+        "AIRFLOW_HOME": str(home),
+        "AIRFLOW__CORE__DAGS_FOLDER": str(ROOT / "dags"),
+        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+        "AIRFLOW__CORE__UNIT_TEST_MODE": "False",
+        "AIRFLOW__API_AUTH__JWT_SECRET": secrets.token_hex(32),
+        "AMFLOW_RUNNER_STATE": str(home / "amflow_jobs"),
+        "OMP_NUM_THREADS": "1",
+    })
+    if port is not None:
+        env.update({
+            "AIRFLOW__API__PORT": str(port),
+            "AIRFLOW__API__BASE_URL": f"http://localhost:{port}",
+            "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://localhost:{port}/execution/",
+        })
+    env.update(extra)
+    return env
+
+
+def fake_config(dir: Path, plan: dict | None = None, **runner) -> Path:
+    """A config whose steps are tests/fake_amflow.py, storage under `dir`."""
+    dir.mkdir(parents=True, exist_ok=True)
+    plan_path = dir / "plan.json"
+    plan_path.write_text(json.dumps(plan or {}))
+    cfg = {
+        "storage": {"root": str(dir / "store")},
+        "data": {"corpus": str(dir / "store" / "corpus")},
+        "runner": {"mode": "local", "command": [sys.executable, str(FAKE)], "poll_s": 1,
+                   "max_wait_per_try_s": 30, "state_dir": str(dir / "jobs"),
+                   "env": {"AMFLOW_FAKE_PLAN": str(plan_path)}, **runner},
+    }
+    path = dir / "cfg.yaml"
+    path.write_text(json.dumps(cfg))
+    return path
+
+
+def calls(store: Path, run_id: str) -> list[dict]:
+    path = store / "runs" / run_id / "_calls.jsonl"
+    return [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
+
+
+class Standalone:
+    """`airflow standalone` in its own process group, answering on a free port."""
+
+    def __init__(self, home: Path, **extra_env: str):
+        self.home = home
+        self.port = free_port()
+        self.base = f"http://localhost:{self.port}"
+        self.password = secrets.token_urlsafe(12)
+        pw_file = home / "passwords.json"
+        home.mkdir(parents=True, exist_ok=True)
+        pw_file.write_text(json.dumps({"admin": self.password}))
+        self.env = airflow_env(home, self.port, **{
+            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": "admin:admin",
+            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(pw_file),
+            "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False",
+            "AIRFLOW__SCHEDULER__SCHEDULER_HEARTBEAT_SEC": "2",
+            "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5",
+            **extra_env})
+        self.log = home / "standalone.log"
+        self.proc: subprocess.Popen | None = None
+        self._token: str | None = None
+
+    def start(self, timeout: float = 180) -> "Standalone":
+        self.proc = subprocess.Popen(["airflow", "standalone"], env=self.env, cwd=ROOT,
+                                     stdout=open(self.log, "w"), stderr=subprocess.STDOUT,
+                                     start_new_session=True)
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError("airflow standalone exited:\n" + self.log.read_text()[-4000:])
+            try:
+                urllib.request.urlopen(f"{self.base}/api/v2/version", timeout=2)
+                break
+            except (urllib.error.URLError, ConnectionError, OSError):
+                time.sleep(1)
+        else:
+            self.stop()
+            raise RuntimeError("airflow standalone did not answer:\n" + self.log.read_text()[-4000:])
+        # The DAGs are parsed by the dag-processor shortly after start.
+        self.wait(lambda: self.get("/api/v2/dags/ssl_student", ok=(200, 404)).get("dag_id"),
+                  timeout=timeout, what="ssl_student parsed")
+        return self
+
+    def stop(self) -> None:
+        if self.proc is None:
+            return
+        try:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            self.proc.wait(timeout=20)
+        except (ProcessLookupError, subprocess.TimeoutExpired):
+            pass
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.proc = None
+
+    # -- REST
+    def token(self) -> str:
+        if self._token is None:
+            req = urllib.request.Request(f"{self.base}/auth/token", method="POST",
+                                         data=json.dumps({"username": "admin",
+                                                          "password": self.password}).encode(),
+                                         headers={"Content-Type": "application/json"})
+            with urllib.request.urlopen(req, timeout=30) as r:
+                self._token = json.load(r)["access_token"]
+        return self._token
+
+    def request(self, method: str, path: str, body=None, ok=(200,), raw: bool = False):
+        req = urllib.request.Request(f"{self.base}{path}", method=method,
+                                     data=None if body is None else json.dumps(body).encode(),
+                                     headers={"Authorization": f"Bearer {self.token()}",
+                                              "Content-Type": "application/json",
+                                              "Accept": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=60) as r:
+                data = r.read()
+                status = r.status
+        except urllib.error.HTTPError as e:
+            data, status = e.read(), e.code
+        if status not in ok:
+            raise AssertionError(f"{method} {path} -> {status}: {data[:2000]!r}")
+        if raw:
+            return data.decode()
+        return json.loads(data) if data else {}
+
+    def get(self, path: str, **kw):
+        return self.request("GET", path, **kw)
+
+    def wait(self, fn, timeout: float, what: str, every: float = 2.0):
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            value = fn()
+            if value:
+                return value
+            time.sleep(every)
+        raise AssertionError(f"timed out waiting for {what}; log tail:\n"
+                             + self.log.read_text()[-3000:])
+
+    def run_state(self, dag_id: str, run_id: str) -> str:
+        return self.get(f"/api/v2/dags/{dag_id}/dagRuns/{_q(run_id)}")["state"]
+
+    def wait_run(self, dag_id: str, run_id: str, timeout: float = 240) -> str:
+        def finished():
+            state = self.run_state(dag_id, run_id)
+            return state if state in ("success", "failed") else None
+        return self.wait(finished, timeout, f"{dag_id} {run_id} to finish")
+
+    def task_instances(self, dag_id: str, run_id: str) -> dict[str, dict]:
+        data = self.get(f"/api/v2/dags/{dag_id}/dagRuns/{_q(run_id)}/taskInstances")
+        return {t["task_id"]: t for t in data["task_instances"]}
+
+
+def _q(run_id: str) -> str:
+    from urllib.parse import quote
+
+    return quote(run_id, safe="")
