@@ -18,6 +18,7 @@ Public, pure functions (what `amflow evaluate` calls to featurise audio the same
         after the causal mean normalisation and before the global CMVN (which the loader
         applies from cmvn.json). Utterances too short for one row give a [0, D] array.
     stack_frames(x, stack, subsample) -> [rows, stack * bins]
+    encode_rows(x, dtype, stack) -> the feature columns of one row (uint8 / float16)
     StreamCMN(dim, window, min_window).apply(frames) -> normalised frames (stateful)
     process_shard(ctx, shard_id, payload) -> stats       the Ray task of one shard
 
@@ -139,6 +140,30 @@ def stack_frames(x: np.ndarray, stack: int, subsample: int) -> np.ndarray:
         x, shape=(rows, stack * d), strides=(subsample * x.strides[0], x.strides[1]),
         writeable=False)
     return np.array(view)
+
+
+def encode_rows(x: np.ndarray, dtype: str, stack: int) -> dict[str, Any]:
+    """LFR rows -> the feature columns of a records.FEATURE_SCHEMA row.
+
+    float16 is records.encode_feats. uint8 is its per-row, per-column range format
+    (decoded by records.decode_feats), except that the `stack` columns holding the same
+    mel bin share one range (over all the utterance's frames of that bin): `feat_min` and
+    `feat_scale` are then the same 64 values repeated `stack` times, which Parquet's zstd
+    stores for about a third of the bytes (~1 MB less per audio hour on 3 s utterances).
+    """
+    if dtype != "uint8" or stack <= 1 or x.shape[0] == 0 or x.shape[1] % stack:
+        return records.encode_feats(x, dtype)
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    t, d = x.shape
+    v = x.reshape(t * stack, d // stack)
+    lo = np.tile(v.min(axis=0), stack)
+    scale = np.tile(np.maximum(v.max(axis=0) - v.min(axis=0), 1e-6) / 255.0, stack)
+    q = (x - lo) / scale
+    np.rint(q, out=q)
+    np.clip(q, 0, 255, out=q)
+    return {"num_frames": t, "feat_dim": d, "feat_dtype": "uint8", "feats": q.astype(
+        np.uint8).tobytes(), "feat_min": lo.astype(np.float32).tobytes(),
+        "feat_scale": scale.astype(np.float32).tobytes()}
 
 
 def featurize_stream(waves: list[np.ndarray], fcfg: FeaturesConfig,
@@ -281,9 +306,8 @@ def process_shard(ctx: StepContext, shard_id: str, payload: dict[str, Any]) -> d
             msg = ctm_errors.get(rec["utt_id"], "no lines for this utterance in alignments.ctm")
             reject(rec, "missing_alignment", msg)
             return
-        enc = records.encode_feats(x, fcfg.storage_dtype)
-        dec = records.decode_feats(enc) if fcfg.storage_dtype == "uint8" else \
-            x.astype(np.float16).astype(np.float32)
+        enc = encode_rows(x, fcfg.storage_dtype, fcfg.stack)
+        dec = records.decode_feats(enc)
         acc_n += dec.shape[0]
         acc_s += dec.sum(axis=0, dtype=np.float64)
         acc_ss += np.einsum("ij,ij->j", dec, dec, dtype=np.float64)

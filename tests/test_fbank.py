@@ -120,3 +120,19 @@ def test_frame_labels_coverage():
     assert reason is None and set(lab.tolist()) == {ids[UNK]}
     lab, reason, _ = frame_labels(ali["u1"], 10, ids, fcfg)  # alignment far past the audio
     assert reason == "alignment_mismatch"
+
+
+def test_encode_rows_uint8_shared_bin_ranges_roundtrip():
+    from amflow.records import decode_feats
+    from tasks.features import encode_rows
+
+    rng = np.random.default_rng(4)
+    x = (rng.standard_normal((50, 192)) * 3).astype(np.float32)
+    enc = encode_rows(x, "uint8", 3)
+    scale = np.frombuffer(enc["feat_scale"], np.float32)
+    assert np.array_equal(scale[:64], scale[64:128]) and np.array_equal(scale[:64], scale[128:])
+    err = np.abs(decode_feats(enc) - x)
+    assert (err <= scale / 2 + 1e-5).all()
+    f16 = encode_rows(x, "float16", 3)
+    assert np.abs(decode_feats(f16) - x).max() < 1e-2
+    assert encode_rows(x[:0], "uint8", 3)["num_frames"] == 0
