@@ -205,11 +205,15 @@ def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
     for s in stats:
         for k, v in s["reasons"].items():
             reasons[k] = reasons.get(k, 0) + v
+    hours_total = sum(p["hours"] for p in plans.values())
+    wall = time.time() - ctx.started
     return ctx.finish(
         inputs={"features": ctx.other("features", SUCCESS),
                 "targets": tsucc if targets else None, "workers": workers},
         counts={"in": sum(s["in"] for s in stats), "out": sum(s["out"] for s in stats),
                 "rejected": sum(s["rejected"] for s in stats)},
         metrics={"splits": per_split, "reject_reasons": reasons,
-                 "targets": targets is not None, "partitions": len(stats)},
+                 "targets": targets is not None, "partitions": len(stats),
+                 "audio_hours": round(hours_total, 6),
+                 "xrt": round(hours_total * 3600.0 / wall, 2) if wall > 0 else None},
         bytes_written=total_bytes)
