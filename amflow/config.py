@@ -468,11 +468,19 @@ class ReportConfig:
 
 @dataclass
 class CostConfig:
-    """On-demand USD/hour, for the infra cost estimate."""
+    """On-demand USD/hour, for the infra cost estimate (python -m amflow.cost)."""
 
     p3_16xlarge: float = 24.48
     x1_32xlarge: float = 13.338
     c4_4xlarge: float = 0.796
+    # How many measured CPU cores one GPU-pool vCPU is worth for GPU steps measured
+    # without a GPU; 1.0 assumes no GPU speedup (an upper bound on cost).
+    gpu_speedup: float = 1.0
+
+    def validate(self, key: str) -> None:
+        for name in ("p3_16xlarge", "x1_32xlarge", "c4_4xlarge"):
+            _check(getattr(self, name) >= 0, f"{key}.{name}", "must be >= 0")
+        _check(self.gpu_speedup > 0, f"{key}.gpu_speedup", "must be > 0")
 
 
 @dataclass
