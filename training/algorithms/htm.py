@@ -47,7 +47,7 @@ class HTM(Algorithm):
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, group: Any = None,
                  world_size: int | None = None, group_size: int = 8, block_size: int = 50,
                  zeta: float = 1.0, eta: float = -1.0, c: float = 1.0, tau: float = 0.0,
-                 tau_scale: float = 8.0):
+                 tau_scale: float = 100.0):
         group, rank, world = resolve_group(group, world_size)
         super().__init__(model, optimizer, group)
         self.rank, self.world = rank, world

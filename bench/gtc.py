@@ -1,0 +1,200 @@
+"""`amflow bench gtc`: GTC codec throughput and every algorithm's per-minibatch overhead.
+
+1. Codec. The papers' student (5 x 768 unidirectional LSTM on 192-d input, 3183 outputs:
+   ~24 M parameters) is run forward and backward on a few random chunks to get real
+   gradients. On one core (torch threads = 1) we time, per minibatch, GTC's encode
+   (residual += g, threshold, compact, pack) and the decode of the resulting buffer into
+   a dense gradient (index_add), over a sequence of minibatches whose gradients are
+   those real gradients with per-minibatch random gains (so the residual reaches its
+   working regime). Reported: gradient GB/s (4 bytes per parameter / (encode + decode)),
+   the sent fraction and the compression against dense fp32 (4P bytes / code bytes),
+   with tau derived as in training (gtc_tau_scale x mean |first gradient element|).
+2. Overheads. Two gloo processes hold the same 24 M model; each minibatch sets the
+   gradients from stored real gradients (no forward/backward, so the figure is the
+   algorithm alone) and calls `algo.step()`; the bare local optimizer step is timed the
+   same way. Reported per algorithm: median time per minibatch relative to the bare
+   step (overhead = ratio - 1), its communication seconds, bytes sent per minibatch.
+   Two processes on this machine share its cores, so the overhead includes the CPU time
+   of local gloo transfers; on GPUs with NVLink the communication term is far smaller.
+
+Env: AMFLOW_BENCH_GTC_STEPS (codec minibatches, default 30), AMFLOW_BENCH_OVERHEAD_STEPS
+(default: train.block_size + 10).
+"""
+from __future__ import annotations
+
+import os
+import statistics
+import tempfile
+import time
+from typing import Any
+
+import torch
+from torch import nn
+
+PAPER_MODEL = {"input_dim": 192, "hidden": 768, "layers": 5, "num_classes": 3183}
+
+
+def paper_model(seed: int = 0) -> nn.Module:
+    from training.models import StudentLSTM
+
+    torch.manual_seed(seed)
+    m = PAPER_MODEL
+    return StudentLSTM(m["input_dim"], m["hidden"], m["layers"], m["num_classes"], lookahead=3)
+
+
+def real_gradients(model: nn.Module, count: int, chunks: int = 4, frames: int = 32,
+                   seed: int = 0) -> list[torch.Tensor]:
+    """Flat fp32 gradients of cross-entropy on random chunks (one per element)."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    out = []
+    g = torch.Generator().manual_seed(seed)
+    c = PAPER_MODEL["num_classes"]
+    for _ in range(count):
+        x = torch.randn(chunks, frames, PAPER_MODEL["input_dim"], generator=g)
+        y = torch.randint(0, c, (chunks, frames), generator=g)
+        model.zero_grad(set_to_none=False)
+        loss = nn.functional.cross_entropy(model(x).reshape(-1, c), y.reshape(-1))
+        loss.backward()
+        out.append(torch.cat([p.grad.reshape(-1) for p in params]).clone())
+    return out
+
+
+def codec_bench(grads: list[torch.Tensor], steps: int, tau_scale: float) -> dict[str, Any]:
+    from training.algorithms.gtc import decode_add_, encode_, padded_bool
+
+    torch.set_num_threads(1)
+    n = grads[0].numel()
+    residual = torch.zeros(n)
+    dense = torch.zeros(n)
+    mask, scratch = padded_bool(n, residual.device), padded_bool(n, residual.device)
+    tau = tau_scale * float(grads[0].abs().mean())
+    gen = torch.Generator().manual_seed(1)
+    enc_t, dec_t, sent = [], [], []
+    g = torch.empty(n)
+    for step in range(steps):
+        gain = float(torch.empty(()).uniform_(0.5, 1.5, generator=gen))
+        torch.mul(grads[step % len(grads)], gain, out=g)
+        t0 = time.perf_counter()
+        codes = encode_(residual, g, tau, mask, scratch)
+        t1 = time.perf_counter()
+        dense.zero_()
+        decode_add_(dense, codes, tau)
+        t2 = time.perf_counter()
+        enc_t.append(t1 - t0)
+        dec_t.append(t2 - t1)
+        sent.append(codes.numel())
+    warm = max(steps // 3, 1)  # the residual needs a few steps to fill up
+    e, d = statistics.median(enc_t[warm:]), statistics.median(dec_t[warm:])
+    s = sum(sent[warm:]) / len(sent[warm:])
+    return {"params": n, "tau": tau, "tau_scale": tau_scale, "steps": steps,
+            "encode_ms": round(e * 1e3, 2), "decode_ms": round(d * 1e3, 2),
+            "gb_per_s": round(4 * n / (e + d) / 1e9, 3),
+            "encode_gb_per_s": round(4 * n / e / 1e9, 3),
+            "sent_fraction": s / n, "sent_per_step": s,
+            "compression_vs_fp32": round(4 * n / max(4 * s + 8, 1), 1),
+            "sent_fraction_by_step": [round(x / n, 6) for x in sent]}
+
+
+def _overhead_worker(rank: int, world: int, grads_path: str, algos: list[str],
+                     steps: int, train_kw: dict) -> dict[str, Any]:
+    from amflow.config import TrainConfig
+    from training.algorithms import build_algorithm
+
+    grads = torch.load(grads_path)
+    out: dict[str, Any] = {}
+    for name in ["bare", *algos]:
+        model = paper_model(0)
+        params = [p for p in model.parameters() if p.requires_grad]
+        opt = torch.optim.Adam(params, lr=1e-4)
+        algo = None
+        if name != "bare":
+            tc = TrainConfig(algorithm=name)
+            for k, v in train_kw.items():
+                setattr(tc, k, v)
+            algo = build_algorithm(tc, model, opt)
+        times = []
+        for step in range(steps):
+            flat = grads[(step + rank) % len(grads)]
+            off = 0
+            for p in params:
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
+                p.grad.copy_(flat[off:off + p.numel()].view_as(p))
+                off += p.numel()
+            if world > 1:
+                torch.distributed.barrier()
+            t0 = time.perf_counter()
+            if algo is None:
+                opt.step()
+            else:
+                algo.step(num_frames=2048)
+            times.append(time.perf_counter() - t0)
+        if algo is not None:
+            algo.finalize()
+        skip = min(2, steps - 1)
+        st = algo.stats() if algo is not None else {}
+        out[name] = {"mean_s": sum(times[skip:]) / len(times[skip:]),
+                     "median_s": statistics.median(times[skip:]),
+                     "comm_s_per_step": st.get("comm_seconds", 0.0) / max(steps, 1),
+                     "bytes_per_step": st.get("bytes_per_step", 0.0),
+                     "sent_fraction": st.get("sent_fraction")}
+        del model, opt, algo
+    return out
+
+
+def overhead_bench(grads: list[torch.Tensor], cfg: Any, steps: int) -> dict[str, Any]:
+    from training.distributed import spawn_local
+
+    tc = cfg.train
+    train_kw = {"gtc_tau": tc.gtc_tau, "gtc_tau_scale": tc.gtc_tau_scale,
+                "block_size": tc.block_size, "block_lr": tc.block_lr,
+                "block_momentum": tc.block_momentum, "bmuf_c": tc.bmuf_c, "group_size": 2,
+                "ma_samples": tc.ma_samples, "minibatch_frames": tc.minibatch_frames}
+    algos = ["sgd", "gtc", "bmuf", "htm", "ma"]
+    with tempfile.TemporaryDirectory(prefix="amflow-bench-gtc-") as tmp:
+        path = os.path.join(tmp, "grads.pt")
+        torch.save(grads, path)
+        res = spawn_local(_overhead_worker, 2, path, algos, steps, train_kw, timeout=3600)
+    bare = max(r["bare"]["mean_s"] for r in res)
+    table = {}
+    for a in algos:
+        mean = max(r[a]["mean_s"] for r in res)  # the slower rank sets the pace
+        table[a] = {"s_per_minibatch": round(mean, 4),
+                    "relative_to_bare_step": round(mean / bare, 3),
+                    "overhead": round(mean / bare - 1, 3),
+                    "comm_s_per_minibatch": round(res[0][a]["comm_s_per_step"], 4),
+                    "bytes_per_minibatch": round(res[0][a]["bytes_per_step"]),
+                    "sent_fraction": res[0][a]["sent_fraction"]}
+    return {"workers": 2, "steps": steps, "bare_step_s": round(bare, 4),
+            "note": "htm with group_size 2 over 2 workers is one GTC group", "algorithms": table}
+
+
+def run(ctx: Any, args: Any) -> dict[str, Any]:
+    cfg = ctx.cfg
+    torch.set_num_threads(1)
+    model = paper_model(0)
+    n = sum(p.numel() for p in model.parameters())
+    t0 = time.perf_counter()
+    grads = real_gradients(model, 4)
+    grad_s = time.perf_counter() - t0
+    del model
+    steps = int(os.environ.get("AMFLOW_BENCH_GTC_STEPS", "30"))
+    codec = codec_bench(grads, steps, cfg.train.gtc_tau_scale)
+    ov_steps = int(os.environ.get("AMFLOW_BENCH_OVERHEAD_STEPS", str(cfg.train.block_size + 10)))
+    overheads = overhead_bench(grads, cfg, ov_steps)
+    result = {"model": dict(PAPER_MODEL, params=n), "gradient_seconds": round(grad_s, 2),
+              "codec": codec, "overheads": overheads,
+              "gtc_gb_per_s": codec["gb_per_s"],
+              "gtc_compression_vs_fp32": codec["compression_vs_fp32"],
+              "gtc_sent_fraction": codec["sent_fraction"]}
+    lines = [f"GTC codec on {n / 1e6:.1f} M params, 1 core: {codec['gb_per_s']} GB/s of gradient "
+             f"(encode {codec['encode_ms']} ms + decode {codec['decode_ms']} ms), sends "
+             f"{codec['sent_fraction'] * 100:.3f} % -> {codec['compression_vs_fp32']}x fewer "
+             "bytes than dense fp32",
+             f"per-minibatch time relative to the bare Adam step ({overheads['bare_step_s']} s), "
+             "2 gloo workers:"]
+    for a, r in overheads["algorithms"].items():
+        lines.append(f"  {a:5s} x{r['relative_to_bare_step']:.2f}  comm {r['comm_s_per_minibatch']}"
+                     f" s  bytes/minibatch {r['bytes_per_minibatch']}")
+    print("\n".join(lines))
+    return result

@@ -1,0 +1,323 @@
+"""`amflow bench trainers`: every distributed algorithm against 1-worker SGD, Table-I style.
+
+For each of 1-worker SGD, then sgd / gtc / bmuf / htm / ma with 4 and 8 workers, the real
+per-worker training function (`training.loop.train_worker`, labeled recipe, the student
+model of `config.model`) trains from the same initial model on the same labeled data for
+the same number of passes over it (`train.epochs`), each run in its own gloo process group
+of N local processes (`training.distributed.spawn_local`; on a 2-core machine 8 workers
+are 8 processes time-sharing the cores, so frames/s here measure the algorithms'
+overhead under contention, not GPU scaling: `amflow simulate` projects that).
+
+Reported per run, as in Table I of the petabyte-scale paper: relative frame-accuracy
+difference against 1-worker SGD (dev split when there is one, else the last training
+pass), frames/s, bytes sent per worker per minibatch, compression against dense fp32
+gradients (4 bytes x parameters per minibatch, what `sgd` sends), the GTC sent fraction,
+communication seconds. The `measured` block of the output is what `amflow simulate` reads.
+
+Data, in order of preference:
+1. this run's `repartition/labeled` (+ `repartition/dev`, `features/cmvn.json`,
+   `features/phones.json`);
+2. the pipeline, when this checkout has the corpus step: `amflow corpus` (its own corpus
+   under the bench dir, 1.5 h with 60 % of the speakers labeled by default), `select`,
+   `features`, `repartition` (labeled and dev) for this run id (subprocesses, same config);
+3. otherwise synthetic labeled speech-like features written in the training row format
+   (phone-conditioned 64-d frames with speaker offsets and correlated noise, stacked 3 to
+   192-d at 33 Hz, a bigram phone sequence so context matters), marked as such.
+The labeled rows are re-split into partitions divisible by 4 and 8 workers under
+`runs/<R>/bench/trainers/data/`.
+
+Small data needs small blocks: with `train.block_size` minibatches per BMUF/HTM block and
+`train.ma_samples` frames between MA averages, a worker that takes S minibatches per pass
+would sync too rarely; the bench lowers block size and MA period to at most S/4 per pass
+(printed; set AMFLOW_BENCH_KEEP_SYNC=1 to keep the config's values).
+
+Env: AMFLOW_BENCH_WORKERS (default "4,8"), AMFLOW_BENCH_ALGOS ("sgd,gtc,bmuf,htm,ma"),
+AMFLOW_BENCH_EPOCHS (default train.epochs), AMFLOW_BENCH_SYNTH_SECONDS (1800).
+"""
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import shutil
+import subprocess
+import sys
+import time
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from amflow import records
+from amflow.runs import StepError
+from amflow.storage import join
+
+log = logging.getLogger(__name__)
+
+SYNTH_PHONES = 40
+
+
+# ---------------------------------------------------------------------------------------
+# Data.
+# ---------------------------------------------------------------------------------------
+
+def synth_split(seconds: float, seed: int, speakers: int, split: str,
+                phone_means: np.ndarray, trans: np.ndarray) -> tuple[list[dict], np.ndarray]:
+    """Rows in the feature row format, and the stacked 192-d rows for CMVN stats."""
+    rng = np.random.default_rng(seed)
+    rows, stacked_all = [], []
+    total, i = 0.0, 0
+    spk_offset = rng.normal(0, 0.4, (speakers, phone_means.shape[1])).astype(np.float32)
+    while total < seconds:
+        spk = i % speakers
+        n100 = int(rng.uniform(200, 600))
+        labels100 = np.empty(n100, np.int64)
+        t, ph = 0, int(rng.integers(1, SYNTH_PHONES))
+        while t < n100:
+            d = int(rng.integers(4, 16))
+            labels100[t:t + d] = ph
+            t += d
+            ph = int(rng.choice(SYNTH_PHONES, p=trans[ph]))
+        noise = rng.normal(0, 1.0, (n100, phone_means.shape[1])).astype(np.float32)
+        for k in range(1, n100):  # AR(1): correlated noise across frames
+            noise[k] += 0.6 * noise[k - 1]
+        x = phone_means[labels100] + spk_offset[spk] + 0.8 * noise
+        tr = n100 // 3
+        stacked = x[: 3 * tr].reshape(tr, 3 * x.shape[1])
+        lab = records.offset_labels(labels100, 0, 3, tr)
+        row = {"utt_id": f"synth-{split}-{i:05d}", "speaker_id": f"sspk{spk:02d}",
+               "split": split, "condition": "SYN", "shard": f"synth-{split}",
+               **records.encode_feats(stacked, "float16"),
+               "labels": records.encode_int16(lab),
+               "frame_labels": records.encode_int16(labels100)}
+        rows.append(row)
+        stacked_all.append(stacked)
+        total += n100 / 100.0
+        i += 1
+    return rows, np.concatenate(stacked_all)
+
+
+def write_rows(ctx, uri: str, rows: list[dict]) -> None:
+    cols = {f.name: [r.get(f.name) for r in rows] for f in records.FEATURE_SCHEMA}
+    ctx.storage.write_parquet(uri, pa.table(cols, schema=records.FEATURE_SCHEMA))
+
+
+def synth_data(ctx, out: str, seconds: float) -> dict[str, Any]:
+    rng = np.random.default_rng(7)
+    means = rng.normal(0, 1.0, (SYNTH_PHONES, 64)).astype(np.float32)
+    trans = rng.dirichlet(np.full(SYNTH_PHONES, 0.2), size=SYNTH_PHONES)  # peaky bigrams
+    lab_rows, lab_x = synth_split(seconds, 1, 12, "labeled", means, trans)
+    dev_rows, _ = synth_split(max(seconds / 8, 60), 2, 12, "dev", means, trans)
+    write_rows(ctx, join(out, "labeled_all", "part-00000.parquet"), lab_rows)
+    write_rows(ctx, join(out, "dev", "part-00000.parquet"), dev_rows)
+    x = lab_x.astype(np.float64)
+    cmvn = {"count": int(x.shape[0]), "sum": x.sum(0).tolist(), "sumsq": (x**2).sum(0).tolist()}
+    return {"labeled": [join(out, "labeled_all", "part-00000.parquet")],
+            "dev": [join(out, "dev", "part-00000.parquet")], "cmvn": cmvn,
+            "phones": [f"p{i:02d}" for i in range(SYNTH_PHONES)], "source": "synthetic"}
+
+
+def run_data(ctx) -> dict[str, Any] | None:
+    from training.data import partition_uris
+
+    st = ctx.storage
+    lab = partition_uris(st, ctx.other("repartition", "labeled"))
+    cmvn_uri = ctx.other("features", "cmvn.json")
+    if not lab or not st.exists(cmvn_uri):
+        return None
+    phones_uri = ctx.other("features", "phones.json")
+    return {"labeled": lab, "dev": partition_uris(st, ctx.other("repartition", "dev")),
+            "cmvn": st.read_json(cmvn_uri),
+            "phones": st.read_json(phones_uri) if st.exists(phones_uri) else [],
+            "source": ctx.other("repartition")}
+
+
+def pipeline_data(ctx, args) -> dict[str, Any] | None:
+    """Build the labeled data with the pipeline steps (when this checkout has them):
+    a corpus of its own under the bench dir (AMFLOW_BENCH_CORPUS_HOURS, default 1.5 h,
+    with AMFLOW_BENCH_LABELED_SHARE, default 0.6, of the speakers labeled), then select,
+    features and repartition of the labeled and dev splits for this run id."""
+    import importlib.util
+
+    if any(importlib.util.find_spec(f"tasks.{m}") is None
+           for m in ("corpus", "select", "features", "repartition")):
+        return None
+    hours = float(os.environ.get("AMFLOW_BENCH_CORPUS_HOURS", "1.5"))
+    share = float(os.environ.get("AMFLOW_BENCH_LABELED_SHARE", "0.6"))
+    corpus = ctx.path("trainers", "corpus")
+    base = [sys.executable, "-m", "amflow.cli"]
+    common: list[str] = []
+    if getattr(args, "config", None):
+        common += ["--config", args.config]
+    for o in getattr(args, "overrides", []) or []:
+        common += ["--set", o]
+    common += ["--set", f"data.corpus={corpus}", "--set", f"corpus.hours={hours}",
+               "--set", f"corpus.labeled_share={share}"]
+    run = ["--run-id", ctx.run_id]
+    steps = [["corpus", "--out", corpus, *common],
+             ["select", *run, *common, "--set", f"select.hours={hours}",
+              "--set", "select.splits=labeled,dev"],
+             ["features", *run, *common],
+             ["repartition", *run, *common, "--set", "repartition.splits=labeled,dev",
+              "--set", "train.workers=8"]]
+    for s in steps:
+        log.info("bench trainers: building data: amflow %s", " ".join(s))
+        p = subprocess.run(base + s, capture_output=True, text=True)
+        if p.returncode != 0:
+            tail = p.stderr.strip().splitlines()[-3:] if p.stderr else [str(p.returncode)]
+            log.warning("bench trainers: `amflow %s` failed (%s); using synthetic data",
+                        s[0], " | ".join(tail))
+            return None
+    return run_data(ctx)
+
+
+def resplit(ctx, uris: list[str], out: str, parts: int) -> list[str]:
+    """All rows of `uris` into `parts` partitions balanced by frames."""
+    tables = [ctx.storage.read_parquet(u) for u in uris]
+    t = pa.concat_tables(tables, promote_options="default")
+    frames = t.column("num_frames").to_numpy()
+    order = np.argsort(-frames, kind="stable")
+    load = np.zeros(parts, np.int64)
+    assign = [[] for _ in range(parts)]
+    for i in order:
+        j = int(np.argmin(load))
+        assign[j].append(int(i))
+        load[j] += frames[i]
+    out_uris = []
+    for j, idx in enumerate(assign):
+        uri = join(out, f"part-{j:05d}.parquet")
+        ctx.storage.write_parquet(uri, t.take(pa.array(sorted(idx), pa.int64())))
+        out_uris.append(uri)
+    return out_uris
+
+
+# ---------------------------------------------------------------------------------------
+# Runs.
+# ---------------------------------------------------------------------------------------
+
+def _train_rank(rank: int, world: int, plan: dict) -> dict:
+    from training.loop import train_worker
+
+    out = train_worker(plan)
+    return out if rank == 0 else {}
+
+
+def steps_per_pass(frames: int, workers: int, minibatch: int) -> int:
+    return max(1, frames // workers // minibatch)
+
+
+def run(ctx, args) -> dict[str, Any]:
+    from training.distributed import spawn_local
+    from training.models import resolve_num_classes
+
+    cfg = ctx.cfg
+    workers_list = [int(w) for w in os.environ.get("AMFLOW_BENCH_WORKERS", "4,8").split(",")]
+    algos = os.environ.get("AMFLOW_BENCH_ALGOS", "sgd,gtc,bmuf,htm,ma").split(",")
+    epochs = int(os.environ.get("AMFLOW_BENCH_EPOCHS", cfg.train.epochs))
+    base = ctx.path("trainers")
+    parts = math.lcm(*workers_list)
+
+    data = run_data(ctx) or pipeline_data(ctx, args)
+    if data is None:
+        seconds = float(os.environ.get("AMFLOW_BENCH_SYNTH_SECONDS", "1800"))
+        data = synth_data(ctx, join(base, "data"), seconds)
+    labeled = resplit(ctx, data["labeled"], join(base, "data", "labeled"), parts)
+    from training.data import SplitIndex
+
+    index = SplitIndex.load(ctx.storage, labeled, "labels")
+    if len(index) == 0:
+        raise StepError(f"no usable labeled rows in {data['labeled']}")
+    total_frames = index.total_frames
+    num_classes = resolve_num_classes(cfg.model, data["phones"])
+
+    tc0 = cfg.train
+    runs = [("sgd", 1)] + [(a, n) for n in workers_list for a in algos]
+    results: dict[str, Any] = {}
+    t_all = time.time()
+    for algo, n in runs:
+        name = f"{algo}-{n}"
+        train = dict(cfg.to_dict()["train"])
+        spp = steps_per_pass(total_frames, n, tc0.minibatch_frames)
+        block, ma_samples = tc0.block_size, tc0.ma_samples
+        if not os.environ.get("AMFLOW_BENCH_KEEP_SYNC"):
+            block = max(1, min(block, spp // 4))
+            ma_samples = max(tc0.minibatch_frames,
+                             min(ma_samples, (spp // 4) * tc0.minibatch_frames))
+        train.update(algorithm=algo, workers=n, epochs=epochs, block_size=block,
+                     ma_samples=ma_samples, group_size=min(tc0.group_size, n),
+                     checkpoint_every=10**9, threads=1, model="student", recipe="labeled",
+                     tag=f"bench-{name}")
+        conf = cfg.to_dict()
+        conf["train"] = train
+        train_dir = join(base, name)
+        for uri in ctx.storage.list(train_dir, recursive=True):
+            ctx.storage.delete(uri)
+        plan = {"config": conf, "run_id": ctx.run_id, "train_dir": train_dir,
+                "kind": "student", "splits": {"labeled": labeled, "dev": data["dev"]},
+                "cmvn": data["cmvn"], "phones": list(data["phones"]),
+                "num_classes": int(num_classes), "feat_dim": int(index.feat_dim),
+                "stack": cfg.features.stack, "progress": False}
+        log.info("bench trainers: %s (%d workers, block %d, ma period %d frames)", name, n,
+                 block, ma_samples)
+        t0 = time.time()
+        out = spawn_local(_train_rank, n, plan, timeout=7200)[0]
+        m = out["metrics"]
+        results[name] = {"algorithm": algo, "workers": n, "wall_s": round(time.time() - t0, 1),
+                         "block_size": block, "ma_samples": ma_samples, **m}
+        print(f"{name:8s} acc {m.get('dev_frame_acc', m.get('final_train_frame_acc'))} "
+              f"frames/s {m.get('frames_per_s')} bytes/step {m.get('algo_bytes_per_step')}",
+              flush=True)
+
+    base_m = results["sgd-1"]
+    acc_key = "dev_frame_acc" if base_m.get("dev_frame_acc") is not None else \
+        "final_train_frame_acc"
+    params = int(base_m["parameters"])
+    dense = 4.0 * params
+    table = []
+    for name, r in results.items():
+        acc = r.get(acc_key)
+        rel = 100.0 * (acc - base_m[acc_key]) / base_m[acc_key] if acc is not None else None
+        bps = float(r.get("algo_bytes_per_step") or 0.0)
+        table.append({
+            "method": r["algorithm"], "workers": r["workers"], "frame_acc": acc,
+            "rel_frame_acc_pct": None if rel is None else round(rel, 2),
+            "frames_per_s": r.get("frames_per_s"),
+            "speedup_vs_sgd1": round(r["frames_per_s"] / base_m["frames_per_s"], 2)
+            if base_m.get("frames_per_s") else None,
+            "bytes_per_worker_per_minibatch": round(bps, 1),
+            "compression_vs_dense": round(dense / bps, 1) if bps else None,
+            "sent_fraction": r.get("algo_sent_fraction"),
+            "comm_s": r.get("algo_comm_seconds"), "steps": r.get("steps"),
+            "block_size": r["block_size"] if r["algorithm"] in ("bmuf", "htm") else None})
+    measured = {"params_measured": params, "minibatch_frames": tc0.minibatch_frames,
+                "compute_s_per_minibatch": base_m.get("compute_s_per_minibatch"),
+                "algorithms": {}}
+    top = max(workers_list)
+    for algo in algos:
+        r = results.get(f"{algo}-{top}")
+        if r is None:
+            continue
+        st = {k[len("algo_"):]: v for k, v in r.items() if k.startswith("algo_")}
+        st["workers"] = top
+        measured["algorithms"][algo] = st
+    lines = [f"Trainers on {data['source']} ({total_frames} labeled frames, {epochs} passes, "
+             f"{params} parameters; accuracy = {acc_key}):", "",
+             "| Method | Workers | Rel. frame acc. (%) | frames/s | speedup | bytes/worker/minibatch"
+             " | compression vs dense | sent fraction |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for row in table:
+        sf = row["sent_fraction"]
+        lines.append(f"| {row['method'].upper()} | {row['workers']} | {row['rel_frame_acc_pct']} | "
+                     f"{row['frames_per_s']} | {row['speedup_vs_sgd1']} | "
+                     f"{row['bytes_per_worker_per_minibatch']:.0f} | "
+                     f"{row['compression_vs_dense']} | "
+                     f"{'' if sf is None else f'{sf * 100:.3f} %'} |")
+    md = "\n".join(lines) + "\n"
+    ctx.storage.write_text(ctx.path("trainers.md"), md)
+    print(md)
+    worst = max((abs(r["rel_frame_acc_pct"]) for r in table
+                 if r["workers"] == 8 and r["rel_frame_acc_pct"] is not None), default=None)
+    return {"data": data["source"], "labeled_frames": total_frames, "epochs": epochs,
+            "parameters": params, "accuracy_metric": acc_key, "table": table,
+            "runs": results, "measured": measured, "table_md": ctx.path("trainers.md"),
+            "max_abs_rel_frame_acc_pct_at_8": worst, "wall_s": round(time.time() - t_all, 1)}
