@@ -328,8 +328,10 @@ class TrainConfig:
     threads: int = 0  # torch threads per worker; 0 = torch's default
     fail_after: int = 0  # fault injection: die once after this many minibatches (0 = off)
     # Distributed algorithm knobs.
-    gtc_tau: float = 0.0  # 0 = derive from gtc_tau_scale
-    gtc_tau_scale: float = 8.0
+    # GTC threshold in gradient units; 0 = gtc_tau_scale x mean |first gradient element|,
+    # which bounds the sent fraction by 1/gtc_tau_scale (training/algorithms/gtc.py).
+    gtc_tau: float = 0.0
+    gtc_tau_scale: float = 100.0
     block_size: int = 50
     block_lr: float = 1.0  # zeta
     block_momentum: float = -1.0  # eta; < 0 = derive from zeta/(N(1-eta)) = C
