@@ -65,6 +65,24 @@ def _synth(dir_: Path, seconds: float, seed: int = 0) -> list[dict]:
     return out
 
 
+def _clean_16k_mono(path: str) -> bool:
+    """Only audio both competitors take as it is (decodable, 16 kHz, mono)."""
+    import soundfile as sf
+
+    from amflow.config import FeaturesConfig
+    from tasks.audio import decode_audio
+
+    try:
+        info = sf.info(path)
+    except Exception:  # noqa: BLE001 - libsndfile raises several types
+        return False
+    if info.samplerate != 16000 or info.channels != 1:
+        return False
+    with open(path, "rb") as f:
+        return decode_audio(f.read(), FeaturesConfig(resample=False, downmix=False)).reason \
+            is None
+
+
 def _corpus_audio(cfg, seconds: float) -> list[dict]:
     """Local corpus utterances (the lhotse side needs local files), up to `seconds`."""
     from amflow.storage import Storage
@@ -83,7 +101,7 @@ def _corpus_audio(cfg, seconds: float) -> list[dict]:
             except MetadataError:
                 continue
             path = st.local_path(resolve_uri(corpus, rec.audio_uri))
-            if path and os.path.exists(path):
+            if path and os.path.exists(path) and _clean_16k_mono(path):
                 out.append({"utt_id": rec.utt_id, "speaker_id": rec.speaker_id,
                             "duration": rec.duration, "path": path})
                 total += rec.duration
