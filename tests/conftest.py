@@ -87,3 +87,26 @@ def ray_local():
 def amflow_bin() -> str:
     exe = VENV_BIN / "amflow"
     return str(exe) if exe.exists() else f"{sys.executable} -m amflow.cli"
+
+
+# --- tiny_corpus (owned by the corpus step) ---
+TINY_CORPUS_OVERRIDES = ("corpus.hours=0.05",)
+
+
+@pytest.fixture(scope="session")
+def tiny_corpus(tmp_path_factory):
+    """A small embedded corpus (~0.05 h, all splits and DP1..DP5), built once per session.
+
+    Returns the corpus root (a pathlib.Path): metadata/**.jsonl, audio/, alignments.ctm,
+    phones.txt, _SUCCESS.json. Built in-process (no Ray) in a few seconds; byte-identical
+    to `amflow corpus --config configs/local.yaml --set corpus.hours=0.05`.
+    """
+    from amflow.config import load_config
+    from tasks.corpus import build_corpus
+
+    root = tmp_path_factory.mktemp("tiny_corpus")
+    cfg = load_config(ROOT / "configs" / "local.yaml",
+                      [f"storage.root={root / 'store'}", *TINY_CORPUS_OVERRIDES])
+    corpus = root / "corpus"
+    build_corpus(cfg, str(corpus), use_ray=False)
+    return corpus

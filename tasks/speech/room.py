@@ -22,11 +22,18 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
+from functools import lru_cache
 
 import numpy as np
+from scipy import fft as sfft
 from scipy import signal
 
 C_SOUND = 343.0  # m/s
+
+
+@lru_cache(maxsize=512)
+def _butter(order: int, cutoff: float | tuple[float, float], btype: str, fs: int) -> np.ndarray:
+    return signal.butter(order, cutoff, btype, fs=fs, output="sos")
 
 
 # -- room impulse responses --------------------------------------------------------------
@@ -138,10 +145,8 @@ def room_impulse_response(room: Room, fs: int, rng: np.random.Generator,
     level = float(np.sum(seg ** 2) / max(np.sum(env), 1e-12)) if len(seg) else 0.0
     t = np.arange(n_img, n_total) / fs
     noise = rng.standard_normal((2, len(t)))
-    sos_lo = signal.butter(4, tail_split_hz, "low", fs=fs, output="sos")
-    sos_hi = signal.butter(4, tail_split_hz, "high", fs=fs, output="sos")
-    low = signal.sosfilt(sos_lo, noise[0]) * np.exp(-0.5 * decay * t)
-    high = signal.sosfilt(sos_hi, noise[1]) * np.exp(-0.5 * decay / hf_decay * t)
+    low = signal.sosfilt(_butter(4, tail_split_hz, "low", fs), noise[0]) * np.exp(-0.5 * decay * t)
+    high = signal.sosfilt(_butter(4, tail_split_hz, "high", fs), noise[1]) * np.exp(-0.5 * decay / hf_decay * t)
     tail = low + high
     # Unit expected energy density at the crossover, then the fitted level.
     ref = np.exp(-decay * t[0])
@@ -180,11 +185,12 @@ def _unit(x: np.ndarray) -> np.ndarray:
 def colored_noise(rng: np.random.Generator, n: int, beta: float, fs: int = 16000,
                   f_min: float = 20.0) -> np.ndarray:
     """Unit-RMS noise with power spectrum ~ 1/f^beta (0 white, 1 pink, 2 brown)."""
-    spec = np.fft.rfft(rng.standard_normal(n))
-    f = np.fft.rfftfreq(n, 1.0 / fs)
+    m = sfft.next_fast_len(n, real=True)
+    spec = sfft.rfft(rng.standard_normal(m))
+    f = np.fft.rfftfreq(m, 1.0 / fs)
     spec *= np.maximum(f, f_min) ** (-beta / 2.0)
     spec[0] = 0.0
-    return _unit(np.fft.irfft(spec, n))
+    return _unit(sfft.irfft(spec, m)[:n])
 
 
 def hum(rng: np.random.Generator, n: int, fs: int = 16000) -> np.ndarray:
@@ -202,9 +208,8 @@ def hum(rng: np.random.Generator, n: int, fs: int = 16000) -> np.ndarray:
 
 def fan(rng: np.random.Generator, n: int, fs: int = 16000) -> np.ndarray:
     """Fan / HVAC: low-passed pink noise, slow amplitude wobble, a blade-rate tone."""
-    cutoff = rng.uniform(300.0, 1200.0)
-    sos = signal.butter(2, cutoff, "low", fs=fs, output="sos")
-    x = signal.sosfilt(sos, colored_noise(rng, n, 1.0, fs))
+    cutoff = 50.0 * round(rng.uniform(300.0, 1200.0) / 50.0)
+    x = signal.sosfilt(_butter(2, cutoff, "low", fs), colored_noise(rng, n, 1.0, fs))
     t = np.arange(n) / fs
     x *= 1.0 + 0.2 * np.sin(2 * np.pi * rng.uniform(0.2, 1.0) * t + rng.uniform(0, 6.3))
     blade = rng.uniform(80.0, 200.0)
@@ -220,10 +225,9 @@ def clatter(rng: np.random.Generator, n: int, fs: int = 16000, rate_hz: float = 
         length = int(rng.uniform(0.03, 0.25) * fs)
         start = int(rng.integers(0, max(n - 1, 1)))
         burst = rng.standard_normal(length) * np.exp(-np.arange(length) / (length / 5.0))
-        centre = rng.uniform(800.0, 5000.0)
-        sos = signal.butter(2, [centre / 1.5, min(centre * 1.5, fs / 2 - 100)], "band", fs=fs,
-                            output="sos")
-        burst = signal.sosfilt(sos, burst) * rng.uniform(0.3, 1.0)
+        centre = 100.0 * round(rng.uniform(800.0, 5000.0) / 100.0)
+        band = (centre / 1.5, min(centre * 1.5, fs / 2 - 100))
+        burst = signal.sosfilt(_butter(2, band, "band", fs), burst) * rng.uniform(0.3, 1.0)
         end = min(start + length, n)
         x[start:end] += burst[:end - start]
     return _unit(x)

@@ -165,7 +165,7 @@ def _statement(g: _Gen) -> str:
         parts.append(g.vi()[1])
     if g.chance(0.5):
         parts.append(g.pp())
-    if g.chance(0.3):
+    if g.chance(0.3) or len(" ".join(parts).split()) < MIN_WORDS:
         parts.append(g.pick(ADVERBS))
     if g.chance(0.35):
         return f"{g.pick(TIMES).capitalize()}, " + " ".join(parts) + "."
@@ -215,6 +215,9 @@ _KINDS: list[tuple[float, Callable[[_Gen], str]]] = [(0.5, _statement), (0.2, _q
                                                      (0.3, _command)]
 
 
+MIN_WORDS = 3
+
+
 def word_count(text: str) -> int:
     return len(text.split())
 
@@ -228,7 +231,8 @@ def sentence(rng: np.random.Generator, target_words: int, tries: int = 8) -> str
         kind = _KINDS[int(rng.choice(len(_KINDS), p=weights / weights.sum()))][1]
         s = kind(g)
         s = s[0].upper() + s[1:]
-        err = abs(word_count(s) - target_words)
+        n = word_count(s)
+        err = abs(n - target_words) + (100 if n < MIN_WORDS else 0)
         if best_err is None or err < best_err:
             best, best_err = s, err
         if err == 0:
