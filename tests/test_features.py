@@ -145,3 +145,27 @@ def test_resampled_and_downmixed_audio_survive_a_poisoned_stream(corpus, local_c
     for utt in ("b_rate", "b_stereo"):
         x = records.decode_feats(rows[utt])
         assert x.shape == (32, 192) and np.isfinite(x).all()
+
+
+def test_pipeline_on_tiny_espeak_corpus(tiny_corpus, local_cfg, ray_local, tmp_path):
+    """The embedded corpus goes through clean: every utterance featurised, its alignments
+    cover the (reverberant) audio, labels use the corpus inventory, partitions balance."""
+    cfg = local_cfg(f"data.corpus={tiny_corpus}", "select.splits=labeled,unlabeled,dev,test",
+                    "select.shard_hours=0.005", "train.workers=2",
+                    "repartition.partition_hours=0.005")
+    sel, feat, rep = _steps(cfg, "tiny", "select", "features", "repartition")
+    assert sel["counts"]["rejected"] == 0
+    assert feat["counts"]["rejected"] == 0, feat["metrics"]["reject_reasons"]
+    assert feat["counts"]["out"] == sel["counts"]["selected"] == rep["counts"]["out"]
+    store = tmp_path / "store" / "runs" / "tiny"
+    phones = json.loads((store / "features" / "phones.json").read_text())
+    corpus_phones = [p.split()[0] for p in (tiny_corpus / "phones.txt").read_text().split("\n")
+                     if p.strip()]
+    assert set(corpus_phones) <= set(phones) and "<unk>" in phones
+    for rows in _feature_rows(tmp_path / "store", "tiny").values():
+        for r in rows:
+            assert (r["labels"] is not None) == (r["split"] != "unlabeled")
+            assert r["condition"] in ("DP1", "DP2", "DP3", "DP4", "DP5")
+    for split in ("labeled", "unlabeled", "dev", "test"):
+        index = json.loads((store / "repartition" / split / "_index.json").read_text())
+        assert len(index["partitions"]) % 2 == 0
