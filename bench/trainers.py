@@ -18,7 +18,7 @@ Data, in order of preference:
 1. this run's `repartition/labeled` (+ `repartition/dev`, `features/cmvn.json`,
    `features/phones.json`);
 2. the pipeline, when this checkout has the corpus step: `amflow corpus` (its own corpus
-   under the bench dir, 1.5 h with 60 % of the speakers labeled by default), `select`,
+   under the bench dir, 2.5 h with 35 % of the speakers labeled by default), `select`,
    `features`, `repartition` (labeled and dev) for this run id (subprocesses, same config);
 3. otherwise synthetic labeled speech-like features written in the training row format
    (phone-conditioned 64-d frames with speaker offsets and correlated noise, stacked 3 to
@@ -135,16 +135,16 @@ def run_data(ctx) -> dict[str, Any] | None:
 
 def pipeline_data(ctx, args) -> dict[str, Any] | None:
     """Build the labeled data with the pipeline steps (when this checkout has them):
-    a corpus of its own under the bench dir (AMFLOW_BENCH_CORPUS_HOURS, default 1.5 h,
-    with AMFLOW_BENCH_LABELED_SHARE, default 0.6, of the speakers labeled), then select,
+    a corpus of its own under the bench dir (AMFLOW_BENCH_CORPUS_HOURS, default 2.5 h,
+    with AMFLOW_BENCH_LABELED_SHARE, default 0.35, of the speakers labeled), then select,
     features and repartition of the labeled and dev splits for this run id."""
     import importlib.util
 
     if any(importlib.util.find_spec(f"tasks.{m}") is None
            for m in ("corpus", "select", "features", "repartition")):
         return None
-    hours = float(os.environ.get("AMFLOW_BENCH_CORPUS_HOURS", "1.5"))
-    share = float(os.environ.get("AMFLOW_BENCH_LABELED_SHARE", "0.6"))
+    hours = float(os.environ.get("AMFLOW_BENCH_CORPUS_HOURS", "2.5"))
+    share = float(os.environ.get("AMFLOW_BENCH_LABELED_SHARE", "0.35"))
     corpus = ctx.path("trainers", "corpus")
     base = [sys.executable, "-m", "amflow.cli"]
     common: list[str] = []

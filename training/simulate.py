@@ -42,6 +42,8 @@ Time per minibatch on every worker (N workers, G = gpus_per_host, b = block size
   bmuf  t_c + [J(N,b) + T_ar(N, 4P) + t_filter] / b       (t_filter: 4 passes over 4P)
   htm   t_c + J(g,1) + t_enc + T_ag(g, pad*4s'P) + t_dec((g-1) s'P)
             + [J(N/g, b) + T_ar(N/g, 4P) + T_bc(g, 4P) + t_filter] / b    g = group_size
+        (the upper tier's ring has one rank per host, so it always crosses hosts; with one
+        group the block terms vanish: HTM is then GTC)
   ma    as bmuf with b = ceil(K / minibatch_frames) and no filter
 Speedup in frames/s over 1-GPU SGD = N t_c / T(N).
 
@@ -164,11 +166,13 @@ def step_time(algo: str, n: int, p: dict[str, Any], c: Cluster) -> dict[str, flo
         m = n // g
         b = p["block"]
         k = p["htm_s"] * P
+        blocks = m > 1  # one group: the identity filter is skipped (pure GTC)
         out["wait"] = jitter(cv, t_c, g, 1) + jitter(cv, t_c, m, b) / b
-        out["comm"] = (c.allgather(g, 4 * k * p["htm_pad"])
-                       + (c.allreduce(m, dense, spread=True) + c.broadcast(g, dense)) / b)
-        out["codec"] = (c.passes(5, dense) if g > 1 else 0.0) + c.scatter((g - 1) * k) \
-            + c.passes(4, dense) / b
+        out["comm"] = c.allgather(g, 4 * k * p["htm_pad"])
+        out["codec"] = (c.passes(5, dense) if g > 1 else 0.0) + c.scatter((g - 1) * k)
+        if blocks:
+            out["comm"] += (c.allreduce(m, dense, spread=True) + c.broadcast(g, dense)) / b
+            out["codec"] += c.passes(4, dense) / b
     else:
         raise ValueError(f"unknown algorithm {algo!r}")
     return out

@@ -1,0 +1,118 @@
+"""`amflow simulate`: the cost models and the step's outputs."""
+from __future__ import annotations
+
+import json
+import math
+from types import SimpleNamespace
+
+import pytest
+
+from amflow.runs import StepContext, StepError
+from training import simulate as sim
+
+
+def cluster(**kw):
+    args = dict(gpus_per_host=8, intra_gbps=300.0, inter_gbps=25.0, latency_us=0.0,
+                hbm_gbps=900.0)
+    args.update(kw)
+    return sim.Cluster(args["gpus_per_host"], args["intra_gbps"], args["inter_gbps"],
+                       args["latency_us"], args["hbm_gbps"])
+
+
+def test_paper_compute_time_from_epoch_time():
+    # 2000 h at 33.3 frames/s in 290 min -> ~13.8 k frames/s -> ~0.1485 s per 2048 frames
+    assert sim.paper_compute_s(2048, 24_000_000) == pytest.approx(0.1485, abs=5e-4)
+    assert sim.paper_compute_s(4096, 48_000_000) == pytest.approx(4 * 0.1485, abs=2e-3)
+
+
+def test_ring_cost_models():
+    c = cluster()
+    s = 96e6
+    # inside one host: 300 Gb/s; across hosts the 25 Gb/s NIC bounds the ring
+    assert c.allreduce(8, s) == pytest.approx(2 * 7 / 8 * s / (300e9 / 8))
+    assert c.allreduce(16, s) == pytest.approx(2 * 15 / 16 * s / (25e9 / 8))
+    assert c.allgather(16, 1000.0) == pytest.approx(15 * 1008 / (25e9 / 8))
+    assert c.allreduce(1, s) == 0.0 and c.allgather(1, 5.0) == 0.0
+    # HTM's upper tier has one rank per host: even 2 ranks cross hosts
+    assert c.allreduce(2, s, spread=True) == pytest.approx(s / (25e9 / 8))
+    lat = cluster(latency_us=10.0)
+    assert lat.allreduce(4, 0.0) == pytest.approx(2 * 3 * 10e-6)
+    assert lat.broadcast(8, 0.0) == pytest.approx(3 * 10e-6)
+
+
+def _params(**kw):
+    p = {"t_c": 0.1485, "params": 24_000_000, "minibatch_frames": 2048, "cv": 0.0,
+         "gtc_s": 0.003, "gtc_pad": 1.1, "htm_s": 0.01, "htm_pad": 1.1, "block": 50,
+         "group": 8, "ma_period": 196}
+    p.update(kw)
+    return p
+
+
+def test_projection_shapes_and_limits():
+    c = cluster(latency_us=25.0)
+    t = sim.project(_params(), c, [1, 16, 128])
+    for algo in sim.ALGORITHMS:
+        assert t[algo][1]["speedup"] == pytest.approx(1.0)
+        for n in (16, 128):
+            assert 0 < t[algo][n]["speedup"] <= n
+    # the communication-avoiding ones scale, GTC's all-gather grows with N
+    assert t["bmuf"][128]["speedup"] > t["htm"][128]["speedup"] > t["gtc"][128]["speedup"]
+    assert t["gtc"][128]["comm_s"] > 4 * t["gtc"][16]["comm_s"]
+
+
+def test_htm_limits_match_bmuf_and_gtc():
+    c = cluster(latency_us=25.0)
+    p = _params(htm_s=0.003, htm_pad=1.1)
+    one = sim.step_time("htm", 64, dict(p, group=1), c)
+    bmuf = sim.step_time("bmuf", 64, p, c)
+    # group size 1: the upper tier is BMUF over all (spread) workers
+    assert sum(one.values()) == pytest.approx(sum(bmuf.values()), rel=0.02)
+    whole = sim.step_time("htm", 8, dict(p, group=8), c)
+    gtc = sim.step_time("gtc", 8, p, c)
+    assert sum(whole.values()) == pytest.approx(sum(gtc.values()))  # one group: GTC
+
+
+def test_jitter_term():
+    assert sim.jitter(0.0, 1.0, 128, 1) == 0.0
+    assert sim.jitter(0.1, 1.0, 128, 4) == pytest.approx(0.1 * 2 * math.sqrt(2 * math.log(128)))
+
+
+def test_implied_fraction_inverts_the_model():
+    c = cluster(latency_us=25.0)
+    p = _params()
+    f = sim.implied_gtc_fraction(10.9, 128, p, c)
+    t = sim.project(dict(p, gtc_s=f), c, [128], ("gtc",))
+    assert t["gtc"][128]["speedup"] == pytest.approx(10.9, rel=1e-3)
+
+
+def test_step_writes_tables(local_cfg, tmp_path):
+    cfg = local_cfg()
+    ctx = StepContext(cfg, "sim1", "simulate")
+    measured = {"measured": {"params_measured": 300_000, "minibatch_frames": 512,
+                             "algorithms": {
+                                 "gtc": {"sent_fraction": 0.004, "bytes_per_step": 5200,
+                                         "payload_bytes_per_step": 4808, "workers": 8},
+                                 "htm": {"sent_fraction": 0.006, "workers": 8},
+                                 "sgd": {"bytes_per_step": 1_200_004}}}}
+    path = tmp_path / "m.json"
+    path.write_text(json.dumps(measured))
+    out = sim.run(ctx, SimpleNamespace(measured=str(path)))
+    assert out["metrics"]["ordering_bmuf_htm_gtc"] is True
+    table = json.loads((tmp_path / "store" / "runs" / "sim1" / "simulate" / "table.json")
+                       .read_text())
+    assert set(table["table"]) == set(sim.ALGORITHMS)
+    assert table["notes"]["measured_bytes_over_model"]["sgd"] == pytest.approx(1.0)
+    assert table["paper_htm_table1"]["bmuf"]["128"][0] == 101.5
+    md = (tmp_path / "store" / "runs" / "sim1" / "simulate" / "table.md").read_text()
+    assert "| BMUF | 128 |" in md and "101.5" in md
+    assert (tmp_path / "store" / "runs" / "sim1" / "simulate" / "_SUCCESS.json").exists()
+
+
+def test_missing_measurement_is_a_clear_error(local_cfg):
+    ctx = StepContext(local_cfg(), "sim2", "simulate")
+    with pytest.raises(StepError, match="bench trainers"):
+        sim.run(ctx, SimpleNamespace(measured=None))
+    # ... unless the sparsity is configured
+    cfg = local_cfg("simulate.gtc_sent_fraction=0.003", "simulate.htm_sent_fraction=0.01")
+    out = sim.run(StepContext(cfg, "sim3", "simulate"), SimpleNamespace(measured=None))
+    assert out["metrics"]["gtc_sent_fraction"] == 0.003
