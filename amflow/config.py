@@ -436,6 +436,10 @@ class RunnerConfig:
     # One Airflow try waits at most this long (and at most half the execution-API token
     # lifetime) before handing over to the next poke (UP_FOR_RESCHEDULE, same try number).
     max_wait_per_try_s: float = 600.0
+    # Pause between two tries of a step that still runs. Keep it above the executor's
+    # event latency (a few scheduler loops): a poke that starts before the scheduler saw
+    # the previous one end is taken for a stray success and failed by Airflow.
+    reschedule_s: float = 30.0
     # The command that runs a step; the step name and its arguments are appended.
     command: list[str] = field(default_factory=lambda: ["amflow"])
     # Directory the step runs in. Empty: the project root for local steps; for Ray jobs the
@@ -454,6 +458,7 @@ class RunnerConfig:
         _check(self.poll_s > 0, f"{key}.poll_s", "must be > 0")
         _check(self.max_wait_per_try_s >= self.poll_s, f"{key}.max_wait_per_try_s",
                "must be >= runner.poll_s")
+        _check(self.reschedule_s > 0, f"{key}.reschedule_s", "must be > 0")
         _check(bool(self.command), f"{key}.command", "must name an executable")
         _check(self.step_timeout_s >= 0, f"{key}.step_timeout_s", "must be >= 0")
 
