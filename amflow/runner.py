@@ -14,7 +14,8 @@ Jobs are named by a stable id (dag, run, task, try), so a caller that dies and c
 re-attaches to its job instead of starting a second one; `submit` of an id that exists
 is a no-op. `follow` streams new output lines and returns after a time budget, so a
 caller can poll in short tries (an Airflow task reschedules itself between pokes, which
-keeps every try well inside the execution-API token lifetime). `stop` ends a job.
+keeps every try well inside the execution-API token lifetime; the pause between tries,
+`runner.reschedule_s`, must exceed the executor's event latency). `stop` ends a job.
 
 The last stdout line of a step is `AMFLOW_SUMMARY <json>`; `parse_summary` reads it.
 
@@ -612,7 +613,8 @@ def airflow_execute(op, context) -> dict[str, Any]:
                                       "run_id": step.run_id, "pokes": outcome.pokes,
                                       "status": outcome.status})
     if not outcome.done:
-        when = dt.datetime.now(dt.timezone.utc) + dt.timedelta(seconds=step.cfg.runner.poll_s)
+        when = dt.datetime.now(dt.timezone.utc) + dt.timedelta(
+            seconds=step.cfg.runner.reschedule_s)
         op.log.info("[amflow-runner] job %s still %s after poke %d; next poke at %s",
                     outcome.job_id, outcome.status, outcome.pokes, when.isoformat())
         raise AirflowRescheduleException(when)

@@ -149,7 +149,7 @@ def test_dags_test_teacher_then_student_with_fake_steps(tmp_path):
     # features fails once (a retry resumes it); train takes several short tries.
     cfg = fake_config(work, plan={"features": {"seconds": 0.3, "fail_times": 1},
                                   "train": {"seconds": 6, "lines": 6}},
-                      poll_s=0.5, max_wait_per_try_s=2)
+                      poll_s=0.5, max_wait_per_try_s=2, reschedule_s=0.5)
     _dags_test(env, "teacher", {"config": str(cfg), "hours": 0.5, "workers": 2})
     (teacher_run,) = [p.name for p in (work / "store" / "runs").iterdir()
                       if p.name.startswith("teacher__")]
