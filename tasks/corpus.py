@@ -39,6 +39,7 @@ import io
 import json
 import logging
 import math
+import re
 import time
 import wave
 from collections import Counter, defaultdict
@@ -51,6 +52,7 @@ from scipy import signal
 
 from amflow.config import Config, CorpusConfig
 from amflow.progress import Progress
+from amflow.runs import StepError
 from amflow.storage import Storage, join
 
 log = logging.getLogger(__name__)
@@ -64,6 +66,7 @@ BATCHES = "_batches"
 CTM = "alignments.ctm"
 PHONES = "phones.txt"
 LAYOUT_VERSION = 1
+GENERATOR = "amflow corpus"
 
 # Variants that are not plausible human talkers (robots, whisper, effects).
 EXCLUDED_VARIANTS = ("robot", "robosoft", "demonic", "announcer", "whisper", "croak",
@@ -608,19 +611,45 @@ def _run_all(cfg: Config, storage: Storage, out: str, todo: list[Batch], ctx: Sy
     return results
 
 
+# Files this step writes; only these are ever deleted as stale.
+_OWN_FILES = {
+    "metadata": re.compile(r"date=\d{4}-\d{2}-\d{2}/bucket=\d{2}/part-\d{5}\.jsonl"),
+    "audio": re.compile(r"(labeled|unlabeled|dev|test)/spk\d{3,}/spk\d{3,}-\d{5}\.wav"),
+    BATCHES: re.compile(r"b\d{5,}\.(json|ctm)"),
+}
+
+
 def _cleanup(storage: Storage, out: str, plan: Plan) -> int:
-    """Delete metadata parts, audio and markers that the current plan does not have."""
+    """Delete our metadata parts, audio and markers that the current plan does not have
+    (left by an earlier plan, e.g. more hours). Files we did not name are never touched."""
     keep = {join(out, p) for b in plan.batches for p in b.metadata_parts()}
     keep |= {join(out, u.audio_rel) for u in plan.utterances}
     for b in plan.batches:
         keep |= {_marker(out, b), _batch_ctm(out, b)}
     removed = 0
-    for sub in ("metadata", "audio", BATCHES):
-        for uri in storage.list(join(out, sub), recursive=True):
-            if uri not in keep:
+    for sub, pattern in _OWN_FILES.items():
+        base = join(out, sub)
+        for uri in storage.list(base, recursive=True):
+            if uri not in keep and pattern.fullmatch(uri[len(base) + 1:]):
                 storage.delete(uri)
                 removed += 1
     return removed
+
+
+def _check_target(storage: Storage, out: str) -> None:
+    """Refuse to write into a corpus that this step did not create (a user's own)."""
+    if storage.list(join(out, BATCHES)):
+        return
+    success = join(out, SUCCESS)
+    if storage.exists(success):
+        try:
+            if storage.read_json(success).get("generator") == GENERATOR:
+                return
+        except (ValueError, OSError):
+            pass
+    if storage.list(join(out, "metadata"), recursive=True) or storage.exists(join(out, CTM)):
+        raise StepError(f"{out} already holds a corpus that `amflow corpus` did not write; "
+                        f"choose another --out")
 
 
 def phone_inventory(phones: Iterable[str]) -> list[str]:
@@ -643,6 +672,7 @@ def build_corpus(cfg: Config, out: str, force: bool = False, use_ray: bool = Tru
         if prev.get("plan_fingerprint") == fp:
             log.info("corpus at %s is complete for this plan (%s): nothing to do", out, fp)
             return dict(_summary(prev), skipped=True)
+    _check_target(storage, out)
     done: dict[str, dict] = {}
     todo: list[Batch] = []
     for b in plan.batches:
@@ -671,6 +701,7 @@ def build_corpus(cfg: Config, out: str, force: bool = False, use_ray: bool = Tru
     fresh_audio = sum(s["audio_s"] for s in fresh)
     wall = time.time() - started
     summary = {
+        "generator": GENERATOR,
         "out": out,
         "plan_fingerprint": fp,
         "seed": cc.seed,

@@ -294,15 +294,28 @@ def test_rerun_is_a_noop_and_resumes_missing_batches(tiny_corpus, tmp_path):
 def test_changed_plan_removes_stale_files(tiny_corpus, tmp_path):
     root = tmp_path / "c"
     shutil.copytree(tiny_corpus, root)
+    mine = root / "audio" / "notes" / "readme.wav"
+    mine.parent.mkdir()
+    mine.write_bytes(b"a user's file")
     cfg = _cfg("corpus.hours=0.02")
     C.build_corpus(cfg, str(root), use_ray=False)
+    assert mine.read_bytes() == b"a user's file"  # only files the step names are removed
     recs = _records(root)
     ok = json.loads((root / "_SUCCESS.json").read_text())
     assert ok["utterances"] == len(recs) < json.loads(
         (tiny_corpus / "_SUCCESS.json").read_text())["utterances"]
     wavs = {p.relative_to(root).as_posix() for p in (root / "audio").rglob("*.wav")}
-    assert wavs == {r["audio_uri"] for r in recs}
+    assert wavs == {r["audio_uri"] for r in recs} | {"audio/notes/readme.wav"}
     assert set(_ctm(root)) == {r["utt_id"] for r in recs if r["split"] != "unlabeled"}
+
+
+def test_refuses_to_write_into_a_foreign_corpus(tmp_path):
+    root = tmp_path / "theirs"
+    (root / "metadata").mkdir(parents=True)
+    (root / "metadata" / "part.jsonl").write_text('{"utt_id": "x"}\n')
+    with pytest.raises(C.StepError, match="did not write"):
+        C.build_corpus(_cfg("corpus.hours=0.01"), str(root), use_ray=False)
+    assert not (root / "audio").exists()
 
 
 def _tree(root: Path, skip=("_SUCCESS.json",)) -> dict[str, bytes]:
@@ -338,7 +351,7 @@ def test_cli_on_ray_matches_the_in_process_build(tiny_corpus, tmp_path):
     """`amflow corpus --out DIR --set corpus.hours=0.05`: same bytes as the fixture (built
     without Ray): deterministic for the seed, whatever the order and the process."""
     out = tmp_path / "c"
-    summary = _cli(str(out), f"storage.root={tmp_path / 'store'}")
+    summary = _cli(str(out))
     assert summary["audio_s"] >= 150 and summary["audio_s_per_wall_s"] > 0
     assert _tree(out) == _tree(tiny_corpus)
 
@@ -347,7 +360,7 @@ def test_cli_on_ray_matches_the_in_process_build(tiny_corpus, tmp_path):
 @pytest.mark.slow  # two CLI runs, a Ray start and a moto server: ~35 s on 2 busy cores
 def test_cli_writes_the_same_objects_to_s3(tiny_corpus, s3_bucket, tmp_path):
     bucket, overrides = s3_bucket
-    summary = _cli(f"s3://{bucket}/c", f"storage.root={tmp_path / 'store'}", *overrides)
+    summary = _cli(f"s3://{bucket}/c", *overrides)
     assert summary["utterances"] == json.loads(
         (tiny_corpus / "_SUCCESS.json").read_text())["utterances"]
     from amflow.storage import Storage
@@ -362,5 +375,5 @@ def test_cli_writes_the_same_objects_to_s3(tiny_corpus, s3_bucket, tmp_path):
             continue
         assert storage.read_bytes(rel[name]) == data, name
     # and a second run finds it complete
-    again = _cli(f"s3://{bucket}/c", f"storage.root={tmp_path / 'store'}", *overrides)
+    again = _cli(f"s3://{bucket}/c", *overrides)
     assert again["skipped"] is True
