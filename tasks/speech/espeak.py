@@ -23,7 +23,6 @@ a lock; run one process per parallel worker.
 """
 from __future__ import annotations
 
-import atexit
 import ctypes
 import ctypes.util
 import os
@@ -152,11 +151,17 @@ def _library_path() -> str:
         handle = ctypes.CDLL(system)
         real = _loaded_path(handle) or system
         _unload(handle)
-        tmpdir = tempfile.mkdtemp(prefix="amflow-espeak-")
-        dst = os.path.join(tmpdir, "libespeak-ng-private.so")
-        shutil.copyfile(real, dst)
+        # One copy per library build, shared by this user's processes (a process only
+        # needs a path that nothing else *in it* has loaded), published atomically.
+        st = os.stat(real)
+        cache = os.path.join(tempfile.gettempdir(), f"amflow-espeak-{os.getuid()}")
+        os.makedirs(cache, exist_ok=True)
+        dst = os.path.join(cache, f"libespeak-ng-{st.st_size}-{int(st.st_mtime)}.so")
+        if not os.path.exists(dst):
+            tmp = f"{dst}.tmp-{os.getpid()}"
+            shutil.copyfile(real, tmp)
+            os.replace(tmp, dst)
         _unload(ctypes.CDLL(dst))  # fails on a noexec temp dir: then use the system library
-        atexit.register(shutil.rmtree, tmpdir, True)
         _private_copy = dst
     except OSError:
         _private_copy = system
@@ -222,9 +227,15 @@ class _Engine:
         try:
             try:
                 lib = ctypes.CDLL(_library_path(), mode=os.RTLD_LOCAL | os.RTLD_NOW)
-            except OSError as exc:
-                raise EspeakError(f"cannot load {LIBRARY_NAME} (install the Debian package "
-                                  f"libespeak-ng1 / espeak-ng): {exc}") from exc
+            except OSError:
+                # the private copy may have been removed by a temp-dir cleaner: recopy
+                global _private_copy
+                _private_copy = None
+                try:
+                    lib = ctypes.CDLL(_library_path(), mode=os.RTLD_LOCAL | os.RTLD_NOW)
+                except OSError as exc:
+                    raise EspeakError(f"cannot load {LIBRARY_NAME} (install the Debian "
+                                      f"package libespeak-ng1 / espeak-ng): {exc}") from exc
             _declare(lib)
             path = self.data_path.encode() if self.data_path else None
             rate = lib.espeak_Initialize(AUDIO_OUTPUT_SYNCHRONOUS, 0, path,
@@ -306,15 +317,28 @@ def variants() -> list[VoiceInfo]:
                   key=lambda v: v.identifier)
 
 
-def _set_voice(lib: ctypes.CDLL, voice: VoiceParams) -> str:
-    if voice.variant:
-        rc = lib.espeak_SetVoiceByName(f"{voice.language}+{voice.variant}".encode())
-    else:
-        spec = _VOICE()
-        spec.languages = voice.language.encode()
-        rc = lib.espeak_SetVoiceByProperties(ctypes.byref(spec))
+def _current_identifier(lib: ctypes.CDLL) -> str:
     cur = lib.espeak_GetCurrentVoice()
-    ident = (cur.contents.identifier or b"").decode() if cur else ""
+    return (cur.contents.identifier or b"").decode() if cur else ""
+
+
+def _set_voice(lib: ctypes.CDLL, voice: VoiceParams) -> str:
+    """espeak_SetVoiceByProperties, then the prosody through espeak_SetParameter.
+
+    A variant is selected by name ("en-us+f3", no language in the spec: with a language
+    set, espeak matches the language voice and ignores the variant); the plain language
+    voice by its language.
+    """
+    spec = _VOICE()
+    if voice.variant:
+        spec.name = f"{voice.language}+{voice.variant}".encode()
+    else:
+        spec.languages = voice.language.encode()
+    rc = lib.espeak_SetVoiceByProperties(ctypes.byref(spec))
+    ident = _current_identifier(lib)
+    if voice.variant and rc == EE_OK and not ident.endswith("+" + voice.variant):
+        rc = lib.espeak_SetVoiceByName(spec.name)
+        ident = _current_identifier(lib)
     if rc != EE_OK or not ident or (voice.variant and not ident.endswith("+" + voice.variant)):
         raise EspeakError(f"voice {voice.language!r} variant {voice.variant!r} not available "
                           f"(espeak error {rc}, current voice {ident!r})")
