@@ -11,8 +11,7 @@ test_need=()
 if [ "$(id -u)" = 0 ]; then
   echo "installing ${need[*]} ${test_need[*]} with apt-get" >&2
   apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-    "${need[@]}" "${test_need[@]}" >/dev/null
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" "${test_need[@]}" >/dev/null
 else
   if [ ${#test_need[@]} -gt 0 ]; then
     echo "the browser test needs ${test_need[*]}: run 'sudo apt-get install ${test_need[*]}'" >&2
