@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import datetime as dt
 import hashlib
+import heapq
 import io
 import json
 import logging
@@ -270,9 +271,12 @@ def plan_corpus(cc: CorpusConfig, variants: list[str], espeak_version: str = "")
         cond_rng = _rng(cc.seed, _T_COND, SPLITS.index(split))
         conds: list[str] = []
         acc = 0.0
+        # the speaker with the least planned audio so far speaks next (ties: lowest index)
+        heap = [(spoken[s.index], s.index) for s in pool]
+        heapq.heapify(heap)
         while acc < target or not conds:
-            # the speaker with the least planned audio so far (ties: lowest index)
-            spk = min(pool, key=lambda s: (spoken[s.index], s.index))
+            _, idx = heapq.heappop(heap)
+            spk = speakers[idx]
             n = len(planned[spk.index])
             text, key, est, lead, trail = _draft_text(cc, spk, n)
             if acc > 0 and acc + est / 2 > target:
@@ -284,6 +288,7 @@ def plan_corpus(cc: CorpusConfig, variants: list[str], espeak_version: str = "")
             planned[spk.index].append(dict(split=split, condition=condition, text=text,
                                            key=key, lead=lead, trail=trail, est=est))
             spoken[spk.index] += est
+            heapq.heappush(heap, (spoken[spk.index], spk.index))
             acc += est
         total_est += acc
     start = dt.datetime.fromisoformat(cc.start_date).replace(tzinfo=dt.timezone.utc)

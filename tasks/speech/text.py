@@ -17,6 +17,7 @@ plurals, verbs in base and past forms, adjectives, adverbs, names, places, numbe
 """
 from __future__ import annotations
 
+import bisect
 import re
 from typing import Callable, Sequence
 
@@ -215,6 +216,7 @@ _KINDS: list[tuple[float, Callable[[_Gen], str]]] = [(0.5, _statement), (0.2, _q
                                                      (0.3, _command)]
 
 
+_KIND_CUM = list(np.cumsum([w for w, _ in _KINDS]) / sum(w for w, _ in _KINDS))
 MIN_WORDS = 3
 
 
@@ -225,10 +227,9 @@ def word_count(text: str) -> int:
 def sentence(rng: np.random.Generator, target_words: int, tries: int = 8) -> str:
     """A sentence with a word count close to `target_words` (best of `tries` drafts)."""
     g = _Gen(rng)
-    weights = np.array([w for w, _ in _KINDS])
     best, best_err = "", None
     for _ in range(tries):
-        kind = _KINDS[int(rng.choice(len(_KINDS), p=weights / weights.sum()))][1]
+        kind = _KINDS[min(bisect.bisect_right(_KIND_CUM, float(rng.random())), len(_KINDS) - 1)][1]
         s = kind(g)
         s = s[0].upper() + s[1:]
         n = word_count(s)
