@@ -10,8 +10,10 @@ infra/ray/cluster-aws.yaml, on-demand prices from `cost.*`):
     cost(step)       = node_hours * price(pool)
 
 `speedup` is `cost.gpu_speedup` for steps on the GPU pool when the measurement had no GPU
-(1.0 = none assumed: an upper bound on cost), else 1. Train time also scales with
-train.epochs (target over measured). Wall clock assumes the pool's max_workers nodes.
+(1.0 = none assumed: an upper bound on cost), else 1. Model steps scale with the model's
+size (LSTM compute per frame ~ parameters: target config's model over the measured one,
+read from the train summary and the teacher's), and train also with train.epochs (target
+over measured). Wall clock assumes the pool's max_workers nodes.
 
     python -m amflow.cost --runs data/runs/<run_id> --config configs/aws.yaml --hours 1000
 """
@@ -33,6 +35,23 @@ POOL_PRICE = {"pool_p3": "p3_16xlarge", "pool_x1": "x1_32xlarge", "pool_c4": "c4
 CLUSTER_YAML = Path(__file__).resolve().parents[1] / "infra" / "ray" / "cluster-aws.yaml"
 
 
+def lstm_params(cfg: Config, kind: str, num_classes: int) -> int:
+    """Parameters of the `kind` (student | teacher) model of a config (no torch needed)."""
+    m = cfg.model.student if kind == "student" else cfg.model.teacher
+    dirs = 2 if kind == "teacher" else 1
+    total, in_dim = 0, cfg.features.num_mel_bins * cfg.features.stack
+    for layer in range(m.layers):
+        d = in_dim if layer == 0 else m.hidden * dirs
+        total += dirs * 4 * m.hidden * (d + m.hidden + 2)
+    return total + m.hidden * dirs * num_classes + num_classes
+
+
+def _classes_from_params(cfg: Config, kind: str, params: int) -> int:
+    body = lstm_params(cfg, kind, 0)
+    width = (cfg.model.student.hidden if kind == "student" else 2 * cfg.model.teacher.hidden) + 1
+    return max(1, round((params - body) / width))
+
+
 @dataclass
 class StepCost:
     step: str
@@ -40,6 +59,7 @@ class StepCost:
     measured_hours: float
     measured_wall_s: float
     rate: float  # audio hours per core-second, as measured
+    scale: float  # model size x epochs, target over measured
     node_hours: float
     usd: float
     wall_h: float
@@ -74,6 +94,7 @@ def estimate(run_uri: str, measured: Config, target: Config, hours: float,
     select = _step_summary(storage, run_uri, "select") or {}
     run_hours = float((select.get("metrics") or {}).get("audio_hours") or 0.0)
     cores = max(1, measured.ray.num_cpus)
+    scale = _model_scales(storage, run_uri, measured, target)
     out = []
     for step in STEPS:
         s = _step_summary(storage, run_uri, step)
@@ -92,23 +113,51 @@ def estimate(run_uri: str, measured: Config, target: Config, hours: float,
         speedup = 1.0
         if info["gpus"] and measured.ray.num_gpus == 0:
             speedup = target.cost.gpu_speedup
-        epochs = target.train.epochs / max(1, measured.train.epochs) if step == "train" else 1.0
-        node_h = hours / (rate * info["vcpus"] * speedup) / 3600.0 * epochs
+        k = scale.get(step, 1.0)
+        node_h = hours / (rate * info["vcpus"] * speedup) / 3600.0 * k
         price = getattr(target.cost, POOL_PRICE[pool])
-        out.append(StepCost(step, pool, m_hours, wall, rate, node_h, node_h * price,
+        out.append(StepCost(step, pool, m_hours, wall, rate, k, node_h, node_h * price,
                             node_h / max(1, info["max_workers"])))
     return out
 
 
+def _model_scales(storage: Storage, run_uri: str, measured: Config,
+                  target: Config) -> dict[str, float]:
+    """Per model step: target compute per audio hour over the measured run's."""
+    train = _step_summary(storage, run_uri, "train") or {}
+    student_params = (train.get("metrics") or {}).get("parameters")
+    classes = (_classes_from_params(measured, "student", int(student_params))
+               if student_params else max(1, target.model.num_classes))
+    t_classes = target.model.num_classes or classes
+    student = lstm_params(target, "student", t_classes) / (
+        student_params or lstm_params(measured, "student", classes))
+    teacher_params = None
+    targets = _step_summary(storage, run_uri, "targets") or {}
+    teacher_uri = (targets.get("inputs") or {}).get("teacher")
+    if isinstance(teacher_uri, str) and teacher_uri:
+        from amflow.storage import parent
+
+        summary_uri = join(parent(teacher_uri), "_SUCCESS.json")
+        if storage.exists(summary_uri):
+            teacher_params = (storage.read_json(summary_uri).get("metrics") or {}).get(
+                "parameters")
+    teacher = lstm_params(target, "teacher", t_classes) / (
+        teacher_params or lstm_params(measured, "teacher", classes))
+    epochs = target.train.epochs / max(1, measured.train.epochs)
+    return {"train": student * epochs, "evaluate": student, "targets": teacher}
+
+
 def table(rows: list[StepCost], hours: float, pools: dict[str, dict[str, Any]]) -> str:
     lines = [f"Cost of {hours:g} audio hours end to end (on-demand, from measured throughput)",
-             "", "| step | pool | measured h | measured s | h/core-s | node-hours | USD | wall h |",
-             "|---|---|---:|---:|---:|---:|---:|---:|"]
+             "", "| step | pool | measured h | measured s | h/core-s | scale | node-hours | USD "
+                 "| wall h |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         lines.append(f"| {r.step} | {pools[r.pool]['instance']} | {r.measured_hours:.4g} | "
-                     f"{r.measured_wall_s:.4g} | {r.rate:.3g} | {r.node_hours:.4g} | "
+                     f"{r.measured_wall_s:.4g} | {r.rate:.3g} | {r.scale:.3g} | "
+                     f"{r.node_hours:.4g} | "
                      f"{r.usd:,.2f} | {r.wall_h:.3g} |")
-    lines.append(f"| **total** | | | | | {sum(r.node_hours for r in rows):.4g} | "
+    lines.append(f"| **total** | | | | | | {sum(r.node_hours for r in rows):.4g} | "
                  f"**{sum(r.usd for r in rows):,.2f}** | {sum(r.wall_h for r in rows):.3g} |")
     return "\n".join(lines)
 
@@ -119,12 +168,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--runs", required=True, help="a finished run's URI (<root>/runs/<id>)")
     p.add_argument("--measured-config", default="configs/local.yaml",
                    help="config the run was measured with (cores, epochs, storage)")
+    p.add_argument("--measured-set", action="append", default=[], metavar="KEY=VALUE",
+                   help="overrides the measured run used (e.g. train.epochs=1)")
     p.add_argument("--config", default="configs/aws.yaml", help="target config (pools, prices)")
     p.add_argument("--hours", type=float, default=1000.0)
     p.add_argument("--cluster", default=str(CLUSTER_YAML))
     p.add_argument("--json", action="store_true")
     a = p.parse_args(argv)
-    measured, target = load_config(a.measured_config), load_config(a.config)
+    measured = load_config(a.measured_config, a.measured_set)
+    target = load_config(a.config)
     pools = pools_from_cluster(Path(a.cluster))
     rows = estimate(a.runs, measured, target, a.hours, pools)
     if not rows:

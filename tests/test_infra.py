@@ -140,12 +140,16 @@ def test_cost_estimate_from_measured_step_summaries(tmp_path):
     measured = {  # step: (audio hours, wall s)
         "select": (0.5, 5.0), "features": (0.5, 10.0), "targets": (0.5, 20.0),
         "repartition": (0.5, 4.0), "train": (0.5, 100.0), "evaluate": (0.1, 8.0)}
-    for step, (hours, wall) in measured.items():
-        (run / step).mkdir(parents=True)
-        (run / step / "_SUCCESS.json").write_text(json.dumps(
-            {"step": step, "wall_s": wall, "metrics": {"audio_hours": hours}}))
     mcfg = load_config(ROOT / "configs" / "local.yaml", [f"storage.root={tmp_path / 'store'}"])
     target = load_config(ROOT / "configs" / "aws.yaml")
+    student_params = cost.lstm_params(mcfg, "student", 40)  # a 40-phone measured run
+    for step, (hours, wall) in measured.items():
+        (run / step).mkdir(parents=True)
+        metrics = {"audio_hours": hours}
+        if step == "train":
+            metrics["parameters"] = student_params
+        (run / step / "_SUCCESS.json").write_text(json.dumps(
+            {"step": step, "wall_s": wall, "metrics": metrics}))
     pools = cost.pools_from_cluster()
     rows = {r.step: r for r in cost.estimate(str(run), mcfg, target, 1000.0, pools)}
     assert set(rows) == set(measured)
@@ -154,11 +158,16 @@ def test_cost_estimate_from_measured_step_summaries(tmp_path):
     feat_node_h = 1000 / (0.5 / (10 * cores) * 16) / 3600
     assert rows["features"].node_hours == pytest.approx(feat_node_h)
     assert rows["features"].usd == pytest.approx(feat_node_h * target.cost.c4_4xlarge)
-    # train on p3.16xlarge, scaled by epochs (aws over local).
+    # train on p3.16xlarge, scaled by model size (5x768 over 2x128 LSTM, 3183 senones over
+    # 40 phones) and epochs (aws over local).
+    size = cost.lstm_params(target, "student", 3183) / student_params
+    assert size > 50
     train_node_h = 1000 / (0.5 / (100 * cores) * 64 * target.cost.gpu_speedup) / 3600 \
-        * target.train.epochs / mcfg.train.epochs
+        * size * target.train.epochs / mcfg.train.epochs
     assert rows["train"].node_hours == pytest.approx(train_node_h)
     assert rows["train"].usd == pytest.approx(train_node_h * target.cost.p3_16xlarge)
-    assert rows["select"].pool == "pool_x1"
+    assert rows["select"].pool == "pool_x1" and rows["select"].scale == 1.0
+    assert rows["targets"].scale == pytest.approx(
+        cost.lstm_params(target, "teacher", 3183) / cost.lstm_params(mcfg, "teacher", 40))
     table = cost.table(list(rows.values()), 1000.0, pools)
     assert "x1.32xlarge" in table and "**total**" in table
