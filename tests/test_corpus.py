@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import io
 import json
 import shutil
 import subprocess
@@ -127,7 +128,7 @@ def test_utterance_alignment_is_frame_accurate_after_the_room(variant_names, con
     items = []
     for i, t in enumerate(texts):
         out, _, ctx = _one(variant_names, condition, t, seed=11 + i)
-        x, fs = sf.read(__import__("io").BytesIO(out.wav), dtype="float64")
+        x, fs = sf.read(io.BytesIO(out.wav), dtype="float64")
         items.append((x, fs, out.segments))
     shifts = np.arange(-30, 31, 2.5)
     scores = [np.mean([_hf_contrast(x, fs, segs, s) for x, fs, segs in items]) for s in shifts]
@@ -137,7 +138,7 @@ def test_utterance_alignment_is_frame_accurate_after_the_room(variant_names, con
 
 def test_utterance_is_16k_int16_with_complete_alignment(variant_names):
     out, u, ctx = _one(variant_names, "DP5", "Turn off the lights in the kitchen.")
-    info = sf.info(__import__("io").BytesIO(out.wav))
+    info = sf.info(io.BytesIO(out.wav))
     assert (info.samplerate, info.channels, info.subtype, info.format) == \
         (16000, 1, "PCM_16", "WAV")
     assert info.frames == out.num_samples
@@ -162,7 +163,7 @@ def test_far_conditions_are_harder(variant_names):
     pcm = {}
     for cond in ("DP1", "DP5"):
         out, _, _ = _one(variant_names, cond, text, seed=21)
-        x, _ = sf.read(__import__("io").BytesIO(out.wav), dtype="float64")
+        x, _ = sf.read(io.BytesIO(out.wav), dtype="float64")
         speech = np.zeros(len(x), bool)
         for p, a, b in out.segments:
             speech[a:b] = p != "sil"

@@ -21,7 +21,7 @@ and noisier, down to DP5 at 3.5-5 m, RT60 ~0.8 s and SNR ~5 dB.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from functools import lru_cache
 
 import numpy as np
@@ -412,7 +412,3 @@ def render(dry: np.ndarray, fs: int, scene: Scene, rng: np.random.Generator,
     noise = reverberate(noise_dry, h_noise)[lead:lead + n]
     noise = mix_at_snr(wet, noise, scene.snr_db, act)
     return Rendered(audio=wet + noise, delay=delay, speech=wet, noise=noise, scene=scene)
-
-
-def scene_dict(scene: Scene) -> dict:
-    return asdict(scene)
