@@ -261,21 +261,25 @@ class StudentConfig:
     layers: int = 2
     hidden: int = 128
     lookahead: int = 3
+    dropout: float = 0.0  # on the inputs, between layers and before the output layer
 
     def validate(self, key: str) -> None:
         _check(self.layers >= 1, f"{key}.layers", "must be >= 1")
         _check(self.hidden >= 1, f"{key}.hidden", "must be >= 1")
         _check(self.lookahead >= 0, f"{key}.lookahead", "must be >= 0")
+        _check(0 <= self.dropout < 1, f"{key}.dropout", "must be in [0, 1)")
 
 
 @dataclass
 class TeacherConfig:
     layers: int = 2
     hidden: int = 128
+    dropout: float = 0.0
 
     def validate(self, key: str) -> None:
         _check(self.layers >= 1, f"{key}.layers", "must be >= 1")
         _check(self.hidden >= 1, f"{key}.hidden", "must be >= 1")
+        _check(0 <= self.dropout < 1, f"{key}.dropout", "must be in [0, 1)")
 
 
 @dataclass

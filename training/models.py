@@ -28,15 +28,18 @@ class _LSTMBody(nn.Module):
     kind = "base"
 
     def __init__(self, input_dim: int, hidden: int, layers: int, num_classes: int,
-                 bidirectional: bool):
+                 bidirectional: bool, dropout: float = 0.0):
         super().__init__()
         if min(input_dim, hidden, layers, num_classes) < 1:
             raise ValueError(f"bad model size: input_dim={input_dim} hidden={hidden} "
                              f"layers={layers} num_classes={num_classes}")
         self.bidirectional = bidirectional
+        self.dropout = float(dropout)
         self.lstm = nn.LSTM(input_dim, hidden, num_layers=layers, batch_first=True,
-                            bidirectional=bidirectional)
+                            bidirectional=bidirectional,
+                            dropout=self.dropout if layers > 1 else 0.0)
         self.output = nn.Linear(hidden * (2 if bidirectional else 1), num_classes)
+        self.drop = nn.Dropout(self.dropout)
         self._init_forget_bias()
 
     @property
@@ -57,21 +60,23 @@ class _LSTMBody(nn.Module):
                     p[h:2 * h].fill_(0.5)
 
     def _run(self, x: torch.Tensor, lengths: torch.Tensor | None) -> torch.Tensor:
+        x = self.drop(x)
         if lengths is None:
             y, _ = self.lstm(x)
         else:
             packed = pack_padded_sequence(x, lengths.cpu(), batch_first=True, enforce_sorted=False)
             y, _ = self.lstm(packed)
             y, _ = pad_packed_sequence(y, batch_first=True, total_length=x.shape[1])
-        return self.output(y)
+        return self.output(self.drop(y))
 
 
 class StudentLSTM(_LSTMBody):
     kind = "student"
 
     def __init__(self, input_dim: int, hidden: int, layers: int, num_classes: int,
-                 lookahead: int = 3):
-        super().__init__(input_dim, hidden, layers, num_classes, bidirectional=False)
+                 lookahead: int = 3, dropout: float = 0.0):
+        super().__init__(input_dim, hidden, layers, num_classes, bidirectional=False,
+                         dropout=dropout)
         if lookahead < 0:
             raise ValueError("lookahead must be >= 0")
         self.lookahead = lookahead
@@ -88,8 +93,10 @@ class StudentLSTM(_LSTMBody):
 class TeacherBLSTM(_LSTMBody):
     kind = "teacher"
 
-    def __init__(self, input_dim: int, hidden: int, layers: int, num_classes: int):
-        super().__init__(input_dim, hidden, layers, num_classes, bidirectional=True)
+    def __init__(self, input_dim: int, hidden: int, layers: int, num_classes: int,
+                 dropout: float = 0.0):
+        super().__init__(input_dim, hidden, layers, num_classes, bidirectional=True,
+                         dropout=dropout)
 
     def forward(self, x: torch.Tensor, lengths: torch.Tensor | None = None) -> torch.Tensor:
         if lengths is not None and bool((lengths == x.shape[1]).all()):
@@ -113,10 +120,12 @@ def build_model(kind: str, input_dim: int, num_classes: int, model_cfg: Any) -> 
     """`kind` is 'student' or 'teacher'; sizes come from `model_cfg` (config.model)."""
     if kind == "student":
         s = model_cfg.student
-        return StudentLSTM(input_dim, s.hidden, s.layers, num_classes, s.lookahead)
+        return StudentLSTM(input_dim, s.hidden, s.layers, num_classes, s.lookahead,
+                           getattr(s, "dropout", 0.0))
     if kind == "teacher":
         t = model_cfg.teacher
-        return TeacherBLSTM(input_dim, t.hidden, t.layers, num_classes)
+        return TeacherBLSTM(input_dim, t.hidden, t.layers, num_classes,
+                            getattr(t, "dropout", 0.0))
     raise ValueError(f"unknown model kind {kind!r}")
 
 
@@ -126,7 +135,7 @@ def model_spec(model: nn.Module) -> dict[str, Any]:
     spec = {"format": SPEC_FORMAT, "kind": model.kind, "input_dim": lstm.input_size,
             "hidden": lstm.hidden_size, "layers": lstm.num_layers,
             "num_classes": model.output.out_features,
-            "bidirectional": bool(lstm.bidirectional)}
+            "bidirectional": bool(lstm.bidirectional), "dropout": model.dropout}
     if isinstance(model, StudentLSTM):
         spec["lookahead"] = model.lookahead
     return spec
@@ -135,10 +144,10 @@ def model_spec(model: nn.Module) -> dict[str, Any]:
 def model_from_spec(spec: dict[str, Any]) -> nn.Module:
     if spec["kind"] == "student":
         return StudentLSTM(spec["input_dim"], spec["hidden"], spec["layers"],
-                           spec["num_classes"], spec.get("lookahead", 0))
+                           spec["num_classes"], spec.get("lookahead", 0), spec.get("dropout", 0.0))
     if spec["kind"] == "teacher":
         return TeacherBLSTM(spec["input_dim"], spec["hidden"], spec["layers"],
-                            spec["num_classes"])
+                            spec["num_classes"], spec.get("dropout", 0.0))
     raise ValueError(f"unknown model kind {spec['kind']!r} in model spec")
 
 
