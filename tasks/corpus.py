@@ -12,7 +12,9 @@ Writes, under the corpus root `--out` (a path, file:// or s3:// URI; default dat
     alignments.ctm      `utt_id 1 start duration phone` for the labeled, dev and test
                         splits; phones contiguous from 0 to the end of each file
                         (`sil` for silence), espeak-ng phoneme mnemonics
-    phones.txt          the phone inventory, sorted, with `sil` and `<unk>`
+    phones.txt          the phone inventory, sorted, with `sil` and `<unk>`: every phone
+                        espeak-ng says for the embedded vocabulary (the same list for any
+                        size or seed) and any other phone the corpus holds
     _SUCCESS.json       counts per split and condition, audio seconds, speakers, wall
                         seconds, audio seconds per wall second, the plan fingerprint
     _batches/<id>.json  done-marker of one batch (+ <id>.ctm, its alignments)
@@ -657,7 +659,30 @@ def _check_target(storage: Storage, out: str) -> None:
                         f"choose another --out")
 
 
+@lru_cache(maxsize=4)
+def vocabulary_phones(language: str) -> frozenset[str]:
+    """The phones espeak-ng uses for the embedded vocabulary, said in running text.
+
+    Every vocabulary word, in sentences of 12 (so that cross-word effects such as
+    linking and flapping show up too), with the language voice. The phone set does not
+    depend on the voice variant or the prosody, so this is the inventory of any corpus
+    of this module, whatever its size or seed.
+    """
+    from tasks.speech import espeak
+    from tasks.speech import text as T
+
+    words = T.vocabulary()
+    order = _rng(0, 95).permutation(len(words))
+    found: set[str] = set()
+    voice = espeak.VoiceParams(language=language)
+    for k in range(0, len(order), 12):
+        sentence = " ".join(words[int(i)] for i in order[k:k + 12]) + "."
+        found.update(p for p, _, _ in espeak.synthesize(sentence, voice, seed=k).segments())
+    return frozenset(found)
+
+
 def phone_inventory(phones: Iterable[str]) -> list[str]:
+    """Sorted phones with `sil` and `<unk>` (the class list, index = class id)."""
     return sorted(set(phones) | {SIL, UNK})
 
 
@@ -700,7 +725,8 @@ def build_corpus(cfg: Config, out: str, force: bool = False, use_ray: bool = Tru
     stats = [done[b.batch_id] for b in plan.batches]
     ctm_text = "".join(storage.read_text(_batch_ctm(out, b)) for b in plan.batches)
     storage.write_text(join(out, CTM), ctm_text)
-    phones = phone_inventory(p for s in stats for p in s["phones"])
+    observed = {p for s in stats for p in s["phones"]}
+    phones = phone_inventory(observed | vocabulary_phones(cc.language))
     storage.write_text(join(out, PHONES), "".join(p + "\n" for p in phones))
     removed = _cleanup(storage, out, plan)
     fresh_audio = sum(s["audio_s"] for s in fresh)

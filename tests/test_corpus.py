@@ -244,6 +244,8 @@ def test_tiny_corpus_alignments(tiny_corpus):
     phones = (root / "phones.txt").read_text().splitlines()
     assert phones == sorted(phones) and len(set(phones)) == len(phones)
     assert {"<unk>", "sil"} <= set(phones) and len(phones) >= 30
+    # the inventory is the vocabulary's: the same for a corpus of any size or seed
+    assert phones == C.phone_inventory(C.vocabulary_phones("en-us"))
     for utt, segs in ctm.items():
         dur = recs[utt]["duration"]
         assert segs[0][0] == 0.0
@@ -348,6 +350,7 @@ def _cli(out: str, *overrides: str, cwd: Path = ROOT) -> dict:
 
 
 @pytest.mark.integration
+@pytest.mark.slow  # a Ray start on 2 busy cores: ~20-30 s
 def test_cli_on_ray_matches_the_in_process_build(tiny_corpus, tmp_path):
     """`amflow corpus --out DIR --set corpus.hours=0.05`: same bytes as the fixture (built
     without Ray): deterministic for the seed, whatever the order and the process."""

@@ -223,6 +223,14 @@ def test_sentences_are_deterministic_and_sized():
     assert text.sentence_for(1, 1, 0, target_words=8) != text.sentence_for(2, 1, 0, target_words=8)
 
 
+def test_vocabulary_covers_every_generated_word():
+    vocab = set(text.vocabulary())
+    for i in range(1000):
+        s = text.sentence_for(4, i, target_words=3 + i % 12)
+        for w in s.replace(",", "").replace(".", "").replace("?", "").lower().split():
+            assert w in vocab, (w, s)
+
+
 def test_syllables():
     assert [text.syllables(w) for w in ("cat", "table", "banana", "make", "rhythm")] == \
         [1, 2, 3, 1, 1]

@@ -216,6 +216,25 @@ _KINDS: list[tuple[float, Callable[[_Gen], str]]] = [(0.5, _statement), (0.2, _q
                                                      (0.3, _command)]
 
 
+# Words the templates themselves say (besides the vocabulary lists above).
+TEMPLATE_WORDS = """how many did where why is turn on off in the set a timer for minutes play
+some music what weather today tomorrow tonight this weekend call at home mobile work now add
+to my shopping list remind me o'clock thirty fifteen evening far from read story about dim
+percent an""".split()
+
+
+def vocabulary() -> list[str]:
+    """Every word a generated sentence can contain (lower case, sorted)."""
+    words = set(TEMPLATE_WORDS)
+    for group in (DETERMINERS, ADJECTIVES, ADVERBS, PREPOSITIONS, NAMES, CITIES, ROOMS,
+                  DEVICES, GENRES, TIMES, NUMBERS):
+        for item in group:
+            words.update(item.split())
+    for a, b in _NOUNS + _VT + _VI:
+        words.update((a, b))
+    return sorted(w.lower() for w in words)
+
+
 _KIND_CUM = list(np.cumsum([w for w, _ in _KINDS]) / sum(w for w, _ in _KINDS))
 MIN_WORDS = 3
 
