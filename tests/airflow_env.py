@@ -188,3 +188,22 @@ def _q(run_id: str) -> str:
     from urllib.parse import quote
 
     return quote(run_id, safe="")
+
+
+_SHARED: Standalone | None = None
+TOKEN_LIFETIME_S = 20
+
+
+def shared_standalone(tmp_root: Path) -> Standalone:
+    """One standalone per pytest process, shared by the Airflow test modules (it costs
+    ~30 s to start on 2 cores). The execution-API token lifetime is short on purpose."""
+    global _SHARED
+    if _SHARED is None or _SHARED.proc is None or _SHARED.proc.poll() is not None:
+        import atexit
+
+        server = Standalone(tmp_root / "airflow_home",
+                            AIRFLOW__EXECUTION_API__JWT_EXPIRATION_TIME=str(TOKEN_LIFETIME_S))
+        server.start()
+        atexit.register(server.stop)
+        _SHARED = server
+    return _SHARED

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.airflow_env import ROOT, Standalone, calls, fake_config
+from tests.airflow_env import ROOT, calls, fake_config, shared_standalone
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -22,9 +22,7 @@ SHOTS = ROOT / "test-artifacts" / "airflow"
 def airflow(tmp_path_factory):
     if not Path(CHROMIUM).exists():
         pytest.fail(f"{CHROMIUM} missing: run scripts/system-deps.sh (installs Debian chromium)")
-    server = Standalone(tmp_path_factory.mktemp("airflow_home")).start()
-    yield server
-    server.stop()
+    return shared_standalone(tmp_path_factory.mktemp("standalone"))
 
 
 def test_login_trigger_from_form_run_succeeds_and_task_log_shows(airflow, tmp_path):

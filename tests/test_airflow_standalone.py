@@ -12,20 +12,14 @@ import time
 
 import pytest
 
-from tests.airflow_env import Standalone, calls, fake_config
+from tests.airflow_env import TOKEN_LIFETIME_S, Standalone, calls, fake_config, shared_standalone
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
-
-TOKEN_LIFETIME_S = 20
 
 
 @pytest.fixture(scope="module")
 def airflow(tmp_path_factory):
-    home = tmp_path_factory.mktemp("airflow_home")
-    server = Standalone(home, AIRFLOW__EXECUTION_API__JWT_EXPIRATION_TIME=str(TOKEN_LIFETIME_S))
-    server.start()
-    yield server
-    server.stop()
+    return shared_standalone(tmp_path_factory.mktemp("standalone"))
 
 
 def _trigger(airflow: Standalone, conf: dict) -> str:
