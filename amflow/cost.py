@@ -1,8 +1,9 @@
 """What N hours of audio cost end to end on the EC2 pools, from measured throughputs.
 
-Reads each step's `_SUCCESS.json` of a finished run (wall time and audio hours, measured
-on the machine that ran it with `ray.num_cpus` cores of the run's config), turns it into
-audio hours per core-second, and projects it onto the pool the target config places the
+Reads each step's `_SUCCESS.json` of a finished run (audio hours, and the step's own
+compute throughput -- features xrt_per_task, targets frames_per_s, train train_seconds --
+or else its wall time, measured on the machine that ran it with `ray.num_cpus` cores of
+the run's config), turns it into audio hours per core-second, and projects it onto the pool the target config places the
 step on (`ray.step_resources` -> pool_p3 | pool_x1 | pool_c4, node sizes from
 infra/ray/cluster-aws.yaml, on-demand prices from `cost.*`):
 
@@ -63,6 +64,23 @@ class StepCost:
     node_hours: float
     usd: float
     wall_h: float
+    basis: str = "wall"  # what the rate was measured from
+
+
+def _rate(step: str, s: dict[str, Any], measured: Config, hours: float, wall: float,
+          cores: int) -> tuple[float, str]:
+    """Audio hours per core-second: from the step's own compute throughput when it reports
+    one (startup and scheduling excluded, which dominate a small run), else from wall time."""
+    m = s.get("metrics") or {}
+    frame_s = measured.features.frame_shift_ms / 1000.0 * measured.features.subsample
+    if step == "features" and m.get("xrt_per_task"):
+        return float(m["xrt_per_task"]) / 3600.0, "xrt_per_task"
+    if step == "targets" and m.get("frames_per_s"):
+        slots = max(1, measured.targets.actors * measured.targets.threads_per_actor)
+        return float(m["frames_per_s"]) * frame_s / 3600.0 / slots, "frames_per_s"
+    if step == "train" and m.get("train_seconds"):
+        return hours / (float(m["train_seconds"]) * cores), "train_seconds"
+    return hours / (wall * cores), "wall"
 
 
 def pools_from_cluster(path: Path = CLUSTER_YAML) -> dict[str, dict[str, Any]]:
@@ -108,7 +126,7 @@ def estimate(run_uri: str, measured: Config, target: Config, hours: float,
         wall = float(s.get("wall_s") or 0.0)
         if m_hours <= 0 or wall <= 0:
             continue
-        rate = m_hours / (wall * cores)
+        rate, basis = _rate(step, s, measured, m_hours, wall, cores)
         info = pools[pool]
         speedup = 1.0
         if info["gpus"] and measured.ray.num_gpus == 0:
@@ -117,7 +135,7 @@ def estimate(run_uri: str, measured: Config, target: Config, hours: float,
         node_h = hours / (rate * info["vcpus"] * speedup) / 3600.0 * k
         price = getattr(target.cost, POOL_PRICE[pool])
         out.append(StepCost(step, pool, m_hours, wall, rate, k, node_h, node_h * price,
-                            node_h / max(1, info["max_workers"])))
+                            node_h / max(1, info["max_workers"]), basis))
     return out
 
 
@@ -149,15 +167,15 @@ def _model_scales(storage: Storage, run_uri: str, measured: Config,
 
 def table(rows: list[StepCost], hours: float, pools: dict[str, dict[str, Any]]) -> str:
     lines = [f"Cost of {hours:g} audio hours end to end (on-demand, from measured throughput)",
-             "", "| step | pool | measured h | measured s | h/core-s | scale | node-hours | USD "
-                 "| wall h |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+             "", "| step | pool | measured h | measured s | rate from | h/core-s | scale | "
+                 "node-hours | USD | wall h |",
+             "|---|---|---:|---:|---|---:|---:|---:|---:|---:|"]
     for r in rows:
         lines.append(f"| {r.step} | {pools[r.pool]['instance']} | {r.measured_hours:.4g} | "
-                     f"{r.measured_wall_s:.4g} | {r.rate:.3g} | {r.scale:.3g} | "
+                     f"{r.measured_wall_s:.4g} | {r.basis} | {r.rate:.3g} | {r.scale:.3g} | "
                      f"{r.node_hours:.4g} | "
                      f"{r.usd:,.2f} | {r.wall_h:.3g} |")
-    lines.append(f"| **total** | | | | | | {sum(r.node_hours for r in rows):.4g} | "
+    lines.append(f"| **total** | | | | | | | {sum(r.node_hours for r in rows):.4g} | "
                  f"**{sum(r.usd for r in rows):,.2f}** | {sum(r.wall_h for r in rows):.3g} |")
     return "\n".join(lines)
 
