@@ -59,7 +59,7 @@ class StepCost:
     pool: str
     measured_hours: float
     measured_wall_s: float
-    rate: float  # audio hours per core-second, as measured
+    rate: float  # audio hours per core-second (per GPU-second if measured on GPUs)
     scale: float  # model size x epochs, target over measured
     node_hours: float
     usd: float
@@ -68,19 +68,20 @@ class StepCost:
 
 
 def _rate(step: str, s: dict[str, Any], measured: Config, hours: float, wall: float,
-          cores: int) -> tuple[float, str]:
-    """Audio hours per core-second: from the step's own compute throughput when it reports
-    one (startup and scheduling excluded, which dominate a small run), else from wall time."""
+          cores: int) -> tuple[float, int, str]:
+    """(audio hours per second, CPU cores that rate used, basis): from the step's own
+    compute throughput when it reports one (startup and scheduling excluded, which
+    dominate a small run), else from wall time over all of `ray.num_cpus`."""
     m = s.get("metrics") or {}
     frame_s = measured.features.frame_shift_ms / 1000.0 * measured.features.subsample
     if step == "features" and m.get("xrt_per_task"):
-        return float(m["xrt_per_task"]) / 3600.0, "xrt_per_task"
+        return float(m["xrt_per_task"]) / 3600.0, 1, "xrt_per_task"
     if step == "targets" and m.get("frames_per_s"):
         slots = max(1, measured.targets.actors * measured.targets.threads_per_actor)
-        return float(m["frames_per_s"]) * frame_s / 3600.0 / slots, "frames_per_s"
+        return float(m["frames_per_s"]) * frame_s / 3600.0, slots, "frames_per_s"
     if step == "train" and m.get("train_seconds"):
-        return hours / (float(m["train_seconds"]) * cores), "train_seconds"
-    return hours / (wall * cores), "wall"
+        return hours / float(m["train_seconds"]), cores, "train_seconds"
+    return hours / wall, cores, "wall"
 
 
 def pools_from_cluster(path: Path = CLUSTER_YAML) -> dict[str, dict[str, Any]]:
@@ -126,13 +127,16 @@ def estimate(run_uri: str, measured: Config, target: Config, hours: float,
         wall = float(s.get("wall_s") or 0.0)
         if m_hours <= 0 or wall <= 0:
             continue
-        rate, basis = _rate(step, s, measured, m_hours, wall, cores)
+        total, cpu_slots, basis = _rate(step, s, measured, m_hours, wall, cores)
         info = pools[pool]
-        speedup = 1.0
-        if info["gpus"] and measured.ray.num_gpus == 0:
-            speedup = target.cost.gpu_speedup
+        if info["gpus"] and measured.ray.num_gpus > 0:  # measured on GPUs: per-GPU rates
+            rate, node_slots = total / measured.ray.num_gpus, info["gpus"]
+        else:
+            rate, node_slots = total / cpu_slots, info["vcpus"]
+            if info["gpus"]:
+                node_slots *= target.cost.gpu_speedup
         k = scale.get(step, 1.0)
-        node_h = hours / (rate * info["vcpus"] * speedup) / 3600.0 * k
+        node_h = hours / (rate * node_slots) / 3600.0 * k
         price = getattr(target.cost, POOL_PRICE[pool])
         out.append(StepCost(step, pool, m_hours, wall, rate, k, node_h, node_h * price,
                             node_h / max(1, info["max_workers"]), basis))
