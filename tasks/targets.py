@@ -91,10 +91,16 @@ def rebuild_log_probs(idx: torch.Tensor, vals: torch.Tensor, num_classes: int,
 
 def fidelity(logits: torch.Tensor, ks: Iterable[int] = FIDELITY_KS,
              fill: float = -1.0e4) -> dict[int, dict[str, float]]:
-    """Per k: mean probability mass the top-k keep, and mean KL(full || rebuilt) in nats.
+    """Per k: probability mass the top-k keep, KL divergences and argmax agreement.
 
-    Sums (not means) are returned under 'mass_sum'/'kl_sum' with 'frames', so shards can
-    be aggregated exactly; `summarise_fidelity` turns them into means.
+    The rebuilt distribution q is the softmax of the stored (fp16) top-k logits with
+    every other logit set to `fill`, i.e. the teacher's top-k renormalised. Two KLs:
+    - `kl_nats` = KL(q || p): what the student learns instead of p; for renormalised
+      top-k it equals -log(mass kept), so it is small exactly when the top-k hold the mass;
+    - `kl_full_nats` = KL(p || q): it charges every bit of dropped mass |fill| nats,
+      so it reads large by construction even for a good k.
+    Sums (not means) are returned with 'frames', so shards aggregate exactly;
+    `summarise_fidelity` turns them into means.
     """
     logits = logits.float()
     logp = torch.log_softmax(logits, dim=-1)
@@ -107,11 +113,14 @@ def fidelity(logits: torch.Tensor, ks: Iterable[int] = FIDELITY_KS,
         # Stored logits are fp16: measure what the student will actually see.
         vals = vals.to(torch.float16).float()
         q_log = rebuild_log_probs(idx, vals, logits.shape[-1], fill)
+        q = q_log.exp()
         mass = p.gather(-1, idx).sum(-1)
-        kl = (p * (logp - q_log)).sum(-1)
+        kl_q_p = (q * (q_log - logp)).sum(-1)
+        kl_p_q = (p * (logp - q_log)).sum(-1)
         agree = (q_log.argmax(-1) == logits.argmax(-1)).float()
         out[k] = {"frames": float(logits.shape[0]), "mass_sum": float(mass.sum()),
-                  "kl_sum": float(kl.sum()), "argmax_agree_sum": float(agree.sum())}
+                  "kl_sum": float(kl_q_p.sum()), "kl_full_sum": float(kl_p_q.sum()),
+                  "argmax_agree_sum": float(agree.sum())}
     return out
 
 
@@ -120,12 +129,13 @@ def summarise_fidelity(parts: Iterable[dict]) -> dict[str, dict[str, float]]:
     for part in parts:
         for k, d in part.items():
             a = acc.setdefault(str(k), {"frames": 0.0, "mass_sum": 0.0, "kl_sum": 0.0,
-                                        "argmax_agree_sum": 0.0})
+                                        "kl_full_sum": 0.0, "argmax_agree_sum": 0.0})
             for key in a:
                 a[key] += d[key]
     return {k: {"frames": int(a["frames"]),
                 "mass_kept": a["mass_sum"] / max(a["frames"], 1),
                 "kl_nats": a["kl_sum"] / max(a["frames"], 1),
+                "kl_full_nats": a["kl_full_sum"] / max(a["frames"], 1),
                 "argmax_agreement": a["argmax_agree_sum"] / max(a["frames"], 1)}
             for k, a in sorted(acc.items(), key=lambda kv: int(kv[0]))}
 
@@ -332,11 +342,12 @@ def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
 
 
 def _print_fidelity(fid: dict[str, dict[str, float]], k: int) -> None:
-    print("top-k fidelity (sampled frames): k  mass_kept  KL(nats)  argmax_agree")
+    print("top-k fidelity (sampled frames):\n    k  mass_kept  KL(rebuilt||full)  "
+          "KL(full||rebuilt)  argmax_agree")
     for key, d in fid.items():
         mark = "  <- stored" if int(key) == k else ""
-        print(f"  {int(key):>3}  {d['mass_kept']:.4f}  {d['kl_nats']:.4f}  "
-              f"{d['argmax_agreement']:.4f}{mark}")
+        print(f"  {int(key):>3}  {d['mass_kept']:9.4f}  {d['kl_nats']:17.4f}  "
+              f"{d['kl_full_nats']:17.1f}  {d['argmax_agreement']:12.4f}{mark}")
 
 
 def full_posterior_bytes_per_frame(num_classes: int) -> int:

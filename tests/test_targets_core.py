@@ -88,3 +88,6 @@ def test_fidelity_is_monotone_and_exact_at_full_k():
     assert masses == sorted(masses) and masses[-1] == pytest.approx(1.0, abs=1e-6)
     assert kls == sorted(kls, reverse=True) and kls[-1] == pytest.approx(0.0, abs=1e-3)
     assert fid["40"]["frames"] == 300
+    # KL(rebuilt || full) of renormalised top-k is -log(mass kept), per frame
+    one = fidelity(logits[:1], ks=(5,))[5]
+    assert one["kl_sum"] == pytest.approx(-np.log(one["mass_sum"]), abs=2e-3)
