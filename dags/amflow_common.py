@@ -6,6 +6,7 @@ imported only when a task runs.
 """
 from __future__ import annotations
 
+import os
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -72,10 +73,12 @@ PARAM_SETS = {"hours": "select.hours", "algorithm": "train.algorithm",
               "workers": "train.workers", "epochs": "train.epochs",
               "teacher": "targets.teacher"}
 
+# A failed step is retried (and resumes: finished shards are kept) after this delay,
+# doubling each time; AMFLOW_RETRY_DELAY_S (read when the DAGs are parsed) changes it.
 DEFAULT_ARGS = {
     "owner": "amflow",
     "retries": 2,
-    "retry_delay": timedelta(seconds=15),
+    "retry_delay": timedelta(seconds=float(os.environ.get("AMFLOW_RETRY_DELAY_S", "15"))),
     "retry_exponential_backoff": 2.0,
     "max_retry_delay": timedelta(minutes=10),
 }

@@ -143,7 +143,7 @@ def _xcoms(home: Path, dag_id: str, key: str = "return_value") -> dict[str, obje
 @pytest.mark.slow
 def test_dags_test_teacher_then_student_with_fake_steps(tmp_path):
     home = tmp_path / "airflow"
-    env = airflow_env(home)
+    env = airflow_env(home, AMFLOW_RETRY_DELAY_S="1")
     _migrate(env)
     work = tmp_path / "work"
     # features fails once (a retry resumes it); train takes several short tries.
@@ -211,8 +211,7 @@ def test_dags_test_real_steps_on_a_tiny_corpus(tmp_path):
     _migrate(env)
     store = tmp_path / "store"
     cfg = tmp_path / "tiny.yaml"
-    base = (ROOT / "configs" / "local.yaml").read_text()
-    cfg.write_text(base + f"\n# test overrides\n" + json.dumps({}) + "\n")
+    cfg.write_text((ROOT / "configs" / "local.yaml").read_text())
     common = [f"storage.root={store}", f"data.corpus={store / 'corpus'}",
               f"runner.state_dir={tmp_path / 'jobs'}", "runner.poll_s=1",
               "corpus.hours=0.04", "corpus.speakers=8", "corpus.test_speakers=2",
