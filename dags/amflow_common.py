@@ -96,7 +96,7 @@ class AmflowStepOperator(BaseOperator):
     def __init__(self, *, step: str, sets: list[str] | None = None,
                  param_sets: dict[str, str] | None = None, model_from: str | None = None,
                  teacher_asset: Asset | None = None, model_output: bool = False,
-                 **kwargs: Any) -> None:
+                 enabled_by: str | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.step = step
         self.sets = list(sets or [])
@@ -104,6 +104,7 @@ class AmflowStepOperator(BaseOperator):
         self.model_from = model_from
         self.teacher_asset = teacher_asset
         self.model_output = model_output
+        self.enabled_by = enabled_by  # a boolean param that must be true, else skip
 
     # -- what the runner asks of the wiring
     def resolved_overrides(self, context) -> list[str]:
@@ -163,6 +164,10 @@ class AmflowStepOperator(BaseOperator):
             context["outlet_events"][asset].extra.update(extra)
 
     def execute(self, context):
+        if self.enabled_by and not context["params"].get(self.enabled_by, True):
+            from airflow.sdk.exceptions import AirflowSkipException
+
+            raise AirflowSkipException(f"param {self.enabled_by!r} is off")
         from amflow.runner import airflow_execute
 
         return airflow_execute(self, context)

@@ -1,6 +1,10 @@
 """teacher: train the teacher on labeled data and publish it.
 
 select (labeled + dev) -> features -> repartition -> train (teacher) -> evaluate
+                                                 \-> train_baseline -> evaluate_baseline
+
+The supervised baseline is the student architecture trained on the same labeled data
+only (param `baseline`): the model the SSL student has to beat, per condition.
 
 Alignment (CTM) labels stand in for soft targets. The trained model is published as the
 asset `amflow_teacher_model` (its URI in the event's extra), which schedules `ssl_student`.
@@ -8,7 +12,7 @@ asset `amflow_teacher_model` (its URI in the event's extra), which schedules `ss
 from __future__ import annotations
 
 import pendulum
-from airflow.sdk import dag
+from airflow.sdk import Param, dag
 
 from amflow_common import (DEFAULT_ARGS, PARAM_SETS, TEACHER_FEATURES, TEACHER_MODEL,
                            AmflowStepOperator, common_params, local_defaults)
@@ -16,6 +20,8 @@ from amflow_common import (DEFAULT_ARGS, PARAM_SETS, TEACHER_FEATURES, TEACHER_M
 _cfg = local_defaults()
 TEACHER_SETS = ["select.splits=labeled,dev", "train.model=teacher", "train.recipe=labeled",
                 "train.tag=teacher", "evaluate.tag=teacher"]
+BASELINE_SETS = ["select.splits=labeled,dev", "train.model=student", "train.recipe=labeled",
+                 "train.tag=baseline", "evaluate.tag=baseline"]
 
 
 @dag(
@@ -27,7 +33,10 @@ TEACHER_SETS = ["select.splits=labeled,dev", "train.model=teacher", "train.recip
     tags=["amflow", "teacher"],
     doc_md=__doc__,
     default_args={**DEFAULT_ARGS, "param_sets": PARAM_SETS, "sets": TEACHER_SETS},
-    params=common_params(_cfg),
+    params={**common_params(_cfg),
+            "baseline": Param(True, type="boolean", title="Train the supervised baseline",
+                              description="Also train the student LSTM on the labeled data "
+                                          "alone (train-baseline), the SSL student's yardstick.")},
 )
 def teacher():
     select = AmflowStepOperator(task_id="select", step="select",
@@ -40,7 +49,16 @@ def teacher():
                                model_output=True, doc_md="Teacher BLSTM, cross-entropy on labels.")
     evaluate = AmflowStepOperator(task_id="evaluate", step="evaluate", model_from="train",
                                   doc_md="Teacher frame accuracy per condition.")
+    train_baseline = AmflowStepOperator(task_id="train_baseline", step="train",
+                                        sets=BASELINE_SETS, model_output=True,
+                                        enabled_by="baseline",
+                                        doc_md="Supervised baseline: student LSTM on labels only.")
+    evaluate_baseline = AmflowStepOperator(task_id="evaluate_baseline", step="evaluate",
+                                           sets=BASELINE_SETS, model_from="train_baseline",
+                                           enabled_by="baseline",
+                                           doc_md="Baseline frame accuracy per condition.")
     select >> features >> repartition >> train >> evaluate
+    repartition >> train_baseline >> evaluate_baseline
 
 
 teacher()

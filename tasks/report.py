@@ -17,8 +17,9 @@ from amflow.runs import SUCCESS, StepContext, StepError
 from amflow.storage import join
 
 CONDITIONS = ("DP1", "DP2", "DP3", "DP4", "DP5")
-STEP_ORDER = ("select", "features", "targets", "repartition", "train", "train-baseline",
-              "evaluate", "evaluate-baseline", "simulate")
+STEP_ORDER = ("corpus", "select", "features", "targets", "repartition", "train-teacher",
+              "train-baseline", "train", "evaluate-teacher", "evaluate-baseline", "evaluate",
+              "simulate")
 
 
 def relative_error_reduction(acc_base: float, acc_new: float) -> float:
@@ -161,7 +162,7 @@ def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
     teacher_run = rc.teacher_run or ctx.run_id
     root = join(ctx.cfg.storage.root, "runs")
     evals = {
-        "teacher": rc.teacher_eval or join(root, teacher_run, "evaluate", "result.json"),
+        "teacher": rc.teacher_eval or join(root, teacher_run, "evaluate-teacher", "result.json"),
         "baseline": rc.baseline_eval or join(root, teacher_run, "evaluate-baseline", "result.json"),
         "ssl": rc.ssl_eval or join(root, ctx.run_id, "evaluate", "result.json"),
     }
@@ -184,7 +185,7 @@ def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
         parts += [f"SSL relative frame-error reduction in DP2..DP5: min {_pct(min(gains))} %, "
                   f"max {_pct(max(gains))} %.", ""]
     curves = _curves_png(ctx, {
-        "teacher": join(root, teacher_run, "train", "metrics.jsonl"),
+        "teacher": join(root, teacher_run, "train-teacher", "metrics.jsonl"),
         "baseline": join(root, teacher_run, "train-baseline", "metrics.jsonl"),
         "SSL student": join(root, ctx.run_id, "train", "metrics.jsonl")})
     if curves:

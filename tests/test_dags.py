@@ -18,7 +18,8 @@ DAGS = ROOT / "dags"
 STUDENT_EDGES = [("select", "features"), ("features", "targets"), ("targets", "repartition"),
                  ("repartition", "train"), ("train", "evaluate")]
 TEACHER_EDGES = [("select", "features"), ("features", "repartition"), ("repartition", "train"),
-                 ("train", "evaluate")]
+                 ("train", "evaluate"), ("repartition", "train_baseline"),
+                 ("train_baseline", "evaluate_baseline")]
 
 
 @pytest.fixture(scope="module")
@@ -60,6 +61,9 @@ def test_graphs(dagbag):
     assert {"train.model=student", "train.recipe=ssl"} <= set(student.task_dict["train"].sets)
     tsets = set(teacher.task_dict["train"].sets)
     assert {"train.model=teacher", "train.recipe=labeled", "train.tag=teacher"} <= tsets
+    bsets = set(teacher.task_dict["train_baseline"].sets)
+    assert {"train.model=student", "train.recipe=labeled", "train.tag=baseline"} <= bsets
+    assert teacher.task_dict["evaluate_baseline"].model_from == "train_baseline"
     assert "select.splits=labeled,dev" in tsets
 
 
@@ -154,14 +158,19 @@ def test_dags_test_teacher_then_student_with_fake_steps(tmp_path):
     (teacher_run,) = [p.name for p in (work / "store" / "runs").iterdir()
                       if p.name.startswith("teacher__")]
     tcalls = calls(work / "store", teacher_run)
-    assert [c["step"] for c in tcalls] == ["select", "features", "features", "repartition",
-                                          "train", "evaluate"]
+    steps = [c["step"] for c in tcalls]
+    assert steps[:4] == ["select", "features", "features", "repartition"]
+    assert sorted(steps[4:]) == ["evaluate", "evaluate", "train", "train"]
+    tags = {tuple(a for a in c["argv"] if a.startswith("train.tag=")) for c in tcalls
+            if c["step"] == "train"}
+    assert tags == {("train.tag=teacher",), ("train.tag=baseline",)}
     model = work / "store" / "runs" / teacher_run / "train-teacher" / "model.pt"
     assert model.exists()
-    ev = [c for c in tcalls if c["step"] == "evaluate"][0]
+    ev = [c for c in tcalls if c["step"] == "evaluate" and "evaluate.tag=teacher" in c["argv"]][0]
     assert ev["argv"][-2:] == ["--model", str(model)]
     xc = _xcoms(home, "teacher")
-    assert set(xc) == {"select", "features", "repartition", "train", "evaluate"}
+    assert set(xc) == {"select", "features", "repartition", "train", "evaluate",
+                       "train_baseline", "evaluate_baseline"}
     assert xc["train"]["uri"].endswith("train-teacher") and xc["train"]["metrics"]["workers"] == 2
     runner_x = _xcoms(home, "teacher", key="runner")
     assert runner_x["train"]["pokes"] >= 2  # short tries, one job

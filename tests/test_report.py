@@ -26,7 +26,7 @@ def test_table_ii_rows():
 
 def test_report_writes_markdown_and_pngs(local_cfg):
     cfg = local_cfg("report.teacher_run=t1")
-    teacher = StepContext(cfg, "t1", "evaluate")
+    teacher = StepContext(cfg, "t1", "evaluate-teacher")
     teacher.storage.write_json(teacher.path("result.json"), _eval(0.95))
     teacher.storage.write_json(teacher.other("evaluate-baseline", "result.json"), _eval(0.8))
     teacher.finish(inputs={}, counts={"in": 3, "out": 2, "rejected": 1},
@@ -39,7 +39,7 @@ def test_report_writes_markdown_and_pngs(local_cfg):
     md = ssl.storage.read_text(ssl.other("report", "report.md"))
     assert md.startswith("# amflow report")
     assert md.index("| condition |") < md.index("## Steps")
-    assert "| DP5 |" in md and "| t1 | evaluate |" in md
+    assert "| DP5 |" in md and "| t1 | evaluate-teacher |" in md
     assert ssl.storage.exists(ssl.other("report", "accuracy.png"))
     assert ssl.storage.exists(ssl.other("report", "learning_curves.png"))
     assert summary["metrics"]["table_ii"][0]["condition"] == "DP1"
