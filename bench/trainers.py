@@ -31,6 +31,12 @@ Small data needs small blocks: with `train.block_size` minibatches per BMUF/HTM 
 would sync too rarely; the bench lowers block size and MA period to at most S/4 per pass
 (printed; set AMFLOW_BENCH_KEEP_SYNC=1 to keep the config's values).
 
+Learning rate: `sgd` and `gtc` average gradients over N workers, HTM's lower tier over its
+group, so their local optimizer sees an N-times (group-times) larger minibatch; the bench
+scales their `train.lr`/`train.final_lr` by sqrt of that (AMFLOW_BENCH_LR_RULE=sqrt,
+linear or none). BMUF's block momentum and MA's own lr x N compensate inside the
+algorithms, so their rates are the config's.
+
 Env: AMFLOW_BENCH_WORKERS (default "4,8"), AMFLOW_BENCH_ALGOS ("sgd,gtc,bmuf,htm,ma"),
 AMFLOW_BENCH_EPOCHS (default train.epochs), AMFLOW_BENCH_SYNTH_SECONDS (1800).
 """
@@ -215,6 +221,9 @@ def run(ctx, args) -> dict[str, Any]:
     workers_list = [int(w) for w in os.environ.get("AMFLOW_BENCH_WORKERS", "4,8").split(",")]
     algos = os.environ.get("AMFLOW_BENCH_ALGOS", "sgd,gtc,bmuf,htm,ma").split(",")
     epochs = int(os.environ.get("AMFLOW_BENCH_EPOCHS", cfg.train.epochs))
+    lr_rule = os.environ.get("AMFLOW_BENCH_LR_RULE", "sqrt")
+    if lr_rule not in ("sqrt", "linear", "none"):
+        raise StepError(f"AMFLOW_BENCH_LR_RULE must be sqrt, linear or none, not {lr_rule!r}")
     base = ctx.path("trainers")
     parts = math.lcm(*workers_list)
 
@@ -244,6 +253,10 @@ def run(ctx, args) -> dict[str, Any]:
             block = max(1, min(block, spp // 4))
             ma_samples = max(tc0.minibatch_frames,
                              min(ma_samples, (spp // 4) * tc0.minibatch_frames))
+        # gradients averaged over `a` workers act like an a-times larger minibatch
+        a = {"sgd": n, "gtc": n, "htm": min(tc0.group_size, n)}.get(algo, 1)
+        scale = {"sqrt": math.sqrt(a), "linear": float(a), "none": 1.0}[lr_rule]
+        train.update(lr=tc0.lr * scale, final_lr=tc0.final_lr * scale)
         train.update(algorithm=algo, workers=n, epochs=epochs, block_size=block,
                      ma_samples=ma_samples, group_size=min(tc0.group_size, n),
                      checkpoint_every=10**9, threads=1, model="student", recipe="labeled",
@@ -264,7 +277,8 @@ def run(ctx, args) -> dict[str, Any]:
         out = spawn_local(_train_rank, n, plan, timeout=7200)[0]
         m = out["metrics"]
         results[name] = {"algorithm": algo, "workers": n, "wall_s": round(time.time() - t0, 1),
-                         "block_size": block, "ma_samples": ma_samples, **m}
+                         "block_size": block, "ma_samples": ma_samples,
+                         "lr": train["lr"], **m}
         print(f"{name:8s} acc {m.get('dev_frame_acc', m.get('final_train_frame_acc'))} "
               f"frames/s {m.get('frames_per_s')} bytes/step {m.get('algo_bytes_per_step')}",
               flush=True)

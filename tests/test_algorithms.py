@@ -182,7 +182,8 @@ def ref_bmuf(world, steps, block, zeta, eta, opt_kind, lr, lr_scale=1.0):
             o.step()
         if (s + 1) % block == 0 or s + 1 == steps:
             w_bar = torch.stack([flat(m) for m in models]).mean(0)
-            delta = eta * delta + zeta * (w_bar - w_g)
+            start = w_g + eta * delta  # where the workers started this block
+            delta = eta * delta + zeta * (w_bar - start)
             w_g = w_g + delta
             final = s + 1 == steps
             for m in models:

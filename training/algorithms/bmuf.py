@@ -4,17 +4,29 @@ Each worker runs its local optimizer for `block_size` minibatches (no communicat
 then, at the end of block t:
 
     W_bar(t) = (1/N) sum_i W_i(t)                 all-reduce average of the local models
-    G(t)     = W_bar(t) - W_g(t-1)                 block-level "gradient"
+    G(t)     = W_bar(t) - W_0(t)                   block-level "gradient": what the block's
+                                                   data moved the model, from where the
+                                                   workers started the block
     Delta(t) = eta * Delta(t-1) + zeta * G(t)      block momentum, block learning rate
     W_g(t)   = W_g(t-1) + Delta(t)                 the global model
     W_0(t+1) = W_g(t) + eta * Delta(t)             Nesterov look-ahead: where every worker
-                                                   starts block t+1
+                                                   starts block t+1 (W_0(1) = W_g(0))
 
-W_g and the look-ahead are kept apart: G is always taken against W_g, and `finalize()`
-leaves every worker with W_g (after a last, possibly partial, block), not the look-ahead.
+W_g and the look-ahead W_0 are kept apart, and `finalize()` leaves every worker with W_g
+(after a last, possibly partial, block), not the look-ahead.
+
+On G: the papers write G(t) = W_bar(t) - W_g(t-1). With Nesterov momentum the workers
+start from W_g(t-1) + eta Delta(t-1), so W_bar - W_g(t-1) = eta Delta(t-1) + (the block's
+own progress) and the recursion becomes Delta(t) = eta (1 + zeta) Delta(t-1) + ...: it
+counts the look-ahead twice and diverges for eta > 1/2, i.e. for the prescribed
+eta = 1 - 1/N at N >= 3 (measured: loss grows without bound at N = 4). Chen & Huo's
+block gradient is the model update the block produced, taken from the block's initial
+model, which is what G(t) = W_bar(t) - W_0(t) above computes; the HTM paper's own eq. (4)
+treats its W_g as the workers' starting point in the same way. Without momentum
+(eta = 0) both are the same, and eta = 0, zeta = 1 is plain model averaging.
+
 eta < 0 in the config means: derive it from zeta / (N (1 - eta)) = C, i.e.
 eta = 1 - zeta / (N C) (clamped to [0, 1)); zeta = 1, C = 1 are the papers' settings.
-eta = 0, zeta = 1 is plain model averaging.
 
 Bytes counted: the fp32 model put into the all-reduce once per block (so
 4 * params / block_size per minibatch on average).
@@ -52,7 +64,8 @@ class BlockFilter:
 
     def update(self, w_bar: torch.Tensor) -> torch.Tensor:
         """One BMUF step from the averaged model; returns the look-ahead model (new)."""
-        g = w_bar.sub(self.w_g)
+        # G = W_bar - W_0, with W_0 = W_g + eta * Delta the point the block started from
+        g = w_bar.sub(self.w_g).sub_(self.delta, alpha=self.eta)
         self.delta.mul_(self.eta).add_(g, alpha=self.zeta)
         self.w_g.add_(self.delta)
         return self.w_g.add(self.delta, alpha=self.eta)
