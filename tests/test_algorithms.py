@@ -107,7 +107,7 @@ def w_run(rank, world, scenarios):
                "grads": torch.stack(grads).sum(0)}
         if algo_name == "gtc":
             res["residual"] = algo.residual.clone()
-            res["tau"] = algo.tau
+            res["taus"] = algo.thresholds.of(torch.arange(algo.flat.total))
         if algo_name in ("bmuf",):
             res["w_g"] = algo.filter.w_g.clone()
         out[name] = res
@@ -223,6 +223,7 @@ def test_two_workers_all_algorithms():
         ("sgd_unequal", "sgd", {}, "sgd", 0.5, steps, [1, 3]),
         ("gtc", "gtc", {"gtc_tau": 0.004}, "sgd", 1.0, steps, 2),
         ("gtc_derived", "gtc", {"gtc_tau": 0.0, "gtc_tau_scale": 2.0}, "sgd", 1.0, steps, 2),
+        # per-tensor taus: one per parameter tensor of Tiny (4 LSTM + 2 linear)
         ("bmuf_avg", "bmuf", {"block_size": 2, "block_lr": 1.0, "block_momentum": 0.0},
          "sgd", 0.5, steps, 2),
         ("bmuf_nbm", "bmuf", {"block_size": 2}, "sgd", 0.5, steps, 2),
@@ -243,13 +244,13 @@ def test_two_workers_all_algorithms():
     for name in ("gtc", "gtc_derived"):
         r0, r1 = res[0][name], res[1][name]
         torch.testing.assert_close(r0["w"], r1["w"], rtol=0, atol=0)
-        assert r0["tau"] == r1["tau"] > 0
+        assert torch.equal(r0["taus"], r1["taus"]) and bool((r0["taus"] > 0).all())
         w0 = flat(make_model(0))
         sent = [r["grads"] - r["residual"] for r in (r0, r1)]
         # with plain SGD, lr 1: W = W0 - mean over workers of everything sent
         torch.testing.assert_close(r0["w"], w0 - (sent[0] + sent[1]) / 2, rtol=0, atol=1e-5)
         # what is sent is a whole number of +-tau quanta per element
-        q = sent[0] / r0["tau"]
+        q = sent[0] / r0["taus"]
         torch.testing.assert_close(q, q.round(), rtol=0, atol=1e-3)
         assert r0["stats"]["sent_fraction"] < 1.0
 

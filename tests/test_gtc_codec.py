@@ -4,8 +4,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from training.algorithms.gtc import (MAX_INDEX, decode_add_, encode_, mask_indices, pack,
-                                     padded_bool, unpack)
+from training.algorithms.gtc import (MAX_INDEX, Thresholds, decode_add_, encode_,
+                                     mask_indices, pack, padded_bool, unpack)
 
 
 def test_pack_round_trip_edges_and_random():
@@ -95,3 +95,25 @@ def test_too_many_elements_is_refused():
 
     with pytest.raises(ValueError):
         encode_(Big(), None, 1.0)  # type: ignore[arg-type]
+
+
+def test_per_segment_thresholds():
+    """One tau per tensor: identity still exact, quanta follow the segment's tau."""
+    g = torch.Generator().manual_seed(3)
+    sizes = [5, 1000, 37, 2048]
+    th = Thresholds(sizes, [0.5, 0.125, 2.0, 0.25])
+    n = sum(sizes)
+    residual, sent_total, grad_total = torch.zeros(n), torch.zeros(n), torch.zeros(n)
+    for _ in range(30):
+        grad = torch.randint(-64, 65, (n,), generator=g).float() / 256
+        grad_total += grad
+        codes = encode_(residual, grad, th)
+        decode_add_(sent_total, codes, th)
+        assert torch.equal(sent_total + residual, grad_total)
+    idx, _ = unpack(codes)
+    assert torch.equal(th.of(torch.tensor([0, 4, 5, 1004, 1005, 1041, 1042, n - 1])),
+                       torch.tensor([0.5, 0.5, 0.125, 0.125, 2.0, 2.0, 0.25, 0.25]))
+    # decode with a scale: the average over workers
+    out = torch.zeros(n)
+    decode_add_(out, pack(torch.tensor([0, 6]), torch.tensor([True, False])), th, 0.5)
+    assert out[0] == -0.25 and out[6] == 0.0625

@@ -22,7 +22,7 @@ and the restarted function finds the last checkpoint through `ray.train.get_chec
 hence one file per rank rather than rank 0's copy.)
 
 Plan keys read here (all optional): `storage_path` (where Ray Train persists checkpoints,
-default `<storage.root>/runs/<run_id>/train/ray` with `run_id` from the plan),
+default `<train_dir>/ray`, else `<storage.root>/runs/<run_id>/train/ray`),
 `name` (experiment name), `max_failures` (default 2), `cpus_per_worker`,
 `num_to_keep` (checkpoints kept, default 2).
 
@@ -104,17 +104,20 @@ def load_checkpoint(map_location: str | torch.device = "cpu") -> dict[str, Any] 
 # ---------------------------------------------------------------------------------------
 
 def _gpus_available(workers: int) -> bool:
+    """One GPU per worker must be in the Ray cluster (else Ray Train would wait forever)."""
     import ray
 
-    return torch.cuda.is_available() or ray.cluster_resources().get("GPU", 0) >= workers
+    return ray.cluster_resources().get("GPU", 0) >= workers
 
 
 def _storage_path(plan: dict, cfg: Any) -> tuple[str, Any]:
     """(storage_path, pyarrow filesystem or None) for Ray Train's persistent storage."""
     from amflow.storage import Storage, is_s3, join
 
-    uri = plan.get("storage_path") or join(cfg.storage.root, "runs",
-                                           str(plan.get("run_id", "adhoc")), "train", "ray")
+    uri = plan.get("storage_path") or (join(plan["train_dir"], "ray") if plan.get("train_dir")
+                                       else join(cfg.storage.root, "runs",
+                                                 str(plan.get("run_id", "adhoc")), "train",
+                                                 "ray"))
     if is_s3(uri):
         storage = Storage(cfg.storage)
         fs, path = storage.resolve(uri)
@@ -153,6 +156,8 @@ def run_distributed(train_worker_fn: Callable[[dict], dict], plan: dict, cfg: An
     cpus = float(ray.cluster_resources().get("CPU", 1))
     cpus_per_worker = float(plan.get("cpus_per_worker") or min(1.0, cpus / workers))
     storage_path, fs = _storage_path(plan, cfg)
+    log.info("run_distributed: %d workers, backend %s, %.2f CPU each, checkpoints under %s",
+             workers, backend, cpus_per_worker, storage_path)
     name = str(plan.get("name") or f"{plan.get('run_id', 'adhoc')}-{train.algorithm}")
     trainer = TorchTrainer(
         _worker_entry,

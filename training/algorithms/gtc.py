@@ -17,25 +17,28 @@ to the longest. The update each worker applies is the average of all decoded buf
 handed to the local optimizer as the gradient, so every replica applies the same update
 and the models stay identical.
 
-Threshold. `train.gtc_tau > 0` is used as is (in units of this loss's gradient, i.e. a
-per-frame mean). The paper's tau = 8 is in its toolkit's gradient scale (summed over the
-frames of a minibatch, with its own learning-rate convention) and does not transfer.
-With `gtc_tau == 0` tau is derived once, on the first minibatch, as
+Threshold. `train.gtc_tau > 0` is used as is, for every element (in units of this
+loss's gradient, a per-frame mean). The paper's tau = 8 is in its toolkit's gradient
+scale (summed over the frames of a minibatch, with its own learning-rate convention) and
+does not transfer. With `gtc_tau == 0` one tau per parameter tensor is derived once, on
+the first minibatch:
 
-    tau = gtc_tau_scale * mean_i |g_1,i|
+    tau_j = gtc_tau_scale * mean_{i in tensor j} |g_1,i|
 
-(the mean absolute gradient element, averaged over the workers with one scalar
-all-reduce so every worker uses the same tau), then held fixed like the paper's constant
-(it is in `state_dict`). Why this statistic: every code takes exactly tau off an
+(averaged over the workers with one small all-reduce, so every worker uses the same
+taus), then held fixed like the paper's constant (they are in `state_dict`). Both ends
+know the tensor layout, so a code is still sign + flat index; the decoder looks the tau
+of an index up by its tensor. Why this statistic: every code takes exactly tau_j off an
 element's |residual| and a minibatch adds at most |g_i| to it, so in the long run a worker
-sends at most ||g||_1 / tau = n * mean|g| / tau elements per minibatch. With tau =
-gtc_tau_scale * mean|g_1| the sent fraction is bounded by 1 / gtc_tau_scale (as long as
-the gradient's L1 norm does not grow beyond its first value), whatever the gradient's
-distribution, and gradient noise that cancels in the residual lowers it further. The
-default scale 100 therefore sends at most ~1 % of the elements: >= 100x fewer bytes than
-dense fp32 (a code is 4 bytes, as a float is). Elements whose gradient exceeds tau every
-minibatch can only send one quantum per minibatch (their residual carries the rest), the
-usual GTC saturation.
+sends at most ||g_j||_1 / tau_j = n_j mean|g_j| / tau_j elements of tensor j per
+minibatch: the sent fraction is bounded by 1 / gtc_tau_scale (as long as a tensor's
+gradient L1 norm does not grow past its first value), whatever the distribution, and
+gradient noise that cancels in the residual lowers it further. Per tensor, because
+layers' gradient scales differ by orders of magnitude: one global tau starves the layers
+with small gradients (they would wait hundreds of minibatches to send anything) and
+saturates those with large ones (an element sends at most one quantum per minibatch; its
+residual carries the rest). The default scale 100 sends at most ~1 % of the elements:
+>= 100x fewer bytes than dense fp32 (a code is 4 bytes, as a float is).
 
 Bytes counted per minibatch: what this worker puts on the wire, i.e. the 8-byte length
 plus its code buffer padded to the longest one in the group (`payload_bytes` counts the
@@ -76,22 +79,63 @@ def unpack(codes: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return codes.to(torch.int64) & INDEX_MASK, codes < 0
 
 
-def threshold_mask(values: torch.Tensor, tau: float, mask: torch.Tensor,
+class Thresholds:
+    """One tau per contiguous segment of the flat vector (one segment per parameter
+    tensor). Both ends know the layout, so codes stay sign + index."""
+
+    def __init__(self, sizes: list[int], taus: list[float] | torch.Tensor):
+        self.sizes = [int(n) for n in sizes]
+        self.taus = torch.as_tensor(taus, dtype=torch.float32).reshape(-1).clone()
+        if len(self.sizes) != self.taus.numel():
+            raise ValueError("one tau per segment")
+        ends = np.cumsum(self.sizes)
+        self.ends = torch.as_tensor(ends, dtype=torch.int64)
+        self.starts = [int(e - n) for e, n in zip(ends, self.sizes)]
+        self._dev: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    @classmethod
+    def uniform(cls, n: int, tau: float) -> "Thresholds":
+        return cls([n], [tau])
+
+    def segments(self):
+        for start, size, tau in zip(self.starts, self.sizes, self.taus.tolist()):
+            yield start, start + size, tau
+
+    def of(self, index: torch.Tensor) -> torch.Tensor:
+        """tau of every flat index."""
+        dev = index.device
+        if dev not in self._dev:
+            self._dev[dev] = (self.ends.to(dev), self.taus.to(dev))
+        ends, taus = self._dev[dev]
+        if taus.numel() == 1:
+            return taus.expand(index.shape)
+        return taus[torch.bucketize(index, ends, right=True)]
+
+    def state(self) -> dict[str, Any]:
+        return {"sizes": self.sizes, "taus": self.taus.clone()}
+
+
+def _as_thresholds(tau: "float | Thresholds", n: int) -> Thresholds:
+    return tau if isinstance(tau, Thresholds) else Thresholds.uniform(n, float(tau))
+
+
+def threshold_mask(values: torch.Tensor, tau: "float | Thresholds", mask: torch.Tensor,
                    scratch: torch.Tensor) -> None:
-    """mask[:n] = |values| >= tau, written into preallocated bool buffers.
+    """mask[:n] = |values| >= tau (per segment), written into preallocated bool buffers.
 
     On the CPU numpy's SIMD comparisons are several times faster than torch's
     float->bool kernels (zero-copy views of the same memory); elsewhere torch is used."""
-    n = values.numel()
-    if values.device.type == "cpu":
-        a = values.numpy()
-        mb = mask[:n].numpy()
-        sb = scratch[:n].numpy()
-        np.greater_equal(a, tau, out=mb)
-        np.less_equal(a, -tau, out=sb)
-        np.logical_or(mb, sb, out=mb)
-    else:
-        torch.ge(values.abs(), tau, out=mask[:n])
+    th = _as_thresholds(tau, values.numel())
+    for a, b, t in th.segments():
+        if values.device.type == "cpu":
+            v = values[a:b].numpy()
+            mb = mask[a:b].numpy()
+            sb = scratch[a:b].numpy()
+            np.greater_equal(v, t, out=mb)
+            np.less_equal(v, -t, out=sb)
+            np.logical_or(mb, sb, out=mb)
+        else:
+            torch.ge(values[a:b].abs(), t, out=mask[a:b])
 
 
 def mask_indices(mask: torch.Tensor) -> torch.Tensor:
@@ -110,11 +154,12 @@ def padded_bool(n: int, device: torch.device) -> torch.Tensor:
     return torch.zeros((n + 7) // 8 * 8, dtype=torch.bool, device=device)
 
 
-def encode_(residual: torch.Tensor, grad: torch.Tensor, tau: float,
+def encode_(residual: torch.Tensor, grad: torch.Tensor, tau: "float | Thresholds",
             mask: torch.Tensor | None = None,
             scratch: torch.Tensor | None = None) -> torch.Tensor:
     """residual += grad; emit the codes of elements with |residual| >= tau and take
-    sign * tau off them. Returns the int32 code buffer (indices ascending).
+    sign * tau off them. Returns the int32 code buffer (indices ascending). `tau` is one
+    float or a `Thresholds` (one tau per segment).
 
     `mask` and `scratch` are optional preallocated bool buffers of `padded_bool(n)` size
     (zero past n)."""
@@ -126,18 +171,26 @@ def encode_(residual: torch.Tensor, grad: torch.Tensor, tau: float,
         mask = padded_bool(n, residual.device)
     if scratch is None:
         scratch = padded_bool(n, residual.device)
-    threshold_mask(residual, tau, mask, scratch)
+    th = _as_thresholds(tau, n)
+    threshold_mask(residual, th, mask, scratch)
     index = mask_indices(mask)
     values = residual.index_select(0, index)
     negative = values < 0
-    residual.index_copy_(0, index, values - torch.where(negative, -tau, tau))
+    q = th.of(index)
+    residual.index_copy_(0, index, values - torch.where(negative, -q, q))
     return pack(index, negative)
 
 
-def decode_add_(out: torch.Tensor, codes: torch.Tensor, value: float) -> torch.Tensor:
-    """out[index] += +-value for every code (duplicates accumulate)."""
+def decode_add_(out: torch.Tensor, codes: torch.Tensor, tau: "float | Thresholds",
+                scale: float = 1.0) -> torch.Tensor:
+    """out[index] += +-tau * scale for every code (duplicates accumulate)."""
     index, negative = unpack(codes)
-    signed = torch.where(negative, -value, value).to(out.dtype)
+    if isinstance(tau, Thresholds) and tau.taus.numel() > 1:
+        q = tau.of(index).to(out.dtype) * scale
+        signed = torch.where(negative, -q, q)
+    else:
+        v = float(tau.taus[0] if isinstance(tau, Thresholds) else tau) * scale
+        signed = torch.where(negative, -v, v).to(out.dtype)
     out.index_add_(0, index, signed)
     return out
 
@@ -173,6 +226,7 @@ class GTC(Algorithm):
         self.tau = float(tau)
         self.tau_scale = float(tau_scale)
         self.params = trainable(model)
+        self.thresholds: Thresholds | None = None
         self.payload_bytes = 0
         self.elements_sent = 0
         if self.world > 1:
@@ -185,6 +239,8 @@ class GTC(Algorithm):
             self._scratch = padded_bool(self.flat.total, dev)
             if sync_init:
                 self.setup_bytes = broadcast_model_(self.params, group)
+            if self.tau > 0:
+                self.thresholds = Thresholds(self.flat.numels, [self.tau] * len(self.params))
 
     @classmethod
     def from_config(cls, train_cfg, model, optimizer, group=None, world_size=None):
@@ -196,24 +252,30 @@ class GTC(Algorithm):
         return sum(p.numel() for p in self.params)
 
     def _derive_tau(self, grad: torch.Tensor) -> None:
-        mean_abs = grad.abs().double().mean().reshape(1).to(grad.device)
-        dist.all_reduce(mean_abs, op=dist.ReduceOp.SUM, group=self.group)
-        self.bytes_sent += 8
-        m = float(mean_abs.item()) / self.world
-        self.tau = self.tau_scale * m if m > 0 else 1e-12
+        """Per-tensor taus from the first gradient (see the module doc)."""
+        sums = torch.stack([part.abs().double().sum()
+                            for part in grad.split(self.flat.numels)]).to(grad.device)
+        dist.all_reduce(sums, op=dist.ReduceOp.SUM, group=self.group)
+        self.bytes_sent += 8 * sums.numel()
+        sums = sums.cpu() / self.world
+        sizes = torch.tensor(self.flat.numels, dtype=torch.float64)
+        means = sums / sizes
+        overall = float(sums.sum() / sizes.sum())
+        means[means <= 0] = overall if overall > 0 else 1e-12
+        self.thresholds = Thresholds(self.flat.numels, (self.tau_scale * means).float())
 
     def exchange(self) -> None:
         """Encode this worker's gradient, all-gather, decode the average into `.grad`."""
         (grad,) = self.flat.grads()
         with self._timed():
-            if self.tau <= 0:
+            if self.thresholds is None:
                 self._derive_tau(grad)
-            codes = encode_(self.residual, grad, self.tau, self._mask, self._scratch)
+            th = self.thresholds
+            codes = encode_(self.residual, grad, th, self._mask, self._scratch)
             buffers, sent = allgather_varlen(codes, self.group, self.world)
             grad.zero_()
-            value = self.tau / self.world
             for b in buffers:
-                decode_add_(grad, b, value)
+                decode_add_(grad, b, th, 1.0 / self.world)
         self.flat.set_grads([grad])
         self.bytes_sent += sent
         self.payload_bytes += 8 + 4 * codes.numel()
@@ -229,7 +291,9 @@ class GTC(Algorithm):
     def stats(self) -> dict[str, float]:
         out = super().stats()
         n = max(self.steps, 1)
-        out.update(tau=self.tau, payload_bytes_per_step=self.payload_bytes / n,
+        taus = self.thresholds.taus if self.thresholds is not None else torch.tensor([self.tau])
+        out.update(tau=float(taus.median()), tau_min=float(taus.min()),
+                   tau_max=float(taus.max()), payload_bytes_per_step=self.payload_bytes / n,
                    sent_fraction=self.elements_sent / n / max(self.numel, 1),
                    compression=(4 * self.numel * n / self.payload_bytes)
                    if self.payload_bytes else float("inf") if self.world > 1 else 1.0)
@@ -238,6 +302,7 @@ class GTC(Algorithm):
     def state_dict(self) -> dict[str, Any]:
         state = super().state_dict()
         state.update(tau=self.tau, payload_bytes=self.payload_bytes,
+                     thresholds=self.thresholds.state() if self.thresholds is not None else None,
                      elements_sent=self.elements_sent,
                      residual=self.residual.detach().cpu().clone() if self.world > 1 else None)
         return state
@@ -245,6 +310,8 @@ class GTC(Algorithm):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
         self.tau = state["tau"]
+        th = state.get("thresholds")
+        self.thresholds = Thresholds(th["sizes"], th["taus"]) if th is not None else None
         self.payload_bytes = state["payload_bytes"]
         self.elements_sent = state["elements_sent"]
         if self.world > 1 and state.get("residual") is not None:
