@@ -332,10 +332,12 @@ class TrainConfig:
     threads: int = 0  # torch threads per worker; 0 = torch's default
     fail_after: int = 0  # fault injection: die once after this many minibatches (0 = off)
     # Distributed algorithm knobs.
-    # GTC threshold in gradient units; 0 = gtc_tau_scale x mean |first gradient element|,
-    # which bounds the sent fraction by 1/gtc_tau_scale (training/algorithms/gtc.py).
+    # GTC threshold in gradient units; 0 = per tensor, gtc_tau_scale x its mean |first
+    # gradient|, which bounds the sent fraction by 1/gtc_tau_scale (algorithms/gtc.py).
     gtc_tau: float = 0.0
     gtc_tau_scale: float = 100.0
+    # Minibatches over which tau ramps up geometrically from tau/gtc_tau_scale (0 = off).
+    gtc_warmup: int = 0
     block_size: int = 50
     block_lr: float = 1.0  # zeta
     block_momentum: float = -1.0  # eta; < 0 = derive from zeta/(N(1-eta)) = C

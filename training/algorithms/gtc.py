@@ -220,13 +220,14 @@ class GTC(Algorithm):
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, group: Any = None,
                  world_size: int | None = None, tau: float = 0.0, tau_scale: float = 100.0,
-                 sync_init: bool = True):
+                 sync_init: bool = True, warmup: int = 0):
         group, self.rank, self.world = resolve_group(group, world_size)
         super().__init__(model, optimizer, group)
         self.tau = float(tau)
         self.tau_scale = float(tau_scale)
         self.params = trainable(model)
         self.thresholds: Thresholds | None = None
+        self.warmup = int(warmup)
         self.payload_bytes = 0
         self.elements_sent = 0
         if self.world > 1:
@@ -245,7 +246,16 @@ class GTC(Algorithm):
     @classmethod
     def from_config(cls, train_cfg, model, optimizer, group=None, world_size=None):
         return cls(model, optimizer, group, world_size, tau=train_cfg.gtc_tau,
-                   tau_scale=train_cfg.gtc_tau_scale)
+                   tau_scale=train_cfg.gtc_tau_scale, warmup=train_cfg.gtc_warmup)
+
+    def _current(self) -> "Thresholds":
+        """The thresholds of this minibatch: during the warm-up, tau grows geometrically
+        from tau / gtc_tau_scale (a threshold at the mean |g|: dense-ish updates) to tau."""
+        th = self.thresholds
+        if self.warmup <= 0 or self.steps >= self.warmup or self.tau_scale <= 1:
+            return th
+        factor = self.tau_scale ** (self.steps / self.warmup - 1.0)
+        return Thresholds(th.sizes, th.taus * factor)
 
     @property
     def numel(self) -> int:
@@ -270,7 +280,7 @@ class GTC(Algorithm):
         with self._timed():
             if self.thresholds is None:
                 self._derive_tau(grad)
-            th = self.thresholds
+            th = self._current()
             codes = encode_(self.residual, grad, th, self._mask, self._scratch)
             buffers, sent = allgather_varlen(codes, self.group, self.world)
             grad.zero_()
