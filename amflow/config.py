@@ -331,6 +331,13 @@ class TrainConfig:
     keep_checkpoints: int = 2
     threads: int = 0  # torch threads per worker; 0 = torch's default
     fail_after: int = 0  # fault injection: die once after this many minibatches (0 = off)
+    # SpecAugment-style masking of training minibatches (0 masks = off): per sequence,
+    # `freq_masks` bands of up to `freq_mask_bins` mel bins (the same bins in every
+    # stacked frame) and `time_masks` spans of up to `time_mask_rows` rows are zeroed.
+    freq_masks: int = 0
+    freq_mask_bins: int = 8
+    time_masks: int = 0
+    time_mask_rows: int = 3
     # Distributed algorithm knobs.
     # GTC threshold in gradient units; 0 = per tensor, gtc_tau_scale x its mean |first
     # gradient|, which bounds the sent fraction by 1/gtc_tau_scale (algorithms/gtc.py).
@@ -375,6 +382,8 @@ class TrainConfig:
         _check(self.shuffle_partitions >= 1, f"{key}.shuffle_partitions", "must be >= 1")
         _check(self.prefetch >= 1, f"{key}.prefetch", "must be >= 1")
         _check("/" not in self.tag, f"{key}.tag", "must not contain '/'")
+        _check(min(self.freq_masks, self.freq_mask_bins, self.time_masks,
+                   self.time_mask_rows) >= 0, f"{key}.freq_masks", "masking knobs must be >= 0")
 
 
 @dataclass

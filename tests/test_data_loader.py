@@ -8,7 +8,7 @@ from amflow.runs import StepError
 from amflow.storage import Storage, join
 from training.data import (BatchLoader, Normalizer, PassSpec, SplitIndex, loader_throughput,
                            make_synthetic_run, plan_pass, rank_partitions, rows_table,
-                           synthetic_rows)
+                           spec_augment, synthetic_rows)
 from training.losses import IGNORE
 
 torch.set_num_threads(1)
@@ -160,3 +160,18 @@ def test_loader_throughput_is_measured(run):
     st, idx, norm = _index(run)
     r = loader_throughput(st, idx, PassSpec(), norm)
     assert r["frames"] == idx.total_frames and r["frames_per_s"] > 0
+
+
+def test_spec_augment_masks_bands_and_spans_reproducibly():
+    x = torch.randn(4, 30, 3 * 16) + 5.0
+    y = spec_augment(x, torch.Generator().manual_seed(1), 3, freq_masks=2, freq_mask_bins=4,
+                     time_masks=2, time_mask_rows=3)
+    assert torch.equal(y, spec_augment(x, torch.Generator().manual_seed(1), 3, 2, 4, 2, 3))
+    zero = (y == 0)
+    for b in range(4):
+        cols = zero[b].all(0).reshape(3, 16)  # masked bins: whole columns ...
+        assert torch.equal(cols[0], cols[1]) and torch.equal(cols[1], cols[2])  # ... per frame
+        assert int(cols[0].sum()) <= 8 and int(zero[b].all(1).sum()) <= 6
+        kept = ~zero[b]
+        assert torch.equal(y[b][kept], x[b][kept])
+    assert bool(zero.any())

@@ -567,6 +567,39 @@ class BatchLoader:
             self._thread = None
 
 
+# ----------------------------------------------------------------- augmentation
+def spec_augment(x: torch.Tensor, gen: torch.Generator, stack: int, freq_masks: int = 2,
+                 freq_mask_bins: int = 8, time_masks: int = 2, time_mask_rows: int = 3
+                 ) -> torch.Tensor:
+    """SpecAugment-style masking of a padded batch [B, T, stack * bins] (a new tensor).
+
+    Each sequence gets `freq_masks` bands of 0..freq_mask_bins mel bins, zeroed in every
+    stacked frame of every row, and `time_masks` spans of 0..time_mask_rows rows. Zero is
+    the global mean after CMVN. All randomness comes from `gen`, so a run seeded per
+    minibatch is reproducible (and resumable) exactly.
+    """
+    b, t, d = x.shape
+    bins = d // stack
+    keep = torch.ones(b, t, d, dtype=x.dtype)
+    if freq_masks and freq_mask_bins:
+        idx = torch.arange(bins)
+        fmask = torch.zeros(b, bins, dtype=torch.bool)
+        for _ in range(freq_masks):
+            w = torch.randint(0, freq_mask_bins + 1, (b, 1), generator=gen)
+            f0 = (torch.rand(b, 1, generator=gen) * (bins - w + 1)).long()
+            fmask |= (idx >= f0) & (idx < f0 + w)
+        keep = keep * (~fmask).to(x.dtype).repeat(1, stack)[:, None, :]
+    if time_masks and time_mask_rows:
+        idx = torch.arange(t)
+        tmask = torch.zeros(b, t, dtype=torch.bool)
+        for _ in range(time_masks):
+            w = torch.randint(0, time_mask_rows + 1, (b, 1), generator=gen)
+            t0 = (torch.rand(b, 1, generator=gen) * (t - w + 1).clamp_min(1)).long()
+            tmask |= (idx >= t0) & (idx < t0 + w)
+        keep = keep * (~tmask).to(x.dtype)[:, :, None]
+    return x * keep.to(x.device)
+
+
 # ----------------------------------------------------------------- a synthetic task
 def synthetic_utterance(rng: np.random.Generator, means: np.ndarray, stack: int,
                         min_dur: int = 2, max_dur: int = 6, rows: tuple[int, int] = (20, 60),

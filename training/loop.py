@@ -55,7 +55,7 @@ from amflow.runs import StepError
 from amflow.storage import Storage, join
 from training.checkpoint import Checkpointer, save_model
 from training.data import (BatchLoader, Normalizer, PassSpec, SplitIndex, plan_pass,
-                           rank_partitions)
+                           rank_partitions, spec_augment)
 from training.losses import LossOut, ce_loss, distill_loss
 from training.models import build_model, num_parameters
 from training.schedules import LRSchedule, PassInfo, plan_passes
@@ -457,6 +457,10 @@ def train_worker(plan: dict[str, Any]) -> dict[str, Any]:
             set_lr(optimizer, lr)
             comm0 = algo.comm_seconds
             t0 = time.perf_counter()
+            if tc.freq_masks or tc.time_masks:
+                gen = torch.Generator().manual_seed(_mix(tc.seed, 5, state.step, rank))
+                batch.x = spec_augment(batch.x, gen, stack, tc.freq_masks, tc.freq_mask_bins,
+                                       tc.time_masks, tc.time_mask_rows)
             batch = batch.to(device)
             algo.zero_grad()
             out = batch_loss(model, batch, tc)
