@@ -157,6 +157,7 @@ def test_evaluate_a_trained_teacher_on_a_corpus(tmp_path, local_cfg, capsys):
     cfg = local_cfg("train.model=teacher", "train.epochs=4", "train.finetune_epochs=1",
                     "train.lr=0.01", "train.final_lr=0.002", "train.minibatch_frames=512",
                     "model.teacher.layers=1", "model.teacher.hidden=32", "train.threads=1",
+                    "model.teacher.dropout=0", "train.chunk_frames=32",
                     "train.checkpoint_every=1000")
     _featurise_training_run(str(store / "runs" / "r"), train, cfg.features)
     launch.run(StepContext(cfg, "r", "train"), None)

@@ -22,7 +22,9 @@ torch.set_num_threads(1)
 TINY = ["train.threads=1", "train.minibatch_frames=256", "train.chunk_frames=16",
         "train.chunk_left_context=4", "train.lr=0.01", "train.final_lr=0.002",
         "train.log_every=4", "model.student.layers=1", "model.student.hidden=32",
-        "model.teacher.layers=1", "model.teacher.hidden=24"]
+        "model.teacher.layers=1", "model.teacher.hidden=24", "model.student.dropout=0",
+        "model.teacher.dropout=0", "model.student.lookahead=3", "train.temperature=1",
+        "train.labeled_lr_scale=1.5", "train.optimizer=adam", "train.clip_grad_norm=5"]
 TEACHER = ["train.model=teacher", "train.recipe=labeled", "train.epochs=4",
            "train.finetune_epochs=1"]
 SSL = ["train.model=student", "train.recipe=ssl", "train.sub_epochs=3", "train.finetune_epochs=1"]
