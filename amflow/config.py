@@ -350,6 +350,9 @@ class TrainConfig:
     block_momentum: float = -1.0  # eta; < 0 = derive from zeta/(N(1-eta)) = C
     bmuf_c: float = 1.0
     group_size: int = 2
+    # HTM's lower-tier (in-group, intra-host) GTC tau scale: the paper uses tau 2 inside
+    # the groups against 8 for plain GTC, i.e. 4x denser where bandwidth is cheap.
+    htm_tau_scale: float = 25.0
     ma_samples: int = 20000  # frames between averages (Kaldi's K)
     use_gpu: bool = False
 

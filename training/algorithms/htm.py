@@ -12,7 +12,9 @@ All process groups are made with `torch.distributed.new_group`, every group in t
 order on every rank (a collective requirement). HTM therefore needs the default (WORLD)
 group. group_size = 1 is BMUF (GTC over a group of one is the plain local step);
 group_size = N is GTC (the upper tier has one member and, with zeta = 1 and the derived
-eta = 0, its filter is the identity and is skipped).
+eta = 0, its filter is the identity and is skipped). The lower tier derives its taus like
+`gtc` but with `train.htm_tau_scale` (default 25: the paper runs HTM's groups at tau 2
+against 8 for plain GTC, denser where the links are fast).
 
 Bytes counted: the GTC traffic every minibatch plus, on leaders, the model all-reduce
 per block and the broadcast of the look-ahead model to the group.
@@ -97,7 +99,7 @@ class HTM(Algorithm):
         return cls(model, optimizer, group, world_size, group_size=train_cfg.group_size,
                    block_size=train_cfg.block_size, zeta=train_cfg.block_lr,
                    eta=train_cfg.block_momentum, c=train_cfg.bmuf_c, tau=train_cfg.gtc_tau,
-                   tau_scale=train_cfg.gtc_tau_scale)
+                   tau_scale=train_cfg.htm_tau_scale)
 
     @property
     def eta(self) -> float:
