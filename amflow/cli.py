@@ -83,8 +83,8 @@ STEPS: dict[str, Step] = {
     "train": Step(
         "training.launch:run", "train the teacher or the student (train.algorithm on Ray Train)",
         reads="runs/<id>/repartition partitions",
-        writes="runs/<id>/train/ (or train_<model>): checkpoints/, model.pt, metrics.jsonl, "
-               "learning_curve.png, _SUCCESS.json"),
+        writes="runs/<id>/train/ (train-<train.tag> when tagged): checkpoints/, model.pt, "
+               "metrics.jsonl, learning_curve.png, _SUCCESS.json"),
     "evaluate": Step(
         "training.evaluate:run", "frame accuracy and phone error rate per condition",
         reads="--model checkpoint, --data corpus with alignments.ctm, the run's cmvn.json",
