@@ -318,8 +318,9 @@ def render(table: dict, params: dict, notes: dict, workers: list[int], cfg: Any,
         f"block {params['block']}, HTM group {params['group']}, jitter cv {params['cv']:g}.",
         f"GTC sends {params['gtc_s'] * 100:.3f} % of elements per minibatch "
         f"({1 / max(params['gtc_s'], 1e-12):.0f}x fewer bytes than dense fp32, pad x"
-        f"{params['gtc_pad']:.2f}); HTM's lower tier {params['htm_s'] * 100:.3f} % "
-        f"({notes.get('gtc_sent_fraction')}; source {notes.get('measured_source')}).",
+        f"{params['gtc_pad']:.2f}; {notes.get('gtc_sent_fraction')}); HTM's lower tier "
+        f"{params['htm_s'] * 100:.3f} % ({notes.get('htm_sent_fraction')}); "
+        f"source {notes.get('measured_source')}.",
         "",
         "| Method | GPUs | simulated | HTM paper Table 1 | sim / paper | petabyte Table I |"
         " step ms (compute / wait / comm / codec) |",
