@@ -2,7 +2,8 @@
 
 Reads   measured bytes per minibatch per algorithm (GTC/HTM sparsity above all) from
         `--measured FILE`, else this run's `bench/trainers.json`, else the algorithm
-        stats in this run's `train*/_SUCCESS.json`.
+        stats in this run's `train*/_SUCCESS.json`, else the sparsity `bench gtc` measured
+        on the 24 M model (`bench/gtc.json`).
 Writes  runs/<R>/simulate/table.md, table.json, _SUCCESS.json
 
 Inputs
@@ -239,7 +240,19 @@ def load_measured(ctx: StepContext, measured: str | None) -> dict[str, Any]:
         data = ctx.storage.read_json(bench)["measured"]
         data.setdefault("source", bench)
         return data
-    return _from_train_success(ctx)
+    data = _from_train_success(ctx)
+    codec = ctx.other("bench", "gtc.json")
+    if not data["algorithms"] and ctx.storage.exists(codec):
+        # the codec benchmark's sparsity on the 24 M model (real gradients, 2 workers)
+        g = ctx.storage.read_json(codec)
+        algos = g.get("overheads", {}).get("algorithms", {})
+        for name in ("gtc", "htm"):
+            st = algos.get(name, {})
+            if st.get("sent_fraction") is not None:
+                data["algorithms"][name] = {"sent_fraction": st["sent_fraction"],
+                                            "workers": g["overheads"].get("workers")}
+        data["source"] = codec
+    return data
 
 
 def resolve_inputs(cfg: Any, measured: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
