@@ -40,7 +40,7 @@ saturates those with large ones (an element sends at most one quantum per miniba
 residual carries the rest). The default scale 100 sends at most ~1 % of the elements:
 >= 100x fewer bytes than dense fp32 (a code is 4 bytes, as a float is).
 
-At >= 100x every element is updated at most about once per 100 minibatches, so GTC from a
+At >= 100x an element is updated on average at most once per 100 minibatches, so GTC from a
 random initialisation needs many minibatches (the papers start it from a pre-trained
 model). `train.gtc_warmup` > 0 ramps tau geometrically from tau / gtc_tau_scale up to tau
 over that many minibatches (denser updates while the gradients are large).
