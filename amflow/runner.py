@@ -202,27 +202,20 @@ class LocalBackend:
             return self.status(jid)
         return FAILED
 
-    def logs(self, jid: str, offset: int = 0) -> tuple[str, int]:
-        path = self._dir(jid) / "output.log"
+    def logs(self, jid: str, offset: int = 0, whole_lines: bool = True) -> tuple[str, int]:
+        """Output from `offset` on, and the next offset. While the job runs only whole
+        lines are handed out (a partial last line waits for the next read)."""
         try:
-            with open(path, "rb") as f:
+            with open(self._dir(jid) / "output.log", "rb") as f:
                 f.seek(offset)
                 data = f.read()
         except FileNotFoundError:
             return "", offset
-        # Only hand out whole lines; a partial last line waits for the next read.
-        end = data.rfind(b"\n") + 1
+        end = data.rfind(b"\n") + 1 if whole_lines else len(data)
         return data[:end].decode("utf-8", "replace"), offset + end
 
     def final_logs(self, jid: str, offset: int = 0) -> tuple[str, int]:
-        path = self._dir(jid) / "output.log"
-        try:
-            with open(path, "rb") as f:
-                f.seek(offset)
-                data = f.read()
-        except FileNotFoundError:
-            return "", offset
-        return data.decode("utf-8", "replace"), offset + len(data)
+        return self.logs(jid, offset, whole_lines=False)
 
     def stop(self, jid: str, grace_s: float = 10.0) -> bool:
         job = _read_json(self._dir(jid) / "job.json")
