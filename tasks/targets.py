@@ -23,6 +23,7 @@ import torch
 
 from amflow.records import TARGET_SCHEMA, decode_feats, encode_topk, load_cmvn
 from amflow.runs import Reject, StepContext, StepError, rejects_table
+from training.losses import teacher_log_probs
 
 log = logging.getLogger(__name__)
 
@@ -80,15 +81,6 @@ def topk(logits: torch.Tensor, k: int) -> tuple[np.ndarray, np.ndarray]:
     return idx.to(torch.int16).cpu().numpy(), vals.to(torch.float16).cpu().numpy()
 
 
-def rebuild_log_probs(idx: torch.Tensor, vals: torch.Tensor, num_classes: int,
-                      fill: float = -1.0e4, temperature: float = 1.0) -> torch.Tensor:
-    """Top-k logits -> log-probabilities over all classes, missing logits set to `fill`."""
-    full = torch.full((*idx.shape[:-1], num_classes), fill, dtype=torch.float32,
-                      device=vals.device)
-    full.scatter_(-1, idx.long(), vals.float())
-    return torch.log_softmax(full / temperature, dim=-1)
-
-
 def fidelity(logits: torch.Tensor, ks: Iterable[int] = FIDELITY_KS,
              fill: float = -1.0e4) -> dict[int, dict[str, float]]:
     """Per k: probability mass the top-k keep, KL divergences and argmax agreement.
@@ -112,7 +104,7 @@ def fidelity(logits: torch.Tensor, ks: Iterable[int] = FIDELITY_KS,
         vals, idx = torch.topk(logits, k, dim=-1)
         # Stored logits are fp16: measure what the student will actually see.
         vals = vals.to(torch.float16).float()
-        q_log = rebuild_log_probs(idx, vals, logits.shape[-1], fill)
+        q_log = teacher_log_probs(idx, vals, logits.shape[-1], fill)
         q = q_log.exp()
         mass = p.gather(-1, idx).sum(-1)
         kl_q_p = (q * (q_log - logp)).sum(-1)

@@ -63,13 +63,20 @@ def teacher_log_normaliser(topk_logit: torch.Tensor, num_classes: int, fill: flo
     return torch.logsumexp(t, dim=-1)
 
 
+def teacher_log_probs(topk_idx: torch.Tensor, topk_logit: torch.Tensor, num_classes: int,
+                      fill: float, temperature: float = 1.0) -> torch.Tensor:
+    """log of the full rebuilt teacher distribution [..., C]: the top-k logits in place,
+    every other logit `fill` (for tests, inspection and the targets fidelity report)."""
+    full = torch.full((*topk_idx.shape[:-1], num_classes), float(fill),
+                      dtype=torch.float32, device=topk_logit.device)
+    full.scatter_(-1, topk_idx.long(), topk_logit.float())
+    return torch.log_softmax(full / temperature, dim=-1)
+
+
 def teacher_probs(topk_idx: torch.Tensor, topk_logit: torch.Tensor, num_classes: int,
                   fill: float, temperature: float = 1.0) -> torch.Tensor:
-    """The full rebuilt teacher distribution [N, C] (for tests and inspection)."""
-    full = torch.full((*topk_idx.shape[:-1], num_classes), float(fill),
-                      dtype=topk_logit.dtype, device=topk_logit.device)
-    full.scatter_(-1, topk_idx, topk_logit)
-    return torch.softmax(full / temperature, dim=-1)
+    """The full rebuilt teacher distribution [..., C]."""
+    return teacher_log_probs(topk_idx, topk_logit, num_classes, fill, temperature).exp()
 
 
 def distill_loss(logits: torch.Tensor, topk_idx: torch.Tensor, topk_logit: torch.Tensor,
