@@ -308,6 +308,7 @@ class TrainConfig:
     newbob_threshold: float = 0.005
     min_lr: float = 1.0e-5
     sub_epochs: int = 4
+    unlabeled_passes: int = 1  # ssl: passes over the unlabeled data (the paper: 1)
     chunk_frames: int = 32
     minibatch_frames: int = 2048
     max_change: float = 0.0  # 0 = off; Kaldi-style per-minibatch parameter change cap
@@ -371,6 +372,7 @@ class TrainConfig:
         _check(self.minibatch_frames >= self.chunk_frames, f"{key}.minibatch_frames",
                "must be >= train.chunk_frames")
         _check(self.group_size >= 1, f"{key}.group_size", "must be >= 1")
+        _check(self.unlabeled_passes >= 1, f"{key}.unlabeled_passes", "must be >= 1")
         _check(self.block_size >= 1, f"{key}.block_size", "must be >= 1")
         _check(self.finetune_epochs >= 0, f"{key}.finetune_epochs", "must be >= 0")
         _check(self.sub_epochs >= 1, f"{key}.sub_epochs", "must be >= 1")

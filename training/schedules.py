@@ -6,8 +6,8 @@ scored and the schedule may change the learning rate (newbob) or stop.
 - recipe `labeled` (teacher, supervised student): `train.epochs` units of one pass over
   the labeled data each. Chunked BPTT first, full-sequence fine-tuning for the last
   `train.finetune_epochs`. The frame offset rotates per epoch (0, 1, 2, 0, ...).
-- recipe `ssl` (scheduled learning, paper V-D): one pass over the unlabeled data split
-  into `train.sub_epochs` sub-epochs; each unit is a sub-epoch of unlabeled data (soft
+- recipe `ssl` (scheduled learning, paper V-D): one pass (or `train.unlabeled_passes`)
+  over the unlabeled data split into `train.sub_epochs` sub-epochs; each unit is a sub-epoch of unlabeled data (soft
   targets) followed by a CE pass over the labeled data at `labeled_lr_scale` times the
   current rate, with the feature offset rotating per labeled pass. The last
   `finetune_epochs` units run in full-sequence mode.
@@ -58,13 +58,17 @@ def plan_passes(train_cfg: Any, stack: int) -> list[PassInfo]:
             mode = "full" if u >= units - tc.finetune_epochs else "chunk"
             passes.append(PassInfo(len(passes), u, "labeled", mode, u % stack, 0, 1, 1.0, True))
     elif tc.recipe == "ssl":
-        units = tc.sub_epochs
+        # The paper makes one pass over its million hours; a small unlabeled pool may be
+        # visited `unlabeled_passes` times, slice after slice.
+        subs = tc.sub_epochs
+        units = subs * tc.unlabeled_passes
         if tc.finetune_epochs > units:
             raise ValueError(f"train.finetune_epochs ({tc.finetune_epochs}) exceeds "
-                             f"train.sub_epochs ({units})")
+                             f"train.sub_epochs x train.unlabeled_passes ({units})")
         for u in range(units):
             mode = "full" if u >= units - tc.finetune_epochs else "chunk"
-            passes.append(PassInfo(len(passes), u, "unlabeled", mode, 0, u, units, 1.0, False))
+            passes.append(PassInfo(len(passes), u, "unlabeled", mode, 0, u % subs, subs, 1.0,
+                                   False))
             passes.append(PassInfo(len(passes), u, "labeled", mode, u % stack, 0, 1,
                                    tc.labeled_lr_scale, True))
     else:
