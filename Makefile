@@ -22,11 +22,13 @@ setup: $(STAMP) system-deps
 demo: setup
 	bash scripts/demo.sh
 
+# Tests marked `isolated` need a process in which no in-process Ray ever ran.
 test: setup
-	$(VENV)/bin/pytest -q -rs tests
+	$(VENV)/bin/pytest -q -rs -m "not isolated" tests
+	$(VENV)/bin/pytest -q -rs -m isolated tests
 
 test-fast: setup
-	$(VENV)/bin/pytest -q -rs -m "not slow" tests
+	$(VENV)/bin/pytest -q -rs -m "not slow and not isolated" tests
 
 airflow: setup
 	bash scripts/airflow.sh

@@ -260,6 +260,7 @@ def ray_head(tmp_path_factory):
 
 @pytest.mark.integration
 @pytest.mark.slow
+@pytest.mark.isolated
 def test_ray_job_runs_a_step_streams_its_log_and_sigterm_stops_it(fake_env, ray_head):
     cfg, set_plan, tmp = fake_env
     set_plan(features={"seconds": 2, "lines": 4}, train={"seconds": 120, "lines": 240})
