@@ -219,8 +219,10 @@ class TargetActor:
         return {"device": self.device, "fp16": self.fp16,
                 "gpu_ids": __import__("ray").get_gpu_ids()}
 
-    def score_shard(self, shard_id: str) -> dict[str, Any]:
-        ctx, tc = self.ctx, self.ctx.cfg.targets
+    def score_shard(self, shard_id: str, fidelity_frames: int = 0) -> dict[str, Any]:
+        """Score one feature shard; measure fidelity on its first `fidelity_frames` frames."""
+        ctx = self.ctx
+        tc = ctx.cfg.targets
         t0 = time.perf_counter()
         table = ctx.storage.read_parquet(ctx.other("features", "shards", f"{shard_id}.parquet"))
         rows = table.to_pylist()
@@ -236,7 +238,7 @@ class TargetActor:
             keep.append(r)
         logits = self.scorer.score(feats)
         out_rows, frames = [], 0
-        sample_budget = tc.fidelity_sample_frames
+        sample_budget = fidelity_frames
         fid_parts = []
         for r, lg in zip(keep, logits):
             if not torch.isfinite(lg).all():
@@ -281,7 +283,8 @@ def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
     tc = ctx.cfg.targets
     actor_info: list[dict] = []
     stats = list(done.values())
-    t0 = time.perf_counter()
+    t_start = time.perf_counter()
+    t0 = t_start  # scoring starts once the actors hold the teacher
     if todo:
         init_ray(ctx.cfg)
         n_actors = max(1, min(tc.actors, len(todo)))
@@ -294,11 +297,15 @@ def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
         actor_cls = ray.remote(TargetActor).options(**opts)
         actors = [actor_cls.remote(ctx, model_uri) for _ in range(n_actors)]
         actor_info = ray.get([a.ready.remote() for a in actors])
+        t0 = time.perf_counter()
         queue = list(todo)
+        # The fidelity sample is a budget for the whole step, spread over the shards: the
+        # full softmax per k costs more than scoring itself.
+        fid_frames = -(-tc.fidelity_sample_frames // len(todo))
         pending: dict[Any, Any] = {}
         for a in actors:
             if queue:
-                pending[a.score_shard.remote(queue.pop(0))] = a
+                pending[a.score_shard.remote(queue.pop(0), fid_frames)] = a
         with Progress(len(todo), "targets", "shards") as bar:
             frames = 0
             while pending:
@@ -310,10 +317,11 @@ def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
                     frames += s["frames"]
                     bar.update(1, frames_per_s=frames / (time.perf_counter() - t0))
                     if queue:
-                        pending[actor.score_shard.remote(queue.pop(0))] = actor
+                        pending[actor.score_shard.remote(queue.pop(0), fid_frames)] = actor
         for a in actors:
             ray.kill(a)
     wall = time.perf_counter() - t0
+    startup = t0 - t_start
     fid = summarise_fidelity(p for s in stats for p in s.get("fidelity", []))
     total_frames = sum(s["frames"] for s in stats)
     fresh_frames = sum(s["frames"] for s in stats if s["shard"] in todo)
@@ -322,7 +330,9 @@ def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
     _print_fidelity(fid, tc.k)
     metrics = {
         "frames": total_frames, "k": tc.k, "actors": actor_info,
+        # steady-state throughput; Ray and actor start-up (a fixed cost) is reported apart
         "frames_per_s": round(fresh_frames / wall, 1) if todo and wall > 0 else None,
+        "scoring_s": round(wall, 2), "startup_s": round(startup, 2),
         "shards": len(shards), "shards_skipped": len(done),
         "bytes_per_audio_hour": round(nbytes / audio_hours) if audio_hours else None,
         "fidelity": fid,

@@ -27,6 +27,26 @@ def test_shapes_and_padding():
             assert torch.allclose(y[i, :n], alone[0], atol=1e-5)
 
 
+def test_teacher_padded_batch_matches_packed_sequences_with_gradients():
+    # The teacher's padded path (no packing) must equal PyTorch's packed BLSTM exactly,
+    # in outputs and in gradients, including the between-layer dropout's absence in eval.
+    from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
+    torch.manual_seed(0)
+    m = TeacherBLSTM(10, 16, 3, 7)
+    lens = torch.tensor([17, 3, 9, 1, 12])
+    x = torch.randn(5, 17, 10)
+    mask = torch.arange(17)[None] < lens[:, None]
+    x[~mask] = 0
+    y = m(x, lens)
+    packed = pack_padded_sequence(x, lens, batch_first=True, enforce_sorted=False)
+    ref = m.output(pad_packed_sequence(m.lstm(packed)[0], batch_first=True, total_length=17)[0])
+    assert torch.allclose(y[mask], ref[mask], atol=1e-6)
+    grads = torch.autograd.grad(y[mask].square().sum(), list(m.parameters()))
+    ref_grads = torch.autograd.grad(ref[mask].square().sum(), list(m.parameters()))
+    for g, r in zip(grads, ref_grads):
+        assert torch.allclose(g, r, atol=1e-5)
+
+
 def test_student_lookahead_is_exactly_three_frames():
     torch.manual_seed(0)
     m = StudentLSTM(6, 8, 2, 4, lookahead=3).eval()
