@@ -1,0 +1,24 @@
+"""bench trainers: the bench profile and its precedence (no training here)."""
+from types import SimpleNamespace
+
+from amflow.config import load_config
+from bench.trainers import BENCH_PROFILE, bench_config
+
+
+def test_profile_applied_and_set_wins(monkeypatch):
+    monkeypatch.delenv("AMFLOW_BENCH_PROFILE", raising=False)
+    cfg = load_config(None, ["train.lr=0.2"])
+    conf, applied = bench_config(cfg, SimpleNamespace(overrides=["train.lr=0.2"]))
+    assert conf["train"]["lr"] == 0.2  # given with --set: kept
+    assert "train.lr" not in applied
+    assert conf["train"]["optimizer"] == BENCH_PROFILE["train.optimizer"]
+    assert conf["model"]["student"]["hidden"] == BENCH_PROFILE["model.student.hidden"]
+    assert conf["train"]["gtc_tau_scale"] == BENCH_PROFILE["train.gtc_tau_scale"]
+
+
+def test_profile_config_mode(monkeypatch):
+    monkeypatch.setenv("AMFLOW_BENCH_PROFILE", "config")
+    cfg = load_config(None, [])
+    conf, applied = bench_config(cfg, SimpleNamespace(overrides=[]))
+    assert applied == {}
+    assert conf == cfg.to_dict()
