@@ -356,6 +356,8 @@ class TrainConfig:
     htm_tau_scale: float = 25.0
     ma_samples: int = 20000  # frames between averages (Kaldi's K)
     use_gpu: bool = False
+    # train.* values used instead when train.model is teacher (see _apply_teacher_recipe).
+    teacher_recipe: dict[str, Any] = field(default_factory=dict)
 
     def validate(self, key: str) -> None:
         _check(self.model in ("teacher", "student"), f"{key}.model", "must be teacher or student")
@@ -539,6 +541,8 @@ class Config:
 
 
 def _coerce(value: Any, tp: Any, key: str) -> Any:
+    if tp is Any:  # checked where it is used (e.g. train.teacher_recipe)
+        return value
     origin = typing.get_origin(tp)
     if dataclasses.is_dataclass(tp):
         _check(isinstance(value, dict), key, f"must be a mapping, got {type(value).__name__}")
@@ -636,10 +640,41 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
         if not isinstance(loaded, dict):
             raise ConfigError("--config", f"{p} must hold a mapping at the top level")
         data = loaded
+    explicit: set[str] = set()
     for item in overrides or []:
         key, value = parse_override(item)
+        explicit.add(key)
         _deep_update(data, _nest(key, value))
+    _apply_teacher_recipe(data, explicit)
     return _build(Config, data, "")
+
+
+def _apply_teacher_recipe(data: dict[str, Any], explicit: set[str]) -> None:
+    """When train.model is teacher, train.teacher_recipe's keys replace train.*.
+
+    The teacher is trained differently from the students (bigger, longer, regularised
+    harder) on the same labeled data; one config holds both recipes. An explicit
+    `--set train.<key>` still wins.
+    """
+    train = data.get("train")
+    if not isinstance(train, dict):
+        return
+    recipe = train.get("teacher_recipe") or {}
+    if not isinstance(recipe, dict):
+        raise ConfigError("train.teacher_recipe", "must be a mapping of train.* keys")
+    names = {f.name for f in dataclasses.fields(TrainConfig)} - {"teacher_recipe", "model"}
+    hints = typing.get_type_hints(TrainConfig)
+    for k, v in recipe.items():
+        if k not in names:
+            raise ConfigError(f"train.teacher_recipe.{k}",
+                              f"not a train key that a teacher recipe can set "
+                              f"(known: {', '.join(sorted(names))})")
+        _coerce(v, hints[k], f"train.teacher_recipe.{k}")
+    if train.get("model") != "teacher":
+        return
+    for k, v in recipe.items():
+        if f"train.{k}" not in explicit:
+            train[k] = v
 
 
 def config_to_yaml(cfg: Config) -> str:

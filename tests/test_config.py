@@ -40,6 +40,21 @@ def test_bad_values_name_the_key(override, key):
     assert f"'{key}'" in str(err.value)
 
 
+def test_teacher_recipe_applies_to_the_teacher_only_and_set_wins():
+    recipe = "train.teacher_recipe={epochs: 21, freq_masks: 2}"
+    student = load_config(None, [recipe, "train.epochs=5"])
+    assert (student.train.epochs, student.train.freq_masks) == (5, 0)
+    teacher = load_config(None, [recipe, "train.epochs=5", "train.model=teacher"])
+    assert (teacher.train.epochs, teacher.train.freq_masks) == (5, 2)
+    assert load_config(None, [recipe, "train.model=teacher"]).train.epochs == 21
+    for bad, key in (("{epochz: 3}", "train.teacher_recipe.epochz"),
+                     ("{epochs: many}", "train.teacher_recipe.epochs"),
+                     ("{model: student}", "train.teacher_recipe.model")):
+        with pytest.raises(ConfigError) as err:
+            load_config(None, [f"train.teacher_recipe={bad}"])
+        assert err.value.key == key
+
+
 def test_cli_fails_fast_naming_the_key(tmp_path):
     for override, key in [("storage.root=", "storage.root"), ("corpus.hours=-1", "corpus.hours"),
                           ("corpus.bogus=1", "corpus.bogus")]:
