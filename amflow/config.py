@@ -233,12 +233,16 @@ class TargetsConfig:
     num_gpus_per_actor: float = -1.0  # -1: 1 when the cluster has GPUs and device allows
     fp16: bool = True  # half precision on GPU
     fp16_on_cpu: bool = False  # run the fp16 GPU path on CPU (tests, debugging)
+    # CPU actors: auto = bf16 when the CPU has native bf16 (AMX / AVX512-BF16), else fp32.
+    cpu_precision: str = "auto"  # auto | fp32 | bf16
     fidelity_sample_frames: int = 20000
 
     def validate(self, key: str) -> None:
         _check(self.k >= 1, f"{key}.k", "must be >= 1")
         _check(self.actors >= 1, f"{key}.actors", "must be >= 1")
         _check(self.device in ("auto", "cpu", "cuda"), f"{key}.device", "must be auto, cpu or cuda")
+        _check(self.cpu_precision in ("auto", "fp32", "bf16"), f"{key}.cpu_precision",
+               "must be auto, fp32 or bf16")
         _check(self.temperature > 0, f"{key}.temperature", "must be > 0")
 
 

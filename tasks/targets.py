@@ -137,9 +137,9 @@ class TeacherScorer:
 
     def __init__(self, model: torch.nn.Module, mean: np.ndarray, inv_std: np.ndarray,
                  device: str = "cpu", fp16: bool = False, batch_frames: int = 8000,
-                 max_frames: int = 20000, overlap: int = 50):
+                 max_frames: int = 20000, overlap: int = 50, dtype: torch.dtype | None = None):
         self.device = torch.device(device)
-        self.dtype = torch.float16 if fp16 else torch.float32
+        self.dtype = dtype or (torch.float16 if fp16 else torch.float32)
         self.model = model.to(self.device, self.dtype).eval()
         self.mean = torch.from_numpy(mean).to(self.device)
         self.inv_std = torch.from_numpy(inv_std).to(self.device)
@@ -188,6 +188,25 @@ def gpus_per_actor(cfg, cluster_gpus: float) -> float:
     return 1.0 if tc.device in ("auto", "cuda") and cluster_gpus > 0 else 0.0
 
 
+def cpu_has_native_bf16() -> bool:
+    """AMX or AVX512-BF16: bf16 matmuls run at several times the fp32 rate."""
+    cpu = torch.cpu
+    checks = ("_is_amx_tile_supported", "_is_avx512_bf16_supported")
+    return any(getattr(cpu, name, lambda: False)() for name in checks)
+
+
+def inference_dtype(tc: Any, device: str) -> torch.dtype:
+    """fp16 on GPUs; on CPUs bf16 where the CPU computes it natively (cpu_precision auto),
+    else fp32. `fp16_on_cpu` forces the GPU path onto the CPU (tests, debugging)."""
+    if device == "cuda":
+        return torch.float16 if tc.fp16 else torch.float32
+    if tc.fp16 and tc.fp16_on_cpu:
+        return torch.float16
+    if tc.cpu_precision == "bf16" or (tc.cpu_precision == "auto" and cpu_has_native_bf16()):
+        return torch.bfloat16
+    return torch.float32
+
+
 def teacher_uri(ctx: StepContext) -> str:
     return ctx.cfg.targets.teacher or ctx.other("train", "model.pt")
 
@@ -209,14 +228,14 @@ class TargetActor:
         cmvn = meta.get("cmvn") or ctx.storage.read_json(ctx.other("features", "cmvn.json"))
         mean, inv_std = load_cmvn(cmvn)
         self.num_classes = model.output.out_features
-        # fp16 on GPUs; on CPU only when asked (it exercises the GPU path in tests).
-        use_fp16 = tc.fp16 and (device == "cuda" or tc.fp16_on_cpu)
-        self.fp16 = use_fp16
-        self.scorer = TeacherScorer(model, mean, inv_std, device=device, fp16=use_fp16,
+        dtype = inference_dtype(tc, device)
+        self.fp16 = dtype == torch.float16
+        self.precision = str(dtype).removeprefix("torch.")
+        self.scorer = TeacherScorer(model, mean, inv_std, device=device, dtype=dtype,
                                     batch_frames=tc.batch_frames, max_frames=tc.max_frames)
 
     def ready(self) -> dict[str, Any]:
-        return {"device": self.device, "fp16": self.fp16,
+        return {"device": self.device, "fp16": self.fp16, "precision": self.precision,
                 "gpu_ids": __import__("ray").get_gpu_ids()}
 
     def score_shard(self, shard_id: str, fidelity_frames: int = 0) -> dict[str, Any]:
