@@ -48,13 +48,20 @@ def common_params(cfg) -> dict[str, Param]:
                                     "Ray cluster on S3)."),
         "hours": Param(cfg.select.hours, type="number", minimum=0.01, maximum=1_000_000,
                        title="Hours of audio", description="select.hours: audio to select."),
-        "algorithm": Param(cfg.train.algorithm, type="string", enum=ALGORITHMS,
-                           title="Training algorithm", description="train.algorithm"),
-        "workers": Param(cfg.train.workers, type="integer", minimum=1, maximum=1024,
-                         title="Training workers", description="train.workers (the repartition "
-                         "step makes the partition count a multiple of it)."),
-        "epochs": Param(cfg.train.epochs, type="integer", minimum=1, maximum=100,
-                        title="Epochs", description="train.epochs"),
+        # Empty = the value in the chosen config file (the form cannot know which file
+        # will be picked, and a default copied from local.yaml would override aws.yaml).
+        "algorithm": Param(None, type=["null", "string"], enum=[None, *ALGORITHMS],
+                           title="Training algorithm",
+                           description=f"train.algorithm; empty: the config's "
+                                       f"(configs/local.yaml: {cfg.train.algorithm})."),
+        "workers": Param(None, type=["null", "integer"], minimum=1, maximum=1024,
+                         title="Training workers",
+                         description=f"train.workers (the repartition step makes the partition "
+                                     f"count a multiple of it); empty: the config's "
+                                     f"(configs/local.yaml: {cfg.train.workers})."),
+        "epochs": Param(None, type=["null", "integer"], minimum=1, maximum=100,
+                        title="Epochs", description="train.epochs; empty: the config's (the "
+                        "teacher's from train.teacher_recipe when it sets epochs)."),
         "overrides": Param(None, type=["null", "array"], items={"type": "string"},
                            title="Config overrides",
                            description="More key=value config overrides for every step, "

@@ -89,10 +89,12 @@ def test_trigger_form_params_have_types_limits_and_local_defaults(dagbag):
     assert params["config"] == "configs/local.yaml" and schema["config"]["type"] == "string"
     assert params["hours"] == cfg.select.hours and schema["hours"]["type"] == "number"
     assert schema["hours"]["minimum"] > 0 and schema["hours"]["maximum"] >= 1_000_000
-    assert params["algorithm"] == cfg.train.algorithm
-    assert schema["algorithm"]["enum"] == ["sgd", "gtc", "bmuf", "htm", "ma"]
-    assert params["workers"] == cfg.train.workers and schema["workers"]["type"] == "integer"
-    assert schema["workers"]["minimum"] == 1
+    # empty training fields = the chosen config file's values (local.yaml's would
+    # otherwise override aws.yaml's when that file is picked)
+    assert params["algorithm"] is None and params["workers"] is None and params["epochs"] is None
+    assert schema["algorithm"]["enum"] == [None, "sgd", "gtc", "bmuf", "htm", "ma"]
+    assert schema["workers"]["type"] == ["null", "integer"] and schema["workers"]["minimum"] == 1
+    assert cfg.train.algorithm in params.get_param("algorithm").description
     assert params["teacher"] == (cfg.targets.teacher or None)
     assert "string" in schema["teacher"]["type"]
     assert schema["rerun"]["enum"] == ["redo", "resume"]
