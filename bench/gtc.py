@@ -4,7 +4,8 @@
    ~24 M parameters) is run forward and backward on a few random chunks to get real
    gradients. On one core (torch threads = 1) we time, per minibatch, GTC's encode
    (residual += g, threshold, compact, pack) and the decode of the resulting buffer into
-   a dense gradient (index_add), over a sequence of minibatches whose gradients are
+   a dense gradient (zero + index_add), timed in this thread's CPU time (the work of one
+   core, whatever else shares the machine; wall-clock GB/s is reported beside), over a sequence of minibatches whose gradients are
    those real gradients with per-minibatch random gains (so the residual reaches its
    working regime). Reported: gradient GB/s (4 bytes per parameter / (encode + decode)),
    the sent fraction and the compression against dense fp32 (4P bytes / code bytes),
@@ -76,19 +77,22 @@ def codec_bench(grads: list[torch.Tensor], sizes: list[int], steps: int,
     mask, scratch = padded_bool(n, residual.device), padded_bool(n, residual.device)
     tau = Thresholds(sizes, [tau_scale * float(p.abs().mean()) for p in grads[0].split(sizes)])
     gen = torch.Generator().manual_seed(1)
-    enc_t, dec_t, sent = [], [], []
+    enc_t, dec_t, sent, wall_t = [], [], [], []
     g = torch.empty(n)
     for step in range(steps):
         gain = float(torch.empty(()).uniform_(0.5, 1.5, generator=gen))
         torch.mul(grads[step % len(grads)], gain, out=g)
-        t0 = time.perf_counter()
+        # CPU time of this thread (torch and numpy run the codec on it with 1 thread): the
+        # work of one core, unaffected by other processes sharing the machine's cores
+        w0, t0 = time.perf_counter(), time.thread_time()
         codes = encode_(residual, g, tau, mask, scratch)
-        t1 = time.perf_counter()
+        t1 = time.thread_time()
         dense.zero_()
         decode_add_(dense, codes, tau)
-        t2 = time.perf_counter()
+        t2, w2 = time.thread_time(), time.perf_counter()
         enc_t.append(t1 - t0)
         dec_t.append(t2 - t1)
+        wall_t.append(w2 - w0)
         sent.append(codes.numel())
     # The residual needs ~gtc_tau_scale minibatches to reach its working regime (an
     # element of typical |g| crosses tau after ~tau / |g| of them): time and count the
@@ -100,6 +104,8 @@ def codec_bench(grads: list[torch.Tensor], sizes: list[int], steps: int,
             "tensors": len(sizes), "steps": steps,
             "encode_ms": round(e * 1e3, 2), "decode_ms": round(d * 1e3, 2),
             "gb_per_s": round(4 * n / (e + d) / 1e9, 3),
+            "timing": "thread CPU time (one core's work)",
+            "wall_gb_per_s": round(4 * n / statistics.median(wall_t[warm:]) / 1e9, 3),
             "encode_gb_per_s": round(4 * n / e / 1e9, 3),
             "sent_fraction": s / n, "sent_per_step": s,
             "compression_vs_fp32": round(4 * n / max(4 * s + 8, 1), 1),
