@@ -136,10 +136,10 @@ class TeacherScorer:
     """Runs a teacher over utterances in length-sorted, padded batches."""
 
     def __init__(self, model: torch.nn.Module, mean: np.ndarray, inv_std: np.ndarray,
-                 device: str = "cpu", fp16: bool = False, batch_frames: int = 8000,
-                 max_frames: int = 20000, overlap: int = 50, dtype: torch.dtype | None = None):
+                 device: str = "cpu", dtype: torch.dtype = torch.float32,
+                 batch_frames: int = 8000, max_frames: int = 20000, overlap: int = 50):
         self.device = torch.device(device)
-        self.dtype = dtype or (torch.float16 if fp16 else torch.float32)
+        self.dtype = dtype  # see inference_dtype
         self.model = model.to(self.device, self.dtype).eval()
         self.mean = torch.from_numpy(mean).to(self.device)
         self.inv_std = torch.from_numpy(inv_std).to(self.device)

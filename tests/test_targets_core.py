@@ -64,7 +64,7 @@ def test_fp16_path_runs_on_cpu():
     feats = [np.random.default_rng(3).standard_normal((30, 12)).astype(np.float32)]
     mean, inv = np.zeros(12, np.float32), np.ones(12, np.float32)
     f32 = TeacherScorer(copy.deepcopy(model), mean, inv).score(feats)[0]
-    half_scorer = TeacherScorer(copy.deepcopy(model), mean, inv, fp16=True)
+    half_scorer = TeacherScorer(copy.deepcopy(model), mean, inv, dtype=torch.float16)
     assert next(half_scorer.model.parameters()).dtype == torch.float16
     half = half_scorer.score(feats)[0]
     assert half.dtype == torch.float32 and half.shape == f32.shape

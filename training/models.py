@@ -15,6 +15,7 @@ Paper sizes (config `model.*` in aws.yaml): student 5 x 768 LSTM (~24 M paramete
 """
 from __future__ import annotations
 
+import functools
 from typing import Any, Sequence
 
 import torch
@@ -105,17 +106,12 @@ def _one_layer(lstm: nn.LSTM, layer: int, suffix: str, x: torch.Tensor) -> torch
     return torch.func.functional_call(template, params, (x,))[0]
 
 
-_TEMPLATES: dict[tuple[int, int, bool, torch.dtype], nn.LSTM] = {}
-
-
+@functools.cache
 def _layer_template(input_size: int, hidden: int, bias: bool, dtype: torch.dtype) -> nn.LSTM:
     # A weightless one-layer LSTM shell (on the meta device); functional_call supplies the
     # weights. Its dtype must match the input's: nn.LSTM checks them against each other.
-    key = (input_size, hidden, bias, dtype)
-    if key not in _TEMPLATES:
-        _TEMPLATES[key] = nn.LSTM(input_size, hidden, 1, bias=bias,
-                                  batch_first=True).to(device="meta", dtype=dtype)
-    return _TEMPLATES[key]
+    return nn.LSTM(input_size, hidden, 1, bias=bias, batch_first=True).to(device="meta",
+                                                                         dtype=dtype)
 
 
 class StudentLSTM(_LSTMBody):
