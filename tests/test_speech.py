@@ -56,6 +56,43 @@ def test_synthesis_is_deterministic_whatever_came_before():
     assert _md5(a.audio) == _md5(b.audio) and a.events == b.events
 
 
+def test_synthesis_is_deterministic_while_other_threads_draw_from_libc_rand():
+    """f3 (and whisper, f2, ...) draw noise from libc rand(), one state per process: a
+    thread calling rand() meanwhile used to change the samples (a Ray worker has such
+    threads). Synthesis runs in a process of its own, so it must not."""
+    import ctypes
+    import threading
+
+    v = espeak.VoiceParams(variant="whisper")
+    t = "She sells sea shells by the sea shore, fifty six of them."
+    quiet = espeak.synthesize(t, v, seed=11).audio
+    assert not np.array_equal(quiet, espeak.synthesize(t, v, seed=12).audio)  # uses rand
+    libc = ctypes.CDLL("libc.so.6")
+    stop = threading.Event()
+
+    def draw() -> None:
+        while not stop.is_set():
+            for _ in range(1000):
+                libc.rand()
+
+    th = threading.Thread(target=draw, daemon=True)
+    th.start()
+    try:
+        for _ in range(3):
+            np.testing.assert_array_equal(espeak.synthesize(t, v, seed=11).audio, quiet)
+    finally:
+        stop.set()
+        th.join()
+
+
+def test_synthesis_process_restarts_after_a_crash():
+    v = espeak.VoiceParams()
+    a = espeak.synthesize("Hello there.", v, seed=1).audio
+    espeak._server.proc.kill()
+    espeak._server.proc.wait()
+    np.testing.assert_array_equal(espeak.synthesize("Hello there.", v, seed=1).audio, a)
+
+
 def test_voice_parameters_change_the_speech():
     t = "Set a timer for ten minutes."
     base = espeak.synthesize(t, espeak.VoiceParams(), seed=1)

@@ -18,15 +18,26 @@ supported. Every `synthesize` call therefore loads a fresh instance of the libra
 (from a private copy of the .so, so that no other user of the library in this process
 keeps it loaded), seeds libc `rand()`, synthesises, terminates and unloads it. Loading
 costs ~2 ms. The output is a function of (text, voice, seed) only, whatever was
-synthesised before in the process. espeak is not thread safe: calls are serialised by
-a lock; run one process per parallel worker.
+synthesised before in the process.
+
+libc `rand()` has one state per process, and several voice variants (f2, f3, whisper
+...) draw from it while they speak: any other thread calling `rand()`/`random()` at the
+same time (a Ray worker or a pytest process has C++ threads that may) changes their
+samples. So `synthesize` runs in a synthesis process of its own, started on first use
+and kept for the life of this one: a Python child that has no other threads and does
+nothing else (`_serve`). espeak is not thread safe either: requests are serialised by a
+lock.
 """
 from __future__ import annotations
 
+import atexit
 import ctypes
 import ctypes.util
 import os
+import pickle
 import shutil
+import subprocess
+import sys
 import tempfile
 import threading
 from dataclasses import dataclass
@@ -353,10 +364,19 @@ def _set_voice(lib: ctypes.CDLL, voice: VoiceParams) -> str:
 
 def synthesize(text: str, voice: VoiceParams, seed: int = 0,
                data_path: str | None = None) -> Synthesis:
-    """Speak `text` with `voice` into memory; phone events give sample-exact starts."""
+    """Speak `text` with `voice` into memory; phone events give sample-exact starts.
+
+    Runs in this process's synthesis process (see the module docstring)."""
     voice.validate()
     if not text.strip():
         raise EspeakError("empty text")
+    return _server.call((text, voice, seed, data_path))
+
+
+def _synthesize_here(text: str, voice: VoiceParams, seed: int = 0,
+                     data_path: str | None = None) -> Synthesis:
+    """`synthesize` in the calling process: deterministic only if no other thread of
+    the process calls libc rand() meanwhile."""
     chunks: list[np.ndarray] = []
     raw_events: list[tuple[str, int, int]] = []  # (phone, audio_position ms, sample)
 
@@ -390,6 +410,82 @@ def synthesize(text: str, voice: VoiceParams, seed: int = 0,
     events = _event_samples(raw_events, sample_rate, len(audio))
     return Synthesis(audio=audio.astype(np.int16, copy=False), sample_rate=sample_rate,
                      events=events, voice_identifier=ident)
+
+
+class _SynthesisProcess:
+    """The child process `synthesize` runs in: requests and replies are pickles over its
+    stdin and a private copy of its stdout (espeak's own prints go to stderr)."""
+
+    def __init__(self) -> None:
+        self.proc: subprocess.Popen | None = None
+        self.owner = 0
+
+    def _start(self) -> subprocess.Popen:
+        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        code = f"import sys; sys.path.insert(0, {root!r}); import {__name__} as m; m._serve()"
+        # one BLAS/OpenMP thread: numpy must not start a thread pool in the child
+        env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1",
+                   MKL_NUM_THREADS="1")
+        self.proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, env=env)
+        self.owner = os.getpid()
+        return self.proc
+
+    def call(self, request: tuple) -> Synthesis:
+        with _lock:
+            for attempt in range(2):
+                proc = self.proc
+                if proc is None or self.owner != os.getpid() or proc.poll() is not None:
+                    proc = self._start()  # first use, after a fork, or after a crash
+                try:
+                    pickle.dump(request, proc.stdin, protocol=pickle.HIGHEST_PROTOCOL)
+                    proc.stdin.flush()
+                    status, value = pickle.load(proc.stdout)
+                except (OSError, EOFError, pickle.UnpicklingError) as exc:
+                    self.close()
+                    if attempt:
+                        raise EspeakError(f"the espeak synthesis process died: {exc!r}") from exc
+                    continue
+                if status == "ok":
+                    return value
+                raise EspeakError(value) if status == "espeak" else RuntimeError(value)
+        raise AssertionError("unreachable")
+
+    def close(self) -> None:
+        proc, self.proc = self.proc, None
+        if proc is None or self.owner != os.getpid():
+            return
+        try:
+            proc.stdin.close()
+            proc.wait(timeout=5)
+        except (OSError, subprocess.TimeoutExpired):
+            proc.kill()
+
+
+_server = _SynthesisProcess()
+atexit.register(_server.close)
+
+
+def _serve() -> None:
+    """The synthesis process: one request at a time until stdin closes."""
+    import traceback
+
+    reply = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)
+    requests = sys.stdin.buffer
+    while True:
+        try:
+            request = pickle.load(requests)
+        except EOFError:
+            return
+        try:
+            result: tuple = ("ok", _synthesize_here(*request))
+        except EspeakError as exc:
+            result = ("espeak", str(exc))
+        except Exception:  # noqa: BLE001 - reported to the caller, which raises it
+            result = ("error", traceback.format_exc())
+        pickle.dump(result, reply, protocol=pickle.HIGHEST_PROTOCOL)
+        reply.flush()
 
 
 def _event_samples(raw: list[tuple[str, int, int]], sample_rate: int,
