@@ -57,6 +57,8 @@ def flat(model) -> torch.Tensor:
 def make_opt(model, kind: str, lr: float):
     if kind == "adam":
         return torch.optim.Adam(model.parameters(), lr=lr)
+    if kind == "sgd_momentum":
+        return torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
     return torch.optim.SGD(model.parameters(), lr=lr)
 
 
@@ -160,7 +162,7 @@ def ref_big_batch(world, steps, opt_kind, lr, n):
     return flat(model)
 
 
-def ref_bmuf(world, steps, block, zeta, eta, opt_kind, lr, lr_scale=1.0):
+def ref_bmuf(world, steps, block, zeta, eta, opt_kind, lr, lr_scale=1.0, reset=False):
     """BMUF-NBM written out with N separate models in one process."""
     models = [make_model(0) for _ in range(world)]
     opts = [make_opt(m, opt_kind, lr * lr_scale) for m in models]
@@ -188,6 +190,9 @@ def ref_bmuf(world, steps, block, zeta, eta, opt_kind, lr, lr_scale=1.0):
             final = s + 1 == steps
             for m in models:
                 set_w(m, w_g if final else w_g + eta * delta)
+            for o in opts if reset else ():
+                for st in o.state.values():
+                    st["momentum_buffer"].zero_()
     return w_g
 
 
@@ -227,6 +232,9 @@ def test_two_workers_all_algorithms():
         ("bmuf_avg", "bmuf", {"block_size": 2, "block_lr": 1.0, "block_momentum": 0.0},
          "sgd", 0.5, steps, 2),
         ("bmuf_nbm", "bmuf", {"block_size": 2}, "sgd", 0.5, steps, 2),
+        ("bmuf_momentum", "bmuf", {"block_size": 2}, "sgd_momentum", 0.5, steps, 2),
+        ("bmuf_reset", "bmuf", {"block_size": 2, "block_reset_momentum": True},
+         "sgd_momentum", 0.5, steps, 2),
     ]
     res = spawn_local(w_run, 2, scenarios)
 
@@ -265,6 +273,12 @@ def test_two_workers_all_algorithms():
         torch.testing.assert_close(res[r]["bmuf_nbm"]["w"], ref, rtol=1e-5, atol=1e-6)
         torch.testing.assert_close(res[r]["bmuf_nbm"]["w"], res[r]["bmuf_nbm"]["w_g"])
     assert res[0]["bmuf_nbm"]["stats"]["blocks"] == 3  # 2 full blocks + the final partial one
+    # local momentum SGD: kept across blocks, or zeroed after every block update
+    for name, reset in (("bmuf_momentum", False), ("bmuf_reset", True)):
+        ref = ref_bmuf(2, steps, 2, 1.0, eta, "sgd_momentum", 0.5, reset=reset)
+        for r in range(2):
+            torch.testing.assert_close(res[r][name]["w"], ref, rtol=1e-5, atol=1e-6)
+    assert not torch.allclose(res[0]["bmuf_momentum"]["w"], res[0]["bmuf_reset"]["w"])
 
 
 @pytest.mark.integration
@@ -274,6 +288,10 @@ def test_htm_special_cases_and_ma():
     scenarios = [
         ("bmuf", "bmuf", {"block_size": 2}, "sgd", 0.5, steps, 2),
         ("htm1", "htm", {"block_size": 2, "group_size": 1}, "sgd", 0.5, steps, 2),
+        ("bmuf_reset", "bmuf", {"block_size": 2, "block_reset_momentum": True},
+         "sgd_momentum", 0.5, steps, 2),
+        ("htm1_reset", "htm", {"block_size": 2, "group_size": 1, "block_reset_momentum": True},
+         "sgd_momentum", 0.5, steps, 2),
         ("gtc", "gtc", {"gtc_tau": 0.004}, "sgd", 1.0, steps, 2),
         ("htm2", "htm", {"block_size": 2, "group_size": 2, "gtc_tau": 0.004}, "sgd", 1.0,
          steps, 2),
@@ -283,6 +301,8 @@ def test_htm_special_cases_and_ma():
     res = spawn_local(w_run, 2, scenarios)
     for r in range(2):
         torch.testing.assert_close(res[r]["htm1"]["w"], res[r]["bmuf"]["w"], rtol=0, atol=1e-7)
+        torch.testing.assert_close(res[r]["htm1_reset"]["w"], res[r]["bmuf_reset"]["w"],
+                                   rtol=0, atol=1e-7)
         torch.testing.assert_close(res[r]["htm2"]["w"], res[r]["gtc"]["w"], rtol=0, atol=0)
     assert res[0]["htm1"]["stats"]["eta"] == res[0]["bmuf"]["stats"]["eta"] == 0.5
     assert res[0]["htm2"]["stats"]["bytes_sent"] == res[0]["gtc"]["stats"]["bytes_sent"]

@@ -255,3 +255,16 @@ class FlatBuckets:
 
     def set_flat_weights(self, flat: torch.Tensor) -> None:
         self.set_weights(list(flat.split(self.sizes)))
+
+
+def reset_local_momentum(optimizer: Any) -> None:
+    """Zero the local SGD momentum buffers after a block update (BMUF, HTM).
+
+    The block momentum has already carried the block's direction into the look-ahead
+    model the workers restart from; a local momentum buffer that survives the jump
+    pushes that direction a second time (CNTK's block-momentum SGD resets it too,
+    `resetSGDMomentum`). Adam's moments are left alone."""
+    for state in optimizer.state.values():
+        buf = state.get("momentum_buffer")
+        if buf is not None:
+            buf.zero_()

@@ -40,7 +40,8 @@ import torch.distributed as dist
 from torch import nn
 
 from training.algorithms.base import (Algorithm, FlatBuckets, broadcast_model_, comm_device,
-                                      model_device, resolve_group, trainable)
+                                      model_device, reset_local_momentum, resolve_group,
+                                      trainable)
 
 
 def derive_eta(zeta: float, n: int, c: float) -> float:
@@ -85,8 +86,9 @@ class BMUF(Algorithm):
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, group: Any = None,
                  world_size: int | None = None, block_size: int = 50, zeta: float = 1.0,
-                 eta: float = -1.0, c: float = 1.0):
+                 eta: float = -1.0, c: float = 1.0, reset_momentum: bool = False):
         group, self.rank, self.world = resolve_group(group, world_size)
+        self.reset_momentum = bool(reset_momentum)
         super().__init__(model, optimizer, group)
         self.block_size = int(block_size)
         self.params = trainable(model)
@@ -102,7 +104,8 @@ class BMUF(Algorithm):
     @classmethod
     def from_config(cls, train_cfg, model, optimizer, group=None, world_size=None):
         return cls(model, optimizer, group, world_size, block_size=train_cfg.block_size,
-                   zeta=train_cfg.block_lr, eta=train_cfg.block_momentum, c=train_cfg.bmuf_c)
+                   zeta=train_cfg.block_lr, eta=train_cfg.block_momentum, c=train_cfg.bmuf_c,
+                   reset_momentum=train_cfg.block_reset_momentum)
 
     @property
     def eta(self) -> float:
@@ -117,6 +120,8 @@ class BMUF(Algorithm):
                 self.bytes_sent += b.numel() * b.element_size()
             look = self.filter.update(torch.cat(bufs) if len(bufs) > 1 else bufs[0])
             self.flat.set_flat_weights(self.filter.w_g if final else look)
+        if self.reset_momentum:
+            reset_local_momentum(self.optimizer)
         self.blocks += 1
 
     def step(self, num_frames: int = 0) -> None:

@@ -29,7 +29,8 @@ import torch.distributed as dist
 from torch import nn
 
 from training.algorithms.base import (Algorithm, FlatBuckets, broadcast_model_, comm_device,
-                                      model_device, resolve_group, trainable)
+                                      model_device, reset_local_momentum, resolve_group,
+                                      trainable)
 from training.algorithms.bmuf import BlockFilter, derive_eta
 from training.algorithms.gtc import GTC
 
@@ -49,8 +50,9 @@ class HTM(Algorithm):
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, group: Any = None,
                  world_size: int | None = None, group_size: int = 8, block_size: int = 50,
                  zeta: float = 1.0, eta: float = -1.0, c: float = 1.0, tau: float = 0.0,
-                 tau_scale: float = 100.0):
+                 tau_scale: float = 100.0, reset_momentum: bool = False):
         group, rank, world = resolve_group(group, world_size)
+        self.reset_momentum = bool(reset_momentum)
         super().__init__(model, optimizer, group)
         self.rank, self.world = rank, world
         self.block_size = int(block_size)
@@ -99,7 +101,8 @@ class HTM(Algorithm):
         return cls(model, optimizer, group, world_size, group_size=train_cfg.group_size,
                    block_size=train_cfg.block_size, zeta=train_cfg.block_lr,
                    eta=train_cfg.block_momentum, c=train_cfg.bmuf_c, tau=train_cfg.gtc_tau,
-                   tau_scale=train_cfg.htm_tau_scale)
+                   tau_scale=train_cfg.htm_tau_scale,
+                   reset_momentum=train_cfg.block_reset_momentum)
 
     @property
     def eta(self) -> float:
@@ -123,6 +126,8 @@ class HTM(Algorithm):
                 if self.leader:
                     self.block_bytes += out.numel() * out.element_size()
             self.flat.set_flat_weights(out)
+        if self.reset_momentum:
+            reset_local_momentum(self.optimizer)
         self.blocks += 1
 
     def _sync_counters(self) -> None:
