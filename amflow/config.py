@@ -355,7 +355,7 @@ class TrainConfig:
     block_momentum: float = -1.0  # eta; < 0 = derive from zeta/(N(1-eta)) = C
     bmuf_c: float = 1.0
     # Zero the local SGD momentum after every block update (BMUF, HTM), as CNTK does.
-    block_reset_momentum: bool = False
+    block_reset_momentum: bool = True
     group_size: int = 2
     # HTM's lower-tier (in-group, intra-host) GTC tau scale: the paper uses tau 2 inside
     # the groups against 8 for plain GTC, i.e. 4x denser where bandwidth is cheap.

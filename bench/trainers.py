@@ -41,12 +41,21 @@ Small data needs small blocks: with `train.block_size` minibatches per BMUF/HTM 
 would sync too rarely; the bench lowers block size and MA period to at most S/4 per pass
 (printed; set AMFLOW_BENCH_KEEP_SYNC=1 to keep the config's values).
 
-Learning rate: `sgd` and `gtc` average gradients over N workers, so their local optimizer
-sees an N-times larger minibatch; the bench scales their `train.lr`/`train.final_lr` by
-sqrt(N) (AMFLOW_BENCH_LR_RULE=sqrt, linear or none; linear, 4.0 at 8 workers, diverges).
-BMUF's and HTM's block momentum (eta = 1 - 1/N from zeta / (N (1 - eta)) = C with zeta =
-C = 1, N = groups for HTM) and MA's own lr x N compensate inside the algorithms, so their
-rates are the config's.
+Learning rate (AMFLOW_BENCH_LR_RULE=tuned, the default: each algorithm at the best rule
+measured at 8 workers, 10 passes, see bench/TRAINERS.md; `lr_scale`):
+- `sgd` averages gradients over N workers, an N-times larger minibatch: lr x N (linear),
+  kept stable by Kaldi's max-change (`train.max_change` 2 in the profile; the cap is
+  never reached by 1-worker SGD). Measured: x sqrt(N) -3.5 %, x N -0.5 %; x N without
+  max-change diverged.
+- `gtc`: lr x sqrt(N) (x N with max-change: 0.56-0.61 against 0.62).
+- `bmuf`, `htm`: lr x 2 with the local momentum reset after every block
+  (`train.block_reset_momentum`): the reset keeps local momentum from building up
+  within a short block; the block momentum (eta = 1 - 1/N from zeta / (N (1 - eta)) =
+  C with zeta = C = 1, N = groups for HTM) does the scaling. Measured at 8 workers:
+  x1 -4.1 %, x2 -2.5 %, x4 -7.2 % (unstable).
+- `ma` scales its own rate by N (Kaldi), so x 1 here.
+AMFLOW_BENCH_LR_RULE=sqrt, linear or none applies that rule to sgd and gtc and x 1 to
+the others (the previous bench's setting was sqrt).
 
 Env: AMFLOW_BENCH_WORKERS (default "4,8"), AMFLOW_BENCH_ALGOS ("sgd,gtc,bmuf,htm,ma"),
 AMFLOW_BENCH_EPOCHS (default: the profile's train.epochs), AMFLOW_BENCH_PRETRAIN (3),
@@ -249,8 +258,26 @@ BENCH_PROFILE: dict[str, Any] = {
     # magnitude"); the config default 100 sends 0.03 % here (3000x) and leaves GTC far
     # behind after a few hundred minibatches. HTM's groups 4x denser, as the paper's 2 vs 8.
     "train.gtc_tau_scale": 20.0, "train.htm_tau_scale": 5.0,
+    # Kaldi's per-minibatch max-change (what lets sgd take lr x N; inactive at 1 worker)
+    # and BMUF/HTM's local momentum reset after each block (see `lr_scale`).
+    "train.max_change": 2.0, "train.block_reset_momentum": True,
 }
 DEFAULT_PRETRAIN_PASSES = 3
+
+
+LR_RULES = ("tuned", "sqrt", "linear", "none")
+
+
+def lr_scale(algo: str, workers: int, rule: str = "tuned") -> float:
+    """The factor on the profile's learning rate for `algo` at `workers` (module doc)."""
+    if workers <= 1:
+        return 1.0
+    if rule == "tuned":
+        return {"sgd": float(workers), "gtc": math.sqrt(workers), "bmuf": 2.0,
+                "htm": 2.0}.get(algo, 1.0)
+    if algo not in ("sgd", "gtc"):
+        return 1.0
+    return {"sqrt": math.sqrt(workers), "linear": float(workers), "none": 1.0}[rule]
 
 
 def bench_config(cfg, args) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -296,9 +323,10 @@ def run(ctx, args) -> dict[str, Any]:
     algos = os.environ.get("AMFLOW_BENCH_ALGOS", "sgd,gtc,bmuf,htm,ma").split(",")
     epochs = int(os.environ.get("AMFLOW_BENCH_EPOCHS", tc0["epochs"]))
     pretrain = int(os.environ.get("AMFLOW_BENCH_PRETRAIN", DEFAULT_PRETRAIN_PASSES))
-    lr_rule = os.environ.get("AMFLOW_BENCH_LR_RULE", "sqrt")
-    if lr_rule not in ("sqrt", "linear", "none"):
-        raise StepError(f"AMFLOW_BENCH_LR_RULE must be sqrt, linear or none, not {lr_rule!r}")
+    lr_rule = os.environ.get("AMFLOW_BENCH_LR_RULE", "tuned")
+    if lr_rule not in LR_RULES:
+        raise StepError(f"AMFLOW_BENCH_LR_RULE must be one of {', '.join(LR_RULES)}, "
+                        f"not {lr_rule!r}")
     base = ctx.path("trainers")
     parts = math.lcm(*workers_list)
     mb = int(tc0["minibatch_frames"])
@@ -347,9 +375,7 @@ def run(ctx, args) -> dict[str, Any]:
         if not os.environ.get("AMFLOW_BENCH_KEEP_SYNC"):
             block = max(1, min(block, spp // 4))
             ma_samples = max(mb, min(ma_samples, (spp // 4) * mb))
-        # gradients averaged over `a` workers act like an a-times larger minibatch
-        a = {"sgd": n, "gtc": n}.get(algo, 1)
-        scale = {"sqrt": math.sqrt(a), "linear": float(a), "none": 1.0}[lr_rule]
+        scale = lr_scale(algo, n, lr_rule)
         train.update(lr=tc0["lr"] * scale, final_lr=tc0["final_lr"] * scale)
         train.update(algorithm=algo, workers=n, epochs=epochs, block_size=block,
                      ma_samples=ma_samples, group_size=min(tc0["group_size"], n),
@@ -406,8 +432,9 @@ def run(ctx, args) -> dict[str, Any]:
     lines = [f"Trainers on {data['source']} ({total_frames} labeled frames; {setup}{epochs} "
              f"passes each; {params} parameters, student "
              f"{conf0['model']['student']['layers']}x{conf0['model']['student']['hidden']}, "
-             f"{tc0['optimizer']} lr {tc0['lr']:g} -> {tc0['final_lr']:g} (x sqrt(N) for "
-             f"sgd/gtc), minibatch {mb} frames per worker; accuracy = {acc_key}"
+             f"{tc0['optimizer']} lr {tc0['lr']:g} -> {tc0['final_lr']:g} (x "
+             f"{lr_rule} rule: {', '.join(f'{a} x{lr_scale(a, top, lr_rule):g}' for a in algos)}"
+             f" at {top} workers), minibatch {mb} frames per worker; accuracy = {acc_key}"
              + (f", {pretrain_acc:.4f} after pre-training" if pretrain_acc else "") + "):", "",
              "| Method | Workers | frame acc. | Rel. frame acc. (%) | frames/s | speedup "
              "| bytes/worker/minibatch | compression vs dense | sent fraction |",

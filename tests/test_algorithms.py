@@ -232,7 +232,8 @@ def test_two_workers_all_algorithms():
         ("bmuf_avg", "bmuf", {"block_size": 2, "block_lr": 1.0, "block_momentum": 0.0},
          "sgd", 0.5, steps, 2),
         ("bmuf_nbm", "bmuf", {"block_size": 2}, "sgd", 0.5, steps, 2),
-        ("bmuf_momentum", "bmuf", {"block_size": 2}, "sgd_momentum", 0.5, steps, 2),
+        ("bmuf_momentum", "bmuf", {"block_size": 2, "block_reset_momentum": False},
+         "sgd_momentum", 0.5, steps, 2),
         ("bmuf_reset", "bmuf", {"block_size": 2, "block_reset_momentum": True},
          "sgd_momentum", 0.5, steps, 2),
     ]

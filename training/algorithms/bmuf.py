@@ -86,7 +86,7 @@ class BMUF(Algorithm):
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, group: Any = None,
                  world_size: int | None = None, block_size: int = 50, zeta: float = 1.0,
-                 eta: float = -1.0, c: float = 1.0, reset_momentum: bool = False):
+                 eta: float = -1.0, c: float = 1.0, reset_momentum: bool = True):
         group, self.rank, self.world = resolve_group(group, world_size)
         self.reset_momentum = bool(reset_momentum)
         super().__init__(model, optimizer, group)

@@ -50,7 +50,7 @@ class HTM(Algorithm):
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, group: Any = None,
                  world_size: int | None = None, group_size: int = 8, block_size: int = 50,
                  zeta: float = 1.0, eta: float = -1.0, c: float = 1.0, tau: float = 0.0,
-                 tau_scale: float = 100.0, reset_momentum: bool = False):
+                 tau_scale: float = 100.0, reset_momentum: bool = True):
         group, rank, world = resolve_group(group, world_size)
         self.reset_momentum = bool(reset_momentum)
         super().__init__(model, optimizer, group)
