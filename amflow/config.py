@@ -350,6 +350,9 @@ class TrainConfig:
     gtc_tau_scale: float = 100.0
     # Minibatches over which tau ramps up geometrically from tau/gtc_tau_scale (0 = off).
     gtc_warmup: int = 0
+    # Keep the momentum on each worker before compression (deep-gradient-compression
+    # momentum correction, algorithms/gtc.py); needs optimizer sgd.
+    gtc_momentum_correction: bool = False
     block_size: int = 50
     block_lr: float = 1.0  # zeta
     block_momentum: float = -1.0  # eta; < 0 = derive from zeta/(N(1-eta)) = C

@@ -143,7 +143,7 @@ def w_resume(rank, world, algo_name, kw, opt_kind, lr, total, split):
 
 
 def w_resume_all(rank, world, cases):
-    return {c[0]: w_resume(rank, world, *c) for c in cases}
+    return [w_resume(rank, world, *c) for c in cases]
 
 
 # ---------------------------------------------------------------------------------------
@@ -196,6 +196,35 @@ def ref_bmuf(world, steps, block, zeta, eta, opt_kind, lr, lr_scale=1.0, reset=F
     return w_g
 
 
+def ref_gtc_momentum_correction(world, steps, tau, mu, lr):
+    """GTC with momentum correction written out: per-worker velocity and residual,
+    +-tau quanta of the velocity sent, sent velocities zeroed, plain SGD on the average."""
+    model = make_model(0)
+    params = list(model.parameters())
+    n = flat(model).numel()
+    u = [torch.zeros(n) for _ in range(world)]
+    r = [torch.zeros(n) for _ in range(world)]
+    for s in range(steps):
+        update = torch.zeros(n)
+        for rank in range(world):
+            model.zero_grad()
+            loss_fn(model, *batch(s, rank)).backward()
+            g = torch.cat([p.grad.reshape(-1) for p in params])
+            u[rank] = mu * u[rank] + g
+            v = r[rank] + u[rank]
+            sent = v.abs() >= tau
+            q = torch.where(sent, torch.sign(v) * tau, torch.zeros(()))
+            r[rank] = v - q
+            u[rank][sent] = 0.0
+            update += q
+        with torch.no_grad():
+            off = 0
+            for p in params:
+                p -= lr * (update[off:off + p.numel()] / world).view_as(p)
+                off += p.numel()
+    return flat(model)
+
+
 # ---------------------------------------------------------------------------------------
 # Tests.
 # ---------------------------------------------------------------------------------------
@@ -228,6 +257,8 @@ def test_two_workers_all_algorithms():
         ("sgd_unequal", "sgd", {}, "sgd", 0.5, steps, [1, 3]),
         ("gtc", "gtc", {"gtc_tau": 0.004}, "sgd", 1.0, steps, 2),
         ("gtc_derived", "gtc", {"gtc_tau": 0.0, "gtc_tau_scale": 2.0}, "sgd", 1.0, steps, 2),
+        ("gtc_mc", "gtc", {"gtc_tau": 0.004, "gtc_momentum_correction": True},
+         "sgd_momentum", 1.0, steps, 2),
         # per-tensor taus: one per parameter tensor of Tiny (4 LSTM + 2 linear)
         ("bmuf_avg", "bmuf", {"block_size": 2, "block_lr": 1.0, "block_momentum": 0.0},
          "sgd", 0.5, steps, 2),
@@ -262,6 +293,13 @@ def test_two_workers_all_algorithms():
         q = sent[0] / r0["taus"]
         torch.testing.assert_close(q, q.round(), rtol=0, atol=1e-3)
         assert r0["stats"]["sent_fraction"] < 1.0
+
+    # momentum correction: the written-out velocity/residual scheme, replicas identical
+    ref = ref_gtc_momentum_correction(2, steps, 0.004, 0.9, 1.0)
+    for r in range(2):
+        torch.testing.assert_close(res[r]["gtc_mc"]["w"], ref, rtol=1e-5, atol=1e-6)
+    assert 0 < res[0]["gtc_mc"]["stats"]["sent_fraction"] < 1.0
+    assert not torch.allclose(res[0]["gtc_mc"]["w"], res[0]["gtc"]["w"])
 
     # BMUF with eta = 0, zeta = 1 is plain model averaging; NBM matches the equations
     ref = ref_bmuf(2, steps, 2, 1.0, 0.0, "sgd", 0.5)
@@ -355,15 +393,17 @@ def test_resume_equals_uninterrupted():
     cases = [
         ("sgd", {}, "adam", 0.01, 6, 3),
         ("gtc", {"gtc_tau": 0.0, "gtc_tau_scale": 2.0}, "adam", 0.01, 6, 3),
+        ("gtc", {"gtc_tau": 0.0, "gtc_tau_scale": 2.0, "gtc_momentum_correction": True},
+         "sgd_momentum", 0.1, 6, 3),
         ("bmuf", {"block_size": 2}, "adam", 0.01, 7, 3),
         ("htm", {"block_size": 2, "group_size": 1}, "adam", 0.01, 7, 3),
         ("ma", {"ma_samples": 4 * T, "minibatch_frames": 2 * T}, "adam", 0.01, 7, 3),
     ]
     res = spawn_local(w_resume_all, 2, cases)
     for r in range(2):
-        for name, *_ in cases:
-            torch.testing.assert_close(res[r][name]["resumed"], res[r][name]["straight"],
-                                       rtol=0, atol=0, msg=name)
+        for (name, kw, *_), out in zip(cases, res[r]):
+            torch.testing.assert_close(out["resumed"], out["straight"], rtol=0, atol=0,
+                                       msg=f"{name} {kw}")
 
 
 @pytest.mark.integration
@@ -381,3 +421,18 @@ def test_htm_four_workers_two_groups():
     st = res[0]["htm"]["stats"]
     assert st["groups"] == 2 and st["eta"] == pytest.approx(derive_eta(1.0, 2, 1.0))
     assert res[1]["htm"]["stats"]["block_bytes"] == 0  # non-leaders only receive
+
+
+def test_gtc_momentum_correction_needs_momentum_sgd():
+    """Adam has no momentum to take over: a clear error naming the key, not a silent no-op.
+    One process needs no compression, so the setting is accepted there."""
+    import torch.distributed as dist
+    from training.algorithms.gtc import take_over_momentum
+    model = make_model(0)
+    with pytest.raises(ValueError, match="gtc_momentum_correction"):
+        take_over_momentum(make_opt(model, "adam", 0.01))
+    opt = make_opt(model, "sgd_momentum", 0.1)
+    assert take_over_momentum(opt) == pytest.approx(0.9)
+    assert opt.param_groups[0]["momentum"] == 0.0
+    assert not dist.is_initialized()
+    build_algorithm(cfg("gtc", gtc_momentum_correction=True), model, make_opt(model, "adam", 0.01))

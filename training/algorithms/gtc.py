@@ -49,6 +49,20 @@ Bytes counted per minibatch: what this worker puts on the wire, i.e. the 8-byte 
 plus its code buffer padded to the longest one in the group (`payload_bytes` counts the
 unpadded codes, which is what an all-gather-v would send).
 
+Momentum correction (`train.gtc_momentum_correction`, after Lin et al.'s deep gradient
+compression). With momentum SGD the plain scheme compresses the gradient and lets the
+optimizer's momentum act on the sparse average: an element's update arrives in a burst
+whenever its residual crosses tau and momentum then smears the burst forward in time. With
+the correction the momentum moves to the sender: each worker keeps its own velocity
+
+    u = mu * u + g,   v = r + u,   (encode v as above),   u[sent] = 0
+
+and the optimizer applies the decoded average with its momentum turned off (its
+`momentum` is set to 0 and mu kept here). Zeroing the velocity of sent elements
+(momentum factor masking) stops a sent element from being pushed again by stale momentum.
+The velocity is ~1/(1 - mu) times the gradient, so derived taus are scaled by that to
+keep the sent-fraction bound.
+
 With a single process, or a group of one (HTM with group_size 1), there is nobody to
 send to: the step is the plain local optimizer step, uncompressed.
 """
@@ -228,7 +242,7 @@ class GTC(Algorithm):
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, group: Any = None,
                  world_size: int | None = None, tau: float = 0.0, tau_scale: float = 100.0,
-                 sync_init: bool = True, warmup: int = 0):
+                 sync_init: bool = True, warmup: int = 0, momentum_correction: bool = False):
         group, self.rank, self.world = resolve_group(group, world_size)
         super().__init__(model, optimizer, group)
         self.tau = float(tau)
@@ -250,11 +264,17 @@ class GTC(Algorithm):
                 self.setup_bytes = broadcast_model_(self.params, group)
             if self.tau > 0:
                 self.thresholds = Thresholds(self.flat.numels, [self.tau] * len(self.params))
+        self.mu = 0.0
+        self.velocity: torch.Tensor | None = None
+        if momentum_correction and self.world > 1:
+            self.mu = take_over_momentum(optimizer)
+            self.velocity = torch.zeros_like(self.residual)
 
     @classmethod
     def from_config(cls, train_cfg, model, optimizer, group=None, world_size=None):
         return cls(model, optimizer, group, world_size, tau=train_cfg.gtc_tau,
-                   tau_scale=train_cfg.gtc_tau_scale, warmup=train_cfg.gtc_warmup)
+                   tau_scale=train_cfg.gtc_tau_scale, warmup=train_cfg.gtc_warmup,
+                   momentum_correction=train_cfg.gtc_momentum_correction)
 
     def _current(self) -> "Thresholds":
         """The thresholds of this minibatch: during the warm-up, tau grows geometrically
@@ -280,7 +300,8 @@ class GTC(Algorithm):
         means = sums / sizes
         overall = float(sums.sum() / sizes.sum())
         means[means <= 0] = overall if overall > 0 else 1e-12
-        self.thresholds = Thresholds(self.flat.numels, (self.tau_scale * means).float())
+        scale = self.tau_scale / (1.0 - self.mu)  # the velocity's scale (module doc)
+        self.thresholds = Thresholds(self.flat.numels, (scale * means).float())
 
     def exchange(self) -> None:
         """Encode this worker's gradient, all-gather, decode the average into `.grad`."""
@@ -289,7 +310,12 @@ class GTC(Algorithm):
             if self.thresholds is None:
                 self._derive_tau(grad)
             th = self._current()
-            codes = encode_(self.residual, grad, th, self._mask, self._scratch)
+            source = grad
+            if self.velocity is not None:
+                source = self.velocity.mul_(self.mu).add_(grad)
+            codes = encode_(self.residual, source, th, self._mask, self._scratch)
+            if self.velocity is not None:
+                self.velocity.index_fill_(0, unpack(codes)[0], 0.0)
             buffers, sent = allgather_varlen(codes, self.group, self.world)
             grad.zero_()
             for b in buffers:
@@ -321,8 +347,9 @@ class GTC(Algorithm):
         state = super().state_dict()
         state.update(tau=self.tau, payload_bytes=self.payload_bytes,
                      thresholds=self.thresholds.state() if self.thresholds is not None else None,
-                     elements_sent=self.elements_sent,
-                     residual=self.residual.detach().cpu().clone() if self.world > 1 else None)
+                     elements_sent=self.elements_sent, mu=self.mu,
+                     residual=self.residual.detach().cpu().clone() if self.world > 1 else None,
+                     velocity=self.velocity.cpu().clone() if self.velocity is not None else None)
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -334,3 +361,24 @@ class GTC(Algorithm):
         self.elements_sent = state["elements_sent"]
         if self.world > 1 and state.get("residual") is not None:
             self.residual.copy_(state["residual"].to(self.residual.device))
+        if (state.get("velocity") is not None) != (self.velocity is not None):
+            raise ValueError("checkpoint and config disagree on train.gtc_momentum_correction")
+        if self.velocity is not None:
+            self.mu = float(state["mu"])
+            self.velocity.copy_(state["velocity"].to(self.velocity.device))
+
+
+def take_over_momentum(optimizer: Any) -> float:
+    """Turn the local optimizer's momentum off and return it (momentum correction keeps
+    the velocity in GTC, before compression). Needs SGD-style `momentum` param groups."""
+    groups = optimizer.param_groups
+    if any("momentum" not in g for g in groups):
+        raise ValueError("train.gtc_momentum_correction needs train.optimizer sgd "
+                         "(an optimizer with a momentum setting)")
+    mus = {float(g["momentum"]) for g in groups}
+    if len(mus) != 1:
+        raise ValueError(f"train.gtc_momentum_correction: param groups disagree on momentum {mus}")
+    for g in groups:
+        g["momentum"] = 0.0
+        g["nesterov"] = False
+    return mus.pop()
