@@ -110,6 +110,8 @@ def w_run(rank, world, scenarios):
         if algo_name == "gtc":
             res["residual"] = algo.residual.clone()
             res["taus"] = algo.thresholds.of(torch.arange(algo.flat.total))
+        if algo_name == "htm" and algo.gtc.velocity is not None:
+            res["velocity_norm"] = float(algo.gtc.velocity.norm())
         if algo_name in ("bmuf",):
             res["w_g"] = algo.filter.w_g.clone()
         out[name] = res
@@ -334,6 +336,13 @@ def test_htm_special_cases_and_ma():
         ("gtc", "gtc", {"gtc_tau": 0.004}, "sgd", 1.0, steps, 2),
         ("htm2", "htm", {"block_size": 2, "group_size": 2, "gtc_tau": 0.004}, "sgd", 1.0,
          steps, 2),
+        ("gtc_mc", "gtc", {"gtc_tau": 0.004, "gtc_momentum_correction": True,
+                            "gtc_warmup": 3}, "sgd_momentum", 1.0, steps, 2),
+        # (the warm-up starts at tau / tau_scale: HTM's lower tier uses htm_tau_scale)
+        ("htm2_mc", "htm", {"block_size": 2, "group_size": 2, "gtc_tau": 0.004,
+                            "gtc_momentum_correction": True, "gtc_warmup": 3,
+                            "htm_tau_scale": 100.0},
+         "sgd_momentum", 1.0, steps, 2),
         ("ma", "ma", {"ma_samples": 2 * 2 * T, "minibatch_frames": 2 * T, "max_change": 0.05},
          "sgd", 0.25, steps, 2),
     ]
@@ -343,6 +352,10 @@ def test_htm_special_cases_and_ma():
         torch.testing.assert_close(res[r]["htm1_reset"]["w"], res[r]["bmuf_reset"]["w"],
                                    rtol=0, atol=1e-7)
         torch.testing.assert_close(res[r]["htm2"]["w"], res[r]["gtc"]["w"], rtol=0, atol=0)
+        # HTM hands the GTC knobs (warm-up, momentum correction) to its lower tier
+        torch.testing.assert_close(res[r]["htm2_mc"]["w"], res[r]["gtc_mc"]["w"], rtol=0,
+                                   atol=0)
+    assert not torch.allclose(res[0]["gtc_mc"]["w"], res[0]["gtc"]["w"])
     assert res[0]["htm1"]["stats"]["eta"] == res[0]["bmuf"]["stats"]["eta"] == 0.5
     assert res[0]["htm2"]["stats"]["bytes_sent"] == res[0]["gtc"]["stats"]["bytes_sent"]
     # MA: every 2 minibatches an average; lr x N; final models identical
@@ -412,9 +425,19 @@ def test_htm_four_workers_two_groups():
     """4 workers, 2 groups of 2: replicas agree within a group every step (GTC), across
     groups after each block, and everyone ends on W_g."""
     steps = 5
+    mc = {"block_size": 2, "group_size": 2, "gtc_tau": 0.004, "gtc_momentum_correction": True}
     scenarios = [("htm", "htm", {"block_size": 2, "group_size": 2, "gtc_tau": 0.004},
-                  "sgd", 0.5, steps, 2)]
+                  "sgd", 0.5, steps, 2),
+                 ("htm_mc", "htm", dict(mc, block_reset_momentum=True), "sgd_momentum", 0.5,
+                  steps, 2),
+                 ("htm_mc_keep", "htm", dict(mc, block_reset_momentum=False), "sgd_momentum",
+                  0.5, steps, 2)]
     res = spawn_local(w_run, 4, scenarios)
+    # the block reset zeroes the momentum wherever it lives: with momentum correction, in
+    # GTC's velocity (the last block ended at finalize)
+    for r in range(4):
+        assert res[r]["htm_mc"]["velocity_norm"] == 0.0
+        assert res[r]["htm_mc_keep"]["velocity_norm"] > 0.0
     ws = [res[r]["htm"]["w"] for r in range(4)]
     for w in ws[1:]:
         torch.testing.assert_close(w, ws[0], rtol=0, atol=0)

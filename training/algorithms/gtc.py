@@ -285,6 +285,11 @@ class GTC(Algorithm):
         factor = self.tau_scale ** (self.steps / self.warmup - 1.0)
         return Thresholds(th.sizes, th.taus * factor)
 
+    def reset_velocity(self) -> None:
+        """Zero the momentum-correction velocity (HTM's block reset; a no-op without it)."""
+        if self.velocity is not None:
+            self.velocity.zero_()
+
     @property
     def numel(self) -> int:
         return sum(p.numel() for p in self.params)

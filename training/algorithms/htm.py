@@ -50,7 +50,8 @@ class HTM(Algorithm):
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, group: Any = None,
                  world_size: int | None = None, group_size: int = 8, block_size: int = 50,
                  zeta: float = 1.0, eta: float = -1.0, c: float = 1.0, tau: float = 0.0,
-                 tau_scale: float = 100.0, reset_momentum: bool = True):
+                 tau_scale: float = 100.0, reset_momentum: bool = True, warmup: int = 0,
+                 momentum_correction: bool = False):
         group, rank, world = resolve_group(group, world_size)
         self.reset_momentum = bool(reset_momentum)
         super().__init__(model, optimizer, group)
@@ -85,7 +86,8 @@ class HTM(Algorithm):
         self.lower, self.upper = lower, up
         # lower tier: GTC (a group of one is the plain local step)
         self.gtc = GTC(model, optimizer, lower, None if lower is not None else 1,
-                       tau=tau, tau_scale=tau_scale, sync_init=False)
+                       tau=tau, tau_scale=tau_scale, sync_init=False, warmup=warmup,
+                       momentum_correction=momentum_correction)
         if world > 1:
             dev = comm_device(group, model_device(model))
             self.flat = FlatBuckets(self.params, dev)
@@ -102,7 +104,9 @@ class HTM(Algorithm):
                    block_size=train_cfg.block_size, zeta=train_cfg.block_lr,
                    eta=train_cfg.block_momentum, c=train_cfg.bmuf_c, tau=train_cfg.gtc_tau,
                    tau_scale=train_cfg.htm_tau_scale,
-                   reset_momentum=train_cfg.block_reset_momentum)
+                   reset_momentum=train_cfg.block_reset_momentum,
+                   warmup=train_cfg.gtc_warmup,
+                   momentum_correction=train_cfg.gtc_momentum_correction)
 
     @property
     def eta(self) -> float:
@@ -128,6 +132,7 @@ class HTM(Algorithm):
             self.flat.set_flat_weights(out)
         if self.reset_momentum:
             reset_local_momentum(self.optimizer)
+            self.gtc.reset_velocity()
         self.blocks += 1
 
     def _sync_counters(self) -> None:
