@@ -311,6 +311,11 @@ class TrainConfig:
     schedule: str = "exponential"  # exponential | newbob
     newbob_threshold: float = 0.005
     min_lr: float = 1.0e-5
+    # Gradual warm-up (Goyal et al. 2017), for the large rates of many workers: over the
+    # first `lr_warmup_units` units (passes, or ssl sub-epochs) the rate ramps linearly
+    # from lr_warmup_start x the scheduled rate to the scheduled rate (0 units = off).
+    lr_warmup_units: float = 0.0
+    lr_warmup_start: float = 0.1
     sub_epochs: int = 4
     unlabeled_passes: int = 1  # ssl: passes over the unlabeled data (the paper: 1)
     chunk_frames: int = 32
@@ -389,6 +394,8 @@ class TrainConfig:
         _check(self.sub_epochs >= 1, f"{key}.sub_epochs", "must be >= 1")
         _check(self.final_lr > 0 and self.min_lr > 0, f"{key}.final_lr",
                "final_lr and min_lr must be > 0")
+        _check(self.lr_warmup_units >= 0, f"{key}.lr_warmup_units", "must be >= 0")
+        _check(0 < self.lr_warmup_start <= 1, f"{key}.lr_warmup_start", "must be in (0, 1]")
         _check(self.temperature > 0, f"{key}.temperature", "must be > 0")
         _check(self.checkpoint_every >= 1, f"{key}.checkpoint_every", "must be >= 1")
         _check(self.log_every >= 1, f"{key}.log_every", "must be >= 1")

@@ -64,3 +64,29 @@ def test_newbob_halves_then_stops_and_jumps_to_finetuning():
     s2 = LRSchedule(tc, passes)
     s2.load_state_dict(s.state_dict())
     assert s2.state_dict() == s.state_dict()
+
+
+def test_gradual_warmup_ramps_linearly_then_hands_over_to_the_schedule():
+    tc = TrainConfig(epochs=5, finetune_epochs=0, lr=1.0, final_lr=0.1, lr_warmup_units=2,
+                     lr_warmup_start=0.25)
+    passes = plan_passes(tc, 3)
+    s = LRSchedule(tc, passes)
+    plain = LRSchedule(TrainConfig(epochs=5, finetune_epochs=0, lr=1.0, final_lr=0.1), passes)
+    assert s.lr(passes[0], 0, 10) == pytest.approx(0.25)
+    # half way through the warm-up: half way from 0.25 to 1, times the decayed rate
+    assert s.lr(passes[1], 0, 10) == pytest.approx(0.625 * plain.lr(passes[1], 0, 10))
+    for p in passes[2:]:
+        for b in (0, 5):
+            assert s.lr(p, b, 10) == pytest.approx(plain.lr(p, b, 10))
+    warm = [s.lr(p, b, 10) for p in passes[:2] for b in range(10)]
+    assert all(w < plain.lr(p, b, 10) for w, (p, b) in
+               zip(warm, [(p, b) for p in passes[:2] for b in range(10)]))
+    assert all(a < b for a, b in zip(warm[:10], warm[1:10]))  # rising in the first pass
+
+
+def test_warmup_settings_are_validated_by_key():
+    from amflow.config import ConfigError, load_config
+    with pytest.raises(ConfigError, match="train.lr_warmup_start"):
+        load_config(None, ["train.lr_warmup_start=0"])
+    with pytest.raises(ConfigError, match="train.lr_warmup_units"):
+        load_config(None, ["train.lr_warmup_units=-1"])

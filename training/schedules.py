@@ -89,6 +89,8 @@ class LRSchedule:
         self.final_lr = float(train_cfg.final_lr)
         self.min_lr = float(train_cfg.min_lr)
         self.threshold = float(train_cfg.newbob_threshold)
+        self.warmup_units = float(train_cfg.lr_warmup_units)
+        self.warmup_start = float(train_cfg.lr_warmup_start)
         self.passes = passes
         self.units = num_units(passes)
         self.first_finetune_unit = min((p.unit for p in passes if p.mode == "full"),
@@ -106,11 +108,20 @@ class LRSchedule:
         progress = min(max(progress, 0.0), 1.0)
         return self.lr0 * (self.final_lr / self.lr0) ** progress
 
+    def warmup(self, position: float) -> float:
+        """The warm-up factor at `position` units into training (1 once warmed up)."""
+        if self.warmup_units <= 0 or position >= self.warmup_units:
+            return 1.0
+        return self.warmup_start + (1.0 - self.warmup_start) * position / self.warmup_units
+
     def lr(self, p: PassInfo, batch: int, num_batches: int) -> float:
         """The rate for minibatch `batch` of `num_batches` in pass `p`."""
+        frac = batch / max(num_batches, 1)
+        return self._scheduled(p, frac) * self.warmup(p.unit + frac)
+
+    def _scheduled(self, p: PassInfo, frac: float) -> float:
         if self.kind == "newbob":
             return self.newbob_lr * p.lr_scale
-        frac = batch / max(num_batches, 1)
         if p.kind == "labeled" and p.lr_scale != 1.0:
             # ssl's labeled pass: constant, at the rate reached at the end of the sub-epoch
             return self.exponential((p.unit + 1) / self.units) * p.lr_scale
