@@ -16,8 +16,14 @@ Per split (all splits the features step produced, or `repartition.splits`):
 - the split's utterances are shuffled again (seed `repartition.seed`, per split) and each,
   in that order, goes to the partition with the fewest frames so far: partitions differ
   by at most one utterance's frames, and each partition's rows stay in shuffled order;
-- one Ray task per partition (`map_shards`, so re-runs skip finished partitions) gathers
-  its rows from the feature (and target) shards and writes the partition atomically.
+- a map/reduce shuffle, so every input is read once whatever the partition count: one
+  Ray task per feature shard (`map_shard`) reads the shard and its target shard, joins
+  them, applies the reject rules and writes one bucket per partition it feeds
+  (`_buckets/<split>/part-<i>/<shard>.parquet`, rows tagged with their planned
+  position); then one task per partition (`reduce_partition`) concatenates its buckets
+  in planned order and writes the partition atomically. Both stages go through
+  `map_shards`, so a re-run skips finished shards and partitions; the buckets are deleted
+  once every partition is written.
 A target row whose frame count differs from its feature row is rejected
 (`target_mismatch`); an unlabeled row without a target row, when targets exist, is
 rejected (`missing_targets`). Counts: in = feature rows of the partitioned splits.
@@ -34,6 +40,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from amflow import records
 from amflow.raycluster import map_shards
@@ -41,6 +48,7 @@ from amflow.runs import SUCCESS, Reject, StepContext, StepError, rejects_table
 
 log = logging.getLogger(__name__)
 
+BUCKETS = "_buckets"
 SPLIT_ORDER = ("labeled", "unlabeled", "dev", "test")
 PARTITION_SCHEMA = pa.schema(list(records.FEATURE_SCHEMA) + [
     pa.field("k", pa.int16()), pa.field("topk_idx", pa.binary()),
@@ -72,60 +80,136 @@ def _plan_fingerprint(ctx: StepContext, feat: dict, targets: dict | None) -> dic
             "targets_finished_at": targets.get("finished_at") if targets else None}
 
 
-def build_partition(ctx: StepContext, part_id: str, payload: dict[str, Any]) -> dict[str, Any]:
-    """Gather one partition's rows (in planned order) and write it."""
+def _assignments(plan: list[np.ndarray], utt_shard: list[str], utt_ids: list[str]
+                 ) -> dict[str, dict[str, tuple[int, int]]]:
+    """shard -> {utt_id: (partition, position in it)}: what each map task routes where."""
+    out: dict[str, dict[str, tuple[int, int]]] = {}
+    for part, idx in enumerate(plan):
+        for pos, j in enumerate(idx.tolist()):
+            out.setdefault(utt_shard[j], {})[utt_ids[j]] = (part, pos)
+    return out
+
+
+def _bucket_uri(ctx: StepContext, split: str, part: int, shard: str) -> str:
+    return ctx.path(BUCKETS, split, f"part-{part:05d}", f"{shard}.parquet")
+
+
+def _join_targets(feats: pa.Table, targets: pa.Table | None, shard: str, split: str
+                  ) -> tuple[pa.Table, list[Reject]]:
+    """Feature rows + their soft-target columns; mismatched or missing targets rejected."""
+    n = feats.num_rows
+    cols = {name: feats.column(name) for name in records.FEATURE_SCHEMA.names}
+    if targets is None:
+        for f in PARTITION_SCHEMA:
+            if f.name not in cols:
+                cols[f.name] = pa.nulls(n, f.type)
+        return pa.table(cols, schema=PARTITION_SCHEMA), []
+    at = pc.index_in(feats.column("utt_id").combine_chunks(),
+                     value_set=targets.column("utt_id").combine_chunks())
+    has = at.is_valid().to_numpy(zero_copy_only=False)
+    idx = at.fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
+    ffr = feats.column("num_frames").to_numpy()
+    tfr = targets.column("num_frames").to_numpy()[idx] if targets.num_rows else ffr
+    mismatch = has & (tfr != ffr)
+    missing = ~has & (split == "unlabeled")
+    utts = feats.column("utt_id").to_pylist()
+    rejects = [Reject(utts[i], "target_mismatch",
+                      f"{tfr[i]} target rows vs {ffr[i]} feature rows", shard)
+               for i in np.flatnonzero(mismatch)]
+    rejects += [Reject(utts[i], "missing_targets",
+                       f"no row in targets/shards/{shard}.parquet", shard)
+                for i in np.flatnonzero(missing)]
+    mask = pa.array(has)
+    for name in ("k", "topk_idx", "topk_logit"):
+        taken = targets.column(name).combine_chunks().take(pa.array(idx)) \
+            if targets.num_rows else \
+            pa.nulls(n, PARTITION_SCHEMA.field(name).type)
+        cols[name] = pc.if_else(mask, taken, pa.nulls(n, PARTITION_SCHEMA.field(name).type))
+    keep = pa.array(~(mismatch | missing))
+    return pa.table(cols, schema=PARTITION_SCHEMA).filter(keep), rejects
+
+
+def map_shard(ctx: StepContext, map_id: str, payload: dict[str, Any]) -> dict[str, Any]:
+    """Read one feature shard (and its targets) once; write one bucket per partition."""
     t0 = time.perf_counter()
-    st = ctx.storage
-    wanted: list[tuple[str, str]] = payload["rows"]  # (shard, utt_id) in output order
-    by_shard: dict[str, set[str]] = {}
-    for shard, utt in wanted:
-        by_shard.setdefault(shard, set()).add(utt)
-    feats: dict[str, dict] = {}
-    targets: dict[str, dict] = {}
-    for shard, utts in by_shard.items():
-        table = st.read_parquet(ctx.other("features", "shards", f"{shard}.parquet"))
-        for row in table.to_pylist():
-            if row["utt_id"] in utts:
-                feats[row["utt_id"]] = row
-        if payload["targets"]:
-            turi = ctx.other("targets", "shards", f"{shard}.parquet")
-            if st.exists(turi):
-                for row in st.read_parquet(turi).to_pylist():
-                    if row["utt_id"] in utts:
-                        targets[row["utt_id"]] = row
-    rows, rejects = [], []
-    frames = 0
-    for shard, utt in wanted:
-        row = feats.get(utt)
-        if row is None:
-            raise StepError(f"{part_id}: utterance {utt} missing from feature shard {shard}")
-        row = dict(row, k=None, topk_idx=None, topk_logit=None)
-        t = targets.get(utt)
-        if t is not None:
-            if int(t["num_frames"]) != int(row["num_frames"]):
-                rejects.append(Reject(utt, "target_mismatch",
-                                      f"{t['num_frames']} target rows vs {row['num_frames']} "
-                                      f"feature rows", part_id))
-                continue
-            row.update(k=t["k"], topk_idx=t["topk_idx"], topk_logit=t["topk_logit"])
-        elif payload["targets"] and row["split"] == "unlabeled":
-            rejects.append(Reject(utt, "missing_targets",
-                                  f"no row in targets/shards/{shard}.parquet", part_id))
-            continue
-        rows.append(row)
-        frames += int(row["num_frames"])
-    table = pa.Table.from_pylist(rows, schema=PARTITION_SCHEMA) if rows else \
-        PARTITION_SCHEMA.empty_table()
-    nbytes = st.write_parquet(ctx.path(payload["split"], f"{payload['name']}.parquet"), table)
-    st.write_parquet(ctx.path("rejects", f"{part_id}.parquet"), rejects_table(rejects))
+    st, shard, split = ctx.storage, payload["shard"], payload["split"]
+    feats = st.read_parquet(ctx.other("features", "shards", f"{shard}.parquet"))
+    targets = None
+    if payload["targets"]:
+        turi = ctx.other("targets", "shards", f"{shard}.parquet")
+        targets = st.read_parquet(turi) if st.exists(turi) else \
+            records.TARGET_SCHEMA.empty_table()
+    assign: dict[str, list[int]] = payload["assign"]
+    unplanned = [u for u in feats.column("utt_id").to_pylist() if u not in assign]
+    if unplanned or feats.num_rows != len(assign):
+        raise StepError(f"{map_id}: feature shard {shard} changed since it was planned "
+                        f"({feats.num_rows} rows, {len(assign)} planned, e.g. "
+                        f"{unplanned[:3]} unplanned): re-run with --force")
+    table, rejects = _join_targets(feats, targets, shard, split)
+    where = np.array([assign[u] for u in table.column("utt_id").to_pylist()],
+                     dtype=np.int64).reshape(-1, 2)
+    table = table.append_column("_pos", pa.array(where[:, 1]))
+    buckets: list[int] = []
+    nbytes = 0
+    for part in np.unique(where[:, 0]).tolist():
+        rows = table.filter(pa.array(where[:, 0] == part))
+        nbytes += st.write_parquet(_bucket_uri(ctx, split, part, shard), rows)
+        buckets.append(int(part))
+    st.write_parquet(ctx.path("rejects", f"{map_id}.parquet"), rejects_table(rejects))
     reasons: dict[str, int] = {}
     for r in rejects:
         reasons[r.reason] = reasons.get(r.reason, 0) + 1
-    return {"split": payload["split"], "name": payload["name"], "in": len(wanted),
-            "out": len(rows), "rejected": len(rejects), "reasons": reasons, "rows": len(rows),
-            "frames": frames, "bytes": nbytes, "with_targets": sum(r["k"] is not None
-                                                                    for r in rows),
+    return {"split": split, "source": shard, "in": feats.num_rows, "out": table.num_rows,
+            "rejected": len(rejects), "reasons": reasons, "buckets": buckets,
+            "bucket_bytes": nbytes, "wall_s": round(time.perf_counter() - t0, 4)}
+
+
+def reduce_partition(ctx: StepContext, part_id: str, payload: dict[str, Any]) -> dict[str, Any]:
+    """Concatenate one partition's buckets in planned order and write it."""
+    t0 = time.perf_counter()
+    st, split, part = ctx.storage, payload["split"], payload["part"]
+    pieces = [st.read_parquet(_bucket_uri(ctx, split, part, shard))
+              for shard in payload["shards"]]
+    table = pa.concat_tables(pieces) if pieces else \
+        PARTITION_SCHEMA.append(pa.field("_pos", pa.int64())).empty_table()
+    table = table.sort_by("_pos").drop_columns(["_pos"])
+    nbytes = st.write_parquet(ctx.path(split, f"part-{part:05d}.parquet"), table)
+    return {"split": split, "name": f"part-{part:05d}", "rows": table.num_rows,
+            "frames": int(pc.sum(table.column("num_frames")).as_py() or 0),
+            "bytes": nbytes, "with_targets": table.num_rows - table.column("k").null_count,
             "wall_s": round(time.perf_counter() - t0, 4)}
+
+
+def _reduce_jobs(splits: list[str], plans: dict[str, dict], mapped: list[dict]
+                 ) -> list[tuple[str, dict]]:
+    feeds: dict[tuple[str, int], list[str]] = {}
+    for m in mapped:
+        for part in m["buckets"]:
+            feeds.setdefault((m["split"], part), []).append(m["source"])
+    return [(f"{split}-part-{i:05d}", {"split": split, "part": i,
+                                       "shards": feeds.get((split, i), [])})
+            for split in splits for i in range(plans[split]["parts"])]
+
+
+def _forget_lost_buckets(ctx: StepContext, reduce_jobs: list[tuple[str, dict]]) -> bool:
+    """Un-mark the map tasks whose buckets an unfinished partition needs but are gone.
+
+    Buckets are deleted once every partition is written; a partition lost after that
+    (or a half-cleaned step directory) needs its source shards mapped again.
+    """
+    st = ctx.storage
+    have = set(st.list(ctx.path(BUCKETS), suffix=".parquet", recursive=True))
+    lost: set[str] = set()
+    for part_id, job in reduce_jobs:
+        if ctx.shard_done(part_id) is not None:
+            continue
+        lost |= {shard for shard in job["shards"]
+                 if _bucket_uri(ctx, job["split"], job["part"], shard) not in have}
+    for shard in sorted(lost):
+        st.delete(ctx.shard_marker(f"map-{shard}"))
+    if lost:
+        log.warning("repartition: buckets of %d shards are gone; mapping them again", len(lost))
+    return bool(lost)
 
 
 def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
@@ -156,8 +240,7 @@ def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
         raise StepError(f"no feature shards for splits {rcfg.splits or 'any'} "
                         f"(features has {sorted(present)})")
     workers = ctx.cfg.train.workers
-    jobs = []
-    plans: dict[str, dict] = {}
+    map_jobs, plans = [], {}
     for si, split in enumerate(splits):
         shards = [s for s in order if info[s]["split"] == split]
         utt_shard, utt_ids, frames = [], [], []
@@ -176,12 +259,21 @@ def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
         plan = plan_partitions(np.asarray(frames, dtype=np.int64), parts,
                                int(np.random.SeedSequence([rcfg.seed, si]).generate_state(1)[0]))
         plans[split] = {"parts": parts, "hours": hours}
-        for i, idx in enumerate(plan):
-            name = f"part-{i:05d}"
-            jobs.append((f"{split}-{name}", {
-                "split": split, "name": name, "targets": targets is not None,
-                "rows": [(utt_shard[j], utt_ids[j]) for j in idx.tolist()]}))
-    stats = map_shards(ctx, jobs, build_partition, unit="partitions")
+        assign = _assignments(plan, utt_shard, utt_ids)
+        map_jobs += [(f"map-{shard}", {"split": split, "shard": shard,
+                                       "targets": targets is not None,
+                                       "assign": assign.get(shard, {})}) for shard in shards]
+    mapped = map_shards(ctx, map_jobs, map_shard, unit="shards")
+    reduce_jobs = _reduce_jobs(splits, plans, mapped)
+    if _forget_lost_buckets(ctx, reduce_jobs):
+        mapped = map_shards(ctx, map_jobs, map_shard, unit="shards")
+        reduce_jobs = _reduce_jobs(splits, plans, mapped)
+    stats = map_shards(ctx, reduce_jobs, reduce_partition, unit="partitions")
+    if sum(s["rows"] for s in stats) != sum(m["out"] for m in mapped):
+        raise StepError(f"repartition: partitions hold {sum(s['rows'] for s in stats)} rows "
+                        f"but the map stage routed {sum(m['out'] for m in mapped)}: re-run "
+                        f"with --force")
+    st.delete_dir(ctx.path(BUCKETS))
 
     total_bytes = 0
     per_split = {}
@@ -202,18 +294,20 @@ def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
                             "frames_max": max(frames_list),
                             "with_targets": entry["with_targets"]}
     reasons: dict[str, int] = {}
-    for s in stats:
-        for k, v in s["reasons"].items():
+    for m in mapped:
+        for k, v in m["reasons"].items():
             reasons[k] = reasons.get(k, 0) + v
     hours_total = sum(p["hours"] for p in plans.values())
     wall = time.time() - ctx.started
     return ctx.finish(
         inputs={"features": ctx.other("features", SUCCESS),
                 "targets": tsucc if targets else None, "workers": workers},
-        counts={"in": sum(s["in"] for s in stats), "out": sum(s["out"] for s in stats),
-                "rejected": sum(s["rejected"] for s in stats)},
+        counts={"in": sum(m["in"] for m in mapped), "out": sum(m["out"] for m in mapped),
+                "rejected": sum(m["rejected"] for m in mapped)},
         metrics={"splits": per_split, "reject_reasons": reasons,
                  "targets": targets is not None, "partitions": len(stats),
+                 "shards_read": len(mapped),
+                 "bucket_bytes": sum(m["bucket_bytes"] for m in mapped),
                  "audio_hours": round(hours_total, 6),
                  "xrt": round(hours_total * 3600.0 / wall, 2) if wall > 0 else None},
         bytes_written=total_bytes)

@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pytest
 import pyarrow.parquet as pq
 
 from amflow import records
@@ -91,3 +92,144 @@ def test_repartition_hard_then_soft_targets(tmp_path, local_cfg, ray_local):
                for r in rows)
     (rep3,) = _steps(cfg, "r", "repartition")  # re-run: no-op
     assert rep3["finished_at"] == rep2["finished_at"]
+
+
+# -- the map/reduce shuffle, in-process (Ray-free) so reads can be counted and a crash injected
+
+@pytest.fixture()
+def serial_shuffle(monkeypatch):
+    """Run repartition's Ray stages serially in this process; count full parquet reads."""
+    from amflow.raycluster import _run_shard
+    from amflow.storage import Storage
+    import tasks.repartition as rp
+
+    def serial(ctx, jobs, fn, **_):
+        return [ctx.shard_done(sid) or _run_shard(fn, ctx, sid, payload) for sid, payload in jobs]
+
+    reads: dict[str, int] = {}
+    real_read = Storage.read_parquet
+
+    def counting(self, uri, columns=None):
+        if columns is None:
+            reads[uri] = reads.get(uri, 0) + 1
+        return real_read(self, uri, columns)
+
+    monkeypatch.setattr(rp, "map_shards", serial)
+    monkeypatch.setattr(Storage, "read_parquet", counting)
+    return reads
+
+
+def _with_targets(store, run):
+    """Soft targets for the unlabeled shards: one utterance mismatched, one missing."""
+    import pyarrow as pa
+
+    fidx = json.loads((store / "runs" / run / "features" / "shards.json").read_text())
+    rng = np.random.default_rng(0)
+    tdir = store / "runs" / run / "targets" / "shards"
+    tdir.mkdir(parents=True, exist_ok=True)
+    bad = {}
+    for s in fidx["shards"]:
+        if s["split"] != "unlabeled":
+            continue
+        frows = pq.read_table(store / "runs" / run / "features" / "shards" /
+                              f"{s['shard']}.parquet").to_pylist()
+        trows = []
+        for r in frows:
+            if "missing_targets" not in bad and len(frows) > 1:
+                bad["missing_targets"] = r["utt_id"]
+                continue
+            n = r["num_frames"]
+            if "target_mismatch" not in bad:
+                bad["target_mismatch"], n = r["utt_id"], n + 2
+            trows.append({"utt_id": r["utt_id"], **records.encode_topk(
+                rng.integers(0, 10, (n, 3)), rng.standard_normal((n, 3)))})
+        pq.write_table(pa.Table.from_pylist(trows, schema=records.TARGET_SCHEMA),
+                       tdir / f"{s['shard']}.parquet")
+    (store / "runs" / run / "targets" / "_SUCCESS.json").write_text(
+        json.dumps({"finished_at": "t1"}))
+    return bad
+
+
+def _snapshot(store, run):
+    d = store / "runs" / run / "repartition"
+    return {str(p.relative_to(d)): pq.read_table(p).to_pylist()
+            for p in sorted(d.glob("*/part-*.parquet"))}
+
+
+def _feature_setup(tmp_path, local_cfg, ray_local, parts_hours="0.0002"):
+    root = tmp_path / "corpus"
+    make_corpus(root, speakers=6, utts=4, labeled=2, dev=1, seconds=(0.6, 1.5))
+    cfg = local_cfg(f"data.corpus={root}", "select.shard_hours=0.0005",
+                    "select.splits=labeled,unlabeled,dev", "train.workers=2",
+                    f"repartition.partition_hours={parts_hours}")
+    _steps(cfg, "m", "select", "features")
+    return cfg, tmp_path / "store"
+
+
+def test_shuffle_reads_each_input_once_and_keeps_rejects(tmp_path, local_cfg, ray_local,
+                                                         serial_shuffle):
+    cfg, store = _feature_setup(tmp_path, local_cfg, ray_local)
+    bad = _with_targets(store, "m")
+    (rep,) = _steps(cfg, "m", "repartition")
+    feat_dir = store / "runs" / "m" / "features" / "shards"
+    shards = sorted(feat_dir.glob("*.parquet"))
+    assert rep["metrics"]["partitions"] > len(shards) > 1  # every shard feeds many partitions
+    for p in shards:
+        assert serial_shuffle[str(p)] == 1, p
+        tp = store / "runs" / "m" / "targets" / "shards" / p.name
+        assert serial_shuffle.get(str(tp), 0) == (1 if tp.exists() else 0)
+    assert rep["metrics"]["shards_read"] == len(shards)
+    assert rep["metrics"]["reject_reasons"] == {"target_mismatch": 1, "missing_targets": 1}
+    assert rep["counts"]["in"] == rep["counts"]["out"] + 2
+    rej_dir = store / "runs" / "m" / "repartition" / "rejects"
+    rejected = {r["utt_id"]: r["reason"] for p in rej_dir.glob("*.parquet")
+                for r in pq.read_table(p).to_pylist()}
+    assert rejected == {u: reason for reason, u in bad.items()}
+    assert not (store / "runs" / "m" / "repartition" / "_buckets").exists()
+    parts = _snapshot(store, "m")
+    ids = [r["utt_id"] for rows in parts.values() for r in rows]
+    assert len(ids) == len(set(ids)) == rep["counts"]["out"]
+    assert not set(bad.values()) & set(ids)
+
+
+def test_shuffle_resumes_after_a_crash_and_rebuilds_a_lost_partition(
+        tmp_path, local_cfg, ray_local, serial_shuffle, monkeypatch):
+    import tasks.repartition as rp
+
+    cfg, store = _feature_setup(tmp_path, local_cfg, ray_local)
+    _with_targets(store, "m")
+    _steps(cfg, "m", "repartition")
+    clean = _snapshot(store, "m")
+    step = store / "runs" / "m" / "repartition"
+
+    real_reduce = rp.reduce_partition
+    calls = []
+
+    def crash_on_third(ctx, part_id, payload):
+        calls.append(part_id)
+        if len(calls) == 3:
+            raise RuntimeError("worker lost")
+        return real_reduce(ctx, part_id, payload)
+
+    monkeypatch.setattr(rp, "reduce_partition", crash_on_third)
+    with pytest.raises(RuntimeError, match="worker lost"):
+        _steps(cfg, "m", "repartition", force=True)
+    assert (step / "_buckets").is_dir() and not (step / "_SUCCESS.json").exists()
+    monkeypatch.setattr(rp, "reduce_partition", real_reduce)
+    serial_shuffle.clear()
+    (rep,) = _steps(cfg, "m", "repartition")  # resumes: maps done, two partitions done
+    assert not [u for u in serial_shuffle if "/features/shards/" in u]
+    assert _snapshot(store, "m") == clean and not (step / "_buckets").exists()
+    assert rep["metrics"]["reject_reasons"] == {"target_mismatch": 1, "missing_targets": 1}
+
+    # a partition lost after the buckets were deleted: its source shards are mapped again
+    lost = sorted(step.glob("unlabeled/part-*.parquet"))[0]
+    lost.unlink()
+    (step / "_shards" / f"unlabeled-{lost.stem}.json").unlink()
+    (step / "_SUCCESS.json").unlink()
+    serial_shuffle.clear()
+    (rep2,) = _steps(cfg, "m", "repartition")
+    reread = [u for u in serial_shuffle if "/features/shards/" in u]
+    assert 0 < len(reread) < rep2["metrics"]["shards_read"]
+    assert _snapshot(store, "m") == clean and not (step / "_buckets").exists()
+    assert rep2["counts"] == rep["counts"]
