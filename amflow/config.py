@@ -253,9 +253,15 @@ class RepartitionConfig:
     # Splits to partition; empty = every split the features step produced.
     splits: list[str] = field(default_factory=list)
     seed: int = 0
+    # Shards shuffled together. A split with more feature shards is cut into shuffle
+    # windows of about this many (shards drawn at random), each planned by its own task,
+    # so the driver holds one line per shard and every shard feeds only its window's
+    # partitions. 0 = one window per split (a global shuffle).
+    window_shards: int = 64
 
     def validate(self, key: str) -> None:
         _check(self.partition_hours > 0, f"{key}.partition_hours", "must be > 0")
+        _check(self.window_shards >= 0, f"{key}.window_shards", "must be >= 0")
         bad = [s for s in self.splits if s not in ("labeled", "unlabeled", "dev", "test")]
         _check(not bad, f"{key}.splits", f"must be among labeled, unlabeled, dev, test; got {bad}")
 

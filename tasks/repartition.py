@@ -5,6 +5,7 @@ Reads  `runs/<R>/features/shards/*.parquet` (+ `shards.json`), and when
        (records.TARGET_SCHEMA, matched to the feature rows by utt_id).
 Writes `runs/<R>/repartition/<split>/part-<i>.parquet`  rows in PARTITION_SCHEMA
        `runs/<R>/repartition/<split>/_index.json`      partitions with rows/frames/bytes
+       `runs/<R>/repartition/_assign/<shard>.parquet`  utt_id -> (partition, position)
        `runs/<R>/repartition/rejects/<part>.parquet`, `_shards/<part>.json`, `_SUCCESS.json`
 
 Rows are the feature rows (records.FEATURE_SCHEMA, hard `labels` for labeled data) plus
@@ -13,22 +14,30 @@ the soft-target columns `k`, `topk_idx`, `topk_logit` (null without targets).
 Per split (all splits the features step produced, or `repartition.splits`):
 - partition count P = ceil(split audio hours / partition_hours), rounded up to a multiple
   of `train.workers` (and at least `train.workers`), so every worker gets as many;
-- the split's utterances are shuffled again (seed `repartition.seed`, per split) and each,
-  in that order, goes to the partition with the fewest frames so far: partitions differ
-  by at most one utterance's frames, and each partition's rows stay in shuffled order;
+- shuffle windows: the P partitions are shared evenly among W = ceil(shards /
+  window_shards) windows (at most P), and the split's shards, in random order (seed
+  `repartition.seed`), each join the window with the fewest hours per partition. The
+  driver only holds one line per shard; a split of a million hours is planned by W tasks
+  and every shard feeds only its own window's partitions, so the shuffle writes
+  shards x P / W buckets instead of shards x P;
+- one plan task per window (`plan_window`) reads the `utt_id`/`num_frames` columns of its
+  shards, shuffles the window's utterances and deals each, in that order, to the window's
+  partition with the fewest frames so far: partitions of a window differ by at most one
+  utterance's frames and each partition's rows stay in shuffled order. The assignment is
+  written per shard (`_assign/`) and kept: it records where every utterance went;
 - a map/reduce shuffle, so every input is read once whatever the partition count: one
-  Ray task per feature shard (`map_shard`) reads the shard and its target shard, joins
-  them, applies the reject rules and writes one bucket per partition it feeds
-  (`_buckets/<split>/part-<i>/<shard>.parquet`, rows tagged with their planned
+  Ray task per feature shard (`map_shard`) reads the shard, its assignment and its target
+  shard, joins them, applies the reject rules and writes one bucket per partition it
+  feeds (`_buckets/<split>/part-<i>/<shard>.parquet`, rows tagged with their planned
   position); then one task per partition (`reduce_partition`) concatenates its buckets
-  in planned order and writes the partition atomically. Both stages go through
-  `map_shards`, so a re-run skips finished shards and partitions; the buckets are deleted
-  once every partition is written.
+  in planned order and writes the partition atomically. All three stages go through
+  `map_shards`, so a re-run skips finished windows, shards and partitions; the buckets
+  are deleted once every partition is written.
 A target row whose frame count differs from its feature row is rejected
 (`target_mismatch`); an unlabeled row without a target row, when targets exist, is
 rejected (`missing_targets`). Counts: in = feature rows of the partitioned splits.
 
-`plan_partitions(utts, frames, parts, seed)` is the pure core.
+`plan_partitions(frames, parts, seed)` and `shuffle_windows(...)` are the pure core.
 """
 from __future__ import annotations
 
@@ -49,6 +58,9 @@ from amflow.runs import SUCCESS, Reject, StepContext, StepError, rejects_table
 log = logging.getLogger(__name__)
 
 BUCKETS = "_buckets"
+ASSIGN = "_assign"
+ASSIGN_SCHEMA = pa.schema([pa.field("utt_id", pa.string()), pa.field("part", pa.int32()),
+                          pa.field("pos", pa.int64())])
 SPLIT_ORDER = ("labeled", "unlabeled", "dev", "test")
 PARTITION_SCHEMA = pa.schema(list(records.FEATURE_SCHEMA) + [
     pa.field("k", pa.int16()), pa.field("topk_idx", pa.binary()),
@@ -72,22 +84,70 @@ def plan_partitions(frames: np.ndarray, parts: int, seed: int) -> list[np.ndarra
     return [np.array(p, dtype=np.int64) for p in out]
 
 
+def shuffle_windows(hours: list[float], window_shards: int, parts: int, seed: int
+                    ) -> list[tuple[list[int], int]]:
+    """Shard indices per shuffle window and the window's partition count.
+
+    One window (in input order) when the split fits in `window_shards` (or it is 0).
+    Else W = min(ceil(S / window_shards), parts) windows share the partitions as evenly
+    as integers allow, and the shards, in random order, each go to the window whose hours
+    per partition stay lowest: window partitions then differ in size by about one shard's
+    share, not by the rounding of a partition count.
+    """
+    n = len(hours)
+    windows = 1 if window_shards <= 0 else max(1, min(math.ceil(n / window_shards), parts))
+    if windows == 1:
+        return [(list(range(n)), parts)]
+    counts = [parts // windows + (1 if w < parts % windows else 0) for w in range(windows)]
+    members: list[list[int]] = [[] for _ in range(windows)]
+    load = [0.0] * windows
+    for i in np.random.default_rng(seed).permutation(n).tolist():
+        # an empty window first, so every window gets a shard
+        w = min(range(windows), key=lambda k: (bool(members[k]),
+                                               (load[k] + hours[i]) / counts[k], k))
+        members[w].append(i)
+        load[w] += hours[i]
+    return [(sorted(m), c) for m, c in zip(members, counts)]
+
+
 def _plan_fingerprint(ctx: StepContext, feat: dict, targets: dict | None) -> dict:
     r = ctx.cfg.repartition
     return {"workers": ctx.cfg.train.workers, "partition_hours": r.partition_hours,
-            "seed": r.seed, "splits": r.splits,
+            "seed": r.seed, "splits": r.splits, "window_shards": r.window_shards,
             "features_finished_at": feat.get("finished_at"),
             "targets_finished_at": targets.get("finished_at") if targets else None}
 
 
-def _assignments(plan: list[np.ndarray], utt_shard: list[str], utt_ids: list[str]
-                 ) -> dict[str, dict[str, tuple[int, int]]]:
-    """shard -> {utt_id: (partition, position in it)}: what each map task routes where."""
-    out: dict[str, dict[str, tuple[int, int]]] = {}
-    for part, idx in enumerate(plan):
-        for pos, j in enumerate(idx.tolist()):
-            out.setdefault(utt_shard[j], {})[utt_ids[j]] = (part, pos)
-    return out
+def _assign_uri(ctx: StepContext, shard: str) -> str:
+    return ctx.path(ASSIGN, f"{shard}.parquet")
+
+
+def plan_window(ctx: StepContext, window_id: str, payload: dict[str, Any]) -> dict[str, Any]:
+    """Plan one shuffle window: every utterance of its shards -> (partition, position)."""
+    t0 = time.perf_counter()
+    st, shards = ctx.storage, payload["shards"]
+    cols = [st.read_parquet(ctx.other("features", "shards", f"{s}.parquet"),
+                            columns=["utt_id", "num_frames"]) for s in shards]
+    frames = np.concatenate([c.column("num_frames").to_numpy() for c in cols]) if cols \
+        else np.zeros(0, np.int64)
+    plan = plan_partitions(frames.astype(np.int64), payload["parts"], payload["seed"])
+    part = np.zeros(len(frames), np.int32)
+    pos = np.zeros(len(frames), np.int64)
+    for i, idx in enumerate(plan):
+        part[idx] = payload["offset"] + i
+        pos[idx] = np.arange(len(idx))
+    start = 0
+    for shard, c in zip(shards, cols):
+        rows = slice(start, start + c.num_rows)
+        st.write_parquet(_assign_uri(ctx, shard), pa.table(
+            {"utt_id": c.column("utt_id"), "part": pa.array(part[rows]),
+             "pos": pa.array(pos[rows])}, schema=ASSIGN_SCHEMA))
+        start += c.num_rows
+    loads = [int(frames[idx].sum()) for idx in plan]
+    return {"split": payload["split"], "window": window_id, "shards": len(shards),
+            "utts": len(frames), "parts": payload["parts"],
+            "frames_spread": (max(loads) - min(loads)) if loads else 0,
+            "wall_s": round(time.perf_counter() - t0, 4)}
 
 
 def _bucket_uri(ctx: StepContext, split: str, part: int, shard: str) -> str:
@@ -139,22 +199,24 @@ def map_shard(ctx: StepContext, map_id: str, payload: dict[str, Any]) -> dict[st
         turi = ctx.other("targets", "shards", f"{shard}.parquet")
         targets = st.read_parquet(turi) if st.exists(turi) else \
             records.TARGET_SCHEMA.empty_table()
-    assign: dict[str, list[int]] = payload["assign"]
-    unplanned = [u for u in feats.column("utt_id").to_pylist() if u not in assign]
-    if unplanned or feats.num_rows != len(assign):
+    assign = st.read_parquet(_assign_uri(ctx, shard))
+    planned = assign.column("utt_id").combine_chunks()
+    at = pc.index_in(feats.column("utt_id").combine_chunks(), value_set=planned)
+    if at.null_count or feats.num_rows != assign.num_rows:
+        unplanned = feats.column("utt_id").filter(at.is_null()).to_pylist()
         raise StepError(f"{map_id}: feature shard {shard} changed since it was planned "
-                        f"({feats.num_rows} rows, {len(assign)} planned, e.g. "
+                        f"({feats.num_rows} rows, {assign.num_rows} planned, e.g. "
                         f"{unplanned[:3]} unplanned): re-run with --force")
     table, rejects = _join_targets(feats, targets, shard, split)
-    where = np.array([assign[u] for u in table.column("utt_id").to_pylist()],
-                     dtype=np.int64).reshape(-1, 2)
-    table = table.append_column("_pos", pa.array(where[:, 1]))
+    at = pc.index_in(table.column("utt_id").combine_chunks(), value_set=planned)
+    part = assign.column("part").take(at).to_numpy()
+    table = table.append_column("_pos", assign.column("pos").take(at))
     buckets: list[int] = []
     nbytes = 0
-    for part in np.unique(where[:, 0]).tolist():
-        rows = table.filter(pa.array(where[:, 0] == part))
-        nbytes += st.write_parquet(_bucket_uri(ctx, split, part, shard), rows)
-        buckets.append(int(part))
+    for p in np.unique(part).tolist():
+        rows = table.filter(pa.array(part == p))
+        nbytes += st.write_parquet(_bucket_uri(ctx, split, p, shard), rows)
+        buckets.append(int(p))
     st.write_parquet(ctx.path("rejects", f"{map_id}.parquet"), rejects_table(rejects))
     reasons: dict[str, int] = {}
     for r in rejects:
@@ -178,6 +240,36 @@ def reduce_partition(ctx: StepContext, part_id: str, payload: dict[str, Any]) ->
             "frames": int(pc.sum(table.column("num_frames")).as_py() or 0),
             "bytes": nbytes, "with_targets": table.num_rows - table.column("k").null_count,
             "wall_s": round(time.perf_counter() - t0, 4)}
+
+
+def _jobs(rcfg: Any, workers: int, splits: list[str], order: list[str], info: dict,
+          with_targets: bool) -> tuple[list, list, dict]:
+    """Plan jobs (one per shuffle window), map jobs (one per shard), per-split plan."""
+    plan_jobs, map_jobs, plans = [], [], {}
+    for si, split in enumerate(splits):
+        shards = [s for s in order if info[s]["split"] == split]
+        hours = sum(info[s]["audio_s"] for s in shards) / 3600.0
+        parts = partition_count(hours, rcfg.partition_hours, workers)
+        rows = sum(info[s].get("out", 0) for s in shards)
+        if rows < parts:
+            log.warning("repartition: split %s has %d utterances for %d partitions; some "
+                        "partitions are empty", split, rows, parts)
+        seeds = np.random.SeedSequence([rcfg.seed, si]).generate_state(2)
+        windows = shuffle_windows([info[s]["audio_s"] for s in shards], rcfg.window_shards,
+                                  parts, int(seeds[1]))
+        offset = 0
+        for w, (members, count) in enumerate(windows):
+            # one window keeps the split's seed: the plan of a global shuffle
+            seed = int(seeds[0]) if len(windows) == 1 else \
+                int(np.random.SeedSequence([rcfg.seed, si, w]).generate_state(1)[0])
+            plan_jobs.append((f"plan-{split}-w{w:05d}", {
+                "split": split, "shards": [shards[i] for i in members], "parts": count,
+                "offset": offset, "seed": seed}))
+            offset += count
+        plans[split] = {"parts": parts, "hours": hours, "windows": len(windows)}
+        map_jobs += [(f"map-{shard}", {"split": split, "shard": shard,
+                                       "targets": with_targets}) for shard in shards]
+    return plan_jobs, map_jobs, plans
 
 
 def _reduce_jobs(splits: list[str], plans: dict[str, dict], mapped: list[dict]
@@ -240,29 +332,8 @@ def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
         raise StepError(f"no feature shards for splits {rcfg.splits or 'any'} "
                         f"(features has {sorted(present)})")
     workers = ctx.cfg.train.workers
-    map_jobs, plans = [], {}
-    for si, split in enumerate(splits):
-        shards = [s for s in order if info[s]["split"] == split]
-        utt_shard, utt_ids, frames = [], [], []
-        for shard in shards:
-            t = st.read_parquet(ctx.other("features", "shards", f"{shard}.parquet"),
-                                columns=["utt_id", "num_frames"])
-            ids = t.column("utt_id").to_pylist()
-            utt_ids += ids
-            utt_shard += [shard] * len(ids)
-            frames += t.column("num_frames").to_pylist()
-        hours = sum(info[s]["audio_s"] for s in shards) / 3600.0
-        parts = partition_count(hours, rcfg.partition_hours, workers)
-        if len(utt_ids) < parts:
-            log.warning("repartition: split %s has %d utterances for %d partitions; some "
-                        "partitions are empty", split, len(utt_ids), parts)
-        plan = plan_partitions(np.asarray(frames, dtype=np.int64), parts,
-                               int(np.random.SeedSequence([rcfg.seed, si]).generate_state(1)[0]))
-        plans[split] = {"parts": parts, "hours": hours}
-        assign = _assignments(plan, utt_shard, utt_ids)
-        map_jobs += [(f"map-{shard}", {"split": split, "shard": shard,
-                                       "targets": targets is not None,
-                                       "assign": assign.get(shard, {})}) for shard in shards]
+    plan_jobs, map_jobs, plans = _jobs(rcfg, workers, splits, order, info, targets is not None)
+    planned = map_shards(ctx, plan_jobs, plan_window, unit="windows")
     mapped = map_shards(ctx, map_jobs, map_shard, unit="shards")
     reduce_jobs = _reduce_jobs(splits, plans, mapped)
     if _forget_lost_buckets(ctx, reduce_jobs):
@@ -289,7 +360,8 @@ def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
                  "with_targets": sum(s["with_targets"] for s in mine)}
         st.write_json(ctx.path(split, "_index.json"), entry)
         total_bytes += sum(p["bytes"] for p in parts)
-        per_split[split] = {"partitions": len(parts), "rows": entry["rows"],
+        per_split[split] = {"partitions": len(parts), "windows": plans[split]["windows"],
+                            "rows": entry["rows"],
                             "frames": entry["frames"], "frames_min": min(frames_list),
                             "frames_max": max(frames_list),
                             "with_targets": entry["with_targets"]}
@@ -307,6 +379,9 @@ def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
         metrics={"splits": per_split, "reject_reasons": reasons,
                  "targets": targets is not None, "partitions": len(stats),
                  "shards_read": len(mapped),
+                 "windows": len(planned),
+                 "window_frames_spread_max": max((p["frames_spread"] for p in planned),
+                                                 default=0),
                  "bucket_bytes": sum(m["bucket_bytes"] for m in mapped),
                  "audio_hours": round(hours_total, 6),
                  "xrt": round(hours_total * 3600.0 / wall, 2) if wall > 0 else None},

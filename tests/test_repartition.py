@@ -156,12 +156,12 @@ def _snapshot(store, run):
             for p in sorted(d.glob("*/part-*.parquet"))}
 
 
-def _feature_setup(tmp_path, local_cfg, ray_local, parts_hours="0.0002"):
+def _feature_setup(tmp_path, local_cfg, ray_local, parts_hours="0.0002", *extra):
     root = tmp_path / "corpus"
     make_corpus(root, speakers=6, utts=4, labeled=2, dev=1, seconds=(0.6, 1.5))
     cfg = local_cfg(f"data.corpus={root}", "select.shard_hours=0.0005",
                     "select.splits=labeled,unlabeled,dev", "train.workers=2",
-                    f"repartition.partition_hours={parts_hours}")
+                    f"repartition.partition_hours={parts_hours}", *extra)
     _steps(cfg, "m", "select", "features")
     return cfg, tmp_path / "store"
 
@@ -233,3 +233,54 @@ def test_shuffle_resumes_after_a_crash_and_rebuilds_a_lost_partition(
     assert 0 < len(reread) < rep2["metrics"]["shards_read"]
     assert _snapshot(store, "m") == clean and not (step / "_buckets").exists()
     assert rep2["counts"] == rep["counts"]
+
+
+def test_shuffle_windows_cover_every_shard_once_and_share_the_partitions():
+    from tasks.repartition import shuffle_windows
+
+    rng = np.random.default_rng(3)
+    hours = rng.uniform(0.5, 1.5, size=200).tolist()
+    assert shuffle_windows(hours, 0, 40, seed=1) == [(list(range(200)), 40)]
+    assert shuffle_windows(hours, 256, 40, seed=1) == [(list(range(200)), 40)]
+    windows = shuffle_windows(hours, 16, 40, seed=1)
+    assert len(windows) == 13  # ceil(200 / 16)
+    members = sorted(i for m, _ in windows for i in m)
+    assert members == list(range(200))
+    counts = [c for _, c in windows]
+    assert sum(counts) == 40 and max(counts) - min(counts) <= 1
+    per_part = [sum(hours[i] for i in m) / c for m, c in windows]
+    assert max(per_part) - min(per_part) <= max(hours)  # about one shard's share
+    assert windows != shuffle_windows(hours, 16, 40, seed=2)  # membership is drawn
+    # never more windows than partitions, and none empty
+    few = shuffle_windows(hours, 4, 6, seed=0)
+    assert len(few) == 6 and all(m and c == 1 for m, c in few)
+
+
+def test_windowed_shuffle_keeps_each_partition_inside_its_window(tmp_path, local_cfg,
+                                                                 ray_local, serial_shuffle):
+    cfg, store = _feature_setup(tmp_path, local_cfg, ray_local, "0.0002",
+                                "repartition.window_shards=1")
+    (rep,) = _steps(cfg, "m", "repartition")
+    step = store / "runs" / "m" / "repartition"
+    feat_dir = store / "runs" / "m" / "features" / "shards"
+    shards = sorted(feat_dir.glob("*.parquet"))
+    assert all(serial_shuffle[str(p)] == 1 for p in shards)
+    assert rep["metrics"]["windows"] > len({p.name.split("-")[0] for p in shards})
+    utt_shard = {u: p.stem for p in shards
+                 for u in pq.read_table(p, columns=["utt_id"]).column("utt_id").to_pylist()}
+    assign = {r["utt_id"]: r["part"] for p in (step / "_assign").glob("*.parquet")
+              for r in pq.read_table(p).to_pylist()}
+    assert set(assign) == set(utt_shard)
+    seen = []
+    for split in ("labeled", "unlabeled", "dev"):
+        index, parts = _read_split(store, "m", split)
+        assert len(parts) % 2 == 0
+        sources = {}
+        for name, rows in parts.items():
+            part = int(name[len("part-"):-len(".parquet")])
+            assert all(assign[r["utt_id"]] == part for r in rows)
+            sources[part] = {utt_shard[r["utt_id"]] for r in rows}
+            seen += [r["utt_id"] for r in rows]
+        # with one shard per window, a partition draws from exactly one shard
+        assert all(len(s) <= 1 for s in sources.values())
+    assert sorted(seen) == sorted(utt_shard) and rep["counts"]["out"] == len(seen)
