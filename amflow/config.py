@@ -375,6 +375,10 @@ class TrainConfig:
     # the groups against 8 for plain GTC, i.e. 4x denser where bandwidth is cheap.
     htm_tau_scale: float = 25.0
     ma_samples: int = 20000  # frames between averages (Kaldi's K)
+    # Kaldi's online natural-gradient preconditioning inside ma (NG-SGD,
+    # training/natural_gradient.py): students only; alpha smooths the Fisher factors.
+    natural_gradient: bool = False
+    ng_alpha: float = 4.0
     use_gpu: bool = False
     # train.* values used instead when train.model is teacher (see _apply_teacher_recipe).
     teacher_recipe: dict[str, Any] = field(default_factory=dict)
@@ -398,6 +402,11 @@ class TrainConfig:
         _check(self.block_size >= 1, f"{key}.block_size", "must be >= 1")
         _check(self.finetune_epochs >= 0, f"{key}.finetune_epochs", "must be >= 0")
         _check(self.sub_epochs >= 1, f"{key}.sub_epochs", "must be >= 1")
+        _check(not self.natural_gradient or self.algorithm == "ma", f"{key}.natural_gradient",
+               f"is applied by the ma trainer only (train.algorithm is {self.algorithm})")
+        _check(not self.natural_gradient or self.model == "student",
+               f"{key}.natural_gradient", "needs the unidirectional student (train.model)")
+        _check(self.ng_alpha > 0, f"{key}.ng_alpha", "must be > 0")
         _check(self.final_lr > 0 and self.min_lr > 0, f"{key}.final_lr",
                "final_lr and min_lr must be > 0")
         _check(self.lr_warmup_units >= 0, f"{key}.lr_warmup_units", "must be >= 0")

@@ -411,6 +411,8 @@ def test_resume_equals_uninterrupted():
         ("bmuf", {"block_size": 2}, "adam", 0.01, 7, 3),
         ("htm", {"block_size": 2, "group_size": 1}, "adam", 0.01, 7, 3),
         ("ma", {"ma_samples": 4 * T, "minibatch_frames": 2 * T}, "adam", 0.01, 7, 3),
+        ("ma", {"ma_samples": 4 * T, "minibatch_frames": 2 * T, "natural_gradient": True},
+         "sgd", 0.1, 14, 11),  # past the first 10 minibatches: Fisher updates every 4th
     ]
     res = spawn_local(w_resume_all, 2, cases)
     for r in range(2):

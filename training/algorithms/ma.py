@@ -15,9 +15,10 @@ K is converted to a period in minibatches, ceil(K / train.minibatch_frames), so 
 worker averages after the same number of minibatches and the collectives stay in step
 (frame counts differ slightly per worker with variable-length chunks).
 
-Natural-gradient preconditioning (Kaldi's NG-SGD) is not implemented: it needs each
-layer's inputs and output derivatives, which this optimizer-wrapper interface does not
-see; the local optimizer (Adam by default) already preconditions per element.
+With `natural_gradient` (config `train.natural_gradient`), each local step first
+replaces the gradients of every LSTM layer and linear layer by Kaldi's online
+natural-gradient ones (training/natural_gradient.py); the Fisher factors are part of the
+state and, like the local optimizer state, stay per worker (Kaldi does not average them).
 
 Bytes counted: the fp32 model put into the all-reduce once per period.
 """
@@ -32,6 +33,7 @@ from torch import nn
 
 from training.algorithms.base import (Algorithm, FlatBuckets, broadcast_model_, comm_device,
                                       model_device, resolve_group, trainable)
+from training.natural_gradient import NaturalGradient
 
 # Kaldi nnet3's default per-component max-change per minibatch.
 DEFAULT_MAX_CHANGE = 2.0
@@ -42,7 +44,8 @@ class ModelAveraging(Algorithm):
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, group: Any = None,
                  world_size: int | None = None, period: int = 10,
-                 max_change: float = DEFAULT_MAX_CHANGE, lr_scale: float | None = None):
+                 max_change: float = DEFAULT_MAX_CHANGE, lr_scale: float | None = None,
+                 natural_gradient: dict[str, Any] | None = None):
         group, self.rank, self.world = resolve_group(group, world_size)
         super().__init__(model, optimizer, group)
         self.period = max(int(period), 1)
@@ -57,14 +60,20 @@ class ModelAveraging(Algorithm):
             self.setup_bytes = broadcast_model_(self.params, group)
             self.flat = FlatBuckets(self.params, dev)
         self._before = [torch.empty_like(p) for p in self.params] if self.max_change > 0 else []
+        # NaturalGradient keyword arguments (rank_in, alpha, ...); None = plain gradients
+        self.ng = None if natural_gradient is None else NaturalGradient(model, **natural_gradient)
 
     @classmethod
     def from_config(cls, train_cfg, model, optimizer, group=None, world_size=None):
         period = math.ceil(train_cfg.ma_samples / max(train_cfg.minibatch_frames, 1))
         max_change = train_cfg.max_change if train_cfg.max_change > 0 else DEFAULT_MAX_CHANGE
-        return cls(model, optimizer, group, world_size, period=period, max_change=max_change)
+        ng = {"alpha": train_cfg.ng_alpha} if train_cfg.natural_gradient else None
+        return cls(model, optimizer, group, world_size, period=period, max_change=max_change,
+                   natural_gradient=ng)
 
     def _local_step(self) -> None:
+        if self.ng is not None:
+            self.ng.precondition()
         if self.max_change > 0:
             torch._foreach_copy_(self._before, [p.detach() for p in self.params])
         saved = [g["lr"] for g in self.optimizer.param_groups]
@@ -113,15 +122,20 @@ class ModelAveraging(Algorithm):
     def stats(self) -> dict[str, float]:
         out = super().stats()
         out.update(averages=self.averages, period=self.period, clipped=self.clipped,
-                   lr_scale=self.lr_scale, max_change=self.max_change)
+                   lr_scale=self.lr_scale, max_change=self.max_change,
+                   natural_gradient=self.ng is not None)
         return out
 
     def state_dict(self) -> dict[str, Any]:
         state = super().state_dict()
         state.update(averages=self.averages, clipped=self.clipped)
+        if self.ng is not None:
+            state["natural_gradient"] = self.ng.state_dict()
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
         self.averages = state["averages"]
         self.clipped = state["clipped"]
+        if self.ng is not None and "natural_gradient" in state:
+            self.ng.load_state_dict(state["natural_gradient"])
