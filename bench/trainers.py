@@ -72,6 +72,9 @@ passes with blocks of 3):
 AMFLOW_BENCH_LR_RULE=sqrt, linear or none applies that rule to sgd and gtc and x 1 to
 the others (the previous bench's setting was sqrt).
 
+Variants: `ma+ng` in AMFLOW_BENCH_ALGOS is ma with Kaldi's online natural gradient
+(`train.natural_gradient`), at ma's rate.
+
 Env: AMFLOW_BENCH_WORKERS (default "4,8"), AMFLOW_BENCH_ALGOS ("sgd,gtc,bmuf,htm,ma"),
 AMFLOW_BENCH_EPOCHS (default: the profile's train.epochs), AMFLOW_BENCH_PRETRAIN (3),
 AMFLOW_BENCH_PROFILE (bench | config), AMFLOW_BENCH_SYNTH_SECONDS (1800).
@@ -303,6 +306,22 @@ def lr_scale(algo: str, workers: int, rule: str = "tuned") -> float:
     return {"sqrt": math.sqrt(workers), "linear": float(workers), "none": 1.0}[rule]
 
 
+VARIANTS = {"": {}, "ng": {"natural_gradient": True}}
+
+
+def parse_algo(name: str) -> tuple[str, dict[str, Any]]:
+    """`ma+ng` -> ("ma", {"natural_gradient": True}): the algorithm and its train.* extras."""
+    from training.algorithms import ALGORITHMS
+
+    algo, _, variant = name.partition("+")
+    if algo not in ALGORITHMS or variant not in VARIANTS:
+        raise StepError(f"AMFLOW_BENCH_ALGOS: unknown method {name!r} (algorithms: "
+                        f"{', '.join(ALGORITHMS)}; variants: +ng)")
+    if variant == "ng" and algo != "ma":
+        raise StepError(f"AMFLOW_BENCH_ALGOS: {name!r}: natural gradient runs in ma only")
+    return algo, VARIANTS[variant]
+
+
 def bench_config(cfg, args) -> tuple[dict[str, Any], dict[str, Any]]:
     """(config dict with the bench profile applied, the profile keys applied)."""
     conf = cfg.to_dict()
@@ -344,6 +363,7 @@ def run(ctx, args) -> dict[str, Any]:
     tc0 = conf0["train"]
     workers_list = [int(w) for w in os.environ.get("AMFLOW_BENCH_WORKERS", "4,8").split(",")]
     algos = os.environ.get("AMFLOW_BENCH_ALGOS", "sgd,gtc,bmuf,htm,ma").split(",")
+    methods = {a: parse_algo(a) for a in algos}
     epochs = int(os.environ.get("AMFLOW_BENCH_EPOCHS", tc0["epochs"]))
     pretrain = int(os.environ.get("AMFLOW_BENCH_PRETRAIN", DEFAULT_PRETRAIN_PASSES))
     lr_rule = os.environ.get("AMFLOW_BENCH_LR_RULE", "tuned")
@@ -390,9 +410,10 @@ def run(ctx, args) -> dict[str, Any]:
 
     runs = [("sgd", 1)] + [(a, n) for n in workers_list for a in algos]
     results: dict[str, Any] = {}
-    for algo, n in runs:
-        name = f"{algo}-{n}"
-        train = dict(tc0)
+    for method, n in runs:
+        name = f"{method}-{n}"
+        algo, extras = parse_algo(method)
+        train = dict(tc0, **extras)
         spp = steps_per_pass(total_frames, n, mb)
         block, ma_samples = tc0["block_size"], tc0["ma_samples"]
         if not os.environ.get("AMFLOW_BENCH_KEEP_SYNC"):
@@ -411,7 +432,8 @@ def run(ctx, args) -> dict[str, Any]:
         t0 = time.time()
         out = spawn_local(_train_rank, n, plan, timeout=7200)[0]
         m = out["metrics"]
-        results[name] = {"algorithm": algo, "workers": n, "wall_s": round(time.time() - t0, 1),
+        results[name] = {"algorithm": method, "workers": n,
+                         "wall_s": round(time.time() - t0, 1),
                          "block_size": block, "ma_samples": ma_samples,
                          "lr": train["lr"], "dev_curve": dev_curve(ctx, join(base, name)), **m}
         print(f"{name:8s} acc {m.get('dev_frame_acc', m.get('final_train_frame_acc'))} "
@@ -452,7 +474,7 @@ def run(ctx, args) -> dict[str, Any]:
         measured["algorithms"][algo] = st
     setup = (f"{pretrain} passes of 1-worker SGD pre-training shared by every method, then "
              if pretrain > 0 else "")
-    scales = ", ".join(f"{a} x{lr_scale(a, top, lr_rule):g}" for a in algos)
+    scales = ", ".join(f"{a} x{lr_scale(methods[a][0], top, lr_rule):g}" for a in algos)
     lines = [f"Trainers on {data['source']} ({total_frames} labeled frames; {setup}{epochs} "
              f"passes each; {params} parameters, student "
              f"{conf0['model']['student']['layers']}x{conf0['model']['student']['hidden']}, "

@@ -1,6 +1,8 @@
 """bench trainers: the bench profile and its precedence (no training here)."""
 from types import SimpleNamespace
 
+import pytest
+
 from amflow.config import load_config
 from bench.trainers import BENCH_PROFILE, bench_config
 
@@ -22,3 +24,14 @@ def test_profile_config_mode(monkeypatch):
     conf, applied = bench_config(cfg, SimpleNamespace(overrides=[]))
     assert applied == {}
     assert conf == cfg.to_dict()
+
+
+def test_method_variants():
+    from amflow.runs import StepError
+    from bench.trainers import parse_algo
+
+    assert parse_algo("ma+ng") == ("ma", {"natural_gradient": True})
+    assert parse_algo("gtc") == ("gtc", {})
+    for bad in ("gtc+ng", "ma+xx", "adam"):
+        with pytest.raises(StepError, match="AMFLOW_BENCH_ALGOS"):
+            parse_algo(bad)
