@@ -51,6 +51,19 @@ def test_score_utterance_frames_and_collapsed_phones():
         score_utterance(np.zeros(5), ref, "DP1")
 
 
+def test_per_without_silence():
+    sil = 9
+    ref = np.array([sil, sil, 0, 0, sil, 1, 1, sil])  # "sil 0 sil 1 sil"
+    s = score_utterance(np.array([sil, 2, 0, 0, 0, 1, 1, 1]), ref, "DP1", silence=sil)
+    assert (s.ref_phones, s.edits) == (5, 3)  # "sil 2 0 1" vs "sil 0 sil 1 sil"
+    assert (s.ref_speech, s.edits_speech) == (2, 1)  # "2 0 1" vs "0 1": one insertion
+    s = score_utterance(np.array([0, 0, 0, 0, sil, 1, 1, 1]), ref, "DP1", silence=sil)
+    assert s.edits == 2 and s.edits_speech == 0  # only silence missed
+    r = aggregate([s, UttScore("DP1", 8, 8, 5, 0, 2, 0)])
+    assert r["per_speech"] == 0.0 and r["per"] == pytest.approx(2 / 10)
+    assert r["per_condition_per_speech"] == {"DP1": 0.0}
+
+
 def test_aggregate_and_relative_reduction():
     scores = [UttScore("DP1", 10, 9, 4, 1), UttScore("DP1", 10, 7, 4, 0),
               UttScore("DP5", 20, 10, 8, 4)]

@@ -6,8 +6,9 @@ Reads   --model  a model.pt (default: this run's `train[-<evaluate.tag>]/model.p
         the model's own CMVN stats, phone list and features config (stored in model.pt;
         the run's features/cmvn.json when the model file has none)
 Writes  --out    JSON (default: runs/<R>/evaluate[-<tag>]/result.json):
-          frame_accuracy, num_frames, num_utterances, per (phone error rate),
-          per_condition {DP1..DP5: frame accuracy}, per_condition_per, per_condition_frames,
+          frame_accuracy, num_frames, num_utterances, per (phone error rate), per_speech
+          (the same without silence), per_condition {DP1..DP5: frame accuracy},
+          per_condition_per, per_condition_per_speech, per_condition_frames,
           rejected {reason: count}; with evaluate.baseline also `baseline` (the same
           numbers for that model) and rel_frame_error_reduction per condition
         runs/<R>/evaluate[-<tag>]/_SUCCESS.json, rejects/rejects.parquet
@@ -19,7 +20,9 @@ alignment's phone at each low-frame-rate row's centre frame (`tasks.alignments`)
 
 PER: the frame outputs (argmax per row) are collapsed greedily (runs of one class become
 one phone) and compared with the collapsed reference by edit distance; PER = total edits
-/ total reference phones.
+/ total reference phones. Silence is a class like any other there; `per_speech` removes
+the silence symbols from both collapsed sequences first, the usual way phone error rates
+are reported (silence is a third of the frames and easy).
 """
 from __future__ import annotations
 
@@ -80,16 +83,20 @@ class UttScore:
     correct: int
     ref_phones: int
     edits: int
+    ref_speech: int = 0  # without silence
+    edits_speech: int = 0
 
 
-def score_utterance(pred: np.ndarray, ref: np.ndarray, condition: str) -> UttScore:
+def score_utterance(pred: np.ndarray, ref: np.ndarray, condition: str,
+                    silence: int = -1) -> UttScore:
     pred = np.asarray(pred)
     ref = np.asarray(ref)
     if pred.shape != ref.shape:
         raise ValueError(f"prediction {pred.shape} and reference {ref.shape} differ")
-    cref = collapse(ref)
+    cref, chyp = collapse(ref), collapse(pred)
+    sref, shyp = cref[cref != silence], chyp[chyp != silence]
     return UttScore(condition, int(len(ref)), int((pred == ref).sum()), int(len(cref)),
-                    edit_distance(collapse(pred), cref))
+                    edit_distance(chyp, cref), int(len(sref)), edit_distance(shyp, sref))
 
 
 def aggregate(scores: Iterable[UttScore]) -> dict[str, Any]:
@@ -106,13 +113,18 @@ def aggregate(scores: Iterable[UttScore]) -> dict[str, Any]:
         n = sum(s.ref_phones for s in xs)
         return sum(s.edits for s in xs) / n if n else 0.0
 
+    def per_speech(xs: list[UttScore]) -> float:
+        n = sum(s.ref_speech for s in xs)
+        return sum(s.edits_speech for s in xs) / n if n else 0.0
+
     conds = sorted(by)
     return {
         "frame_accuracy": acc(scores), "num_frames": sum(s.frames for s in scores),
-        "num_utterances": len(scores), "per": per(scores),
+        "num_utterances": len(scores), "per": per(scores), "per_speech": per_speech(scores),
         "ref_phones": sum(s.ref_phones for s in scores),
         "per_condition": {c: acc(by[c]) for c in conds},
         "per_condition_per": {c: per(by[c]) for c in conds},
+        "per_condition_per_speech": {c: per_speech(by[c]) for c in conds},
         "per_condition_frames": {c: sum(s.frames for s in by[c]) for c in conds},
         "per_condition_utterances": {c: len(by[c]) for c in conds},
     }
@@ -255,9 +267,10 @@ def predict(model: torch.nn.Module, utts: Sequence[EvalUtt], batch_frames: int =
 
 
 def evaluate_model(model: torch.nn.Module, utts: Sequence[EvalUtt], batch_frames: int = 20000,
-                   device: str = "cpu") -> dict[str, Any]:
+                   device: str = "cpu", silence: int = -1) -> dict[str, Any]:
     preds = predict(model, utts, batch_frames, device)
-    return aggregate(score_utterance(p, u.labels, u.condition) for p, u in zip(preds, utts))
+    return aggregate(score_utterance(p, u.labels, u.condition, silence)
+                     for p, u in zip(preds, utts))
 
 
 # ----------------------------------------------------------------- the step
@@ -307,7 +320,10 @@ def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
     if dim != model.input_dim:
         raise StepError(f"features have {dim} dims, the model expects {model.input_dim}")
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    result = evaluate_model(model, utts, cfg.evaluate.batch_frames, device)
+    from tasks.corpus import SIL
+
+    silence = list(phones).index(SIL) if SIL in phones else -1
+    result = evaluate_model(model, utts, cfg.evaluate.batch_frames, device, silence)
     reasons: dict[str, int] = {}
     for r in rejects:
         reasons[r.reason] = reasons.get(r.reason, 0) + 1
@@ -319,7 +335,7 @@ def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
         base_model, base_meta = load_model(st, cfg.evaluate.baseline)
         if base_meta.get("phones") and list(base_meta["phones"]) != list(phones):
             raise StepError("evaluate.baseline has a different phone inventory than --model")
-        base = evaluate_model(base_model, utts, cfg.evaluate.batch_frames, device)
+        base = evaluate_model(base_model, utts, cfg.evaluate.batch_frames, device, silence)
         base["model"] = cfg.evaluate.baseline
         result["baseline"] = base
         result["rel_frame_error_reduction"] = relative_error_reduction(
@@ -329,8 +345,8 @@ def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
     if rejects:
         st.write_parquet(ctx.path("rejects", "rejects.parquet"), rejects_table(rejects))
     _print(result)
-    metrics = {k: result[k] for k in ("frame_accuracy", "per", "num_frames", "num_utterances",
-                                      "per_condition", "per_condition_per")}
+    metrics = {k: result[k] for k in ("frame_accuracy", "per", "per_speech", "num_frames",
+                                      "num_utterances", "per_condition", "per_condition_per")}
     if "rel_frame_error_reduction" in result:
         metrics["rel_frame_error_reduction"] = result["rel_frame_error_reduction"]
     return ctx.finish(inputs={"model": model_uri, "data": corpus, "split": split},
@@ -339,10 +355,12 @@ def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
 
 
 def _print(result: dict[str, Any]) -> None:
-    lines = [f"{'condition':<10} {'frames':>8} {'frame acc %':>12} {'PER %':>8}"]
+    lines = [f"{'condition':<10} {'frames':>8} {'frame acc %':>12} {'PER %':>8} "
+             f"{'PER-sil %':>10}"]
     for c, a in result["per_condition"].items():
         lines.append(f"{c:<10} {result['per_condition_frames'][c]:>8} {100 * a:>12.2f} "
-                     f"{100 * result['per_condition_per'][c]:>8.2f}")
+                     f"{100 * result['per_condition_per'][c]:>8.2f} "
+                     f"{100 * result['per_condition_per_speech'][c]:>10.2f}")
     lines.append(f"{'all':<10} {result['num_frames']:>8} {100 * result['frame_accuracy']:>12.2f} "
-                 f"{100 * result['per']:>8.2f}")
+                 f"{100 * result['per']:>8.2f} {100 * result['per_speech']:>10.2f}")
     print("\n".join(lines), flush=True)
