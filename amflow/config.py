@@ -453,6 +453,9 @@ class SimulateConfig:
     latency_us: float = 25.0
     # GPU memory bandwidth, for the GTC encode (passes over the gradient) and decode.
     hbm_gbps: float = 900.0
+    # > 0: GTC's encode + decode run at this many GB/s of gradient instead (a codec off
+    # the GPU's memory path, e.g. `bench gtc`'s one-core CPU rate); 0 = the HBM model.
+    codec_gbps: float = 0.0
     # Coefficient of variation of one worker's time per minibatch (straggler wait at
     # every synchronisation); < 0 = the value measured by `amflow bench trainers`.
     jitter_cv: float = 0.0
@@ -475,6 +478,7 @@ class SimulateConfig:
                "must be >= 0")
         _check(self.block_size >= 1, f"{key}.block_size", "must be >= 1")
         _check(self.group_size >= 1, f"{key}.group_size", "must be >= 1")
+        _check(self.codec_gbps >= 0, f"{key}.codec_gbps", "must be >= 0")
         _check(self.gtc_sent_fraction <= 1 and self.htm_sent_fraction <= 1,
                f"{key}.gtc_sent_fraction", "must be <= 1")
 

@@ -116,3 +116,19 @@ def test_missing_measurement_is_a_clear_error(local_cfg):
     cfg = local_cfg("simulate.gtc_sent_fraction=0.003", "simulate.htm_sent_fraction=0.01")
     out = sim.run(StepContext(cfg, "sim3", "simulate"), SimpleNamespace(measured=None))
     assert out["metrics"]["gtc_sent_fraction"] == 0.003
+
+
+def test_codec_rate_what_if():
+    c = cluster(latency_us=25.0)
+    p = _params()
+    k = p["gtc_s"] * p["params"]
+    hbm = sim.step_time("gtc", 16, p, c)["codec"]
+    assert hbm == pytest.approx(5 * 96e6 / 900e9 + 15 * k * 32 / 900e9)
+    slow = sim.step_time("gtc", 16, dict(p, codec_gbps=2.0), c)["codec"]
+    assert slow == pytest.approx(96e6 / 2e9 + 14 * k * 32 / 900e9)
+    htm = sim.step_time("htm", 64, dict(p, codec_gbps=2.0), c)["codec"]
+    k_htm = p["htm_s"] * p["params"]
+    assert htm == pytest.approx(96e6 / 2e9 + 6 * k_htm * 32 / 900e9 + 4 * 96e6 / 900e9 / 50)
+    # a slower codec costs every GTC-based method the same per minibatch, not BMUF
+    assert sim.step_time("bmuf", 64, dict(p, codec_gbps=2.0), c) == \
+        sim.step_time("bmuf", 64, p, c)

@@ -23,6 +23,9 @@ alpha per-message latency of one ring hop (latency_us), counted on every hop.
 HBM   GPU memory bandwidth; GTC encode = 5 passes over the 4P-byte gradient
       (add residual, compare, compact, gather, update), decode = one 32-byte sector
       read-modify-write per received code.
+codec (`simulate.codec_gbps` > 0) instead: encode + decode of one buffer = 4P bytes at
+      that rate, the unit `bench gtc` measures (1.73 GB/s on one CPU core); the other
+      received buffers as above. A what-if: the paper's GTC/HTM overheads (bench/TRAINERS.md).
 cv    coefficient of variation of a worker's minibatch time (default 0: fixed-shape
       chunked-BPTT minibatches on a GPU are very regular).
 
@@ -141,6 +144,15 @@ def jitter(cv: float, t_c: float, n: int, k: int) -> float:
     return cv * t_c * math.sqrt(k) * math.sqrt(2 * math.log(n))
 
 
+def codec_time(p: dict[str, Any], c: Cluster, codes: float, senders: int) -> float:
+    """GTC encode of the gradient plus decode of `senders` buffers of `codes` codes."""
+    dense = 4.0 * p["params"]
+    rate = p.get("codec_gbps", 0.0)
+    if rate > 0:  # one encode + one buffer's decode at the given rate, the rest scattered
+        return dense / (rate * 1e9) + c.scatter(max(senders - 1, 0) * codes)
+    return c.passes(5, dense) + c.scatter(senders * codes)
+
+
 def step_time(algo: str, n: int, p: dict[str, Any], c: Cluster) -> dict[str, float]:
     """Seconds per minibatch on every worker, split into compute / wait / comm / codec."""
     t_c, P, cv = p["t_c"], p["params"], p["cv"]
@@ -155,7 +167,7 @@ def step_time(algo: str, n: int, p: dict[str, Any], c: Cluster) -> dict[str, flo
         k = p["gtc_s"] * P
         out["wait"] = jitter(cv, t_c, n, 1)
         out["comm"] = c.allgather(n, 4 * k * p["gtc_pad"])
-        out["codec"] = c.passes(5, dense) + c.scatter((n - 1) * k)
+        out["codec"] = codec_time(p, c, k, n - 1)
     elif algo in ("bmuf", "ma"):
         b = p["block"] if algo == "bmuf" else p["ma_period"]
         filt = c.passes(4, dense) if algo == "bmuf" else c.passes(1, dense)
@@ -170,7 +182,7 @@ def step_time(algo: str, n: int, p: dict[str, Any], c: Cluster) -> dict[str, flo
         blocks = m > 1  # one group: the identity filter is skipped (pure GTC)
         out["wait"] = jitter(cv, t_c, g, 1) + jitter(cv, t_c, m, b) / b
         out["comm"] = c.allgather(g, 4 * k * p["htm_pad"])
-        out["codec"] = (c.passes(5, dense) if g > 1 else 0.0) + c.scatter((g - 1) * k)
+        out["codec"] = codec_time(p, c, k, g - 1) if g > 1 else 0.0
         if blocks:
             out["comm"] += (c.allreduce(m, dense, spread=True) + c.broadcast(g, dense)) / b
             out["codec"] += c.passes(4, dense) / b
@@ -299,7 +311,7 @@ def resolve_inputs(cfg: Any, measured: dict[str, Any]) -> tuple[dict[str, Any], 
         notes["t_c"] = "V100, from the HTM paper's 1-GPU epoch time (290 min / 2000 h)"
     params = {"t_c": t_c, "params": sim.params, "minibatch_frames": sim.minibatch_frames,
               "cv": cv, "gtc_s": gtc_s, "gtc_pad": gtc_pad, "htm_s": htm_s, "htm_pad": htm_pad,
-              "block": sim.block_size, "group": sim.group_size,
+              "block": sim.block_size, "group": sim.group_size, "codec_gbps": sim.codec_gbps,
               "ma_period": max(1, math.ceil(sim.ma_samples / sim.minibatch_frames))}
     # measured bytes of the dense algorithms, as a check of the byte models
     checks = {}
@@ -327,7 +339,8 @@ def render(table: dict, params: dict, notes: dict, workers: list[int], cfg: Any,
         f"Model {sim.params / 1e6:.1f} M parameters, minibatch {sim.minibatch_frames} frames, "
         f"t_c = {params['t_c'] * 1e3:.1f} ms/minibatch ({notes['t_c']}); "
         f"{sim.gpus_per_host} GPUs/host, {sim.intra_host_gbps:g} Gb/s in a host, "
-        f"{sim.inter_host_gbps:g} Gb/s between hosts, {sim.latency_us:g} us/hop; "
+        f"{sim.inter_host_gbps:g} Gb/s between hosts, {sim.latency_us:g} us/hop; GTC codec "
+        f"{f'{sim.codec_gbps:g} GB/s' if sim.codec_gbps > 0 else 'at GPU memory speed'}; "
         f"block {params['block']}, HTM group {params['group']}, jitter cv {params['cv']:g}.",
         f"GTC sends {params['gtc_s'] * 100:.3f} % of elements per minibatch "
         f"({1 / max(params['gtc_s'], 1e-12):.0f}x fewer bytes than dense fp32, pad x"
