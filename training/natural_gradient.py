@@ -82,14 +82,14 @@ class OnlineFisher:
     def _update(self, X: torch.Tensor) -> None:
         n = X.shape[0]
         eta = 1.0 - math.exp(-n / self.samples)
-        R = self.R.double()
-        Xd = X.double()
-        Y = eta / n * (R @ Xd.T) @ Xd + (1 - eta) * (self.d.double()[:, None] + self.rho) * R
+        # the N x D products in float32; only the small R x R algebra in float64
+        Y = (eta / n) * ((self.R @ X.T) @ X).double() \
+            + (1 - eta) * (self.d.double()[:, None] + self.rho) * self.R.double()
         C, U = torch.linalg.eigh(Y @ Y.T)
         C, U = C.flip(0).clamp_min(EPS), U.flip(1)  # largest first
         root = C.sqrt()
         R_new = (U.T @ Y) / root[:, None]
-        tr_s = float((Xd * Xd).sum()) / n
+        tr_s = float((X * X).sum()) / n
         rho = (eta * tr_s + (1 - eta) * (self.dim * self.rho + float(self.d.sum()))
                - float(root.sum())) / (self.dim - self.rank)
         self.rho = max(rho, EPS)
