@@ -98,16 +98,40 @@ def shuffle_windows(hours: list[float], window_shards: int, parts: int, seed: in
     windows = 1 if window_shards <= 0 else max(1, min(math.ceil(n / window_shards), parts))
     if windows == 1:
         return [(list(range(n)), parts)]
-    counts = [parts // windows + (1 if w < parts % windows else 0) for w in range(windows)]
+    base, extra = divmod(parts, windows)
+    counts = [base + (1 if w < extra else 0) for w in range(windows)]
     members: list[list[int]] = [[] for _ in range(windows)]
-    load = [0.0] * windows
+    # Windows share one of at most two partition counts; within a count, (load + h) /
+    # count grows with the load, so one heap per count, ordered by (non-empty, load,
+    # index), finds the choice in O(log W): the driver places every shard of the split.
+    heaps = {c: [(False, 0.0, w) for w in range(windows) if counts[w] == c]
+             for c in sorted(set(counts))}
     for i in np.random.default_rng(seed).permutation(n).tolist():
         # an empty window first, so every window gets a shard
-        w = min(range(windows), key=lambda k: (bool(members[k]),
-                                               (load[k] + hours[i]) / counts[k], k))
-        members[w].append(i)
-        load[w] += hours[i]
+        h = hours[i]
+        offers = {c: _cheapest(heap, h, c) for c, heap in heaps.items()}
+        pick = min(offers, key=lambda c: offers[c][0])
+        for c, (_, (filled, load, w)) in offers.items():
+            heapq.heappush(heaps[c], (True, load + h, w) if c == pick else (filled, load, w))
+        members[offers[pick][1][2]].append(i)
     return [(sorted(m), c) for m, c in zip(members, counts)]
+
+
+def _cheapest(heap: list, h: float, count: int) -> tuple[tuple, tuple]:
+    """Pop the window of `heap` that is lowest in (non-empty, (load + h) / count, index).
+
+    The heap orders by load; windows whose (load + h) / count rounds to the same float as
+    the top's are popped too and the lowest index wins, the others go back.
+    """
+    group = [heapq.heappop(heap)]
+    key = (group[0][0], (group[0][1] + h) / count)
+    while heap and (heap[0][0], (heap[0][1] + h) / count) == key:
+        group.append(heapq.heappop(heap))
+    best = min(group, key=lambda e: e[2])
+    for e in group:
+        if e is not best:
+            heapq.heappush(heap, e)
+    return (*key, best[2]), best
 
 
 def _plan_fingerprint(ctx: StepContext, feat: dict, targets: dict | None) -> dict:
@@ -155,15 +179,16 @@ def _bucket_uri(ctx: StepContext, split: str, part: int, shard: str) -> str:
 
 
 def _join_targets(feats: pa.Table, targets: pa.Table | None, shard: str, split: str
-                  ) -> tuple[pa.Table, list[Reject]]:
-    """Feature rows + their soft-target columns; mismatched or missing targets rejected."""
+                  ) -> tuple[pa.Table, list[Reject], np.ndarray]:
+    """Feature rows + their soft-target columns, with mismatched or missing targets
+    rejected; the mask says which feature rows were kept."""
     n = feats.num_rows
     cols = {name: feats.column(name) for name in records.FEATURE_SCHEMA.names}
     if targets is None:
         for f in PARTITION_SCHEMA:
             if f.name not in cols:
                 cols[f.name] = pa.nulls(n, f.type)
-        return pa.table(cols, schema=PARTITION_SCHEMA), []
+        return pa.table(cols, schema=PARTITION_SCHEMA), [], np.ones(n, bool)
     at = pc.index_in(feats.column("utt_id").combine_chunks(),
                      value_set=targets.column("utt_id").combine_chunks())
     has = at.is_valid().to_numpy(zero_copy_only=False)
@@ -185,8 +210,8 @@ def _join_targets(feats: pa.Table, targets: pa.Table | None, shard: str, split: 
             if targets.num_rows else \
             pa.nulls(n, PARTITION_SCHEMA.field(name).type)
         cols[name] = pc.if_else(mask, taken, pa.nulls(n, PARTITION_SCHEMA.field(name).type))
-    keep = pa.array(~(mismatch | missing))
-    return pa.table(cols, schema=PARTITION_SCHEMA).filter(keep), rejects
+    keep = ~(mismatch | missing)
+    return pa.table(cols, schema=PARTITION_SCHEMA).filter(pa.array(keep)), rejects, keep
 
 
 def map_shard(ctx: StepContext, map_id: str, payload: dict[str, Any]) -> dict[str, Any]:
@@ -207,10 +232,9 @@ def map_shard(ctx: StepContext, map_id: str, payload: dict[str, Any]) -> dict[st
         raise StepError(f"{map_id}: feature shard {shard} changed since it was planned "
                         f"({feats.num_rows} rows, {assign.num_rows} planned, e.g. "
                         f"{unplanned[:3]} unplanned): re-run with --force")
-    table, rejects = _join_targets(feats, targets, shard, split)
-    at = pc.index_in(table.column("utt_id").combine_chunks(), value_set=planned)
-    part = assign.column("part").take(at).to_numpy()
-    table = table.append_column("_pos", assign.column("pos").take(at))
+    table, rejects, keep = _join_targets(feats, targets, shard, split)
+    part = assign.column("part").take(at).to_numpy()[keep]
+    table = table.append_column("_pos", assign.column("pos").take(at).filter(pa.array(keep)))
     buckets: list[int] = []
     nbytes = 0
     for p in np.unique(part).tolist():
