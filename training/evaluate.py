@@ -109,22 +109,19 @@ def aggregate(scores: Iterable[UttScore]) -> dict[str, Any]:
         f = sum(s.frames for s in xs)
         return sum(s.correct for s in xs) / f if f else 0.0
 
-    def per(xs: list[UttScore]) -> float:
-        n = sum(s.ref_phones for s in xs)
-        return sum(s.edits for s in xs) / n if n else 0.0
-
-    def per_speech(xs: list[UttScore]) -> float:
-        n = sum(s.ref_speech for s in xs)
-        return sum(s.edits_speech for s in xs) / n if n else 0.0
+    def per(xs: list[UttScore], speech_only: bool = False) -> float:
+        n = sum(s.ref_speech if speech_only else s.ref_phones for s in xs)
+        edits = sum(s.edits_speech if speech_only else s.edits for s in xs)
+        return edits / n if n else 0.0
 
     conds = sorted(by)
     return {
         "frame_accuracy": acc(scores), "num_frames": sum(s.frames for s in scores),
-        "num_utterances": len(scores), "per": per(scores), "per_speech": per_speech(scores),
+        "num_utterances": len(scores), "per": per(scores), "per_speech": per(scores, True),
         "ref_phones": sum(s.ref_phones for s in scores),
         "per_condition": {c: acc(by[c]) for c in conds},
         "per_condition_per": {c: per(by[c]) for c in conds},
-        "per_condition_per_speech": {c: per_speech(by[c]) for c in conds},
+        "per_condition_per_speech": {c: per(by[c], True) for c in conds},
         "per_condition_frames": {c: sum(s.frames for s in by[c]) for c in conds},
         "per_condition_utterances": {c: len(by[c]) for c in conds},
     }

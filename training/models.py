@@ -102,12 +102,12 @@ def _one_layer(lstm: nn.LSTM, layer: int, suffix: str, x: torch.Tensor) -> torch
     names = ("weight_ih", "weight_hh", "bias_ih", "bias_hh")
     params = {f"{n}_l0": getattr(lstm, f"{n}_l{layer}{suffix}") for n in names if lstm.bias or
               n.startswith("weight")}
-    template = _layer_template(x.shape[2], lstm.hidden_size, lstm.bias, x.dtype)
+    template = lstm_layer_template(x.shape[2], lstm.hidden_size, lstm.bias, x.dtype)
     return torch.func.functional_call(template, params, (x,))[0]
 
 
 @functools.cache
-def _layer_template(input_size: int, hidden: int, bias: bool, dtype: torch.dtype) -> nn.LSTM:
+def lstm_layer_template(input_size: int, hidden: int, bias: bool, dtype: torch.dtype) -> nn.LSTM:
     # A weightless one-layer LSTM shell (on the meta device); functional_call supplies the
     # weights. Its dtype must match the input's: nn.LSTM checks them against each other.
     return nn.LSTM(input_size, hidden, 1, bias=bias, batch_first=True).to(device="meta",

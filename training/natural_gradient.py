@@ -30,6 +30,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from training.models import lstm_layer_template
+
 EPS = 1e-10
 
 
@@ -192,8 +194,10 @@ class NaturalGradient:
                 x = nn.functional.dropout(x, mod.dropout, training=True)
             w_ih = getattr(mod, f"weight_ih_l{layer}")
             pre = x @ w_ih.T  # its gradient is the gates' derivative, frame by frame
-            y, (h, c) = torch.func.functional_call(
-                _identity_layer(mod.hidden_size, pre.dtype), {
+            # a one-layer shell over 4H inputs given an identity input matrix, so the
+            # pre-computed input projection passes straight through
+            shell = lstm_layer_template(4 * mod.hidden_size, mod.hidden_size, True, pre.dtype)
+            y, (h, c) = torch.func.functional_call(shell, {
                     "weight_ih_l0": _eye(4 * mod.hidden_size, pre.dtype, str(pre.device)),
                     "weight_hh_l0": getattr(mod, f"weight_hh_l{layer}"),
                     "bias_ih_l0": getattr(mod, f"bias_ih_l{layer}"),
@@ -251,10 +255,3 @@ def _set_grad(p: torch.Tensor, g: torch.Tensor) -> None:
         p.grad = g.to(p.dtype).clone()
     else:
         p.grad.copy_(g)
-
-
-@functools.cache
-def _identity_layer(hidden: int, dtype: torch.dtype) -> nn.LSTM:
-    # A weightless one-layer LSTM shell over 4*hidden inputs; functional_call gives it an
-    # identity input matrix, so the pre-computed input projection passes straight through.
-    return nn.LSTM(4 * hidden, hidden, 1, batch_first=True).to(device="meta", dtype=dtype)
