@@ -363,7 +363,7 @@ def run(ctx, args) -> dict[str, Any]:
     tc0 = conf0["train"]
     workers_list = [int(w) for w in os.environ.get("AMFLOW_BENCH_WORKERS", "4,8").split(",")]
     algos = os.environ.get("AMFLOW_BENCH_ALGOS", "sgd,gtc,bmuf,htm,ma").split(",")
-    methods = {a: parse_algo(a) for a in algos}
+    methods = {a: parse_algo(a) for a in ("sgd", *algos)}  # sgd: the 1-worker reference
     epochs = int(os.environ.get("AMFLOW_BENCH_EPOCHS", tc0["epochs"]))
     pretrain = int(os.environ.get("AMFLOW_BENCH_PRETRAIN", DEFAULT_PRETRAIN_PASSES))
     lr_rule = os.environ.get("AMFLOW_BENCH_LR_RULE", "tuned")
@@ -412,7 +412,7 @@ def run(ctx, args) -> dict[str, Any]:
     results: dict[str, Any] = {}
     for method, n in runs:
         name = f"{method}-{n}"
-        algo, extras = parse_algo(method)
+        algo, extras = methods[method]
         train = dict(tc0, **extras)
         spp = steps_per_pass(total_frames, n, mb)
         block, ma_samples = tc0["block_size"], tc0["ma_samples"]
@@ -432,10 +432,11 @@ def run(ctx, args) -> dict[str, Any]:
         t0 = time.time()
         out = spawn_local(_train_rank, n, plan, timeout=7200)[0]
         m = out["metrics"]
-        results[name] = {"algorithm": method, "workers": n,
-                         "wall_s": round(time.time() - t0, 1),
+        # after the metrics: their "algorithm" is the bare one ("ma" for "ma+ng")
+        results[name] = {"workers": n, "wall_s": round(time.time() - t0, 1),
                          "block_size": block, "ma_samples": ma_samples,
-                         "lr": train["lr"], "dev_curve": dev_curve(ctx, join(base, name)), **m}
+                         "lr": train["lr"], "dev_curve": dev_curve(ctx, join(base, name)), **m,
+                         "algorithm": method}
         print(f"{name:8s} acc {m.get('dev_frame_acc', m.get('final_train_frame_acc'))} "
               f"frames/s {m.get('frames_per_s')} bytes/step {m.get('algo_bytes_per_step')}",
               flush=True)
