@@ -105,6 +105,9 @@ def test_step_writes_tables(local_cfg, tmp_path):
     assert table["paper_htm_table1"]["bmuf"]["128"][0] == 101.5
     md = (tmp_path / "store" / "runs" / "sim1" / "simulate" / "table.md").read_text()
     assert "| BMUF | 128 |" in md and "101.5" in md
+    assert "put Table 1 within 25 % at all" in md
+    assert out["metrics"]["unreachable_within_25pct"] == ["gtc 64-128"]
+    assert len(table["feasibility_within_25pct"]) == 9
     assert (tmp_path / "store" / "runs" / "sim1" / "simulate" / "_SUCCESS.json").exists()
 
 
@@ -132,3 +135,43 @@ def test_codec_rate_what_if():
     # a slower codec costs every GTC-based method the same per minibatch, not BMUF
     assert sim.step_time("bmuf", 64, dict(p, codec_gbps=2.0), c) == \
         sim.step_time("bmuf", 64, p, c)
+
+
+def test_overhead_window_holds_whatever_the_compute_time():
+    lo, hi = sim.overhead_window(64, 21.7, 0.25)
+    for t_c in (0.01, 0.1485, 3.0):
+        for o in (lo, hi):  # the window's edges land exactly on the 25 % bounds
+            speedup = 64 * t_c / (t_c * (1 + o))
+            assert 0.75 * 21.7 - 1e-9 <= speedup <= 1.25 * 21.7 + 1e-9
+    assert sim.overhead_window(16, 16.0, 0.25)[0] == 0.0  # linear scaling: no overhead needed
+
+
+def test_table1_gtc_needs_superlinear_growth_from_64_to_128():
+    lo, hi = sim.growth_needed(64, 21.7, 128, 10.9, 0.25)
+    assert lo == pytest.approx(2.863, abs=1e-3) and hi == pytest.approx(10.78, abs=1e-2)
+
+
+def test_model_growth_is_at_most_linear_in_hops():
+    c = cluster(latency_us=25.0)
+    here, lo, hi = sim.model_growth("gtc", 64, 128, _params(), c)
+    assert 1.0 <= lo <= here <= hi <= 127 / 63 + 1e-9
+    # bandwidth alone: the ring all-gather's (N - 1) hops over the same NIC
+    pure = sim.model_growth("gtc", 64, 128, _params(gtc_s=1.0, gtc_pad=1.0),
+                            cluster(latency_us=0.0, hbm_gbps=1e9))[0]
+    assert pure == pytest.approx(127 / 63, rel=1e-3)
+
+
+def test_feasibility_accepts_what_the_model_produces_and_flags_superlinear_rows():
+    c = cluster(latency_us=25.0)
+    p = _params(gtc_s=0.05)
+    made = sim.project(p, c, [16, 32, 64, 128], ("gtc", "bmuf", "htm"))
+    own = {a: {n: (made[a][n]["speedup"],) for n in made[a]} for a in made}
+    assert all(r["reachable"] for r in sim.feasibility(own, p, c))
+    # an overhead that quadruples per doubling of N (Table 1's GTC: x5.4 past 32 GPUs)
+    t = p["t_c"]
+    quad = {"gtc": {n: (n * t / (t + 0.5 * t * (n / 16) ** 2),) for n in (16, 32, 64, 128)}}
+    rows = sim.feasibility(quad, p, c)
+    assert [r["reachable"] for r in rows] == [True, False, False]
+    paper = sim.feasibility(sim.HTM_TABLE1, p, c)
+    assert [(r["algorithm"], r["workers"]) for r in paper if not r["reachable"]] == \
+        [("gtc", [64, 128])]
