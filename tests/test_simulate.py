@@ -175,3 +175,11 @@ def test_feasibility_accepts_what_the_model_produces_and_flags_superlinear_rows(
     paper = sim.feasibility(sim.HTM_TABLE1, p, c)
     assert [(r["algorithm"], r["workers"]) for r in paper if not r["reachable"]] == \
         [("gtc", [64, 128])]
+
+
+def test_unreachable_rows_say_which_way_they_miss():
+    fast = {"algorithm": "gtc", "workers": [64, 128], "needed_growth": [2.86, 10.8],
+            "model_growth_range": [1.0, 2.02]}
+    slow = dict(fast, needed_growth=[0.1, 0.5])
+    assert "needs >= x2.86, the model grows at most x2.02" in sim._why_unreachable(fast)
+    assert "needs <= x0.50, the model grows at least x1.00" in sim._why_unreachable(slow)

@@ -434,15 +434,20 @@ def render_feasibility(rows: list[dict[str, Any]]) -> list[str]:
             f" (x{mlo:.2f} - x{mhi:.2f}) | {'yes' if r['reachable'] else '**no**'} |")
     bad = [r for r in rows if not r["reachable"]]
     if bad:
-        lines += ["", "Unreachable with any inputs: " + "; ".join(
-            f"{r['algorithm'].upper()} {r['workers'][0]} and {r['workers'][1]} together "
-            f"(needs x{r['needed_growth'][0]:.2f}, the model grows at most "
-            f"x{r['model_growth_range'][1]:.2f})" for r in bad)
-            + ". Every term of the model is at most linear in N - 1 (ring hops, buffers to "
-            "decode) or grows more slowly (sqrt(ln N) straggler wait, the fixed encode), so "
-            "only a cost superlinear in N (a sent fraction that rises with N, a shared "
-            "fabric bottleneck) could reach both."]
+        lines += ["", "Unreachable with any inputs: " + "; ".join(map(_why_unreachable, bad))
+                  + ". Every term of the model is at most linear in N - 1 (ring hops, buffers "
+                  "to decode) or grows more slowly (sqrt(ln N) straggler wait, the fixed "
+                  "encode), so a faster-growing row needs a cost superlinear in N (a sent "
+                  "fraction that rises with N, a shared fabric bottleneck)."]
     return lines
+
+
+def _why_unreachable(r: dict[str, Any]) -> str:
+    (need_lo, need_hi), (lo, hi) = r["needed_growth"], r["model_growth_range"]
+    pair = f"{r['algorithm'].upper()} {r['workers'][0]} and {r['workers'][1]} together"
+    if need_lo > hi:
+        return f"{pair} (needs >= x{need_lo:.2f}, the model grows at most x{hi:.2f})"
+    return f"{pair} (needs <= x{need_hi:.2f}, the model grows at least x{lo:.2f})"
 
 
 def render(table: dict, params: dict, notes: dict, workers: list[int], cfg: Any,
