@@ -28,6 +28,21 @@ def tiny_graph() -> Graph:
     return graph_from_arcs(3, arcs, {0: 0.0, 1: LOG(.5)}, {1: LOG(.5), 2: 0.0})
 
 
+def phone_loop_graph() -> Graph:
+    """A state-labelled graph (the denominator's shape): a start and two phones, each
+    with a self-loop, entered only by arcs labelled with its phone."""
+    arcs = [(0, 1, 0, LOG(.7)), (0, 2, 1, LOG(.3)), (1, 1, 0, LOG(.6)), (1, 2, 1, LOG(.3)),
+            (2, 2, 1, LOG(.5)), (2, 1, 0, LOG(.4))]
+    return graph_from_arcs(3, arcs, {0: 0.0, 2: LOG(.2)}, {1: LOG(.1), 2: LOG(.1)})
+
+
+GRAPHS = [("tiny", "arcs"), ("phone_loop", "arcs"), ("phone_loop", "dense")]
+
+
+def make_graph(name: str) -> Graph:
+    return tiny_graph() if name == "tiny" else phone_loop_graph()
+
+
 def with_leak_arcs(g: Graph, leaky: float) -> Graph:
     """The leaky HMM written out as ordinary arcs: before a frame's arc a, any state may
     jump to src(a) with weight leaky * initial(src(a))."""
@@ -56,28 +71,58 @@ def brute_logz(x: torch.Tensor, g: Graph) -> torch.Tensor:
     return torch.logsumexp(torch.stack(terms), 0)
 
 
+@pytest.mark.parametrize("name,method", GRAPHS)
 @pytest.mark.parametrize("leaky", [0.0, 0.1])
-def test_log_partition_equals_brute_force_enumeration(leaky):
-    g = tiny_graph()
+def test_log_partition_equals_brute_force_enumeration(name, method, leaky):
+    g = make_graph(name)
     explicit = with_leak_arcs(g, leaky) if leaky else g
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(2, 3, 3, generator=gen, dtype=torch.float64) * 2
-    got = log_partition(x, torch.tensor([3, 3]), g, leaky)
+    got = log_partition(x, torch.tensor([3, 3]), g, leaky, method=method)
     for b in range(2):
         assert abs(float(got[b]) - float(brute_logz(x[b], explicit))) < 1e-6
 
 
+@pytest.mark.parametrize("name,method", GRAPHS)
 @pytest.mark.parametrize("leaky", [0.0, 0.1])
-def test_gradient_equals_autograd_of_brute_force(leaky):
-    g = tiny_graph()
+def test_gradient_equals_autograd_of_brute_force(name, method, leaky):
+    g = make_graph(name)
     explicit = with_leak_arcs(g, leaky) if leaky else g
     gen = torch.Generator().manual_seed(1)
     x = (torch.randn(1, 3, 3, generator=gen, dtype=torch.float64)).requires_grad_()
-    got, = torch.autograd.grad(log_partition(x, torch.tensor([3]), g, leaky).sum(), x)
+    logz = log_partition(x, torch.tensor([3]), g, leaky, method=method)
+    got, = torch.autograd.grad(logz.sum(), x)
     ref, = torch.autograd.grad(brute_logz(x[0], explicit), x)
     assert torch.allclose(got, ref, atol=1e-9)
     # the gradient is an occupation posterior: one unit of mass per frame
     assert torch.allclose(got.sum(-1), torch.ones(1, 3, dtype=torch.float64))
+
+
+def test_dense_form_only_for_state_labelled_graphs():
+    assert tiny_graph().dense_form() is None  # state 1 is entered by labels 0 and 2
+    trans, lab = phone_loop_graph().dense_form()
+    assert lab.tolist() == [0, 0, 1] and abs(float(trans[1, 2]) - 0.3) < 1e-12
+    den = denominator_graph(estimate_phone_ngram(_label_seqs(80, 6), 6, order=3, min_count=1))
+    assert den.dense_form() is not None
+    with pytest.raises(ValueError, match="state-labelled"):
+        log_partition(torch.zeros(1, 2, 3), torch.tensor([2]), tiny_graph(), method="dense")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_dense_and_arc_forward_backward_agree_on_the_denominator(device):
+    lm = estimate_phone_ngram(_label_seqs(80, 6, seed=12), 6, order=3, min_count=1)
+    for den in (denominator_graph(lm), chunk_graph(denominator_graph(lm))):
+        gen = torch.Generator().manual_seed(13)
+        lengths = torch.tensor([9, 4, 6])
+        for dtype, tol in ((torch.float64, 1e-9), (torch.float32, 1e-3)):
+            x = (torch.randn(3, 9, 6, generator=gen, dtype=dtype) * 8).to(device)
+            x.requires_grad_()
+            out = {}
+            for method in ("arcs", "dense"):
+                z = log_partition(x, lengths, den, 0.1, method=method)
+                out[method] = (z.detach(), torch.autograd.grad(z.sum(), x)[0])
+            assert torch.allclose(out["arcs"][0], out["dense"][0], rtol=0, atol=tol)
+            assert torch.allclose(out["arcs"][1], out["dense"][1], rtol=0, atol=tol)
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -53,6 +53,8 @@ CHUNK_WARMUP_STEPS = 100
 # A phone's self-loop probability is clipped here: 0 would forbid >1-frame phones, 1
 # would forbid leaving.
 LOOP_RANGE = (0.05, 0.95)
+# Largest graph run as a dense transition matrix (S x S floats; 4096 states = 64 MiB fp32).
+DENSE_MAX_STATES = 4096
 
 
 class NonFiniteSequenceError(FloatingPointError):
@@ -76,6 +78,11 @@ class Graph:
     initial: torch.Tensor
     final: torch.Tensor
 
+    # (trans [S, S] = exp(weight) at [src, dst], state_label [S]) when the graph is
+    # state-labelled (see `dense_form`); False when it is not; None before the check.
+    dense: tuple[torch.Tensor, torch.Tensor] | bool | None = field(default=None, repr=False,
+                                                                  compare=False)
+
     @property
     def num_arcs(self) -> int:
         """Real (non-padding) arcs of the first graph."""
@@ -83,9 +90,42 @@ class Graph:
 
     def to(self, device: torch.device | str, dtype: torch.dtype | None = None) -> "Graph":
         dtype = dtype or self.weight.dtype
+        dense = self.dense
+        if isinstance(dense, tuple):
+            dense = (dense[0].to(device, dtype), dense[1].to(device))
         return Graph(self.num_states, self.src.to(device), self.dst.to(device),
                      self.label.to(device), self.weight.to(device, dtype),
-                     self.initial.to(device, dtype), self.final.to(device, dtype))
+                     self.initial.to(device, dtype), self.final.to(device, dtype), dense)
+
+    def dense_form(self, max_states: int = 0) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The graph as a transition matrix, when it is one shared graph (G = 1) in which
+        all arcs into a state carry the same label and no two arcs join the same pair of
+        states: then a frame of the forward pass is one [B, S] x [S, S] product (LF-MMI's
+        denominator is such a graph: the label of a state is its HMM state's phone).
+        Computed once (up to `max_states`, default DENSE_MAX_STATES) and cached."""
+        if self.dense is None:
+            self.dense = _densify(self, max_states or DENSE_MAX_STATES) or False
+        return self.dense or None
+
+
+def _densify(g: Graph, max_states: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+    s = g.num_states
+    if g.src.shape[0] != 1 or s > max_states:
+        return None
+    real = torch.isfinite(g.weight[0])
+    src, dst, lab, w = g.src[0][real], g.dst[0][real], g.label[0][real], g.weight[0][real]
+    if len(torch.unique(src * s + dst)) != len(src):
+        return None
+    lo = torch.full((s,), 1 << 62, dtype=lab.dtype, device=lab.device)
+    lo = lo.scatter_reduce(0, dst, lab, "amin")
+    hi = torch.full((s,), -1, dtype=lab.dtype, device=lab.device)
+    hi = hi.scatter_reduce(0, dst, lab, "amax")
+    entered = hi >= 0
+    if bool((lo[entered] != hi[entered]).any()):
+        return None
+    trans = torch.zeros(s, s, dtype=g.weight.dtype, device=w.device)
+    trans[src, dst] = torch.exp(w)
+    return trans, torch.where(entered, hi, torch.zeros_like(hi))
 
 
 def graph_from_arcs(num_states: int, arcs: Sequence[tuple[int, int, int, float]],
@@ -468,16 +508,79 @@ class _LogPartition(torch.autograd.Function):
         return grad[:, None, None] * occ, None, None, None
 
 
+def _log_matmul(a: torch.Tensor, trans: torch.Tensor) -> torch.Tensor:
+    """log(exp(a) @ trans) for log-space a [B, S] and a non-negative trans: the largest
+    entry of each row is factored out first, so exp never overflows, and a state whose
+    every contribution is below e^-87 of the row's best (fp32) counts as unreachable
+    (Kaldi's chain code rescales each frame the same way)."""
+    m = a.max(-1, keepdim=True).values
+    m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+    return torch.log(torch.exp(a - m) @ trans) + m
+
+
+class _DenseLogPartition(torch.autograd.Function):
+    """`_LogPartition` for a state-labelled graph: matrix products instead of arc
+    gathers and scatters. Occupation of class c at frame t = sum over the states d
+    labelled c of alpha_{t+1}(d) beta_{t+1}(d) / Z."""
+
+    @staticmethod
+    def forward(ctx, x, lengths, graph, log_leaky):  # noqa: D401 - autograd API
+        trans, lab = graph.dense
+        b, t, _ = x.shape
+        active = torch.arange(t, device=x.device)[None, :] < lengths[:, None]
+        alpha = graph.initial.expand(b, -1).clone()
+        post = x.new_empty(t, b, graph.num_states)  # alpha after each frame's arcs
+        for i in range(t):
+            on = active[:, i:i + 1]
+            a = _leak(alpha, log_leaky, graph) if log_leaky is not None else alpha
+            alpha = torch.where(on, _log_matmul(a, trans) + x[:, i, lab], alpha)
+            post[i] = alpha
+        logz = torch.logsumexp(alpha + graph.final, -1)
+        ctx.save_for_backward(x, post, logz, active)
+        ctx.graph, ctx.log_leaky = graph, log_leaky
+        return logz
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, post, logz, active = ctx.saved_tensors
+        g, log_leaky = ctx.graph, ctx.log_leaky
+        trans, lab = g.dense
+        b, t, c = x.shape
+        beta = g.final.expand(b, -1).clone()
+        occ = torch.zeros_like(x)
+        fin = torch.isfinite(logz)[:, None]
+        for i in range(t - 1, -1, -1):
+            on = active[:, i:i + 1]
+            gamma = torch.exp(post[i] + beta - logz[:, None])
+            gamma = torch.where(on & fin, gamma, torch.zeros_like(gamma))
+            occ[:, i] = torch.zeros(b, c, dtype=x.dtype, device=x.device).index_add_(1, lab,
+                                                                                   gamma)
+            new = _log_matmul(x[:, i, lab] + beta, trans.T)
+            if log_leaky is not None:
+                new = _leak_backward(new, log_leaky, g)
+            beta = torch.where(on, new, beta)
+        return grad[:, None, None] * occ, None, None, None
+
+
 def log_partition(x: torch.Tensor, lengths: torch.Tensor, graph: Graph,
-                  leaky: float = 0.0) -> torch.Tensor:
+                  leaky: float = 0.0, method: str = "auto") -> torch.Tensor:
     """log of the total weight of all length-`lengths[b]` paths through `graph` (or
     graph b when it holds one per sequence), scoring x [B, T, C]: [B]. Differentiable
-    in x; frames past a sequence's length are ignored."""
+    in x; frames past a sequence's length are ignored.
+
+    `method`: arcs (gather/scatter over arcs, any graph), dense (a transition matrix,
+    state-labelled graphs only, see `Graph.dense_form`) or auto (dense when possible)."""
     if graph.src.shape[0] not in (1, x.shape[0]):
         raise ValueError(f"graph batch {graph.src.shape[0]} fits neither 1 nor {x.shape[0]}")
+    if method not in ("auto", "arcs", "dense"):
+        raise ValueError(f"unknown forward-backward method {method!r}")
+    dense = graph.dense_form() if method != "arcs" else None
+    if method == "dense" and dense is None:
+        raise ValueError("graph is not state-labelled (or too large): use method='arcs'")
     g = graph.to(x.device, x.dtype)
     log_leaky = math.log(leaky) if leaky > 0 else None
-    return _LogPartition.apply(x, lengths.to(x.device), g, log_leaky)
+    fn = _DenseLogPartition if dense is not None else _LogPartition
+    return fn.apply(x, lengths.to(x.device), g, log_leaky)
 
 
 # ----------------------------------------------------------------- the objective
@@ -604,6 +707,8 @@ class SequenceCriterion:
         self.tc = tc
         self.full = denominator_graph(lm)
         self.chunk = chunk_graph(self.full)
+        for g in (self.full, self.chunk):
+            g.dense_form()  # once, before the graphs are copied to a device
         self.loop_logprob = torch.from_numpy(lm.loop_logprob)
         self.log_priors = log_priors
         self._on: dict[tuple, tuple[Graph, Graph]] = {}
