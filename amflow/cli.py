@@ -45,7 +45,7 @@ def _evaluate_args(p: argparse.ArgumentParser) -> None:
 
 
 def _bench_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("what", choices=["features", "targets", "trainers", "train", "gtc"],
+    p.add_argument("what", choices=["features", "targets", "trainers", "train", "gtc", "sequence"],
                    help="which benchmark to run")
     p.add_argument("--out", help="where to write the benchmark JSON (default: under the run)")
 

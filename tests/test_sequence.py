@@ -331,3 +331,13 @@ def _label_seqs(n: int, num_phones: int, seed: int = 0) -> list[np.ndarray]:
                 prev = p
         out.append(np.repeat(phones, rng.integers(1, 5, size=len(phones))))
     return out
+
+
+def test_bench_graph_sizes_grow_with_the_order():
+    from bench.sequence import _graph_sizes
+
+    rows = _graph_sizes(_label_seqs(100, 6, seed=14), 6, min_count=2)
+    assert [r["order"] for r in rows] == [2, 3, 4]
+    assert rows[0]["states"] == 7 and rows[0]["arcs"] == 6 * 6 + 6
+    assert rows[0]["states"] < rows[1]["states"] <= rows[2]["states"]
+    assert all(r["dense"] for r in rows)

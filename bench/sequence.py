@@ -1,0 +1,217 @@
+"""`amflow bench sequence --run-id R` (or `python -m bench.sequence`, no Ray): the cost of
+the LF-MMI criterion against cross-entropy, and the size of its denominator graph.
+
+1. Graph. The phone n-gram (training/sequence.py) is estimated from the labeled split's
+   frame labels, collapsed into phone sequences, for orders 2, 3 and 4 (pruning
+   `train.den_min_count`): states, arcs, whether it runs as a dense transition matrix,
+   and the estimation time.
+2. Time per minibatch, one run, side by side. Two copies of the configured student
+   (configs/local.yaml: 2 x 384 LSTM, 3 frames of look-ahead) with the same initial
+   weights each take a full training step (forward, loss, backward, Adam) on the same
+   chunked minibatch of `train.minibatch_frames` frames: one with CE, one with LF-MMI
+   (`train.*` knobs: chunk graph, leaky HMM, CE interpolation, output L2). The order
+   alternates every minibatch so both see the same machine load. Reported: seconds per
+   minibatch and the ratio MMI / CE. Beside it, each criterion alone (loss and its
+   backward on the same detached logits) for the configured order and the trigram.
+
+Data: the run's `repartition/<train.labeled_split>` when it exists, else a synthetic
+run (48 phones, 192-d features, written under `runs/<R>/bench/synthetic`). Runs on the
+GPU when one is present (torch on one thread on a CPU).
+Env: AMFLOW_BENCH_SEQ_STEPS (timed minibatches per criterion, default 20).
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import os
+import statistics
+import time
+from typing import Any
+
+import numpy as np
+import torch
+
+from amflow.runs import StepContext
+from amflow.storage import join
+from training.data import (BatchLoader, Normalizer, PassSpec, SplitIndex, make_synthetic_run,
+                           partition_uris)
+from training.losses import ce_loss
+from training.models import build_model, num_parameters
+from training.sequence import SequenceCriterion, denominator_graph, estimate_phone_ngram
+
+SYNTHETIC_PHONES = 48
+
+
+def _data(ctx: StepContext) -> tuple[SplitIndex, Normalizer, int, str]:
+    st = ctx.storage
+    uris = partition_uris(st, ctx.other("repartition", ctx.cfg.train.labeled_split))
+    cmvn_uri = ctx.other("features", "cmvn.json")
+    if uris and st.exists(cmvn_uri):
+        index = SplitIndex.load(st, uris, "labels")
+        phones = st.read_json(ctx.other("features", "phones.json"))
+        return index, Normalizer.from_stats(st.read_json(cmvn_uri), index.feat_dim), \
+            len(phones), "run"
+    root = ctx.path("synthetic")
+    info = make_synthetic_run(st, root, num_classes=SYNTHETIC_PHONES,
+                              base_dim=ctx.cfg.features.num_mel_bins,
+                              dtype=ctx.cfg.features.storage_dtype,
+                              splits={"labeled": {"utts": 200, "parts": 2, "rows": (60, 300)}})
+    index = SplitIndex.load(st, info["splits"]["labeled"], "labels")
+    norm = Normalizer.from_stats(st.read_json(join(root, "features", "cmvn.json")),
+                                 index.feat_dim)
+    return index, norm, len(info["phones"]), "synthetic"
+
+
+def _label_sequences(ctx: StepContext, index: SplitIndex, norm: Normalizer) -> list[np.ndarray]:
+    """Each utterance's frame labels at offset 0 (a full-sequence pass of the loader)."""
+    spec = PassSpec(mode="full", shuffle=False, stack=ctx.cfg.features.stack,
+                    minibatch_frames=20000, shuffle_partitions=max(len(index.uris), 1))
+    out = []
+    for b in BatchLoader(ctx.storage, index, spec, norm, prefetch=2):
+        for row, n in zip(b.labels, b.lengths.tolist()):
+            out.append(row[:n].numpy())
+    return out
+
+
+def _graph_sizes(seqs: list[np.ndarray], num_classes: int, min_count: int) -> list[dict]:
+    rows = []
+    for order in (2, 3, 4):
+        t0 = time.perf_counter()
+        lm = estimate_phone_ngram(seqs, num_classes, order, min_count)
+        g = denominator_graph(lm)
+        rows.append({"order": order, "states": g.num_states, "arcs": g.num_arcs,
+                     "dense": g.dense_form() is not None,
+                     "estimate_s": round(time.perf_counter() - t0, 3)})
+    return rows
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def _timed(device: torch.device, fn) -> float:
+    _sync(device)
+    t0 = time.perf_counter()
+    fn()
+    _sync(device)
+    return time.perf_counter() - t0
+
+
+def _steps(ctx: StepContext, index: SplitIndex, norm: Normalizer, num_classes: int,
+           crit: SequenceCriterion, device: torch.device, steps: int) -> dict[str, Any]:
+    """Full training steps, CE and MMI alternating on the same minibatches."""
+    tc, mc = ctx.cfg.train, ctx.cfg.model
+    torch.manual_seed(0)
+    models = {"ce": build_model("student", index.feat_dim, num_classes, mc).to(device)}
+    models["mmi"] = copy.deepcopy(models["ce"])
+    opts = {k: torch.optim.Adam(m.parameters(), lr=1e-4) for k, m in models.items()}
+    losses = {"ce": lambda logits, b: ce_loss(logits, b.labels),
+              "mmi": lambda logits, b: crit(logits, b.labels, chunked=True)}
+    spec = PassSpec(mode="chunk", chunk_frames=tc.chunk_frames,
+                    left_context=tc.chunk_left_context, right_context=mc.student.lookahead,
+                    minibatch_frames=tc.minibatch_frames, stack=ctx.cfg.features.stack)
+    times: dict[str, list[float]] = {"ce": [], "mmi": []}
+    alone: dict[str, list[float]] = {"ce": [], "mmi": []}
+    frames = seen = 0
+    while seen < steps + 1:
+        for batch in BatchLoader(ctx.storage, index, spec, norm, prefetch=2):
+            b = batch.to(device)
+            order = ("ce", "mmi") if seen % 2 == 0 else ("mmi", "ce")
+            for k in order:
+                def step(k=k):
+                    opts[k].zero_grad()
+                    out = losses[k](models[k](b.x), b)
+                    out.loss.backward()
+                    opts[k].step()
+                dt = _timed(device, step)
+                if seen:  # the first minibatch pays for allocations
+                    times[k].append(dt)
+            with torch.no_grad():
+                logits = models["ce"](b.x)
+            for k in order:
+                leaf = logits.clone().requires_grad_()
+                dt = _timed(device, lambda k=k, leaf=leaf: losses[k](leaf, b).loss.backward())
+                if seen:
+                    alone[k].append(dt)
+            frames += batch.frames if seen else 0
+            seen += 1
+            if seen >= steps + 1:
+                break
+    med = {k: statistics.median(v) for k, v in times.items()}
+    med_alone = {k: statistics.median(v) for k, v in alone.items()}
+    return {"parameters": num_parameters(models["ce"]), "steps": len(times["ce"]),
+            "frames_per_minibatch": round(frames / max(len(times["ce"]), 1), 1),
+            "ce_s_per_minibatch": round(med["ce"], 4),
+            "mmi_s_per_minibatch": round(med["mmi"], 4),
+            "mmi_over_ce": round(med["mmi"] / med["ce"], 2),
+            "criterion_alone_s": {k: round(v, 5) for k, v in med_alone.items()},
+            "criterion_alone_mmi_over_ce": round(med_alone["mmi"] / med_alone["ce"], 1)}
+
+
+def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
+    tc = ctx.cfg.train
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    threads_before = torch.get_num_threads()
+    if device.type == "cpu":
+        torch.set_num_threads(1)
+    steps = int(os.environ.get("AMFLOW_BENCH_SEQ_STEPS", "20"))
+    try:
+        index, norm, num_classes, source = _data(ctx)
+        num_classes = ctx.cfg.model.num_classes or num_classes
+        seqs = _label_sequences(ctx, index, norm)
+        graphs = _graph_sizes(seqs, num_classes, tc.den_min_count)
+        crit = SequenceCriterion.from_labels(seqs, num_classes, tc)
+        timing = _steps(ctx, index, norm, num_classes, crit, device, steps)
+        tri = SequenceCriterion.from_labels(seqs, num_classes,
+                                            dataclasses.replace(tc, den_ngram_order=3))
+        timing["trigram"] = _steps(ctx, index, norm, num_classes, tri, device,
+                                   max(steps // 2, 2))
+    finally:
+        torch.set_num_threads(threads_before)
+    result = {"data": source, "device": str(device), "utterances": len(index),
+              "frames": index.total_frames, "num_classes": num_classes,
+              "minibatch_frames": tc.minibatch_frames, "chunk_frames": tc.chunk_frames,
+              "den_ngram_order": tc.den_ngram_order, "den_min_count": tc.den_min_count,
+              "numerator": tc.sequence_numerator, "graphs": graphs, **timing}
+    _print(result)
+    return result
+
+
+def _print(r: dict[str, Any]) -> None:
+    lines = [f"denominator graphs ({r['num_classes']} classes, {r['utterances']} utterances, "
+             f"pruning histories seen < {r['den_min_count']} times):",
+             f"  {'order':>5} {'states':>8} {'arcs':>9} {'dense':>6} {'estimate s':>11}"]
+    for g in r["graphs"]:
+        lines.append(f"  {g['order']:>5} {g['states']:>8,} {g['arcs']:>9,} "
+                     f"{str(g['dense']):>6} {g['estimate_s']:>11.3f}")
+    lines.append(f"time per minibatch on {r['device']} ({r['frames_per_minibatch']:.0f} scored "
+                 f"frames, {r['parameters']:,}-parameter student, median of {r['steps']}):")
+    for name, t in (("bigram" if r["den_ngram_order"] == 2 else f"order {r['den_ngram_order']}",
+                     r), ("trigram", r["trigram"])):
+        lines.append(f"  {name:<8} CE step {t['ce_s_per_minibatch']:.4f} s, MMI step "
+                     f"{t['mmi_s_per_minibatch']:.4f} s: MMI / CE = {t['mmi_over_ce']:.2f}x; "
+                     f"criterion alone {t['criterion_alone_s']['ce'] * 1e3:.1f} ms vs "
+                     f"{t['criterion_alone_s']['mmi'] * 1e3:.1f} ms")
+    print("\n".join(lines), flush=True)
+
+
+def main() -> None:
+    """`python -m bench.sequence [key=value ...]`: the same, without Ray or a run of
+    the pipeline (synthetic data in a temporary directory unless storage.root says)."""
+    import json
+    import sys
+    import tempfile
+
+    from amflow.config import load_config
+
+    with tempfile.TemporaryDirectory() as tmp:
+        overrides = [f"storage.root={tmp}"] + sys.argv[1:]
+        cfg = load_config("configs/local.yaml" if os.path.exists("configs/local.yaml")
+                          else None, overrides)
+        result = run(StepContext(cfg, "bench-sequence", "bench"))
+        print(json.dumps(result, indent=2, default=str))
+
+
+if __name__ == "__main__":
+    main()
