@@ -380,11 +380,12 @@ class TrainConfig:
     natural_gradient: bool = False
     ng_alpha: float = 4.0
     use_gpu: bool = False
-    # Training criterion: ce (cross-entropy on labels, distillation on soft targets) or
-    # mmi (lattice-free MMI, training/sequence.py: a phone n-gram denominator graph and a
-    # batched forward-backward; for sequence training on labeled data after CE).
+    # Training criterion: ce (cross-entropy on labels, distillation on soft targets),
+    # mmi (lattice-free MMI) or smbr (lattice-free sMBR): training/sequence.py, a phone
+    # n-gram denominator graph and a batched forward-backward, for sequence training on
+    # labeled data after CE.
     criterion: str = "ce"
-    # mmi: the numerator is the fixed frame alignment, or its phone sequence with
+    # mmi, smbr: the numerator is the fixed frame alignment, or its phone sequence with
     # flexible timing (every segmentation of the aligned phones).
     sequence_numerator: str = "alignment"
     # LF-MMI's regularisers (Povey et al. 2016, sec. 2.6): CE interpolation weight and
@@ -445,7 +446,8 @@ class TrainConfig:
         self._validate_sequence(key)
 
     def _validate_sequence(self, key: str) -> None:
-        _check(self.criterion in ("ce", "mmi"), f"{key}.criterion", "must be ce or mmi")
+        _check(self.criterion in ("ce", "mmi", "smbr"), f"{key}.criterion",
+               "must be ce, mmi or smbr")
         _check(self.sequence_numerator in ("alignment", "flexible"),
                f"{key}.sequence_numerator", "must be alignment or flexible")
         _check(self.sequence_ce_weight >= 0, f"{key}.sequence_ce_weight", "must be >= 0")

@@ -51,6 +51,7 @@ def test_criterion_defaults_to_ce_and_takes_the_sequence_knobs():
                              "train.sequence_numerator=flexible", "train.leaky_hmm=0"])
     assert (cfg.train.criterion, cfg.train.den_ngram_order) == ("mmi", 3)
     assert (cfg.train.sequence_numerator, cfg.train.leaky_hmm) == ("flexible", 0.0)
+    assert load_config(None, ["train.criterion=smbr"]).train.criterion == "smbr"
 
 
 def test_teacher_recipe_applies_to_the_teacher_only_and_set_wins():

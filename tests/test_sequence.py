@@ -11,8 +11,9 @@ import torch
 from training.losses import IGNORE
 from training.sequence import (Graph, NonFiniteSequenceError, PhoneNgram, SequenceCriterion,
                                alignment_logprob, chunk_graph, collapse, denominator_graph,
-                               estimate_phone_ngram, graph_from_arcs, log_partition, mmi_loss,
-                               numerator_graphs, phone_sequences, scored_segments)
+                               estimate_phone_ngram, expected_accuracy, graph_from_arcs,
+                               log_partition, mmi_loss, numerator_graphs, phone_sequences,
+                               scored_segments, smbr_loss)
 
 torch.set_num_threads(1)
 
@@ -69,6 +70,42 @@ def brute_logz(x: torch.Tensor, g: Graph) -> torch.Tensor:
             score = score + w[a] + x[t, lab[a]]
         terms.append(score)
     return torch.logsumexp(torch.stack(terms), 0)
+
+
+def brute_expected_accuracy(x: torch.Tensor, reward: torch.Tensor, g: Graph) -> torch.Tensor:
+    """Sum over paths of posterior(path) * sum_t reward[t, label of the arc at t]."""
+    src, dst, lab = g.src[0].tolist(), g.dst[0].tolist(), g.label[0].tolist()
+    w, init, fin = g.weight[0], g.initial[0], g.final[0]
+    scores, accs = [], []
+    for path in itertools.product(range(len(src)), repeat=x.shape[0]):
+        if any(dst[a] != src[b] for a, b in zip(path, path[1:])):
+            continue
+        score = init[src[path[0]]] + fin[dst[path[-1]]]
+        for t, a in enumerate(path):
+            score = score + w[a] + x[t, lab[a]]
+        scores.append(score)
+        accs.append(sum(reward[t, lab[a]] for t, a in enumerate(path)))
+    return (torch.softmax(torch.stack(scores), 0) * torch.stack(accs)).sum()
+
+
+@pytest.mark.parametrize("leaky", [0.0, 0.1])
+def test_expected_accuracy_and_its_gradient_equal_brute_force(leaky):
+    g = phone_loop_graph()
+    explicit = with_leak_arcs(g, leaky) if leaky else g
+    gen = torch.Generator().manual_seed(15)
+    x = (torch.randn(2, 4, 3, generator=gen, dtype=torch.float64) * 2).requires_grad_()
+    reward = torch.rand(2, 4, 3, generator=gen, dtype=torch.float64)
+    lengths = torch.tensor([4, 3])
+    logz, acc = expected_accuracy(x, lengths, g, reward, leaky)
+    assert torch.allclose(logz, log_partition(x, lengths, g, leaky).detach(), atol=1e-9)
+    got, = torch.autograd.grad(acc.sum(), x)
+    for b, n in enumerate(lengths.tolist()):
+        ref = brute_expected_accuracy(x[b, :n], reward[b], explicit)
+        assert abs(float(acc[b].detach()) - float(ref.detach())) < 1e-6
+        g_ref, = torch.autograd.grad(ref, x)
+        assert torch.allclose(got[b], g_ref[b], atol=1e-9)
+    with pytest.raises(ValueError, match="state-labelled"):
+        expected_accuracy(x, lengths, tiny_graph(), reward)
 
 
 @pytest.mark.parametrize("name,method", GRAPHS)
@@ -183,9 +220,14 @@ def test_numerator_equals_denominator_when_it_allows_only_the_reference(device):
     out = mmi_loss(logits, labels, chain, numerator="alignment", leaky=0.0, ce_weight=0.0)
     grad, = torch.autograd.grad(out.loss, logits)
     assert abs(out.objective) < 1e-12 and float(grad.abs().max()) < 1e-12
-    # a denominator with more paths puts mass elsewhere: the objective is then negative
+    # sMBR on the one-path denominator: every frame is right, nothing to learn
+    out = smbr_loss(logits, labels, chain, leaky=0.0, ce_weight=0.0)
+    grad, = torch.autograd.grad(out.loss, logits)
+    assert abs(out.objective - 1.0) < 1e-12 and float(grad.abs().max()) < 1e-12
+    # a denominator with more paths puts mass elsewhere: the objective is then worse
     wider = denominator_graph(estimate_phone_ngram([np.array([1, 1, 0, 2, 2, 2])], 3))
     assert mmi_loss(logits, labels, wider, ce_weight=0.0).objective < 0
+    assert smbr_loss(logits, labels, wider, ce_weight=0.0).objective < 1
 
 
 def test_mmi_loss_gradient_with_regularisers():
@@ -195,10 +237,13 @@ def test_mmi_loss_gradient_with_regularisers():
     logits = torch.randn(2, 5, 4, generator=gen, dtype=torch.float64, requires_grad=True)
     labels = torch.tensor([[IGNORE, 1, 1, 3, IGNORE], [0, 0, 2, IGNORE, IGNORE]])
     loops = torch.from_numpy(lm.loop_logprob)
-    for numerator in ("alignment", "flexible"):
+    # (sMBR's flexible reference, the numerator posteriors, is a target like CE's labels:
+    # no gradient flows through it, so it is not the derivative of one function of z)
+    for loss, numerator in ((mmi_loss, "alignment"), (mmi_loss, "flexible"),
+                            (smbr_loss, "alignment")):
         def f(z):
-            return mmi_loss(z, labels, den, numerator=numerator, loop_logprob=loops,
-                            leaky=0.1, ce_weight=0.3, l2=0.01).loss
+            return loss(z, labels, den, numerator=numerator, loop_logprob=loops,
+                        leaky=0.1, ce_weight=0.3, l2=0.01).loss
         assert torch.autograd.gradcheck(f, (logits,), eps=1e-6, atol=1e-6)
 
 
@@ -288,13 +333,16 @@ def test_phone_sequences_collapse_like_numpy():
         assert seqs[b, :n[b]].tolist() == ref.tolist()
 
 
-def test_criterion_trains_a_linear_model(tmp_path):
-    """LF-MMI with its regularisers fits a learnable task: the objective rises."""
+@pytest.mark.parametrize("criterion,numerator,gain", [("mmi", "flexible", 0.5),
+                                                      ("smbr", "alignment", 0.2),
+                                                      ("smbr", "flexible", 0.2)])
+def test_criterion_trains_a_linear_model(criterion, numerator, gain):
+    """LF-MMI / LF-sMBR with their regularisers fit a learnable task: the objective rises."""
     from types import SimpleNamespace
 
-    tc = SimpleNamespace(den_ngram_order=2, den_min_count=1, sequence_numerator="flexible",
-                         leaky_hmm=0.1, sequence_ce_weight=0.1, sequence_l2=5e-5,
-                         sequence_prior_scale=0.0, sequence_am_scale=1.0)
+    tc = SimpleNamespace(criterion=criterion, den_ngram_order=2, den_min_count=1,
+                         sequence_numerator=numerator, leaky_hmm=0.1, sequence_ce_weight=0.1,
+                         sequence_l2=5e-5, sequence_prior_scale=0.0, sequence_am_scale=1.0)
     seqs = _label_seqs(30, 5, seed=10)
     crit = SequenceCriterion.from_labels(seqs, 5, tc)
     gen = torch.Generator().manual_seed(11)
@@ -313,7 +361,7 @@ def test_criterion_trains_a_linear_model(tmp_path):
         out.loss.backward()
         opt.step()
         first = out.objective if first is None else first
-    assert out.objective > first + 0.5
+    assert out.objective > first + gain
     assert out.correct / out.frames > 0.8
     assert crit.graph_size() == {"states": 6, "arcs": 30, "order": 2}
 

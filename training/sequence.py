@@ -588,7 +588,9 @@ def log_partition(x: torch.Tensor, lengths: torch.Tensor, graph: Graph,
 class SequenceOut(LossOut):
     """LossOut plus the parts of the sequence loss (all per scored frame)."""
 
-    objective: float = 0.0  # MMI: (log p_num - log p_den) / frames (<= 0 is typical)
+    # MMI: (log p_num - log p_den) / frames (<= 0 is typical); sMBR: expected frame
+    # accuracy over the denominator's paths, in [0, 1]
+    objective: float = 0.0
     ce: float = 0.0
     l2: float = 0.0
 
@@ -637,6 +639,48 @@ def _check_finite(values: torch.Tensor, what: str, utt_ids: Sequence[str] | None
             f"{bad.numel()} values); {_HINTS[what]}")
 
 
+def _prepare(logits: torch.Tensor, labels: torch.Tensor, log_priors: torch.Tensor | None,
+             prior_scale: float, am_scale: float, utt_ids: Sequence[str] | None, where: str):
+    """Scored frames packed to the front, and x = am_scale * (logits - prior_scale *
+    log_priors) checked finite on them."""
+    packed, lab, lengths = scored_segments(logits, labels)
+    x = packed
+    if log_priors is not None and prior_scale:
+        x = x - prior_scale * log_priors.to(x)
+    if am_scale != 1.0:
+        x = x * am_scale
+    valid = torch.arange(x.shape[1], device=x.device)[None, :] < lengths[:, None]
+    _check_finite(torch.where(valid[:, :, None], x.detach(), torch.zeros_like(x[:1, :1])),
+                  "network outputs", utt_ids, where)
+    return packed, x, lab, lengths, valid
+
+
+def _numerator(x: torch.Tensor, lab: torch.Tensor, lengths: torch.Tensor, numerator: str,
+               loop_logprob: torch.Tensor | None) -> torch.Tensor:
+    if numerator == "alignment":
+        return alignment_logprob(x, lab, lengths)
+    if numerator == "flexible":
+        seqs, n = phone_sequences(lab, lengths)
+        return log_partition(x, lengths, numerator_graphs(seqs, n, loop_logprob), 0.0)
+    raise ValueError(f"unknown numerator {numerator!r}: alignment or flexible")
+
+
+def _regularised(objective: torch.Tensor, logits: torch.Tensor, labels: torch.Tensor,
+                 packed: torch.Tensor, valid: torch.Tensor, frames: int, ce_weight: float,
+                 l2: float) -> SequenceOut:
+    """Loss = -objective + ce_weight * CE + l2 / 2 * |logits|^2 per scored frame (LF-MMI
+    §2.6's two regularisers, on our single output layer)."""
+    loss = -objective
+    ce = ce_loss(logits, labels)
+    if ce_weight:
+        loss = loss + ce_weight * ce.loss
+    l2_term = 0.5 * (packed[valid] ** 2).sum() / frames
+    if l2:
+        loss = loss + l2 * l2_term
+    return SequenceOut(loss, frames, ce.correct, objective=float(objective.detach()),
+                       ce=float(ce.loss.detach()), l2=float(l2_term.detach()))
+
+
 def mmi_loss(logits: torch.Tensor, labels: torch.Tensor, den: Graph, *,
              numerator: str = "alignment", loop_logprob: torch.Tensor | None = None,
              leaky: float = 0.1, ce_weight: float = 0.1, l2: float = 0.0,
@@ -648,44 +692,107 @@ def mmi_loss(logits: torch.Tensor, labels: torch.Tensor, den: Graph, *,
     x = am_scale * (logits - prior_scale * log_priors). The network's logits serve as the
     log-likelihoods directly (as in LF-MMI): a per-frame constant, such as log-softmax's
     normaliser, cancels between numerator and denominator, which each take one class per
-    frame. Loss per scored frame = -(log p_num - log p_den) + ce_weight * CE
-    + l2 / 2 * |logits|^2 (LF-MMI §2.6's two regularisers, on our single output layer).
+    frame. Objective per scored frame: log p_num - log p_den; see `_regularised`.
     """
-    packed, lab, lengths = scored_segments(logits, labels)
+    packed, x, lab, lengths, valid = _prepare(logits, labels, log_priors, prior_scale,
+                                              am_scale, utt_ids, where)
     frames = int(lengths.sum())
     if frames == 0:
         return SequenceOut(logits.sum() * 0.0, 0, 0)
-    x = packed
-    if log_priors is not None and prior_scale:
-        x = x - prior_scale * log_priors.to(x)
-    if am_scale != 1.0:
-        x = x * am_scale
-    valid = torch.arange(x.shape[1], device=x.device)[None, :] < lengths[:, None]
-    _check_finite(torch.where(valid[:, :, None], x.detach(), torch.zeros_like(x[:1, :1])),
-                  "network outputs", utt_ids, where)
     den_logz = log_partition(x, lengths, den, leaky)
-    if numerator == "alignment":
-        num_logz = alignment_logprob(x, lab, lengths)
-    elif numerator == "flexible":
-        seqs, n = phone_sequences(lab, lengths)
-        num_logz = log_partition(x, lengths, numerator_graphs(seqs, n, loop_logprob), 0.0)
-    else:
-        raise ValueError(f"unknown numerator {numerator!r}: alignment or flexible")
+    num_logz = _numerator(x, lab, lengths, numerator, loop_logprob)
     has = lengths > 0
     _check_finite(den_logz.detach()[has], "denominator log-likelihood",
                   _subset(utt_ids, has), where)
     _check_finite(num_logz.detach()[has], "numerator log-likelihood",
                   _subset(utt_ids, has), where)
     obj = (num_logz - den_logz)[has].sum() / frames
-    loss = -obj
-    ce = ce_loss(logits, labels)
-    if ce_weight:
-        loss = loss + ce_weight * ce.loss
-    l2_term = 0.5 * (packed[valid] ** 2).sum() / frames
-    if l2:
-        loss = loss + l2 * l2_term
-    return SequenceOut(loss, frames, ce.correct, objective=float(obj.detach()),
-                       ce=float(ce.loss.detach()), l2=float(l2_term.detach()))
+    return _regularised(obj, logits, labels, packed, valid, frames, ce_weight, l2)
+
+
+def expected_accuracy(x: torch.Tensor, lengths: torch.Tensor, graph: Graph,
+                      reward: torch.Tensor, leaky: float = 0.0
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(log Z, E[accuracy]) per sequence: the accuracy of a path is the sum over its frames
+    of reward[b, t, label of the arc taken at t], averaged over all paths weighted by
+    their posterior (the expectation semiring on a state-labelled graph; lattice-free
+    sMBR, Kanda et al. 2018). Differentiable by autograd through the recursion (its
+    tensors are [B, S] per frame).
+
+    Per state the recursion carries the mass of the paths ending there (log, max-shifted
+    as in `_log_matmul`) and their mean reward so far; the leak runs in the probability
+    domain of the shifted frame, which keeps every gradient finite."""
+    dense = graph.dense_form()
+    if dense is None:
+        raise ValueError("expected_accuracy needs a state-labelled graph (Graph.dense_form)")
+    g = graph.to(x.device, x.dtype)
+    trans, lab = g.dense
+    b, t, _ = x.shape
+    active = torch.arange(t, device=x.device)[None, :] < lengths.to(x.device)[:, None]
+    iota = g.initial.exp()
+    la = g.initial.expand(b, -1)
+    ea = torch.zeros_like(la)
+    for i in range(t):
+        m = la.max(-1, keepdim=True).values
+        m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+        p = torch.exp(la - m)
+        q = p * ea
+        if leaky > 0:
+            p = p + leaky * p.sum(-1, keepdim=True) * iota
+            q = q + leaky * q.sum(-1, keepdim=True) * iota
+        mass, carried = p @ trans, q @ trans
+        reach = mass > 0
+        safe = torch.where(reach, mass, torch.ones_like(mass))
+        new_la = torch.where(reach, torch.log(safe) + m, torch.full_like(m, NEG_INF))
+        new_ea = torch.where(reach, carried / safe, torch.zeros_like(mass))
+        on = active[:, i:i + 1]
+        la = torch.where(on, new_la + x[:, i, lab], la)
+        ea = torch.where(on, new_ea + reward[:, i, lab], ea)
+    w = la + g.final
+    logz = torch.logsumexp(w, -1)
+    post = torch.softmax(torch.where(torch.isfinite(logz)[:, None], w, torch.zeros_like(w)), -1)
+    return logz, (post * ea).sum(-1)
+
+
+def smbr_loss(logits: torch.Tensor, labels: torch.Tensor, den: Graph, *,
+              numerator: str = "alignment", loop_logprob: torch.Tensor | None = None,
+              leaky: float = 0.1, ce_weight: float = 0.1, l2: float = 0.0,
+              log_priors: torch.Tensor | None = None, prior_scale: float = 0.0,
+              am_scale: float = 1.0, utt_ids: Sequence[str] | None = None,
+              where: str = "minibatch") -> SequenceOut:
+    """Lattice-free sMBR (Kanda et al. 2018): maximise the expected frame accuracy over all
+    paths of the denominator graph. A frame's reward for class c is 1 when c is the
+    aligned class (numerator alignment) or the numerator's occupation posterior of c
+    (numerator flexible, Kanda's soft reference; a target like CE's labels, so no
+    gradient flows through it). Objective per scored frame: E[accuracy]
+    / frames, in [0, 1]; same inputs and regularisers as `mmi_loss`."""
+    packed, x, lab, lengths, valid = _prepare(logits, labels, log_priors, prior_scale,
+                                              am_scale, utt_ids, where)
+    frames = int(lengths.sum())
+    if frames == 0:
+        return SequenceOut(logits.sum() * 0.0, 0, 0)
+    has = lengths > 0
+    reward = _reward(x.detach(), lab, lengths, numerator, loop_logprob)
+    _check_finite(reward[has], "numerator log-likelihood", _subset(utt_ids, has), where)
+    logz, acc = expected_accuracy(x, lengths, den, reward, leaky)
+    _check_finite(logz.detach()[has], "denominator log-likelihood",
+                  _subset(utt_ids, has), where)
+    obj = acc[has].sum() / frames
+    return _regularised(obj, logits, labels, packed, valid, frames, ce_weight, l2)
+
+
+def _reward(x: torch.Tensor, lab: torch.Tensor, lengths: torch.Tensor, numerator: str,
+            loop_logprob: torch.Tensor | None) -> torch.Tensor:
+    """[B, T, C] per-frame accuracy of each class (0 past a sequence's length)."""
+    valid = torch.arange(x.shape[1], device=x.device)[None, :] < lengths[:, None]
+    if numerator == "alignment":
+        onehot = torch.nn.functional.one_hot(lab.clamp_min(0), x.shape[2]).to(x.dtype)
+        return onehot * valid[:, :, None]
+    leaf = x.detach().requires_grad_()
+    with torch.enable_grad():
+        logz = _numerator(leaf, lab, lengths, numerator, loop_logprob)
+        occ, = torch.autograd.grad(logz.sum(), leaf)  # the numerator's posteriors
+    return torch.where(torch.isfinite(logz)[:, None, None], occ, torch.full_like(occ, math.nan))
 
 
 def _subset(utt_ids: Sequence[str] | None, keep: torch.Tensor) -> list[str] | None:
@@ -696,7 +803,8 @@ def _subset(utt_ids: Sequence[str] | None, keep: torch.Tensor) -> list[str] | No
 
 # ----------------------------------------------------------------- configured
 class SequenceCriterion:
-    """The sequence criterion a recipe calls per minibatch, configured from `train.*`.
+    """The sequence criterion a recipe calls per minibatch, configured from `train.*`
+    (`train.criterion`: mmi, or smbr).
 
     Built once from the labeled split's frame labels (the same on every worker: estimate
     it from the whole split, or on rank 0 and broadcast `lm.to_dict()`).
@@ -736,12 +844,13 @@ class SequenceCriterion:
         whole utterances (the full graph, with its start and final weights)."""
         tc = self.tc
         full, chunk = self._graphs(logits.device, logits.dtype)
-        return mmi_loss(logits, labels, chunk if chunked else full,
-                        numerator=tc.sequence_numerator,
-                        loop_logprob=self.loop_logprob.to(logits.device, logits.dtype),
-                        leaky=tc.leaky_hmm, ce_weight=tc.sequence_ce_weight, l2=tc.sequence_l2,
-                        log_priors=self.log_priors, prior_scale=tc.sequence_prior_scale,
-                        am_scale=tc.sequence_am_scale, utt_ids=utt_ids, where=where)
+        loss = smbr_loss if tc.criterion == "smbr" else mmi_loss
+        return loss(logits, labels, chunk if chunked else full,
+                    numerator=tc.sequence_numerator,
+                    loop_logprob=self.loop_logprob.to(logits.device, logits.dtype),
+                    leaky=tc.leaky_hmm, ce_weight=tc.sequence_ce_weight, l2=tc.sequence_l2,
+                    log_priors=self.log_priors, prior_scale=tc.sequence_prior_scale,
+                    am_scale=tc.sequence_am_scale, utt_ids=utt_ids, where=where)
 
 
 def class_log_priors(label_seqs: Iterable[np.ndarray], num_classes: int) -> torch.Tensor:
