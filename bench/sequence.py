@@ -5,14 +5,14 @@ the LF-MMI criterion against cross-entropy, and the size of its denominator grap
    frame labels, collapsed into phone sequences, for orders 2, 3 and 4 (pruning
    `train.den_min_count`): states, arcs, whether it runs as a dense transition matrix,
    and the estimation time.
-2. Time per minibatch, one run, side by side. Two copies of the configured student
+2. Time per minibatch, one run, side by side. Copies of the configured student
    (configs/local.yaml: 2 x 384 LSTM, 3 frames of look-ahead) with the same initial
    weights each take a full training step (forward, loss, backward, Adam) on the same
-   chunked minibatch of `train.minibatch_frames` frames: one with CE, one with LF-MMI
-   (`train.*` knobs: chunk graph, leaky HMM, CE interpolation, output L2). The order
-   alternates every minibatch so both see the same machine load. Reported: seconds per
-   minibatch and the ratio MMI / CE. Beside it, each criterion alone (loss and its
-   backward on the same detached logits) for the configured order and the trigram.
+   chunked minibatch of `train.minibatch_frames` frames: one with CE, one with LF-MMI,
+   one with LF-sMBR (`train.*` knobs: chunk graph, leaky HMM, CE interpolation, output
+   L2). The order rotates every minibatch so all see the same machine load. Reported:
+   seconds per minibatch and the ratio to CE. Beside it, each criterion alone (loss and
+   its backward on the same detached logits), for the configured order and the trigram.
 
 Data: the run's `repartition/<train.labeled_split>` when it exists, else a synthetic
 run (48 phones, 192-d features, written under `runs/<R>/bench/synthetic`). Runs on the
@@ -99,25 +99,29 @@ def _timed(device: torch.device, fn) -> float:
 
 
 def _steps(ctx: StepContext, index: SplitIndex, norm: Normalizer, num_classes: int,
-           crit: SequenceCriterion, device: torch.device, steps: int) -> dict[str, Any]:
-    """Full training steps, CE and MMI alternating on the same minibatches."""
+           crits: dict[str, SequenceCriterion], device: torch.device,
+           steps: int) -> dict[str, Any]:
+    """Full training steps, CE and each sequence criterion in turn (the order rotates
+    every minibatch) on the same minibatches, each on its own copy of one model."""
     tc, mc = ctx.cfg.train, ctx.cfg.model
     torch.manual_seed(0)
-    models = {"ce": build_model("student", index.feat_dim, num_classes, mc).to(device)}
-    models["mmi"] = copy.deepcopy(models["ce"])
+    base = build_model("student", index.feat_dim, num_classes, mc).to(device)
+    losses = {"ce": lambda logits, b: ce_loss(logits, b.labels)}
+    for name, crit in crits.items():
+        losses[name] = lambda logits, b, crit=crit: crit(logits, b.labels, chunked=True)
+    models = {k: copy.deepcopy(base) for k in losses}
     opts = {k: torch.optim.Adam(m.parameters(), lr=1e-4) for k, m in models.items()}
-    losses = {"ce": lambda logits, b: ce_loss(logits, b.labels),
-              "mmi": lambda logits, b: crit(logits, b.labels, chunked=True)}
     spec = PassSpec(mode="chunk", chunk_frames=tc.chunk_frames,
                     left_context=tc.chunk_left_context, right_context=mc.student.lookahead,
                     minibatch_frames=tc.minibatch_frames, stack=ctx.cfg.features.stack)
-    times: dict[str, list[float]] = {"ce": [], "mmi": []}
-    alone: dict[str, list[float]] = {"ce": [], "mmi": []}
+    names = list(losses)
+    times: dict[str, list[float]] = {k: [] for k in names}
+    alone: dict[str, list[float]] = {k: [] for k in names}
     frames = seen = 0
     while seen < steps + 1:
         for batch in BatchLoader(ctx.storage, index, spec, norm, prefetch=2):
             b = batch.to(device)
-            order = ("ce", "mmi") if seen % 2 == 0 else ("mmi", "ce")
+            order = names[seen % len(names):] + names[:seen % len(names)]
             for k in order:
                 def step(k=k):
                     opts[k].zero_grad()
@@ -128,7 +132,7 @@ def _steps(ctx: StepContext, index: SplitIndex, norm: Normalizer, num_classes: i
                 if seen:  # the first minibatch pays for allocations
                     times[k].append(dt)
             with torch.no_grad():
-                logits = models["ce"](b.x)
+                logits = base(b.x)
             for k in order:
                 leaf = logits.clone().requires_grad_()
                 dt = _timed(device, lambda k=k, leaf=leaf: losses[k](leaf, b).loss.backward())
@@ -140,13 +144,13 @@ def _steps(ctx: StepContext, index: SplitIndex, norm: Normalizer, num_classes: i
                 break
     med = {k: statistics.median(v) for k, v in times.items()}
     med_alone = {k: statistics.median(v) for k, v in alone.items()}
-    return {"parameters": num_parameters(models["ce"]), "steps": len(times["ce"]),
+    return {"parameters": num_parameters(base), "steps": len(times["ce"]),
             "frames_per_minibatch": round(frames / max(len(times["ce"]), 1), 1),
-            "ce_s_per_minibatch": round(med["ce"], 4),
-            "mmi_s_per_minibatch": round(med["mmi"], 4),
-            "mmi_over_ce": round(med["mmi"] / med["ce"], 2),
+            "s_per_minibatch": {k: round(v, 4) for k, v in med.items()},
+            "over_ce": {k: round(med[k] / med["ce"], 2) for k in crits},
             "criterion_alone_s": {k: round(v, 5) for k, v in med_alone.items()},
-            "criterion_alone_mmi_over_ce": round(med_alone["mmi"] / med_alone["ce"], 1)}
+            "criterion_alone_over_ce": {k: round(med_alone[k] / med_alone["ce"], 1)
+                                        for k in crits}}
 
 
 def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
@@ -161,11 +165,14 @@ def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
         num_classes = ctx.cfg.model.num_classes or num_classes
         seqs = _label_sequences(ctx, index, norm)
         graphs = _graph_sizes(seqs, num_classes, tc.den_min_count)
-        crit = SequenceCriterion.from_labels(seqs, num_classes, tc)
-        timing = _steps(ctx, index, norm, num_classes, crit, device, steps)
-        tri = SequenceCriterion.from_labels(seqs, num_classes,
-                                            dataclasses.replace(tc, den_ngram_order=3))
-        timing["trigram"] = _steps(ctx, index, norm, num_classes, tri, device,
+        crits = {k: SequenceCriterion.from_labels(seqs, num_classes,
+                                                  dataclasses.replace(tc, criterion=k))
+                 for k in ("mmi", "smbr")}
+        timing = {"configured": _steps(ctx, index, norm, num_classes, crits, device, steps)}
+        tri = dataclasses.replace(tc, den_ngram_order=3)
+        crits = {f"{k}_trigram": SequenceCriterion.from_labels(
+            seqs, num_classes, dataclasses.replace(tri, criterion=k)) for k in ("mmi", "smbr")}
+        timing["trigram"] = _steps(ctx, index, norm, num_classes, crits, device,
                                    max(steps // 2, 2))
     finally:
         torch.set_num_threads(threads_before)
@@ -173,7 +180,7 @@ def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
               "frames": index.total_frames, "num_classes": num_classes,
               "minibatch_frames": tc.minibatch_frames, "chunk_frames": tc.chunk_frames,
               "den_ngram_order": tc.den_ngram_order, "den_min_count": tc.den_min_count,
-              "numerator": tc.sequence_numerator, "graphs": graphs, **timing}
+              "numerator": tc.sequence_numerator, "graphs": graphs, "timing": timing}
     _print(result)
     return result
 
@@ -185,14 +192,19 @@ def _print(r: dict[str, Any]) -> None:
     for g in r["graphs"]:
         lines.append(f"  {g['order']:>5} {g['states']:>8,} {g['arcs']:>9,} "
                      f"{str(g['dense']):>6} {g['estimate_s']:>11.3f}")
-    lines.append(f"time per minibatch on {r['device']} ({r['frames_per_minibatch']:.0f} scored "
-                 f"frames, {r['parameters']:,}-parameter student, median of {r['steps']}):")
-    for name, t in (("bigram" if r["den_ngram_order"] == 2 else f"order {r['den_ngram_order']}",
-                     r), ("trigram", r["trigram"])):
-        lines.append(f"  {name:<8} CE step {t['ce_s_per_minibatch']:.4f} s, MMI step "
-                     f"{t['mmi_s_per_minibatch']:.4f} s: MMI / CE = {t['mmi_over_ce']:.2f}x; "
-                     f"criterion alone {t['criterion_alone_s']['ce'] * 1e3:.1f} ms vs "
-                     f"{t['criterion_alone_s']['mmi'] * 1e3:.1f} ms")
+    for part, t in r["timing"].items():
+        order = r["den_ngram_order"] if part == "configured" else 3
+        lines.append(f"time per minibatch, phone {order}-gram denominator, on {r['device']} "
+                     f"({t['frames_per_minibatch']:.0f} scored frames, {t['parameters']:,}-"
+                     f"parameter student, median of {t['steps']}):")
+        lines.append(f"  {'criterion':<14} {'step s':>8} {'/ CE':>6} {'loss+backward ms':>17} "
+                     f"{'/ CE':>7}")
+        for k, v in t["s_per_minibatch"].items():
+            ratio = t["over_ce"].get(k, 1.0)
+            alone = t["criterion_alone_s"][k] * 1e3
+            alone_ratio = t["criterion_alone_over_ce"].get(k, 1.0)
+            lines.append(f"  {k:<14} {v:>8.4f} {ratio:>5.2f}x {alone:>17.1f} "
+                         f"{alone_ratio:>6.1f}x")
     print("\n".join(lines), flush=True)
 
 
