@@ -389,3 +389,41 @@ def test_bench_graph_sizes_grow_with_the_order():
     assert rows[0]["states"] == 7 and rows[0]["arcs"] == 6 * 6 + 6
     assert rows[0]["states"] < rows[1]["states"] <= rows[2]["states"]
     assert all(r["dense"] for r in rows)
+
+
+@pytest.mark.parametrize("criterion", ["mmi", "smbr"])
+def test_criterion_on_the_loaders_chunk_and_full_minibatches(tmp_path, criterion):
+    """What the recipe will do: the denominator from the labeled split's labels, then
+    chunked minibatches (context frames unscored) and whole utterances through the
+    student; finite losses and gradients."""
+    from amflow.config import load_config
+    from amflow.storage import Storage, join
+    from training.data import BatchLoader, Normalizer, PassSpec, SplitIndex, make_synthetic_run
+    from training.models import StudentLSTM
+
+    st = Storage()
+    root = str(tmp_path / "runs" / "r")
+    info = make_synthetic_run(st, root, num_classes=6, splits={"labeled": {"utts": 12,
+                                                                           "parts": 1}})
+    index = SplitIndex.load(st, info["splits"]["labeled"], "labels")
+    norm = Normalizer.from_stats(st.read_json(join(root, "features", "cmvn.json")),
+                                 index.feat_dim)
+    full = PassSpec(mode="full", shuffle=False, minibatch_frames=400)
+    seqs = [row[:n].numpy() for b in BatchLoader(st, index, full, norm)
+            for row, n in zip(b.labels, b.lengths.tolist())]
+    tc = load_config(None, [f"train.criterion={criterion}", "train.den_ngram_order=3",
+                            "train.sequence_numerator=flexible"]).train
+    crit = SequenceCriterion.from_labels(seqs, 6, tc)
+    torch.manual_seed(0)
+    model = StudentLSTM(index.feat_dim, 16, 1, 6, lookahead=2)
+    chunks = PassSpec(mode="chunk", chunk_frames=8, left_context=3, right_context=2,
+                      minibatch_frames=64)
+    for spec, chunked in ((chunks, True), (full, False)):
+        batch = next(iter(BatchLoader(st, index, spec, norm)))
+        model.zero_grad()
+        out = crit(model(batch.x), batch.labels, chunked=chunked)
+        out.loss.backward()
+        assert out.frames == batch.frames and math.isfinite(float(out.loss.detach()))
+        grads = [p.grad for p in model.parameters()]
+        assert all(bool(torch.isfinite(g).all()) for g in grads)
+        assert any(float(g.abs().sum()) > 0 for g in grads)
