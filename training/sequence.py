@@ -521,45 +521,55 @@ def _log_matmul(a: torch.Tensor, trans: torch.Tensor) -> torch.Tensor:
 class _DenseLogPartition(torch.autograd.Function):
     """`_LogPartition` for a state-labelled graph: matrix products instead of arc
     gathers and scatters. Occupation of class c at frame t = sum over the states d
-    labelled c of alpha_{t+1}(d) beta_{t+1}(d) / Z."""
+    labelled c of alpha_{t+1}(d) beta_{t+1}(d) / Z. Classes map to states and back by
+    products with a one-hot [S, C] matrix rather than index_add, which is deterministic
+    on a GPU too (a resumed run repeats its steps bit for bit)."""
 
     @staticmethod
     def forward(ctx, x, lengths, graph, log_leaky):  # noqa: D401 - autograd API
-        trans, lab = graph.dense
+        trans, onehot = graph.dense[0], _state_onehot(graph, x.shape[2], x.dtype)
         b, t, _ = x.shape
+        xs = x @ onehot.T  # [B, T, S]: each state's class score
         active = torch.arange(t, device=x.device)[None, :] < lengths[:, None]
         alpha = graph.initial.expand(b, -1).clone()
-        post = x.new_empty(t, b, graph.num_states)  # alpha after each frame's arcs
+        post = x.new_empty(b, t, graph.num_states)  # alpha after each frame's arcs
         for i in range(t):
             on = active[:, i:i + 1]
             a = _leak(alpha, log_leaky, graph) if log_leaky is not None else alpha
-            alpha = torch.where(on, _log_matmul(a, trans) + x[:, i, lab], alpha)
-            post[i] = alpha
+            alpha = torch.where(on, _log_matmul(a, trans) + xs[:, i], alpha)
+            post[:, i] = alpha
         logz = torch.logsumexp(alpha + graph.final, -1)
-        ctx.save_for_backward(x, post, logz, active)
+        ctx.save_for_backward(xs, post, logz, active, onehot)
         ctx.graph, ctx.log_leaky = graph, log_leaky
         return logz
 
     @staticmethod
     def backward(ctx, grad):
-        x, post, logz, active = ctx.saved_tensors
+        xs, post, logz, active, onehot = ctx.saved_tensors
         g, log_leaky = ctx.graph, ctx.log_leaky
-        trans, lab = g.dense
-        b, t, c = x.shape
+        trans = g.dense[0]
+        b, t, _ = xs.shape
         beta = g.final.expand(b, -1).clone()
-        occ = torch.zeros_like(x)
+        gamma = torch.zeros_like(post)  # state occupation per frame
         fin = torch.isfinite(logz)[:, None]
         for i in range(t - 1, -1, -1):
             on = active[:, i:i + 1]
-            gamma = torch.exp(post[i] + beta - logz[:, None])
-            gamma = torch.where(on & fin, gamma, torch.zeros_like(gamma))
-            occ[:, i] = torch.zeros(b, c, dtype=x.dtype, device=x.device).index_add_(1, lab,
-                                                                                   gamma)
-            new = _log_matmul(x[:, i, lab] + beta, trans.T)
+            occ = torch.exp(post[:, i] + beta - logz[:, None])
+            gamma[:, i] = torch.where(on & fin, occ, torch.zeros_like(occ))
+            new = _log_matmul(xs[:, i] + beta, trans.T)
             if log_leaky is not None:
                 new = _leak_backward(new, log_leaky, g)
             beta = torch.where(on, new, beta)
-        return grad[:, None, None] * occ, None, None, None
+        return grad[:, None, None] * (gamma @ onehot), None, None, None
+
+
+def _state_onehot(g: Graph, num_classes: int, dtype: torch.dtype) -> torch.Tensor:
+    """[S, C]: 1 where the state's label is the class (the start state has label 0 but
+    no incoming arc, so its column entry is never reached)."""
+    lab = g.dense[1]
+    if int(lab.max()) >= num_classes:
+        raise ValueError(f"graph label {int(lab.max())} >= the {num_classes} network outputs")
+    return torch.nn.functional.one_hot(lab, num_classes).to(dtype)
 
 
 def log_partition(x: torch.Tensor, lengths: torch.Tensor, graph: Graph,
@@ -726,7 +736,8 @@ def expected_accuracy(x: torch.Tensor, lengths: torch.Tensor, graph: Graph,
     if dense is None:
         raise ValueError("expected_accuracy needs a state-labelled graph (Graph.dense_form)")
     g = graph.to(x.device, x.dtype)
-    trans, lab = g.dense
+    trans, onehot = g.dense[0], _state_onehot(g, x.shape[2], x.dtype)
+    xs, rs = x @ onehot.T, reward.to(x.dtype) @ onehot.T  # per state (see _state_onehot)
     b, t, _ = x.shape
     active = torch.arange(t, device=x.device)[None, :] < lengths.to(x.device)[:, None]
     iota = g.initial.exp()
@@ -746,8 +757,8 @@ def expected_accuracy(x: torch.Tensor, lengths: torch.Tensor, graph: Graph,
         new_la = torch.where(reach, torch.log(safe) + m, torch.full_like(m, NEG_INF))
         new_ea = torch.where(reach, carried / safe, torch.zeros_like(mass))
         on = active[:, i:i + 1]
-        la = torch.where(on, new_la + x[:, i, lab], la)
-        ea = torch.where(on, new_ea + reward[:, i, lab], ea)
+        la = torch.where(on, new_la + xs[:, i], la)
+        ea = torch.where(on, new_ea + rs[:, i], ea)
     w = la + g.final
     logz = torch.logsumexp(w, -1)
     post = torch.softmax(torch.where(torch.isfinite(logz)[:, None], w, torch.zeros_like(w)), -1)
