@@ -27,13 +27,18 @@ Pieces, each usable on its own:
   beta recursion, so no arc-level tensors are kept per frame).
 - `mmi_loss(logits, labels, den, ...)`: the MMI objective per frame, with CE interpolation
   and output L2 (LF-MMI §2.6), and a `NonFiniteSequenceError` naming the utterance.
+- `expected_accuracy(x, lengths, den, reward, leaky)` and `smbr_loss(...)`: lattice-free
+  sMBR (Kanda et al. 2018), the expected frame accuracy over the denominator's paths.
 - `SequenceCriterion`: all of it configured from `train.*`, the object a recipe calls.
 
 Graphs are arc-emitting (as in k2): a path of T frames takes T arcs, and the arc taken at
 frame t adds its weight plus x[t, label]. `Graph` tensors have a leading graph dimension G:
 1 (one graph shared by the batch, the denominator) or B (one per sequence, numerators).
-Forward-backward loops over time only; each step is a gather over arcs and a scatter
-log-sum-exp into states, vectorised over the batch and the arcs, on CPU or GPU alike.
+Forward-backward loops over time only, vectorised over the batch and the arcs, on CPU or
+GPU alike. Any graph runs as a gather over arcs and a scatter log-sum-exp into states per
+frame; a state-labelled graph (the denominator: every arc into a state carries that
+state's phone) runs as one max-shifted [B, S] x [S, S] product per frame, 4x (bigram)
+to 15x (trigram) faster on a CPU.
 """
 from __future__ import annotations
 
@@ -216,9 +221,9 @@ def estimate_phone_ngram(label_seqs: Iterable[np.ndarray], num_phones: int, orde
 
     Interpolated absolute discounting down to a uniform distribution, so that every phone
     can follow every history (the denominator must contain every numerator path). Pruning:
-    a history of the full length (order - 1) seen fewer than `min_count` times is not a
-    state; its transitions back off to the shorter history (LF-MMI §2.2 keeps the graph
-    small the same way, by limiting the highest-order states).
+    a history longer than one phone seen fewer than `min_count` times is not a state;
+    transitions into it go to its longest kept suffix instead (LF-MMI §2.2 keeps the
+    graph small the same way, by limiting the number of higher-order states).
     """
     if order < 2:
         raise ValueError(f"phone n-gram order must be >= 2 (got {order}): every state "
