@@ -37,7 +37,8 @@ from training.data import (BatchLoader, Normalizer, PassSpec, SplitIndex, make_s
                            partition_uris)
 from training.losses import ce_loss
 from training.models import build_model, num_parameters
-from training.sequence import SequenceCriterion, denominator_graph, estimate_phone_ngram
+from training.sequence import (SequenceCriterion, denominator_graph, estimate_phone_ngram,
+                               split_label_sequences)
 
 SYNTHETIC_PHONES = 48
 
@@ -60,17 +61,6 @@ def _data(ctx: StepContext) -> tuple[SplitIndex, Normalizer, int, str]:
     norm = Normalizer.from_stats(st.read_json(join(root, "features", "cmvn.json")),
                                  index.feat_dim)
     return index, norm, len(info["phones"]), "synthetic"
-
-
-def _label_sequences(ctx: StepContext, index: SplitIndex, norm: Normalizer) -> list[np.ndarray]:
-    """Each utterance's frame labels at offset 0 (a full-sequence pass of the loader)."""
-    spec = PassSpec(mode="full", shuffle=False, stack=ctx.cfg.features.stack,
-                    minibatch_frames=20000, shuffle_partitions=max(len(index.uris), 1))
-    out = []
-    for b in BatchLoader(ctx.storage, index, spec, norm, prefetch=2):
-        for row, n in zip(b.labels, b.lengths.tolist()):
-            out.append(row[:n].numpy())
-    return out
 
 
 def _graph_sizes(seqs: list[np.ndarray], num_classes: int, min_count: int) -> list[dict]:
@@ -163,7 +153,7 @@ def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
     try:
         index, norm, num_classes, source = _data(ctx)
         num_classes = ctx.cfg.model.num_classes or num_classes
-        seqs = _label_sequences(ctx, index, norm)
+        seqs = split_label_sequences(ctx.storage, index.uris, ctx.cfg.features.stack)
         graphs = _graph_sizes(seqs, num_classes, tc.den_min_count)
         crits = {k: SequenceCriterion.from_labels(seqs, num_classes,
                                                   dataclasses.replace(tc, criterion=k))

@@ -13,7 +13,7 @@ from training.sequence import (Graph, NonFiniteSequenceError, PhoneNgram, Sequen
                                alignment_logprob, chunk_graph, collapse, denominator_graph,
                                estimate_phone_ngram, expected_accuracy, graph_from_arcs,
                                log_partition, mmi_loss, numerator_graphs, phone_sequences,
-                               scored_segments, smbr_loss)
+                               scored_segments, smbr_loss, split_label_sequences)
 
 torch.set_num_threads(1)
 
@@ -409,8 +409,10 @@ def test_criterion_on_the_loaders_chunk_and_full_minibatches(tmp_path, criterion
     norm = Normalizer.from_stats(st.read_json(join(root, "features", "cmvn.json")),
                                  index.feat_dim)
     full = PassSpec(mode="full", shuffle=False, minibatch_frames=400)
-    seqs = [row[:n].numpy() for b in BatchLoader(st, index, full, norm)
-            for row, n in zip(b.labels, b.lengths.tolist())]
+    seqs = split_label_sequences(st, info["splits"]["labeled"])
+    from_loader = [row[:n].numpy() for b in BatchLoader(st, index, full, norm)
+                   for row, n in zip(b.labels, b.lengths.tolist())]
+    assert sorted(map(tuple, seqs)) == sorted(map(tuple, from_loader))
     tc = load_config(None, [f"train.criterion={criterion}", "train.den_ngram_order=3",
                             "train.sequence_numerator=flexible"]).train
     crit = SequenceCriterion.from_labels(seqs, 6, tc)

@@ -869,6 +869,27 @@ class SequenceCriterion:
                     am_scale=tc.sequence_am_scale, utt_ids=utt_ids, where=where)
 
 
+def split_label_sequences(storage: Any, uris: Sequence[str], stack: int = 3
+                          ) -> list[np.ndarray]:
+    """Each utterance's frame labels (low frame rate, offset 0) in a labeled split's
+    partitions, partition by partition, row by row, reading the label columns only (no
+    features): the input of `estimate_phone_ngram`. Every worker reading the whole split
+    builds the same denominator. Rows without labels are skipped (the loader rejects them)."""
+    from amflow import records
+
+    out = []
+    for uri in uris:
+        t = storage.read_parquet(uri, columns=["num_frames", "labels", "frame_labels"])
+        cols = {c: t.column(c).to_pylist() for c in t.column_names}
+        for n, lab, flab in zip(cols["num_frames"], cols["labels"], cols["frame_labels"]):
+            lab = records.decode_int16(lab)
+            if lab is not None and len(lab) == n:
+                out.append(lab)
+            elif flab is not None and len(flab) >= 2 * n > 0:  # as SplitIndex.load
+                out.append(records.offset_labels(records.decode_int16(flab), 0, stack, n))
+    return out
+
+
 def class_log_priors(label_seqs: Iterable[np.ndarray], num_classes: int) -> torch.Tensor:
     """log of each class's share of the labeled frames (add-one smoothed)."""
     counts = np.ones(num_classes)
