@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+from training import sequence
 from training.losses import IGNORE
 from training.sequence import (Graph, NonFiniteSequenceError, PhoneNgram, SequenceCriterion,
                                alignment_logprob, chunk_graph, collapse, denominator_graph,
@@ -146,7 +147,10 @@ def test_dense_form_only_for_state_labelled_graphs():
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_dense_and_arc_forward_backward_agree_on_the_denominator(device):
+@pytest.mark.parametrize("sparse_below", [0.0, 1.0])  # dense products / CSR ones on a CPU
+def test_dense_and_arc_forward_backward_agree_on_the_denominator(device, sparse_below,
+                                                                 monkeypatch):
+    monkeypatch.setattr(sequence, "SPARSE_MAX_DENSITY", sparse_below)
     lm = estimate_phone_ngram(_label_seqs(80, 6, seed=12), 6, order=3, min_count=1)
     for den in (denominator_graph(lm), chunk_graph(denominator_graph(lm))):
         gen = torch.Generator().manual_seed(13)

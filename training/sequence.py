@@ -87,6 +87,8 @@ class Graph:
     # state-labelled (see `dense_form`); False when it is not; None before the check.
     dense: tuple[torch.Tensor, torch.Tensor] | bool | None = field(default=None, repr=False,
                                                                   compare=False)
+    # The transition products of the dense form on this graph's device (`_products`).
+    products: tuple | None = field(default=None, repr=False, compare=False)
 
     @property
     def num_arcs(self) -> int:
@@ -95,6 +97,8 @@ class Graph:
 
     def to(self, device: torch.device | str, dtype: torch.dtype | None = None) -> "Graph":
         dtype = dtype or self.weight.dtype
+        if self.weight.device == torch.device(device) and self.weight.dtype == dtype:
+            return self  # keeps what is cached on it (dense form, sparse products)
         dense = self.dense
         if isinstance(dense, tuple):
             dense = (dense[0].to(device, dtype), dense[1].to(device))
@@ -513,14 +517,50 @@ class _LogPartition(torch.autograd.Function):
         return grad[:, None, None] * occ, None, None, None
 
 
-def _log_matmul(a: torch.Tensor, trans: torch.Tensor) -> torch.Tensor:
-    """log(exp(a) @ trans) for log-space a [B, S] and a non-negative trans: the largest
-    entry of each row is factored out first, so exp never overflows, and a state whose
-    every contribution is below e^-87 of the row's best (fp32) counts as unreachable
-    (Kaldi's chain code rescales each frame the same way)."""
+# Below this share of non-zero transitions a CPU runs the product as a sparse (CSR) one:
+# 4.5x faster than dense at 527 trigram states (nnz 5 %). GPUs keep the dense product.
+SPARSE_MAX_DENSITY = 0.2
+
+
+def _products(g: Graph, device: torch.device) -> tuple:
+    """(forward, backward) transition products p -> p @ T and p -> p @ T^T for the
+    dense form of g: sparse CSR ones on a CPU when T is sparse enough, cached on g."""
+    trans = g.dense[0]
+    if g.products is not None:
+        return g.products
+    density = float((trans != 0).float().mean())
+    if device.type == "cpu" and density < SPARSE_MAX_DENSITY:
+        import warnings
+
+        with warnings.catch_warnings():  # "sparse CSR support is in beta"
+            warnings.simplefilter("ignore", UserWarning)
+            t_csr, tt_csr = trans.to_sparse_csr(), trans.T.contiguous().to_sparse_csr()
+        prods = (lambda p: (tt_csr @ p.T).T, lambda p: (t_csr @ p.T).T)
+    else:
+        prods = (lambda p: p @ trans, lambda p: p @ trans.T)
+    g.products = prods
+    return prods
+
+
+def _log_product(a: torch.Tensor, product, leaky: float = 0.0,
+                 iota: torch.Tensor | None = None, transpose: bool = False) -> torch.Tensor:
+    """log(product(exp(a))) for log-space a [B, S], with the leaky HMM folded in.
+
+    The largest entry of each row is factored out first, so exp never overflows, and a
+    state whose every contribution is below e^-87 of the row's best (fp32) counts as
+    unreachable (Kaldi's chain code rescales each frame the same way). In that shifted
+    probability domain the leak (see `_leak`) is one multiply-add: before the forward
+    product p += leaky * sum(p) * iota, after the backward (transposed) one
+    q += leaky * (q . iota), with iota = exp(initial)."""
     m = a.max(-1, keepdim=True).values
     m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
-    return torch.log(torch.exp(a - m) @ trans) + m
+    p = torch.exp(a - m)
+    if leaky and not transpose:
+        p = p + leaky * p.sum(-1, keepdim=True) * iota
+    q = product(p)
+    if leaky and transpose:
+        q = q + leaky * (q * iota).sum(-1, keepdim=True)
+    return torch.log(q) + m
 
 
 class _DenseLogPartition(torch.autograd.Function):
@@ -532,16 +572,17 @@ class _DenseLogPartition(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, lengths, graph, log_leaky):  # noqa: D401 - autograd API
-        trans, onehot = graph.dense[0], _state_onehot(graph, x.shape[2], x.dtype)
+        onehot = _state_onehot(graph, x.shape[2], x.dtype)
+        forward_product = _products(graph, x.device)[0]
         b, t, _ = x.shape
         xs = x @ onehot.T  # [B, T, S]: each state's class score
         active = torch.arange(t, device=x.device)[None, :] < lengths[:, None]
+        leaky, iota = math.exp(log_leaky) if log_leaky is not None else 0.0, graph.initial.exp()
         alpha = graph.initial.expand(b, -1).clone()
         post = x.new_empty(b, t, graph.num_states)  # alpha after each frame's arcs
         for i in range(t):
-            on = active[:, i:i + 1]
-            a = _leak(alpha, log_leaky, graph) if log_leaky is not None else alpha
-            alpha = torch.where(on, _log_matmul(a, trans) + xs[:, i], alpha)
+            new = _log_product(alpha, forward_product, leaky, iota) + xs[:, i]
+            alpha = torch.where(active[:, i:i + 1], new, alpha)
             post[:, i] = alpha
         logz = torch.logsumexp(alpha + graph.final, -1)
         ctx.save_for_backward(xs, post, logz, active, onehot)
@@ -552,18 +593,17 @@ class _DenseLogPartition(torch.autograd.Function):
     def backward(ctx, grad):
         xs, post, logz, active, onehot = ctx.saved_tensors
         g, log_leaky = ctx.graph, ctx.log_leaky
-        trans = g.dense[0]
+        backward_product = _products(g, xs.device)[1]
         b, t, _ = xs.shape
         beta = g.final.expand(b, -1).clone()
         gamma = torch.zeros_like(post)  # state occupation per frame
         fin = torch.isfinite(logz)[:, None]
+        leaky, iota = math.exp(log_leaky) if log_leaky is not None else 0.0, g.initial.exp()
         for i in range(t - 1, -1, -1):
             on = active[:, i:i + 1]
             occ = torch.exp(post[:, i] + beta - logz[:, None])
             gamma[:, i] = torch.where(on & fin, occ, torch.zeros_like(occ))
-            new = _log_matmul(xs[:, i] + beta, trans.T)
-            if log_leaky is not None:
-                new = _leak_backward(new, log_leaky, g)
+            new = _log_product(xs[:, i] + beta, backward_product, leaky, iota, transpose=True)
             beta = torch.where(on, new, beta)
         return grad[:, None, None] * (gamma @ onehot), None, None, None
 
@@ -735,7 +775,7 @@ def expected_accuracy(x: torch.Tensor, lengths: torch.Tensor, graph: Graph,
     tensors are [B, S] per frame).
 
     Per state the recursion carries the mass of the paths ending there (log, max-shifted
-    as in `_log_matmul`) and their mean reward so far; the leak runs in the probability
+    as in `_log_product`) and their mean reward so far; the leak runs in the probability
     domain of the shifted frame, which keeps every gradient finite."""
     dense = graph.dense_form()
     if dense is None:
