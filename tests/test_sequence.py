@@ -452,3 +452,19 @@ def test_estimation_and_gradients_are_deterministic(device):
         grads = [torch.autograd.grad(loss(logits, labels, den).loss, logits)[0]
                  for _ in range(2)]
         assert torch.equal(grads[0], grads[1])
+
+
+def test_expected_accuracy_same_with_dense_and_sparse_products(monkeypatch):
+    lm = estimate_phone_ngram(_label_seqs(80, 6, seed=18), 6, order=3, min_count=1)
+    gen = torch.Generator().manual_seed(19)
+    x = (torch.randn(2, 7, 6, generator=gen, dtype=torch.float64) * 3).requires_grad_()
+    reward = torch.rand(2, 7, 6, generator=gen, dtype=torch.float64)
+    out = []
+    for sparse_below in (0.0, 1.0):
+        monkeypatch.setattr(sequence, "SPARSE_MAX_DENSITY", sparse_below)
+        den = chunk_graph(denominator_graph(lm))
+        logz, acc = expected_accuracy(x, torch.tensor([7, 5]), den, reward, 0.1)
+        out.append((logz.detach(), acc.detach(), torch.autograd.grad(acc.sum(), x)[0]))
+    assert float((den.dense[0] != 0).double().mean()) < 0.2  # the CSR path was taken
+    for a, b in zip(*out):
+        assert torch.allclose(a, b, atol=1e-10)

@@ -781,7 +781,7 @@ def expected_accuracy(x: torch.Tensor, lengths: torch.Tensor, graph: Graph,
     if dense is None:
         raise ValueError("expected_accuracy needs a state-labelled graph (Graph.dense_form)")
     g = graph.to(x.device, x.dtype)
-    trans, onehot = g.dense[0], _state_onehot(g, x.shape[2], x.dtype)
+    product, onehot = _products(g, x.device)[0], _state_onehot(g, x.shape[2], x.dtype)
     xs, rs = x @ onehot.T, reward.to(x.dtype) @ onehot.T  # per state (see _state_onehot)
     b, t, _ = x.shape
     active = torch.arange(t, device=x.device)[None, :] < lengths.to(x.device)[:, None]
@@ -796,7 +796,7 @@ def expected_accuracy(x: torch.Tensor, lengths: torch.Tensor, graph: Graph,
         if leaky > 0:
             p = p + leaky * p.sum(-1, keepdim=True) * iota
             q = q + leaky * q.sum(-1, keepdim=True) * iota
-        mass, carried = p @ trans, q @ trans
+        mass, carried = product(torch.cat([p, q])).split(b)  # one product for both
         reach = mass > 0
         safe = torch.where(reach, mass, torch.ones_like(mass))
         new_la = torch.where(reach, torch.log(safe) + m, torch.full_like(m, NEG_INF))
