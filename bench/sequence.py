@@ -3,7 +3,8 @@ the LF-MMI criterion against cross-entropy, and the size of its denominator grap
 
 1. Graph. The phone n-gram (training/sequence.py) is estimated from the labeled split's
    frame labels, collapsed into phone sequences, for orders 2, 3 and 4 (pruning
-   `train.den_min_count`): states, arcs, whether it runs as a dense transition matrix,
+   `train.den_min_count`): states, arcs, whether it runs as a transition-matrix product
+   (state-labelled: dense on a GPU, CSR on a CPU when sparse),
    and the estimation time.
 2. Time per minibatch, one run, side by side. Copies of the configured student
    (configs/local.yaml: 2 x 384 LSTM, 3 frames of look-ahead) with the same initial
@@ -158,6 +159,7 @@ def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
         crits = {k: SequenceCriterion.from_labels(seqs, num_classes,
                                                   dataclasses.replace(tc, criterion=k))
                  for k in ("mmi", "smbr")}
+        crits_size = crits["mmi"].graph_size()
         timing = {"configured": _steps(ctx, index, norm, num_classes, crits, device, steps)}
         tri = dataclasses.replace(tc, den_ngram_order=3)
         crits = {f"{k}_trigram": SequenceCriterion.from_labels(
@@ -170,7 +172,10 @@ def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
               "frames": index.total_frames, "num_classes": num_classes,
               "minibatch_frames": tc.minibatch_frames, "chunk_frames": tc.chunk_frames,
               "den_ngram_order": tc.den_ngram_order, "den_min_count": tc.den_min_count,
-              "numerator": tc.sequence_numerator, "graphs": graphs, "timing": timing}
+              "numerator": tc.sequence_numerator, "graphs": graphs, "timing": timing,
+              # the headline numbers, as scalars for the step summary
+              "den_states": crits_size["states"], "den_arcs": crits_size["arcs"],
+              **{f"{k}_over_ce": v for k, v in timing["configured"]["over_ce"].items()}}
     _print(result)
     return result
 
