@@ -54,7 +54,8 @@ def _decode_args(p: argparse.ArgumentParser) -> None:
 
 
 def _bench_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("what", choices=["features", "targets", "trainers", "train", "gtc", "decode"],
+    p.add_argument("what", choices=["features", "targets", "trainers", "train", "gtc", "decode",
+                                    "sequence"],
                    help="which benchmark to run")
     p.add_argument("--out", help="where to write the benchmark JSON (default: under the run)")
     p.add_argument("--model", help="decode: model checkpoint URI (default: the run's train/model.pt)")

@@ -383,6 +383,27 @@ class TrainConfig:
     natural_gradient: bool = False
     ng_alpha: float = 4.0
     use_gpu: bool = False
+    # Training criterion: ce (cross-entropy on labels, distillation on soft targets),
+    # mmi (lattice-free MMI) or smbr (lattice-free sMBR): training/sequence.py, a phone
+    # n-gram denominator graph and a batched forward-backward, for sequence training on
+    # labeled data after CE.
+    criterion: str = "ce"
+    # mmi, smbr: the numerator is the fixed frame alignment, or its phone sequence with
+    # flexible timing (every segmentation of the aligned phones).
+    sequence_numerator: str = "alignment"
+    # LF-MMI's regularisers (Povey et al. 2016, sec. 2.6): CE interpolation weight and
+    # the output L2 (0.5 * l2 * |logits|^2 per frame; Kaldi chain recipes use 5e-5).
+    sequence_ce_weight: float = 0.1
+    sequence_l2: float = 5.0e-5
+    # Leaky HMM (LF-MMI sec. 2.5): per-frame probability of jumping to any state.
+    leaky_hmm: float = 0.1
+    # x = am_scale * (logits - prior_scale * log class priors); LF-MMI uses 1 and 0.
+    sequence_am_scale: float = 1.0
+    sequence_prior_scale: float = 0.0
+    # Denominator phone n-gram: order (2..4) and the count below which a history of the
+    # full length is pruned (it backs off to the shorter one).
+    den_ngram_order: int = 2
+    den_min_count: int = 2
     # train.* values used instead when train.model is teacher (see _apply_teacher_recipe).
     teacher_recipe: dict[str, Any] = field(default_factory=dict)
 
@@ -425,6 +446,20 @@ class TrainConfig:
         _check("/" not in self.tag, f"{key}.tag", "must not contain '/'")
         _check(min(self.freq_masks, self.freq_mask_bins, self.time_masks,
                    self.time_mask_rows) >= 0, f"{key}.freq_masks", "masking knobs must be >= 0")
+        self._validate_sequence(key)
+
+    def _validate_sequence(self, key: str) -> None:
+        _check(self.criterion in ("ce", "mmi", "smbr"), f"{key}.criterion",
+               "must be ce, mmi or smbr")
+        _check(self.sequence_numerator in ("alignment", "flexible"),
+               f"{key}.sequence_numerator", "must be alignment or flexible")
+        _check(self.sequence_ce_weight >= 0, f"{key}.sequence_ce_weight", "must be >= 0")
+        _check(self.sequence_l2 >= 0, f"{key}.sequence_l2", "must be >= 0")
+        _check(0 <= self.leaky_hmm < 1, f"{key}.leaky_hmm", "must be in [0, 1)")
+        _check(self.sequence_am_scale > 0, f"{key}.sequence_am_scale", "must be > 0")
+        _check(self.sequence_prior_scale >= 0, f"{key}.sequence_prior_scale", "must be >= 0")
+        _check(2 <= self.den_ngram_order <= 4, f"{key}.den_ngram_order", "must be 2, 3 or 4")
+        _check(self.den_min_count >= 1, f"{key}.den_min_count", "must be >= 1")
 
 
 @dataclass

@@ -32,12 +32,26 @@ def test_override_types_and_nesting():
     ("train.workers=many", "train.workers"),
     ("train.algorithm=adamw", "train.algorithm"),
     ("ray.num_cpus=0", "ray.num_cpus"),
+    ("train.criterion=smbr2", "train.criterion"),
+    ("train.sequence_numerator=lattice", "train.sequence_numerator"),
+    ("train.leaky_hmm=1.0", "train.leaky_hmm"),
+    ("train.den_ngram_order=1", "train.den_ngram_order"),
+    ("train.sequence_ce_weight=-0.1", "train.sequence_ce_weight"),
 ])
 def test_bad_values_name_the_key(override, key):
     with pytest.raises(ConfigError) as err:
         load_config(ROOT / "configs/local.yaml", [override])
     assert err.value.key == key
     assert f"'{key}'" in str(err.value)
+
+
+def test_criterion_defaults_to_ce_and_takes_the_sequence_knobs():
+    assert load_config(ROOT / "configs/local.yaml").train.criterion == "ce"
+    cfg = load_config(None, ["train.criterion=mmi", "train.den_ngram_order=3",
+                             "train.sequence_numerator=flexible", "train.leaky_hmm=0"])
+    assert (cfg.train.criterion, cfg.train.den_ngram_order) == ("mmi", 3)
+    assert (cfg.train.sequence_numerator, cfg.train.leaky_hmm) == ("flexible", 0.0)
+    assert load_config(None, ["train.criterion=smbr"]).train.criterion == "smbr"
 
 
 def test_teacher_recipe_applies_to_the_teacher_only_and_set_wins():
