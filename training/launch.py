@@ -125,6 +125,11 @@ def _store_priors(ctx: StepContext, plan: dict[str, Any], model_uri: str) -> Non
 def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
     cfg = ctx.cfg
     tc = cfg.train
+    if tc.criterion != "ce":
+        # training/sequence.py has the criterion; the trainer does not call it yet, and a
+        # run that silently trained with cross-entropy instead would mislead.
+        raise ConfigError("train.criterion", f"{tc.criterion} is not wired into the "
+                          "trainer yet (the sequence recipe is open work); use ce")
     if tc.model == "teacher" and tc.recipe == "ssl":
         raise ConfigError("train.recipe", "the teacher trains on labeled data only "
                           "(recipe labeled); ssl is the student's recipe")
