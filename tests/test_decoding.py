@@ -246,3 +246,21 @@ def test_oracle_posteriors_decode_the_tiny_corpus(tiny_corpus, tmp_path):
         words, _, _ = search.best_words(acoustic_scores(lp, log_priors(np.ones(len(classes))), 1.0))
         scores.append(W.score(L.words_of(r.text), words, r.condition))
     assert W.aggregate(scores)["wer"] <= 0.05
+
+
+def test_featurize_rejects_an_utterance_without_audio(tmp_path):
+    from amflow.config import StorageConfig
+    from amflow.storage import Storage
+    from decoding.decode import featurize
+    from tasks.select import read_records
+    from tests.test_select import make_corpus
+
+    make_corpus(tmp_path / "corpus", speakers=2, utts=2, labeled=1)
+    missing = tmp_path / "corpus" / "audio" / "spk0_00" / "spk0_00_u01.wav"
+    missing.unlink()
+    st = Storage(StorageConfig(root=str(tmp_path)))
+    records, _, _ = read_records(st, str(tmp_path / "corpus"))
+    meta = {"features": {}, "cmvn": None, "spec": {"input_dim": 192}}
+    feats, rejects, audio_s = featurize(st, str(tmp_path / "corpus"), records, meta)
+    assert [r.utt_id for r in rejects] == ["spk0_00_u01"] and rejects[0].reason
+    assert len(feats) == 3 and all(x.shape[1] == 192 for _, x in feats) and audio_s > 0
