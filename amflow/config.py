@@ -687,6 +687,8 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
         if isinstance(value, str):
             value = [yaml.safe_load(v.strip()) if item_tp is not str else v.strip()
                      for v in value.split(",") if v.strip()]
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            value = [value]  # `--set decode.acwt=0.5`: a list of one
         _check(isinstance(value, list), key, f"must be a list, got {type(value).__name__}")
         return [_coerce(v, item_tp, f"{key}[{i}]") for i, v in enumerate(value)]
     if origin is dict:
