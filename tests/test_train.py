@@ -251,3 +251,17 @@ def test_train_and_resume_on_s3(s3_bucket, tmp_path):
     model, meta = load_model(st, uri)
     assert meta["spec"]["kind"] == "teacher"
     assert st.exists(f"s3://{bucket}/amflow/runs/r/train/learning_curve.png")
+
+
+def test_a_checkpoint_from_before_a_new_config_key_still_resumes():
+    import dataclasses
+
+    from amflow.config import TrainConfig
+    from training.checkpoint import fingerprint_diff
+
+    now = {"train": dataclasses.asdict(TrainConfig()), "kind": "student"}
+    old = {"train": {k: v for k, v in now["train"].items() if k != "criterion"}, "kind": "student"}
+    assert fingerprint_diff(old, now) == []
+    changed = {"train": dict(now["train"], criterion="mmi"), "kind": "student"}
+    assert fingerprint_diff(old, changed) == ["criterion"]
+    assert fingerprint_diff(now, dict(now, kind="teacher")) == ["model/data"]

@@ -53,7 +53,7 @@ from amflow.config import FeaturesConfig, ModelConfig, StorageConfig, TrainConfi
 from amflow.progress import Progress
 from amflow.runs import StepError
 from amflow.storage import Storage, join
-from training.checkpoint import Checkpointer, save_model
+from training.checkpoint import Checkpointer, fingerprint_diff, save_model
 from training.data import (BatchLoader, Normalizer, PassSpec, SplitIndex, plan_pass,
                            rank_partitions, spec_augment)
 from training.losses import LossOut, ce_loss, distill_loss
@@ -400,11 +400,10 @@ def train_worker(plan: dict[str, Any]) -> dict[str, Any]:
     saved = ckpt.load(latest) if latest is not None else None
     resumed_from = None
     if saved is not None:
-        if saved["fingerprint"] != fingerprint:
-            diff = sorted(k for k in set(saved["fingerprint"]["train"]) | set(fingerprint["train"])
-                          if saved["fingerprint"]["train"].get(k) != fingerprint["train"].get(k))
+        diff = fingerprint_diff(saved["fingerprint"], fingerprint)
+        if diff:
             raise StepError(f"{train_dir} holds a checkpoint of a different training "
-                            f"(differs in: {diff or 'model/data'}); re-run with --force to "
+                            f"(differs in: {diff}); re-run with --force to "
                             "start over, or use another train.tag")
         model.load_state_dict(saved["model"])
         algo.load_state_dict(saved["algorithm"])
