@@ -74,7 +74,7 @@ def pass_spec(tc: TrainConfig, p: PassInfo, rank: int, stack: int, right: int) -
                     right_context=int(right), minibatch_frames=tc.minibatch_frames,
                     shuffle=True, shuffle_partitions=tc.shuffle_partitions,
                     seed=mix_seed(tc.seed, 3, p.index, rank), order_seed=mix_seed(*order_seed),
-                    span=span)
+                    span=span, sortagrad=tc.sortagrad and p.unit == 0)
 
 
 SPLIT_TARGETS = {"labeled": "labels", "unlabeled": "topk"}

@@ -453,6 +453,7 @@ class Trainer:
         lr = self.sched.lr(p, s.batch, n)
         self._t_last = time.perf_counter()
         self._wait0 = 0.0
+        self._pass_wait = self._pass_wall = 0.0
         for batch in stream:
             lr = self.sched.lr(p, s.batch, n)
             set_lr(self.optimizer, lr)
@@ -500,9 +501,11 @@ class Trainer:
             acc["steps"] += 1
         s.block["compute_s"] += compute_s
         s.block["wait_s"] += wait_s - self._wait0
+        self._pass_wait += wait_s - self._wait0
         self._wait0 = wait_s
         now = time.perf_counter()
         s.block["wall_s"] += now - self._t_last
+        self._pass_wall += now - self._t_last
         self._t_last = now
         s.batch += 1
         s.step += 1
@@ -535,11 +538,24 @@ class Trainer:
         if s.block["steps"]:
             s.train_seconds += s.block["wall_s"]
             self.log_block(p, lr)
+        self.log_input(p)
         if p.last_in_unit:
             self.end_unit(p)
         s.pass_index = self.sched.next_pass(p.index)
         s.batch = 0
         self.save_checkpoint()
+
+    def log_input(self, p: PassInfo) -> None:
+        """The input source's record of the pass (example servers: examples/s, cores used
+        for augmentation per trainer) with the trainer's input-wait share of step time.
+        Stored partitions report nothing (their records stay as they were)."""
+        m = self.input.pass_metrics(p)
+        if not m:
+            return
+        wait, wall = allreduce([self._pass_wait, self._pass_wall], "sum")
+        self.metrics.add({"kind": "input", "step": self.state.step, "pass": p.index,
+                          "unit": p.unit, **m, "input_wait_share": wait / max(wall, 1e-9),
+                          "time": time.time()})
 
     def end_unit(self, p: PassInfo) -> None:
         s = self.state
@@ -639,10 +655,29 @@ class Trainer:
 
 
 def build_input(trainer: Trainer, right: int) -> InputSource:
-    """The trainer's input source: the stored partitions of the splits its passes need."""
-    return StoredPartitions(trainer.storage, trainer.tc, trainer.plan["splits"],
-                            {p.kind for p in trainer.passes}, trainer.rank, trainer.world,
-                            int(trainer.plan["feat_dim"]), trainer.stack, right, trainer.norm)
+    """The trainer's input source: the stored partitions of the splits its passes need,
+    or, with train.augment.enabled, the example servers re-rendering the same worker's
+    share of the labeled split every pass (training/example_servers.py)."""
+    t = trainer
+    stored = StoredPartitions(t.storage, t.tc, t.plan["splits"], {p.kind for p in t.passes},
+                              t.rank, t.world, int(t.plan["feat_dim"]), t.stack, right, t.norm)
+    if not t.tc.augment.enabled:
+        return stored
+    from training.example_servers import ExampleServers, load_clean_sources
+
+    raw = t.wc.raw
+    corpus = raw.get("data", {}).get("corpus", "")
+    sources = load_clean_sources(t.storage, corpus)
+    if not sources:
+        raise StepError(f"train.augment.enabled: the corpus {corpus} has no clean sources "
+                        "(metadata `clean_audio_uri`, or `clean: true` on a record)")
+    cc = raw.get("corpus", {})
+    babble = {"seed": cc.get("seed", 0), "banks": cc.get("babble_banks", 4),
+              "language": cc.get("language", "en-us")}
+    phones = list(t.plan.get("phones") or [])
+    return ExampleServers(t.storage, t.tc, t.wc.features, stored.indexes["labeled"], sources,
+                          t.rank, t.stack, right, t.norm, storage_cfg=t.wc.storage,
+                          babble=babble, sil_id=phones.index("sil") if "sil" in phones else -1)
 
 
 _mix = mix_seed
