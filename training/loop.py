@@ -296,8 +296,14 @@ def _set_rng_state(s: dict[str, Any]) -> None:
     random.setstate(s["python"])
 
 
+# train.augment keys that only place or pace the example servers (same examples either way).
+OPERATIONAL_AUGMENT_KEYS = {"servers", "cpus_per_server", "resources", "inflight"}
+
+
 def _fingerprint(wc: WorkerConfig, plan: dict[str, Any]) -> dict[str, Any]:
     train = {k: v for k, v in dataclasses.asdict(wc.train).items() if k not in OPERATIONAL_KEYS}
+    train["augment"] = {k: v for k, v in train["augment"].items()
+                        if k not in OPERATIONAL_AUGMENT_KEYS}
     return {"train": train, "model": dataclasses.asdict(wc.model), "kind": plan["kind"],
             "splits": plan["splits"], "num_classes": plan["num_classes"]}
 
@@ -671,6 +677,11 @@ def build_input(trainer: Trainer, right: int) -> InputSource:
     if not sources:
         raise StepError(f"train.augment.enabled: the corpus {corpus} has no clean sources "
                         "(metadata `clean_audio_uri`, or `clean: true` on a record)")
+    if t.tc.augment.servers > 0:  # the pool's actors need Ray (a local one on a laptop)
+        from amflow.config import Config, _build
+        from amflow.raycluster import init_ray
+
+        init_ray(_build(Config, raw, ""))
     cc = raw.get("corpus", {})
     babble = {"seed": cc.get("seed", 0), "banks": cc.get("babble_banks", 4),
               "language": cc.get("language", "en-us")}
