@@ -49,11 +49,12 @@ import queue
 import threading
 import time
 import zlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from fractions import Fraction
 from typing import Any, Iterator
 
 import numpy as np
+import torch
 
 from amflow import records
 from amflow.config import AugmentConfig, FeaturesConfig, TrainConfig
@@ -183,6 +184,11 @@ def _noise(kind: str, rng: np.random.Generator, n: int, fs: int,
     return None
 
 
+def _rms(x: np.ndarray, active: np.ndarray | None) -> float:
+    ref = x[active] if active is not None and active.any() else x
+    return float(np.sqrt(np.mean(np.square(ref, dtype=np.float64)))) if len(ref) else 0.0
+
+
 def _speed(x: np.ndarray, speed: float) -> np.ndarray:
     """Resampled so that it plays `speed` times faster (pitch and tempo, as Kaldi's)."""
     from scipy import signal
@@ -206,7 +212,10 @@ def augment_audio(x: np.ndarray, recipe: Recipe, fs: int, active: np.ndarray | N
         scene = room.sample_scene(recipe.condition, rng)
         out = room.render(y, fs, scene, rng, active=active,
                           babble_sources=babble if "babble" in scene.noises else None)
+        # The room attenuates by the distance (DP5: ~35 dB); the corpus levels every
+        # rendering to a speaking level, so do we: the clean input's RMS.
         y = out.audio[out.delay:out.delay + n]
+        y = y * (_rms(x, active) / max(_rms(out.speech[out.delay:out.delay + n], active), 1e-12))
     elif recipe.noise:
         noise = _noise(recipe.noise, rng, n, fs, babble)
         if noise is not None:
@@ -334,8 +343,6 @@ class ExampleServer:
 
     def __init__(self, storage_cfg: Any, fcfg: FeaturesConfig, norm: Normalizer,
                  babble: dict[str, Any], sil_id: int):
-        import torch
-
         torch.set_num_threads(1)
         self.renderer = Renderer(Storage(storage_cfg), fcfg, norm, babble, sil_id)
 
@@ -419,8 +426,6 @@ class ExampleServers:
         return got
 
     def spec(self, p: PassInfo) -> PassSpec:
-        from dataclasses import replace
-
         base = pass_spec(self.tc, p, self.rank, self.stack, self.right)
         return replace(base, shuffle_partitions=self.acfg.window_streams)
 
@@ -617,8 +622,6 @@ def _collate(utts: _Utterances, pieces: np.ndarray) -> Batch:
     if ok.any():
         return utts.collate(pieces[ok], False)
     d = utts.index.feat_dim
-    import torch
-
     return Batch(torch.zeros(1, 1, d), torch.ones(1, dtype=torch.int64),
                  torch.zeros(1, 1, dtype=torch.bool),
                  labels=torch.full((1, 1), IGNORE, dtype=torch.int64), frames=0)

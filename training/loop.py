@@ -19,6 +19,12 @@ and world size come from it. Its only input is a picklable `plan` dict (built by
     stack        features.stack (frame offsets rotate over 0..stack-1)
     progress     bool, print progress on rank 0 (default True)
 
+The worker is a `Trainer` with one method per phase (resume, run_pass, train_step, loss,
+account, end_pass, log_block, save_checkpoint, finish). Its minibatches come from one
+`training.inputs.InputSource`: the stored partitions, or with `train.augment.enabled`
+the example servers (`training.example_servers`), which re-render the same worker's
+labeled utterances every pass.
+
 Each worker reads its own partitions (`partitions[rank::world]`), trains with
 `train.algorithm` (built by `training.algorithms.build_algorithm`), follows the
 schedule of `training.schedules`, and checkpoints every `train.checkpoint_every`
