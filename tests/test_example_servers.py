@@ -273,10 +273,31 @@ def test_sortagrad_orders_the_pass_by_length():
         assert lw == sorted(lw)
     means = [np.mean([frames[bt[:, 0]].mean() for bt in w.batches]) for w in plan.windows]
     assert means == sorted(means)
+    # the same minibatches as without SortaGrad, in another order
     plain = plan_pass(index, PassSpec(mode="full", minibatch_frames=400, shuffle_partitions=1,
                                       seed=3))
-    assert plain.num_batches == plan.num_batches and longest != sorted(longest) or \
-        [int(frames[bt[:, 0]].max()) for w in plain.windows for bt in w.batches] != longest
+    key = [tuple(sorted(bt[:, 0])) for w in plain.windows for bt in w.batches]
+    assert sorted(key) == sorted(tuple(sorted(bt[:, 0])) for w in plan.windows for bt in w.batches)
+    assert [int(frames[bt[:, 0]].max()) for w in plain.windows for bt in w.batches] != longest
+
+
+def test_vtlp_warps_the_mel_filters():
+    """A 1 kHz tone lands in a higher mel bin with warp 1.1 and a lower one with 0.9;
+    warp 1 is the features step's filterbank, and the Nyquist frequency stays put."""
+    from tasks.fbank import FbankComputer, vtlp_warp
+
+    f = np.linspace(0, 8000, 81)
+    assert np.array_equal(vtlp_warp(f, 1.0, FS), f)
+    for a in (0.9, 1.1):
+        w = vtlp_warp(f, a, FS)
+        assert np.all(np.diff(w) > 0) and w[-1] == pytest.approx(8000.0)
+    fcfg = load_config(ROOT / "configs" / "local.yaml").features
+    tone = (0.1 * np.sin(2 * np.pi * 1000.0 * np.arange(8000) / FS)).astype(np.float32)
+    peak = {a: int(np.median(FbankComputer(fcfg, warp=a).compute([tone])[0].argmax(1)))
+            for a in (0.9, 1.0, 1.1)}
+    assert peak[0.9] < peak[1.0] < peak[1.1]
+    same = FbankComputer(fcfg, warp=1.0).compute([tone])[0]
+    assert np.array_equal(same, FbankComputer(fcfg).compute([tone])[0])
 
 
 def test_augment_config_errors_name_the_key():
