@@ -340,6 +340,8 @@ def test_augmented_teacher_trains_resumes_bitwise_and_reports_the_pool(tone_run)
     for r in inputs:
         assert r["examples"] > 0 and r["examples_per_s"] > 0 and r["augment_cores"] > 0
         assert 0 <= r["input_wait_share"] <= 1
+    assert m["input_wait_share"] == max(r["input_wait_share"] for r in inputs)
+    assert m["augment_examples_per_s"] > 0 and m["augment_rejects"] == 0
     fail = 7
     train("train.tag=aug-resumed", f"train.fail_after={fail}", expect=InjectedFailure)
     latest = json.loads((Path(tone_run["run"]) / "train-aug-resumed" / "checkpoints" /

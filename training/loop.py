@@ -739,6 +739,12 @@ def _summary(plan, wc, model, algo, state, sched, final_dev, counts, totals, res
         if state.last_unit_train else None,
         "newbob_halvings": sched.halvings, **{f"algo_{k}": v for k, v in algo.stats().items()},
     }
+    inputs = [r for r in records if r.get("kind") == "input"]
+    if inputs:  # the example servers' passes
+        metrics["input_wait_share"] = max(r["input_wait_share"] for r in inputs)
+        metrics["augment_examples_per_s"] = float(np.median([r["examples_per_s"] for r in inputs]))
+        metrics["augment_cores"] = float(np.median([r["augment_cores"] for r in inputs]))
+        metrics["augment_rejects"] = sum(sum(r["stream_rejects"].values()) for r in inputs)
     if final_dev is not None:
         metrics["dev_frame_acc"] = final_dev["frame_acc"]
         metrics["dev_loss"] = final_dev["loss"]
