@@ -354,12 +354,17 @@ def test_augmented_teacher_trains_resumes_bitwise_and_reports_the_pool(tone_run)
 
 @pytest.mark.integration
 def test_the_ray_pool_serves_the_same_batches(tone_run, ray_local):
-    """Two ExampleServer actors render exactly what the in-process renderer does."""
+    """Two ExampleServer actors render exactly what the in-process renderer does, also
+    for a pass whose first window was submitted while the previous pass ran."""
     local, passes = _servers(tone_run)
     pooled, _ = _servers(tone_run, "train.augment.servers=2", "train.augment.cpus_per_server=0.5")
+    pooled.passes = local.passes = passes
     try:
-        p = passes[2]
-        assert _same(_drain(local, p)[0], _drain(pooled, p)[0])
-        assert pooled.pass_metrics(p)["augment_cpu_s"] > 0
+        for p in passes[1:]:
+            assert _same(_drain(local, p)[0], _drain(pooled, p)[0])
+            assert pooled.pass_metrics(p)["augment_cpu_s"] > 0
+            if p.index == 1:  # pass 2's first window went in while pass 1 was served
+                assert {k[0] for k in pooled._ahead} == {2}
+        assert len(passes) == 3 and not pooled._ahead  # pass 3's warm start was used
     finally:
         pooled.close()

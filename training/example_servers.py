@@ -31,10 +31,13 @@ How one pass is made (`ExampleServers`, an `training.inputs.InputSource`):
    speed factor. An unreadable source is a reject with its reason (counted per pass);
    its chunks drop out of their minibatches and the pass goes on with the same number
    of steps.
-3. Stream. `AugmentedStream` keeps at most `servers * inflight` streams in flight
-   (ray.util.ActorPool, results in submission order), collates a window's minibatches
-   and hands them over a queue of `train.prefetch`: bounded memory, and the pool stops
-   when the trainer does (backpressure).
+3. Stream. `AugmentedStream` keeps at most `window_streams + servers * inflight`
+   streams in flight (one window ahead of the one being consumed, so the servers render
+   the next window while the trainer eats this one), takes their results in order,
+   collates a window's minibatches and hands them over a queue of `train.prefetch`:
+   bounded memory, and the pool stops when the trainer does (backpressure). When a pass
+   has submitted its last stream, the next pass's first window is submitted too, so a
+   new epoch does not start on an idle pool.
 
 Per pass `pass_metrics` reports examples rendered, examples/s, the pool's CPU seconds and
 the cores they amount to per trainer, and rejects by reason.
@@ -366,8 +369,10 @@ class ExampleServers:
     def __init__(self, storage: Storage, tc: TrainConfig, fcfg: FeaturesConfig,
                  index: SplitIndex, sources: dict[str, dict[str, str]], rank: int, stack: int,
                  right: int, norm: Normalizer, storage_cfg: Any = None,
-                 babble: dict[str, Any] | None = None, sil_id: int = -1):
+                 babble: dict[str, Any] | None = None, sil_id: int = -1,
+                 passes: list[PassInfo] | None = None):
         self.storage, self.tc, self.acfg, self.fcfg = storage, tc, tc.augment, fcfg
+        self.passes = passes or []
         self.rank, self.stack, self.right, self.norm = rank, stack, right, norm
         self.storage_cfg, self.babble, self.sil_id = storage_cfg, babble or {}, sil_id
         self.rows_in = index.rows_in
@@ -375,8 +380,9 @@ class ExampleServers:
         self._load(index, sources)
         self._plans: dict[int, tuple[SplitIndex, Any, list[Recipe]]] = {}
         self.stats: dict[int, PassStats] = {}
-        self._pool: Any = None
         self._actors: list[Any] = []
+        self._next_actor = 0
+        self._ahead: dict[tuple[int, int], Any] = {}  # (pass, stream) -> result ref
         self.renderer = Renderer(storage, fcfg, norm, self.babble, sil_id)
 
     # -- the worker's utterances, as speaker streams
@@ -436,6 +442,7 @@ class ExampleServers:
     def open(self, p: PassInfo, start: int, limit: int) -> "AugmentedStream":
         index, plan, recipes = self._plan(p)
         stats = self.stats.setdefault(p.index, PassStats())
+        self._ahead = {k: v for k, v in self._ahead.items() if k[0] >= p.index}
         return AugmentedStream(self, p, index, plan, recipes, start, limit, stats)
 
     def totals(self) -> tuple[int, int, int]:
@@ -460,23 +467,46 @@ class ExampleServers:
 
             for a in self._actors:
                 ray.kill(a)
-        self._actors, self._pool = [], None
+        self._actors, self._ahead = [], {}
 
     # -- the pool
-    def pool(self) -> Any:
-        """The Ray actor pool (created on first use), or None to render in-process."""
-        if self.acfg.servers == 0:
-            return None
-        if self._pool is None:
+    @property
+    def pooled(self) -> bool:
+        return self.acfg.servers > 0
+
+    @property
+    def max_in_flight(self) -> int:
+        return self.acfg.window_streams + self.acfg.servers * self.acfg.inflight
+
+    def submit(self, key: tuple[int, int], task: Any) -> Any:
+        """The result ref of stream task `key` = (pass, stream): submitted earlier by
+        `warm`, or now to the next server (equal-sized tasks: round robin; Ray queues
+        an actor's calls)."""
+        ref = self._ahead.pop(key, None)
+        if ref is not None:
+            return ref
+        if not self._actors:
             import ray
-            from ray.util import ActorPool
 
             actor = ray.remote(ExampleServer).options(
                 num_cpus=self.acfg.cpus_per_server, resources=dict(self.acfg.resources) or None)
             self._actors = [actor.remote(self.storage_cfg, self.fcfg, self.norm, self.babble,
                                          self.sil_id) for _ in range(self.acfg.servers)]
-            self._pool = ActorPool(self._actors)
-        return self._pool
+        actor = self._actors[self._next_actor % len(self._actors)]
+        self._next_actor += 1
+        return actor.render.remote(task)
+
+    def warm(self, p: PassInfo) -> None:
+        """Submit the first window of the pass after `p` (if the schedule has one)."""
+        if p.index + 1 >= len(self.passes) or self.passes[p.index + 1].kind != "labeled":
+            return
+        q = self.passes[p.index + 1]
+        index, plan, recipes = self._plan(q)
+        if not plan.windows:
+            return
+        stream = AugmentedStream(self, q, index, plan, recipes, 0, plan.num_batches, PassStats())
+        for s in plan.windows[0].parts:
+            self._ahead[(q.index, s)] = self.submit((q.index, s), stream._task(s))
 
 
 def _frame_labels(storage: Storage, index: SplitIndex) -> dict[str, np.ndarray]:
@@ -533,20 +563,21 @@ class AugmentedStream:
     def _rendered(self) -> Iterator[tuple[list[Rendered], float]]:
         """Every needed stream's rendering, in window order, pool-parallel and bounded."""
         streams = [s for parts, _ in self._windows() for s in parts]
-        pool = self.src.pool()
-        if pool is None:
+        if not self.src.pooled:
             for s in streams:
                 yield self.src.renderer.render_stream(*self._task(s))
             return
-        ahead = self.src.acfg.servers * self.src.acfg.inflight
-        pending = collections.deque(streams)
-        submitted = 0
+        import ray
+
+        refs: collections.deque = collections.deque()
+        todo = collections.deque(streams)
         for _ in streams:
-            while pending and submitted < ahead:
-                pool.submit(lambda a, t: a.render.remote(t), self._task(pending.popleft()))
-                submitted += 1
-            yield pool.get_next()
-            submitted -= 1
+            while todo and len(refs) < self.src.max_in_flight:
+                s = todo.popleft()
+                refs.append(self.src.submit((self.p.index, s), self._task(s)))
+                if not todo:
+                    self.src.warm(self.p)
+            yield ray.get(refs.popleft())
 
     def _produce(self) -> None:
         t0 = time.perf_counter()

@@ -694,7 +694,8 @@ def build_input(trainer: Trainer, right: int) -> InputSource:
     phones = list(t.plan.get("phones") or [])
     return ExampleServers(t.storage, t.tc, t.wc.features, stored.indexes["labeled"], sources,
                           t.rank, t.stack, right, t.norm, storage_cfg=t.wc.storage,
-                          babble=babble, sil_id=phones.index("sil") if "sil" in phones else -1)
+                          babble=babble, sil_id=phones.index("sil") if "sil" in phones else -1,
+                          passes=t.passes)
 
 
 _mix = mix_seed
