@@ -389,8 +389,8 @@ class ExampleServers:
     def _load(self, index: SplitIndex, sources: dict[str, dict[str, str]]) -> None:
         """Keep the rows with a clean source and frame labels; group them into streams."""
         labels = _frame_labels(self.storage, index)
-        keep, utts = [], []
-        for i, u in enumerate(index.utt_ids):
+        utts = []
+        for u in index.utt_ids:
             src = sources.get(u)
             fl = labels.get(u)
             reason = ("no_clean_source" if src is None else
@@ -398,7 +398,6 @@ class ExampleServers:
             if reason:
                 self.rejected_rows[reason] = self.rejected_rows.get(reason, 0) + 1
                 continue
-            keep.append(i)
             utts.append((src["speaker_id"], src["created_at"], u, src["uri"], fl))
         # Streams: a speaker's utterances in time order, `stream_utts` at a time.
         order = sorted(range(len(utts)), key=lambda k: utts[k][:3])
@@ -429,6 +428,8 @@ class ExampleServers:
                                int(self.norm.mean.shape[0]), rows_in=n)
             plan = plan_pass(index, self.spec(p))
             got = self._plans[p.index] = (index, plan, recipes)
+            while len(self._plans) > 2:  # the open pass and the warm one; others recompute
+                del self._plans[next(iter(self._plans))]
         return got
 
     def spec(self, p: PassInfo) -> PassSpec:
