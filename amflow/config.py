@@ -304,6 +304,67 @@ class ModelConfig:
 
 
 @dataclass
+class AugmentConfig:
+    """On-the-fly far-field augmentation by the example servers (training/example_servers.py).
+
+    Each epoch every labeled utterance's clean source (the corpus's `clean_audio_uri`, or
+    its audio when the record says `clean: true`) is re-rendered: with `room_prob` in a
+    random room of a random condition in `conditions` (tasks/speech/room.py: image-method
+    RIR, babble/coloured/hum/fan/transient noise at the condition's SNR); otherwise with
+    `noise_prob` plain additive noise of a random kind in `noises` at an SNR drawn from
+    `snr_db`. Then with `speed_prob` a speed factor from `speeds` (labels stretched with
+    it) and with `vtlp_prob` a VTLP warp factor from `vtlp` (mel filters warped).
+    """
+    enabled: bool = False
+    room_prob: float = 0.7
+    conditions: list[str] = field(default_factory=lambda: ["DP1", "DP2", "DP3", "DP4", "DP5"])
+    noise_prob: float = 0.4
+    noises: list[str] = field(default_factory=lambda: ["babble", "pink", "brown", "white",
+                                                       "fan", "hum", "clatter"])
+    snr_db: list[float] = field(default_factory=lambda: [5.0, 30.0])
+    speed_prob: float = 0.5
+    speeds: list[float] = field(default_factory=lambda: [0.9, 1.1])
+    vtlp_prob: float = 0.5
+    vtlp: list[float] = field(default_factory=lambda: [0.9, 1.1])  # warp factor range
+    # The pool: `servers` Ray CPU actors per trainer, each `cpus_per_server` CPUs and the
+    # custom `resources` (e.g. {pool_c4: 0.01}: the C4 pool on the cluster). 0 servers:
+    # render in the trainer's own loader thread (tests, tiny runs).
+    servers: int = 2
+    cpus_per_server: float = 1.0
+    resources: dict[str, float] = field(default_factory=dict)
+    # A task renders one speaker stream of up to `stream_utts` utterances in time order
+    # (the causal CMN runs over it, as in the features step); chunks are shuffled within
+    # windows of `window_streams` streams; at most `inflight` streams per server are
+    # rendered ahead of the trainer (with train.prefetch minibatches: bounded memory).
+    stream_utts: int = 8
+    window_streams: int = 16
+    inflight: int = 2
+
+    def validate(self, key: str) -> None:
+        conditions = ("DP1", "DP2", "DP3", "DP4", "DP5")  # tasks.speech.room.CONDITIONS
+        for name in ("room_prob", "noise_prob", "speed_prob", "vtlp_prob"):
+            _check(0.0 <= getattr(self, name) <= 1.0, f"{key}.{name}", "must be in [0, 1]")
+        bad = [c for c in self.conditions if c not in conditions]
+        _check(bool(self.conditions) and not bad, f"{key}.conditions",
+               f"must be a non-empty list of {', '.join(conditions)} (got {bad or 'none'})")
+        kinds = ("babble", "pink", "brown", "white", "fan", "hum", "clatter")
+        bad = [n for n in self.noises if n not in kinds]
+        _check(bool(self.noises) and not bad, f"{key}.noises",
+               f"must be a non-empty list of {', '.join(kinds)} (got {bad or 'none'})")
+        _check(len(self.snr_db) == 2 and self.snr_db[0] <= self.snr_db[1], f"{key}.snr_db",
+               "must be [low, high] dB")
+        _check(bool(self.speeds) and all(0.5 <= v <= 2.0 for v in self.speeds),
+               f"{key}.speeds", "must be a non-empty list of factors in [0.5, 2]")
+        _check(len(self.vtlp) == 2 and 0.7 <= self.vtlp[0] <= self.vtlp[1] <= 1.3,
+               f"{key}.vtlp", "must be [low, high] within [0.7, 1.3]")
+        _check(self.servers >= 0, f"{key}.servers", "must be >= 0")
+        _check(self.cpus_per_server > 0, f"{key}.cpus_per_server", "must be > 0")
+        _check(self.stream_utts >= 1, f"{key}.stream_utts", "must be >= 1")
+        _check(self.window_streams >= 1, f"{key}.window_streams", "must be >= 1")
+        _check(self.inflight >= 1, f"{key}.inflight", "must be >= 1")
+
+
+@dataclass
 class TrainConfig:
     model: str = "student"  # teacher | student
     # labeled: CE on hard labels; ssl: scheduled learning over unlabeled soft targets
@@ -357,6 +418,10 @@ class TrainConfig:
     freq_mask_bins: int = 8
     time_masks: int = 0
     time_mask_rows: int = 3
+    # Example servers: labeled utterances re-rendered every epoch (off: the stored rendering).
+    augment: AugmentConfig = field(default_factory=AugmentConfig)
+    # SortaGrad (DeepSpeech2): the first epoch's minibatches in increasing utterance length.
+    sortagrad: bool = False
     # Distributed algorithm knobs.
     # GTC threshold in gradient units; 0 = per tensor, gtc_tau_scale x its mean |first
     # gradient|, which bounds the sent fraction by 1/gtc_tau_scale (algorithms/gtc.py).
@@ -444,6 +509,9 @@ class TrainConfig:
         _check(self.shuffle_partitions >= 1, f"{key}.shuffle_partitions", "must be >= 1")
         _check(self.prefetch >= 1, f"{key}.prefetch", "must be >= 1")
         _check("/" not in self.tag, f"{key}.tag", "must not contain '/'")
+        _check(not self.augment.enabled or self.recipe == "labeled", f"{key}.augment.enabled",
+               "augments the labeled recipes (teacher, baseline student); train.recipe is "
+               f"{self.recipe}")
         _check(min(self.freq_masks, self.freq_mask_bins, self.time_masks,
                    self.time_mask_rows) >= 0, f"{key}.freq_masks", "masking knobs must be >= 0")
         self._validate_sequence(key)

@@ -5,10 +5,16 @@
 Writes, under the corpus root `--out` (a path, file:// or s3:// URI; default data.corpus):
 
     audio/<split>/<speaker>/<utt_id>.wav            16 kHz, 16-bit PCM, mono
+    audio_clean/labeled/<speaker>/<utt_id>.wav      the labeled split's dry (close-talk)
+                        rendering: the same speech before room and noise, time-aligned
+                        with the far-field file (same length, shifted by the same
+                        direct-path delay), so alignments.ctm covers both; what the
+                        example servers (training/example_servers.py) re-render
     metadata/date=YYYY-MM-DD/bucket=NN/part-NNNNN.jsonl
         one record per utterance: utt_id, speaker_id, duration (s), created_at (ISO 8601),
         locale, audio_uri (relative to the root), text, condition (DP1..DP5),
-        split (labeled|unlabeled|dev|test), and the acoustics (distance_m, rt60_s, snr_db)
+        split (labeled|unlabeled|dev|test), and the acoustics (distance_m, rt60_s, snr_db);
+        labeled records also `clean_audio_uri` (the dry rendering, relative to the root)
     alignments.ctm      `utt_id 1 start duration phone` for the labeled, dev and test
                         splits; phones contiguous from 0 to the end of each file
                         (`sil` for silence), espeak-ng phoneme mnemonics
@@ -69,6 +75,7 @@ log = logging.getLogger(__name__)
 SPLITS = ("labeled", "unlabeled", "dev", "test")
 ALIGNED_SPLITS = ("labeled", "dev", "test")
 SIL = "sil"
+CLEAN_SPLIT = "labeled"  # the split whose dry rendering is kept (audio_clean/)
 UNK = "<unk>"
 SUCCESS = "_SUCCESS.json"
 BATCHES = "_batches"
@@ -76,7 +83,7 @@ CTM = "alignments.ctm"
 PHONES = "phones.txt"
 LEXICON = "lexicon.txt"
 LEXICON_REPORT = "lexicon.json"
-LAYOUT_VERSION = 1
+LAYOUT_VERSION = 2  # 2: audio_clean/ for the labeled split
 GENERATOR = "amflow corpus"
 
 # Variants that are not plausible human talkers (robots, whisper, effects).
@@ -122,6 +129,10 @@ class Utterance:
     @property
     def audio_rel(self) -> str:
         return f"audio/{self.split}/{self.speaker_id}/{self.utt_id}.wav"
+
+    @property
+    def clean_rel(self) -> str:
+        return f"audio_clean/{self.split}/{self.speaker_id}/{self.utt_id}.wav"
 
     @property
     def date(self) -> str:
@@ -352,6 +363,7 @@ class UtteranceOutput:
     record: dict[str, Any]
     segments: list[tuple[str, int, int]]  # (phone, start, end) in output samples
     num_samples: int
+    clean_wav: bytes | None = None  # labeled split: the dry rendering, aligned with `wav`
 
 
 @dataclass
@@ -482,6 +494,9 @@ def synthesize_utterance(utt: Utterance, spk: Speaker, ctx: SynthContext) -> Utt
     if peak > 0.97:
         y *= 0.97 / peak
     pcm = np.clip(np.round(y * 32767.0), -32768, 32767).astype(np.int16)
+    clean = None
+    if utt.split == CLEAN_SPLIT:
+        clean = wav_bytes(_clean_pcm(dry, out.delay, n, active, gain * speech_rms), fs)
     # Alignment: the dry phones, shifted by the padding and the direct-path delay.
     segments = _pad_segments(segs, lead + out.delay, n)
     record = {
@@ -498,8 +513,26 @@ def synthesize_utterance(utt: Utterance, spk: Speaker, ctx: SynthContext) -> Utt
         "rt60_s": round(scene.room.rt60, 3),
         "snr_db": round(scene.snr_db, 2),
     }
+    if clean is not None:
+        record["clean_audio_uri"] = utt.clean_rel
     return UtteranceOutput(wav=wav_bytes(pcm, fs), record=record, segments=segments,
-                           num_samples=n)
+                           num_samples=n, clean_wav=clean)
+
+
+def _clean_pcm(dry: np.ndarray, delay: int, n: int, active: np.ndarray,
+               level: float) -> np.ndarray:
+    """The dry speech as int16, shifted by the far-field's direct-path delay and cut to
+    its length `n` (so one alignment serves both), its active speech at RMS `level` (the
+    far-field speech's level). No random draw: the far-field rendering is unchanged."""
+    x = np.zeros(n)
+    m = min(len(dry), n - delay)
+    x[delay:delay + m] = dry[:m]
+    rms = float(np.sqrt(np.mean(dry[active] ** 2))) if active.any() else 1.0
+    y = x * (level / max(rms, 1e-9))
+    peak = float(np.max(np.abs(y))) if n else 0.0
+    if peak > 0.97:
+        y *= 0.97 / peak
+    return np.clip(np.round(y * 32767.0), -32768, 32767).astype(np.int16)
 
 
 def ctm_lines(utt_id: str, segments: list[tuple[str, int, int]], fs: int) -> list[str]:
@@ -517,6 +550,8 @@ def synthesize_batch(batch: Batch, ctx: SynthContext) -> BatchOutput:
     for utt in batch.utts:
         u = synthesize_utterance(utt, batch.speaker, ctx)
         out.files[utt.audio_rel] = u.wav
+        if u.clean_wav is not None:
+            out.files[utt.clean_rel] = u.clean_wav
         out.records.append(u.record)
         out.phones.update(p for p, _, _ in u.segments)
         if utt.split in ALIGNED_SPLITS:
@@ -630,6 +665,7 @@ def _run_all(cfg: Config, storage: Storage, out: str, todo: list[Batch], ctx: Sy
 _OWN_FILES = {
     "metadata": re.compile(r"date=\d{4}-\d{2}-\d{2}/bucket=\d{2}/part-\d{5}\.jsonl"),
     "audio": re.compile(r"(labeled|unlabeled|dev|test)/spk\d{3,}/spk\d{3,}-\d{5}\.wav"),
+    "audio_clean": re.compile(r"labeled/spk\d{3,}/spk\d{3,}-\d{5}\.wav"),
     BATCHES: re.compile(r"b\d{5,}\.(json|ctm)"),
 }
 
@@ -639,6 +675,7 @@ def _cleanup(storage: Storage, out: str, plan: Plan) -> int:
     (left by an earlier plan, e.g. more hours). Files we did not name are never touched."""
     keep = {join(out, p) for b in plan.batches for p in b.metadata_parts()}
     keep |= {join(out, u.audio_rel) for u in plan.utterances}
+    keep |= {join(out, u.clean_rel) for u in plan.utterances if u.split == CLEAN_SPLIT}
     for b in plan.batches:
         keep |= {_marker(out, b), _batch_ctm(out, b)}
     removed = 0

@@ -52,9 +52,19 @@ def padded_window_size(frame_length: int) -> int:
     return 1 << max(0, math.ceil(math.log2(frame_length)))
 
 
+def vtlp_warp(f: np.ndarray, alpha: float, sample_rate: int, f_hi: float = 4800.0) -> np.ndarray:
+    """VTLP's frequency warp (Jaitly & Hinton 2013): f * alpha up to a boundary, then a
+    line that keeps the Nyquist frequency fixed."""
+    nyq = 0.5 * sample_rate
+    edge = f_hi * min(alpha, 1.0) / alpha
+    top = nyq - (nyq - f_hi * min(alpha, 1.0)) / (nyq - edge) * (nyq - f)
+    return np.where(f <= edge, f * alpha, top)
+
+
 def kaldi_mel_banks(num_bins: int, padded: int, sample_rate: int, low_freq: float,
-                    high_freq: float) -> np.ndarray:
-    """Kaldi's triangular mel filters as a [padded // 2, num_bins] float64 matrix."""
+                    high_freq: float, warp: float = 1.0) -> np.ndarray:
+    """Kaldi's triangular mel filters as a [padded // 2, num_bins] float64 matrix.
+    `warp` != 1 moves every FFT bin to its VTLP-warped frequency first (augmentation)."""
     nyquist = 0.5 * sample_rate
     high = high_freq if high_freq > 0 else nyquist + high_freq
     if not (0 <= low_freq < high <= nyquist):
@@ -62,7 +72,10 @@ def kaldi_mel_banks(num_bins: int, padded: int, sample_rate: int, low_freq: floa
     n_fft_bins = padded // 2
     mel_low, mel_high = mel_scale(low_freq), mel_scale(high)
     delta = (mel_high - mel_low) / (num_bins + 1)
-    mel = mel_scale(np.arange(n_fft_bins) * (sample_rate / padded))
+    freqs = np.arange(n_fft_bins) * (sample_rate / padded)
+    if warp != 1.0:
+        freqs = vtlp_warp(freqs, warp, sample_rate)
+    mel = mel_scale(freqs)
     out = np.zeros((n_fft_bins, num_bins), dtype=np.float64)
     for b in range(num_bins):
         left = mel_low + b * delta
@@ -94,7 +107,7 @@ def window(kind: str, length: int) -> np.ndarray:
 class FbankComputer:
     """Batched log-mel fbank for many utterances at once (see the module docstring)."""
 
-    def __init__(self, fcfg: FeaturesConfig, chunk_frames: int = 1024):
+    def __init__(self, fcfg: FeaturesConfig, chunk_frames: int = 1024, warp: float = 1.0):
         self.fcfg = fcfg
         sr = fcfg.sample_rate
         self.length = int(round(sr * fcfg.frame_length_ms / 1000.0))
@@ -103,7 +116,7 @@ class FbankComputer:
         self.bins = fcfg.num_mel_bins
         self.coeff = np.float32(fcfg.preemph_coeff)
         self.win = window(fcfg.window_type, self.length).astype(np.float32)
-        banks = kaldi_mel_banks(self.bins, self.padded, sr, fcfg.low_freq, fcfg.high_freq)
+        banks = kaldi_mel_banks(self.bins, self.padded, sr, fcfg.low_freq, fcfg.high_freq, warp)
         # rfft yields padded//2 + 1 bins; Kaldi's filters ignore the Nyquist bin.
         full = np.zeros((self.padded // 2 + 1, self.bins))
         full[: self.padded // 2] = banks * (INT16_SCALE ** 2)

@@ -294,6 +294,28 @@ def test_rerun_is_a_noop_and_resumes_missing_batches(tiny_corpus, tmp_path):
     assert _tree(root) == _tree(tiny_corpus)
 
 
+def test_labeled_utterances_keep_their_clean_source(tiny_corpus):
+    """The labeled split's dry rendering (what the example servers re-render): listed as
+    clean_audio_uri, same length as the far-field file, and aligned with it (the speech's
+    cross-correlation peaks at the direct path's delay of at most a few ms, not at 0)."""
+    recs = _records(tiny_corpus)
+    labeled = [r for r in recs if r["split"] == "labeled"]
+    assert labeled and all("clean_audio_uri" in r for r in labeled)
+    assert not any("clean_audio_uri" in r for r in recs if r["split"] != "labeled")
+    clean_files = {p.relative_to(tiny_corpus).as_posix()
+                   for p in (tiny_corpus / "audio_clean").rglob("*.wav")}
+    assert clean_files == {r["clean_audio_uri"] for r in labeled}
+    for r in labeled[:4]:
+        far, fs = sf.read(str(tiny_corpus / r["audio_uri"]))
+        dry, fs2 = sf.read(str(tiny_corpus / r["clean_audio_uri"]))
+        assert fs == fs2 == 16000 and len(far) == len(dry)
+        assert -45 < 20 * np.log10(np.sqrt(np.mean(dry ** 2)) + 1e-12) < -15  # as the far field
+        if r["condition"] == "DP1":  # close talk: the far-field file is the dry speech, wet
+            xc = signal.correlate(far, dry, mode="full", method="fft")
+            lag = int(np.argmax(np.abs(xc))) - (len(dry) - 1)
+            assert abs(lag) <= 40, lag
+
+
 def test_changed_plan_removes_stale_files(tiny_corpus, tmp_path):
     root = tmp_path / "c"
     shutil.copytree(tiny_corpus, root)

@@ -221,6 +221,7 @@ class PassSpec:
     seed: int = 0  # shuffles chunks and batches (vary per pass)
     order_seed: int = 0  # shuffles the partition order (fixed across ssl sub-epochs)
     span: tuple[float, float] = (0.0, 1.0)  # the slice of the data (ssl sub-epochs)
+    sortagrad: bool = False  # minibatches in increasing utterance length (SortaGrad)
 
 
 @dataclass
@@ -285,7 +286,23 @@ def plan_pass(index: SplitIndex, spec: PassSpec) -> PassPlan:
             parts = sorted({int(p) for p in index.part[members]})
             windows.append(Window(parts, batches))
             frames += int(rows[members].sum())
+    if spec.sortagrad:
+        windows = _sortagrad(windows, rows)
     return PassPlan(spec, windows, int(len(sel)), frames)
+
+
+def _sortagrad(windows: list[Window], rows: np.ndarray) -> list[Window]:
+    """SortaGrad (DeepSpeech2) within the windowed loader: windows in increasing mean
+    utterance length, and in each its minibatches by their longest utterance (stable), so
+    the pass runs from short to long utterances without reading more than a window."""
+    def longest(bt: np.ndarray) -> int:
+        return int(rows[bt[:, 0]].max())
+
+    for w in windows:
+        w.batches = sorted(w.batches, key=longest)
+    means = [float(np.mean([rows[bt[:, 0]].mean() for bt in w.batches])) if w.batches else 0.0
+             for w in windows]
+    return [windows[i] for i in np.argsort(means, kind="stable")]
 
 
 def _chunk_batches(members: np.ndarray, rows: np.ndarray, spec: PassSpec,

@@ -19,6 +19,12 @@ and world size come from it. Its only input is a picklable `plan` dict (built by
     stack        features.stack (frame offsets rotate over 0..stack-1)
     progress     bool, print progress on rank 0 (default True)
 
+The worker is a `Trainer` with one method per phase (resume, run_pass, train_step, loss,
+account, end_pass, log_block, save_checkpoint, finish). Its minibatches come from one
+`training.inputs.InputSource`: the stored partitions, or with `train.augment.enabled`
+the example servers (`training.example_servers`), which re-render the same worker's
+labeled utterances every pass.
+
 Each worker reads its own partitions (`partitions[rank::world]`), trains with
 `train.algorithm` (built by `training.algorithms.build_algorithm`), follows the
 schedule of `training.schedules`, and checkpoints every `train.checkpoint_every`
@@ -54,8 +60,8 @@ from amflow.progress import Progress
 from amflow.runs import StepError
 from amflow.storage import Storage, join
 from training.checkpoint import Checkpointer, fingerprint_diff, save_model
-from training.data import (BatchLoader, Normalizer, PassSpec, SplitIndex, plan_pass,
-                           rank_partitions, spec_augment)
+from training.data import Batch, BatchLoader, Normalizer, PassSpec, SplitIndex, spec_augment
+from training.inputs import InputSource, StoredPartitions, mix_seed
 from training.losses import LossOut, ce_loss, distill_loss
 from training.models import build_model, num_parameters
 from training.schedules import LRSchedule, PassInfo, plan_passes
@@ -296,289 +302,400 @@ def _set_rng_state(s: dict[str, Any]) -> None:
     random.setstate(s["python"])
 
 
+# train.augment keys that only place or pace the example servers (same examples either way).
+OPERATIONAL_AUGMENT_KEYS = {"servers", "cpus_per_server", "resources", "inflight"}
+
+
 def _fingerprint(wc: WorkerConfig, plan: dict[str, Any]) -> dict[str, Any]:
     train = {k: v for k, v in dataclasses.asdict(wc.train).items() if k not in OPERATIONAL_KEYS}
+    train["augment"] = {k: v for k, v in train["augment"].items()
+                        if k not in OPERATIONAL_AUGMENT_KEYS}
     return {"train": train, "model": dataclasses.asdict(wc.model), "kind": plan["kind"],
             "splits": plan["splits"], "num_classes": plan["num_classes"]}
 
 
 # ----------------------------------------------------------------- the worker
 def train_worker(plan: dict[str, Any]) -> dict[str, Any]:
-    wc = WorkerConfig.from_plan(plan)
-    tc = wc.train
-    rank, world = dist_info()
-    if tc.threads > 0:
-        torch.set_num_threads(tc.threads)
-    # Denormal floats (a diverging model's saturated LSTM gates produce them) make CPU
-    # arithmetic ~10x slower (bench trainers: htm-8 fell to 1.6k frames/s): flush to zero.
-    torch.set_flush_denormal(True)
-    storage = Storage(wc.storage)
-    train_dir = plan["train_dir"]
-    stack = int(plan.get("stack", wc.features.stack))
-    kind = plan["kind"]
-    device = (torch.device("cuda", torch.cuda.current_device())
-              if tc.use_gpu and torch.cuda.is_available() else torch.device("cpu"))
-    t_start = time.time()
+    """Train one worker's share of `plan` (see the module doc); rank 0's result is the
+    step's summary."""
+    trainer = Trainer(plan)
+    try:
+        return trainer.run()
+    finally:
+        trainer.input.close()
 
-    # -- model, optimizer, algorithm (identical initial weights on every rank)
-    torch.manual_seed(tc.seed)
-    np.random.seed(tc.seed)
-    random.seed(tc.seed)
-    model = build_model(kind, int(plan["feat_dim"]), int(plan["num_classes"]), wc.model).to(device)
-    if plan.get("init_model"):  # start from a given model file (e.g. a shared pre-training)
-        from training.checkpoint import load_model
 
-        model.load_state_dict(load_model(storage, plan["init_model"])[0].state_dict())
-    model.train()
-    optimizer = build_optimizer(tc, model)
-    local_opt: Any = optimizer
-    if tc.max_change > 0 and tc.algorithm != "ma":  # ma applies max-change itself
-        local_opt = MaxChangeOptimizer(optimizer, tc.max_change)
-    from training.algorithms import build_algorithm
+class Trainer:
+    """One worker's training, phase by phase.
 
-    algo = build_algorithm(tc, model, local_opt, None, world_size=world)
-    params = [p for p in model.parameters() if p.requires_grad]
+    `__init__` builds the model, optimizer, distributed algorithm, schedule and input
+    source (identical initial weights on every rank); `run` resumes, runs the passes and
+    finishes. A pass (`run_pass`) is a loop of `train_step` (one minibatch: masking,
+    `loss`, backward, algorithm step), `account` (metric accumulators, block records,
+    checkpoints, fault injection) and, at its end, `end_pass` (last block record, the
+    unit's dev score and schedule decision, the pass-end checkpoint).
 
-    # -- data
-    passes = plan_passes(tc, stack)
-    sched = LRSchedule(tc, passes)
-    norm = Normalizer.from_stats(plan.get("cmvn"), int(plan["feat_dim"]))
-    splits = plan["splits"]
-    kinds_needed = {p.kind for p in passes}
-    indexes: dict[str, SplitIndex] = {}
-    split_names = {"labeled": tc.labeled_split, "unlabeled": tc.unlabeled_split}
-    for k in sorted(kinds_needed):
-        uris = splits.get(k) or []
-        if not uris:
-            raise StepError(f"recipe '{tc.recipe}' needs the '{split_names[k]}' split, "
-                            "which has no partitions")
-        mine = rank_partitions(uris, rank, world, split_names[k])
-        indexes[k] = SplitIndex.load(storage, mine, "labels" if k == "labeled" else "topk",
-                                     int(plan["feat_dim"]))
-    dev_index = None
-    if splits.get("dev"):
-        full_dev = SplitIndex.load(storage, splits["dev"], "auto", int(plan["feat_dim"]))
-        dev_index = full_dev.subset(np.arange(len(full_dev)) % world == rank)
-    right = tc.chunk_right_context
-    if right < 0:
-        right = getattr(model, "lookahead", None) if kind == "student" else tc.chunk_left_context
+    The order of every random draw and every collective call is that of the original
+    single-function loop, so a resumed run still ends bitwise equal to an uninterrupted one.
+    """
 
-    def spec_for(p: PassInfo) -> PassSpec:
-        if p.kind == "unlabeled":
-            order_seed, span = (tc.seed, 1, rank), (p.sub_epoch / p.sub_epochs,
-                                                    (p.sub_epoch + 1) / p.sub_epochs)
-        else:
-            order_seed, span = (tc.seed, 2, p.index, rank), (0.0, 1.0)
-        return PassSpec(mode=p.mode, offset=p.offset if p.kind == "labeled" else 0, stack=stack,
-                        chunk_frames=tc.chunk_frames, left_context=tc.chunk_left_context,
-                        right_context=int(right), minibatch_frames=tc.minibatch_frames,
-                        shuffle=True, shuffle_partitions=tc.shuffle_partitions,
-                        seed=_mix(tc.seed, 3, p.index, rank), order_seed=_mix(*order_seed),
-                        span=span)
+    def __init__(self, plan: dict[str, Any]):
+        self.plan = plan
+        self.wc = wc = WorkerConfig.from_plan(plan)
+        self.tc = tc = wc.train
+        self.rank, self.world = dist_info()
+        if tc.threads > 0:
+            torch.set_num_threads(tc.threads)
+        # Denormal floats (a diverging model's saturated LSTM gates produce them) make CPU
+        # arithmetic ~10x slower (bench trainers: htm-8 fell to 1.6k frames/s): flush to zero.
+        torch.set_flush_denormal(True)
+        self.storage = Storage(wc.storage)
+        self.train_dir = plan["train_dir"]
+        self.stack = int(plan.get("stack", wc.features.stack))
+        self.kind = plan["kind"]
+        self.device = (torch.device("cuda", torch.cuda.current_device())
+                       if tc.use_gpu and torch.cuda.is_available() else torch.device("cpu"))
+        self.t_start = time.time()
+        self._build_model()
+        self._build_data()
+        self.ckpt = Checkpointer(self.storage, join(self.train_dir, "checkpoints"), self.rank,
+                                 self.world, keep=tc.keep_checkpoints, barrier=barrier)
+        self.metrics = MetricsLog(self.storage, self.train_dir, enabled=(self.rank == 0))
+        self.state = TrainState()
+        self.fingerprint = _fingerprint(wc, plan)
+        self.resumed_from: int | None = None
+        self.progress: Progress | None = None
+        self.fail_marker = join(self.train_dir, "_fault_injected.json")
 
-    # Every worker runs the same number of minibatches per pass (sync algorithms need it).
-    local_counts = [plan_pass(indexes[p.kind], spec_for(p)).num_batches for p in passes]
-    counts = [int(c) for c in allreduce([float(c) for c in local_counts], "min")]
-    totals = allreduce([sum(ix.rows_in for ix in indexes.values()),
-                        sum(len(ix) for ix in indexes.values()),
-                        sum(ix.num_rejected for ix in indexes.values())], "sum")
-    if sum(counts) == 0:
-        raise StepError("no minibatches to train on: every worker's share of the data is "
-                        f"empty (rejected: { {k: ix.rejected for k, ix in indexes.items()} })")
+    # -- setup
+    def _build_model(self) -> None:
+        """Model, optimizer and algorithm; seeded so that every rank starts identical."""
+        tc, plan = self.tc, self.plan
+        torch.manual_seed(tc.seed)
+        np.random.seed(tc.seed)
+        random.seed(tc.seed)
+        self.model = build_model(self.kind, int(plan["feat_dim"]), int(plan["num_classes"]),
+                                 self.wc.model).to(self.device)
+        if plan.get("init_model"):  # start from a given model file (e.g. a shared pre-training)
+            from training.checkpoint import load_model
 
-    # -- resume
-    ckpt = Checkpointer(storage, join(train_dir, "checkpoints"), rank, world,
-                        keep=tc.keep_checkpoints, barrier=barrier)
-    metrics = MetricsLog(storage, train_dir, enabled=(rank == 0))
-    state = TrainState()
-    fingerprint = _fingerprint(wc, plan)
-    latest = ckpt.latest()
-    if latest is not None and int(latest.get("world", 1)) != world:
-        raise StepError(f"{train_dir} holds a checkpoint written by {latest.get('world')} "
-                        f"workers; this training has {world}: re-run with --force to start "
-                        "over, or use another train.tag")
-    saved = ckpt.load(latest) if latest is not None else None
-    resumed_from = None
-    if saved is not None:
-        diff = fingerprint_diff(saved["fingerprint"], fingerprint)
+            self.model.load_state_dict(load_model(self.storage, plan["init_model"])[0].state_dict())
+        self.model.train()
+        self.optimizer = build_optimizer(tc, self.model)
+        local_opt: Any = self.optimizer
+        if tc.max_change > 0 and tc.algorithm != "ma":  # ma applies max-change itself
+            local_opt = MaxChangeOptimizer(self.optimizer, tc.max_change)
+        from training.algorithms import build_algorithm
+
+        self.algo = build_algorithm(tc, self.model, local_opt, None, world_size=self.world)
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
+
+    def _build_data(self) -> None:
+        """Passes, schedule, the input source, the dev split and the per-pass step counts."""
+        tc, plan = self.tc, self.plan
+        self.passes = plan_passes(tc, self.stack)
+        self.sched = LRSchedule(tc, self.passes)
+        self.norm = Normalizer.from_stats(plan.get("cmvn"), int(plan["feat_dim"]))
+        right = tc.chunk_right_context
+        if right < 0:
+            right = (getattr(self.model, "lookahead", None) if self.kind == "student"
+                     else tc.chunk_left_context)
+        self.input = build_input(self, int(right))
+        self.dev_index = None
+        if plan["splits"].get("dev"):
+            full_dev = SplitIndex.load(self.storage, plan["splits"]["dev"], "auto",
+                                       int(plan["feat_dim"]))
+            self.dev_index = full_dev.subset(np.arange(len(full_dev)) % self.world == self.rank)
+        # Every worker runs the same number of minibatches per pass (sync algorithms need it).
+        local_counts = [self.input.num_batches(p) for p in self.passes]
+        self.counts = [int(c) for c in allreduce([float(c) for c in local_counts], "min")]
+        self.totals = allreduce([float(v) for v in self.input.totals()], "sum")
+        if sum(self.counts) == 0:
+            raise StepError("no minibatches to train on: every worker's share of the data is "
+                            f"empty (rejected: {self.input.rejected()})")
+
+    # -- phases
+    def run(self) -> dict[str, Any]:
+        self.resume()
+        total_steps = sum(self.counts)
+        if self.rank == 0 and self.plan.get("progress", True):
+            self.progress = Progress(total_steps, desc=f"train {self.kind}", unit="minibatches",
+                                     interval_s=10)
+            self.progress.done = min(self.state.step, total_steps)
+        while self.state.pass_index is not None:
+            self.run_pass(self.passes[self.state.pass_index])
+        return self.finish()
+
+    def resume(self) -> None:
+        """Continue from the latest complete checkpoint, if any (same training only)."""
+        latest = self.ckpt.latest()
+        if latest is not None and int(latest.get("world", 1)) != self.world:
+            raise StepError(f"{self.train_dir} holds a checkpoint written by "
+                            f"{latest.get('world')} workers; this training has {self.world}: "
+                            "re-run with --force to start over, or use another train.tag")
+        saved = self.ckpt.load(latest) if latest is not None else None
+        if saved is not None:
+            self._check_fingerprint(saved["fingerprint"])
+            self.model.load_state_dict(saved["model"])
+            self.algo.load_state_dict(saved["algorithm"])
+            self.sched.load_state_dict(saved["schedule"])
+            self.state = TrainState(**saved["train"])
+            _set_rng_state(saved["rng"])
+            self.metrics.drop_after(self.state.flushes)
+            self.resumed_from = self.state.step
+            log.info("rank %d: resumed from step %d (pass %s, minibatch %d)", self.rank,
+                     self.state.step, self.state.pass_index, self.state.batch)
+        self.state.started_step = self.state.step
+
+    def _check_fingerprint(self, saved: dict[str, Any]) -> None:
+        diff = fingerprint_diff(saved, self.fingerprint)
         if diff:
-            raise StepError(f"{train_dir} holds a checkpoint of a different training "
+            raise StepError(f"{self.train_dir} holds a checkpoint of a different training "
                             f"(differs in: {diff}); re-run with --force to "
                             "start over, or use another train.tag")
-        model.load_state_dict(saved["model"])
-        algo.load_state_dict(saved["algorithm"])
-        sched.load_state_dict(saved["schedule"])
-        state = TrainState(**saved["train"])
-        _set_rng_state(saved["rng"])
-        metrics.drop_after(state.flushes)
-        resumed_from = state.step
-        log.info("rank %d: resumed from step %d (pass %s, minibatch %d)", rank, state.step,
-                 state.pass_index, state.batch)
-    state.started_step = state.step
 
-    def save_checkpoint() -> None:
-        state.flushes += 1
-        metrics.flush(state.step, state.flushes)
-        ckpt.save(state.step, {
-            "model": model.state_dict(), "algorithm": algo.state_dict(),
-            "schedule": sched.state_dict(), "train": dataclasses.asdict(state),
-            "rng": _rng_state(), "fingerprint": fingerprint},
-            extra={"pass_index": state.pass_index, "batch": state.batch})
+    def run_pass(self, p: PassInfo) -> None:
+        """The minibatches of pass `p` from the current position, then the pass end."""
+        s = self.state
+        n = self.counts[p.index]
+        stream = self.input.open(p, s.batch, n)
+        lr = self.sched.lr(p, s.batch, n)
+        self._t_last = time.perf_counter()
+        self._wait0 = 0.0
+        self._pass_wait = self._pass_wall = 0.0
+        for batch in stream:
+            lr = self.sched.lr(p, s.batch, n)
+            set_lr(self.optimizer, lr)
+            comm0 = self.algo.comm_seconds
+            t0 = time.perf_counter()
+            out = self.train_step(p, batch)
+            compute_s = (time.perf_counter() - t0) - (self.algo.comm_seconds - comm0)
+            self.account(p, out, lr, compute_s, stream.wait_s)
+        self.end_pass(p, lr)
 
-    total_steps = sum(counts)
-    progress = (Progress(total_steps, desc=f"train {kind}", unit="minibatches", interval_s=10)
-                if rank == 0 and plan.get("progress", True) else None)
-    if progress is not None:
-        progress.done = min(state.step, total_steps)
-    fail_marker = join(train_dir, "_fault_injected.json")
+    def train_step(self, p: PassInfo, batch: Batch) -> LossOut:
+        """One minibatch: masking, loss, backward, clipping, the algorithm's update."""
+        tc, s = self.tc, self.state
+        if tc.freq_masks or tc.time_masks:
+            gen = torch.Generator().manual_seed(_mix(tc.seed, 5, s.step, self.rank))
+            batch.x = spec_augment(batch.x, gen, self.stack, tc.freq_masks, tc.freq_mask_bins,
+                                   tc.time_masks, tc.time_mask_rows)
+        batch = batch.to(self.device)
+        self.algo.zero_grad()
+        out = self.loss(batch)
+        if not torch.isfinite(out.loss):
+            raise StepError(_nonfinite_msg("loss", float(out.loss.detach()), p, s, self.ckpt))
+        out.loss.backward()
+        gnorm = torch.nn.utils.clip_grad_norm_(
+            self.params, tc.clip_grad_norm if tc.clip_grad_norm > 0 else math.inf)
+        if not torch.isfinite(gnorm):
+            raise StepError(_nonfinite_msg("gradient norm", float(gnorm), p, s, self.ckpt))
+        self.algo.step(num_frames=out.frames)
+        return out
 
-    def log_block(p: PassInfo, lr: float) -> None:
-        b = state.block
+    def loss(self, batch: Batch) -> LossOut:
+        """The training criterion of one minibatch (frame-level CE or distillation today;
+        a sequence criterion selected by config goes here)."""
+        return batch_loss(self.model, batch, self.tc)
+
+    def account(self, p: PassInfo, out: LossOut, lr: float, compute_s: float,
+                wait_s: float) -> None:
+        """After a minibatch: accumulators, progress, block record, checkpoint, fault."""
+        tc, s = self.tc, self.state
+        loss_v = float(out.loss.detach())
+        for acc in (s.block, s.unit):
+            acc["loss_sum"] += loss_v * out.frames
+            acc["frames"] += out.frames
+            acc["correct"] += out.correct
+            acc["steps"] += 1
+        s.block["compute_s"] += compute_s
+        s.block["wait_s"] += wait_s - self._wait0
+        self._pass_wait += wait_s - self._wait0
+        self._wait0 = wait_s
+        now = time.perf_counter()
+        s.block["wall_s"] += now - self._t_last
+        self._pass_wall += now - self._t_last
+        self._t_last = now
+        s.batch += 1
+        s.step += 1
+        s.frames_seen += out.frames * self.world
+        if self.progress is not None:
+            self.progress.update(1, loss=round(loss_v, 4),
+                                 acc=round(out.correct / max(out.frames, 1), 3), lr=lr,
+                                 fps=round(s.block["frames"] / max(s.block["wall_s"], 1e-9)))
+        if s.step % tc.log_every == 0:
+            s.train_seconds += s.block["wall_s"]
+            self.log_block(p, lr)
+            self._t_last = time.perf_counter()
+        if s.step % tc.checkpoint_every == 0:
+            self.save_checkpoint()
+            self._t_last = time.perf_counter()
+        self._maybe_fail()
+
+    def _maybe_fail(self) -> None:
+        tc, s = self.tc, self.state
+        if (tc.fail_after and s.step == tc.fail_after and self.rank == 0
+                and not self.storage.exists(self.fail_marker)):
+            self.storage.write_json(self.fail_marker, {"step": s.step, "time": time.time()})
+            raise InjectedFailure(f"train.fail_after={tc.fail_after}: injected failure "
+                                  f"after minibatch {s.step}")
+
+    def end_pass(self, p: PassInfo, lr: float) -> None:
+        """Last block record; at a unit's end its train/dev scores and the schedule's
+        decision; then the next pass and a checkpoint."""
+        s = self.state
+        if s.block["steps"]:
+            s.train_seconds += s.block["wall_s"]
+            self.log_block(p, lr)
+        self.log_input(p)
+        if p.last_in_unit:
+            self.end_unit(p)
+        s.pass_index = self.sched.next_pass(p.index)
+        s.batch = 0
+        self.save_checkpoint()
+
+    def log_input(self, p: PassInfo) -> None:
+        """The input source's record of the pass (example servers: examples/s, cores used
+        for augmentation per trainer) with the trainer's input-wait share of step time.
+        Stored partitions report nothing (their records stay as they were)."""
+        m = self.input.pass_metrics(p)
+        if not m:
+            return
+        wait, wall = allreduce([self._pass_wait, self._pass_wall], "sum")
+        self.metrics.add({"kind": "input", "step": self.state.step, "pass": p.index,
+                          "unit": p.unit, **m, "input_wait_share": wait / max(wall, 1e-9),
+                          "time": time.time()})
+
+    def end_unit(self, p: PassInfo) -> None:
+        s = self.state
+        u_loss, u_frames, u_correct = allreduce(
+            [s.unit["loss_sum"], s.unit["frames"], s.unit["correct"]], "sum")
+        s.last_unit_train = {"unit": p.unit, "loss": u_loss / max(u_frames, 1.0),
+                             "frame_acc": u_correct / max(u_frames, 1.0)}
+        s.unit = _zero_acc()
+        metric = s.last_unit_train["loss"]
+        if self.dev_index is not None:
+            s.last_dev = self.dev_metrics(p.unit)
+            metric = s.last_dev["loss"]
+            self.metrics.add({"kind": "dev", **s.last_dev})
+        self.sched.end_unit(p.unit, metric)
+        self.metrics.add({"kind": "unit", "unit": p.unit, "step": s.step,
+                          "frames_seen": s.frames_seen,
+                          "train_loss": s.last_unit_train["loss"],
+                          "train_frame_acc": s.last_unit_train["frame_acc"],
+                          "schedule": self.sched.history[-1], "time": time.time()})
+
+    def dev_metrics(self, unit: int | None) -> dict[str, Any]:
+        return _dev_metrics(self.model, self.storage, self.dev_index, self.norm, self.tc,
+                            self.stack, self.device, unit, self.state)
+
+    def log_block(self, p: PassInfo, lr: float) -> None:
+        """One metrics record over the last block of minibatches, summed over workers."""
+        s = self.state
+        b = s.block
         loss_sum, frames, correct, wall = allreduce(
             [b["loss_sum"], b["frames"], b["correct"], b["wall_s"]], "sum")
-        st = algo.stats()
-        rec = {"kind": "train", "step": state.step, "pass": p.index, "unit": p.unit,
+        st = self.algo.stats()
+        rec = {"kind": "train", "step": s.step, "pass": p.index, "unit": p.unit,
                "data": p.kind, "mode": p.mode, "offset": p.offset,
                "loss": loss_sum / max(frames, 1.0), "frame_acc": correct / max(frames, 1.0),
-               "lr": lr, "frames": frames, "frames_seen": state.frames_seen,
+               "lr": lr, "frames": frames, "frames_seen": s.frames_seen,
                "frames_per_s": frames / max(b["wall_s"], 1e-9),
                "compute_s": b["compute_s"], "data_wait_s": b["wait_s"],
                "bytes_sent": st.get("bytes_sent", 0), "comm_seconds": st.get("comm_seconds", 0.0),
                "time": time.time()}
-        metrics.add(rec)
-        state.block = _zero_acc()
+        self.metrics.add(rec)
+        s.block = _zero_acc()
 
-    # -- the passes
-    while state.pass_index is not None:
-        p = passes[state.pass_index]
-        n = counts[p.index]
-        loader = BatchLoader(storage, indexes[p.kind], spec_for(p), norm, start=state.batch,
-                             prefetch=tc.prefetch)
-        loader.set_limit(n)
-        lr = sched.lr(p, state.batch, n)
-        t_last = time.perf_counter()
-        wait0 = 0.0
-        for batch in loader:
-            lr = sched.lr(p, state.batch, n)
-            set_lr(optimizer, lr)
-            comm0 = algo.comm_seconds
-            t0 = time.perf_counter()
-            if tc.freq_masks or tc.time_masks:
-                gen = torch.Generator().manual_seed(_mix(tc.seed, 5, state.step, rank))
-                batch.x = spec_augment(batch.x, gen, stack, tc.freq_masks, tc.freq_mask_bins,
-                                       tc.time_masks, tc.time_mask_rows)
-            batch = batch.to(device)
-            algo.zero_grad()
-            out = batch_loss(model, batch, tc)
-            if not torch.isfinite(out.loss):
-                raise StepError(_nonfinite_msg("loss", float(out.loss.detach()), p, state, ckpt))
-            out.loss.backward()
-            gnorm = torch.nn.utils.clip_grad_norm_(
-                params, tc.clip_grad_norm if tc.clip_grad_norm > 0 else math.inf)
-            if not torch.isfinite(gnorm):
-                raise StepError(_nonfinite_msg("gradient norm", float(gnorm), p, state, ckpt))
-            algo.step(num_frames=out.frames)
-            t1 = time.perf_counter()
-            loss_v = float(out.loss.detach())
-            for acc in (state.block, state.unit):
-                acc["loss_sum"] += loss_v * out.frames
-                acc["frames"] += out.frames
-                acc["correct"] += out.correct
-                acc["steps"] += 1
-            state.block["compute_s"] += (t1 - t0) - (algo.comm_seconds - comm0)
-            state.block["wait_s"] += loader.wait_s - wait0
-            wait0 = loader.wait_s
-            now = time.perf_counter()
-            state.block["wall_s"] += now - t_last
-            t_last = now
-            state.batch += 1
-            state.step += 1
-            state.frames_seen += out.frames * world
-            if progress is not None:
-                progress.update(1, loss=round(loss_v, 4),
-                                acc=round(out.correct / max(out.frames, 1), 3), lr=lr,
-                                fps=round(state.block["frames"] / max(state.block["wall_s"], 1e-9)))
-            if state.step % tc.log_every == 0:
-                state.train_seconds += state.block["wall_s"]
-                log_block(p, lr)
-                t_last = time.perf_counter()
-            if state.step % tc.checkpoint_every == 0:
-                save_checkpoint()
-                t_last = time.perf_counter()
-            if (tc.fail_after and state.step == tc.fail_after and rank == 0
-                    and not storage.exists(fail_marker)):
-                storage.write_json(fail_marker, {"step": state.step, "time": time.time()})
-                raise InjectedFailure(f"train.fail_after={tc.fail_after}: injected failure "
-                                      f"after minibatch {state.step}")
-        # -- pass end
-        if state.block["steps"]:
-            state.train_seconds += state.block["wall_s"]
-            log_block(p, lr)
-        if p.last_in_unit:
-            u_loss, u_frames, u_correct = allreduce(
-                [state.unit["loss_sum"], state.unit["frames"], state.unit["correct"]], "sum")
-            state.last_unit_train = {"unit": p.unit, "loss": u_loss / max(u_frames, 1.0),
-                                     "frame_acc": u_correct / max(u_frames, 1.0)}
-            state.unit = _zero_acc()
-            metric = state.last_unit_train["loss"]
-            if dev_index is not None:
-                state.last_dev = _dev_metrics(model, storage, dev_index, norm, tc, stack,
-                                              device, p.unit, state)
-                metric = state.last_dev["loss"]
-                metrics.add({"kind": "dev", **state.last_dev})
-            sched.end_unit(p.unit, metric)
-            metrics.add({"kind": "unit", "unit": p.unit, "step": state.step,
-                         "frames_seen": state.frames_seen,
-                         "train_loss": state.last_unit_train["loss"],
-                         "train_frame_acc": state.last_unit_train["frame_acc"],
-                         "schedule": sched.history[-1], "time": time.time()})
-        state.pass_index = sched.next_pass(p.index)
-        state.batch = 0
-        save_checkpoint()
+    def save_checkpoint(self) -> None:
+        """Model, algorithm, schedule, position, accumulators and RNG states, per rank;
+        rank 0's pending metric records are published with it."""
+        s = self.state
+        s.flushes += 1
+        self.metrics.flush(s.step, s.flushes)
+        self.ckpt.save(s.step, {
+            "model": self.model.state_dict(), "algorithm": self.algo.state_dict(),
+            "schedule": self.sched.state_dict(), "train": dataclasses.asdict(s),
+            "rng": _rng_state(), "fingerprint": self.fingerprint},
+            extra={"pass_index": s.pass_index, "batch": s.batch})
 
-    # -- the end
-    if progress is not None:
-        progress.close()
-    algo.finalize()
-    final_dev = None
-    if dev_index is not None:
-        final_dev = _dev_metrics(model, storage, dev_index, norm, tc, stack, device, None, state)
-    result: dict[str, Any] = {"rank": rank, "world": world}
-    if rank == 0:
-        metrics.add({"kind": "final", "step": state.step, "frames_seen": state.frames_seen,
-                     **({"dev_loss": final_dev["loss"], "dev_frame_acc": final_dev["frame_acc"]}
-                        if final_dev else {}), "time": time.time()})
-        state.flushes += 1
-        metrics.flush(state.step, state.flushes)
-        records = metrics.records()
-        storage.write_text(join(train_dir, "metrics.jsonl"),
+    def finish(self) -> dict[str, Any]:
+        """Final dev score; on rank 0 metrics.jsonl, the learning curve, model.pt and the
+        summary."""
+        if self.progress is not None:
+            self.progress.close()
+        self.algo.finalize()
+        final_dev = self.dev_metrics(None) if self.dev_index is not None else None
+        result: dict[str, Any] = {"rank": self.rank, "world": self.world}
+        if self.rank == 0:
+            result.update(self._publish(final_dev))
+        barrier()
+        return result
+
+    def _publish(self, final_dev: dict[str, Any] | None) -> dict[str, Any]:
+        s, tc, storage = self.state, self.tc, self.storage
+        self.metrics.add({"kind": "final", "step": s.step, "frames_seen": s.frames_seen,
+                          **({"dev_loss": final_dev["loss"], "dev_frame_acc": final_dev["frame_acc"]}
+                             if final_dev else {}), "time": time.time()})
+        s.flushes += 1
+        self.metrics.flush(s.step, s.flushes)
+        records = self.metrics.records()
+        storage.write_text(join(self.train_dir, "metrics.jsonl"),
                            "".join(json.dumps(r, sort_keys=True) + "\n" for r in records))
         try:
             from training.curves import plot_learning_curve
 
-            storage.write_bytes(join(train_dir, "learning_curve.png"),
-                                plot_learning_curve(records, title=f"{kind} ({tc.recipe})"))
+            storage.write_bytes(join(self.train_dir, "learning_curve.png"),
+                                plot_learning_curve(records, title=f"{self.kind} ({tc.recipe})"))
         except Exception as exc:  # noqa: BLE001 - a plot never fails a training
             log.warning("learning curve not written: %s", exc)
-        summary = _summary(plan, wc, model, algo, state, sched, final_dev, counts, totals,
-                           resumed_from, records, time.time() - t_start)
-        model_uri = join(train_dir, "model.pt")
-        nbytes = save_model(storage, model_uri, model, cmvn=plan.get("cmvn"),
-                            phones=plan.get("phones"), features=wc.raw.get("features"),
-                            info={"run_id": plan.get("run_id"), "train_dir": train_dir,
+        summary = _summary(self.plan, self.wc, self.model, self.algo, s, self.sched, final_dev,
+                           self.counts, self.totals, self.resumed_from, records,
+                           time.time() - self.t_start)
+        model_uri = join(self.train_dir, "model.pt")
+        nbytes = save_model(storage, model_uri, self.model, cmvn=self.plan.get("cmvn"),
+                            phones=self.plan.get("phones"), features=self.wc.raw.get("features"),
+                            info={"run_id": self.plan.get("run_id"), "train_dir": self.train_dir,
                                   "recipe": tc.recipe, "algorithm": tc.algorithm,
-                                  "workers": world, "metrics": summary["metrics"]})
+                                  "workers": self.world, "metrics": summary["metrics"]})
         summary["model_uri"] = model_uri
         summary["model_bytes"] = nbytes
-        result.update(summary)
-    barrier()
-    return result
+        return summary
 
 
-def _mix(*parts: Any) -> int:
-    """A stable 32-bit seed from small integers."""
-    ss = np.random.SeedSequence([int(p) & 0xFFFFFFFF for p in parts])
-    return int(ss.generate_state(1)[0])
+def build_input(trainer: Trainer, right: int) -> InputSource:
+    """The trainer's input source: the stored partitions of the splits its passes need,
+    or, with train.augment.enabled, the example servers re-rendering the same worker's
+    share of the labeled split every pass (training/example_servers.py)."""
+    t = trainer
+    stored = StoredPartitions(t.storage, t.tc, t.plan["splits"], {p.kind for p in t.passes},
+                              t.rank, t.world, int(t.plan["feat_dim"]), t.stack, right, t.norm)
+    if not t.tc.augment.enabled:
+        return stored
+    from training.example_servers import ExampleServers, load_clean_sources
+
+    raw = t.wc.raw
+    corpus = raw.get("data", {}).get("corpus", "")
+    sources = load_clean_sources(t.storage, corpus)
+    if not sources:
+        raise StepError(f"train.augment.enabled: the corpus {corpus} has no clean sources "
+                        "(metadata `clean_audio_uri`, or `clean: true` on a record)")
+    if t.tc.augment.servers > 0:  # the pool's actors need Ray (a local one on a laptop)
+        from amflow.config import Config, _build
+        from amflow.raycluster import init_ray
+
+        init_ray(_build(Config, raw, ""))
+    cc = raw.get("corpus", {})
+    babble = {"seed": cc.get("seed", 0), "banks": cc.get("babble_banks", 4),
+              "language": cc.get("language", "en-us")}
+    phones = list(t.plan.get("phones") or [])
+    return ExampleServers(t.storage, t.tc, t.wc.features, stored.indexes["labeled"], sources,
+                          t.rank, t.stack, right, t.norm, storage_cfg=t.wc.storage,
+                          babble=babble, sil_id=phones.index("sil") if "sil" in phones else -1,
+                          passes=t.passes)
+
+
+_mix = mix_seed
 
 
 def _dev_metrics(model, storage, dev_index, norm, tc, stack, device, unit, state) -> dict:
@@ -620,6 +737,12 @@ def _summary(plan, wc, model, algo, state, sched, final_dev, counts, totals, res
         if state.last_unit_train else None,
         "newbob_halvings": sched.halvings, **{f"algo_{k}": v for k, v in algo.stats().items()},
     }
+    inputs = [r for r in records if r.get("kind") == "input"]
+    if inputs:  # the example servers' passes
+        metrics["input_wait_share"] = max(r["input_wait_share"] for r in inputs)
+        metrics["augment_examples_per_s"] = float(np.median([r["examples_per_s"] for r in inputs]))
+        metrics["augment_cores"] = float(np.median([r["augment_cores"] for r in inputs]))
+        metrics["augment_rejects"] = sum(sum(r["stream_rejects"].values()) for r in inputs)
     if final_dev is not None:
         metrics["dev_frame_acc"] = final_dev["frame_acc"]
         metrics["dev_loss"] = final_dev["loss"]

@@ -1,0 +1,125 @@
+"""Where a trainer's minibatches come from: one interface, two sources.
+
+`InputSource` is what `training.loop.Trainer` reads a pass from:
+
+    num_batches(p)           this worker's minibatches in pass `p`, known before the pass
+                             starts (the trainer takes the minimum over the workers, so
+                             that synchronous algorithms run the same number of steps)
+    open(p, start, limit)    a `PassStream` over minibatches [start, limit) of pass `p`
+                             (start > 0 on resume): iterable of `training.data.Batch`,
+                             with `wait_s`, the seconds the consumer waited for input
+    totals()                 (rows in, rows usable, rows rejected) of this worker's data
+    rejected()               {reason: count} of the rows that cannot be trained on
+    pass_metrics(p)          per-pass metrics of the source (example servers: examples/s,
+                             CPU cores used); {} for stored partitions
+    close()
+
+`StoredPartitions` reads the repartition step's Parquet partitions (`training.data`): the
+same rendering of every utterance every epoch. `training.example_servers.ExampleServers`
+re-renders the labeled utterances on a CPU pool each epoch and streams them in.
+
+Both are fully determined by (train.seed, pass, rank), which is what makes a resumed
+training bitwise equal to an uninterrupted one: a pass is re-opened at the minibatch the
+checkpoint recorded.
+"""
+from __future__ import annotations
+
+from typing import Any, Iterator, Protocol
+
+import numpy as np
+
+from amflow.config import TrainConfig
+from amflow.runs import StepError
+from amflow.storage import Storage
+from training.data import (Batch, BatchLoader, Normalizer, PassSpec, SplitIndex, plan_pass,
+                           rank_partitions)
+from training.schedules import PassInfo
+
+
+class PassStream(Protocol):
+    wait_s: float
+
+    def __iter__(self) -> Iterator[Batch]: ...
+
+
+class InputSource(Protocol):
+    def num_batches(self, p: PassInfo) -> int: ...
+
+    def open(self, p: PassInfo, start: int, limit: int) -> PassStream: ...
+
+    def totals(self) -> tuple[int, int, int]: ...
+
+    def rejected(self) -> dict[str, int]: ...
+
+    def pass_metrics(self, p: PassInfo) -> dict[str, Any]: ...
+
+    def close(self) -> None: ...
+
+
+def mix_seed(*parts: Any) -> int:
+    """A stable 32-bit seed from small integers."""
+    ss = np.random.SeedSequence([int(p) & 0xFFFFFFFF for p in parts])
+    return int(ss.generate_state(1)[0])
+
+
+def pass_spec(tc: TrainConfig, p: PassInfo, rank: int, stack: int, right: int) -> PassSpec:
+    """How pass `p` cuts and shuffles a worker's data (seeded by train.seed, pass, rank)."""
+    if p.kind == "unlabeled":
+        order_seed, span = (tc.seed, 1, rank), (p.sub_epoch / p.sub_epochs,
+                                                (p.sub_epoch + 1) / p.sub_epochs)
+    else:
+        order_seed, span = (tc.seed, 2, p.index, rank), (0.0, 1.0)
+    return PassSpec(mode=p.mode, offset=p.offset if p.kind == "labeled" else 0, stack=stack,
+                    chunk_frames=tc.chunk_frames, left_context=tc.chunk_left_context,
+                    right_context=int(right), minibatch_frames=tc.minibatch_frames,
+                    shuffle=True, shuffle_partitions=tc.shuffle_partitions,
+                    seed=mix_seed(tc.seed, 3, p.index, rank), order_seed=mix_seed(*order_seed),
+                    span=span, sortagrad=tc.sortagrad and p.unit == 0)
+
+
+SPLIT_TARGETS = {"labeled": "labels", "unlabeled": "topk"}
+
+
+class StoredPartitions:
+    """This worker's share (`partitions[rank::world]`) of the stored training splits."""
+
+    def __init__(self, storage: Storage, tc: TrainConfig, splits: dict[str, list[str]],
+                 kinds: set[str], rank: int, world: int, feat_dim: int, stack: int,
+                 right: int, norm: Normalizer):
+        self.storage, self.tc, self.rank = storage, tc, rank
+        self.stack, self.right, self.norm = stack, right, norm
+        split_names = {"labeled": tc.labeled_split, "unlabeled": tc.unlabeled_split}
+        self.indexes: dict[str, SplitIndex] = {}
+        for k in sorted(kinds):
+            uris = splits.get(k) or []
+            if not uris:
+                raise StepError(f"recipe '{tc.recipe}' needs the '{split_names[k]}' split, "
+                                "which has no partitions")
+            mine = rank_partitions(uris, rank, world, split_names[k])
+            self.indexes[k] = SplitIndex.load(storage, mine, SPLIT_TARGETS[k], feat_dim)
+
+    def spec(self, p: PassInfo) -> PassSpec:
+        return pass_spec(self.tc, p, self.rank, self.stack, self.right)
+
+    def num_batches(self, p: PassInfo) -> int:
+        return plan_pass(self.indexes[p.kind], self.spec(p)).num_batches
+
+    def open(self, p: PassInfo, start: int, limit: int) -> BatchLoader:
+        loader = BatchLoader(self.storage, self.indexes[p.kind], self.spec(p), self.norm,
+                             start=start, prefetch=self.tc.prefetch)
+        loader.set_limit(limit)
+        return loader
+
+    def totals(self) -> tuple[int, int, int]:
+        ix = self.indexes.values()
+        return (sum(i.rows_in for i in ix), sum(len(i) for i in ix),
+                sum(i.num_rejected for i in ix))
+
+    def rejected(self) -> dict[str, Any]:
+        return {k: ix.rejected for k, ix in self.indexes.items()}
+
+    def pass_metrics(self, p: PassInfo) -> dict[str, Any]:
+        return {}
+
+    def close(self) -> None:
+        pass
