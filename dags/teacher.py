@@ -14,8 +14,9 @@ from __future__ import annotations
 import pendulum
 from airflow.sdk import Param, dag
 
-from amflow_common import (DEFAULT_ARGS, PARAM_SETS, TEACHER_FEATURES, TEACHER_MODEL,
-                           AmflowStepOperator, common_params, local_defaults)
+from amflow_common import (BASELINE_EVAL, DEFAULT_ARGS, PARAM_SETS, TEACHER_EVAL,
+                           TEACHER_FEATURES, TEACHER_MODEL, AmflowStepOperator, common_params,
+                           local_defaults)
 
 _cfg = local_defaults()
 TEACHER_SETS = ["select.splits=labeled,dev", "train.model=teacher", "train.recipe=labeled",
@@ -48,6 +49,7 @@ def teacher():
     train = AmflowStepOperator(task_id="train", step="train", outlets=[TEACHER_MODEL],
                                model_output=True, doc_md="Teacher BLSTM, cross-entropy on labels.")
     evaluate = AmflowStepOperator(task_id="evaluate", step="evaluate", model_from="train",
+                                  outlets=[TEACHER_EVAL], results=True,
                                   doc_md="Teacher frame accuracy per condition.")
     train_baseline = AmflowStepOperator(task_id="train_baseline", step="train",
                                         sets=BASELINE_SETS, model_output=True,
@@ -55,7 +57,8 @@ def teacher():
                                         doc_md="Supervised baseline: student LSTM on labels only.")
     evaluate_baseline = AmflowStepOperator(task_id="evaluate_baseline", step="evaluate",
                                            sets=BASELINE_SETS, model_from="train_baseline",
-                                           enabled_by="baseline",
+                                           enabled_by="baseline", outlets=[BASELINE_EVAL],
+                                           results=True,
                                            doc_md="Baseline frame accuracy per condition.")
     select >> features >> repartition >> train >> evaluate
     repartition >> train_baseline >> evaluate_baseline

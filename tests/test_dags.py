@@ -88,16 +88,43 @@ def test_trigger_form_params_have_types_limits_and_local_defaults(dagbag):
     schema = {k: params.get_param(k).schema for k in params}
     assert params["config"] == "configs/local.yaml" and schema["config"]["type"] == "string"
     assert params["hours"] == cfg.select.hours and schema["hours"]["type"] == "number"
-    assert schema["hours"]["minimum"] > 0 and schema["hours"]["maximum"] >= 1_000_000
+    # exclusive bounds: the form's number box would clamp to minimum/maximum (issue 23)
+    assert schema["hours"]["exclusiveMinimum"] == 0
+    assert schema["hours"]["exclusiveMaximum"] > 1_000_000
+    assert "minimum" not in schema["hours"] and "maximum" not in schema["hours"]
     # empty training fields = the chosen config file's values (local.yaml's would
     # otherwise override aws.yaml's when that file is picked)
     assert params["algorithm"] is None and params["workers"] is None and params["epochs"] is None
     assert schema["algorithm"]["enum"] == [None, "sgd", "gtc", "bmuf", "htm", "ma"]
+    assert "null" not in schema["algorithm"]["values_display"]["null"]  # shown as empty
     assert schema["workers"]["type"] == ["null", "integer"] and schema["workers"]["minimum"] == 1
     assert cfg.train.algorithm in params.get_param("algorithm").description
     assert params["teacher"] == (cfg.targets.teacher or None)
     assert "string" in schema["teacher"]["type"]
     assert schema["rerun"]["enum"] == ["redo", "resume"]
+
+
+def test_trigger_refuses_bad_hours_and_overrides(dagbag):
+    """What the trigger (form or REST) validates before any task runs."""
+    import copy
+
+    from airflow.sdk.definitions.param import ParamValidationError
+
+    params = dagbag.dags["ssl_student"].params
+
+    def check(**conf):
+        p = copy.deepcopy(params)
+        for k, v in conf.items():
+            p[k] = v
+        p.validate()
+
+    check(hours=0.5, overrides=["train.lr=0.002", "runner.env.X=1", " select.hours = 2"])
+    check(overrides=None, algorithm=None)
+    for bad in ({"hours": 0}, {"hours": -1}, {"hours": "abc"}, {"hours": 1e9},
+                {"overrides": ["not-a-pair"]}, {"overrides": ["train.nope=1"]},
+                {"overrides": ["=1"]}, {"algorithm": "adam"}):
+        with pytest.raises(ParamValidationError):
+            check(**bad)
 
 
 def test_dag_files_import_nothing_heavy():
