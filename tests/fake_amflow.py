@@ -22,6 +22,26 @@ from pathlib import Path
 from amflow.config import load_config
 
 
+def _iso(t: float) -> str:
+    import datetime as dt
+
+    return dt.datetime.fromtimestamp(t, dt.timezone.utc).isoformat(timespec="milliseconds")
+
+
+def _png(width: int, height: int) -> bytes:
+    """A valid grey PNG (a plot stand-in), without an imaging library."""
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return (struct.pack(">I", len(data)) + kind + data
+                + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF))
+
+    rows = b"".join(b"\x00" + bytes([128]) * width for _ in range(height))
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0))
+            + chunk(b"IDAT", zlib.compress(rows)) + chunk(b"IEND", b""))
+
+
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("step")
@@ -71,14 +91,26 @@ def main() -> int:
     step_dir.mkdir(parents=True, exist_ok=True)
     if args.step == "train":
         (step_dir / "model.pt").write_bytes(b"fake model")
+        (step_dir / "curves.png").write_bytes(_png(64, 32))
+    out_uri = ""
+    if args.step == "evaluate":  # the real step's result.json layout, made-up numbers
+        conds = {f"DP{i}": round(0.8 - 0.05 * i, 4) for i in range(1, 6)}
+        out_uri = str(step_dir / "result.json")
+        Path(out_uri).write_text(json.dumps({
+            "frame_accuracy": 0.65, "per": 0.4, "per_condition": conds,
+            "per_condition_per": {c: round(1 - a, 4) for c, a in conds.items()}}))
     summary = {"step": args.step, "run_id": args.run_id, "uri": str(step_dir),
                "wall_s": round(time.time() - t0, 3), "host": socket.gethostname(),
+               "started_at": _iso(t0), "finished_at": _iso(time.time()),
                "counts": {"in": 10, "out": 9, "rejected": 1}, "bytes": 1234,
                "metrics": {"frames_per_s": 1000.0, "hours": cfg.select.hours,
                            "algorithm": cfg.train.algorithm, "workers": cfg.train.workers,
                            "teacher": cfg.targets.teacher, "model_arg": args.model or "",
                            "forced": args.force},
                "inputs": {"config": args.config}}
+    if out_uri:
+        summary["out"] = out_uri
+        summary["metrics"].update(json.loads(Path(out_uri).read_text()))
     (step_dir / "_SUCCESS.json").write_text(json.dumps(summary))
     print("AMFLOW_SUMMARY " + json.dumps(summary, sort_keys=True), flush=True)
     return 0
