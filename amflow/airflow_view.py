@@ -73,7 +73,7 @@ def _evaluations(st: Storage, root: str, run_id: str, steps: dict) -> list[dict[
             train = rsteps.get("train-" + role if role else "train", {})
             decode = rsteps.get("decode-" + role if role else "decode", {})
             found.append({
-                "label": (role or ("SSL student" if rid == run_id and teacher else "model"))
+                "label": (role or ("SSL student" if "targets" in rsteps else "model"))
                 + ("" if rid == run_id else f" (run {rid})"),
                 "role": role, "result": st.read_json(uri),
                 "decode": decode.get("metrics") or {},

@@ -4,8 +4,9 @@ Same command line and contract as the real one (`<step> --config F --run-id ID [
 [--force] [...]`): it loads and validates the config the same way, prints progress lines
 on stderr, writes `<root>/runs/<id>/<step>[-<tag>]/_SUCCESS.json` and ends with
 `AMFLOW_SUMMARY <json>` on stdout. What each step does is read from the JSON file named
-by $AMFLOW_FAKE_PLAN: {"<step>": {"seconds": s, "fail_times": n, "lines": k}} (defaults:
-0.5 s, never fails, 3 progress lines). Every call is appended to
+by $AMFLOW_FAKE_PLAN: {"<step>": {"seconds": s, "fail_times": n, "lines": k, "error": m}}
+(defaults: 0.5 s, never fails, 3 progress lines; `error` fails every time the way the
+real CLI reports a StepError, `amflow <step>: error: m`). Every call is appended to
 `<root>/runs/<id>/_calls.jsonl`, so tests can count how often a step ran and with what.
 """
 from __future__ import annotations
@@ -85,6 +86,9 @@ def main() -> int:
         time.sleep(float(spec["seconds"]) / n)
         print(f"[{args.step}] {i + 1}/{n} shards ({100 * (i + 1) // n}%)", file=sys.stderr,
               flush=True)
+    if spec.get("error"):  # what the real CLI prints for a StepError (no retry helps)
+        print(f"amflow {args.step}: error: {spec['error']}", file=sys.stderr, flush=True)
+        return 1
     if n_before < int(spec["fail_times"]):
         print(f"[{args.step}] error: injected failure {n_before + 1}", file=sys.stderr, flush=True)
         return 1

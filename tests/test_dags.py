@@ -179,10 +179,11 @@ def test_dags_test_teacher_then_student_with_fake_steps(tmp_path):
     env = airflow_env(home, AMFLOW_RETRY_DELAY_S="1")
     _migrate(env)
     work = tmp_path / "work"
-    # features fails once (a retry resumes it); train takes several short tries.
+    # features fails once (a retry resumes it); train takes several short tries
+    # (runner.wait reschedule: the mode for an Airflow without a triggerer).
     cfg = fake_config(work, plan={"features": {"seconds": 0.3, "fail_times": 1},
                                   "train": {"seconds": 6, "lines": 6}},
-                      poll_s=0.5, max_wait_per_try_s=2, reschedule_s=0.5)
+                      poll_s=0.5, max_wait_per_try_s=2, reschedule_s=0.5, wait="reschedule")
     _dags_test(env, "teacher", {"config": str(cfg), "hours": 0.5, "workers": 2})
     (teacher_run,) = [p.name for p in (work / "store" / "runs").iterdir()
                       if p.name.startswith("teacher__")]
@@ -209,6 +210,11 @@ def test_dags_test_teacher_then_student_with_fake_steps(tmp_path):
     extras = {uri: json.loads(extra) for uri, extra in events}
     assert extras["x-amflow://teacher/model"]["uri"] == str(model)
     assert extras["x-amflow://teacher/features"]["counts"]["in"] == 10
+    # evaluate publishes its per-condition results as flat keys (what the UI shows)
+    teacher_eval = extras["x-amflow://teacher/eval"]
+    assert teacher_eval["frame_accuracy_DP1"] == 0.75 and teacher_eval["per_DP5"] == 0.45
+    assert teacher_eval["frame_accuracy"] == 0.65 and "per_condition" not in teacher_eval
+    assert extras["x-amflow://teacher/eval-baseline"]["frame_accuracy_DP3"] == 0.65
 
     # The student with no teacher param picks the latest teacher model from the asset.
     (work / "plan.json").write_text(json.dumps({"train": {"seconds": 3, "lines": 3}}))
