@@ -648,6 +648,8 @@ def _airflow_step(op, context) -> AirflowStep:
                            run_id=str(params.get("run_id") or ""),
                            emit=lambda line: op.log.info("%s", line))
     except ConfigError as exc:  # a retry reads the same config: fail now, with the reason
+        op.log.error("amflow %s: %s (not retried: a retry would read the same config)",
+                     op.step, exc)
         raise AirflowFailException(f"amflow {op.step}: {exc}") from exc
     op._amflow_step = step
     return step
@@ -716,6 +718,7 @@ def _finish(op, context, step: AirflowStep, outcome: Outcome) -> dict[str, Any]:
         what = (f"amflow {op.step} job {outcome.job_id} ended {outcome.status}"
                 f"{' without an AMFLOW_SUMMARY line' if outcome.status == SUCCEEDED else ''}")
         if reason:  # a retry would fail the same way
+            op.log.error("%s (not retried: a retry would fail the same way)", reason)
             raise AirflowFailException(f"{what}, not retried: {reason}\nlast output:\n{last}")
         raise AirflowException(f"{what}; last output:\n{last}")
     summary = outcome.summary

@@ -7,6 +7,7 @@ documented CLI clear (infra/README.md §4) re-runs train.
 Screenshots go to test-artifacts/airflow/."""
 from __future__ import annotations
 
+import re
 import shutil
 from pathlib import Path
 
@@ -65,6 +66,13 @@ def test_login_trigger_from_form_run_succeeds_and_task_log_shows(airflow, tmp_pa
             page.fill("input[name=element_config]", str(cfg))
             page.fill("input[name=element_teacher]", "/models/teacher.pt")
             page.screenshot(path=SHOTS / "03-trigger-form.png", full_page=True)
+            # hours of 0 is refused with a message, not rewritten to something that runs
+            page.fill("input[name=element_hours]", "0")
+            page.get_by_test_id("trigger-dag-submit").click()
+            expect(page.get_by_text(re.compile(r"hours.*0", re.S)).first).to_be_visible()
+            assert "/runs/" not in page.url
+            page.screenshot(path=SHOTS / "03b-hours-refused.png", full_page=True)
+            page.fill("input[name=element_hours]", "0.5")
             page.get_by_test_id("trigger-dag-submit").click()
             page.wait_for_url("**/dags/ssl_student/runs/**")
             run_id = page.url.split("/runs/")[1].split("/")[0].split("?")[0]

@@ -137,7 +137,9 @@ def test_marking_a_running_task_failed_stops_its_job(airflow, tmp_path, wait, wa
             return False
         except ProcessLookupError:
             return True
-    airflow.wait(gone, 60, "the select job to stop", every=0.5)
+    # a deferred task's job is stopped by its trigger's on_kill, once the triggerer
+    # notices (its next trigger sweep), which takes longer on a loaded machine
+    airflow.wait(gone, 60 if wait == "reschedule" else 150, "the select job to stop", every=0.5)
     jobs = list((work / "jobs").glob("*/rc.json"))
     assert jobs and json.loads(jobs[0].read_text())["stopped"] is True
 
@@ -186,7 +188,7 @@ def test_deferred_step_duration_is_its_wall_time_and_results_reach_the_ui(airflo
     html = airflow.get(page, raw=True)
     assert "<th>DP1</th><td class=n>75.0</td>" in html  # SSL student's FA %, DP1
     assert "data:image/png;base64," in html and "train/curves.png" in html
-    assert "<td>train</td>" in html and "stale" not in html
+    assert "<td>train</td>" in html and "(stale)" not in html
 
 
 def test_errors_no_retry_fixes_fail_at_once_bad_input_is_refused_at_trigger(airflow, tmp_path):
