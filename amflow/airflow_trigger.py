@@ -29,7 +29,9 @@ class AmflowJobTrigger(BaseTrigger):
         self.config = config
         self.overrides = list(overrides)
         self.state_dir = state_dir
-        self.poll_s = float(poll_s)
+        # a status check is a file read (local) or one HTTP GET (Ray): polling at least
+        # every 2 s keeps the end of a step from waiting on the next poll
+        self.poll_s = min(float(poll_s), 2.0)
         self.step_timeout_s = float(step_timeout_s)
 
     def serialize(self) -> tuple[str, dict[str, Any]]:

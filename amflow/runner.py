@@ -658,9 +658,9 @@ def _airflow_step(op, context) -> AirflowStep:
 def airflow_execute(op, context) -> dict[str, Any]:
     """The body of the amflow Airflow operator.
 
-    `runner.wait: defer` (default): submit the job and defer to AmflowJobTrigger until it
-    ends; `airflow_complete` then finishes in the same try, so Airflow's duration is the
-    step's. `runner.wait: reschedule`: one poke; raises AirflowRescheduleException to come
+    `runner.wait: defer` (default): submit the job, follow it for `runner.defer_after_s`,
+    then defer to AmflowJobTrigger until it ends; `airflow_complete` then finishes in the
+    same try, so Airflow's duration is the step's. `runner.wait: reschedule`: one poke; raises AirflowRescheduleException to come
     back in `runner.reschedule_s` while the job still runs.
     Returns the step summary (the task's XCom) when the job succeeded.
     """
@@ -669,16 +669,18 @@ def airflow_execute(op, context) -> dict[str, Any]:
     step = _airflow_step(op, context)
     op.log.info("amflow run id %s, job %s, mode %s, wait %s", step.run_id, step.job_id,
                 step.cfg.runner.mode, step.cfg.runner.wait)
-    if step.cfg.runner.wait == "defer":
+    r = step.cfg.runner
+    if r.wait == "defer":
         step.start()
-        _push_runner_xcom(context, step, "DEFERRED", 1)
-        if not step.done():
+        outcome = step.runner.follow(step.job_id, try_budget_s(r.defer_after_s, r.poll_s))
+        _push_runner_xcom(context, step, outcome.status if outcome.done else "DEFERRED", 1)
+        if not outcome.done:
             from amflow.airflow_trigger import AmflowJobTrigger
 
             op.defer(trigger=AmflowJobTrigger(**step.trigger_kwargs()),
                      method_name="execute_complete",
                      kwargs={"redone": step.redone})
-        return _finish(op, context, step, step.drain())
+        return _finish(op, context, step, outcome)
     outcome = step.poke()
     _push_runner_xcom(context, step, outcome.status, outcome.pokes)
     if not outcome.done:

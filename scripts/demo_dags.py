@@ -106,7 +106,7 @@ def main() -> int:
     p.add_argument("--base", required=True)
     p.add_argument("--passwords", required=True, help="simple auth manager passwords file")
     p.add_argument("--pause", action="append", default=[],
-                   help="DAGs to keep paused while this one runs")
+                   help="DAGs to keep paused while this one runs (unpaused after)")
     p.add_argument("--unpause", action="append", default=[], help="DAGs to unpause at the end")
     p.add_argument("dag_id")
     p.add_argument("prefix", help="Airflow run id prefix (a timestamp is appended)")
@@ -116,12 +116,17 @@ def main() -> int:
     wait_parsed(api, [a.dag_id, *a.pause, *a.unpause])
     for dag_id in a.pause:
         set_paused(api, dag_id, True)
-    set_paused(api, a.dag_id, False)
-    run_id = trigger(api, a.dag_id, a.prefix, json.loads(a.conf))
-    print(f"{a.dag_id}: run {run_id} triggered; task durations as Airflow shows them:", flush=True)
-    state = wait(api, a.dag_id, run_id)
-    for dag_id in a.unpause:
-        set_paused(api, dag_id, False)
+    try:
+        set_paused(api, a.dag_id, False)
+        run_id = trigger(api, a.dag_id, a.prefix, json.loads(a.conf))
+        print(f"{a.dag_id}: run {run_id} triggered; task durations as Airflow shows them:",
+              flush=True)
+        state = wait(api, a.dag_id, run_id)
+    finally:
+        # asset events of this run found those DAGs paused and queued nothing: unpausing
+        # them now starts no run, and leaves every DAG active for `make airflow`
+        for dag_id in [*a.pause, *a.unpause]:
+            set_paused(api, dag_id, False)
     if state != "success":
         failed_logs(api, a.dag_id, run_id)
         print(f"{a.dag_id} run {run_id} {state}", file=sys.stderr)

@@ -169,6 +169,7 @@ def test_deferred_step_duration_is_its_wall_time_and_results_reach_the_ui(airflo
     assert _xcom(airflow, run_id, "train", key="runner")["wait"] == "defer"
     log = _log(airflow, run_id, "train", 1)
     assert "[train] 10/10 shards (100%)" in log and "[amflow train] done in" in log
+    assert "DEFERRED" in log  # it waited in the triggerer, not in a worker
 
     # evaluate's asset event: the per-condition results as flat keys
     extra = _events(airflow, run_id)["x-amflow://ssl_student/eval"]
