@@ -25,16 +25,20 @@ fi
 AIRFLOW__API_AUTH__JWT_SECRET="$(cat "$AIRFLOW_HOME/.jwt_secret")"
 export AIRFLOW__API_AUTH__JWT_SECRET
 
-# start_standalone LOG: `airflow standalone` in its own process group (one signal stops
-# every component); sets STANDALONE_PID; returns once the API answers and the password
-# file exists.
-start_standalone() {
-  setsid airflow standalone > "$1" 2>&1 &
+# launch_standalone LOG: `airflow standalone` in its own process group (one signal stops
+# every component), in the background; sets STANDALONE_PID and STANDALONE_LOG.
+launch_standalone() {
+  STANDALONE_LOG=$1
+  setsid airflow standalone > "$STANDALONE_LOG" 2>&1 &
   STANDALONE_PID=$!
-  for _ in $(seq 1 240); do
+}
+
+# wait_standalone: returns once the API answers and the password file exists.
+wait_standalone() {
+  for _ in $(seq 1 300); do
     if ! kill -0 "$STANDALONE_PID" 2>/dev/null; then
       echo "airflow standalone exited; last log lines:" >&2
-      tail -n 40 "$1" >&2
+      tail -n 40 "$STANDALONE_LOG" >&2
       return 1
     fi
     if python -c "import urllib.request,sys; urllib.request.urlopen(sys.argv[1], timeout=2)" \
@@ -43,8 +47,12 @@ start_standalone() {
     fi
     sleep 1
   done
-  echo "airflow standalone did not answer on port $PORT; see $1" >&2
+  echo "airflow standalone did not answer on port $PORT; see $STANDALONE_LOG" >&2
   return 1
+}
+
+start_standalone() {
+  launch_standalone "$1" && wait_standalone
 }
 
 stop_standalone() {

@@ -45,11 +45,13 @@ overrides_json=$(python -c 'import json,sys; print(json.dumps(sys.argv[1:]))' "$
 
 stage() { printf '\n=== [%4ds] %s\n' "$(( $(date +%s) - START ))" "$*"; }
 
+# Airflow starts (DB migration, four components) while the corpus is synthesised.
+launch_standalone "$AIRFLOW_HOME/demo-standalone.log"
 stage "1/5 corpus"
 amflow corpus --config "$CONFIG" "${set_args[@]}"
 
 stage "airflow standalone on port $PORT ($AIRFLOW_HOME)"
-start_standalone "$AIRFLOW_HOME/demo-standalone.log"
+wait_standalone
 
 dags_test() {
   local dag=$1 conf=$2 log="$AIRFLOW_HOME/demo-$1.log" prefix=$SSL_RUN pause=() unpause=()
