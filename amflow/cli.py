@@ -44,10 +44,21 @@ def _evaluate_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", help="JSON file/URI to write (default: <run>/evaluate/result.json)")
 
 
+def _decode_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", help="model checkpoint URI (default: this run's train output)")
+    p.add_argument("--data", help="corpus root URI with transcripts (default: data.corpus)")
+    p.add_argument("--split", default="test",
+                   help="corpus split to decode (default: test; a record without `split` "
+                        "is labeled when aligned, else unlabeled)")
+    p.add_argument("--out", help="JSON file/URI to write (default: <run>/decode/result.json)")
+
+
 def _bench_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("what", choices=["features", "targets", "trainers", "train", "gtc"],
+    p.add_argument("what", choices=["features", "targets", "trainers", "train", "gtc", "decode"],
                    help="which benchmark to run")
     p.add_argument("--out", help="where to write the benchmark JSON (default: under the run)")
+    p.add_argument("--model", help="decode: model checkpoint URI (default: the run's train/model.pt)")
+    p.add_argument("--data", help="decode: corpus root URI (default: data.corpus)")
 
 
 def _simulate_args(p: argparse.ArgumentParser) -> None:
@@ -90,6 +101,18 @@ STEPS: dict[str, Step] = {
         reads="--model checkpoint, --data corpus with alignments.ctm, the run's cmvn.json",
         writes="--out JSON (frame_accuracy, per_condition, num_frames, per), _SUCCESS.json",
         add_args=_evaluate_args),
+    "lm": Step(
+        "decoding.lm:run", "estimate a word n-gram LM (interpolated Kneser-Ney), ARPA",
+        reads="lm.* (sentences from the text generator), data.lexicon or <corpus>/lexicon.txt "
+              "(vocabulary), the corpus's dev/test transcripts (perplexity only)",
+        writes="runs/<id>/lm/lm.arpa, _SUCCESS.json (perplexity, OOV rate)"),
+    "decode": Step(
+        "decoding.decode:run", "decode a model to words with H o L o G; WER per condition",
+        reads="--model checkpoint (priors, CMVN, phones), --data corpus (transcripts, audio), "
+              "data.lexicon or <corpus>/lexicon.txt, decode.lm or runs/<id>/lm/lm.arpa",
+        writes="--out JSON (wer, per_condition, ser, acwt, rtf), runs/<id>/decode[-<tag>]/"
+               "hyps.jsonl, hyps.parquet, tuning.json, _SUCCESS.json; runs/<id>/graph/<key>/",
+        add_args=_decode_args),
     "simulate": Step(
         "training.simulate:run", "project trainer throughput to 16-128 workers",
         reads="measured compute time and bytes per minibatch (train step or --measured)",

@@ -55,6 +55,9 @@ class StorageConfig:
 @dataclass
 class DataConfig:
     corpus: str = "./data/corpus"
+    # Pronunciation lexicon (Kaldi lexicon.txt) for decoding; empty = <corpus>/lexicon.txt,
+    # which `amflow corpus` writes for the embedded corpus.
+    lexicon: str = ""
 
     def validate(self, key: str) -> None:
         _check(bool(self.corpus.strip()), f"{key}.corpus", "must be a non-empty URI")
@@ -437,6 +440,66 @@ class EvaluateConfig:
 
 
 @dataclass
+class LmConfig:
+    """`amflow lm`: a word n-gram with interpolated Kneser-Ney smoothing (decoding/lm.py)."""
+
+    order: int = 3
+    # The embedded default trains on sentences drawn from the corpus text generator with
+    # a seed no audio uses (never on dev/test transcripts).
+    sentences: int = 100_000
+    seed: int = 20261123
+    # Also estimate from this corpus split's transcripts (e.g. labeled); empty = none.
+    text_split: str = ""
+    # Highest-order n-grams seen fewer times are pruned (their mass backs off): a 3-gram
+    # of 100k generator sentences has 356k trigrams, 2/3 of them seen once; cut at 2 the
+    # decoding graph is ~3x smaller at a small perplexity cost (see the lm step's metrics).
+    min_count: int = 2
+
+    def validate(self, key: str) -> None:
+        _check(1 <= self.order <= 5, f"{key}.order", "must be in [1, 5]")
+        _check(self.min_count >= 1, f"{key}.min_count", "must be >= 1")
+        _check(self.sentences >= 0, f"{key}.sentences", "must be >= 0")
+        _check(self.text_split in ("", "labeled", "unlabeled"), f"{key}.text_split",
+               "must be empty, labeled or unlabeled (never dev or test)")
+        _check(self.sentences > 0 or bool(self.text_split), f"{key}.sentences",
+               "must be > 0 when lm.text_split is empty (no text to estimate from)")
+
+
+@dataclass
+class DecodeConfig:
+    """`amflow decode`: WFST decoding to words and WER (decoding/decode.py)."""
+
+    # ARPA LM URI; empty = this run's `amflow lm` output (built first when missing).
+    lm: str = ""
+    # Output dir `decode` (empty tag) or `decode-<tag>`; default --model as for evaluate.
+    tag: str = ""
+    # Acoustic scales tried on the tuning split (the LM weight is its inverse); the best
+    # one is applied to the scored split.
+    acwt: list[float] = field(default_factory=lambda: [0.2, 0.3, 0.4, 0.5, 0.7])
+    tune_split: str = "dev"  # empty = no tuning: decode.acwt's first value
+    # In graph-cost units (LM plus acwt-scaled acoustic costs). On the demo's baseline at
+    # acwt 0.3 (dev): beam 13 WER 28.3 % at 27x real time per core, 10: 28.9 % at 71x,
+    # 8 (max_active 1000): 29.7 % at 154x; `amflow bench decode` prints 10 beside 8.
+    beam: float = 10.0
+    max_active: int = 2000
+    sil_prob: float = 0.5
+    # Ray actors that featurise, run the model and search (each one CPU).
+    workers: int = 2
+    batch_frames: int = 20000
+
+    def validate(self, key: str) -> None:
+        _check(bool(self.acwt) and all(a > 0 for a in self.acwt), f"{key}.acwt",
+               "must be a non-empty list of scales > 0")
+        _check(self.tune_split in ("", "dev", "labeled"), f"{key}.tune_split",
+               "must be empty, dev or labeled (never test)")
+        _check(self.beam > 0, f"{key}.beam", "must be > 0")
+        _check(self.max_active >= 10, f"{key}.max_active", "must be >= 10")
+        _check(0 < self.sil_prob < 1, f"{key}.sil_prob", "must be in (0, 1)")
+        _check(self.workers >= 1, f"{key}.workers", "must be >= 1")
+        _check("/" not in self.tag, f"{key}.tag", "must not contain '/'")
+
+
+@dataclass
 class SimulateConfig:
     """`amflow simulate`: the throughput projection (cost models in training/simulate.py)."""
 
@@ -570,6 +633,8 @@ class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     evaluate: EvaluateConfig = field(default_factory=EvaluateConfig)
+    lm: LmConfig = field(default_factory=LmConfig)
+    decode: DecodeConfig = field(default_factory=DecodeConfig)
     simulate: SimulateConfig = field(default_factory=SimulateConfig)
     runner: RunnerConfig = field(default_factory=RunnerConfig)
     report: ReportConfig = field(default_factory=ReportConfig)
@@ -595,7 +660,8 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
     if origin is list:
         (item_tp,) = typing.get_args(tp)
         if isinstance(value, str):
-            value = [v.strip() for v in value.split(",") if v.strip()]
+            value = [yaml.safe_load(v.strip()) if item_tp is not str else v.strip()
+                     for v in value.split(",") if v.strip()]
         _check(isinstance(value, list), key, f"must be a list, got {type(value).__name__}")
         return [_coerce(v, item_tp, f"{key}[{i}]") for i, v in enumerate(value)]
     if origin is dict:

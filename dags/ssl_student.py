@@ -1,6 +1,7 @@
 """ssl_student: the semi-supervised student pipeline.
 
 select -> features -> targets -> repartition -> train (student, recipe ssl) -> evaluate
+       -> decode;  select -> lm (word 3-gram for decoding) -> decode
 
 Runs on a new teacher (the `teacher` DAG's model asset) or from the trigger form. Each
 task runs `amflow <step> --config FILE --run-id <derived from this DAG run>` locally or
@@ -52,7 +53,12 @@ def ssl_student():
     evaluate = AmflowStepOperator(task_id="evaluate", step="evaluate", model_from="train",
                                   outlets=[STUDENT_EVAL], results=True,
                                   doc_md="Frame accuracy per condition DP1..DP5.")
-    select >> features >> targets >> repartition >> train >> evaluate
+    lm = AmflowStepOperator(task_id="lm", step="lm",
+                            doc_md="Word 3-gram LM (Kneser-Ney) for decoding, ARPA.")
+    decode = AmflowStepOperator(task_id="decode", step="decode", model_from="train",
+                                doc_md="WER per condition DP1..DP5 (H o L o G, tuned on dev).")
+    select >> features >> targets >> repartition >> train >> evaluate >> decode
+    select >> lm >> decode
 
 
 ssl_student()

@@ -1,7 +1,9 @@
 """teacher: train the teacher on labeled data and publish it.
 
-select (labeled + dev) -> features -> repartition -> train (teacher) -> evaluate
+select (labeled + dev) -> features -> repartition -> train (teacher) -> evaluate -> decode
                                                  \-> train_baseline -> evaluate_baseline
+                                                                     -> decode_baseline
+select -> lm (word 3-gram for decoding; runs beside training)
 
 The supervised baseline is the student architecture trained on the same labeled data
 only (param `baseline`): the model the SSL student has to beat, per condition.
@@ -20,9 +22,9 @@ from amflow_common import (BASELINE_EVAL, DEFAULT_ARGS, PARAM_SETS, TEACHER_EVAL
 
 _cfg = local_defaults()
 TEACHER_SETS = ["select.splits=labeled,dev", "train.model=teacher", "train.recipe=labeled",
-                "train.tag=teacher", "evaluate.tag=teacher"]
+                "train.tag=teacher", "evaluate.tag=teacher", "decode.tag=teacher"]
 BASELINE_SETS = ["select.splits=labeled,dev", "train.model=student", "train.recipe=labeled",
-                 "train.tag=baseline", "evaluate.tag=baseline"]
+                 "train.tag=baseline", "evaluate.tag=baseline", "decode.tag=baseline"]
 
 
 @dag(
@@ -60,8 +62,17 @@ def teacher():
                                            enabled_by="baseline", outlets=[BASELINE_EVAL],
                                            results=True,
                                            doc_md="Baseline frame accuracy per condition.")
-    select >> features >> repartition >> train >> evaluate
-    repartition >> train_baseline >> evaluate_baseline
+    lm = AmflowStepOperator(task_id="lm", step="lm",
+                            doc_md="Word 3-gram LM (Kneser-Ney) for decoding, ARPA.")
+    decode = AmflowStepOperator(task_id="decode", step="decode", model_from="train",
+                                doc_md="Teacher WER per condition (H o L o G, tuned on dev).")
+    decode_baseline = AmflowStepOperator(task_id="decode_baseline", step="decode",
+                                         sets=BASELINE_SETS, model_from="train_baseline",
+                                         enabled_by="baseline",
+                                         doc_md="Baseline WER per condition.")
+    select >> features >> repartition >> train >> evaluate >> decode
+    repartition >> train_baseline >> evaluate_baseline >> decode_baseline
+    select >> lm >> [decode, decode_baseline]
 
 
 teacher()

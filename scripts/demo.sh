@@ -91,7 +91,7 @@ fi
 stage "5/5 report"
 amflow report --config "$CONFIG" --run-id "$SSL_RUN" --set "report.teacher_run=$TEACHER_RUN" \
   "${set_args[@]}" > "$AIRFLOW_HOME/demo-report.log"
-sed -n '1,20p' "$root/runs/$SSL_RUN/report/report.md" 2>/dev/null || true
+sed -n '1,34p' "$root/runs/$SSL_RUN/report/report.md" 2>/dev/null || true
 stage "done in $(( $(date +%s) - START )) s"
 echo "report: $root/runs/$SSL_RUN/report/report.md"
 echo "browse the runs in Airflow: make airflow"

@@ -15,6 +15,11 @@ Writes, under the corpus root `--out` (a path, file:// or s3:// URI; default dat
     phones.txt          the phone inventory, sorted, with `sil` and `<unk>`: every phone
                         espeak-ng says for the embedded vocabulary (the same list for any
                         size or seed) and any other phone the corpus holds
+    lexicon.txt         Kaldi lexicon of the generator's whole vocabulary in those phones,
+                        pronunciation variants included (decoding/lexicon.py); the same
+                        for any size or seed
+    lexicon.json        its size and its check against the alignments: the share of
+                        labeled utterances whose aligned phones it can spell
     _SUCCESS.json       counts per split and condition, audio seconds, speakers, wall
                         seconds, audio seconds per wall second, the plan fingerprint
     _batches/<id>.json  done-marker of one batch (+ <id>.ctm, its alignments)
@@ -42,6 +47,7 @@ import io
 import json
 import logging
 import math
+import os
 import re
 import time
 import wave
@@ -68,6 +74,8 @@ SUCCESS = "_SUCCESS.json"
 BATCHES = "_batches"
 CTM = "alignments.ctm"
 PHONES = "phones.txt"
+LEXICON = "lexicon.txt"
+LEXICON_REPORT = "lexicon.json"
 LAYOUT_VERSION = 1
 GENERATOR = "amflow corpus"
 
@@ -701,7 +709,8 @@ def build_corpus(cfg: Config, out: str, force: bool = False, use_ray: bool = Tru
         prev = storage.read_json(success_uri)
         if prev.get("plan_fingerprint") == fp:
             log.info("corpus at %s is complete for this plan (%s): nothing to do", out, fp)
-            return dict(_summary(prev), skipped=True)
+            lexicon = ensure_lexicon(cfg, storage, out, use_ray)
+            return dict(_summary(prev), skipped=True, lexicon=lexicon)
     _check_target(storage, out)
     done: dict[str, dict] = {}
     todo: list[Batch] = []
@@ -763,10 +772,80 @@ def build_corpus(cfg: Config, out: str, force: bool = False, use_ray: bool = Tru
             timespec="seconds"),
         "config": asdict(cc),
     }
+    summary["lexicon"] = ensure_lexicon(cfg, storage, out, use_ray)
     storage.write_json(success_uri, summary)
     log.info("corpus: %.1f s of audio (%d utterances) at %s; %.1f audio s per wall s",
              summary["audio_s"], summary["utterances"], out, summary["audio_s_per_wall_s"])
     return dict(_summary(summary), skipped=False)
+
+
+def ensure_lexicon(cfg: Config, storage: Storage, out: str, use_ray: bool = True) -> dict:
+    """Write lexicon.txt (and its check, lexicon.json) unless the corpus has them."""
+    if storage.exists(join(out, LEXICON)) and storage.exists(join(out, LEXICON_REPORT)):
+        return storage.read_json(join(out, LEXICON_REPORT))
+    from decoding import lexicon as lx
+    from tasks.speech import espeak
+
+    t0 = time.time()
+    variants = usable_variants(v.variant_name for v in espeak.variants())
+    requests = lx.espeak_requests(cfg.corpus.language, variants=variants)
+    key = hashlib.sha256(repr((espeak.version(), lx.LEXICON_VERSION, requests)).encode())
+    cache = os.path.join(os.environ.get("AMFLOW_CACHE") or os.path.expanduser("~/.cache/amflow"),
+                         f"lexicon-{key.hexdigest()[:16]}.txt")
+    if os.path.exists(cache):  # a function of espeak-ng and the vocabulary only
+        with open(cache) as f:
+            lex, unexplained = lx.read_lexicon(f.read()), 0
+    else:
+        lex, unexplained = lx.espeak_lexicon(_said_groups(cfg, requests, use_ray))
+        os.makedirs(os.path.dirname(cache), exist_ok=True)
+        with open(cache + ".tmp", "w") as f:
+            f.write(lex.to_text())
+        os.replace(cache + ".tmp", cache)
+    storage.write_text(join(out, LEXICON), lex.to_text())
+    report = {"words": len(lex), "prons": lex.num_prons, "unexplained_groups": unexplained,
+              "linking_rules": sorted(map(list, lx.linking_rules(lex))),
+              "wall_s": round(time.time() - t0, 2)}
+    report.update(_lexicon_check(storage, out, lex))
+    storage.write_json(join(out, LEXICON_REPORT), report)
+    log.info("lexicon: %d words, %d pronunciations; spells %.2f %% of the labeled "
+             "utterances' aligned phones", report["words"], report["prons"],
+             100 * report["labeled"]["share"])
+    return report
+
+
+def _said_groups(cfg: Config, requests: list, use_ray: bool) -> list:
+    from decoding import lexicon as lx
+
+    if not use_ray:
+        return lx.said_groups_many(requests)
+    import ray
+
+    from amflow.raycluster import init_ray
+
+    init_ray(cfg)
+    n = max(cfg.corpus.workers, 1) * 4
+    task = ray.remote(num_cpus=1)(lx.said_groups_many)
+    return [g for part in ray.get([task.remote(requests[i::n]) for i in range(n)]) for g in part]
+
+
+def _lexicon_check(storage: Storage, out: str, lex) -> dict:
+    """Per aligned split: the share of utterances whose aligned phones the lexicon spells."""
+    from decoding import lexicon as lx
+    from tasks.alignments import read_ctm
+    from tasks.select import MetadataError, metadata_files, parse_metadata_line
+
+    aligns, _ = read_ctm(storage.read_text(join(out, CTM)))
+    pairs: dict[str, list] = defaultdict(list)
+    for uri in metadata_files(storage, out):
+        for line in storage.read_text(uri).splitlines():
+            try:
+                rec = parse_metadata_line(line) if line.strip() else None
+            except MetadataError:
+                continue
+            a = aligns.get(rec.utt_id) if rec else None
+            if a is not None and rec.text:
+                pairs[rec.split or "labeled"].append((lx.words_of(rec.text), a.phones))
+    return {split: lx.coverage(lex, pairs.get(split, [])) for split in ALIGNED_SPLITS}
 
 
 def _merge_counts(items: Iterable[dict], digits: int | None = None) -> dict:
@@ -786,7 +865,7 @@ def _speakers_per_split(plan: Plan) -> dict[str, int]:
 
 _SUMMARY_KEYS = ("out", "utterances", "audio_s", "per_split", "per_condition", "speakers",
                  "batches", "batches_written", "wall_s", "audio_s_per_wall_s",
-                 "plan_fingerprint")
+                 "plan_fingerprint", "lexicon")
 
 
 def _summary(full: dict) -> dict:

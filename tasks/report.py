@@ -4,8 +4,13 @@ Reads the evaluation JSONs of the teacher, the supervised baseline and the SSL s
 every step's `_SUCCESS.json` of the runs involved, and the benchmark / simulator tables
 when present; writes `runs/<run>/report/report.md` (+ `report.json` and PNGs).
 
+The report opens with Table II in words: WER per condition of the teacher, the baseline
+and the SSL student (`amflow decode` results), and the SSL student's relative WER
+reduction over the baseline beside the paper's. Frame accuracy and PER follow.
+
 Relative frame-error reduction of SSL over the baseline, per condition:
     rel_fer = (err_baseline - err_ssl) / err_baseline,  err = 1 - frame_accuracy
+WERR = (WER_baseline - WER_ssl) / WER_baseline.
 """
 from __future__ import annotations
 
@@ -17,9 +22,38 @@ from amflow.runs import SUCCESS, StepContext, StepError
 from amflow.storage import join
 
 CONDITIONS = ("DP1", "DP2", "DP3", "DP4", "DP5")
-STEP_ORDER = ("corpus", "select", "features", "targets", "repartition", "train-teacher",
+STEP_ORDER = ("corpus", "select", "features", "targets", "repartition", "lm", "train-teacher",
               "train-baseline", "train", "evaluate-teacher", "evaluate-baseline", "evaluate",
-              "simulate")
+              "decode-teacher", "decode-baseline", "decode", "simulate")
+# Table II of the petabyte paper: the SSL student's WERR over the baseline, DP1..DP5 (%).
+PAPER_WERR = {"DP1": 9.8, "DP2": 22.2, "DP3": 21.8, "DP4": 16.5, "DP5": 18.9}
+
+
+def wer_table(teacher: dict | None, baseline: dict, ssl: dict) -> list[dict[str, Any]]:
+    """Rows per condition (and 'all'): WER of each model, SSL's WERR, the paper's WERR."""
+    rows = []
+    for cond in (*CONDITIONS, "all"):
+        def w(res: dict | None) -> float | None:
+            if not res:
+                return None
+            return res.get("wer") if cond == "all" else res.get("per_condition", {}).get(cond)
+
+        t, b, s = w(teacher), w(baseline), w(ssl)
+        if b is None or s is None:
+            continue
+        rows.append({"condition": cond, "teacher_wer": t, "baseline_wer": b, "ssl_wer": s,
+                     "werr": (b - s) / b if b > 0 else 0.0, "paper_werr": PAPER_WERR.get(cond)})
+    return rows
+
+
+def render_wer_table(rows: list[dict[str, Any]]) -> str:
+    out = ["| condition | teacher WER % | baseline WER % | SSL WER % | SSL WERR % | "
+           "paper WERR % |", "|---|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        paper = "–" if r["paper_werr"] is None else f"{r['paper_werr']:.1f}"
+        out.append(f"| {r['condition']} | {_pct(r['teacher_wer'])} | {_pct(r['baseline_wer'])} | "
+                   f"{_pct(r['ssl_wer'])} | {_pct(r['werr'])} | {paper} |")
+    return "\n".join(out)
 
 
 def relative_error_reduction(acc_base: float, acc_new: float) -> float:
@@ -171,15 +205,30 @@ def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
     if loaded["baseline"] is None or loaded["ssl"] is None:
         raise StepError("report needs the baseline and SSL evaluations; missing: " + ", ".join(missing))
     rows = table_ii(loaded["teacher"] or {}, loaded["baseline"], loaded["ssl"])
+    decodes = {
+        "teacher": join(root, teacher_run, "decode-teacher", "result.json"),
+        "baseline": join(root, teacher_run, "decode-baseline", "result.json"),
+        "ssl": join(root, ctx.run_id, "decode", "result.json")}
+    decoded = {k: _read_json(ctx, v) for k, v in decodes.items()}
+    wer_rows = (wer_table(decoded["teacher"], decoded["baseline"], decoded["ssl"])
+                if decoded["baseline"] and decoded["ssl"] else [])
     runs = [teacher_run] if teacher_run == ctx.run_id else [teacher_run, ctx.run_id]
     steps = [s for r in runs for s in _run_steps(ctx, r)]
 
     parts = ["# amflow report", "",
              f"Runs: teacher/baseline `{teacher_run}`, SSL student `{ctx.run_id}`. "
              "Frame accuracy (FA) and phone error rate (PER, greedy collapse of frame outputs) "
-             "on the test split (speakers unseen in training), per far-field condition.", "",
-             "## Semi-supervised student vs supervised baseline (cf. Table II)", "",
-             render_table_ii(rows), "", "![frame accuracy](accuracy.png)", ""]
+             "on the test split (speakers unseen in training), per far-field condition.", ""]
+    if wer_rows:
+        d = decoded["ssl"]
+        parts += ["## Word error rate: SSL student vs supervised baseline (cf. Table II)", "",
+                  render_wer_table(wer_rows), "",
+                  f"Decoded with H o L o G (lexicon `{d.get('lexicon')}`, LM `{d.get('lm')}`), "
+                  f"acoustic scale tuned on {d.get('tune_split') or 'nothing'} per model "
+                  f"(SSL {d.get('acwt')}); the paper decodes with a 4-gram and sMBR-trained "
+                  "models, so compare the WERR, not the WER.", ""]
+    parts += ["## Frame accuracy and phone error rate (cf. Table II)", "",
+              render_table_ii(rows), "", "![frame accuracy](accuracy.png)", ""]
     gains = [r["rel_fer_reduction"] for r in rows if r["condition"] in CONDITIONS[1:]]
     if gains:
         parts += [f"SSL relative frame-error reduction in DP2..DP5: min {_pct(min(gains))} %, "
@@ -202,8 +251,9 @@ def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
     ctx.storage.write_bytes(ctx.path("accuracy.png"), _bar_png(rows))
     md = "\n".join(parts)
     ctx.storage.write_text(ctx.path("report.md"), md)
-    ctx.storage.write_json(ctx.path("report.json"), {"table_ii": rows, "evaluations": evals,
+    ctx.storage.write_json(ctx.path("report.json"), {"table_ii": rows, "table_ii_wer": wer_rows,
+                                                     "evaluations": evals, "decodes": decodes,
                                                      "steps": steps})
     print(md)
-    metrics = {"table_ii": rows, "report": ctx.path("report.md")}
+    metrics = {"table_ii": rows, "table_ii_wer": wer_rows, "report": ctx.path("report.md")}
     return ctx.finish(inputs=evals, counts={"in": len(rows), "out": len(rows)}, metrics=metrics)

@@ -164,6 +164,45 @@ def shard_speakers(speaker_seconds: dict[str, float], shard_seconds: float) -> l
     return [g for g in groups if g]
 
 
+def apply_split_rule(storage: Storage, corpus: str, records: list[Record],
+                     aligned: set[str] | None = None) -> None:
+    """The input format's rule for a record without `split`: labeled when alignments.ctm
+    has it, else unlabeled (in place). `aligned`: the CTM's utterance ids, if read."""
+    if all(r.split for r in records):
+        return
+    if aligned is None:
+        ctm = join(corpus, "alignments.ctm")
+        aligned = set()
+        if storage.exists(ctm):
+            from tasks.alignments import ctm_utt_ids
+
+            aligned = ctm_utt_ids(storage.read_text(ctm))
+    for r in records:
+        if not r.split:
+            r.split = "labeled" if r.utt_id in aligned else "unlabeled"
+
+
+def read_records(storage: Storage, corpus: str) -> tuple[list[Record], list[Any], int]:
+    """Every metadata record of a corpus with the split rule applied: (records, rejects
+    of malformed lines, lines read)."""
+    from amflow.runs import Reject
+
+    records: list[Record] = []
+    rejects: list[Reject] = []
+    n = 0
+    for uri in metadata_files(storage, corpus):
+        for lineno, line in enumerate(storage.read_text(uri).splitlines(), 1):
+            if not line.strip():
+                continue
+            n += 1
+            try:
+                records.append(parse_metadata_line(line))
+            except MetadataError as exc:
+                rejects.append(Reject(exc.utt_id or f"{uri}:{lineno}", exc.reason, exc.detail))
+    apply_split_rule(storage, corpus, records)
+    return records, rejects, n
+
+
 def metadata_files(storage: Storage, corpus: str) -> list[str]:
     files = storage.list(join(corpus, "metadata"), suffix=".jsonl", recursive=True)
     single = join(corpus, "metadata.jsonl")
@@ -216,16 +255,7 @@ def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
             seen.add(rec.utt_id)
             records.append(rec)
 
-    if any(not r.split for r in records):
-        ctm = join(corpus, "alignments.ctm")
-        aligned: set[str] = set()
-        if st.exists(ctm):
-            from tasks.alignments import ctm_utt_ids
-
-            aligned = ctm_utt_ids(st.read_text(ctm))
-        for r in records:
-            if not r.split:
-                r.split = "labeled" if r.utt_id in aligned else "unlabeled"
+    apply_split_rule(st, corpus, records)
 
     wanted = [r for r in records if r.split in scfg.splits]
     durations = np.array([r.duration for r in wanted], dtype=np.float64)

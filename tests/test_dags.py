@@ -16,10 +16,13 @@ from tests.airflow_env import ROOT, airflow_env, calls, fake_config
 
 DAGS = ROOT / "dags"
 STUDENT_EDGES = [("select", "features"), ("features", "targets"), ("targets", "repartition"),
-                 ("repartition", "train"), ("train", "evaluate")]
+                 ("repartition", "train"), ("train", "evaluate"), ("evaluate", "decode"),
+                 ("select", "lm"), ("lm", "decode")]
 TEACHER_EDGES = [("select", "features"), ("features", "repartition"), ("repartition", "train"),
                  ("train", "evaluate"), ("repartition", "train_baseline"),
-                 ("train_baseline", "evaluate_baseline")]
+                 ("train_baseline", "evaluate_baseline"), ("evaluate", "decode"),
+                 ("evaluate_baseline", "decode_baseline"), ("select", "lm"), ("lm", "decode"),
+                 ("lm", "decode_baseline")]
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +59,8 @@ def test_graphs(dagbag):
     assert _edges(teacher) == set(TEACHER_EDGES)
     assert {t.task_id: t.step for t in student.tasks} == {
         "select": "select", "features": "features", "targets": "targets",
-        "repartition": "repartition", "train": "train", "evaluate": "evaluate"}
+        "repartition": "repartition", "train": "train", "evaluate": "evaluate",
+        "lm": "lm", "decode": "decode"}
     # Student trains with the SSL recipe; the teacher on labels, in its own output dir.
     assert {"train.model=student", "train.recipe=ssl"} <= set(student.task_dict["train"].sets)
     tsets = set(teacher.task_dict["train"].sets)
@@ -64,6 +68,9 @@ def test_graphs(dagbag):
     bsets = set(teacher.task_dict["train_baseline"].sets)
     assert {"train.model=student", "train.recipe=labeled", "train.tag=baseline"} <= bsets
     assert teacher.task_dict["evaluate_baseline"].model_from == "train_baseline"
+    assert teacher.task_dict["decode_baseline"].model_from == "train_baseline"
+    assert "decode.tag=baseline" in teacher.task_dict["decode_baseline"].sets
+    assert "decode.tag=teacher" in tsets
     assert "select.splits=labeled,dev" in tsets
 
 
@@ -188,9 +195,10 @@ def test_dags_test_teacher_then_student_with_fake_steps(tmp_path):
     (teacher_run,) = [p.name for p in (work / "store" / "runs").iterdir()
                       if p.name.startswith("teacher__")]
     tcalls = calls(work / "store", teacher_run)
-    steps = [c["step"] for c in tcalls]
+    steps = [c["step"] for c in tcalls if c["step"] != "lm"]
     assert steps[:4] == ["select", "features", "features", "repartition"]
-    assert sorted(steps[4:]) == ["evaluate", "evaluate", "train", "train"]
+    assert sorted(steps[4:]) == ["decode", "decode", "evaluate", "evaluate", "train", "train"]
+    assert [c["step"] for c in tcalls].count("lm") == 1
     tags = {tuple(a for a in c["argv"] if a.startswith("train.tag=")) for c in tcalls
             if c["step"] == "train"}
     assert tags == {("train.tag=teacher",), ("train.tag=baseline",)}
@@ -200,7 +208,7 @@ def test_dags_test_teacher_then_student_with_fake_steps(tmp_path):
     assert ev["argv"][-2:] == ["--model", str(model)]
     xc = _xcoms(home, "teacher")
     assert set(xc) == {"select", "features", "repartition", "train", "evaluate",
-                       "train_baseline", "evaluate_baseline"}
+                       "train_baseline", "evaluate_baseline", "lm", "decode", "decode_baseline"}
     assert xc["train"]["uri"].endswith("train-teacher") and xc["train"]["metrics"]["workers"] == 2
     runner_x = _xcoms(home, "teacher", key="runner")
     assert runner_x["train"]["pokes"] >= 2  # short tries, one job
@@ -222,8 +230,8 @@ def test_dags_test_teacher_then_student_with_fake_steps(tmp_path):
     (student_run,) = [p.name for p in (work / "store" / "runs").iterdir()
                       if p.name.startswith("ssl_student__")]
     scalls = calls(work / "store", student_run)
-    assert [c["step"] for c in scalls] == ["select", "features", "targets",
-                                          "repartition", "train", "evaluate"]
+    assert [c["step"] for c in scalls if c["step"] != "lm"] == [
+        "select", "features", "targets", "repartition", "train", "evaluate", "decode"]
     sx = _xcoms(home, "ssl_student")
     assert sx["targets"]["metrics"]["teacher"] == str(model)
     assert sx["train"]["metrics"]["algorithm"] == "bmuf"
@@ -262,7 +270,8 @@ def test_dags_test_real_steps_on_a_tiny_corpus(tmp_path):
               "select.shard_hours=0.01", "repartition.partition_hours=0.01",
               "train.minibatch_frames=256", "train.sub_epochs=1", "train.finetune_epochs=0",
               "model.student.hidden=32", "model.teacher.hidden=32", "model.student.layers=1",
-              "model.teacher.layers=1", "targets.actors=1"]
+              "model.teacher.layers=1", "targets.actors=1", "lm.sentences=2000",
+              "decode.workers=1", "decode.acwt=0.5"]
     _dags_test(env, "corpus", {"config": str(cfg), "overrides": common, "hours": 0.04,
                                "speakers": 8})
     _dags_test(env, "teacher", {"config": str(cfg), "overrides": common, "hours": 0.03,
@@ -270,7 +279,9 @@ def test_dags_test_real_steps_on_a_tiny_corpus(tmp_path):
     _dags_test(env, "ssl_student", {"config": str(cfg), "overrides": common, "hours": 0.03,
                                     "epochs": 1}, timeout=900)
     xc = _xcoms(home, "ssl_student")
-    assert set(xc) == {"select", "features", "targets", "repartition", "train", "evaluate"}
+    assert set(xc) == {"select", "features", "targets", "repartition", "train", "evaluate",
+                       "lm", "decode"}
     for task_id, summary in xc.items():
         assert summary["run_id"].startswith("ssl_student__"), task_id
         assert (Path(summary["uri"]) / "_SUCCESS.json").exists() or task_id == "evaluate"
+    assert 0 <= xc["decode"]["metrics"]["wer"] and set(xc["decode"]["metrics"]["per_condition"])

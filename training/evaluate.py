@@ -159,30 +159,19 @@ def load_split(ctx: StepContext, corpus: str, split: str, fcfg: FeaturesConfig,
     from tasks.audio import load_audio_result, resolve_uri
     from tasks.features import featurize_stream
     from tasks.fbank import FbankComputer
-    from tasks.select import MetadataError, metadata_files, parse_metadata_line
+    from tasks.select import metadata_files, read_records
 
     st = ctx.storage
-    files = metadata_files(st, corpus)
-    if not files:
+    if not metadata_files(st, corpus):
         raise StepError(f"no metadata/**.jsonl or metadata.jsonl under {corpus}")
-    rejects: list[Reject] = []
-    recs = []
-    n_in = 0
-    for uri in files:
-        for lineno, line in enumerate(st.read_text(uri).splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                rec = parse_metadata_line(line)
-            except MetadataError as exc:
-                n_in += 1
-                rejects.append(Reject(exc.utt_id or f"{uri}:{lineno}", exc.reason, exc.detail))
-                continue
-            if rec.split == split:
-                n_in += 1
-                recs.append(rec)
+    # the input format's split rule: a record without `split` is labeled when aligned
+    everything, rejects, _ = read_records(st, corpus)
+    recs = [r for r in everything if r.split == split]
+    n_in = len(recs) + len(rejects)
     if not recs:
-        raise StepError(f"corpus {corpus} has no records with split '{split}'")
+        found = sorted({r.split for r in everything})
+        raise StepError(f"corpus {corpus} has no records with split '{split}' "
+                        f"(splits found: {', '.join(found) or 'none'})")
     ctm_uri = join(corpus, "alignments.ctm")
     if not st.exists(ctm_uri):
         raise StepError(f"{ctm_uri} not found: evaluation needs alignments")

@@ -112,6 +112,16 @@ def _clear(ctx: StepContext) -> None:
         ctx.storage.delete(ctx.path(name))
 
 
+def _store_priors(ctx: StepContext, plan: dict[str, Any], model_uri: str) -> None:
+    """Class priors (for hybrid decoding: posterior / prior) counted over the training
+    targets the model saw, stored in model.pt (decoding/priors.py)."""
+    from decoding.priors import attach_priors, class_counts
+
+    uris = [u for kind, us in plan["splits"].items() if kind != "dev" for u in us]
+    counts = class_counts(ctx.storage, uris, int(plan["num_classes"]))
+    attach_priors(ctx.storage, model_uri, counts, "training targets")
+
+
 def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
     cfg = ctx.cfg
     tc = cfg.train
@@ -147,6 +157,7 @@ def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
     if report["rejects"]:
         ctx.storage.write_parquet(ctx.path("rejects", "rejects.parquet"),
                                   rejects_table(report["rejects"]))
+    _store_priors(ctx, plan, result["model_uri"])
     counts = dict(result["counts"])
     metrics = dict(result["metrics"])
     metrics["model_uri"] = result["model_uri"]

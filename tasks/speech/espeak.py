@@ -5,7 +5,8 @@
     version()                 -> str          espeak_Info
     synthesize(text, voice, seed) -> Synthesis
         int16 audio at the engine's native rate (22050 Hz) and the espeakEVENT_PHONEME
-        events, each at the audio sample where the phone starts.
+        events, each at the audio sample where the phone starts; the espeakEVENT_WORD
+        events say which phones each word of the text became (`word_phones`).
     phone_segments(events, num_samples) -> [(phone, start, end)]
         Contiguous segments covering [0, num_samples): pauses and the lead-in become `sil`.
 
@@ -40,7 +41,7 @@ import subprocess
 import sys
 import tempfile
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Iterator
 
 import numpy as np
@@ -51,6 +52,7 @@ SIL = "sil"
 AUDIO_OUTPUT_SYNCHRONOUS = 2
 INITIALIZE_PHONEME_EVENTS = 0x0001
 EVENT_LIST_TERMINATED = 0
+EVENT_WORD = 1
 EVENT_PHONEME = 7
 EVENT_SAMPLERATE = 8
 CHARS_UTF8 = 1
@@ -132,6 +134,10 @@ class Synthesis:
     sample_rate: int
     events: list[tuple[str, int]]  # (espeak phoneme mnemonic, start sample), in order
     voice_identifier: str
+    # espeakEVENT_WORD: (text character offset, 0-based; length in characters; index in
+    # `events` of the word's first phone). espeak-ng may speak several text words as one
+    # (e.g. "on the"): such a group has one event, at its first word.
+    words: list[tuple[int, int, int]] = field(default_factory=list)
 
     @property
     def duration(self) -> float:
@@ -139,6 +145,18 @@ class Synthesis:
 
     def segments(self) -> list[tuple[str, int, int]]:
         return phone_segments(self.events, len(self.audio))
+
+    def word_phones(self) -> list[tuple[int, int, list[str]]]:
+        """(text offset, length, phones) per word event, in order: the phones as
+        `segments` has them (pauses and phones of no duration left out)."""
+        ends = [pos for _, pos in self.events[1:]] + [len(self.audio)]
+        heard = [p if end > pos and not is_pause(p) else ""
+                 for (p, pos), end in zip(self.events, ends)]
+        out = []
+        for k, (pos, length, first) in enumerate(self.words):
+            last = self.words[k + 1][2] if k + 1 < len(self.words) else len(self.events)
+            out.append((pos, length, [p for p in heard[first:last] if p]))
+        return out
 
 
 # -- library loading -------------------------------------------------------------------
@@ -379,6 +397,7 @@ def _synthesize_here(text: str, voice: VoiceParams, seed: int = 0,
     the process calls libc rand() meanwhile."""
     chunks: list[np.ndarray] = []
     raw_events: list[tuple[str, int, int]] = []  # (phone, audio_position ms, sample)
+    raw_words: list[tuple[int, int, int]] = []  # (text offset, length, phone events before)
 
     def _callback(wav, numsamples, events) -> int:  # noqa: ANN001 - ctypes signature
         if wav and numsamples > 0:
@@ -390,6 +409,9 @@ def _synthesize_here(text: str, voice: VoiceParams, seed: int = 0,
                 if ev.type == EVENT_PHONEME:
                     name = bytes(ev.id.string).split(b"\0", 1)[0].decode("utf-8", "replace")
                     raw_events.append((name, int(ev.audio_position), int(ev.sample)))
+                elif ev.type == EVENT_WORD:
+                    raw_words.append((int(ev.text_position) - 1, int(ev.length),
+                                      sum(1 for e in raw_events if e[0])))
                 k += 1
         return 0
 
@@ -409,7 +431,7 @@ def _synthesize_here(text: str, voice: VoiceParams, seed: int = 0,
     audio = np.concatenate(chunks) if chunks else np.zeros(0, np.int16)
     events = _event_samples(raw_events, sample_rate, len(audio))
     return Synthesis(audio=audio.astype(np.int16, copy=False), sample_rate=sample_rate,
-                     events=events, voice_identifier=ident)
+                     events=events, voice_identifier=ident, words=raw_words)
 
 
 class _SynthesisProcess:

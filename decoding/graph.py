@@ -1,0 +1,197 @@
+"""The decoding graph H o L o G for a model with one output class per phone.
+
+    build_graph(lexicon, arpa_text, classes, sil_prob=0.5) -> DecodingGraph
+        L: the lexicon transducer (phones -> words) with optional silence between words
+           (probability `sil_prob`, Kaldi's make_lexicon_fst) and disambiguation symbols
+           #1.. on pronunciations that are prefixes or duplicates of others, and a #0
+           self-loop that passes G's back-off disambiguator;
+        G: the ARPA LM as a WFST (kaldilm.arpa2fst, <s>/</s> become epsilons);
+        LG = det(L o G) (determinize_star, then minimize_encoded), disambiguators removed;
+        H: every phone arc of LG becomes an entry arc and a state with a self-loop on the
+           same class: one HMM state per class, so a phone lasts one frame or more (the
+           33 Hz low-frame-rate model's topology). The self-loops are added after
+           determinisation, as Kaldi adds them to HCLG.
+        Input labels are class id + 1 (kaldi-decoder's DecodableCtc reads column i-1 for
+        label i; 0 is epsilon); output labels are word ids.
+    DecodingGraph.write(dir) / read_graph(dir)   HLG.fst + words.txt + graph.json
+    graph_key(lexicon_text, arpa_text, classes, sil_prob) -> str   the cache key
+
+Everything here is kaldifst / kaldilm: the search runs on a maintained WFST toolkit.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import tempfile
+import time
+from dataclasses import dataclass
+from typing import Sequence
+
+from decoding.lexicon import SIL, Lexicon
+
+EPS = "<eps>"
+DISAMBIG_BACKOFF = "#0"
+
+
+class GraphError(ValueError):
+    pass
+
+
+@dataclass
+class DecodingGraph:
+    fst: object  # kaldifst.StdVectorFst
+    words: list[str]  # index = output label (0 = <eps>)
+    info: dict
+
+    def write(self, directory: str) -> None:
+        os.makedirs(directory, exist_ok=True)
+        self.fst.write(os.path.join(directory, "HLG.fst"))
+        with open(os.path.join(directory, "words.txt"), "w") as f:
+            f.writelines(f"{w} {i}\n" for i, w in enumerate(self.words))
+        with open(os.path.join(directory, "graph.json"), "w") as f:
+            json.dump(self.info, f, indent=1)
+
+
+def read_graph(directory: str) -> DecodingGraph:
+    import kaldifst
+
+    fst = kaldifst.StdVectorFst.read(os.path.join(directory, "HLG.fst"))
+    with open(os.path.join(directory, "words.txt")) as f:
+        words = [line.rsplit(" ", 1)[0] for line in f.read().splitlines()]
+    with open(os.path.join(directory, "graph.json")) as f:
+        info = json.load(f)
+    return DecodingGraph(fst, words, info)
+
+
+def graph_key(lexicon_text: str, arpa_text: str, classes: Sequence[str], sil_prob: float) -> str:
+    h = hashlib.sha256()
+    for part in (lexicon_text, arpa_text, "\n".join(classes), repr(sil_prob)):
+        h.update(part.encode())
+        h.update(b"\0")
+    return h.hexdigest()[:16]
+
+
+# ----------------------------------------------------------------- L
+def _disambiguated(lex: Lexicon) -> tuple[list[tuple[str, tuple[str, ...], int]], int]:
+    """(word, phones, disambiguator number or 0) per pronunciation; the largest number."""
+    prons = [(w, v) for w in sorted(lex.prons) for v in lex.prons[w]]
+    count: dict[tuple[str, ...], int] = {}
+    prefixes: set[tuple[str, ...]] = set()
+    for _, v in prons:
+        count[v] = count.get(v, 0) + 1
+        prefixes.update(v[:k] for k in range(1, len(v)))
+    used: dict[tuple[str, ...], int] = {}
+    out = []
+    for w, v in prons:
+        if count[v] > 1 or v in prefixes:
+            used[v] = used.get(v, 0) + 1
+            out.append((w, v, used[v]))
+        else:
+            out.append((w, v, 0))
+    return out, max(used.values(), default=0)
+
+
+def _lexicon_fst_text(lex: Lexicon, phone_id: dict[str, int], word_id: dict[str, int],
+                      disambig_id: list[int], sil_prob: float) -> str:
+    """L with optional silence (Kaldi's make_lexicon_fst.py with sil_prob) as FST text."""
+    no_sil, sil = -math.log(1 - sil_prob), -math.log(sil_prob)
+    start, loop, sil_state = 0, 1, 2
+    lines = [f"{start} {loop} 0 0 {no_sil}", f"{start} {sil_state} 0 0 {sil}",
+             f"{sil_state} {loop} {phone_id[SIL]} 0 0",
+             f"{loop} {loop} {disambig_id[0]} {word_id[DISAMBIG_BACKOFF]} 0"]
+    next_state = 3
+    entries, _ = _disambiguated(lex)
+    for word, phones, k in entries:
+        labels = [phone_id[p] for p in phones] + ([disambig_id[k]] if k else [])
+        src, out = loop, word_id[word]
+        for lab in labels[:-1]:
+            lines.append(f"{src} {next_state} {lab} {out} 0")
+            src, out, next_state = next_state, 0, next_state + 1
+        lines.append(f"{src} {loop} {labels[-1]} {out} {no_sil}")
+        lines.append(f"{src} {sil_state} {labels[-1]} {out} {sil}")
+    lines.append(f"{loop} 0")
+    return "\n".join(lines) + "\n"
+
+
+# ----------------------------------------------------------------- H
+def _add_self_loops(lg_text: str, num_classes: int) -> str:
+    """Each arc on class label c (1..num_classes) -> entry arc + a state looping on c."""
+    rows = lg_text.strip().splitlines()
+    num_states = 1 + max(max(int(r.split()[0]), int(r.split()[1]) if len(r.split()) > 2 else 0)
+                         for r in rows)
+    out = []
+    for r in rows:
+        f = r.split()
+        if len(f) <= 2:  # final state
+            out.append(r)
+            continue
+        src, dst, ilab, olab = f[:4]
+        w = f[4] if len(f) > 4 else "0"
+        if ilab == "0" or int(ilab) > num_classes:
+            out.append(f"{src} {dst} 0 {olab} {w}")
+            continue
+        s = num_states
+        num_states += 1
+        out += [f"{src} {s} {ilab} {olab} {w}", f"{s} {s} {ilab} 0 0", f"{s} {dst} 0 0 0"]
+    return "\n".join(out) + "\n"
+
+
+def _remove_disambig(lg_text: str, first_disambig: int) -> str:
+    out = []
+    for r in lg_text.strip().splitlines():
+        f = r.split()
+        if len(f) > 2 and int(f[2]) >= first_disambig:
+            f[2] = "0"
+        out.append(" ".join(f))
+    return "\n".join(out) + "\n"
+
+
+# ----------------------------------------------------------------- HLG
+def build_graph(lex: Lexicon, arpa_text: str, classes: Sequence[str],
+                sil_prob: float = 0.5) -> DecodingGraph:
+    import kaldifst
+    import kaldilm
+
+    t0 = time.time()
+    missing = sorted(lex.phones() - set(classes))
+    if missing:
+        raise GraphError(f"the lexicon uses phones the model has no class for: {missing}")
+    if SIL not in classes:
+        raise GraphError(f"the model has no '{SIL}' class (optional silence needs one)")
+    phone_id = {p: i + 1 for i, p in enumerate(classes)}
+    _, max_disambig = _disambiguated(lex)
+    disambig_id = [len(classes) + 1 + k for k in range(max_disambig + 1)]  # #0, #1, ...
+    lm_words = {line.split()[1] for line in arpa_text.splitlines()
+                if line.count("\t") >= 1 and len(line.split("\t")[1].split()) == 1}
+    words = [EPS] + sorted(set(lex.prons) | (lm_words - {"<s>", "</s>", "<unk>"}))
+    words += [DISAMBIG_BACKOFF, "<s>", "</s>"]
+    word_id = {w: i for i, w in enumerate(words)}
+    with tempfile.TemporaryDirectory() as tmp:
+        sym = os.path.join(tmp, "words.txt")
+        arpa = os.path.join(tmp, "lm.arpa")
+        with open(sym, "w") as f:
+            f.writelines(f"{w} {i}\n" for i, w in enumerate(words))
+        with open(arpa, "w") as f:
+            f.write(arpa_text)
+        g_text = kaldilm.arpa2fst(input_arpa=arpa, disambig_symbol=DISAMBIG_BACKOFF,
+                                  read_symbol_table=sym, max_arpa_warnings=0)
+    G = kaldifst.compile(g_text, acceptor=False)
+    L = kaldifst.compile(_lexicon_fst_text(lex, phone_id, word_id, disambig_id, sil_prob))
+    kaldifst.arcsort(L, sort_type="olabel")
+    kaldifst.arcsort(G, sort_type="ilabel")
+    LG = kaldifst.compose(L, G)
+    if kaldifst.determinize_star(LG, use_log=True):
+        raise GraphError("determinisation of L o G stopped early")
+    kaldifst.minimize_encoded(LG)
+    lg_text = _remove_disambig(LG.to_str(show_weight_one=True), disambig_id[0])
+    hlg = kaldifst.compile(_add_self_loops(lg_text, len(classes)))
+    kaldifst.arcsort(hlg, sort_type="ilabel")
+    info = {"classes": len(classes), "words": len(words) - 4, "prons": lex.num_prons,
+            "disambig_symbols": max_disambig, "sil_prob": sil_prob,
+            "G_states": G.num_states, "LG_states": LG.num_states,
+            "HLG_states": hlg.num_states,
+            "HLG_arcs": sum(hlg.num_arcs(s) for s in range(hlg.num_states)),
+            "build_s": round(time.time() - t0, 2)}
+    return DecodingGraph(hlg, words, info)

@@ -1,0 +1,65 @@
+"""Beam search over the decoding graph with kaldi-decoder.
+
+    acoustic_scores(log_posteriors, log_priors, acwt) -> float32 [T, C]
+        acwt x (log posterior - log prior): the hybrid model's scaled log-likelihoods
+        (Bayes: p(x|c) is proportional to p(c|x) / p(c)).
+    Searcher(graph, beam, max_active).best_words(scores) -> (word ids, graph cost)
+        FasterDecoder over DecodableCtc (which reads column i-1 for graph label i, the
+        labelling decoding.graph uses) and the 1-best path's output labels.
+    log_priors(counts) -> float32 [C]   smoothed class log-priors from counts
+"""
+from __future__ import annotations
+
+import numpy as np
+
+PRIOR_FLOOR = 1e-5  # classes never seen in training still get a finite prior
+
+
+def log_priors(counts: np.ndarray) -> np.ndarray:
+    p = np.asarray(counts, dtype=np.float64)
+    if p.sum() <= 0:
+        raise ValueError("class counts sum to zero: no priors")
+    p = p / p.sum()
+    p = np.maximum(p, PRIOR_FLOOR)
+    return np.log(p / p.sum()).astype(np.float32)
+
+
+def acoustic_scores(log_post: np.ndarray, log_prior: np.ndarray, acwt: float) -> np.ndarray:
+    return np.ascontiguousarray(acwt * (log_post - log_prior), dtype=np.float32)
+
+
+class Searcher:
+    def __init__(self, graph, beam: float = 13.0, max_active: int = 7000,
+                 min_active: int = 20):
+        import kaldi_decoder
+
+        opts = kaldi_decoder.FasterDecoderOptions()
+        opts.beam = float(beam)
+        opts.max_active = int(max_active)
+        opts.min_active = int(min_active)
+        self.graph = graph
+        self.decoder = kaldi_decoder.FasterDecoder(graph.fst, opts)
+
+    def best_words(self, scores: np.ndarray) -> tuple[list[str], float, bool]:
+        """(words, cost of the best path, reached a final state)."""
+        import kaldi_decoder
+        import kaldifst
+
+        decodable = kaldi_decoder.DecodableCtc(np.ascontiguousarray(scores, np.float32))
+        self.decoder.decode(decodable)
+        final = bool(self.decoder.reached_final())
+        ok, lattice = self.decoder.get_best_path()
+        if not ok:
+            return [], float("inf"), final
+        ok, _, olabels, weight = kaldifst.get_linear_symbol_sequence(lattice)
+        words = [self.graph.words[o] for o in olabels if o]
+        cost = float(weight.value1 + weight.value2) if hasattr(weight, "value1") else 0.0
+        return words, cost, final
+
+
+def oracle_log_posteriors(labels: np.ndarray, num_classes: int, mass: float = 0.9) -> np.ndarray:
+    """Log posteriors that put `mass` on the reference class of each row (the rest spread
+    evenly): a perfect acoustic model's output, to check lexicon, LM and graph alone."""
+    lp = np.full((len(labels), num_classes), np.log((1 - mass) / (num_classes - 1)), np.float32)
+    lp[np.arange(len(labels)), np.asarray(labels, np.int64)] = np.log(mass)
+    return lp

@@ -1,0 +1,248 @@
+"""Decoding to words: lexicon, Kneser-Ney LM, H o L o G graph, search, WER, bad inputs."""
+from __future__ import annotations
+
+import json
+import math
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from decoding import graph as G
+from decoding import lexicon as L
+from decoding import lm
+from decoding import wer as W
+from decoding.search import Searcher, acoustic_scores, log_priors, oracle_log_posteriors
+
+CLASSES = ["<unk>", "a", "b", "k", "s", "sil", "t"]
+LEXICON = """cat k a t
+cats k a t s
+at a t
+tab t a b
+tab t a b s
+bat b a t
+"""
+
+
+def _sentences():
+    return [s.split() for s in ["cat at tab", "bat at cat", "cats at tab", "tab cat",
+                                "cat bat", "at tab cat bat"] * 3]
+
+
+def _frames(phones: list[str], repeat: int = 2) -> np.ndarray:
+    return np.array([CLASSES.index(p) for p in phones for _ in range(repeat)])
+
+
+@pytest.fixture(scope="module")
+def tiny_graph():
+    model = lm.estimate(_sentences(), 3)
+    return G.build_graph(L.read_lexicon(LEXICON), model.to_arpa(), CLASSES)
+
+
+def _decode(graph, labels, acwt=1.0):
+    lp = oracle_log_posteriors(labels, len(CLASSES))
+    return Searcher(graph, beam=15).best_words(
+        acoustic_scores(lp, log_priors(np.ones(len(CLASSES))), acwt))[0]
+
+
+# ----------------------------------------------------------------- graph + search
+def test_graph_decodes_known_posteriors_to_the_words(tiny_graph):
+    seq = ["sil", "k", "a", "t", "sil", "a", "t", "t", "a", "b", "sil"]
+    assert _decode(tiny_graph, _frames(seq)) == ["cat", "at", "tab"]
+    # no silence between words, a prefix pronunciation (cat < cats) and a one-frame phone
+    seq = ["k", "a", "t", "s", "a", "t", "t", "a", "b"]
+    assert _decode(tiny_graph, _frames(seq, 1)) == ["cats", "at", "tab"]
+
+
+def test_graph_labels_are_class_ids_plus_one(tiny_graph, tmp_path):
+    info = tiny_graph.info
+    assert info["classes"] == len(CLASSES) and info["words"] == 5
+    assert info["disambig_symbols"] >= 1  # "t a b" is a prefix of "t a b s"
+    tiny_graph.write(str(tmp_path))
+    again = G.read_graph(str(tmp_path))
+    assert again.words == tiny_graph.words
+    seq = ["b", "a", "t", "a", "t"]
+    assert _decode(again, _frames(seq)) == ["bat", "at"]
+
+
+def test_graph_refuses_a_lexicon_with_phones_the_model_lacks():
+    lex = L.read_lexicon(LEXICON + "dog d O g\n")
+    with pytest.raises(G.GraphError, match=r"\['O', 'd', 'g'\]"):
+        G.build_graph(lex, lm.estimate(_sentences(), 2).to_arpa(), CLASSES)
+
+
+def test_graph_cache_key_changes_with_each_input():
+    base = G.graph_key("lex", "arpa", ["a"], 0.5)
+    assert len({base, G.graph_key("lex2", "arpa", ["a"], 0.5), G.graph_key("lex", "arpa2", ["a"], 0.5),
+                G.graph_key("lex", "arpa", ["b"], 0.5), G.graph_key("lex", "arpa", ["a"], 0.4)}) == 5
+
+
+# ----------------------------------------------------------------- WER
+def test_wer_counts_substitutions_deletions_insertions():
+    s = W.score("a b c d".split(), "a x d e".split(), "DP1")
+    assert (s.sub, s.dels, s.ins, s.ref_words, s.errors) == (1, 1, 1, 4, 3)
+    agg = W.aggregate([s, W.score(["a", "b"], ["a", "b"], "DP2"), W.score(["x"], [], "DP2")])
+    assert agg["wer"] == pytest.approx(4 / 7)
+    assert agg["per_condition"] == pytest.approx({"DP1": 3 / 4, "DP2": 1 / 3})
+    assert agg["ser"] == pytest.approx(2 / 3)
+    assert agg["per_condition_detail"]["DP2"]["del"] == pytest.approx(1 / 3)
+    assert W.relative_reduction({"DP1": 0.2}, {"DP1": 0.15})["DP1"] == pytest.approx(0.25)
+
+
+# ----------------------------------------------------------------- LM
+@pytest.mark.parametrize("min_count", [1, 2])
+def test_kneser_ney_distributions_sum_to_one(min_count):
+    model = lm.estimate(_sentences() + [["cat", "cat", "cat"]], 3, vocabulary=["dog"],
+                        min_count=min_count)
+    vocab = sorted(model.vocabulary() | {lm.EOS})
+    assert "dog" in vocab  # a lexicon word never seen in the text still has mass
+    for hist in [(), ("<s>",), ("cat",), ("at", "tab"), ("<s>", "cat"), ("dog",), ("tab", "tab")]:
+        total = sum(10 ** model.logprob(w, list(hist)) for w in vocab)
+        assert total == pytest.approx(1.0, abs=1e-6), hist
+
+
+def test_arpa_round_trip_and_perplexity():
+    model = lm.estimate(_sentences(), 3)
+    again = lm.read_arpa(model.to_arpa())
+    assert again.num_ngrams() == model.num_ngrams()
+    for w, h in [("cat", ["at", "tab"]), ("bat", ["cat"]), ("tab", [])]:
+        assert again.logprob(w, h) == pytest.approx(model.logprob(w, h), abs=1e-5)
+    ppl = lm.perplexity(model, [["cat", "at", "zebra", "tab"]])
+    assert ppl["oov"] == 1 and ppl["oov_rate"] == pytest.approx(0.25)
+    assert 1 < ppl["perplexity"] < len(model.vocabulary()) + 1
+    with pytest.raises(lm.ArpaError):
+        lm.read_arpa("not an arpa file")
+
+
+def test_generator_sentences_are_deterministic_and_use_the_vocabulary():
+    from tasks.speech.text import vocabulary
+
+    a, b = lm.generator_sentences(50, 7), lm.generator_sentences(50, 7)
+    assert a == b and a != lm.generator_sentences(50, 8)
+    assert {w for s in a for w in s} <= set(vocabulary())
+
+
+# ----------------------------------------------------------------- lexicon
+def test_lexicon_reads_variants_and_rejects_a_word_without_phones():
+    lex = L.read_lexicon("# comment\nTab t a b\ntab t a b s\n\ncat k a t\n")
+    assert lex.prons["tab"] == [("t", "a", "b"), ("t", "a", "b", "s")]
+    assert L.read_lexicon(lex.to_text()).prons == lex.prons
+    with pytest.raises(L.LexiconError, match="line 2"):
+        L.read_lexicon("cat k a t\ndog\n")
+
+
+def test_can_produce_and_coverage_count_oov():
+    lex = L.read_lexicon(LEXICON)
+    assert L.can_produce(lex, ["cats", "at"], ["sil", "k", "a", "t", "s", "a", "t", "sil"])
+    assert not L.can_produce(lex, ["cat", "at"], ["k", "a", "t", "s", "a", "t"])
+    cov = L.coverage(lex, [(["cat", "dog"], ["k", "a", "t"]), (["at"], ["a", "t"])])
+    assert cov["produced"] == 1 and cov["oov_tokens"] == 1 and cov["oov_words"] == {"dog": 1}
+    assert L.words_of("Set it at eight o'clock, Anna!") == ["set", "it", "at", "eight",
+                                                           "o'clock", "anna"]
+
+
+def test_espeak_lexicon_splits_groups_and_learns_linking():
+    groups = [(["the"], ["D", "@"]), (["on"], ["O", "n"]), (["on", "the"], ["O", "n", "D", "I", ";"]),
+              (["story"], ["s", "t", "o", "r", "i"]), (["story"], ["s", "t", "o", "r", "i", ";"]),
+              (["busy"], ["b", "I", "z", "i", ";"]), (["busy"], ["b", "I", "z", "i"]),
+              (["lucy"], ["l", "u", "s", "i", ";"]), (["lucy"], ["l", "u", "s", "i"]),
+              (["happy"], ["h", "a", "p", "i"]), (["tiny"], ["t", "aI", "n", "i", ";"])]
+    lex, unexplained = L.espeak_lexicon(groups)
+    assert unexplained == 0
+    assert ("D", "I", ";") in lex.prons["the"]  # learnt from the "on the" group
+    assert ("i", ";") in L.linking_rules(lex)
+    # the rule gives every word ending in "i" both forms
+    assert {("h", "a", "p", "i"), ("h", "a", "p", "i", ";")} <= set(lex.prons["happy"])
+    assert ("t", "aI", "n", "i") in lex.prons["tiny"]  # and a gap between words drops it
+
+
+# ----------------------------------------------------------------- the step's inputs
+def test_decode_rejects_a_model_whose_classes_miss_lexicon_phones():
+    from amflow.runs import StepError
+    from decoding.decode import _check_phones
+
+    with pytest.raises(StepError, match=r"no class for: \['k', 's'\]"):
+        _check_phones(L.read_lexicon(LEXICON), ["a", "b", "t", "sil"], "lex.txt", "m.pt")
+
+
+def test_score_hyps_counts_oov_reference_words():
+    from decoding.decode import score_hyps
+
+    rec = SimpleNamespace(utt_id="u1", text="Cat at zebra.", condition="DP3")
+    result, rows, oov = score_hyps([(rec, ["cat", "at", "tab"], True)], L.read_lexicon(LEXICON))
+    assert oov == {"tokens": 1, "words": 3, "rate": pytest.approx(1 / 3)}
+    assert result["per_condition"] == {"DP3": pytest.approx(1 / 3)}
+    assert rows[0]["hyp"] == "cat at tab" and rows[0]["ref"] == "cat at zebra"
+
+
+def test_priors_from_hard_labels_and_soft_targets(tmp_path):
+    import pyarrow as pa
+
+    from amflow.config import StorageConfig
+    from amflow.storage import Storage
+    from decoding.priors import class_counts
+
+    st = Storage(StorageConfig(root=str(tmp_path)))
+    hard = np.array([0, 1, 1, 2], np.int16).tobytes()
+    idx = np.array([[1, 2], [2, 0]], np.int16).tobytes()
+    logit = np.log(np.array([[0.75, 0.25], [0.5, 0.5]])).astype(np.float16).tobytes()
+    st.write_parquet(str(tmp_path / "part-0.parquet"), pa.table(
+        {"labels": [hard, None], "k": [None, 2], "topk_idx": [None, idx],
+         "topk_logit": [None, logit]}))
+    counts = class_counts(st, [str(tmp_path / "part-0.parquet")], 3)
+    assert counts == pytest.approx([1.5, 2.75, 1.75], abs=1e-3)
+    assert np.exp(log_priors(counts)).sum() == pytest.approx(1.0, abs=1e-5)
+
+
+def test_decode_and_evaluate_follow_the_split_rule(tmp_path, local_cfg):
+    """A corpus without `split`: aligned records are labeled, others unlabeled."""
+    from amflow.runs import StepContext, StepError
+    from decoding.decode import split_records
+    from tests.test_select import make_corpus
+
+    make_corpus(tmp_path / "corpus", speakers=4, utts=2, labeled=2, with_split=False)
+    ctx = StepContext(local_cfg(), "r", "decode")
+    lex = L.read_lexicon("hello h @ l oU\n")
+    labeled, rejects = split_records(ctx, str(tmp_path / "corpus"), "labeled", lex)
+    unlabeled, _ = split_records(ctx, str(tmp_path / "corpus"), "unlabeled", lex)
+    assert len(labeled) == 4 and len(unlabeled) == 4 and not rejects
+    with pytest.raises(StepError, match="splits found: labeled, unlabeled"):
+        split_records(ctx, str(tmp_path / "corpus"), "test", lex)
+
+
+@pytest.mark.slow
+def test_oracle_posteriors_decode_the_tiny_corpus(tiny_corpus, tmp_path):
+    """One-hot posteriors from the reference alignment decode to the transcripts:
+    lexicon, LM (generator text, never the test transcripts) and graph are right."""
+    from amflow.config import FeaturesConfig
+    from decoding.decode import split_records
+    from tasks import alignments as al
+    from tasks.corpus import LEXICON_REPORT
+    from tasks.fbank import FbankComputer
+
+    report = json.loads((tiny_corpus / LEXICON_REPORT).read_text())
+    assert report["labeled"]["share"] >= 0.9
+    lex = L.read_lexicon((tiny_corpus / "lexicon.txt").read_text())
+    classes = [p.strip() for p in (tiny_corpus / "phones.txt").read_text().splitlines()]
+    model = lm.estimate(lm.generator_sentences(3000, 5), 3, vocabulary=lex.prons)
+    graph = G.build_graph(lex, model.to_arpa(), classes)
+    aligns, _ = al.read_ctm((tiny_corpus / "alignments.ctm").read_text())
+    from amflow.config import load_config
+    from amflow.runs import StepContext
+
+    ctx = StepContext(load_config(None, [f"storage.root={tmp_path}"]), "r", "decode")
+    recs, _ = split_records(ctx, str(tiny_corpus), "test", lex)
+    fcfg = FeaturesConfig()
+    ids = {p: i for i, p in enumerate(classes)}
+    search = Searcher(graph, beam=12)
+    scores = []
+    for r in recs:
+        a = aligns[r.utt_id]
+        n100 = FbankComputer(fcfg).num_frames(int(round(r.duration * 16000)))
+        fl, _, _ = al.frame_labels_ids(a.starts, a.ends, np.array([ids[p] for p in a.phones]),
+                                       n100, fcfg)
+        rows = al.lfr_labels(fl, n100 // 3, 3, 3)
+        lp = oracle_log_posteriors(rows, len(classes))
+        words, _, _ = search.best_words(acoustic_scores(lp, log_priors(np.ones(len(classes))), 1.0))
+        scores.append(W.score(L.words_of(r.text), words, r.condition))
+    assert W.aggregate(scores)["wer"] <= 0.05
