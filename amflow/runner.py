@@ -467,14 +467,19 @@ def metrics_line(step: str, summary: dict[str, Any]) -> str:
             f"{json.dumps(counts, sort_keys=True)} metrics {json.dumps(flat, sort_keys=True)}")
 
 
-def flat_results(metrics: dict[str, Any]) -> dict[str, Any]:
+# What a step's bare `per_condition` holds: evaluate's is frame accuracy, decode's WER.
+PER_CONDITION_NAME = {"evaluate": "frame_accuracy", "decode": "wer"}
+
+
+def flat_results(metrics: dict[str, Any], step: str = "evaluate") -> dict[str, Any]:
     """An evaluation's (or decoding's) results as flat `name` / `name_<condition>` keys,
     rounded, for an asset event's extra: `frame_accuracy`, `frame_accuracy_DP1`, `per_DP1`,
-    `wer_DP1`, ... (`per_condition` holds frame accuracy, `per_condition_<m>` metric m)."""
+    `wer_DP1`, ... (`per_condition_<m>` holds metric m per condition)."""
     out: dict[str, Any] = {}
     for key, value in metrics.items():
         if isinstance(value, dict):
-            name = {"per_condition": "frame_accuracy"}.get(key, key.removeprefix("per_condition_"))
+            name = (PER_CONDITION_NAME.get(step, "per_condition") if key == "per_condition"
+                    else key.removeprefix("per_condition_"))
             for cond, v in sorted(value.items()):
                 if isinstance(v, (int, float)) and not isinstance(v, bool):
                     out[f"{name}_{cond}"] = round(float(v), 4)

@@ -35,6 +35,10 @@ BASELINE_EVAL = Asset(name="amflow_baseline_eval", uri="x-amflow://teacher/eval-
                       group="amflow")
 STUDENT_EVAL = Asset(name="amflow_student_eval", uri="x-amflow://ssl_student/eval",
                      group="amflow")
+TEACHER_WER = Asset(name="amflow_teacher_wer", uri="x-amflow://teacher/wer", group="amflow")
+BASELINE_WER = Asset(name="amflow_baseline_wer", uri="x-amflow://teacher/wer-baseline",
+                     group="amflow")
+STUDENT_WER = Asset(name="amflow_student_wer", uri="x-amflow://ssl_student/wer", group="amflow")
 
 
 def local_defaults():
@@ -223,7 +227,7 @@ class AmflowStepOperator(BaseOperator):
                  "metrics": {k: v for k, v in metrics.items()
                              if isinstance(v, (int, float, str, bool))}}
         if self.results:  # per-condition results as top-level keys: readable in the UI
-            extra.update(flat_results(metrics))
+            extra.update(flat_results(metrics, self.step))
         for asset in self.outlets:
             context["outlet_events"][asset].extra.update(extra)
 

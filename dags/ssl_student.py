@@ -13,7 +13,7 @@ import pendulum
 from airflow.sdk import Param, dag
 
 from amflow_common import (DEFAULT_ARGS, PARAM_SETS, STUDENT_EVAL, STUDENT_FEATURES,
-                           STUDENT_MODEL, STUDENT_TARGETS, TEACHER_MODEL, AmflowStepOperator, common_params,
+                           STUDENT_MODEL, STUDENT_TARGETS, STUDENT_WER, TEACHER_MODEL, AmflowStepOperator, common_params,
                            local_defaults)
 
 _cfg = local_defaults()
@@ -56,6 +56,7 @@ def ssl_student():
     lm = AmflowStepOperator(task_id="lm", step="lm",
                             doc_md="Word 3-gram LM (Kneser-Ney) for decoding, ARPA.")
     decode = AmflowStepOperator(task_id="decode", step="decode", model_from="train",
+                                outlets=[STUDENT_WER], results=True,
                                 doc_md="WER per condition DP1..DP5 (H o L o G, tuned on dev).")
     select >> features >> targets >> repartition >> train >> evaluate >> decode
     select >> lm >> decode

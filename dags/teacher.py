@@ -16,9 +16,9 @@ from __future__ import annotations
 import pendulum
 from airflow.sdk import Param, dag
 
-from amflow_common import (BASELINE_EVAL, DEFAULT_ARGS, PARAM_SETS, TEACHER_EVAL,
-                           TEACHER_FEATURES, TEACHER_MODEL, AmflowStepOperator, common_params,
-                           local_defaults)
+from amflow_common import (BASELINE_EVAL, BASELINE_WER, DEFAULT_ARGS, PARAM_SETS,
+                           TEACHER_EVAL, TEACHER_FEATURES, TEACHER_MODEL, TEACHER_WER,
+                           AmflowStepOperator, common_params, local_defaults)
 
 _cfg = local_defaults()
 TEACHER_SETS = ["select.splits=labeled,dev", "train.model=teacher", "train.recipe=labeled",
@@ -65,11 +65,12 @@ def teacher():
     lm = AmflowStepOperator(task_id="lm", step="lm",
                             doc_md="Word 3-gram LM (Kneser-Ney) for decoding, ARPA.")
     decode = AmflowStepOperator(task_id="decode", step="decode", model_from="train",
+                                outlets=[TEACHER_WER], results=True,
                                 doc_md="Teacher WER per condition (H o L o G, tuned on dev).")
     decode_baseline = AmflowStepOperator(task_id="decode_baseline", step="decode",
                                          sets=BASELINE_SETS, model_from="train_baseline",
-                                         enabled_by="baseline",
-                                         doc_md="Baseline WER per condition.")
+                                         enabled_by="baseline", outlets=[BASELINE_WER],
+                                         results=True, doc_md="Baseline WER per condition.")
     select >> features >> repartition >> train >> evaluate >> decode
     repartition >> train_baseline >> evaluate_baseline >> decode_baseline
     select >> lm >> [decode, decode_baseline]

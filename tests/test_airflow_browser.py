@@ -96,7 +96,10 @@ def test_login_trigger_from_form_run_succeeds_and_task_log_shows(airflow, tmp_pa
     # The form's values reached the steps.
     (run_dir,) = [d for d in (work / "store" / "runs").iterdir() if d.is_dir()]
     steps = [c["step"] for c in calls(work / "store", run_dir.name)]
-    assert steps == ["select", "features", "targets", "repartition", "train", "evaluate"]
+    # lm runs beside the chain after select; decode needs evaluate and lm
+    assert [x for x in steps if x != "lm"] == ["select", "features", "targets", "repartition",
+                                              "train", "evaluate", "decode"]
+    assert steps.count("lm") == 1 and steps.index("lm") < steps.index("decode")
     targets = [c for c in calls(work / "store", run_dir.name) if c["step"] == "targets"][0]
     assert "targets.teacher=/models/teacher.pt" in targets["argv"]
     for name in ("01-login", "02-dag", "03-trigger-form", "04-run-success", "05-task-log"):

@@ -386,3 +386,7 @@ def test_flat_results_for_asset_events():
                     "wer_DP1": 0.5, "rel_frame_error_reduction_DP1": 0.143,
                     "rel_frame_error_reduction_all": 0.15}
     assert all(not isinstance(v, (dict, list)) for v in flat.values())
+    # decode's summary: its bare per_condition is WER, as per_condition_wer is
+    decoded = R.flat_results({"wer": 0.3, "per_condition_wer": {"DP1": 0.25},
+                              "per_condition": {"DP1": 0.25}}, step="decode")
+    assert decoded == {"wer": 0.3, "wer_DP1": 0.25}
