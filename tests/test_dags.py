@@ -241,7 +241,9 @@ def test_dags_test_teacher_then_student_with_fake_steps(tmp_path):
                        "on a.id = e.asset_id where a.uri like 'x-amflow://ssl_student/%'")
     assert {uri for uri, _ in events} == {"x-amflow://ssl_student/features",
                                           "x-amflow://ssl_student/targets",
-                                          "x-amflow://ssl_student/model"}
+                                          "x-amflow://ssl_student/model",
+                                          "x-amflow://ssl_student/eval",
+                                          "x-amflow://ssl_student/wer"}
 
 
 PIPELINE_MODULES = ["tasks.corpus", "tasks.select", "tasks.features", "tasks.targets",
