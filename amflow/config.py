@@ -655,6 +655,14 @@ class RunnerConfig:
 
     mode: str = "local"  # local | ray_job
     ray_dashboard: str = "http://127.0.0.1:8265"
+    # How an Airflow task waits for its job. defer: hand the wait to Airflow's triggerer
+    # (one try from submit to end, so the task's duration is the step's; no worker slot
+    # or execution-API token held while waiting). reschedule: poke in short tries (for
+    # an Airflow without a triggerer); the UI then shows only the last poke's duration.
+    wait: str = "defer"
+    # With wait=defer, follow the job this long in the task itself first: a step that ends
+    # by then finishes without a deferral round trip (a second worker start and DAG parse).
+    defer_after_s: float = 20.0
     poll_s: float = 5.0
     # One Airflow try waits at most this long (and at most half the execution-API token
     # lifetime) before handing over to the next poke (UP_FOR_RESCHEDULE, same try number).
@@ -678,6 +686,8 @@ class RunnerConfig:
 
     def validate(self, key: str) -> None:
         _check(self.mode in ("local", "ray_job"), f"{key}.mode", "must be local or ray_job")
+        _check(self.wait in ("defer", "reschedule"), f"{key}.wait", "must be defer or reschedule")
+        _check(self.defer_after_s >= 0, f"{key}.defer_after_s", "must be >= 0")
         _check(self.poll_s > 0, f"{key}.poll_s", "must be > 0")
         _check(self.max_wait_per_try_s >= self.poll_s, f"{key}.max_wait_per_try_s",
                "must be >= runner.poll_s")

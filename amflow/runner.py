@@ -467,6 +467,29 @@ def metrics_line(step: str, summary: dict[str, Any]) -> str:
             f"{json.dumps(counts, sort_keys=True)} metrics {json.dumps(flat, sort_keys=True)}")
 
 
+# What a step's bare `per_condition` holds: evaluate's is frame accuracy, decode's WER.
+PER_CONDITION_NAME = {"evaluate": "frame_accuracy", "decode": "wer"}
+
+
+def flat_results(metrics: dict[str, Any], step: str = "evaluate") -> dict[str, Any]:
+    """An evaluation's (or decoding's) results as flat `name` / `name_<condition>` keys,
+    rounded, for an asset event's extra: `frame_accuracy`, `frame_accuracy_DP1`, `per_DP1`,
+    `wer_DP1`, ... (`per_condition_<m>` holds metric m per condition)."""
+    out: dict[str, Any] = {}
+    for key, value in metrics.items():
+        if isinstance(value, dict):
+            name = (PER_CONDITION_NAME.get(step, "per_condition") if key == "per_condition"
+                    else key.removeprefix("per_condition_"))
+            for cond, v in sorted(value.items()):
+                if isinstance(v, (int, float)) and not isinstance(v, bool):
+                    out[f"{name}_{cond}"] = round(float(v), 4)
+        elif isinstance(value, float):
+            out[key] = round(value, 4)
+        elif isinstance(value, (int, str, bool)):
+            out[key] = value
+    return out
+
+
 def _step_dir_name(step: str, overrides: list[str]) -> str:
     tag = ""
     for item in overrides:
@@ -491,6 +514,7 @@ class AirflowStep:
     rerun: str = "redo"  # redo | resume: what a cleared task does with a finished step
     run_id: str = ""
     emit: Emit | None = None
+    redone: bool = False  # this try re-ran a step that had finished (--force)
 
     def __post_init__(self) -> None:
         from amflow.config import load_config
@@ -530,10 +554,10 @@ class AirflowStep:
                 continue
         return None
 
-    def poke(self) -> Outcome:
-        """Submit (once) and follow for one try's budget."""
+    def start(self) -> bool:
+        """Submit this try's job once, or attach to it (or to a still running job of an
+        earlier try). Returns whether this call started it."""
         r = self.cfg.runner
-        budget = try_budget_s(r.max_wait_per_try_s, r.poll_s)
         jid = self.job_id
         if not self.backend.exists(jid):
             previous = self._adopt_running_previous_try()
@@ -541,21 +565,27 @@ class AirflowStep:
                 self.runner.emit(f"[amflow-runner] try {self.try_number}: job {previous} of an "
                                  f"earlier try is still running; following it")
                 self.job_id = jid = previous
-        if not self.backend.exists(jid):
-            force = self.rerun == "redo" and self._already_finished()
-            if force:
-                self.runner.emit(f"[amflow-runner] step {self.step} of run {self.run_id} finished "
-                                 f"before: redoing it (--force)")
-            argv = step_command(r.command, self.step, config=self.config,
-                                run_id=self.run_id if self.step != "corpus" else None,
-                                overrides=self.overrides, extra_args=self.extra_args,
-                                force=force)
-            resources = dict(self.cfg.ray.step_resources.get(self.step, {}))
-            started = self.runner.submit(jid, argv, resources)
-        else:
-            started = False
+        if self.backend.exists(jid):
             self.runner.emit(f"[amflow-runner] following job {jid} "
                              f"(status {self.backend.status(jid)})")
+            return False
+        self.redone = self.rerun == "redo" and self._already_finished()
+        if self.redone:
+            self.runner.emit(f"[amflow-runner] step {self.step} of run {self.run_id} finished "
+                             f"before: redoing it (--force)")
+        argv = step_command(r.command, self.step, config=self.config,
+                            run_id=self.run_id if self.step != "corpus" else None,
+                            overrides=self.overrides, extra_args=self.extra_args,
+                            force=self.redone)
+        resources = dict(self.cfg.ray.step_resources.get(self.step, {}))
+        return self.runner.submit(jid, argv, resources)
+
+    def poke(self) -> Outcome:
+        """Submit (once) and follow for one try's budget."""
+        r = self.cfg.runner
+        budget = try_budget_s(r.max_wait_per_try_s, r.poll_s)
+        started = self.start()
+        jid = self.job_id
         outcome = self.runner.follow(jid, budget, prefix="")
         outcome.submitted = started
         if not outcome.done and r.step_timeout_s > 0:
@@ -567,6 +597,20 @@ class AirflowStep:
                 outcome.status = STOPPED
         return outcome
 
+    def done(self) -> bool:
+        return self.backend.status(self.job_id) in TERMINAL
+
+    def drain(self) -> Outcome:
+        """The ended job's output not yet in the task log, and its outcome."""
+        return self.runner.follow(self.job_id, 0.0, prefix="")
+
+    def trigger_kwargs(self) -> dict[str, Any]:
+        """What the triggerer needs to wait for this job (see amflow.airflow_trigger)."""
+        r = self.cfg.runner
+        return {"job_id": self.job_id, "config": str(_resolve_config(self.config)),
+                "overrides": list(self.overrides), "state_dir": str(self.state_dir),
+                "poll_s": float(r.poll_s), "step_timeout_s": float(r.step_timeout_s)}
+
     def kill(self) -> None:
         for n in range(self.try_number, 0, -1):
             jid = job_id(self.dag_id, self.airflow_run_id, self.task_id, n)
@@ -577,47 +621,121 @@ class AirflowStep:
                 continue
 
 
-def airflow_execute(op, context) -> dict[str, Any]:
-    """The body of the amflow Airflow operator: one poke of its step.
+def permanent_error(step: str, lines: list[str]) -> str:
+    """The reason a step failed for good, or "" when a retry may help.
 
-    Returns the step summary (the task's XCom) when the job succeeded; raises
-    AirflowRescheduleException to come back in `runner.poll_s` while it still runs, and
-    AirflowException (which retries) when it failed.
+    `amflow <step>` prints `amflow <step>: ...` for what no retry can fix: a config error
+    (unknown key, bad value, missing config file; exit code 2) and a StepError (missing
+    input, broken invariant). Anything else (a crash, a lost node, S3 throttling) is
+    worth a retry, which resumes from the finished shards.
     """
-    from airflow.sdk.exceptions import AirflowException, AirflowRescheduleException
+    for line in reversed(lines):
+        if line.startswith((f"amflow {step}: ", "amflow: error: ")):
+            return line
+    return ""
+
+
+def _airflow_step(op, context) -> AirflowStep:
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from amflow.config import ConfigError
 
     params = context["params"]
     ti = context["ti"]
-    dag_run = context["dag_run"]
-    overrides = list(op.resolved_overrides(context))
-    extra_args = list(op.resolved_extra_args(context))
-    step = AirflowStep(step=op.step, dag_id=ti.dag_id, airflow_run_id=dag_run.run_id,
-                       task_id=ti.task_id, try_number=ti.try_number,
-                       config=str(params.get("config") or "configs/local.yaml"),
-                       overrides=overrides, extra_args=extra_args,
-                       rerun=str(params.get("rerun", "redo")),
-                       run_id=str(params.get("run_id") or ""),
-                       emit=lambda line: op.log.info("%s", line))
+    try:
+        step = AirflowStep(step=op.step, dag_id=ti.dag_id,
+                           airflow_run_id=context["dag_run"].run_id, task_id=ti.task_id,
+                           try_number=ti.try_number,
+                           config=str(params.get("config") or "configs/local.yaml"),
+                           overrides=list(op.resolved_overrides(context)),
+                           extra_args=list(op.resolved_extra_args(context)),
+                           rerun=str(params.get("rerun", "redo")),
+                           run_id=str(params.get("run_id") or ""),
+                           emit=lambda line: op.log.info("%s", line))
+    except ConfigError as exc:  # a retry reads the same config: fail now, with the reason
+        op.log.error("amflow %s: %s (not retried: a retry would read the same config)",
+                     op.step, exc)
+        raise AirflowFailException(f"amflow {op.step}: {exc}") from exc
     op._amflow_step = step
-    op.log.info("amflow run id %s, job %s, mode %s", step.run_id, step.job_id,
-                step.cfg.runner.mode)
+    return step
+
+
+def airflow_execute(op, context) -> dict[str, Any]:
+    """The body of the amflow Airflow operator.
+
+    `runner.wait: defer` (default): submit the job, follow it for `runner.defer_after_s`,
+    then defer to AmflowJobTrigger until it ends; `airflow_complete` then finishes in the
+    same try, so Airflow's duration is the step's. `runner.wait: reschedule`: one poke; raises AirflowRescheduleException to come
+    back in `runner.reschedule_s` while the job still runs.
+    Returns the step summary (the task's XCom) when the job succeeded.
+    """
+    from airflow.sdk.exceptions import AirflowRescheduleException
+
+    step = _airflow_step(op, context)
+    op.log.info("amflow run id %s, job %s, mode %s, wait %s", step.run_id, step.job_id,
+                step.cfg.runner.mode, step.cfg.runner.wait)
+    r = step.cfg.runner
+    if r.wait == "defer":
+        step.start()
+        outcome = step.runner.follow(step.job_id, try_budget_s(r.defer_after_s, r.poll_s))
+        _push_runner_xcom(context, step, outcome.status if outcome.done else "DEFERRED", 1)
+        if not outcome.done:
+            from amflow.airflow_trigger import AmflowJobTrigger
+
+            op.defer(trigger=AmflowJobTrigger(**step.trigger_kwargs()),
+                     method_name="execute_complete",
+                     kwargs={"redone": step.redone})
+        return _finish(op, context, step, outcome)
     outcome = step.poke()
-    ti.xcom_push(key="runner", value={"job_id": outcome.job_id, "mode": step.cfg.runner.mode,
-                                      "run_id": step.run_id, "pokes": outcome.pokes,
-                                      "status": outcome.status})
+    _push_runner_xcom(context, step, outcome.status, outcome.pokes)
     if not outcome.done:
         when = dt.datetime.now(dt.timezone.utc) + dt.timedelta(
             seconds=step.cfg.runner.reschedule_s)
         op.log.info("[amflow-runner] job %s still %s after poke %d; next poke at %s",
                     outcome.job_id, outcome.status, outcome.pokes, when.isoformat())
         raise AirflowRescheduleException(when)
+    return _finish(op, context, step, outcome)
+
+
+def airflow_complete(op, context, event: dict[str, Any], redone: bool = False) -> dict[str, Any]:
+    """After the trigger saw the job end: its output into the task log, then finish."""
+    step = _airflow_step(op, context)
+    step.job_id = str(event.get("job_id") or step.job_id)
+    step.redone = redone
+    outcome = step.drain()
+    if event.get("reason"):
+        op.log.info("[amflow-runner] %s", event["reason"])
+        outcome.status = str(event.get("status") or outcome.status)
+    _push_runner_xcom(context, step, outcome.status, outcome.pokes)
+    return _finish(op, context, step, outcome)
+
+
+def _push_runner_xcom(context, step: AirflowStep, status: str, pokes: int) -> None:
+    context["ti"].xcom_push(key="runner", value={
+        "job_id": step.job_id, "mode": step.cfg.runner.mode, "wait": step.cfg.runner.wait,
+        "run_id": step.run_id, "pokes": pokes, "status": status})
+
+
+def _finish(op, context, step: AirflowStep, outcome: Outcome) -> dict[str, Any]:
+    from airflow.sdk.exceptions import AirflowException, AirflowFailException
+
     if not outcome.ok:
         last = "\n".join(outcome.tail[-15:])
-        raise AirflowException(f"amflow {op.step} job {outcome.job_id} ended {outcome.status}"
-                               f"{' without an AMFLOW_SUMMARY line' if outcome.status == SUCCEEDED else ''}"
-                               f"; last output:\n{last}")
+        reason = permanent_error(op.step, outcome.tail) if outcome.status == FAILED else ""
+        what = (f"amflow {op.step} job {outcome.job_id} ended {outcome.status}"
+                f"{' without an AMFLOW_SUMMARY line' if outcome.status == SUCCEEDED else ''}")
+        if reason:  # a retry would fail the same way
+            op.log.error("%s (not retried: a retry would fail the same way)", reason)
+            raise AirflowFailException(f"{what}, not retried: {reason}\nlast output:\n{last}")
+        raise AirflowException(f"{what}; last output:\n{last}")
     summary = outcome.summary
     op.log.info("%s", metrics_line(op.step, summary))
+    if step.redone:
+        later = sorted(context["task"].downstream_task_ids)
+        if later:
+            op.log.warning("[amflow-runner] step %s was redone: %s still show results of the "
+                           "previous %s unless they were cleared with it (Clear -> Downstream)",
+                           op.step, ", ".join(later), op.step)
     op.emit_asset_events(context, summary, step.run_id)
     return summary
 

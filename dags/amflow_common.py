@@ -29,6 +29,16 @@ STUDENT_TARGETS = Asset(name="amflow_student_targets", uri="x-amflow://ssl_stude
                         group="amflow")
 STUDENT_MODEL = Asset(name="amflow_student_model", uri="x-amflow://ssl_student/model",
                       group="amflow")
+# Evaluation results: each event's extra holds the per-condition results, flat.
+TEACHER_EVAL = Asset(name="amflow_teacher_eval", uri="x-amflow://teacher/eval", group="amflow")
+BASELINE_EVAL = Asset(name="amflow_baseline_eval", uri="x-amflow://teacher/eval-baseline",
+                      group="amflow")
+STUDENT_EVAL = Asset(name="amflow_student_eval", uri="x-amflow://ssl_student/eval",
+                     group="amflow")
+TEACHER_WER = Asset(name="amflow_teacher_wer", uri="x-amflow://teacher/wer", group="amflow")
+BASELINE_WER = Asset(name="amflow_baseline_wer", uri="x-amflow://teacher/wer-baseline",
+                     group="amflow")
+STUDENT_WER = Asset(name="amflow_student_wer", uri="x-amflow://ssl_student/wer", group="amflow")
 
 
 def local_defaults():
@@ -39,6 +49,48 @@ def local_defaults():
     return load_config(path) if path.exists() else Config()
 
 
+HOURS_LIMIT = 10_000_000
+EMPTY_CHOICE = "(empty: the config file's)"
+
+
+def override_keys() -> list[tuple[str, bool]]:
+    """Every config key an override may set, dotted (`train.lr`), and whether it holds a
+    mapping (`runner.env`: any sub-key, `runner.env.X`, may be set)."""
+    import dataclasses
+    import typing
+
+    from amflow.config import Config
+
+    def walk(cls, prefix: str) -> list[tuple[str, bool]]:
+        hints = typing.get_type_hints(cls)
+        out = []
+        for f in dataclasses.fields(cls):
+            key, tp = f"{prefix}{f.name}", hints[f.name]
+            if dataclasses.is_dataclass(tp):
+                out += walk(tp, key + ".")
+            else:
+                out.append((key, typing.get_origin(tp) is dict or tp is typing.Any))
+        return out
+
+    return walk(Config, "")
+
+
+def overrides_param() -> Param:
+    """key=value items, each with a known key: checked when a run is triggered (form or
+    REST), before any task runs."""
+    import re
+
+    alternatives = [re.escape(key) + (r"(\.[^=\s]+)?" if mapping else "")
+                    for key, mapping in override_keys()]
+    return Param(None, type=["null", "array"],
+                 items={"type": "string",
+                        "pattern": rf"^\s*({'|'.join(alternatives)})\s*=.*$"},
+                 title="Config overrides",
+                 description="More key=value config overrides for every step, e.g. "
+                             "train.lr=0.002 (they win over the fields above). Each must be "
+                             "key=value with a key of the config schema.")
+
+
 def common_params(cfg) -> dict[str, Param]:
     """Params every pipeline DAG shows in its trigger form."""
     return {
@@ -46,11 +98,16 @@ def common_params(cfg) -> dict[str, Param]:
                         description="YAML config, relative to the project root or absolute "
                                     "(configs/local.yaml: this machine; configs/aws.yaml: the EC2 "
                                     "Ray cluster on S3)."),
-        "hours": Param(cfg.select.hours, type="number", minimum=0.01, maximum=1_000_000,
-                       title="Hours of audio", description="select.hours: audio to select."),
+        # exclusive bounds: the form's number box clamps to minimum/maximum (0 or "abc"
+        # became 0.01); without them a bad value is refused with a message instead.
+        "hours": Param(cfg.select.hours, type="number", exclusiveMinimum=0,
+                       exclusiveMaximum=HOURS_LIMIT, title="Hours of audio",
+                       description=f"select.hours: audio to select (more than 0, less than "
+                                   f"{HOURS_LIMIT:,}); more than the corpus holds selects it all."),
         # Empty = the value in the chosen config file (the form cannot know which file
         # will be picked, and a default copied from local.yaml would override aws.yaml).
         "algorithm": Param(None, type=["null", "string"], enum=[None, *ALGORITHMS],
+                           values_display={"null": EMPTY_CHOICE},
                            title="Training algorithm",
                            description=f"train.algorithm; empty: the config's "
                                        f"(configs/local.yaml: {cfg.train.algorithm})."),
@@ -62,10 +119,7 @@ def common_params(cfg) -> dict[str, Param]:
         "epochs": Param(None, type=["null", "integer"], minimum=1, maximum=100,
                         title="Epochs", description="train.epochs; empty: the config's (the "
                         "teacher's from train.teacher_recipe when it sets epochs)."),
-        "overrides": Param(None, type=["null", "array"], items={"type": "string"},
-                           title="Config overrides",
-                           description="More key=value config overrides for every step, "
-                                       "e.g. train.lr=0.002 (they win over the fields above)."),
+        "overrides": overrides_param(),
         "rerun": Param("redo", type="string", enum=["redo", "resume"],
                        title="When a cleared task's step had finished",
                        description="redo: run it again from scratch (--force); resume: keep "
@@ -94,8 +148,10 @@ DEFAULT_ARGS = {
 class AmflowStepOperator(BaseOperator):
     """Run `amflow <step>` where `runner.mode` says; return its summary (XCom).
 
-    One try follows its job for a bounded time, then reschedules itself (same try, same
-    job) until the job ends. Killing the task (or its timeout) stops the job.
+    The task submits its job and defers to a trigger that waits for it (`runner.wait:
+    defer`), or follows it in short tries that reschedule (`runner.wait: reschedule`).
+    Killing the task (or its timeout) stops the job. `results=True` (evaluate, decode)
+    puts the step's per-condition results, flat, in its asset events.
     """
 
     ui_color = "#dbeafe"
@@ -103,7 +159,8 @@ class AmflowStepOperator(BaseOperator):
     def __init__(self, *, step: str, sets: list[str] | None = None,
                  param_sets: dict[str, str] | None = None, model_from: str | None = None,
                  teacher_asset: Asset | None = None, model_output: bool = False,
-                 enabled_by: str | None = None, **kwargs: Any) -> None:
+                 enabled_by: str | None = None, results: bool = False,
+                 **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.step = step
         self.sets = list(sets or [])
@@ -112,6 +169,7 @@ class AmflowStepOperator(BaseOperator):
         self.teacher_asset = teacher_asset
         self.model_output = model_output
         self.enabled_by = enabled_by  # a boolean param that must be true, else skip
+        self.results = results  # put the step's per-condition results in its asset events
 
     # -- what the runner asks of the wiring
     def resolved_overrides(self, context) -> list[str]:
@@ -158,15 +216,18 @@ class AmflowStepOperator(BaseOperator):
     def emit_asset_events(self, context, summary: dict, run_id: str) -> None:
         if not self.outlets:
             return
-        from amflow.runner import model_uri
+        from amflow.runner import flat_results, model_uri
 
         uri = model_uri(summary) if self.model_output else summary.get("uri", "")
-        metrics = {k: v for k, v in (summary.get("metrics") or {}).items()
-                   if isinstance(v, (int, float, str, bool))}
+        metrics = summary.get("metrics") or {}
         extra = {"uri": uri, "run_id": run_id, "step": self.step,
                  "airflow_run_id": context["dag_run"].run_id,
                  "counts": summary.get("counts", {}), "bytes": summary.get("bytes", 0),
-                 "wall_s": summary.get("wall_s"), "metrics": metrics}
+                 "wall_s": summary.get("wall_s"),
+                 "metrics": {k: v for k, v in metrics.items()
+                             if isinstance(v, (int, float, str, bool))}}
+        if self.results:  # per-condition results as top-level keys: readable in the UI
+            extra.update(flat_results(metrics, self.step))
         for asset in self.outlets:
             context["outlet_events"][asset].extra.update(extra)
 
@@ -178,6 +239,12 @@ class AmflowStepOperator(BaseOperator):
         from amflow.runner import airflow_execute
 
         return airflow_execute(self, context)
+
+    def execute_complete(self, context, event: dict, redone: bool = False):
+        """Back from the trigger (runner.wait: defer): the job has ended."""
+        from amflow.runner import airflow_complete
+
+        return airflow_complete(self, context, event, redone=redone)
 
     def on_kill(self) -> None:
         from amflow.runner import airflow_kill

@@ -7,7 +7,8 @@ from __future__ import annotations
 import pendulum
 from airflow.sdk import Param, dag
 
-from amflow_common import CORPUS, DEFAULT_ARGS, DEFAULT_CONFIG, AmflowStepOperator, local_defaults
+from amflow_common import (CORPUS, DEFAULT_ARGS, DEFAULT_CONFIG, AmflowStepOperator,
+                           local_defaults, overrides_param)
 
 _cfg = local_defaults()
 
@@ -25,13 +26,12 @@ _cfg = local_defaults()
                                  "seed": "corpus.seed"}},
     params={
         "config": Param(DEFAULT_CONFIG, type="string", title="Config file"),
-        "hours": Param(_cfg.corpus.hours, type="number", minimum=0.01, maximum=10_000,
+        "hours": Param(_cfg.corpus.hours, type="number", exclusiveMinimum=0, exclusiveMaximum=10_000,
                        title="Hours of speech", description="corpus.hours"),
         "speakers": Param(_cfg.corpus.speakers, type="integer", minimum=4, maximum=100_000,
                           title="Speakers", description="corpus.speakers"),
         "seed": Param(_cfg.corpus.seed, type="integer", minimum=0, title="Seed"),
-        "overrides": Param(None, type=["null", "array"], items={"type": "string"},
-                           title="Config overrides", description="More key=value overrides."),
+        "overrides": overrides_param(),
         "rerun": Param("resume", type="string", enum=["redo", "resume"],
                        title="When a cleared task's step had finished"),
         "run_id": Param(None, type=["null", "string"], title="amflow run id"),

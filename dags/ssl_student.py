@@ -12,8 +12,8 @@ from __future__ import annotations
 import pendulum
 from airflow.sdk import Param, dag
 
-from amflow_common import (DEFAULT_ARGS, PARAM_SETS, STUDENT_FEATURES, STUDENT_MODEL,
-                           STUDENT_TARGETS, TEACHER_MODEL, AmflowStepOperator, common_params,
+from amflow_common import (DEFAULT_ARGS, PARAM_SETS, STUDENT_EVAL, STUDENT_FEATURES,
+                           STUDENT_MODEL, STUDENT_TARGETS, STUDENT_WER, TEACHER_MODEL, AmflowStepOperator, common_params,
                            local_defaults)
 
 _cfg = local_defaults()
@@ -51,10 +51,12 @@ def ssl_student():
                                model_output=True,
                                doc_md="Student LSTM, scheduled learning over soft targets.")
     evaluate = AmflowStepOperator(task_id="evaluate", step="evaluate", model_from="train",
+                                  outlets=[STUDENT_EVAL], results=True,
                                   doc_md="Frame accuracy per condition DP1..DP5.")
     lm = AmflowStepOperator(task_id="lm", step="lm",
                             doc_md="Word 3-gram LM (Kneser-Ney) for decoding, ARPA.")
     decode = AmflowStepOperator(task_id="decode", step="decode", model_from="train",
+                                outlets=[STUDENT_WER], results=True,
                                 doc_md="WER per condition DP1..DP5 (H o L o G, tuned on dev).")
     select >> features >> targets >> repartition >> train >> evaluate >> decode
     select >> lm >> decode

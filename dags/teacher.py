@@ -16,7 +16,8 @@ from __future__ import annotations
 import pendulum
 from airflow.sdk import Param, dag
 
-from amflow_common import (DEFAULT_ARGS, PARAM_SETS, TEACHER_FEATURES, TEACHER_MODEL,
+from amflow_common import (BASELINE_EVAL, BASELINE_WER, DEFAULT_ARGS, PARAM_SETS,
+                           TEACHER_EVAL, TEACHER_FEATURES, TEACHER_MODEL, TEACHER_WER,
                            AmflowStepOperator, common_params, local_defaults)
 
 _cfg = local_defaults()
@@ -50,6 +51,7 @@ def teacher():
     train = AmflowStepOperator(task_id="train", step="train", outlets=[TEACHER_MODEL],
                                model_output=True, doc_md="Teacher BLSTM, cross-entropy on labels.")
     evaluate = AmflowStepOperator(task_id="evaluate", step="evaluate", model_from="train",
+                                  outlets=[TEACHER_EVAL], results=True,
                                   doc_md="Teacher frame accuracy per condition.")
     train_baseline = AmflowStepOperator(task_id="train_baseline", step="train",
                                         sets=BASELINE_SETS, model_output=True,
@@ -57,16 +59,18 @@ def teacher():
                                         doc_md="Supervised baseline: student LSTM on labels only.")
     evaluate_baseline = AmflowStepOperator(task_id="evaluate_baseline", step="evaluate",
                                            sets=BASELINE_SETS, model_from="train_baseline",
-                                           enabled_by="baseline",
+                                           enabled_by="baseline", outlets=[BASELINE_EVAL],
+                                           results=True,
                                            doc_md="Baseline frame accuracy per condition.")
     lm = AmflowStepOperator(task_id="lm", step="lm",
                             doc_md="Word 3-gram LM (Kneser-Ney) for decoding, ARPA.")
     decode = AmflowStepOperator(task_id="decode", step="decode", model_from="train",
+                                outlets=[TEACHER_WER], results=True,
                                 doc_md="Teacher WER per condition (H o L o G, tuned on dev).")
     decode_baseline = AmflowStepOperator(task_id="decode_baseline", step="decode",
                                          sets=BASELINE_SETS, model_from="train_baseline",
-                                         enabled_by="baseline",
-                                         doc_md="Baseline WER per condition.")
+                                         enabled_by="baseline", outlets=[BASELINE_WER],
+                                         results=True, doc_md="Baseline WER per condition.")
     select >> features >> repartition >> train >> evaluate >> decode
     repartition >> train_baseline >> evaluate_baseline >> decode_baseline
     select >> lm >> [decode, decode_baseline]

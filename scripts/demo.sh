@@ -3,6 +3,8 @@
 #   1. amflow corpus        synthesise the espeak-ng corpus (labeled, unlabeled, dev, test; DP1..DP5)
 #   2. DAG teacher          BLSTM teacher + supervised baseline student on the labeled split
 #   3. DAG ssl_student      teacher top-k targets over the unlabeled split, scheduled learning
+#      (both triggered on an `airflow standalone` this script starts and stops: scheduled
+#      runs with task logs and true durations, browsable with `make airflow` afterwards)
 #   4. amflow simulate      trainer scaling projection from the measured step times
 #   5. amflow report        Table II per condition, curves, timings -> runs/demo-ssl/report/
 # Env: CONFIG (default configs/local.yaml), DEMO_PREFIX (run ids, default demo),
@@ -14,20 +16,20 @@ export PATH="$ROOT/.venv/bin:$PATH"
 CONFIG=${CONFIG:-configs/local.yaml}
 PREFIX=${DEMO_PREFIX:-demo}
 read -r -a SETS <<< "${DEMO_SETS:-}"
-# `airflow dags test` runs one task try at a time; short tries (a step keeps running
-# between its tries) let the teacher and the baseline, two 1-thread trainings, share the
-# 2 cores side by side.
-SETS=(runner.max_wait_per_try_s=10 runner.reschedule_s=2 "${SETS[@]}")
 TEACHER_RUN="$PREFIX-teacher"
 SSL_RUN="$PREFIX-ssl"
 START=$(date +%s)
 
-export AIRFLOW_HOME="${AIRFLOW_HOME:-$ROOT/airflow_home}"
-export AIRFLOW__CORE__DAGS_FOLDER="$ROOT/dags"
-export AIRFLOW__CORE__LOAD_EXAMPLES=False
-export AIRFLOW__CORE__UNIT_TEST_MODE=False
+# The DAGs run on an Airflow that this script starts (the one `make airflow` starts, same
+# AIRFLOW_HOME and DB, on a free port): ordinary scheduled runs, so every task's log is in
+# $AIRFLOW_HOME/logs and each task's duration is its step's (tasks defer while the step
+# runs). DAG files are re-parsed rarely: the parser's CPU is the 2 cores' training time.
+PORT=${AMFLOW_DEMO_PORT:-$(python -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')}
+export AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL=${AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL:-300}
+export AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL=${AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL:-300}
+source scripts/airflow_env.sh
 export AMFLOW_RETRY_DELAY_S=${AMFLOW_RETRY_DELAY_S:-5}
-mkdir -p "$AIRFLOW_HOME"
+trap stop_standalone EXIT
 
 # storage.root as an absolute URI (the DAG tasks may run elsewhere than this directory).
 root=$(python - "$CONFIG" "${SETS[@]}" <<'PY'
@@ -43,21 +45,26 @@ overrides_json=$(python -c 'import json,sys; print(json.dumps(sys.argv[1:]))' "$
 
 stage() { printf '\n=== [%4ds] %s\n' "$(( $(date +%s) - START ))" "$*"; }
 
+# Airflow starts (DB migration, four components) while the corpus is synthesised.
+launch_standalone "$AIRFLOW_HOME/demo-standalone.log"
 stage "1/5 corpus"
 amflow corpus --config "$CONFIG" "${set_args[@]}"
 
-stage "airflow db migrate ($AIRFLOW_HOME)"
-airflow db migrate > "$AIRFLOW_HOME/migrate.log" 2>&1 || { tail -n 30 "$AIRFLOW_HOME/migrate.log"; exit 1; }
+stage "airflow standalone on port $PORT ($AIRFLOW_HOME)"
+wait_standalone
 
 dags_test() {
-  local dag=$1 conf=$2 log="$AIRFLOW_HOME/demo-$1.log"
-  echo "airflow dags test $dag -c '$conf'   (log: $log)"
-  if ! airflow dags test "$dag" -c "$conf" > "$log" 2>&1 || ! grep -q "state=success" "$log"; then
-    echo "DAG $dag failed; last lines of $log:" >&2
-    tail -n 60 "$log" >&2
+  local dag=$1 conf=$2 log="$AIRFLOW_HOME/demo-$1.log" prefix=$SSL_RUN pause=() unpause=()
+  # the teacher's new model would start a second ssl_student run by itself (its asset
+  # schedule): ssl_student stays paused until the demo triggers its own run.
+  if [ "$dag" = teacher ]; then prefix=$TEACHER_RUN; pause=(--pause ssl_student); fi
+  if [ "$dag" = ssl_student ]; then unpause=(--unpause teacher --unpause corpus); fi
+  echo "trigger $dag -c '$conf'   (log: $log)"
+  if ! python scripts/demo_dags.py --base "http://localhost:$PORT" --passwords "$PASSWORDS" \
+       "${pause[@]}" "${unpause[@]}" "$dag" "$prefix" "$conf" 2>&1 | tee "$log"; then
+    echo "DAG $dag failed; see $log and the run in \`make airflow\`" >&2
     exit 1
   fi
-  grep -E "\[amflow\] .*metrics|AMFLOW_SUMMARY|final metrics" "$log" | cut -c1-240 | tail -n 12 || true
 }
 
 # hours=1e6: every labeled (and unlabeled) utterance of the corpus; rerun=resume: a second
@@ -69,6 +76,7 @@ TEACHER_URI="$root/runs/$TEACHER_RUN/train-teacher/model.pt"
 stage "3/5 DAG ssl_student (run $SSL_RUN, teacher $TEACHER_URI)"
 dags_test ssl_student "{\"config\": \"$CONFIG\", \"run_id\": \"$SSL_RUN\", \"hours\": 1000000, \"rerun\": \"resume\", \"teacher\": \"$TEACHER_URI\", \"overrides\": $overrides_json}"
 
+stop_standalone
 stage "4/5 simulate (GTC sparsity measured by bench gtc on the paper-size student)"
 if AMFLOW_BENCH_GTC_STEPS=${AMFLOW_BENCH_GTC_STEPS:-12} AMFLOW_BENCH_OVERHEAD_STEPS=${AMFLOW_BENCH_OVERHEAD_STEPS:-12} \
      amflow bench gtc --config "$CONFIG" --run-id "$SSL_RUN" "${set_args[@]}" > "$AIRFLOW_HOME/demo-bench-gtc.log" 2>&1 \

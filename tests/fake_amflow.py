@@ -4,8 +4,9 @@ Same command line and contract as the real one (`<step> --config F --run-id ID [
 [--force] [...]`): it loads and validates the config the same way, prints progress lines
 on stderr, writes `<root>/runs/<id>/<step>[-<tag>]/_SUCCESS.json` and ends with
 `AMFLOW_SUMMARY <json>` on stdout. What each step does is read from the JSON file named
-by $AMFLOW_FAKE_PLAN: {"<step>": {"seconds": s, "fail_times": n, "lines": k}} (defaults:
-0.5 s, never fails, 3 progress lines). Every call is appended to
+by $AMFLOW_FAKE_PLAN: {"<step>": {"seconds": s, "fail_times": n, "lines": k, "error": m}}
+(defaults: 0.5 s, never fails, 3 progress lines; `error` fails every time the way the
+real CLI reports a StepError, `amflow <step>: error: m`). Every call is appended to
 `<root>/runs/<id>/_calls.jsonl`, so tests can count how often a step ran and with what.
 """
 from __future__ import annotations
@@ -20,6 +21,26 @@ import time
 from pathlib import Path
 
 from amflow.config import load_config
+
+
+def _iso(t: float) -> str:
+    import datetime as dt
+
+    return dt.datetime.fromtimestamp(t, dt.timezone.utc).isoformat(timespec="milliseconds")
+
+
+def _png(width: int, height: int) -> bytes:
+    """A valid grey PNG (a plot stand-in), without an imaging library."""
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return (struct.pack(">I", len(data)) + kind + data
+                + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF))
+
+    rows = b"".join(b"\x00" + bytes([128]) * width for _ in range(height))
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0))
+            + chunk(b"IDAT", zlib.compress(rows)) + chunk(b"IEND", b""))
 
 
 def main() -> int:
@@ -65,20 +86,35 @@ def main() -> int:
         time.sleep(float(spec["seconds"]) / n)
         print(f"[{args.step}] {i + 1}/{n} shards ({100 * (i + 1) // n}%)", file=sys.stderr,
               flush=True)
+    if spec.get("error"):  # what the real CLI prints for a StepError (no retry helps)
+        print(f"amflow {args.step}: error: {spec['error']}", file=sys.stderr, flush=True)
+        return 1
     if n_before < int(spec["fail_times"]):
         print(f"[{args.step}] error: injected failure {n_before + 1}", file=sys.stderr, flush=True)
         return 1
     step_dir.mkdir(parents=True, exist_ok=True)
     if args.step == "train":
         (step_dir / "model.pt").write_bytes(b"fake model")
+        (step_dir / "curves.png").write_bytes(_png(64, 32))
+    out_uri = ""
+    if args.step == "evaluate":  # the real step's result.json layout, made-up numbers
+        conds = {f"DP{i}": round(0.8 - 0.05 * i, 4) for i in range(1, 6)}
+        out_uri = str(step_dir / "result.json")
+        Path(out_uri).write_text(json.dumps({
+            "frame_accuracy": 0.65, "per": 0.4, "per_condition": conds,
+            "per_condition_per": {c: round(1 - a, 4) for c, a in conds.items()}}))
     summary = {"step": args.step, "run_id": args.run_id, "uri": str(step_dir),
                "wall_s": round(time.time() - t0, 3), "host": socket.gethostname(),
+               "started_at": _iso(t0), "finished_at": _iso(time.time()),
                "counts": {"in": 10, "out": 9, "rejected": 1}, "bytes": 1234,
                "metrics": {"frames_per_s": 1000.0, "hours": cfg.select.hours,
                            "algorithm": cfg.train.algorithm, "workers": cfg.train.workers,
                            "teacher": cfg.targets.teacher, "model_arg": args.model or "",
                            "forced": args.force},
                "inputs": {"config": args.config}}
+    if out_uri:
+        summary["out"] = out_uri
+        summary["metrics"].update(json.loads(Path(out_uri).read_text()))
     (step_dir / "_SUCCESS.json").write_text(json.dumps(summary))
     print("AMFLOW_SUMMARY " + json.dumps(summary, sort_keys=True), flush=True)
     return 0

@@ -1,14 +1,21 @@
 """A person's path through the Airflow UI, in headless Debian Chromium (playwright):
-log in, open ssl_student, trigger it from the form, see the run succeed, open a task log.
+log in, open ssl_student, trigger it from the form (empty choices shown as empty, a bad
+hours value refused), see the run succeed, open a task log; then a run triggered the way
+`make demo` triggers it: its task log is readable, the train task's duration is the
+step's wall time, the run's amflow tab shows the results table and a plot, and the
+documented CLI clear (infra/README.md §4) re-runs train.
 Screenshots go to test-artifacts/airflow/."""
 from __future__ import annotations
 
+import re
 import shutil
 from pathlib import Path
 
 import pytest
 
-from tests.airflow_env import ROOT, calls, fake_config, shared_standalone
+from tests.airflow_env import ROOT, _q, calls, fake_config, shared_standalone
+
+EMPTY_CHOICE = "(empty: the config file's)"  # dags/amflow_common.py
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -53,10 +60,22 @@ def test_login_trigger_from_form_run_succeeds_and_task_log_shows(airflow, tmp_pa
             form = page.get_by_role("dialog")
             expect(form.get_by_text("Hours of audio")).to_be_visible()
             expect(form.get_by_text("Training algorithm")).to_be_visible()
+            # an unset choice reads as empty, not as the literal null
+            expect(form.get_by_text(EMPTY_CHOICE).first).to_be_visible()
+            expect(form.get_by_text("null", exact=True)).to_have_count(0)
             page.fill("input[name=element_config]", str(cfg))
             page.fill("input[name=element_teacher]", "/models/teacher.pt")
             page.screenshot(path=SHOTS / "03-trigger-form.png", full_page=True)
+            # hours of 0 is refused with a message, not rewritten to something that runs
+            page.fill("input[name=element_hours]", "0")
             page.get_by_test_id("trigger-dag-submit").click()
+            expect(page.get_by_text(re.compile("less than or equal to the minimum of 0"))
+                   .first).to_be_visible()
+            assert "/runs/" not in page.url
+            page.screenshot(path=SHOTS / "03b-hours-refused.png", full_page=True)
+            page.fill("input[name=element_hours]", "0.5")
+            # the refusal's toast lies over the button (and stays while hovered)
+            page.get_by_test_id("trigger-dag-submit").dispatch_event("click")
             page.wait_for_url("**/dags/ssl_student/runs/**")
             run_id = page.url.split("/runs/")[1].split("/")[0].split("?")[0]
             from urllib.parse import unquote
@@ -78,8 +97,104 @@ def test_login_trigger_from_form_run_succeeds_and_task_log_shows(airflow, tmp_pa
     # The form's values reached the steps.
     (run_dir,) = [d for d in (work / "store" / "runs").iterdir() if d.is_dir()]
     steps = [c["step"] for c in calls(work / "store", run_dir.name)]
-    assert steps == ["select", "features", "targets", "repartition", "train", "evaluate"]
+    # lm runs beside the chain after select; decode needs evaluate and lm
+    assert [x for x in steps if x != "lm"] == ["select", "features", "targets", "repartition",
+                                              "train", "evaluate", "decode"]
+    assert steps.count("lm") == 1 and steps.index("lm") < steps.index("decode")
     targets = [c for c in calls(work / "store", run_dir.name) if c["step"] == "targets"][0]
     assert "targets.teacher=/models/teacher.pt" in targets["argv"]
     for name in ("01-login", "02-dag", "03-trigger-form", "04-run-success", "05-task-log"):
         assert (SHOTS / f"{name}.png").stat().st_size > 10_000
+
+
+def _demo_style_run(airflow, cfg: Path) -> str:
+    """Trigger and wait the way scripts/demo.sh does (scripts/demo_dags.py)."""
+    import json
+    import subprocess
+    import sys
+
+    pw = airflow.home / "demo-passwords.json"
+    pw.write_text(json.dumps({"admin": airflow.password}))
+    conf = {"config": str(cfg), "run_id": "demo-style-ssl", "hours": 1000000,
+            "teacher": "/models/teacher.pt"}
+    out = subprocess.run([sys.executable, str(ROOT / "scripts" / "demo_dags.py"),
+                          "--base", airflow.base, "--passwords", str(pw), "ssl_student",
+                          "demo-style-ssl", json.dumps(conf)],
+                         capture_output=True, text=True, timeout=400, cwd=ROOT, env=airflow.env)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "train" in out.stdout and " s" in out.stdout  # it printed the durations
+    return out.stdout.split(" run ", 1)[1].split()[0]
+
+
+def test_demo_style_run_log_duration_amflow_tab_and_documented_cli_clear(airflow, tmp_path):
+    import subprocess
+
+    from playwright.sync_api import expect, sync_playwright
+
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    work = tmp_path / "work"
+    cfg = fake_config(work, plan={"train": {"seconds": 15, "lines": 5}}, poll_s=0.5)
+    run_id = _demo_style_run(airflow, cfg)
+    base = f"/api/v2/dags/ssl_student/dagRuns/{_q(run_id)}"
+    train = airflow.task_instances("ssl_student", run_id)["train"]
+    wall = airflow.get(f"{base}/taskInstances/train/xcomEntries/return_value")["value"]
+    wall = (json_value(wall))["wall_s"]
+    assert wall >= 15 and abs(train["duration"] - wall) <= 5, (train["duration"], wall)
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        page.set_default_timeout(60_000)
+        try:
+            _login(page, airflow)
+            page.goto(f"{airflow.base}/dags/ssl_student/runs/{run_id}/tasks/train")
+            expect(page.get_by_text("[train] 5/5 shards (100%)")).to_be_visible()
+            expect(page.get_by_text("[amflow train] done in")).to_be_visible()
+            page.screenshot(path=SHOTS / "06-demo-run-log.png", full_page=True)
+
+            page.goto(f"{airflow.base}/dags/ssl_student/runs/{run_id}/plugin/amflow")
+            tab = page.frame_locator("iframe")
+            expect(tab.get_by_text("Results per condition")).to_be_visible()
+            expect(tab.locator("th", has_text="DP1").first).to_be_visible()
+            expect(tab.locator("td", has_text="75.0").first).to_be_visible()
+            expect(tab.locator("img").first).to_be_visible()
+            assert tab.locator("img").first.evaluate("i => i.naturalWidth") > 0
+            page.screenshot(path=SHOTS / "07-amflow-tab.png", full_page=True)
+
+            # infra/README.md §4's CLI clear, as written, on this run's logical date
+            logical = airflow.get(base)["logical_date"]
+            cli = next(line for line in _doc_cli() if "-t train -d" in line)
+            cli = cli.replace("2026-01-01T10:00:00+00:00", logical)
+            out = subprocess.run(["bash", "-c", cli], env=airflow.env, cwd=ROOT,
+                                 capture_output=True, text=True, timeout=300)
+            assert out.returncode == 0, out.stderr[-3000:]
+            airflow.wait(lambda: (lambda t: t["try_number"] == 2 and t["state"] == "success")(
+                airflow.task_instances("ssl_student", run_id)["evaluate"]), 240,
+                "train and evaluate re-run")
+            page.goto(f"{airflow.base}/dags/ssl_student/runs/{run_id}/tasks/train")
+            expect(page.get_by_text("finished before: redoing it (--force)")).to_be_visible()
+            page.screenshot(path=SHOTS / "08-cleared-train-log.png", full_page=True)
+        finally:
+            page.screenshot(path=SHOTS / "99-last-demo.png")
+            browser.close()
+    assert airflow.task_instances("ssl_student", run_id)["train"]["try_number"] == 2
+
+
+def json_value(value):
+    import json
+
+    return json.loads(value) if isinstance(value, str) else value
+
+
+def _login(page, airflow) -> None:
+    page.goto(f"{airflow.base}/")
+    page.fill("input[name=username]", "admin")
+    page.fill("input[name=password]", airflow.password)
+    page.click("button[type=submit]")
+    page.wait_for_url(f"{airflow.base}/")
+
+
+def _doc_cli() -> list[str]:
+    from tests.test_airflow_standalone import _doc_commands
+
+    return [line for line in _doc_commands()[0].splitlines() if line.strip()]

@@ -51,8 +51,9 @@ def _log(airflow: Standalone, run_id: str, task_id: str, try_number: int) -> str
 def test_trigger_log_xcom_long_step_and_clear_one_task(airflow, tmp_path):
     work = tmp_path / "work"
     long_s = 3.5 * TOKEN_LIFETIME_S
+    # runner.wait reschedule: the short-tries mode (an Airflow without a triggerer)
     cfg = fake_config(work, plan={"train": {"seconds": long_s, "lines": 35}}, poll_s=1,
-                      max_wait_per_try_s=600, reschedule_s=12)
+                      max_wait_per_try_s=600, reschedule_s=12, wait="reschedule")
     t0 = time.time()
     run_id = _trigger(airflow, {"config": str(cfg), "hours": 0.25, "workers": 2,
                                 "teacher": "/models/teacher.pt"})
@@ -60,7 +61,7 @@ def test_trigger_log_xcom_long_step_and_clear_one_task(airflow, tmp_path):
     elapsed = time.time() - t0
     tis = airflow.task_instances("ssl_student", run_id)
     assert {k: v["state"] for k, v in tis.items()} == {t: "success" for t in (
-        "select", "features", "targets", "repartition", "train", "evaluate")}
+        "select", "features", "targets", "repartition", "train", "evaluate", "lm", "decode")}
 
     # XCom: the step's summary; the amflow run id is derived from the Airflow run.
     feats = _xcom(airflow, run_id, "features")
@@ -107,20 +108,22 @@ def test_trigger_log_xcom_long_step_and_clear_one_task(airflow, tmp_path):
     airflow.get(f"/api/v2/dags/ssl_student/dagRuns/{_q(run_id)}")
 
 
-def test_marking_a_running_task_failed_stops_its_job(airflow, tmp_path):
+@pytest.mark.parametrize("wait, waiting_state", [("reschedule", "running"),
+                                                  ("defer", "deferred")])
+def test_marking_a_running_task_failed_stops_its_job(airflow, tmp_path, wait, waiting_state):
     from tests.airflow_env import _q
 
     work = tmp_path / "work"
     cfg = fake_config(work, plan={"select": {"seconds": 300, "lines": 300}}, poll_s=1,
-                      max_wait_per_try_s=600)
+                      max_wait_per_try_s=600, wait=wait)
     run_id = _trigger(airflow, {"config": str(cfg), "teacher": "/models/teacher.pt"})
 
     def select_running():
         ti = airflow.task_instances("ssl_student", run_id).get("select", {})
         runs = [p for p in (work / "store" / "runs").glob("*/_calls.jsonl")] \
             if (work / "store" / "runs").exists() else []
-        return ti.get("state") == "running" and runs
-    airflow.wait(select_running, 120, "select running", every=0.5)
+        return ti.get("state") == waiting_state and runs
+    airflow.wait(select_running, 120, f"select {waiting_state}", every=0.5)
     (calls_file,) = (work / "store" / "runs").glob("*/_calls.jsonl")
     pid = json.loads(calls_file.read_text().splitlines()[0])["pid"]
     airflow.request("PATCH", f"/api/v2/dags/ssl_student/dagRuns/{_q(run_id)}/taskInstances/"
@@ -134,6 +137,159 @@ def test_marking_a_running_task_failed_stops_its_job(airflow, tmp_path):
             return False
         except ProcessLookupError:
             return True
-    airflow.wait(gone, 60, "the select job to stop", every=0.5)
+    # a deferred task's job is stopped by its trigger's on_kill, once the triggerer
+    # notices (its next trigger sweep), which takes longer on a loaded machine
+    airflow.wait(gone, 60 if wait == "reschedule" else 150, "the select job to stop", every=0.5)
     jobs = list((work / "jobs").glob("*/rc.json"))
     assert jobs and json.loads(jobs[0].read_text())["stopped"] is True
+
+
+def _events(airflow: Standalone, run_id: str) -> dict[str, dict]:
+    from tests.airflow_env import _q
+
+    data = airflow.get(f"/api/v2/assets/events?source_dag_id=ssl_student"
+                       f"&source_run_id={_q(run_id)}")
+    return {e["uri"]: e["extra"] for e in data["asset_events"]}
+
+
+def test_deferred_step_duration_is_its_wall_time_and_results_reach_the_ui(airflow, tmp_path):
+    """runner.wait defer (default): one try from submit to end, holding no token."""
+    from tests.airflow_env import _q
+
+    work = tmp_path / "work"
+    long_s = 2.5 * TOKEN_LIFETIME_S
+    cfg = fake_config(work, plan={"train": {"seconds": long_s, "lines": 10}}, poll_s=1)
+    run_id = _trigger(airflow, {"config": str(cfg), "teacher": "/models/teacher.pt"})
+    assert airflow.wait_run("ssl_student", run_id, timeout=300) == "success"
+    train = airflow.task_instances("ssl_student", run_id)["train"]
+    wall = _xcom(airflow, run_id, "train")["wall_s"]
+    assert train["try_number"] == 1 and wall >= long_s
+    # Airflow's duration is the step's (a rescheduled task shows only its last poke)
+    assert wall <= train["duration"] <= wall + 8, (train["duration"], wall)
+    assert _xcom(airflow, run_id, "train", key="runner")["wait"] == "defer"
+    log = _log(airflow, run_id, "train", 1)
+    assert "[train] 10/10 shards (100%)" in log and "[amflow train] done in" in log
+    assert "DEFERRED" in log  # it waited in the triggerer, not in a worker
+
+    # evaluate's asset event: the per-condition results as flat keys
+    extra = _events(airflow, run_id)["x-amflow://ssl_student/eval"]
+    assert extra["frame_accuracy_DP1"] == 0.75 and extra["per_DP2"] == 0.3
+    assert extra["step"] == "evaluate" and extra["uri"].endswith("/evaluate")
+
+    # the amflow tab's page: refused without a login, the run's results with one
+    page = f"/amflow/runs/ssl_student/{_q(run_id)}"
+    import urllib.error
+    import urllib.request
+
+    for headers in ({}, {"Authorization": "Bearer not-a-token"}):
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(urllib.request.Request(airflow.base + page, headers=headers),
+                                   timeout=30)
+        assert refused.value.code in (401, 403)
+    html = airflow.get(page, raw=True)
+    assert "<th>DP1</th><td class=n>75.0</td>" in html  # SSL student's FA %, DP1
+    assert "data:image/png;base64," in html and "train/curves.png" in html
+    assert "<td>train</td>" in html and "(stale)" not in html
+
+
+def test_errors_no_retry_fixes_fail_at_once_bad_input_is_refused_at_trigger(airflow, tmp_path):
+    from tests.airflow_env import _q
+
+    # refused by the trigger, with a message: nothing runs
+    for conf, words in (({"hours": 0}, "hours"), ({"hours": "abc"}, "hours"),
+                        ({"overrides": ["not-a-pair"]}, "not-a-pair"),
+                        ({"overrides": ["train.nope=1"]}, "train.nope=1")):
+        with pytest.raises(AssertionError) as refused:
+            _trigger(airflow, conf)
+        assert " -> 400" in str(refused.value) and words in str(refused.value), refused.value
+
+    work = tmp_path / "work"
+    cfg = fake_config(work, plan={"select": {"error": "corpus /nowhere has no metadata"}})
+    runs = {"missing input": _trigger(airflow, {"config": str(cfg)}),
+            "missing config": _trigger(airflow, {"config": str(tmp_path / "nope.yaml")})}
+    for what, run_id in runs.items():
+        assert airflow.wait_run("ssl_student", run_id, timeout=120) == "failed", what
+        select = airflow.task_instances("ssl_student", run_id)["select"]
+        assert select["state"] == "failed" and select["try_number"] == 1, (what, select)
+        log = _log(airflow, run_id, "select", 1)
+        reason = "corpus /nowhere has no metadata" if what == "missing input" else "nope.yaml"
+        assert reason in log, (what, log[-2000:])
+    assert airflow.get(f"/api/v2/dags/ssl_student/dagRuns/{_q(runs['missing input'])}")
+
+
+def _doc_commands(lang: str = "bash") -> list[str]:
+    """The code blocks of infra/README.md §4, one string per block."""
+    from tests.airflow_env import ROOT
+
+    text = (ROOT / "infra" / "README.md").read_text()
+    section = text[text.index("## 4. Backfill"):text.index("## 5.")]
+    return [b.split("\n", 1)[1] for b in section.split("```")[1::2] if b.startswith(lang)]
+
+
+def _downstream(airflow: Standalone, task_id: str) -> set[str]:
+    """Every task after `task_id` in ssl_student, as the live Airflow sees the DAG."""
+    tasks = {t["task_id"]: t["downstream_task_ids"]
+             for t in airflow.get("/api/v2/dags/ssl_student/tasks")["tasks"]}
+    found, todo = set(), list(tasks[task_id])
+    while todo:
+        t = todo.pop()
+        if t not in found:
+            found.add(t)
+            todo += tasks[t]
+    return found
+
+
+def test_documented_backfill_commands_do_what_the_text_says(airflow, tmp_path):
+    """infra/README.md §4's CLI and REST commands, run as written on a live Airflow."""
+    import datetime as dt
+    import subprocess
+
+    from tests.airflow_env import ROOT
+
+    work = tmp_path / "work"
+    cfg = fake_config(work, poll_s=0.5)
+    when = dt.datetime.now(dt.timezone.utc).replace(microsecond=0) - dt.timedelta(days=1)
+    run_id = f"manual__{when.isoformat()}"
+    airflow.request("POST", "/api/v2/dags/ssl_student/dagRuns",
+                    {"dag_run_id": run_id, "logical_date": when.isoformat(),
+                     "conf": {"config": str(cfg), "teacher": "/models/teacher.pt"}})
+    assert airflow.wait_run("ssl_student", run_id) == "success"
+    cli, rest = _doc_commands()
+    assert "2026-01-01T10:00:00+00:00" in cli and "localhost:8080" in rest
+
+    def run_doc(block: str) -> str:
+        text = (block.replace("manual__2026-01-01T10:00:00+00:00", run_id)
+                .replace("2026-01-01T10:00:00+00:00", when.isoformat())
+                .replace("http://localhost:8080", airflow.base)
+                .replace('"password": "..."', f'"password": "{airflow.password}"'))
+        out = subprocess.run(["bash", "-euo", "pipefail", "-c", text], env=airflow.env, cwd=ROOT,
+                             capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+        return out.stdout
+
+    def tries_become(expected: dict[str, int]):
+        def reached():
+            tis = airflow.task_instances("ssl_student", run_id)
+            tries = {t: tis[t]["try_number"] for t in expected}
+            done = all(tis[t]["state"] == "success" for t in tis)
+            return done and tries == expected
+        airflow.wait(reached, 240, f"tries {expected}")
+        others = {t: ti["try_number"] for t, ti in
+                  airflow.task_instances("ssl_student", run_id).items() if t not in expected}
+        assert set(others.values()) == {1}, others  # nothing else re-ran
+
+    after_train = _downstream(airflow, "train")
+    assert "evaluate" in after_train
+    lines = [x for x in cli.splitlines() if x.strip()]
+    listed, clear_train, clear_evaluate = lines
+    assert run_id in run_doc(listed)
+    run_doc(clear_train)  # train and what follows it (evaluate)
+    tries_become({"train": 2, **{t: 2 for t in after_train}})
+    run_doc(clear_evaluate)  # evaluate alone
+    tries_become({"train": 2, **{t: 2 for t in after_train}, "evaluate": 3})
+    run_doc(rest)  # REST: train with what follows it
+    tries_become({"train": 3, **{t: 3 for t in after_train}, "evaluate": 4})
+    store_run = _xcom(airflow, run_id, "train")["run_id"]
+    steps = [c["step"] for c in calls(work / "store", store_run)]
+    assert steps.count("train") == 3 and steps.count("evaluate") == 4
+    assert steps.count("select") == 1

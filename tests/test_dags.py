@@ -95,16 +95,43 @@ def test_trigger_form_params_have_types_limits_and_local_defaults(dagbag):
     schema = {k: params.get_param(k).schema for k in params}
     assert params["config"] == "configs/local.yaml" and schema["config"]["type"] == "string"
     assert params["hours"] == cfg.select.hours and schema["hours"]["type"] == "number"
-    assert schema["hours"]["minimum"] > 0 and schema["hours"]["maximum"] >= 1_000_000
+    # exclusive bounds: the form's number box would clamp to minimum/maximum (issue 23)
+    assert schema["hours"]["exclusiveMinimum"] == 0
+    assert schema["hours"]["exclusiveMaximum"] > 1_000_000
+    assert "minimum" not in schema["hours"] and "maximum" not in schema["hours"]
     # empty training fields = the chosen config file's values (local.yaml's would
     # otherwise override aws.yaml's when that file is picked)
     assert params["algorithm"] is None and params["workers"] is None and params["epochs"] is None
     assert schema["algorithm"]["enum"] == [None, "sgd", "gtc", "bmuf", "htm", "ma"]
+    assert "null" not in schema["algorithm"]["values_display"]["null"]  # shown as empty
     assert schema["workers"]["type"] == ["null", "integer"] and schema["workers"]["minimum"] == 1
     assert cfg.train.algorithm in params.get_param("algorithm").description
     assert params["teacher"] == (cfg.targets.teacher or None)
     assert "string" in schema["teacher"]["type"]
     assert schema["rerun"]["enum"] == ["redo", "resume"]
+
+
+def test_trigger_refuses_bad_hours_and_overrides(dagbag):
+    """What the trigger (form or REST) validates before any task runs."""
+    import copy
+
+    from airflow.sdk.definitions.param import ParamValidationError
+
+    params = dagbag.dags["ssl_student"].params
+
+    def check(**conf):
+        p = copy.deepcopy(params)
+        for k, v in conf.items():
+            p[k] = v
+        p.validate()
+
+    check(hours=0.5, overrides=["train.lr=0.002", "runner.env.X=1", " select.hours = 2"])
+    check(overrides=None, algorithm=None)
+    for bad in ({"hours": 0}, {"hours": -1}, {"hours": "abc"}, {"hours": 1e9},
+                {"overrides": ["not-a-pair"]}, {"overrides": ["train.nope=1"]},
+                {"overrides": ["=1"]}, {"algorithm": "adam"}):
+        with pytest.raises(ParamValidationError):
+            check(**bad)
 
 
 def test_dag_files_import_nothing_heavy():
@@ -159,10 +186,11 @@ def test_dags_test_teacher_then_student_with_fake_steps(tmp_path):
     env = airflow_env(home, AMFLOW_RETRY_DELAY_S="1")
     _migrate(env)
     work = tmp_path / "work"
-    # features fails once (a retry resumes it); train takes several short tries.
+    # features fails once (a retry resumes it); train takes several short tries
+    # (runner.wait reschedule: the mode for an Airflow without a triggerer).
     cfg = fake_config(work, plan={"features": {"seconds": 0.3, "fail_times": 1},
                                   "train": {"seconds": 6, "lines": 6}},
-                      poll_s=0.5, max_wait_per_try_s=2, reschedule_s=0.5)
+                      poll_s=0.5, max_wait_per_try_s=2, reschedule_s=0.5, wait="reschedule")
     _dags_test(env, "teacher", {"config": str(cfg), "hours": 0.5, "workers": 2})
     (teacher_run,) = [p.name for p in (work / "store" / "runs").iterdir()
                       if p.name.startswith("teacher__")]
@@ -190,6 +218,11 @@ def test_dags_test_teacher_then_student_with_fake_steps(tmp_path):
     extras = {uri: json.loads(extra) for uri, extra in events}
     assert extras["x-amflow://teacher/model"]["uri"] == str(model)
     assert extras["x-amflow://teacher/features"]["counts"]["in"] == 10
+    # evaluate publishes its per-condition results as flat keys (what the UI shows)
+    teacher_eval = extras["x-amflow://teacher/eval"]
+    assert teacher_eval["frame_accuracy_DP1"] == 0.75 and teacher_eval["per_DP5"] == 0.45
+    assert teacher_eval["frame_accuracy"] == 0.65 and "per_condition" not in teacher_eval
+    assert extras["x-amflow://teacher/eval-baseline"]["frame_accuracy_DP3"] == 0.65
 
     # The student with no teacher param picks the latest teacher model from the asset.
     (work / "plan.json").write_text(json.dumps({"train": {"seconds": 3, "lines": 3}}))
@@ -208,7 +241,9 @@ def test_dags_test_teacher_then_student_with_fake_steps(tmp_path):
                        "on a.id = e.asset_id where a.uri like 'x-amflow://ssl_student/%'")
     assert {uri for uri, _ in events} == {"x-amflow://ssl_student/features",
                                           "x-amflow://ssl_student/targets",
-                                          "x-amflow://ssl_student/model"}
+                                          "x-amflow://ssl_student/model",
+                                          "x-amflow://ssl_student/eval",
+                                          "x-amflow://ssl_student/wer"}
 
 
 PIPELINE_MODULES = ["tasks.corpus", "tasks.select", "tasks.features", "tasks.targets",

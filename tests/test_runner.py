@@ -306,3 +306,87 @@ def test_ray_job_runs_a_step_streams_its_log_and_sigterm_stops_it(fake_env, ray_
     proc.wait(timeout=60)
     assert str(client.get_job_status("amflow-test-train")) == "STOPPED"
     assert len([c for c in _calls(tmp, "ray1") if c["step"] == "train"]) == 1
+
+
+# ----------------------------------------------------------------------------- deferral
+
+def _run_trigger(trigger, timeout: float = 60):
+    import asyncio
+
+    async def first_event():
+        async for event in trigger.run():
+            return event.payload
+    return asyncio.run(asyncio.wait_for(first_event(), timeout))
+
+
+def test_trigger_waits_for_the_job_and_fires_once_it_ended(fake_env):
+    from amflow.airflow_trigger import AmflowJobTrigger
+
+    cfg, set_plan, tmp = fake_env
+    set_plan(train={"seconds": 1.5, "lines": 3})
+    lines: list[str] = []
+    runner = _local_runner(tmp, lines)
+    argv = R.step_command([PY, str(FAKE)], "train", config=str(cfg), run_id="r1")
+    assert runner.submit("job-t", argv)
+    trigger = AmflowJobTrigger(job_id="job-t", config=str(cfg), overrides=[],
+                               state_dir=str(tmp / "jobs"), poll_s=0.2)
+    # what the triggerer stores and rebuilds it from
+    path, kwargs = trigger.serialize()
+    assert path == "amflow.airflow_trigger.AmflowJobTrigger"
+    t0 = time.time()
+    event = _run_trigger(AmflowJobTrigger(**kwargs))
+    assert event == {"job_id": "job-t", "status": R.SUCCEEDED} and time.time() - t0 >= 1.0
+    # the task, back from deferral, gets the whole output and the summary
+    out = runner.follow("job-t", 0.0)
+    assert out.ok and out.summary["step"] == "train"
+    assert [x for x in lines if "shards (" in x][-1] == "[train] 3/3 shards (100%)"
+
+
+def test_trigger_stops_a_job_past_its_timeout_and_on_kill(fake_env):
+    import asyncio
+
+    from amflow.airflow_trigger import AmflowJobTrigger
+
+    cfg, set_plan, tmp = fake_env
+    set_plan(train={"seconds": 60, "lines": 60}, select={"seconds": 60, "lines": 60})
+    runner = _local_runner(tmp, [])
+    for jid, step in (("job-slow", "train"), ("job-killed", "select")):
+        runner.submit(jid, R.step_command([PY, str(FAKE)], step, config=str(cfg), run_id="r1"))
+    slow = AmflowJobTrigger(job_id="job-slow", config=str(cfg), overrides=[],
+                            state_dir=str(tmp / "jobs"), poll_s=0.2, step_timeout_s=1)
+    event = _run_trigger(slow)
+    assert event["status"] == R.STOPPED and "step_timeout_s=1" in event["reason"]
+    assert runner.backend.status("job-slow") == R.STOPPED
+    killed = AmflowJobTrigger(job_id="job-killed", config=str(cfg), overrides=[],
+                              state_dir=str(tmp / "jobs"), poll_s=0.2)
+    asyncio.run(killed.on_kill())
+    assert runner.backend.status("job-killed") == R.STOPPED
+
+
+def test_permanent_errors_are_told_from_transient_ones():
+    assert R.permanent_error("select", ["[select] 1/3 shards", "amflow select: error: no corpus at /x"]) \
+        == "amflow select: error: no corpus at /x"
+    assert R.permanent_error("train", ["amflow train: train.lr: must be > 0"])
+    assert R.permanent_error("train", ["amflow: error: unrecognized arguments: --x"])
+    # a crash, a lost node, an injected failure: worth a retry
+    assert R.permanent_error("train", ["Traceback (most recent call last):",
+                                       "ConnectionError: reset by peer"]) == ""
+    assert R.permanent_error("features", ["[features] error: injected failure 1"]) == ""
+    assert R.permanent_error("train", ["amflow select: error: other step"]) == ""
+
+
+def test_flat_results_for_asset_events():
+    metrics = {"frame_accuracy": 0.74567, "per": 0.31, "num_utterances": 40,
+               "per_condition": {"DP1": 0.81234, "DP2": 0.7},
+               "per_condition_per": {"DP1": 0.2}, "per_condition_wer": {"DP1": 0.5},
+               "wer": 0.55, "rel_frame_error_reduction": {"DP1": 0.143, "all": 0.15}}
+    flat = R.flat_results(metrics)
+    assert flat == {"frame_accuracy": 0.7457, "per": 0.31, "num_utterances": 40, "wer": 0.55,
+                    "frame_accuracy_DP1": 0.8123, "frame_accuracy_DP2": 0.7, "per_DP1": 0.2,
+                    "wer_DP1": 0.5, "rel_frame_error_reduction_DP1": 0.143,
+                    "rel_frame_error_reduction_all": 0.15}
+    assert all(not isinstance(v, (dict, list)) for v in flat.values())
+    # decode's summary: its bare per_condition is WER, as per_condition_wer is
+    decoded = R.flat_results({"wer": 0.3, "per_condition_wer": {"DP1": 0.25},
+                              "per_condition": {"DP1": 0.25}}, step="decode")
+    assert decoded == {"wer": 0.3, "wer_DP1": 0.25}

@@ -1,0 +1,76 @@
+"""Airflow plugin: an "amflow" tab on every DAG run's page with that run's results.
+
+A FastAPI app (mounted at /amflow by the API server) renders the run's report from its
+files (`amflow.airflow_view`); an external view puts it in the DAG run page. FastAPI
+plugin routes are public unless they ask for a user: the route depends on Airflow's own
+DAG-run read permission, so an anonymous request gets 401 and the UI's session cookie
+(sent with the tab's iframe) is what lets a logged-in user in.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from fastapi import Depends, FastAPI, HTTPException
+from fastapi.responses import HTMLResponse
+
+from airflow.api_fastapi.auth.managers.models.resource_details import DagAccessEntity
+from airflow.api_fastapi.core_api.security import requires_access_dag
+from airflow.plugins_manager import AirflowPlugin
+
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+app = FastAPI(title="amflow", description="amflow run reports inside Airflow")
+
+
+def _dag_run_conf(dag_id: str, run_id: str) -> dict:
+    from sqlalchemy import select
+
+    from airflow.models.dagrun import DagRun
+    from airflow.utils.session import create_session
+
+    with create_session() as session:
+        run = session.scalar(select(DagRun).where(DagRun.dag_id == dag_id,
+                                                  DagRun.run_id == run_id))
+        if run is None:
+            raise HTTPException(404, f"no run {run_id!r} of DAG {dag_id!r}")
+        return dict(run.conf or {})
+
+
+def _storage_root(conf: dict) -> tuple[object, str]:
+    """The run's storage (as its tasks saw it: its config file and overrides)."""
+    from amflow.config import load_config
+    from amflow.storage import Storage
+
+    path = Path(str(conf.get("config") or "configs/local.yaml"))
+    path = path if path.is_absolute() else PROJECT_ROOT / path
+    cfg = load_config(path, [str(o) for o in conf.get("overrides") or []])
+    root = cfg.storage.root
+    if "://" not in root and not os.path.isabs(root):
+        root = str(PROJECT_ROOT / root)  # relative roots resolve where local steps run
+    return Storage(cfg.storage), root
+
+
+@app.get("/runs/{dag_id}/{run_id}", response_class=HTMLResponse,
+         dependencies=[Depends(requires_access_dag("GET", DagAccessEntity.RUN))])
+def run_report(dag_id: str, run_id: str) -> HTMLResponse:
+    from amflow.airflow_view import render_run
+    from amflow.config import ConfigError
+    from amflow.runner import amflow_run_id
+
+    conf = _dag_run_conf(dag_id, run_id)
+    try:
+        storage, root = _storage_root(conf)
+    except ConfigError as exc:
+        import html
+
+        return HTMLResponse(f"<p>This run's config cannot be read: {html.escape(str(exc))}</p>")
+    amflow_run = str(conf.get("run_id") or amflow_run_id(dag_id, run_id))
+    return HTMLResponse(render_run(storage, root, amflow_run,
+                                   title=f"DAG {dag_id}, run {run_id}."))
+
+
+class AmflowPlugin(AirflowPlugin):
+    name = "amflow"
+    fastapi_apps = [{"app": app, "url_prefix": "/amflow", "name": "amflow run reports"}]
+    external_views = [{"name": "amflow", "href": "amflow/runs/{DAG_ID}/{RUN_ID}",
+                       "destination": "dag_run", "url_route": "amflow"}]

@@ -1,0 +1,64 @@
+# Sourced by scripts/airflow.sh and scripts/demo.sh: one Airflow setup for both, so the
+# demo's runs (DB, task logs) are the ones `make airflow` shows. Needs ROOT and PORT.
+export PATH="$ROOT/.venv/bin:$PATH"  # standalone spawns `airflow` subprocesses
+export AIRFLOW_HOME="${AIRFLOW_HOME:-$ROOT/airflow_home}"
+export AIRFLOW__CORE__DAGS_FOLDER="$ROOT/dags"
+export AIRFLOW__CORE__PLUGINS_FOLDER="$ROOT/plugins"  # the amflow tab on each DAG run
+export AIRFLOW__CORE__LOAD_EXAMPLES=False
+export AIRFLOW__CORE__UNIT_TEST_MODE=False
+export AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION=False
+export AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS="admin:admin"
+export AIRFLOW__API__PORT="$PORT"
+export AIRFLOW__API__BASE_URL="http://localhost:$PORT"
+export AIRFLOW__CORE__EXECUTION_API_SERVER_URL="http://localhost:$PORT/execution/"
+export AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL="${AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL:-30}"
+mkdir -p "$AIRFLOW_HOME"
+PASSWORDS="$AIRFLOW_HOME/simple_auth_manager_passwords.json.generated"
+export AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE="$PASSWORDS"
+if [ -n "${AMFLOW_ADMIN_PASSWORD:-}" ]; then
+  printf '{"admin": "%s"}\n' "$AMFLOW_ADMIN_PASSWORD" > "$PASSWORDS"
+fi
+# One signing secret for every component (they are separate processes).
+if [ ! -s "$AIRFLOW_HOME/.jwt_secret" ]; then
+  python -c "import secrets; print(secrets.token_hex(32))" > "$AIRFLOW_HOME/.jwt_secret"
+fi
+AIRFLOW__API_AUTH__JWT_SECRET="$(cat "$AIRFLOW_HOME/.jwt_secret")"
+export AIRFLOW__API_AUTH__JWT_SECRET
+
+# launch_standalone LOG: `airflow standalone` in its own process group (one signal stops
+# every component), in the background; sets STANDALONE_PID and STANDALONE_LOG.
+launch_standalone() {
+  STANDALONE_LOG=$1
+  setsid airflow standalone > "$STANDALONE_LOG" 2>&1 &
+  STANDALONE_PID=$!
+}
+
+# wait_standalone: returns once the API answers and the password file exists.
+wait_standalone() {
+  for _ in $(seq 1 300); do
+    if ! kill -0 "$STANDALONE_PID" 2>/dev/null; then
+      echo "airflow standalone exited; last log lines:" >&2
+      tail -n 40 "$STANDALONE_LOG" >&2
+      return 1
+    fi
+    if python -c "import urllib.request,sys; urllib.request.urlopen(sys.argv[1], timeout=2)" \
+        "http://localhost:$PORT/api/v2/version" 2>/dev/null && [ -s "$PASSWORDS" ]; then
+      return 0
+    fi
+    sleep 1
+  done
+  echo "airflow standalone did not answer on port $PORT; see $STANDALONE_LOG" >&2
+  return 1
+}
+
+start_standalone() {
+  launch_standalone "$1" && wait_standalone
+}
+
+stop_standalone() {
+  [ -n "${STANDALONE_PID:-}" ] || return 0
+  kill -TERM -- -"$STANDALONE_PID" 2>/dev/null || true
+  for _ in $(seq 1 20); do kill -0 "$STANDALONE_PID" 2>/dev/null || break; sleep 0.5; done
+  kill -KILL -- -"$STANDALONE_PID" 2>/dev/null || true
+  STANDALONE_PID=
+}
