@@ -264,3 +264,21 @@ def test_featurize_rejects_an_utterance_without_audio(tmp_path):
     feats, rejects, audio_s = featurize(st, str(tmp_path / "corpus"), records, meta)
     assert [r.utt_id for r in rejects] == ["spk0_00_u01"] and rejects[0].reason
     assert len(feats) == 3 and all(x.shape[1] == 192 for _, x in feats) and audio_s > 0
+
+
+@pytest.mark.parametrize("order", [("kaldilm", "kaldifst", "kaldi_decoder", "kaldialign", "torch"),
+                                   ("torch", "kaldi_decoder", "kaldifst", "kaldialign", "kaldilm")])
+def test_the_decoding_wheels_import_in_any_order(order):
+    """Some k2-fsa wheel sets hang or refuse each other's FSTs depending on import order:
+    the pinned set imports both ways and decodes a graph built by kaldifst."""
+    import subprocess
+    import sys
+
+    code = "; ".join(f"import {m}" for m in order) + (
+        "; f = kaldifst.compile('0 1 1 1 0\\n1 1 1 0 0\\n1 0'); import numpy as np"
+        "; d = kaldi_decoder.FasterDecoder(f, kaldi_decoder.FasterDecoderOptions())"
+        "; d.decode(kaldi_decoder.DecodableCtc(np.zeros((3, 1), np.float32)))"
+        "; ok, lat = d.get_best_path(); print(ok, kaldifst.get_linear_symbol_sequence(lat)[2])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["True", "[1]"]
