@@ -362,6 +362,9 @@ def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
         raise StepError(f"--split {split} is decode.tune_split: tune on one split, score another")
     out_uri = getattr(args, "out", None) or ctx.path("result.json")
     model_uri, model_bytes, meta = _model(ctx, args)
+    done = _finished(ctx, {"model": model_uri, "data": corpus, "split": split}, out_uri)
+    if done is not None:
+        return done
     phones = list(meta["phones"])
     lex, lex_text, lex_uri = load_lexicon(ctx, corpus)
     _check_phones(lex, phones, lex_uri, model_uri)
@@ -403,6 +406,23 @@ def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
                               "lexicon": lex_uri},
                       counts={"in": n_in, "out": len(hyps), "rejected": len(rejects)},
                       metrics=metrics, extra={"out": out_uri})
+
+
+def _finished(ctx: StepContext, inputs: dict, out_uri: str) -> dict | None:
+    """The earlier summary when this decode already finished on the same inputs (and
+    --force was not given): re-running a DAG reuses it, as the other steps do."""
+    from amflow.runs import SUCCESS
+
+    st = ctx.storage
+    if ctx.force or not st.exists(ctx.path(SUCCESS)):
+        return None
+    done = st.read_json(ctx.path(SUCCESS))
+    same = all(done.get("inputs", {}).get(k) == v for k, v in inputs.items())
+    if same and done.get("out") == out_uri and st.exists(out_uri):
+        log.info("%s already finished on these inputs (%s); use --force to decode again",
+                 ctx.step_uri, ctx.path(SUCCESS))
+        return done
+    return None
 
 
 def _tune(ctx: StepContext, pool: Pool, corpus: str, lex: Lexicon) -> tuple[list[dict], float]:

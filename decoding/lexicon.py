@@ -66,7 +66,7 @@ class Lexicon:
 
     def to_text(self) -> str:
         return "".join(f"{w} {' '.join(v)}\n" for w in sorted(self.prons)
-                       for v in self.prons[w])
+                       for v in sorted(self.prons[w]))  # one text per lexicon, any build order
 
 
 class LexiconError(ValueError):

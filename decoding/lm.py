@@ -265,6 +265,13 @@ def run(ctx, args=None) -> dict:
 
     cfg, st = ctx.cfg, ctx.storage
     lc = cfg.lm
+    if not ctx.force and st.exists(ctx.path("_SUCCESS.json")):
+        done = st.read_json(ctx.path("_SUCCESS.json"))
+        settings = {k: done.get("metrics", {}).get(k) for k in ("order", "min_count")}
+        if settings == {"order": lc.order, "min_count": lc.min_count} and \
+                done.get("metrics", {}).get("sentences_config") == [lc.sentences, lc.seed, lc.text_split]:
+            print(f"lm: {ctx.step_uri} already finished with these settings; --force redoes it")
+            return done
     t0 = time.time()
     text = generator_sentences(lc.sentences, lc.seed) if lc.sentences else []
     if lc.text_split:
@@ -279,7 +286,8 @@ def run(ctx, args=None) -> dict:
     arpa_uri = ctx.path("lm.arpa")
     st.write_text(arpa_uri, model.to_arpa())
     seen = {" ".join(s) for s in text}
-    metrics: dict = {"order": lc.order, "min_count": lc.min_count, "sentences": len(text),
+    metrics: dict = {"order": lc.order, "min_count": lc.min_count,
+                     "sentences_config": [lc.sentences, lc.seed, lc.text_split], "sentences": len(text),
                      "tokens": sum(len(s) for s in text), "vocabulary": len(model.vocabulary()),
                      "ngrams": model.num_ngrams()}
     for split in ("dev", "test"):
