@@ -831,21 +831,23 @@ def ensure_lexicon(cfg: Config, storage: Storage, out: str, use_ray: bool = True
                          f"lexicon-{key.hexdigest()[:16]}.txt")
     if os.path.exists(cache):  # a function of espeak-ng and the vocabulary only
         with open(cache) as f:
-            lex, unexplained = lx.read_lexicon(f.read()), 0
+            text = f.read()
+        lex = lx.read_lexicon(text)
+        unexplained = int(text.split("\n", 1)[0].rsplit("=", 1)[-1])
     else:
         lex, unexplained = lx.espeak_lexicon(_said_groups(cfg, requests, use_ray))
         os.makedirs(os.path.dirname(cache), exist_ok=True)
         with open(cache + ".tmp", "w") as f:
-            f.write(lex.to_text())
+            f.write(f"# unexplained_groups={unexplained}\n" + lex.to_text())
         os.replace(cache + ".tmp", cache)
     storage.write_text(join(out, LEXICON), lex.to_text())
+    # no wall time in it: a corpus is the same bytes however (and wherever) it was built
     report = {"words": len(lex), "prons": lex.num_prons, "unexplained_groups": unexplained,
-              "linking_rules": sorted(map(list, lx.linking_rules(lex))),
-              "wall_s": round(time.time() - t0, 2)}
+              "linking_rules": sorted(map(list, lx.linking_rules(lex)))}
     report.update(_lexicon_check(storage, out, lex))
     storage.write_json(join(out, LEXICON_REPORT), report)
-    log.info("lexicon: %d words, %d pronunciations; spells %.2f %% of the labeled "
-             "utterances' aligned phones", report["words"], report["prons"],
+    log.info("lexicon: %d words, %d pronunciations in %.1f s; spells %.2f %% of the labeled "
+             "utterances' aligned phones", report["words"], report["prons"], time.time() - t0,
              100 * report["labeled"]["share"])
     return report
 
