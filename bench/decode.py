@@ -101,9 +101,9 @@ def run(ctx: StepContext, args: Any) -> dict[str, Any]:
     uniform = log_priors(np.ones(len(phones)))
     oracle = []
     for (r, x) in feats:
-        rows = _oracle_rows(r, aligns, ids, fcfg, len(x))
-        if rows is not None:
-            lp = oracle_log_posteriors(rows, len(phones))
+        labels = _oracle_rows(r, aligns, ids, fcfg, len(x))
+        if labels is not None:
+            lp = oracle_log_posteriors(labels, len(phones))
             words = searcher.best_words(acoustic_scores(lp, uniform, 1.0))[0]
             oracle.append(W.score(words_of(r.text), words, r.condition))
     oracle_wer = W.aggregate(oracle)
