@@ -72,7 +72,7 @@ def run(ctx: StepContext, args: Any) -> dict[str, Any]:
     run_dir, train_dir = model_uri.rsplit("/", 2)[:2]
     tuned = join(run_dir, train_dir.replace("train", "decode", 1), "result.json")
     acwt = st.read_json(tuned)["acwt"] if st.exists(tuned) else cfg.decode.acwt[0]
-    recs, _ = D.split_records(ctx, corpus, "test", lex)
+    recs, _ = D.split_records(ctx, corpus, "test")
     feats, _, audio_s = D.featurize(st, corpus, recs, meta)
 
     t0 = time.process_time()

@@ -57,14 +57,10 @@ class DecodeWorker:
         from amflow.storage import Storage
         from decoding.graph import read_graph
         from decoding.search import Searcher
-        from training.checkpoint import from_bytes, model_from_spec
+        from training.checkpoint import model_from_bytes
 
         torch.set_num_threads(threads)
-        payload = from_bytes(model_bytes, weights_only=True)
-        self.model = model_from_spec(payload["spec"])
-        self.model.load_state_dict(payload["state_dict"])
-        self.model.eval()
-        self.meta = payload
+        self.model, self.meta = model_from_bytes(model_bytes)
         self.searcher = Searcher(read_graph(graph_dir), beam, max_active)
         self.log_prior = np.asarray(log_prior, np.float32)
         self.corpus = corpus
@@ -216,19 +212,11 @@ def ensure_graph(ctx: StepContext, lex: Lexicon, lex_text: str, arpa: str,
     return (local if st.local_path(remote) else tmp), graph.info
 
 
-def split_records(ctx: StepContext, corpus: str, split: str, lex: Lexicon
-                  ) -> tuple[list, list[Reject]]:
+def split_records(ctx: StepContext, corpus: str, split: str) -> tuple[list, list[Reject]]:
     """Records of `split` with a transcript; the rest rejected with the reason."""
-    from tasks.select import metadata_files, read_records
+    from tasks.select import records_of_split
 
-    if not metadata_files(ctx.storage, corpus):
-        raise StepError(f"no metadata/**.jsonl or metadata.jsonl under {corpus}")
-    records, _, _ = read_records(ctx.storage, corpus)
-    recs = [r for r in records if r.split == split]
-    if not recs:
-        found = sorted({r.split for r in records})
-        raise StepError(f"corpus {corpus} has no records with split '{split}' "
-                        f"(splits found: {', '.join(found) or 'none'})")
+    recs, _ = records_of_split(ctx.storage, corpus, split)  # malformed lines: no split
     keep, rejects = [], []
     for r in recs:
         if not r.text or not words_of(r.text):
@@ -329,17 +317,18 @@ def _context(ctx: StepContext) -> StepContext:
 
 
 def _model(ctx: StepContext, args: Any) -> tuple[str, bytes, dict]:
-    from training.checkpoint import load_model
+    from training.checkpoint import model_from_bytes
     from training.launch import train_dir_name
 
     uri = getattr(args, "model", None) or ctx.other(train_dir_name(ctx.cfg.decode.tag), "model.pt")
     if not ctx.storage.exists(uri):
         raise StepError(f"model {uri} not found: train one with `amflow train` or pass --model URI")
-    _, meta = load_model(ctx.storage, uri)
+    data = ctx.storage.read_bytes(uri)  # once: the meta here, the same bytes to the actors
+    _, meta = model_from_bytes(data, uri)
     for key in ("cmvn", "phones"):
         if not meta.get(key):
             raise StepError(f"{uri} carries no {key}: decode needs a self-describing model.pt")
-    return uri, ctx.storage.read_bytes(uri), meta
+    return uri, data, meta
 
 
 def _check_phones(lex: Lexicon, phones: Sequence[str], lex_uri: str, model_uri: str) -> None:
@@ -374,7 +363,7 @@ def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
         counts, prior_source = model_counts(st, meta, model_uri, len(phones))
     except ValueError as exc:
         raise StepError(str(exc)) from exc
-    recs, rejects = split_records(ctx, corpus, split, lex)
+    recs, rejects = split_records(ctx, corpus, split)
     n_in = len(recs) + len(rejects)
     t0 = time.perf_counter()
     pool = Pool(ctx, model_bytes, graph_dir, log_priors(counts), corpus)
@@ -431,7 +420,7 @@ def _tune(ctx: StepContext, pool: Pool, corpus: str, lex: Lexicon) -> tuple[list
     if not dc.tune_split or len(dc.acwt) == 1:
         return [], dc.acwt[0]
     try:
-        recs, _ = split_records(ctx, corpus, dc.tune_split, lex)
+        recs, _ = split_records(ctx, corpus, dc.tune_split)
     except StepError as exc:
         log.warning("no tuning: %s; using decode.acwt[0] = %s", exc, dc.acwt[0])
         return [], dc.acwt[0]

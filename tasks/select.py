@@ -203,6 +203,20 @@ def read_records(storage: Storage, corpus: str) -> tuple[list[Record], list[Any]
     return records, rejects, n
 
 
+def records_of_split(storage: Storage, corpus: str, split: str) -> tuple[list[Record], list[Any]]:
+    """The records of one split (by the split rule) and the rejects of malformed lines;
+    a StepError naming the splits there are when `split` has none."""
+    if not metadata_files(storage, corpus):
+        raise StepError(f"no metadata/**.jsonl or metadata.jsonl under {corpus}")
+    records, rejects, _ = read_records(storage, corpus)
+    recs = [r for r in records if r.split == split]
+    if not recs:
+        found = sorted({r.split for r in records})
+        raise StepError(f"corpus {corpus} has no records with split '{split}' "
+                        f"(splits found: {', '.join(found) or 'none'})")
+    return recs, rejects
+
+
 def metadata_files(storage: Storage, corpus: str) -> list[str]:
     files = storage.list(join(corpus, "metadata"), suffix=".jsonl", recursive=True)
     single = join(corpus, "metadata.jsonl")

@@ -83,10 +83,16 @@ def load_model(storage: Storage, uri: str, map_location: Any = "cpu"
                ) -> tuple[nn.Module, dict[str, Any]]:
     """(model in eval mode, meta) from a `model.pt` URI; meta holds spec, cmvn, phones,
     features and info."""
-    payload = from_bytes(storage.read_bytes(uri), weights_only=True, map_location=map_location)
+    return model_from_bytes(storage.read_bytes(uri), uri, map_location)
+
+
+def model_from_bytes(data: bytes, name: str = "model", map_location: Any = "cpu"
+                     ) -> tuple[nn.Module, dict[str, Any]]:
+    """`load_model` from a model file's bytes (already read, or sent to a Ray actor)."""
+    payload = from_bytes(data, weights_only=True, map_location=map_location)
     if not isinstance(payload, dict) or payload.get("format") != MODEL_FORMAT:
         found = payload.get("format") if isinstance(payload, dict) else type(payload).__name__
-        raise ValueError(f"{uri} is not an amflow model file (format {found!r})")
+        raise ValueError(f"{name} is not an amflow model file (format {found!r})")
     model = model_from_spec(payload["spec"])
     model.load_state_dict(payload["state_dict"])
     model.eval()

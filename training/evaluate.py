@@ -159,19 +159,12 @@ def load_split(ctx: StepContext, corpus: str, split: str, fcfg: FeaturesConfig,
     from tasks.audio import load_audio_result, resolve_uri
     from tasks.features import featurize_stream
     from tasks.fbank import FbankComputer
-    from tasks.select import metadata_files, read_records
+    from tasks.select import records_of_split
 
     st = ctx.storage
-    if not metadata_files(st, corpus):
-        raise StepError(f"no metadata/**.jsonl or metadata.jsonl under {corpus}")
     # the input format's split rule: a record without `split` is labeled when aligned
-    everything, rejects, _ = read_records(st, corpus)
-    recs = [r for r in everything if r.split == split]
+    recs, rejects = records_of_split(st, corpus, split)
     n_in = len(recs) + len(rejects)
-    if not recs:
-        found = sorted({r.split for r in everything})
-        raise StepError(f"corpus {corpus} has no records with split '{split}' "
-                        f"(splits found: {', '.join(found) or 'none'})")
     ctm_uri = join(corpus, "alignments.ctm")
     if not st.exists(ctm_uri):
         raise StepError(f"{ctm_uri} not found: evaluation needs alignments")
