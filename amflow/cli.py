@@ -30,6 +30,7 @@ class Step:
     writes: str
     needs_run: bool = True
     add_args: Callable[[argparse.ArgumentParser], None] | None = None
+    sets: tuple[str, ...] = ()  # config overrides the step implies (they win over --set)
     extra: dict = field(default_factory=dict)
 
 
@@ -97,6 +98,13 @@ STEPS: dict[str, Step] = {
         reads="runs/<id>/repartition partitions",
         writes="runs/<id>/train/ (train-<train.tag> when tagged): checkpoints/, model.pt, "
                "metrics.jsonl, learning_curve.png, _SUCCESS.json"),
+    "sequence": Step(
+        "training.launch:run_sequence", "sequence training (sMBR / MMI) of a trained model",
+        reads="runs/<id>/repartition labeled partitions, train.init_model (default: the "
+              "run's train[-<train.tag>]/model.pt)",
+        writes="runs/<id>/sequence[-<train.tag>]/: checkpoints/, model.pt, metrics.jsonl, "
+               "learning_curve.png, _SUCCESS.json (denominator graph size)",
+        sets=("train.recipe=sequence",)),
     "evaluate": Step(
         "training.evaluate:run", "frame accuracy and phone error rate per condition",
         reads="--model checkpoint, --data corpus with alignments.ctm, the run's cmvn.json",
@@ -172,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
         config_path = DEFAULT_CONFIG
     step = STEPS[args.step]
     try:
-        cfg = load_config(config_path, args.overrides)
+        cfg = load_config(config_path, [*(args.overrides or []), *step.sets])
     except ConfigError as exc:
         print(f"amflow {args.step}: {exc}", file=sys.stderr)
         return 2

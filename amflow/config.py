@@ -364,10 +364,19 @@ class AugmentConfig:
         _check(self.inflight >= 1, f"{key}.inflight", "must be >= 1")
 
 
+# The sequence stage's defaults: sMBR over whole utterances (the full graph), 3 epochs
+# (the paper's), at rates below the end of CE training.
+SEQUENCE_RECIPE = {"criterion": "smbr", "epochs": 3, "finetune_epochs": 3, "lr": 1.0e-4,
+                   "final_lr": 3.0e-5}
+
+
 @dataclass
 class TrainConfig:
     model: str = "student"  # teacher | student
-    # labeled: CE on hard labels; ssl: scheduled learning over unlabeled soft targets
+    # labeled: CE on hard labels; ssl: scheduled learning over unlabeled soft targets;
+    # sequence: a sequence criterion (train.criterion mmi | smbr) on the labeled split,
+    # starting from a CE / distilled model (train.init_model), the petabyte recipe's last
+    # stage (`amflow sequence`; output dir sequence[-<tag>]).
     recipe: str = "labeled"
     algorithm: str = "sgd"  # sgd | gtc | bmuf | htm | ma
     workers: int = 1
@@ -469,12 +478,17 @@ class TrainConfig:
     # full length is pruned (it backs off to the shorter one).
     den_ngram_order: int = 2
     den_min_count: int = 2
-    # train.* values used instead when train.model is teacher (see _apply_teacher_recipe).
+    # train.* values used instead when train.model is teacher (see _apply_recipes).
     teacher_recipe: dict[str, Any] = field(default_factory=dict)
+    # train.* values used instead when train.recipe is sequence (after teacher_recipe's).
+    sequence_recipe: dict[str, Any] = field(default_factory=lambda: dict(SEQUENCE_RECIPE))
+    # The model a sequence recipe starts from; empty = this run's train[-<tag>]/model.pt.
+    init_model: str = ""
 
     def validate(self, key: str) -> None:
         _check(self.model in ("teacher", "student"), f"{key}.model", "must be teacher or student")
-        _check(self.recipe in ("labeled", "ssl"), f"{key}.recipe", "must be labeled or ssl")
+        _check(self.recipe in ("labeled", "ssl", "sequence"), f"{key}.recipe",
+               "must be labeled, ssl or sequence")
         _check(self.algorithm in ("sgd", "gtc", "bmuf", "htm", "ma"), f"{key}.algorithm",
                "must be one of sgd, gtc, bmuf, htm, ma")
         _check(self.workers >= 1, f"{key}.workers", "must be >= 1")
@@ -519,6 +533,11 @@ class TrainConfig:
     def _validate_sequence(self, key: str) -> None:
         _check(self.criterion in ("ce", "mmi", "smbr"), f"{key}.criterion",
                "must be ce, mmi or smbr")
+        # A sequence criterion needs hard labels and a trained model to start from: the
+        # sequence recipe gives both; ce there would be a CE fine-tune under another name.
+        _check((self.criterion == "ce") == (self.recipe != "sequence"), f"{key}.criterion",
+               f"is {self.criterion} with train.recipe={self.recipe}: the sequence recipe "
+               "takes mmi or smbr, the labeled and ssl recipes take ce")
         _check(self.sequence_numerator in ("alignment", "flexible"),
                f"{key}.sequence_numerator", "must be alignment or flexible")
         _check(self.sequence_ce_weight >= 0, f"{key}.sequence_ce_weight", "must be >= 0")
@@ -861,36 +880,45 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
         key, value = parse_override(item)
         explicit.add(key)
         _deep_update(data, _nest(key, value))
-    _apply_teacher_recipe(data, explicit)
+    _apply_recipes(data, explicit)
     return _build(Config, data, "")
 
 
-def _apply_teacher_recipe(data: dict[str, Any], explicit: set[str]) -> None:
-    """When train.model is teacher, train.teacher_recipe's keys replace train.*.
+def _apply_recipes(data: dict[str, Any], explicit: set[str]) -> None:
+    """train.teacher_recipe's keys replace train.* when train.model is teacher, then
+    train.sequence_recipe's when train.recipe is sequence.
 
     The teacher is trained differently from the students (bigger, longer, regularised
-    harder) on the same labeled data; one config holds both recipes. An explicit
-    `--set train.<key>` still wins.
+    harder) on the same labeled data, and sequence training is a short, slow-rate stage
+    after either; one config holds every recipe. An explicit `--set train.<key>` still wins.
     """
     train = data.get("train")
     if not isinstance(train, dict):
         return
-    recipe = train.get("teacher_recipe") or {}
+    for name, applies in (("teacher_recipe", train.get("model") == "teacher"),
+                          ("sequence_recipe", train.get("recipe") == "sequence")):
+        recipe = _recipe_keys(train, name)
+        if applies:
+            for k, v in recipe.items():
+                if f"train.{k}" not in explicit:
+                    train[k] = v
+
+
+def _recipe_keys(train: dict[str, Any], name: str) -> dict[str, Any]:
+    """train.<name>, checked: a mapping of train.* keys with values of their types."""
+    recipe = train.get(name, SEQUENCE_RECIPE if name == "sequence_recipe" else {}) or {}
     if not isinstance(recipe, dict):
-        raise ConfigError("train.teacher_recipe", "must be a mapping of train.* keys")
-    names = {f.name for f in dataclasses.fields(TrainConfig)} - {"teacher_recipe", "model"}
+        raise ConfigError(f"train.{name}", "must be a mapping of train.* keys")
+    names = {f.name for f in dataclasses.fields(TrainConfig)} - {
+        "teacher_recipe", "sequence_recipe", "model", "recipe"}
     hints = typing.get_type_hints(TrainConfig)
     for k, v in recipe.items():
         if k not in names:
-            raise ConfigError(f"train.teacher_recipe.{k}",
-                              f"not a train key that a teacher recipe can set "
+            raise ConfigError(f"train.{name}.{k}",
+                              f"not a train key that a recipe can set "
                               f"(known: {', '.join(sorted(names))})")
-        _coerce(v, hints[k], f"train.teacher_recipe.{k}")
-    if train.get("model") != "teacher":
-        return
-    for k, v in recipe.items():
-        if f"train.{k}" not in explicit:
-            train[k] = v
+        _coerce(v, hints[k], f"train.{name}.{k}")
+    return recipe
 
 
 def config_to_yaml(cfg: Config) -> str:

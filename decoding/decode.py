@@ -318,9 +318,9 @@ def _context(ctx: StepContext) -> StepContext:
 
 def _model(ctx: StepContext, args: Any) -> tuple[str, bytes, dict]:
     from training.checkpoint import model_from_bytes
-    from training.launch import train_dir_name
+    from training.launch import model_dir_name
 
-    uri = getattr(args, "model", None) or ctx.other(train_dir_name(ctx.cfg.decode.tag), "model.pt")
+    uri = getattr(args, "model", None) or ctx.other(model_dir_name(ctx.cfg.decode.tag), "model.pt")
     if not ctx.storage.exists(uri):
         raise StepError(f"model {uri} not found: train one with `amflow train` or pass --model URI")
     data = ctx.storage.read_bytes(uri)  # once: the meta here, the same bytes to the actors

@@ -40,7 +40,7 @@ from amflow.runs import Reject, StepContext, StepError, rejects_table
 from amflow.storage import join
 from training.checkpoint import load_model
 from training.data import Normalizer
-from training.launch import train_dir_name
+from training.launch import model_dir_name
 
 log = logging.getLogger(__name__)
 
@@ -269,7 +269,7 @@ def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
         ctx = StepContext(cfg, ctx.run_id, step, force=ctx.force)
         ctx.started = started
     st = ctx.storage
-    model_uri = getattr(args, "model", None) or ctx.other(train_dir_name(tag), "model.pt")
+    model_uri = getattr(args, "model", None) or ctx.other(model_dir_name(tag), "model.pt")
     corpus = getattr(args, "data", None) or cfg.data.corpus
     split = getattr(args, "split", None) or "test"
     out_uri = getattr(args, "out", None) or ctx.path("result.json")
