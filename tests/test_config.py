@@ -45,6 +45,13 @@ def test_bad_values_name_the_key(override, key):
     assert f"'{key}'" in str(err.value)
 
 
+def test_exponent_numbers_without_a_dot_are_numbers():
+    cfg = load_config(None, ["train.lr=3e-4", "train.final_lr=1E-5"])
+    assert (cfg.train.lr, cfg.train.final_lr) == (3e-4, 1e-5)
+    with pytest.raises(ConfigError, match="must be a number"):
+        load_config(None, ["train.lr=fast"])
+
+
 def test_criterion_defaults_to_ce_and_takes_the_sequence_knobs():
     assert load_config(ROOT / "configs/local.yaml").train.criterion == "ce"
     cfg = load_config(None, ["train.recipe=sequence", "train.criterion=mmi",
