@@ -90,8 +90,8 @@ def render_sequence_wer_table(rows: list[dict[str, Any]]) -> str:
                                                                for r in rows)]
     names = {"teacher": "teacher", "baseline": "baseline", "ssl": "SSL"}
     head = ["condition"] + [f"{names[m]} {k}" for m in models
-                            for k in ("CE WER %", "sMBR WER %", "gain %")]
-    head += ["SSL WERR after sMBR %", "paper WERR %"]
+                            for k in ("CE WER %", "seq. WER %", "gain %")]
+    head += ["SSL WERR after seq. %", "paper WERR %"]
     out = ["| " + " | ".join(head) + " |", "|---" + "|---:" * (len(head) - 1) + "|"]
     for r in rows:
         cells = [r["condition"]] + [_pct(r[f"{m}_{k}"]) for m in models
@@ -280,7 +280,8 @@ def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
                   f"(SSL {d.get('acwt')}); the paper decodes with a 4-gram and sMBR-trained "
                   "models, so compare the WERR, not the WER.", ""]
     if seq_rows:
-        parts += ["## After sequence training (sMBR on the labeled split; CE rows beside)", "",
+        parts += ["## After sequence training (train.criterion on the labeled split; CE rows "
+                  "beside)", "",
                   render_sequence_wer_table(seq_rows), "",
                   "gain: relative WER reduction of sequence training over the same model's "
                   "CE / distilled training (Kaldi's usual: ~10 %). The paper's Table II "

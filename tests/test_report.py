@@ -74,7 +74,7 @@ def test_sequence_rows_keep_the_ce_rows_beside(local_cfg):
     assert every["ssl_gain"] == pytest.approx(0.1)
     assert every["werr_seq"] == pytest.approx((0.27 - 0.18) / 0.27)
     md = ssl.storage.read_text(ssl.other("report", "report.md"))
-    assert "| baseline CE WER % | baseline sMBR WER % | baseline gain % |" in md
+    assert "| baseline CE WER % | baseline seq. WER % | baseline gain % |" in md
     assert "teacher CE WER" not in md  # no sequence-trained teacher: no teacher columns
     assert md.index("## Word error rate") < md.index("## After sequence training") < \
         md.index("## Frame accuracy")

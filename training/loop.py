@@ -439,8 +439,9 @@ class Trainer:
         self.resume()
         total_steps = sum(self.counts)
         if self.rank == 0 and self.plan.get("progress", True):
-            self.progress = Progress(total_steps, desc=f"train {self.kind}", unit="minibatches",
-                                     interval_s=10)
+            what = f"sequence ({self.tc.criterion})" if self.criterion else "train"
+            self.progress = Progress(total_steps, desc=f"{what} {self.kind}",
+                                     unit="minibatches", interval_s=10)
             self.progress.done = min(self.state.step, total_steps)
         while self.state.pass_index is not None:
             self.run_pass(self.passes[self.state.pass_index])
