@@ -102,24 +102,28 @@ def test_sequence_resume_equals_uninterrupted_bitwise(ce_model, local_cfg, tmp_p
     assert resumed["metrics"]["final_smbr_objective"] == ref["metrics"]["final_smbr_objective"]
 
 
-def _rank_entry(rank: int, world: int, plan: dict) -> dict:
-    return train_worker(plan)
+def _rank_entry(rank: int, world: int, plans: list[dict]) -> list[dict]:
+    return [train_worker(plan) for plan in plans]  # one process group, one training after another
 
 
-@pytest.mark.parametrize("algorithm", ["sgd", "gtc", "bmuf", "htm", "ma"])
-def test_every_trainer_runs_the_sequence_recipe_on_two_ranks(ce_model, local_cfg, algorithm):
+def test_every_trainer_runs_the_sequence_recipe_on_two_ranks(ce_model, local_cfg):
     """The criterion sits under the trainers' interface: each one trains with it in an
-    initialised torch.distributed group, and the ranks end with the same model."""
+    initialised torch.distributed group."""
     from training.distributed import spawn_local
 
     extra = {"htm": ["train.group_size=2"], "ma": ["train.ma_samples=400"],
-             "bmuf": ["train.block_size=3"], "gtc": []}.get(algorithm, [])
-    cfg = local_cfg(*TINY, *SEQUENCE, "train.epochs=1", "train.workers=2",
-                    f"train.algorithm={algorithm}", *extra)
-    ctx = StepContext(cfg, "r", "sequence-base")
-    plan, _ = launch.build_plan(ctx, ctx.step_uri)
-    plan["progress"] = False
-    results = spawn_local(_rank_entry, 2, plan, timeout=300)
-    m = results[0]["metrics"]
-    assert m["workers"] == 2 and m["criterion"] == "smbr" and m["algorithm"] == algorithm
-    assert np.isfinite(m["final_smbr_objective"]) and m["steps"] > 0
+             "bmuf": ["train.block_size=3"]}
+    plans = []
+    for algorithm in ("sgd", "gtc", "bmuf", "htm", "ma"):
+        cfg = local_cfg(*TINY, *SEQUENCE, "train.epochs=1", "train.workers=2",
+                        f"train.algorithm={algorithm}", f"train.tag=base-{algorithm}",
+                        "train.init_model=" + ce_model["metrics"]["model_uri"],
+                        *extra.get(algorithm, []))
+        ctx = StepContext(cfg, "r", f"sequence-base-{algorithm}")
+        plan, _ = launch.build_plan(ctx, ctx.step_uri)
+        plans.append(dict(plan, progress=False))
+    rank0 = spawn_local(_rank_entry, 2, plans, timeout=300)[0]
+    for algorithm, result in zip(("sgd", "gtc", "bmuf", "htm", "ma"), rank0):
+        m = result["metrics"]
+        assert m["workers"] == 2 and m["criterion"] == "smbr" and m["algorithm"] == algorithm
+        assert np.isfinite(m["final_smbr_objective"]) and m["steps"] > 0
