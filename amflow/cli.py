@@ -55,11 +55,17 @@ def _decode_args(p: argparse.ArgumentParser) -> None:
 
 def _bench_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("what", choices=["features", "targets", "trainers", "train", "gtc", "decode",
-                                    "sequence"],
+                                    "sequence", "serve"],
                    help="which benchmark to run")
     p.add_argument("--out", help="where to write the benchmark JSON (default: under the run)")
     p.add_argument("--model", help="decode: model checkpoint URI (default: the run's train/model.pt)")
     p.add_argument("--data", help="decode: corpus root URI (default: data.corpus)")
+
+
+def _serve_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", help="student model.pt URI (default: the run's train output)")
+    p.add_argument("--detach", action="store_true",
+                   help="return once deployed (the Serve app lives as long as its Ray cluster)")
 
 
 def _simulate_args(p: argparse.ArgumentParser) -> None:
@@ -114,6 +120,13 @@ STEPS: dict[str, Step] = {
         writes="--out JSON (wer, per_condition, ser, acwt, rtf), runs/<id>/decode[-<tag>]/"
                "hyps.jsonl, hyps.parquet, tuning.json, _SUCCESS.json; runs/<id>/graph/<key>/",
         add_args=_decode_args),
+    "serve": Step(
+        "serving.app:run", "serve a student as a streaming recognizer (Ray Serve, WebSocket)",
+        reads="--model student model.pt (CMVN, phones, priors), its run's decoding graph, "
+              "lexicon and LM (as `amflow decode`), the acwt decode tuned (decode/result.json)",
+        writes="nothing: serves the page at http://<serve.host>:<serve.port>/, the stream "
+               "API at ws://.../ws and /stats, until interrupted",
+        needs_run=False, add_args=_serve_args),
     "simulate": Step(
         "training.simulate:run", "project trainer throughput to 16-128 workers",
         reads="measured compute time and bytes per minibatch (train step or --measured)",
