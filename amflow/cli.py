@@ -60,6 +60,11 @@ def _bench_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", help="where to write the benchmark JSON (default: under the run)")
     p.add_argument("--model", help="decode: model checkpoint URI (default: the run's train/model.pt)")
     p.add_argument("--data", help="decode: corpus root URI (default: data.corpus)")
+    p.add_argument("--url", help="serve: the running service (default: http://serve.host:serve.port/)")
+    p.add_argument("--streams", help="serve: concurrent stream counts (default 1,5,10,20,40,80)")
+    p.add_argument("--seconds", type=float, help="serve: audio seconds per stream (default 20)")
+    p.add_argument("--speed", type=float, help="serve: x real time (default 1; 0 = as fast as possible)")
+    p.add_argument("--chunk-ms", dest="chunk_ms", type=float, help="serve: chunk size (default 100 ms)")
 
 
 def _serve_args(p: argparse.ArgumentParser) -> None:

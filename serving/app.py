@@ -14,7 +14,8 @@ The Ray Serve shell is thin: `Replica` (one per serve.replicas, each with serve.
 num_gpus / resources) holds a serving.recognizer.Recognizer and one BatchDispatcher
 (serving/dispatch.py), and runs each WebSocket as a Session.
 """
-from __future__ import annotations
+# No `from __future__ import annotations` here: FastAPI reads the route signatures
+# (ws: WebSocket) at runtime, and the Serve classes are defined inside build_app.
 
 import asyncio
 import json
