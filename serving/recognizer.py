@@ -60,35 +60,39 @@ class StreamModel:
         self.input_dim = self.lstm.input_size
         self.state_shape = (self.lstm.num_layers, self.lstm.hidden_size)
 
-    def zero_state(self):
-        import torch
+    def zero_state(self) -> np.ndarray:
+        """A stream's (h, c) as one float32 array [2, layers, hidden]."""
+        return np.zeros((2, *self.state_shape), np.float32)
 
-        z = torch.zeros(self.state_shape, dtype=self.dtype, device=self.device)
-        return z, z.clone()
-
-    def forward(self, rows: list[np.ndarray], states: list) -> tuple[list[np.ndarray], list]:
+    def forward(self, rows: list[np.ndarray], states: list[np.ndarray]
+                ) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        """Batching and unbatching happen in numpy: a handful of torch calls per forward,
+        because each one gives up the GIL and may wait a switch interval to get it back
+        while the event loop and the search threads run."""
         import torch
         from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
         lens = [len(r) for r in rows]
-        x = torch.zeros(len(rows), max(lens), self.input_dim, dtype=self.dtype)
+        x = np.zeros((len(rows), max(lens), self.input_dim), np.float32)
         for i, r in enumerate(rows):
-            x[i, :lens[i]] = torch.from_numpy(r)
-        x = x.to(self.device)
-        h = torch.stack([s[0] for s in states], 1)  # [layers, B, hidden]
-        c = torch.stack([s[1] for s in states], 1)
-        torch.backends.mkldnn.enabled = len(rows) >= ONEDNN_MIN_BATCH  # this thread only runs forwards
+            x[i, :lens[i]] = r
+        hc = np.stack(states, 2)  # [2, layers, B, hidden]
+        torch.backends.mkldnn.enabled = len(rows) >= ONEDNN_MIN_BATCH  # forward thread only
         with torch.inference_mode():
+            xt = torch.from_numpy(x).to(self.device, self.dtype)
+            hct = torch.from_numpy(hc).to(self.device, self.dtype)
+            h, c = hct[0], hct[1]
             if min(lens) == max(lens):
-                y, (h, c) = self.lstm(x, (h, c))
+                y, (h, c) = self.lstm(xt, (h, c))
             else:  # packed: each stream's (h, c) is taken at its own last row
-                packed = pack_padded_sequence(x, torch.tensor(lens), batch_first=True,
+                packed = pack_padded_sequence(xt, torch.tensor(lens), batch_first=True,
                                               enforce_sorted=False)
                 y, (h, c) = self.lstm(packed, (h, c))
                 y, _ = pad_packed_sequence(y, batch_first=True)
             logp = torch.log_softmax(self.output(y).float(), -1).cpu().numpy()
+            hc = torch.stack([h, c]).float().cpu().numpy()
         outs = [logp[i, :n] for i, n in enumerate(lens)]
-        return outs, [(h[:, i].clone(), c[:, i].clone()) for i in range(len(rows))]
+        return outs, [np.ascontiguousarray(hc[:, :, i]) for i in range(len(rows))]
 
 
 class StreamSearch:
