@@ -609,6 +609,12 @@ class ServeConfig:
     host: str = "127.0.0.1"
     port: int = 8000
     app_name: str = "amflow-serve"
+    # haproxy: Ray Serve's HAProxy ingress with direct ingress to the replicas (WebSocket
+    # frames go client -> HAProxy -> replica; its RAY_SERVE_ENABLE_DIRECT_INGRESS and
+    # RAY_SERVE_ENABLE_HA_PROXY must be set where Ray starts: `amflow serve` sets them
+    # for the local Ray it starts; a cluster sets them on its nodes). proxy: the default
+    # Python proxy actor, which relays every frame over a Ray call (~2x the CPU per stream).
+    ingress: str = "haproxy"
     # Replicas of the recognizer deployment, and what each one asks Ray for: on the
     # cluster, GPU replicas on the P3 pool (num_gpus 1, resources {pool_p3: 0.01}).
     replicas: int = 1
@@ -638,6 +644,7 @@ class ServeConfig:
     def validate(self, key: str) -> None:
         _check(1 <= self.port <= 65535, f"{key}.port", "must be in [1, 65535]")
         _check(self.replicas >= 1, f"{key}.replicas", "must be >= 1")
+        _check(self.ingress in ("haproxy", "proxy"), f"{key}.ingress", "must be haproxy or proxy")
         _check(self.num_cpus >= 0 and self.num_gpus >= 0, f"{key}.num_gpus",
                "num_cpus and num_gpus must be >= 0")
         _check(self.max_streams >= 1, f"{key}.max_streams", "must be >= 1")

@@ -36,6 +36,7 @@ log = logging.getLogger(__name__)
 PAGE = Path(__file__).with_name("static") / "index.html"
 GRAPH_FILES = ("HLG.fst", "words.txt", "graph.json")
 SWITCH_INTERVAL_S = 0.001
+INGRESS_ENV = {"RAY_SERVE_ENABLE_DIRECT_INGRESS": "1", "RAY_SERVE_ENABLE_HA_PROXY": "1"}
 
 
 # ----------------------------------------------------------------- what a replica needs
@@ -260,8 +261,10 @@ def start(cfg, assets: dict) -> str:
 
     from amflow.raycluster import init_ray
 
-    init_ray(cfg)
     sc = cfg.serve
+    if sc.ingress == "haproxy":  # read by Ray Serve's controller and replicas at start
+        os.environ.update(INGRESS_ENV)
+    init_ray(cfg)
     serve.start(http_options={"host": sc.host, "port": sc.port})
     serve.run(build_app(assets, sc), name=sc.app_name, route_prefix="/", blocking=False)
     return f"http://{sc.host}:{sc.port}/"
