@@ -60,6 +60,8 @@ class BatchDispatcher:
                 await self.step(loop)
             except Exception:  # one bad batch must not stop every stream's scheduler
                 log.exception("batch dispatch step failed")
+            if any(s.ready() for s in self.sessions.values()):
+                self.wake.set()  # eager: the next batch is whatever is ready now
             self.start_searches(loop)
 
     async def step(self, loop) -> int:
@@ -76,8 +78,6 @@ class BatchDispatcher:
         self.batch_sizes[len(batch)] += 1
         for s, out, st in zip(batch, outs, new_states):
             s.after_forward(out, st, len(batch))
-        if any(s.ready() for s in self.sessions.values()):
-            self.wake.set()  # eager: the next batch is whatever is ready now
         return len(batch)
 
     def start_searches(self, loop) -> None:
