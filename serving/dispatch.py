@@ -71,8 +71,13 @@ class BatchDispatcher:
         rows = [s.take(self.max_rows) for s in batch]
         states = [s.state for s in batch]
         t0 = time.perf_counter()
-        outs, new_states = await loop.run_in_executor(self.model_thread, self.model.forward,
-                                                      rows, states)
+        try:
+            outs, new_states = await loop.run_in_executor(self.model_thread, self.model.forward,
+                                                          rows, states)
+        except Exception:
+            for s in batch:
+                s.forward_failed()
+            raise
         self.forward_s += time.perf_counter() - t0
         self.forwards += 1
         self.batch_sizes[len(batch)] += 1

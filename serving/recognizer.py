@@ -213,6 +213,7 @@ class Session:
         self.ended_at: dict[int, float] = {}
         self.batch_sizes: collections.Counter = collections.Counter()
         self.closed = False
+        self.in_flight = False  # rows of this stream are in the running forward
 
     # ---------------------------------------------------------------- event loop side
     def feed(self, samples: np.ndarray) -> None:
@@ -248,9 +249,11 @@ class Session:
                 self.pending.appendleft(rest)
             parts.append(r)
             n += len(r)
+        self.in_flight = True
         return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
     def after_forward(self, log_post: np.ndarray, state, batch: int) -> None:
+        self.in_flight = False
         self.state = state
         self.batch_sizes[batch] += 1
         drop = min(self.skip, len(log_post))
@@ -259,8 +262,17 @@ class Session:
             self.to_search.append(log_post[drop:])
         self._pop_ends()
 
+    def forward_failed(self) -> None:
+        """The forward that held this stream's rows raised: they are lost (the stream's
+        words will miss them), the stream goes on."""
+        self.in_flight = False
+        self._pop_ends()
+
     def _pop_ends(self) -> None:
-        while self.pending and self.pending[0] is END:
+        # Not while a forward holds this utterance's last rows: their outputs and state
+        # must land before the utterance ends (a client may send the next utterance and
+        # its end while that forward runs).
+        while not self.in_flight and self.pending and self.pending[0] is END:
             self.pending.popleft()
             self.state = self.rec.model.zero_state()
             self.skip = self.rec.model.lookahead

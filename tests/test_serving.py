@@ -21,8 +21,9 @@ ROOT = Path(__file__).resolve().parents[1]
 SHOTS = ROOT / "test-artifacts" / "serving"
 
 
-def _speaker_waves(corpus: Path, split: str = "test", limit: int = 4):
-    """(records, float32 waves) of the first test speaker's utterances, time order."""
+def _speaker_waves(corpus: Path, split: str = "unlabeled", limit: int = 3):
+    """(records, float32 waves) of one speaker's first `limit` utterances, time order
+    (the speaker with the most utterances in `split`)."""
     import soundfile as sf
 
     from amflow.config import load_config
@@ -31,7 +32,10 @@ def _speaker_waves(corpus: Path, split: str = "test", limit: int = 4):
 
     ctx = StepContext(load_config(None, [f"storage.root={corpus.parent / 'store'}"]), "r", "x")
     recs, _ = split_records(ctx, str(corpus), split)
-    spk = sorted({r.speaker_id for r in recs})[0]
+    counts: dict[str, int] = {}
+    for r in recs:
+        counts[r.speaker_id] = counts.get(r.speaker_id, 0) + 1
+    spk = max(sorted(counts), key=lambda k: counts[k])
     recs = sorted([r for r in recs if r.speaker_id == spk],
                   key=lambda r: (r.created_ts, r.utt_id))[:limit]
     return recs, [sf.read(str(corpus / r.audio_uri), dtype="float32")[0] for r in recs]
@@ -63,7 +67,7 @@ def test_streaming_features_equal_the_offline_features_step(tiny_corpus, opts):
     _, waves = _speaker_waves(tiny_corpus)
     offline = featurize_stream(waves, fcfg)
     streamed = _stream_rows(StreamFeatures(fcfg, None, 192), waves, np.random.default_rng(0))
-    assert sum(len(x) for x in offline) > fcfg.cmn_min_window // 3
+    assert len(waves) == 3 and sum(len(x) for x in offline) > fcfg.cmn_window // 3
     for s, o in zip(streamed, offline):
         assert s.shape == o.shape
         assert float(np.abs(s - o).max()) <= 1e-4
@@ -115,6 +119,7 @@ def tiny_system(tiny_corpus, tmp_path_factory):
                                   features=dataclasses.asdict(FeaturesConfig())))
     model, meta = model_from_bytes(data)
     recs, waves = _speaker_waves(tiny_corpus)
+    assert len(recs) == 3
     st = Storage(StorageConfig(root=str(tiny_corpus.parent)))
     feats, _, _ = featurize(st, str(tiny_corpus), recs, meta)
     prior = log_priors(np.ones(len(classes)))
@@ -138,8 +143,19 @@ def _recognizer(sysm):
                       a["max_active"])
 
 
+class _Slow:
+    """The model with a forward as slow as a loaded server's: audio arrives meanwhile."""
+
+    def __init__(self, model):
+        self.model = model
+
+    def forward(self, rows, states):
+        time.sleep(0.01)
+        return self.model.forward(rows, states)
+
+
 def test_streamed_words_equal_the_offline_decode_through_batch_dispatch(tiny_system):
-    """Three concurrent streams of the same speaker's utterances, different chunk sizes
+    """Four concurrent streams of the same speaker's utterances, different chunk sizes
     (so batches mix streams with different row counts), through the asyncio dispatcher:
     each final equals the offline decode's words; partials come before finals."""
     from serving.dispatch import BatchDispatcher
@@ -148,11 +164,11 @@ def test_streamed_words_equal_the_offline_decode_through_batch_dispatch(tiny_sys
     rec = _recognizer(tiny_system)
 
     async def main():
-        disp = BatchDispatcher(rec.model, max_batch=8, max_rows=16)
+        disp = BatchDispatcher(_Slow(rec.model), max_batch=8, max_rows=16)
         task = asyncio.create_task(disp.run())
         loop = asyncio.get_running_loop()
 
-        async def one(chunk: int) -> list[dict]:
+        async def one(chunk: int, pause: bool = True) -> list[dict]:
             msgs: list[dict] = []
             s = Session(rec, lambda m: loop.call_soon_threadsafe(msgs.append, m))
             disp.add(s)
@@ -160,15 +176,21 @@ def test_streamed_words_equal_the_offline_decode_through_batch_dispatch(tiny_sys
                 for i in range(0, len(w), chunk):
                     s.feed(w[i:i + chunk])
                     disp.notify()
-                    await asyncio.sleep(0)
+                    if pause:
+                        await asyncio.sleep(0)
                 s.end_utterance()
                 disp.notify()
+                if not pause:  # the next utterance and its end arrive while a forward holds
+                    while s.ready():  # this one's last rows (a client faster than real time)
+                        await asyncio.sleep(0.001)
+                await asyncio.sleep(0.002 if pause else 0)
             while sum("final" in m for m in msgs) < len(tiny_system["waves"]):
                 await asyncio.sleep(0.01)
             disp.remove(s)
             return msgs
 
-        out = await asyncio.wait_for(asyncio.gather(one(1600), one(700), one(4000)), 120)
+        out = await asyncio.wait_for(asyncio.gather(one(1600), one(700), one(4000),
+                                                    one(100000, pause=False)), 120)
         task.cancel()
         return out, disp.batch_sizes
 
@@ -177,6 +199,29 @@ def test_streamed_words_equal_the_offline_decode_through_batch_dispatch(tiny_sys
         assert [m["final"] for m in msgs if "final" in m] == tiny_system["words"]
         assert any("partial" in m for m in msgs)
     assert max(batches) >= 2  # streams shared forwards
+
+
+def test_an_utterance_ending_during_the_forward_of_the_previous_one_keeps_its_words(tiny_system):
+    """A client faster than real time: utterance 2 arrives and ends while the forward
+    holding utterance 1's last rows runs; utterance 1 must still end after those rows."""
+    from serving.recognizer import Session
+
+    rec = _recognizer(tiny_system)
+    msgs: list[dict] = []
+    s = Session(rec, msgs.append)
+    w1, w2 = tiny_system["waves"][:2]
+    s.feed(w1)
+    s.end_utterance()
+    rows = s.take(10 ** 6)  # all of utterance 1: in the forward now
+    s.feed(w2)
+    s.end_utterance()  # meanwhile
+    outs, states = rec.model.forward([rows], [s.state])
+    s.after_forward(outs[0], states[0], 1)
+    while s.ready():
+        outs, states = rec.model.forward([s.take(16)], [s.state])
+        s.after_forward(outs[0], states[0], 1)
+    s.run_search()
+    assert [m["final"] for m in msgs if "final" in m] == tiny_system["words"][:2]
 
 
 # ----------------------------------------------------------------- Batch Dispatch (pure)
@@ -194,6 +239,9 @@ class _FakeSession:
 
     def after_forward(self, out, state, batch):
         self.seen.append(batch)
+
+    def forward_failed(self):
+        self.seen.append("lost")
 
     def search_due(self):
         return False
@@ -244,7 +292,7 @@ def test_batch_dispatch_is_eager_and_batches_what_piled_up():
     assert model.batches[1] == [2, 2, 2, 2]
     assert len(model.batches) >= 4 and not any(s.ready() for s in [first, *late])
     assert disp.batch_sizes[1] >= 1 and disp.batch_sizes[4] == 1
-    assert first.seen == [1] and late[0].seen[0] == 4
+    assert first.seen == [1] and late[0].seen == [4, "lost"]
 
 
 # ----------------------------------------------------------------- protocol (pure)
