@@ -264,6 +264,10 @@ def start(cfg, assets: dict) -> str:
     sc = cfg.serve
     if sc.ingress == "haproxy":  # read by Ray Serve's controller and replicas at start
         os.environ.update(INGRESS_ENV)
+        if cfg.ray.address:
+            log.warning("serve.ingress=haproxy on an existing Ray cluster: its nodes must "
+                        "start with %s, else Serve keeps its Python proxy",
+                        " ".join(f"{k}={v}" for k, v in INGRESS_ENV.items()))
     init_ray(cfg)
     serve.start(http_options={"host": sc.host, "port": sc.port})
     serve.run(build_app(assets, sc), name=sc.app_name, route_prefix="/", blocking=False)
