@@ -70,7 +70,8 @@ def _bench_args(p: argparse.ArgumentParser) -> None:
 def _serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", help="student model.pt URI (default: the run's train output)")
     p.add_argument("--detach", action="store_true",
-                   help="return once deployed (the Serve app lives as long as its Ray cluster)")
+                   help="return once deployed: with ray.address set, the app lives on in that "
+                        "cluster (a local Ray started here ends with this process)")
 
 
 def _simulate_args(p: argparse.ArgumentParser) -> None:
