@@ -179,7 +179,7 @@ def plot(rows: list[dict], path_latency: str, path_batches: str, storage) -> Non
     ax.set_ylabel("probability")
     ax.set_xscale("log")
     ax.legend()
-    ax.set_title("share of a stream's forwards per batch size (cf. DeepSpeech2 fig. 5)")
+    ax.set_title("batch sizes a stream saw (cf. DeepSpeech2 fig. 5)")
     _save(fig, path_batches, storage)
     plt.close("all")
 
