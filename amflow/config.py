@@ -622,6 +622,65 @@ class DecodeConfig:
 
 
 @dataclass
+class ServeConfig:
+    """`amflow serve`: the streaming recognizer on Ray Serve (serving/)."""
+
+    host: str = "127.0.0.1"
+    port: int = 8000
+    app_name: str = "amflow-serve"
+    # haproxy: Ray Serve's HAProxy ingress with direct ingress to the replicas (WebSocket
+    # frames go client -> HAProxy -> replica; its RAY_SERVE_ENABLE_DIRECT_INGRESS and
+    # RAY_SERVE_ENABLE_HA_PROXY must be set where Ray starts: `amflow serve` sets them
+    # for the local Ray it starts; a cluster sets them on its nodes). proxy: the default
+    # Python proxy actor, which relays every frame over a Ray call (~2x the CPU per stream).
+    ingress: str = "haproxy"
+    # Replicas of the recognizer deployment, and what each one asks Ray for: on the
+    # cluster, GPU replicas on the P3 pool (num_gpus 1, resources {pool_p3: 0.01}).
+    replicas: int = 1
+    num_cpus: float = 1.0
+    num_gpus: float = 0.0
+    resources: dict[str, float] = field(default_factory=dict)
+    # Streams one replica admits; one more is refused with close code 1013 (try again).
+    max_streams: int = 100
+    max_chunk_bytes: int = 64000  # one binary message (2 s of 16 kHz s16le); more: 1009
+    # Batch Dispatch: at most this many streams per forward, rows per stream per forward.
+    max_batch: int = 128
+    max_rows: int = 32
+    search_threads: int = 1
+    # Model precision: auto = fp16 on a GPU, fp32 on a CPU; fp16 | bf16 | fp32.
+    dtype: str = "auto"
+    device: str = "auto"  # auto | cpu | cuda
+    threads: int = 1  # torch threads per replica
+    # Search settings; 0 = the decode step's (decode.beam, decode.max_active), so the
+    # streamed words are the offline decode's. acwt 0 = the one `amflow decode` tuned for
+    # this model (its result.json), else decode.acwt[0].
+    acwt: float = 0.0
+    beam: float = 0.0
+    max_active: int = 0
+    # A client that sends nothing for this long is closed (1001).
+    idle_timeout_s: float = 30.0
+
+    def validate(self, key: str) -> None:
+        _check(1 <= self.port <= 65535, f"{key}.port", "must be in [1, 65535]")
+        _check(self.replicas >= 1, f"{key}.replicas", "must be >= 1")
+        _check(self.ingress in ("haproxy", "proxy"), f"{key}.ingress", "must be haproxy or proxy")
+        _check(self.num_cpus >= 0 and self.num_gpus >= 0, f"{key}.num_gpus",
+               "num_cpus and num_gpus must be >= 0")
+        _check(self.max_streams >= 1, f"{key}.max_streams", "must be >= 1")
+        _check(self.max_chunk_bytes >= 2, f"{key}.max_chunk_bytes", "must be >= 2")
+        _check(self.max_batch >= 1, f"{key}.max_batch", "must be >= 1")
+        _check(self.max_rows >= 1, f"{key}.max_rows", "must be >= 1")
+        _check(self.search_threads >= 1, f"{key}.search_threads", "must be >= 1")
+        _check(self.dtype in ("auto", "fp32", "fp16", "bf16"), f"{key}.dtype",
+               "must be auto, fp32, fp16 or bf16")
+        _check(self.device in ("auto", "cpu", "cuda"), f"{key}.device", "must be auto, cpu or cuda")
+        _check(self.threads >= 1, f"{key}.threads", "must be >= 1")
+        _check(self.acwt >= 0 and self.beam >= 0 and self.max_active >= 0, f"{key}.acwt",
+               "acwt, beam and max_active must be >= 0 (0: the decode step's)")
+        _check(self.idle_timeout_s > 0, f"{key}.idle_timeout_s", "must be > 0")
+
+
+@dataclass
 class SimulateConfig:
     """`amflow simulate`: the throughput projection (cost models in training/simulate.py)."""
 
@@ -757,6 +816,7 @@ class Config:
     evaluate: EvaluateConfig = field(default_factory=EvaluateConfig)
     lm: LmConfig = field(default_factory=LmConfig)
     decode: DecodeConfig = field(default_factory=DecodeConfig)
+    serve: ServeConfig = field(default_factory=ServeConfig)
     simulate: SimulateConfig = field(default_factory=SimulateConfig)
     runner: RunnerConfig = field(default_factory=RunnerConfig)
     report: ReportConfig = field(default_factory=ReportConfig)
