@@ -97,9 +97,11 @@ def test_login_trigger_from_form_run_succeeds_and_task_log_shows(airflow, tmp_pa
     # The form's values reached the steps.
     (run_dir,) = [d for d in (work / "store" / "runs").iterdir() if d.is_dir()]
     steps = [c["step"] for c in calls(work / "store", run_dir.name)]
-    # lm runs beside the chain after select; decode needs evaluate and lm
-    assert [x for x in steps if x != "lm"] == ["select", "features", "targets", "repartition",
-                                              "train", "evaluate", "decode"]
+    # lm runs beside the chain after select; decode needs evaluate and lm; the sequence
+    # branch (sequence -> evaluate -> decode) runs beside evaluate -> decode after train
+    chain = [x for x in steps if x != "lm"]
+    assert chain[:5] == ["select", "features", "targets", "repartition", "train"]
+    assert sorted(chain[5:]) == ["decode", "decode", "evaluate", "evaluate", "sequence"]
     assert steps.count("lm") == 1 and steps.index("lm") < steps.index("decode")
     targets = [c for c in calls(work / "store", run_dir.name) if c["step"] == "targets"][0]
     assert "targets.teacher=/models/teacher.pt" in targets["argv"]

@@ -61,7 +61,8 @@ def test_trigger_log_xcom_long_step_and_clear_one_task(airflow, tmp_path):
     elapsed = time.time() - t0
     tis = airflow.task_instances("ssl_student", run_id)
     assert {k: v["state"] for k, v in tis.items()} == {t: "success" for t in (
-        "select", "features", "targets", "repartition", "train", "evaluate", "lm", "decode")}
+        "select", "features", "targets", "repartition", "train", "evaluate", "lm", "decode",
+        "sequence", "evaluate_sequence", "decode_sequence")}
 
     # XCom: the step's summary; the amflow run id is derived from the Airflow run.
     feats = _xcom(airflow, run_id, "features")
@@ -100,7 +101,7 @@ def test_trigger_log_xcom_long_step_and_clear_one_task(airflow, tmp_path):
                  ["try_number"] == 2, 60, "repartition try 2")
     steps = [c["step"] for c in calls(work / "store", amflow_run)]
     assert steps.count("repartition") == 2 and steps.count("train") == 1
-    assert steps.count("select") == 1 and steps.count("evaluate") == 1
+    assert steps.count("select") == 1 and steps.count("evaluate") == 2  # CE and sequence
     last = [c for c in calls(work / "store", amflow_run) if c["step"] == "repartition"][-1]
     assert last["force"] is True and amflow_run in last["argv"]
     assert _xcom(airflow, run_id, "repartition")["metrics"]["forced"] is True
@@ -296,5 +297,7 @@ def test_documented_backfill_commands_do_what_the_text_says(airflow, tmp_path):
     tries_become({"train": 3, **{t: 3 for t in after_train}, "evaluate": 4})
     store_run = _xcom(airflow, run_id, "train")["run_id"]
     steps = [c["step"] for c in calls(work / "store", store_run)]
-    assert steps.count("train") == 3 and steps.count("evaluate") == 4
+    ce_evals = [c for c in calls(work / "store", store_run)
+                if c["step"] == "evaluate" and "evaluate.tag=sequence" not in c["argv"]]
+    assert steps.count("train") == 3 and len(ce_evals) == 4
     assert steps.count("select") == 1
