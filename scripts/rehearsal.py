@@ -177,10 +177,14 @@ class S3Server:
                                                    MotoRequestHandler, create_backend_app)
         from werkzeug.serving import make_server
 
+        class Quiet(MotoRequestHandler):
+            def log_request(self, *a, **k):  # noqa: ANN002 - one line per request otherwise
+                pass
+
         self.port = free_port()
         self.faults = FaultInjector(DomainDispatcherApplication(create_backend_app), share)
         self.server = make_server("127.0.0.1", self.port, self.faults, threaded=True,
-                                  request_handler=MotoRequestHandler)
+                                  request_handler=Quiet)
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self.thread.start()
         self.endpoint = f"http://127.0.0.1:{self.port}"
@@ -263,7 +267,9 @@ class Cluster:
         self.dashboard = f"http://127.0.0.1:{self.dash}"
         # Ray >= 2.59 wants token auth on clusters: one token for nodes and clients.
         self.auth = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(16)}
-        self.env = dict(env, **self.auth)
+        # Seven Ray nodes share this machine's cores: no metrics collection (on AWS each
+        # node has its own cores; here the agents' polling would be measured as overhead).
+        self.env = dict(env, RAY_enable_metrics_collection="0", **self.auth)
         self.node_ids: dict[str, str] = {}  # our name -> Ray node id
         self.killed: list[dict] = []
 
@@ -540,58 +546,79 @@ def placement_check(cluster: Cluster, cfg) -> dict:
         actors = list_actors(address=cluster.dashboard, filters=[("job_id", "=", j.job_id)],
                              limit=10000, detail=True, raise_on_missing_output=False)
         seen: dict[str, dict[str, int]] = {}
-        where = [("driver", j.driver_node_id)]
-        where += [(t.func_or_class_name, t.node_id) for t in tasks
+        control: dict[str, dict[str, int]] = {}
+        # Work is what asks for resources (CPU, GPU, a pool): it must run on the step's
+        # pool. What asks for nothing (Ray Train's controller and its helpers) is control
+        # plane; it may run anywhere, and lands on the CPU-less head.
+        where = [("driver", j.driver_node_id, {"entrypoint": 1})]
+        where += [(t.func_or_class_name, t.node_id, t.required_resources or {}) for t in tasks
                   if t.type in ("NORMAL_TASK", "ACTOR_CREATION_TASK") and t.node_id]
-        where += [(a.class_name, a.node_id) for a in actors if a.node_id]
-        for what, node in where:
+        where += [(a.class_name, a.node_id, a.required_resources or {}) for a in actors
+                  if a.node_id]
+        for what, node, req in where:
             pool = pools.get(node, "?")
-            seen.setdefault(what, {}).setdefault(pool, 0)
-            seen[what][pool] += 1
-            if want and pool not in want:
-                bad.append(f"{sid}: {what} on {cluster.name_of(node)} ({pool}), "
+            is_work = any(float(v) > 0 for v in req.values())
+            bucket = seen if is_work else control
+            bucket.setdefault(what, {}).setdefault(pool, 0)
+            bucket[what][pool] += 1
+            if is_work and want and pool not in want:
+                bad.append(f"{sid}: {what} {req} on {cluster.name_of(node)} ({pool}), "
                            f"config names {sorted(want)}")
         rows.append({"job": sid, "step": step, "status": str(j.status), "pools": sorted(want),
-                     "placed": seen})
+                     "placed": seen, "control_plane": control})
     return {"jobs": rows, "violations": bad}
 
 
-def ray_job_logs_check(cluster: Cluster, home: Path) -> dict:
-    """Each cluster task ran as a Ray job (JobSubmissionClient) and its log is in the task
-    log (the step's own output lines, streamed by the runner)."""
+def ray_job_logs_check(cluster: Cluster, home: Path, dag_logs: dict[str, Path]) -> dict:
+    """Each cluster task ran as a Ray job (JobSubmissionClient, runner xcom mode ray_job)
+    and the job's log is in the task's log: `airflow dags test` prints the task logs, and
+    the job's progress lines and its AMFLOW_SUMMARY line must be there."""
     from ray.job_submission import JobSubmissionClient
 
     client = JobSubmissionClient(cluster.dashboard)
-    out, missing = {}, []
-    runner = {}
-    for dag in ("teacher", "ssl_student"):
-        for task, x in xcoms(home, dag, "runner").items():
-            runner[(dag, task)] = x
-    for (dag, task), x in sorted(runner.items()):
-        jid = x["job_id"]
-        info = client.get_job_info(jid)
-        logs = home / "logs"
-        files = list(logs.rglob(f"*dag_id={dag}*/*task_id={task}*/*.log")) + \
-            list(logs.rglob(f"dag_id={dag}/*/task_id={task}/*.log"))
-        text = "".join(f.read_text(errors="replace") for f in files)
-        job_log = client.get_job_logs(jid)
-        lines = [ln for ln in job_log.splitlines() if ln.startswith("[") and "shards" in ln
-                 or ln.startswith("AMFLOW_SUMMARY")]
-        ok = x["mode"] == "ray_job" and str(info.status) == "SUCCEEDED" and \
-            bool(lines) and all(ln[:200] in text for ln in lines[-3:])
-        out[f"{dag}.{task}"] = {"job_id": jid, "status": str(info.status),
-                                "job_log_lines": len(job_log.splitlines()),
-                                "in_task_log": ok}
-        if not ok:
-            missing.append(f"{dag}.{task}")
-    return {"tasks": out, "not_ok": missing}
+    out, bad = {}, []
+    for dag, log in dag_logs.items():
+        text = log.read_text(errors="replace")
+        for task, x in sorted(xcoms(home, dag, "runner").items()):
+            jid = x["job_id"]
+            info = client.get_job_info(jid)
+            job_log = client.get_job_logs(jid).splitlines()
+            summary = [ln for ln in job_log if ln.startswith("AMFLOW_SUMMARY ")]
+            progress = [ln for ln in job_log if ln.startswith("[") and "%)" in ln]
+            ok = (x["mode"] == "ray_job" and str(info.status) == "SUCCEEDED"
+                  and f"started ray_job job {jid}" in text and bool(summary)
+                  and summary[-1][:120] in text and all(ln in text for ln in progress))
+            out[f"{dag}.{task}"] = {"job_id": jid, "status": str(info.status),
+                                    "entrypoint": info.entrypoint.split(" --config")[0],
+                                    "job_log_lines": len(job_log),
+                                    "progress_lines": len(progress), "in_task_log": ok}
+            if not ok:
+                bad.append(f"{dag}.{task}")
+    return {"tasks": out, "not_ok": bad}
 
 
 def _listing(storage, uri: str) -> dict[str, bytes]:
     return {u[len(uri):]: storage.read_bytes(u) for u in storage.list(uri, recursive=True)}
 
 
-VOLATILE = ("_SUCCESS.json", "/_done/", "_fault_injected")
+VOLATILE = ("_SUCCESS.json", "_fault_injected")
+TIMING_KEYS = ("cpu_s", "wall_s", "seconds", "host")
+
+
+def _stable(name: str, data: bytes | None):
+    """A file's content for comparison: JSON markers without their timings."""
+    if data is None or not name.endswith(".json"):
+        return data
+
+    def strip(o):
+        if isinstance(o, dict):
+            return {k: strip(v) for k, v in o.items()
+                    if k not in TIMING_KEYS and not k.endswith("_at")}
+        if isinstance(o, list):
+            return [strip(v) for v in o]
+        return o
+
+    return strip(json.loads(data))
 
 
 def outputs_check(cl_storage, cl_root: str, lo_storage, lo_root: str) -> dict:
@@ -601,9 +628,11 @@ def outputs_check(cl_storage, cl_root: str, lo_storage, lo_root: str) -> dict:
         a = _listing(cl_storage, f"{cl_root}/runs/{run_id}/{step}")
         b = _listing(lo_storage, f"{lo_root}/runs/{run_id}/{step}")
         keys = sorted(k for k in set(a) | set(b) if not any(v in k for v in VOLATILE))
-        diff = [k for k in keys if a.get(k) != b.get(k)]
-        res["files"][f"{run_id}/{step}"] = {"compared": len(keys), "bytes": sum(len(a.get(k, b""))
-                                                                               for k in keys)}
+        diff = [k for k in keys if _stable(k, a.get(k)) != _stable(k, b.get(k))]
+        res["files"][f"{run_id}/{step}"] = {
+            "compared": len(keys), "parquet": sum(k.endswith(".parquet") for k in keys),
+            "bytes": sum(len(a.get(k, b"")) for k in keys),
+            "identical_bytes": sum(a.get(k) == b.get(k) for k in keys)}
         res["different"] += [f"{run_id}/{step}{k}" for k in diff]
     for run_id, step in ((TEACHER_RUN, "evaluate-teacher"), (SSL_RUN, "evaluate"),
                          (TEACHER_RUN, "decode-teacher"), (SSL_RUN, "decode")):
@@ -649,8 +678,8 @@ def accounting_check(storage, root: str, run_id: str, step: str = "features") ->
             rejected += storage.read_parquet(u).num_rows
     c = succ["counts"]
     return {"in": c["in"], "out": c["out"], "rejected": c["rejected"],
-            "selected": sel["counts"]["out"], "rows": len(ids), "unique": len(set(ids)),
-            "ok": c["in"] == c["out"] + c["rejected"] == sel["counts"]["out"]
+            "selected": sel["counts"]["selected"], "rows": len(ids), "unique": len(set(ids)),
+            "ok": c["in"] == c["out"] + c["rejected"] == sel["counts"]["selected"]
             and len(ids) == len(set(ids)) == c["out"]}
 
 
@@ -667,15 +696,31 @@ def redone_shards(cluster: Cluster, job_sub_id: str) -> dict:
             "failed_attempts": sum(1 for t in shard if t.state == "FAILED")}
 
 
-def overhead_table(local: dict, cluster: dict) -> list[dict]:
+def overhead_table(lhome: Path, chome: Path, cluster: Cluster) -> list[dict]:
+    """Per step: Airflow task duration local vs cluster, and where the cluster's extra
+    time goes: the step's own wall time (`wall_s`: on S3 vs local disk), the Ray job
+    around it (submit -> driver start -> end), and Airflow's following of the job."""
+    from ray.job_submission import JobSubmissionClient
+
+    client = JobSubmissionClient(cluster.dashboard)
+    local, clus = task_times(lhome), task_times(chome)
     rows = []
     for dag in ("teacher", "ssl_student"):
+        lx, cx, cr = xcoms(lhome, dag), xcoms(chome, dag), xcoms(chome, dag, "runner")
         for task, lo in local.get(dag, {}).items():
-            cl = cluster.get(dag, {}).get(task)
+            cl = clus.get(dag, {}).get(task)
             if cl is None:
                 continue
+            job = None
+            if task in cr:
+                info = client.get_job_info(cr[task]["job_id"])
+                if info.start_time and info.end_time:
+                    job = round((info.end_time - info.start_time) / 1000.0, 2)
             rows.append({"dag": dag, "step": task, "local_s": lo, "cluster_s": cl,
-                         "ratio": round(cl / lo, 2) if lo else None})
+                         "ratio": round(cl / lo, 2) if lo else None,
+                         "local_step_s": (lx.get(task) or {}).get("wall_s"),
+                         "cluster_step_s": (cx.get(task) or {}).get("wall_s"),
+                         "ray_job_s": job})
     return rows
 
 
@@ -694,6 +739,8 @@ def main(argv: list[str] | None = None) -> int:
     s3 = None
     report: dict[str, Any] = {"work": str(work), "checks": {}}
     env = base_env()
+    os.environ.update({k: env[k] for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
+                                           "AWS_DEFAULT_REGION")})
     try:
         # 0-1. S3, configs
         s3 = S3Server(FAULT_SHARE)
@@ -774,7 +821,8 @@ def main(argv: list[str] | None = None) -> int:
         checks = report["checks"]
         pl = placement_check(cluster, ccfg)
         checks["placement"] = {"ok": not pl["violations"], **pl}
-        jl = ray_job_logs_check(cluster, chome)
+        jl = ray_job_logs_check(cluster, chome, {"teacher": work / "cluster-teacher.log",
+                                                 "ssl_student": work / "cluster-ssl_student.log"})
         checks["ray_jobs_and_logs"] = {"ok": not jl["not_ok"], **jl}
         out = outputs_check(cl_storage, ccfg.storage.root, lo_storage, lcfg.storage.root)
         checks["outputs_equal_local"] = out
@@ -806,7 +854,7 @@ def main(argv: list[str] | None = None) -> int:
             and len(tn.get("model_objects") or []) == 1}
         checks["s3_faults"] = {**report["s3"],
                                "ok": sum(report["s3"]["injected"].values()) > 0 and out["ok"]}
-        report["overhead"] = overhead_table(task_times(lhome), task_times(chome))
+        report["overhead"] = overhead_table(lhome, chome, cluster)
         report["ok"] = all(c.get("ok") for c in checks.values())
     except Exception:  # noqa: BLE001
         report["error"] = traceback.format_exc()
@@ -840,11 +888,15 @@ def print_report(r: dict) -> None:
         brief = {k: v for k, v in c.items() if k not in ("jobs", "tasks", "ok", "metrics")}
         print("      " + json.dumps(brief, default=str)[:600])
     if r.get("overhead"):
-        print("\nper-step wall time (Airflow task duration), cluster way vs local:")
-        print(f"{'dag':12} {'step':12} {'local s':>8} {'cluster s':>9} {'ratio':>6}")
+        print("\nper-step wall time, cluster way (S3 + Ray jobs + pools) vs local "
+              "(local disk, local Ray):")
+        print(f"{'dag':12} {'step':12} {'local s':>8} {'cluster s':>9} {'ratio':>6} "
+              f"{'step local':>10} {'step S3':>8} {'ray job':>8}")
         for row in r["overhead"]:
+            f = lambda v: f"{v:.1f}" if isinstance(v, (int, float)) else "-"  # noqa: E731
             print(f"{row['dag']:12} {row['step']:12} {row['local_s']:8.1f} "
-                  f"{row['cluster_s']:9.1f} {row['ratio']:6.2f}")
+                  f"{row['cluster_s']:9.1f} {row['ratio']:6.2f} {f(row['local_step_s']):>10} "
+                  f"{f(row['cluster_step_s']):>8} {f(row['ray_job_s']):>8}")
     for k in ("corpus_s", "local_pipeline_s", "cluster_pipeline_s"):
         if k in r:
             print(f"{k}: {r[k]}")
