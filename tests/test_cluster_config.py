@@ -86,3 +86,14 @@ def test_the_rehearsal_config_fits_the_rehearsal_nodes():
         assert any(key == a or key.startswith(a + ".") for a in ALLOWED_OVERRIDES), key
     assert data["ray"]["step_resources"] == aws["ray"]["step_resources"]
     assert data["runner"]["mode"] == "ray_job"
+
+
+def test_train_workers_ask_for_the_train_pool():
+    """Ray Train's workers carry the train step's pool sliver (they used to ask for CPU
+    and GPU only, and could start on any node with a free CPU: a C4 or X1 node)."""
+    from training.distributed import worker_resources
+
+    aws = load_config(ROOT / "configs" / "aws.yaml")
+    assert worker_resources(aws, 1.0, True) == {"CPU": 1.0, "GPU": 1, "pool_p3": 0.01}
+    local = load_config(ROOT / "configs" / "local.yaml")
+    assert worker_resources(local, 0.5, False) == {"CPU": 0.5}
