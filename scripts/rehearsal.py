@@ -14,14 +14,16 @@ Reads top to bottom like a Kaldi run.sh:
                   (pool_x1 for select/repartition/lm, pool_c4 for features/decode, pool_p3
                   for targets/train/evaluate), a dedicated --temp-dir and ports
   5. cluster DAGs teacher and ssl_student with `airflow dags test`, runner.mode ray_job,
-                  storage on S3 with faults injected; a c4 node is killed in the middle
-                  of ssl_student's `features` (a replacement joins, as the autoscaler would)
-  6. retry+loss   a multi-worker `train` run by the Airflow task glue (AirflowStep): its
+                  storage on S3; a c4 node is killed in the middle of ssl_student's
+                  `features` (a replacement joins, as the autoscaler would)
+  6. S3 faults    3 % of S3 requests fail (503 SlowDown / 500): ssl_student's select,
+                  features, targets again as Ray jobs (`python -m amflow.runner run`)
+  7. retry+loss   a multi-worker `train` run by the Airflow task glue (AirflowStep): its
                   task process is killed while the Ray job runs, a p3 node is killed in the
-                  middle of training, and try 2 re-attaches to the same job
-  7. checks       placement (Ray state API), Ray jobs + logs, outputs vs local, node loss,
+                  middle of training, and try 2 re-attaches to the same job (faults on)
+  8. checks       placement (Ray state API), Ray jobs + logs, outputs vs local, node loss,
                   re-attach, S3 faults; per-step wall times, cluster vs local
-  8. teardown     every process group this script started, by process id
+  9. teardown     every process group this script started, by process id
 
     python scripts/rehearsal.py [--work DIR] [--report FILE] [--keep]
 
@@ -56,7 +58,7 @@ sys.path.insert(0, str(ROOT))
 BIN = Path(sys.executable).parent  # the virtualenv's bin: amflow, ray, airflow
 
 BUCKET = "amflow-data"
-TEACHER_RUN, SSL_RUN = "rh-teacher", "rh-ssl"
+TEACHER_RUN, SSL_RUN, FAULT_RUN = "rh-teacher", "rh-ssl", "rh-faults"
 
 # The rehearsal's nodes: one head with no CPU (as on AWS) and two nodes per pool, each
 # presenting its pool's resource with a small CPU count. Two per pool: a lost node's work
@@ -557,7 +559,8 @@ def placement_check(cluster: Cluster, cfg) -> dict:
                   if a.node_id]
         for what, node, req in where:
             pool = pools.get(node, "?")
-            is_work = any(float(v) > 0 for v in req.values())
+            # node:<ip> / node:__internal_head__ pin a control actor to a node; not work
+            is_work = any(float(v) > 0 for k, v in req.items() if not k.startswith("node:"))
             bucket = seen if is_work else control
             bucket.setdefault(what, {}).setdefault(pool, 0)
             bucket[what][pool] += 1
@@ -621,26 +624,31 @@ def _stable(name: str, data: bytes | None):
     return strip(json.loads(data))
 
 
-def outputs_check(cl_storage, cl_root: str, lo_storage, lo_root: str) -> dict:
-    """Features and targets byte-identical; evaluation (and decoding) results identical."""
+def outputs_check(cl_storage, cl_root: str, lo_storage, lo_root: str,
+                  pairs=((TEACHER_RUN, TEACHER_RUN, "features"), (SSL_RUN, SSL_RUN, "features"),
+                         (SSL_RUN, SSL_RUN, "targets")),
+                  results=((TEACHER_RUN, "evaluate-teacher"), (SSL_RUN, "evaluate"),
+                           (TEACHER_RUN, "decode-teacher"), (SSL_RUN, "decode"))) -> dict:
+    """Features and targets byte-identical (JSON markers without their timings);
+    evaluation and decoding results identical."""
     res: dict[str, Any] = {"files": {}, "different": [], "metrics": {}}
-    for run_id, step in ((TEACHER_RUN, "features"), (SSL_RUN, "features"), (SSL_RUN, "targets")):
-        a = _listing(cl_storage, f"{cl_root}/runs/{run_id}/{step}")
-        b = _listing(lo_storage, f"{lo_root}/runs/{run_id}/{step}")
+    for cl_run, lo_run, step in pairs:
+        a = _listing(cl_storage, f"{cl_root}/runs/{cl_run}/{step}")
+        b = _listing(lo_storage, f"{lo_root}/runs/{lo_run}/{step}")
         keys = sorted(k for k in set(a) | set(b) if not any(v in k for v in VOLATILE))
         diff = [k for k in keys if _stable(k, a.get(k)) != _stable(k, b.get(k))]
-        res["files"][f"{run_id}/{step}"] = {
+        res["files"][f"{cl_run}/{step}"] = {
             "compared": len(keys), "parquet": sum(k.endswith(".parquet") for k in keys),
             "bytes": sum(len(a.get(k, b"")) for k in keys),
             "identical_bytes": sum(a.get(k) == b.get(k) for k in keys)}
-        res["different"] += [f"{run_id}/{step}{k}" for k in diff]
-    for run_id, step in ((TEACHER_RUN, "evaluate-teacher"), (SSL_RUN, "evaluate"),
-                         (TEACHER_RUN, "decode-teacher"), (SSL_RUN, "decode")):
+        res["different"] += [f"{cl_run}/{step}{k}" for k in diff]
+    for run_id, step in results:
         sa = cl_storage.read_json(f"{cl_root}/runs/{run_id}/{step}/_SUCCESS.json")
         sb = lo_storage.read_json(f"{lo_root}/runs/{run_id}/{step}/_SUCCESS.json")
         ma, mb = _results(sa.get("metrics", {})), _results(sb.get("metrics", {}))
         res["metrics"][f"{run_id}/{step}"] = {"cluster": ma, "local": mb, "equal": ma == mb}
-    res["ok"] = not res["different"] and all(m["equal"] for m in res["metrics"].values())
+    res["ok"] = not res["different"] and all(f["compared"] for f in res["files"].values()) \
+        and all(m["equal"] for m in res["metrics"].values())
     return res
 
 
@@ -795,11 +803,12 @@ def main(argv: list[str] | None = None) -> int:
         cluster.start()
         env_c = dict(env, **cluster.auth)
 
-        # 5. both DAGs the cluster way; S3 faults on; a c4 node lost mid-features
+        # 5. both DAGs the cluster way (timed against the local run: no injected S3
+        # faults here, their retries' backoff would be measured); a c4 node lost
+        # mid-features
         chome = work / "airflow-cluster"
         cenv = airflow_setup(chome, env_c)
         cteacher, cssl = dag_confs(cfg_path, ccfg.storage.root)
-        s3.faults.enabled = True
         t = time.time()
         dags_test(cenv, "teacher", cteacher, work / "cluster-teacher.log")
         killer = FeatureKiller(cluster)
@@ -808,7 +817,20 @@ def main(argv: list[str] | None = None) -> int:
         killer.done.set()
         report["cluster_pipeline_s"] = round(time.time() - t, 1)
 
-        # 6. a retried Airflow task re-attaches; a p3 node lost mid-train
+        # 6. S3 faults on: ssl_student's select, features, targets again as Ray jobs
+        # (run FAULT_RUN), and the train below, with 3 % of S3 requests failing
+        s3.faults.enabled = True
+        sets = ["train.model=student", "train.recipe=ssl", "select.hours=1000000",
+                "train.workers=2", "train.epochs=1", f"targets.teacher={cssl['teacher']}"]
+        t = time.time()
+        for step in ("select", "features", "targets"):
+            say(f"{step} of run {FAULT_RUN} as a Ray job, S3 faults on")
+            run([sys.executable, "-m", "amflow.runner", "run", step, "--config", str(cfg_path),
+                 "--run-id", FAULT_RUN, *[x for kv in sets for x in ("--set", kv)]], env_c,
+                work / f"faults-{step}.log")
+        report["fault_pass_s"] = round(time.time() - t, 1)
+
+        # 7. a retried Airflow task re-attaches; a p3 node lost mid-train (faults still on)
         say("train (2 workers) by the Airflow task glue: task process killed, p3 node killed")
         report["train_nodeloss"] = train_with_task_kill_and_node_loss(cluster, cfg_path,
                                                                       env_c, work)
@@ -816,7 +838,7 @@ def main(argv: list[str] | None = None) -> int:
         report["s3"] = {"requests": s3.faults.requests, "injected": dict(s3.faults.injected),
                         "share": FAULT_SHARE}
 
-        # 7. checks
+        # 8. checks
         say("checks")
         checks = report["checks"]
         pl = placement_check(cluster, ccfg)
@@ -852,8 +874,12 @@ def main(argv: list[str] | None = None) -> int:
             "models": tn.get("model_objects"),
             "ok": len(tn.get("jobs") or []) == 1 and bool(tn.get("try2_adopted"))
             and len(tn.get("model_objects") or []) == 1}
-        checks["s3_faults"] = {**report["s3"],
-                               "ok": sum(report["s3"]["injected"].values()) > 0 and out["ok"]}
+        fo = outputs_check(cl_storage, ccfg.storage.root, lo_storage, lcfg.storage.root,
+                           pairs=((FAULT_RUN, SSL_RUN, "features"), (FAULT_RUN, SSL_RUN, "targets")),
+                           results=())
+        checks["s3_faults"] = {**report["s3"], "outputs_equal_local": fo["files"],
+                               "different": fo["different"],
+                               "ok": sum(report["s3"]["injected"].values()) > 0 and fo["ok"]}
         report["overhead"] = overhead_table(lhome, chome, cluster)
         report["ok"] = all(c.get("ok") for c in checks.values())
     except Exception:  # noqa: BLE001
@@ -861,7 +887,7 @@ def main(argv: list[str] | None = None) -> int:
         report["ok"] = False
         print(report["error"], file=sys.stderr, flush=True)
     finally:
-        # 8. teardown, by process id
+        # 9. teardown, by process id
         say("teardown: " + ", ".join(f"{n}={p.pid}" for n, p in procs.groups.items()))
         procs.stop_all()
         if s3 is not None:
