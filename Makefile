@@ -33,10 +33,14 @@ test-fast: setup
 
 # Both DAGs the cluster way on this machine: local S3 (moto) with injected faults, a Ray
 # head + pool nodes, Ray jobs, nodes killed mid-step; checks and per-step overhead vs local
-# (infra/README.md). Holds /work/bench.lock when it exists (timings on a shared machine).
+# (infra/README.md). Holds /work/bench.lock when it exists (timings on a shared machine);
+# after 10 min waiting for it, runs without it.
 rehearsal: setup
 	@if [ -e /work/bench.lock ] && command -v flock >/dev/null; then \
-	  flock /work/bench.lock $(PY) scripts/rehearsal.py; else $(PY) scripts/rehearsal.py; fi
+	  flock -w 600 -E 75 /work/bench.lock $(PY) scripts/rehearsal.py; rc=$$?; \
+	  if [ $$rc = 75 ]; then echo "bench.lock busy: running unlocked"; $(PY) scripts/rehearsal.py; \
+	  else exit $$rc; fi; \
+	else $(PY) scripts/rehearsal.py; fi
 
 airflow: setup
 	bash scripts/airflow.sh
