@@ -501,9 +501,13 @@ def train_with_task_kill_and_node_loss(cluster: Cluster, cfg_path: Path, env: di
     out["killed_node"] = victims[0] if victims else None
     lines: list[str] = []
     step2 = AirflowStep(try_number=2, emit=lines.append, **args)
+    deadline = time.time() + 900
     while True:
         outcome = step2.poke()
         if outcome.done:
+            break
+        if time.time() > deadline:  # a hung training fails the check, not the machine
+            step2.kill()
             break
     (work / "train_nodeloss_try2.log").write_text("\n".join(lines))
     jobs = [j for j in client.list_jobs() if (j.submission_id or "").startswith(prefix)]
@@ -745,6 +749,12 @@ def main(argv: list[str] | None = None) -> int:
     say(f"work dir {work}")
     procs = Procs()
     s3 = None
+
+    def on_term(signum, frame):  # noqa: ARG001 - teardown (finally) on SIGTERM / SIGINT too
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, on_term)
+    signal.signal(signal.SIGINT, on_term)
     report: dict[str, Any] = {"work": str(work), "checks": {}}
     env = base_env()
     os.environ.update({k: env[k] for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
