@@ -436,7 +436,9 @@ class FeatureKiller(threading.Thread):
                     victims = [self.cluster.name_of(n) for n in running
                                if n and n != j.driver_node_id]
                     victims = [v for v in victims if v.startswith("c4")]
-                    if victims and finished and len(waiting) >= 2:
+                    # a shard in flight on a node that does not hold the driver, and more
+                    # to do after it: its loss must be redone elsewhere
+                    if victims and len(waiting) >= 2:
                         self.result = {"job": j.submission_id, "node": victims[0],
                                        "shards_finished_before": len(finished),
                                        "shards_left_before": len(waiting)}
@@ -445,7 +447,7 @@ class FeatureKiller(threading.Thread):
                         return
             except Exception as exc:  # noqa: BLE001 - keep watching
                 self.result.setdefault("errors", []).append(repr(exc))
-            time.sleep(0.3)
+            time.sleep(0.2)
 
 
 def train_with_task_kill_and_node_loss(cluster: Cluster, cfg_path: Path, env: dict,
