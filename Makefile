@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.amflow-installed
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: setup system-deps demo test test-fast airflow bench rehearsal clean
+.PHONY: setup system-deps demo test test-fast airflow bench serve bench-serve rehearsal clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -47,6 +47,15 @@ airflow: setup
 
 bench: setup
 	$(VENV)/bin/amflow bench features --run-id bench
+
+# The demo's SSL student as a streaming recognizer: the page at http://127.0.0.1:8000/,
+# the WebSocket API at ws://127.0.0.1:8000/ws (serving/protocol.py). Ctrl-C stops it.
+serve: setup
+	$(VENV)/bin/amflow serve --config configs/local.yaml --run-id demo-ssl
+
+# Against a running `make serve`: latency vs concurrent real-time streams.
+bench-serve: setup
+	$(VENV)/bin/amflow bench serve --config configs/local.yaml --run-id demo-ssl
 
 clean:
 	rm -rf data/runs .pytest_cache

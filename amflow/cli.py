@@ -30,6 +30,7 @@ class Step:
     writes: str
     needs_run: bool = True
     add_args: Callable[[argparse.ArgumentParser], None] | None = None
+    sets: tuple[str, ...] = ()  # config overrides the step implies (they win over --set)
     extra: dict = field(default_factory=dict)
 
 
@@ -55,11 +56,23 @@ def _decode_args(p: argparse.ArgumentParser) -> None:
 
 def _bench_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("what", choices=["features", "targets", "trainers", "train", "gtc", "decode",
-                                    "sequence"],
+                                    "sequence", "serve"],
                    help="which benchmark to run")
     p.add_argument("--out", help="where to write the benchmark JSON (default: under the run)")
     p.add_argument("--model", help="decode: model checkpoint URI (default: the run's train/model.pt)")
     p.add_argument("--data", help="decode: corpus root URI (default: data.corpus)")
+    p.add_argument("--url", help="serve: the running service (default: http://serve.host:serve.port/)")
+    p.add_argument("--streams", help="serve: concurrent stream counts (default 1,5,10,20,40,80)")
+    p.add_argument("--seconds", type=float, help="serve: audio seconds per stream (default 20)")
+    p.add_argument("--speed", type=float, help="serve: x real time (default 1; 0 = as fast as possible)")
+    p.add_argument("--chunk-ms", dest="chunk_ms", type=float, help="serve: chunk size (default 100 ms)")
+
+
+def _serve_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", help="student model.pt URI (default: the run's train output)")
+    p.add_argument("--detach", action="store_true",
+                   help="return once deployed: with ray.address set, the app lives on in that "
+                        "cluster (a local Ray started here ends with this process)")
 
 
 def _simulate_args(p: argparse.ArgumentParser) -> None:
@@ -97,6 +110,13 @@ STEPS: dict[str, Step] = {
         reads="runs/<id>/repartition partitions",
         writes="runs/<id>/train/ (train-<train.tag> when tagged): checkpoints/, model.pt, "
                "metrics.jsonl, learning_curve.png, _SUCCESS.json"),
+    "sequence": Step(
+        "training.launch:run_sequence", "sequence training (sMBR / MMI) of a trained model",
+        reads="runs/<id>/repartition labeled partitions, train.init_model (default: the "
+              "run's train[-<train.tag>]/model.pt)",
+        writes="runs/<id>/sequence[-<train.tag>]/: checkpoints/, model.pt, metrics.jsonl, "
+               "learning_curve.png, _SUCCESS.json (denominator graph size)",
+        sets=("train.recipe=sequence",)),
     "evaluate": Step(
         "training.evaluate:run", "frame accuracy and phone error rate per condition",
         reads="--model checkpoint, --data corpus with alignments.ctm, the run's cmvn.json",
@@ -114,6 +134,13 @@ STEPS: dict[str, Step] = {
         writes="--out JSON (wer, per_condition, ser, acwt, rtf), runs/<id>/decode[-<tag>]/"
                "hyps.jsonl, hyps.parquet, tuning.json, _SUCCESS.json; runs/<id>/graph/<key>/",
         add_args=_decode_args),
+    "serve": Step(
+        "serving.app:run", "serve a student as a streaming recognizer (Ray Serve, WebSocket)",
+        reads="--model student model.pt (CMVN, phones, priors), its run's decoding graph, "
+              "lexicon and LM (as `amflow decode`), the acwt decode tuned (decode/result.json)",
+        writes="nothing: serves the page at http://<serve.host>:<serve.port>/, the stream "
+               "API at ws://.../ws and /stats, until interrupted",
+        needs_run=False, add_args=_serve_args),
     "simulate": Step(
         "training.simulate:run", "project trainer throughput to 16-128 workers",
         reads="measured compute time and bytes per minibatch (train step or --measured)",
@@ -172,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
         config_path = DEFAULT_CONFIG
     step = STEPS[args.step]
     try:
-        cfg = load_config(config_path, args.overrides)
+        cfg = load_config(config_path, [*(args.overrides or []), *step.sets])
     except ConfigError as exc:
         print(f"amflow {args.step}: {exc}", file=sys.stderr)
         return 2

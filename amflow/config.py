@@ -364,10 +364,19 @@ class AugmentConfig:
         _check(self.inflight >= 1, f"{key}.inflight", "must be >= 1")
 
 
+# The sequence stage's defaults: sMBR over whole utterances (the full graph), 3 epochs
+# (the paper's), at rates below the end of CE training.
+SEQUENCE_RECIPE = {"criterion": "smbr", "epochs": 3, "finetune_epochs": 3, "lr": 1.0e-4,
+                   "final_lr": 3.0e-5}
+
+
 @dataclass
 class TrainConfig:
     model: str = "student"  # teacher | student
-    # labeled: CE on hard labels; ssl: scheduled learning over unlabeled soft targets
+    # labeled: CE on hard labels; ssl: scheduled learning over unlabeled soft targets;
+    # sequence: a sequence criterion (train.criterion mmi | smbr) on the labeled split,
+    # starting from a CE / distilled model (train.init_model), the petabyte recipe's last
+    # stage (`amflow sequence`; output dir sequence[-<tag>]).
     recipe: str = "labeled"
     algorithm: str = "sgd"  # sgd | gtc | bmuf | htm | ma
     workers: int = 1
@@ -469,12 +478,17 @@ class TrainConfig:
     # full length is pruned (it backs off to the shorter one).
     den_ngram_order: int = 2
     den_min_count: int = 2
-    # train.* values used instead when train.model is teacher (see _apply_teacher_recipe).
+    # train.* values used instead when train.model is teacher (see _apply_recipes).
     teacher_recipe: dict[str, Any] = field(default_factory=dict)
+    # train.* values used instead when train.recipe is sequence (after teacher_recipe's).
+    sequence_recipe: dict[str, Any] = field(default_factory=lambda: dict(SEQUENCE_RECIPE))
+    # The model a sequence recipe starts from; empty = this run's train[-<tag>]/model.pt.
+    init_model: str = ""
 
     def validate(self, key: str) -> None:
         _check(self.model in ("teacher", "student"), f"{key}.model", "must be teacher or student")
-        _check(self.recipe in ("labeled", "ssl"), f"{key}.recipe", "must be labeled or ssl")
+        _check(self.recipe in ("labeled", "ssl", "sequence"), f"{key}.recipe",
+               "must be labeled, ssl or sequence")
         _check(self.algorithm in ("sgd", "gtc", "bmuf", "htm", "ma"), f"{key}.algorithm",
                "must be one of sgd, gtc, bmuf, htm, ma")
         _check(self.workers >= 1, f"{key}.workers", "must be >= 1")
@@ -519,6 +533,11 @@ class TrainConfig:
     def _validate_sequence(self, key: str) -> None:
         _check(self.criterion in ("ce", "mmi", "smbr"), f"{key}.criterion",
                "must be ce, mmi or smbr")
+        # A sequence criterion needs hard labels and a trained model to start from: the
+        # sequence recipe gives both; ce there would be a CE fine-tune under another name.
+        _check((self.criterion == "ce") == (self.recipe != "sequence"), f"{key}.criterion",
+               f"is {self.criterion} with train.recipe={self.recipe}: the sequence recipe "
+               "takes mmi or smbr, the labeled and ssl recipes take ce")
         _check(self.sequence_numerator in ("alignment", "flexible"),
                f"{key}.sequence_numerator", "must be alignment or flexible")
         _check(self.sequence_ce_weight >= 0, f"{key}.sequence_ce_weight", "must be >= 0")
@@ -600,6 +619,65 @@ class DecodeConfig:
         _check(0 < self.sil_prob < 1, f"{key}.sil_prob", "must be in (0, 1)")
         _check(self.workers >= 1, f"{key}.workers", "must be >= 1")
         _check("/" not in self.tag, f"{key}.tag", "must not contain '/'")
+
+
+@dataclass
+class ServeConfig:
+    """`amflow serve`: the streaming recognizer on Ray Serve (serving/)."""
+
+    host: str = "127.0.0.1"
+    port: int = 8000
+    app_name: str = "amflow-serve"
+    # haproxy: Ray Serve's HAProxy ingress with direct ingress to the replicas (WebSocket
+    # frames go client -> HAProxy -> replica; its RAY_SERVE_ENABLE_DIRECT_INGRESS and
+    # RAY_SERVE_ENABLE_HA_PROXY must be set where Ray starts: `amflow serve` sets them
+    # for the local Ray it starts; a cluster sets them on its nodes). proxy: the default
+    # Python proxy actor, which relays every frame over a Ray call (~2x the CPU per stream).
+    ingress: str = "haproxy"
+    # Replicas of the recognizer deployment, and what each one asks Ray for: on the
+    # cluster, GPU replicas on the P3 pool (num_gpus 1, resources {pool_p3: 0.01}).
+    replicas: int = 1
+    num_cpus: float = 1.0
+    num_gpus: float = 0.0
+    resources: dict[str, float] = field(default_factory=dict)
+    # Streams one replica admits; one more is refused with close code 1013 (try again).
+    max_streams: int = 100
+    max_chunk_bytes: int = 64000  # one binary message (2 s of 16 kHz s16le); more: 1009
+    # Batch Dispatch: at most this many streams per forward, rows per stream per forward.
+    max_batch: int = 128
+    max_rows: int = 32
+    search_threads: int = 1
+    # Model precision: auto = fp16 on a GPU, fp32 on a CPU; fp16 | bf16 | fp32.
+    dtype: str = "auto"
+    device: str = "auto"  # auto | cpu | cuda
+    threads: int = 1  # torch threads per replica
+    # Search settings; 0 = the decode step's (decode.beam, decode.max_active), so the
+    # streamed words are the offline decode's. acwt 0 = the one `amflow decode` tuned for
+    # this model (its result.json), else decode.acwt[0].
+    acwt: float = 0.0
+    beam: float = 0.0
+    max_active: int = 0
+    # A client that sends nothing for this long is closed (1001).
+    idle_timeout_s: float = 30.0
+
+    def validate(self, key: str) -> None:
+        _check(1 <= self.port <= 65535, f"{key}.port", "must be in [1, 65535]")
+        _check(self.replicas >= 1, f"{key}.replicas", "must be >= 1")
+        _check(self.ingress in ("haproxy", "proxy"), f"{key}.ingress", "must be haproxy or proxy")
+        _check(self.num_cpus >= 0 and self.num_gpus >= 0, f"{key}.num_gpus",
+               "num_cpus and num_gpus must be >= 0")
+        _check(self.max_streams >= 1, f"{key}.max_streams", "must be >= 1")
+        _check(self.max_chunk_bytes >= 2, f"{key}.max_chunk_bytes", "must be >= 2")
+        _check(self.max_batch >= 1, f"{key}.max_batch", "must be >= 1")
+        _check(self.max_rows >= 1, f"{key}.max_rows", "must be >= 1")
+        _check(self.search_threads >= 1, f"{key}.search_threads", "must be >= 1")
+        _check(self.dtype in ("auto", "fp32", "fp16", "bf16"), f"{key}.dtype",
+               "must be auto, fp32, fp16 or bf16")
+        _check(self.device in ("auto", "cpu", "cuda"), f"{key}.device", "must be auto, cpu or cuda")
+        _check(self.threads >= 1, f"{key}.threads", "must be >= 1")
+        _check(self.acwt >= 0 and self.beam >= 0 and self.max_active >= 0, f"{key}.acwt",
+               "acwt, beam and max_active must be >= 0 (0: the decode step's)")
+        _check(self.idle_timeout_s > 0, f"{key}.idle_timeout_s", "must be > 0")
 
 
 @dataclass
@@ -738,6 +816,7 @@ class Config:
     evaluate: EvaluateConfig = field(default_factory=EvaluateConfig)
     lm: LmConfig = field(default_factory=LmConfig)
     decode: DecodeConfig = field(default_factory=DecodeConfig)
+    serve: ServeConfig = field(default_factory=ServeConfig)
     simulate: SimulateConfig = field(default_factory=SimulateConfig)
     runner: RunnerConfig = field(default_factory=RunnerConfig)
     report: ReportConfig = field(default_factory=ReportConfig)
@@ -781,6 +860,11 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
         _check(ok, key, f"must be an integer, got {value!r}")
         return value
     if tp is float:
+        if isinstance(value, str):  # YAML 1.1 reads 3e-4 (no dot) as a string
+            try:
+                value = float(value)
+            except ValueError:
+                pass
         ok = isinstance(value, (int, float)) and not isinstance(value, bool)
         _check(ok, key, f"must be a number, got {value!r}")
         return float(value)
@@ -861,36 +945,45 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
         key, value = parse_override(item)
         explicit.add(key)
         _deep_update(data, _nest(key, value))
-    _apply_teacher_recipe(data, explicit)
+    _apply_recipes(data, explicit)
     return _build(Config, data, "")
 
 
-def _apply_teacher_recipe(data: dict[str, Any], explicit: set[str]) -> None:
-    """When train.model is teacher, train.teacher_recipe's keys replace train.*.
+def _apply_recipes(data: dict[str, Any], explicit: set[str]) -> None:
+    """train.teacher_recipe's keys replace train.* when train.model is teacher, then
+    train.sequence_recipe's when train.recipe is sequence.
 
     The teacher is trained differently from the students (bigger, longer, regularised
-    harder) on the same labeled data; one config holds both recipes. An explicit
-    `--set train.<key>` still wins.
+    harder) on the same labeled data, and sequence training is a short, slow-rate stage
+    after either; one config holds every recipe. An explicit `--set train.<key>` still wins.
     """
     train = data.get("train")
     if not isinstance(train, dict):
         return
-    recipe = train.get("teacher_recipe") or {}
+    for name, applies in (("teacher_recipe", train.get("model") == "teacher"),
+                          ("sequence_recipe", train.get("recipe") == "sequence")):
+        recipe = _recipe_keys(train, name)
+        if applies:
+            for k, v in recipe.items():
+                if f"train.{k}" not in explicit:
+                    train[k] = v
+
+
+def _recipe_keys(train: dict[str, Any], name: str) -> dict[str, Any]:
+    """train.<name>, checked: a mapping of train.* keys with values of their types."""
+    recipe = train.get(name, SEQUENCE_RECIPE if name == "sequence_recipe" else {}) or {}
     if not isinstance(recipe, dict):
-        raise ConfigError("train.teacher_recipe", "must be a mapping of train.* keys")
-    names = {f.name for f in dataclasses.fields(TrainConfig)} - {"teacher_recipe", "model"}
+        raise ConfigError(f"train.{name}", "must be a mapping of train.* keys")
+    names = {f.name for f in dataclasses.fields(TrainConfig)} - {
+        "teacher_recipe", "sequence_recipe", "model", "recipe"}
     hints = typing.get_type_hints(TrainConfig)
     for k, v in recipe.items():
         if k not in names:
-            raise ConfigError(f"train.teacher_recipe.{k}",
-                              f"not a train key that a teacher recipe can set "
+            raise ConfigError(f"train.{name}.{k}",
+                              f"not a train key that a recipe can set "
                               f"(known: {', '.join(sorted(names))})")
-        _coerce(v, hints[k], f"train.teacher_recipe.{k}")
-    if train.get("model") != "teacher":
-        return
-    for k, v in recipe.items():
-        if f"train.{k}" not in explicit:
-            train[k] = v
+        _coerce(v, hints[k], f"train.{name}.{k}")
+    return recipe
 
 
 def config_to_yaml(cfg: Config) -> str:

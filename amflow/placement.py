@@ -28,8 +28,8 @@ from typing import Any
 from amflow.config import Config
 
 # The steps the DAGs run as Ray jobs (dags/*.py), each placed by ray.step_resources.
-DAG_STEPS = ("select", "features", "targets", "repartition", "train", "evaluate", "lm",
-             "decode")
+DAG_STEPS = ("select", "features", "targets", "repartition", "train", "sequence", "evaluate",
+             "lm", "decode")
 
 
 @dataclass(frozen=True)

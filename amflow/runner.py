@@ -490,11 +490,15 @@ def flat_results(metrics: dict[str, Any], step: str = "evaluate") -> dict[str, A
     return out
 
 
+# Steps whose output dir takes another step's tag: sequence[-<train.tag>].
+TAG_KEY = {"sequence": "train.tag"}
+
+
 def _step_dir_name(step: str, overrides: list[str]) -> str:
     tag = ""
     for item in overrides:
         key, _, value = item.partition("=")
-        if key.strip() == f"{step}.tag":
+        if key.strip() == TAG_KEY.get(step, f"{step}.tag"):
             tag = value.strip()
     return f"{step}-{tag}" if tag else step
 

@@ -39,6 +39,19 @@ TEACHER_WER = Asset(name="amflow_teacher_wer", uri="x-amflow://teacher/wer", gro
 BASELINE_WER = Asset(name="amflow_baseline_wer", uri="x-amflow://teacher/wer-baseline",
                      group="amflow")
 STUDENT_WER = Asset(name="amflow_student_wer", uri="x-amflow://ssl_student/wer", group="amflow")
+# The same after sequence training (sMBR / MMI) of each model.
+TEACHER_SEQ_EVAL = Asset(name="amflow_teacher_sequence_eval",
+                         uri="x-amflow://teacher/eval-sequence", group="amflow")
+BASELINE_SEQ_EVAL = Asset(name="amflow_baseline_sequence_eval",
+                          uri="x-amflow://teacher/eval-sequence-baseline", group="amflow")
+STUDENT_SEQ_EVAL = Asset(name="amflow_student_sequence_eval",
+                         uri="x-amflow://ssl_student/eval-sequence", group="amflow")
+TEACHER_SEQ_WER = Asset(name="amflow_teacher_sequence_wer", uri="x-amflow://teacher/wer-sequence",
+                        group="amflow")
+BASELINE_SEQ_WER = Asset(name="amflow_baseline_sequence_wer",
+                         uri="x-amflow://teacher/wer-sequence-baseline", group="amflow")
+STUDENT_SEQ_WER = Asset(name="amflow_student_sequence_wer",
+                        uri="x-amflow://ssl_student/wer-sequence", group="amflow")
 
 
 def local_defaults():
@@ -159,7 +172,7 @@ class AmflowStepOperator(BaseOperator):
     def __init__(self, *, step: str, sets: list[str] | None = None,
                  param_sets: dict[str, str] | None = None, model_from: str | None = None,
                  teacher_asset: Asset | None = None, model_output: bool = False,
-                 enabled_by: str | None = None, results: bool = False,
+                 enabled_by: str | tuple[str, ...] | None = None, results: bool = False,
                  **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.step = step
@@ -168,7 +181,8 @@ class AmflowStepOperator(BaseOperator):
         self.model_from = model_from
         self.teacher_asset = teacher_asset
         self.model_output = model_output
-        self.enabled_by = enabled_by  # a boolean param that must be true, else skip
+        # boolean params that must all be true, else the task skips
+        self.enabled_by = (enabled_by,) if isinstance(enabled_by, str) else tuple(enabled_by or ())
         self.results = results  # put the step's per-condition results in its asset events
 
     # -- what the runner asks of the wiring
@@ -232,10 +246,11 @@ class AmflowStepOperator(BaseOperator):
             context["outlet_events"][asset].extra.update(extra)
 
     def execute(self, context):
-        if self.enabled_by and not context["params"].get(self.enabled_by, True):
+        off = [p for p in self.enabled_by if not context["params"].get(p, True)]
+        if off:
             from airflow.sdk.exceptions import AirflowSkipException
 
-            raise AirflowSkipException(f"param {self.enabled_by!r} is off")
+            raise AirflowSkipException(f"param {off[0]!r} is off")
         from amflow.runner import airflow_execute
 
         return airflow_execute(self, context)

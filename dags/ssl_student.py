@@ -2,6 +2,7 @@
 
 select -> features -> targets -> repartition -> train (student, recipe ssl) -> evaluate
        -> decode;  select -> lm (word 3-gram for decoding) -> decode
+train -> sequence (sMBR on the labeled split, param) -> evaluate_sequence -> decode_sequence
 
 Runs on a new teacher (the `teacher` DAG's model asset) or from the trigger form. Each
 task runs `amflow <step> --config FILE --run-id <derived from this DAG run>` locally or
@@ -13,10 +14,13 @@ import pendulum
 from airflow.sdk import Param, dag
 
 from amflow_common import (DEFAULT_ARGS, PARAM_SETS, STUDENT_EVAL, STUDENT_FEATURES,
-                           STUDENT_MODEL, STUDENT_TARGETS, STUDENT_WER, TEACHER_MODEL, AmflowStepOperator, common_params,
+                           STUDENT_MODEL, STUDENT_SEQ_EVAL, STUDENT_SEQ_WER, STUDENT_TARGETS,
+                           STUDENT_WER, TEACHER_MODEL, AmflowStepOperator, common_params,
                            local_defaults)
 
 _cfg = local_defaults()
+# `amflow sequence` on the student's model writes sequence/; evaluate / decode it alike.
+SEQ_SETS = ["train.model=student", "evaluate.tag=sequence", "decode.tag=sequence"]
 
 
 @dag(
@@ -35,6 +39,9 @@ _cfg = local_defaults()
                          title="Teacher model URI",
                          description="targets.teacher. Empty: the model of the latest "
                                      "`teacher` DAG run (asset amflow_teacher_model)."),
+        "sequence": Param(True, type="boolean", title="Sequence-train the student",
+                          description="sMBR on the labeled data from the student's model "
+                                      "(sequence/), then its WER."),
     },
 )
 def ssl_student():
@@ -58,8 +65,21 @@ def ssl_student():
     decode = AmflowStepOperator(task_id="decode", step="decode", model_from="train",
                                 outlets=[STUDENT_WER], results=True,
                                 doc_md="WER per condition DP1..DP5 (H o L o G, tuned on dev).")
+    sequence = AmflowStepOperator(task_id="sequence", step="sequence", sets=SEQ_SETS,
+                                  model_output=True, enabled_by="sequence",
+                                  doc_md="sMBR on the labeled data from the student's model.")
+    evaluate_sequence = AmflowStepOperator(task_id="evaluate_sequence", step="evaluate",
+                                           sets=SEQ_SETS, model_from="sequence",
+                                           enabled_by="sequence", outlets=[STUDENT_SEQ_EVAL],
+                                           results=True,
+                                           doc_md="Sequence-trained student: frame accuracy.")
+    decode_sequence = AmflowStepOperator(task_id="decode_sequence", step="decode", sets=SEQ_SETS,
+                                         model_from="sequence", enabled_by="sequence",
+                                         outlets=[STUDENT_SEQ_WER], results=True,
+                                         doc_md="Sequence-trained student: WER per condition.")
     select >> features >> targets >> repartition >> train >> evaluate >> decode
-    select >> lm >> decode
+    train >> sequence >> evaluate_sequence >> decode_sequence
+    select >> lm >> [decode, decode_sequence]
 
 
 ssl_student()

@@ -3,7 +3,12 @@
 select (labeled + dev) -> features -> repartition -> train (teacher) -> evaluate -> decode
                                                  \-> train_baseline -> evaluate_baseline
                                                                      -> decode_baseline
+train_baseline -> sequence_baseline -> evaluate_sequence_baseline -> decode_sequence_baseline
+train -> sequence_teacher -> evaluate_sequence_teacher -> decode_sequence_teacher (param)
 select -> lm (word 3-gram for decoding; runs beside training)
+
+Sequence training (`amflow sequence`: sMBR on the labeled split, from the CE model) is the
+petabyte recipe's last stage; the CE rows stay beside the sequence-trained ones.
 
 The supervised baseline is the student architecture trained on the same labeled data
 only (param `baseline`): the model the SSL student has to beat, per condition.
@@ -16,8 +21,9 @@ from __future__ import annotations
 import pendulum
 from airflow.sdk import Param, dag
 
-from amflow_common import (BASELINE_EVAL, BASELINE_WER, DEFAULT_ARGS, PARAM_SETS,
-                           TEACHER_EVAL, TEACHER_FEATURES, TEACHER_MODEL, TEACHER_WER,
+from amflow_common import (BASELINE_EVAL, BASELINE_SEQ_EVAL, BASELINE_SEQ_WER, BASELINE_WER,
+                           DEFAULT_ARGS, PARAM_SETS, TEACHER_EVAL, TEACHER_FEATURES,
+                           TEACHER_MODEL, TEACHER_SEQ_EVAL, TEACHER_SEQ_WER, TEACHER_WER,
                            AmflowStepOperator, common_params, local_defaults)
 
 _cfg = local_defaults()
@@ -25,6 +31,11 @@ TEACHER_SETS = ["select.splits=labeled,dev", "train.model=teacher", "train.recip
                 "train.tag=teacher", "evaluate.tag=teacher", "decode.tag=teacher"]
 BASELINE_SETS = ["select.splits=labeled,dev", "train.model=student", "train.recipe=labeled",
                  "train.tag=baseline", "evaluate.tag=baseline", "decode.tag=baseline"]
+# `amflow sequence` writes sequence-<train.tag>; evaluate / decode of it are tagged alike.
+SEQ_TEACHER_SETS = ["select.splits=labeled,dev", "train.model=teacher", "train.tag=teacher",
+                    "evaluate.tag=sequence-teacher", "decode.tag=sequence-teacher"]
+SEQ_BASELINE_SETS = ["select.splits=labeled,dev", "train.model=student", "train.tag=baseline",
+                     "evaluate.tag=sequence-baseline", "decode.tag=sequence-baseline"]
 
 
 @dag(
@@ -39,7 +50,14 @@ BASELINE_SETS = ["select.splits=labeled,dev", "train.model=student", "train.reci
     params={**common_params(_cfg),
             "baseline": Param(True, type="boolean", title="Train the supervised baseline",
                               description="Also train the student LSTM on the labeled data "
-                                          "alone (train-baseline), the SSL student's yardstick.")},
+                                          "alone (train-baseline), the SSL student's yardstick."),
+            "sequence": Param(True, type="boolean", title="Sequence-train the baseline",
+                              description="sMBR on the labeled data from the baseline's CE "
+                                          "model (sequence-baseline), then its WER."),
+            "sequence_teacher": Param(False, type="boolean", title="Sequence-train the teacher",
+                                      description="The same for the teacher "
+                                                  "(sequence-teacher): several times the "
+                                                  "baseline's cost on the BLSTM.")},
 )
 def teacher():
     select = AmflowStepOperator(task_id="select", step="select",
@@ -71,9 +89,38 @@ def teacher():
                                          sets=BASELINE_SETS, model_from="train_baseline",
                                          enabled_by="baseline", outlets=[BASELINE_WER],
                                          results=True, doc_md="Baseline WER per condition.")
+    seq_baseline = AmflowStepOperator(
+        task_id="sequence_baseline", step="sequence", sets=SEQ_BASELINE_SETS,
+        model_output=True, enabled_by=("baseline", "sequence"),
+        doc_md="Baseline: sMBR on the labeled data from its CE model.")
+    evaluate_seq_baseline = AmflowStepOperator(
+        task_id="evaluate_sequence_baseline", step="evaluate", sets=SEQ_BASELINE_SETS,
+        model_from="sequence_baseline", enabled_by=("baseline", "sequence"),
+        outlets=[BASELINE_SEQ_EVAL], results=True,
+        doc_md="Sequence-trained baseline: frame accuracy per condition.")
+    decode_seq_baseline = AmflowStepOperator(
+        task_id="decode_sequence_baseline", step="decode", sets=SEQ_BASELINE_SETS,
+        model_from="sequence_baseline", enabled_by=("baseline", "sequence"),
+        outlets=[BASELINE_SEQ_WER], results=True,
+        doc_md="Sequence-trained baseline: WER per condition.")
+    seq_teacher = AmflowStepOperator(
+        task_id="sequence_teacher", step="sequence", sets=SEQ_TEACHER_SETS, model_output=True,
+        enabled_by="sequence_teacher", doc_md="Teacher: sMBR on the labeled data.")
+    evaluate_seq_teacher = AmflowStepOperator(
+        task_id="evaluate_sequence_teacher", step="evaluate", sets=SEQ_TEACHER_SETS,
+        model_from="sequence_teacher", enabled_by="sequence_teacher",
+        outlets=[TEACHER_SEQ_EVAL], results=True,
+        doc_md="Sequence-trained teacher: frame accuracy per condition.")
+    decode_seq_teacher = AmflowStepOperator(
+        task_id="decode_sequence_teacher", step="decode", sets=SEQ_TEACHER_SETS,
+        model_from="sequence_teacher", enabled_by="sequence_teacher",
+        outlets=[TEACHER_SEQ_WER], results=True,
+        doc_md="Sequence-trained teacher: WER per condition.")
     select >> features >> repartition >> train >> evaluate >> decode
     repartition >> train_baseline >> evaluate_baseline >> decode_baseline
-    select >> lm >> [decode, decode_baseline]
+    train_baseline >> seq_baseline >> evaluate_seq_baseline >> decode_seq_baseline
+    train >> seq_teacher >> evaluate_seq_teacher >> decode_seq_teacher
+    select >> lm >> [decode, decode_baseline, decode_seq_baseline, decode_seq_teacher]
 
 
 teacher()

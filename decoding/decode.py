@@ -123,34 +123,18 @@ def log_posteriors(model, feats: Sequence[np.ndarray], batch_frames: int = 20000
 def featurize(storage, corpus: str, records: Sequence, meta: dict):
     """Features per record exactly as evaluate computes them; (rec, feats) and rejects."""
     from amflow.config import FeaturesConfig
-    from tasks.audio import load_audio_result, resolve_uri
     from tasks.fbank import FbankComputer
-    from tasks.features import featurize_stream
+    from tasks.features import featurize_records
     from training.data import Normalizer
     from training.loop import dataclass_from_dict
 
     fcfg = dataclass_from_dict(FeaturesConfig, meta.get("features") or {})
     norm = Normalizer.from_stats(meta["cmvn"], int(meta["spec"]["input_dim"]))
-    computer = FbankComputer(fcfg)
-    by_speaker: dict[str, list] = defaultdict(list)
-    for r in sorted(records, key=lambda r: (r.speaker_id, r.created_ts, r.utt_id)):
-        by_speaker[r.speaker_id].append(r)
     out, rejects, audio_s = [], [], 0.0
-    for recs in by_speaker.values():
-        stream = []
-        for r in recs:
-            res = load_audio_result(storage, resolve_uri(corpus, r.audio_uri), fcfg, r.duration)
-            if res.samples is None:
-                rejects.append(Reject(r.utt_id, res.reason or "unreadable_audio", res.detail))
-                continue
-            stream.append((r, res.samples))
-        feats = featurize_stream([w for _, w in stream], fcfg, computer) if stream else []
-        for (r, wave), x in zip(stream, feats):
-            if x.shape[0] == 0:
-                rejects.append(Reject(r.utt_id, "too_short", f"{len(wave)} samples"))
-                continue
-            audio_s += len(wave) / fcfg.sample_rate
-            out.append((r, norm(x).astype(np.float32)))
+    for r, wave, x in featurize_records(storage, corpus, records, fcfg, FbankComputer(fcfg),
+                                        rejects):
+        audio_s += len(wave) / fcfg.sample_rate
+        out.append((r, norm(x).astype(np.float32)))
     return out, rejects, audio_s
 
 
@@ -318,9 +302,9 @@ def _context(ctx: StepContext) -> StepContext:
 
 def _model(ctx: StepContext, args: Any) -> tuple[str, bytes, dict]:
     from training.checkpoint import model_from_bytes
-    from training.launch import train_dir_name
+    from training.launch import model_dir_name
 
-    uri = getattr(args, "model", None) or ctx.other(train_dir_name(ctx.cfg.decode.tag), "model.pt")
+    uri = getattr(args, "model", None) or ctx.other(model_dir_name(ctx.cfg.decode.tag), "model.pt")
     if not ctx.storage.exists(uri):
         raise StepError(f"model {uri} not found: train one with `amflow train` or pass --model URI")
     data = ctx.storage.read_bytes(uri)  # once: the meta here, the same bytes to the actors

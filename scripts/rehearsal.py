@@ -397,7 +397,9 @@ def xcoms(home: Path, dag: str, key: str = "return_value") -> dict[str, Any]:
 def dag_confs(cfg_path: Path, root: str) -> tuple[dict, dict]:
     common = {"config": str(cfg_path), "rerun": "resume", "hours": 1000000, "workers": 2,
               "epochs": 1}
-    teacher = dict(common, run_id=TEACHER_RUN, baseline=False)
+    # the teacher alone (no baseline, no sequence training): the steps both DAGs share
+    teacher = dict(common, run_id=TEACHER_RUN, baseline=False, sequence=False,
+                   sequence_teacher=False)
     ssl = dict(common, run_id=SSL_RUN,
                teacher=f"{root}/runs/{TEACHER_RUN}/train-teacher/model.pt")
     return teacher, ssl

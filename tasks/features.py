@@ -181,6 +181,41 @@ def featurize_stream(waves: list[np.ndarray], fcfg: FeaturesConfig,
     return out
 
 
+def featurize_records(storage: Any, corpus: str, records: Any, fcfg: FeaturesConfig,
+                      computer: FbankComputer, rejects: list,
+                      accept: Any = None, on_speaker: Any = None
+                      ) -> Iterator[tuple[Any, np.ndarray, np.ndarray]]:
+    """Corpus records featurised as this step streams them, for scoring a model on them
+    (evaluate, decode): per speaker in time order, the speaker's audio as one stream (the
+    causal CMN carries across its utterances). Yields (record, samples, LFR rows before
+    global CMVN). A record whose audio cannot be read, or too short for one frame, becomes
+    a Reject in `rejects`; `accept(record)` may refuse one before its audio is read (and
+    append its own reject). `on_speaker(n)` after each speaker's n records (progress)."""
+    from tasks.audio import load_audio_result, resolve_uri
+
+    by_speaker: dict[str, list] = collections.defaultdict(list)
+    for r in sorted(records, key=lambda r: (r.speaker_id, r.created_ts, r.utt_id)):
+        by_speaker[r.speaker_id].append(r)
+    for recs in by_speaker.values():
+        stream = []
+        for r in recs:
+            if accept is not None and not accept(r):
+                continue
+            res = load_audio_result(storage, resolve_uri(corpus, r.audio_uri), fcfg, r.duration)
+            if res.samples is None:
+                rejects.append(Reject(r.utt_id, res.reason or "unreadable_audio", res.detail))
+                continue
+            stream.append((r, res.samples))
+        feats = featurize_stream([w for _, w in stream], fcfg, computer) if stream else []
+        for (r, wave), x in zip(stream, feats):
+            if x.shape[0] == 0:
+                rejects.append(Reject(r.utt_id, "too_short", f"{len(wave)} samples"))
+                continue
+            yield r, wave, x
+        if on_speaker is not None:
+            on_speaker(len(recs))
+
+
 # --------------------------------------------------------------------------- shard task
 def _prefetch(storage, uris: list[str], threads: int) -> Iterator[tuple[bytes | None, str | None,
                                                                          str]]:

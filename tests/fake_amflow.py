@@ -64,7 +64,8 @@ def main() -> int:
         step_dir = Path(cfg.data.corpus)
     else:
         run_dir = root / "runs" / args.run_id
-        tag = getattr(getattr(cfg, args.step, None), "tag", "") or ""
+        owner = "train" if args.step == "sequence" else args.step  # sequence-<train.tag>
+        tag = getattr(getattr(cfg, owner, None), "tag", "") or ""
         step_dir = run_dir / (f"{args.step}-{tag}" if tag else args.step)
     run_dir.mkdir(parents=True, exist_ok=True)
     calls = run_dir / "_calls.jsonl"
@@ -93,7 +94,7 @@ def main() -> int:
         print(f"[{args.step}] error: injected failure {n_before + 1}", file=sys.stderr, flush=True)
         return 1
     step_dir.mkdir(parents=True, exist_ok=True)
-    if args.step == "train":
+    if args.step in ("train", "sequence"):
         (step_dir / "model.pt").write_bytes(b"fake model")
         (step_dir / "curves.png").write_bytes(_png(64, 32))
     out_uri = ""

@@ -45,13 +45,43 @@ def test_bad_values_name_the_key(override, key):
     assert f"'{key}'" in str(err.value)
 
 
+def test_exponent_numbers_without_a_dot_are_numbers():
+    cfg = load_config(None, ["train.lr=3e-4", "train.final_lr=1E-5"])
+    assert (cfg.train.lr, cfg.train.final_lr) == (3e-4, 1e-5)
+    with pytest.raises(ConfigError, match="must be a number"):
+        load_config(None, ["train.lr=fast"])
+
+
 def test_criterion_defaults_to_ce_and_takes_the_sequence_knobs():
     assert load_config(ROOT / "configs/local.yaml").train.criterion == "ce"
-    cfg = load_config(None, ["train.criterion=mmi", "train.den_ngram_order=3",
-                             "train.sequence_numerator=flexible", "train.leaky_hmm=0"])
+    cfg = load_config(None, ["train.recipe=sequence", "train.criterion=mmi",
+                             "train.den_ngram_order=3", "train.sequence_numerator=flexible",
+                             "train.leaky_hmm=0"])
     assert (cfg.train.criterion, cfg.train.den_ngram_order) == ("mmi", 3)
     assert (cfg.train.sequence_numerator, cfg.train.leaky_hmm) == ("flexible", 0.0)
-    assert load_config(None, ["train.criterion=smbr"]).train.criterion == "smbr"
+    seq = load_config(None, ["train.recipe=sequence"]).train
+    assert (seq.criterion, seq.epochs, seq.finetune_epochs) == ("smbr", 3, 3)
+
+
+@pytest.mark.parametrize("sets", [["train.criterion=smbr"],
+                                  ["train.recipe=sequence", "train.criterion=ce"],
+                                  ["train.recipe=ssl", "train.criterion=mmi"]])
+def test_a_sequence_criterion_belongs_to_the_sequence_recipe(sets):
+    with pytest.raises(ConfigError) as err:
+        load_config(None, sets)
+    assert err.value.key == "train.criterion" and "sequence recipe" in str(err.value)
+
+
+def test_sequence_recipe_wins_over_the_teacher_recipe_and_set_wins_over_both():
+    sets = ["train.teacher_recipe={epochs: 21, lr: 0.01}", "train.model=teacher"]
+    assert load_config(None, sets).train.epochs == 21
+    seq = load_config(None, [*sets, "train.recipe=sequence",
+                             "train.sequence_recipe={epochs: 2, criterion: mmi}"]).train
+    assert (seq.epochs, seq.criterion, seq.lr) == (2, "mmi", 0.01)
+    assert load_config(None, [*sets, "train.recipe=sequence", "train.epochs=4"]).train.epochs == 4
+    with pytest.raises(ConfigError) as err:
+        load_config(None, ["train.sequence_recipe={recipe: ssl}"])
+    assert err.value.key == "train.sequence_recipe.recipe"
 
 
 def test_teacher_recipe_applies_to_the_teacher_only_and_set_wins():

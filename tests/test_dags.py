@@ -17,12 +17,21 @@ from tests.airflow_env import ROOT, airflow_env, calls, fake_config
 DAGS = ROOT / "dags"
 STUDENT_EDGES = [("select", "features"), ("features", "targets"), ("targets", "repartition"),
                  ("repartition", "train"), ("train", "evaluate"), ("evaluate", "decode"),
-                 ("select", "lm"), ("lm", "decode")]
+                 ("select", "lm"), ("lm", "decode"),
+                 ("train", "sequence"), ("sequence", "evaluate_sequence"),
+                 ("evaluate_sequence", "decode_sequence"), ("lm", "decode_sequence")]
 TEACHER_EDGES = [("select", "features"), ("features", "repartition"), ("repartition", "train"),
                  ("train", "evaluate"), ("repartition", "train_baseline"),
                  ("train_baseline", "evaluate_baseline"), ("evaluate", "decode"),
                  ("evaluate_baseline", "decode_baseline"), ("select", "lm"), ("lm", "decode"),
-                 ("lm", "decode_baseline")]
+                 ("lm", "decode_baseline"),
+                 ("train_baseline", "sequence_baseline"),
+                 ("sequence_baseline", "evaluate_sequence_baseline"),
+                 ("evaluate_sequence_baseline", "decode_sequence_baseline"),
+                 ("lm", "decode_sequence_baseline"),
+                 ("train", "sequence_teacher"), ("sequence_teacher", "evaluate_sequence_teacher"),
+                 ("evaluate_sequence_teacher", "decode_sequence_teacher"),
+                 ("lm", "decode_sequence_teacher")]
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +69,8 @@ def test_graphs(dagbag):
     assert {t.task_id: t.step for t in student.tasks} == {
         "select": "select", "features": "features", "targets": "targets",
         "repartition": "repartition", "train": "train", "evaluate": "evaluate",
-        "lm": "lm", "decode": "decode"}
+        "lm": "lm", "decode": "decode", "sequence": "sequence",
+        "evaluate_sequence": "evaluate", "decode_sequence": "decode"}
     # Student trains with the SSL recipe; the teacher on labels, in its own output dir.
     assert {"train.model=student", "train.recipe=ssl"} <= set(student.task_dict["train"].sets)
     tsets = set(teacher.task_dict["train"].sets)
@@ -72,6 +82,16 @@ def test_graphs(dagbag):
     assert "decode.tag=baseline" in teacher.task_dict["decode_baseline"].sets
     assert "decode.tag=teacher" in tsets
     assert "select.splits=labeled,dev" in tsets
+    # Sequence training starts from each model's CE run (train.tag) and is scored under
+    # its own tag; the teacher's only when asked (param).
+    ssets = set(teacher.task_dict["sequence_baseline"].sets)
+    assert {"train.tag=baseline", "decode.tag=sequence-baseline",
+            "evaluate.tag=sequence-baseline"} <= ssets
+    assert teacher.task_dict["decode_sequence_baseline"].model_from == "sequence_baseline"
+    assert teacher.task_dict["sequence_teacher"].enabled_by == ("sequence_teacher",)
+    assert teacher.task_dict["sequence_baseline"].enabled_by == ("baseline", "sequence")
+    assert "decode.tag=sequence" in student.task_dict["decode_sequence"].sets
+    assert student.task_dict["decode_sequence"].model_from == "sequence"
 
 
 def test_assets_wire_teacher_to_student(dagbag):
@@ -197,7 +217,8 @@ def test_dags_test_teacher_then_student_with_fake_steps(tmp_path):
     tcalls = calls(work / "store", teacher_run)
     steps = [c["step"] for c in tcalls if c["step"] != "lm"]
     assert steps[:4] == ["select", "features", "features", "repartition"]
-    assert sorted(steps[4:]) == ["decode", "decode", "evaluate", "evaluate", "train", "train"]
+    assert sorted(steps[4:]) == ["decode", "decode", "decode", "evaluate", "evaluate", "evaluate",
+                                 "sequence", "train", "train"]
     assert [c["step"] for c in tcalls].count("lm") == 1
     tags = {tuple(a for a in c["argv"] if a.startswith("train.tag=")) for c in tcalls
             if c["step"] == "train"}
@@ -206,9 +227,18 @@ def test_dags_test_teacher_then_student_with_fake_steps(tmp_path):
     assert model.exists()
     ev = [c for c in tcalls if c["step"] == "evaluate" and "evaluate.tag=teacher" in c["argv"]][0]
     assert ev["argv"][-2:] == ["--model", str(model)]
+    # the baseline's sequence training starts from its CE model; the teacher's is off
+    seq = [c for c in tcalls if c["step"] == "sequence"][0]
+    assert "train.tag=baseline" in seq["argv"]
+    ev_seq = [c for c in tcalls if c["step"] == "evaluate"
+              and "evaluate.tag=sequence-baseline" in c["argv"]][0]
+    assert ev_seq["argv"][-2:] == ["--model", str(work / "store" / "runs" / teacher_run /
+                                                  "sequence-baseline" / "model.pt")]
     xc = _xcoms(home, "teacher")
     assert set(xc) == {"select", "features", "repartition", "train", "evaluate",
-                       "train_baseline", "evaluate_baseline", "lm", "decode", "decode_baseline"}
+                       "train_baseline", "evaluate_baseline", "lm", "decode", "decode_baseline",
+                       "sequence_baseline", "evaluate_sequence_baseline",
+                       "decode_sequence_baseline"}
     assert xc["train"]["uri"].endswith("train-teacher") and xc["train"]["metrics"]["workers"] == 2
     runner_x = _xcoms(home, "teacher", key="runner")
     assert runner_x["train"]["pokes"] >= 2  # short tries, one job
@@ -230,8 +260,9 @@ def test_dags_test_teacher_then_student_with_fake_steps(tmp_path):
     (student_run,) = [p.name for p in (work / "store" / "runs").iterdir()
                       if p.name.startswith("ssl_student__")]
     scalls = calls(work / "store", student_run)
-    assert [c["step"] for c in scalls if c["step"] != "lm"] == [
-        "select", "features", "targets", "repartition", "train", "evaluate", "decode"]
+    ssteps = [c["step"] for c in scalls if c["step"] != "lm"]
+    assert ssteps[:5] == ["select", "features", "targets", "repartition", "train"]
+    assert sorted(ssteps[5:]) == ["decode", "decode", "evaluate", "evaluate", "sequence"]
     sx = _xcoms(home, "ssl_student")
     assert sx["targets"]["metrics"]["teacher"] == str(model)
     assert sx["train"]["metrics"]["algorithm"] == "bmuf"
@@ -243,7 +274,9 @@ def test_dags_test_teacher_then_student_with_fake_steps(tmp_path):
                                           "x-amflow://ssl_student/targets",
                                           "x-amflow://ssl_student/model",
                                           "x-amflow://ssl_student/eval",
-                                          "x-amflow://ssl_student/wer"}
+                                          "x-amflow://ssl_student/wer",
+                                          "x-amflow://ssl_student/eval-sequence",
+                                          "x-amflow://ssl_student/wer-sequence"}
 
 
 PIPELINE_MODULES = ["tasks.corpus", "tasks.select", "tasks.features", "tasks.targets",
@@ -277,12 +310,14 @@ def test_dags_test_real_steps_on_a_tiny_corpus(tmp_path):
     _dags_test(env, "corpus", {"config": str(cfg), "overrides": common, "hours": 0.04,
                                "speakers": 8})
     _dags_test(env, "teacher", {"config": str(cfg), "overrides": common, "hours": 0.03,
-                                "epochs": 1}, timeout=900)
+                                "epochs": 1, "sequence": False}, timeout=900)
     _dags_test(env, "ssl_student", {"config": str(cfg), "overrides": common, "hours": 0.03,
                                     "epochs": 1}, timeout=900)
     xc = _xcoms(home, "ssl_student")
     assert set(xc) == {"select", "features", "targets", "repartition", "train", "evaluate",
-                       "lm", "decode"}
+                       "lm", "decode", "sequence", "evaluate_sequence", "decode_sequence"}
+    assert xc["sequence"]["metrics"]["criterion"] == "smbr"
+    assert xc["sequence"]["uri"].endswith("/sequence")
     for task_id, summary in xc.items():
         assert summary["run_id"].startswith("ssl_student__"), task_id
         assert (Path(summary["uri"]) / "_SUCCESS.json").exists() or task_id == "evaluate"

@@ -49,3 +49,32 @@ def test_report_names_missing_evaluations(local_cfg):
     cfg = local_cfg()
     with pytest.raises(StepError, match="baseline"):
         run(StepContext(cfg, "nothing", "report"))
+
+
+def _decode(wer: float) -> dict:
+    return {"wer": wer, "per_condition": {f"DP{i}": wer + 0.02 * i for i in range(1, 6)}}
+
+
+def test_sequence_rows_keep_the_ce_rows_beside(local_cfg):
+    """The sequence-trained models' WER next to the same models' CE WER, the gain of
+    sequence training and SSL's WERR once both are sequence-trained."""
+    cfg = local_cfg("report.teacher_run=t1")
+    t = StepContext(cfg, "t1", "evaluate-teacher")
+    for rel, value in (("evaluate-baseline", _eval(0.8)), ("decode-baseline", _decode(0.3)),
+                       ("decode-sequence-baseline", _decode(0.27))):
+        t.storage.write_json(t.other(rel, "result.json"), value)
+    ssl = StepContext(cfg, "s1", "evaluate")
+    for rel, value in (("evaluate", _eval(0.86)), ("decode", _decode(0.2)),
+                       ("decode-sequence", _decode(0.18))):
+        ssl.storage.write_json(ssl.other(rel, "result.json"), value)
+    rows = run(StepContext(cfg, "s1", "report"))["metrics"]["table_ii_wer_sequence"]
+    every = rows[-1]
+    assert every["condition"] == "all" and every["teacher_seq"] is None
+    assert every["baseline_gain"] == pytest.approx(0.1)
+    assert every["ssl_gain"] == pytest.approx(0.1)
+    assert every["werr_seq"] == pytest.approx((0.27 - 0.18) / 0.27)
+    md = ssl.storage.read_text(ssl.other("report", "report.md"))
+    assert "| baseline CE WER % | baseline seq. WER % | baseline gain % |" in md
+    assert "teacher CE WER" not in md  # no sequence-trained teacher: no teacher columns
+    assert md.index("## Word error rate") < md.index("## After sequence training") < \
+        md.index("## Frame accuracy")

@@ -132,6 +132,10 @@ def _worker_entry(config: dict) -> Any:
     """What every Ray Train worker runs: pin threads, then the user's function."""
     threads = int(config.get("threads", 1))
     torch.set_num_threads(threads)
+    # Ray Train starts workers in a session artifacts dir: relative local paths in the
+    # plan (storage.root: ./data) mean the driver's working dir, where it exists.
+    if config.get("cwd") and os.path.isdir(config["cwd"]):
+        os.chdir(config["cwd"])
     fn = config["fn"]
     return fn(config["plan"])
 
@@ -171,7 +175,7 @@ def run_distributed(train_worker_fn: Callable[[dict], dict], plan: dict, cfg: An
     name = str(plan.get("name") or f"{plan.get('run_id', 'adhoc')}-{train.algorithm}")
     trainer = TorchTrainer(
         _worker_entry,
-        train_loop_config={"fn": train_worker_fn, "plan": plan,
+        train_loop_config={"fn": train_worker_fn, "plan": plan, "cwd": os.getcwd(),
                            "threads": max(int(cfg.ray.worker_threads), 1)},
         torch_config=TorchConfig(backend=backend),
         scaling_config=ray.train.ScalingConfig(

@@ -40,7 +40,7 @@ from amflow.runs import Reject, StepContext, StepError, rejects_table
 from amflow.storage import join
 from training.checkpoint import load_model
 from training.data import Normalizer
-from training.launch import train_dir_name
+from training.launch import model_dir_name
 
 log = logging.getLogger(__name__)
 
@@ -156,8 +156,7 @@ def load_split(ctx: StepContext, corpus: str, split: str, fcfg: FeaturesConfig,
                ) -> tuple[list[EvalUtt], list[Reject], int]:
     """Featurise the corpus records of `split`: (utterances, rejects, records in)."""
     from tasks import alignments as al
-    from tasks.audio import load_audio_result, resolve_uri
-    from tasks.features import featurize_stream
+    from tasks.features import featurize_records
     from tasks.fbank import FbankComputer
     from tasks.select import records_of_split
 
@@ -171,46 +170,33 @@ def load_split(ctx: StepContext, corpus: str, split: str, fcfg: FeaturesConfig,
     aligns, ctm_errors = al.read_ctm(st.read_text(ctm_uri))
     bad_ctm = {utt: msg for _, utt, msg in ctm_errors}
     ids, unk = _phone_ids(phones)
-    recs.sort(key=lambda r: (r.speaker_id, r.created_ts, r.utt_id))
+
+    def aligned(r) -> bool:
+        if r.utt_id in aligns:
+            return True
+        rejects.append(Reject(r.utt_id, "missing_alignment",
+                              bad_ctm.get(r.utt_id, "no lines in alignments.ctm")))
+        return False
+
     computer = FbankComputer(fcfg)
     out: list[EvalUtt] = []
-    speakers: dict[str, list] = defaultdict(list)
-    for r in recs:
-        speakers[r.speaker_id].append(r)
     prog = Progress(len(recs), desc="evaluate features", unit="utts", interval_s=10)
-    for spk, srecs in speakers.items():
-        stream = []
-        for r in srecs:
-            a = aligns.get(r.utt_id)
-            if a is None:
-                rejects.append(Reject(r.utt_id, "missing_alignment",
-                                      bad_ctm.get(r.utt_id, "no lines in alignments.ctm")))
-                continue
-            res = load_audio_result(st, resolve_uri(corpus, r.audio_uri), fcfg, r.duration)
-            if res.samples is None:
-                rejects.append(Reject(r.utt_id, res.reason or "unreadable_audio", res.detail))
-                continue
-            stream.append((r, a, res.samples))
-        feats = featurize_stream([w for _, _, w in stream], fcfg, computer) if stream else []
-        for (r, a, wave), x in zip(stream, feats):
-            if x.shape[0] == 0:
-                rejects.append(Reject(r.utt_id, "too_short", f"{len(wave)} samples"))
-                continue
-            pid = np.array([ids.get(p, unk) for p in a.phones], dtype=np.int64)
-            if (pid < 0).any():
-                missing = sorted({p for p, i in zip(a.phones, pid) if i < 0})
-                rejects.append(Reject(r.utt_id, "unknown_phone",
-                                      f"phones not in the model's inventory: {missing[:5]}"))
-                continue
-            n100 = computer.num_frames(len(wave))
-            fl, reason, detail = al.frame_labels_ids(a.starts, a.ends, pid, n100, fcfg)
-            if fl is None:
-                rejects.append(Reject(r.utt_id, reason or "alignment_mismatch", detail))
-                continue
-            lab = al.lfr_labels(fl, x.shape[0], fcfg.stack, fcfg.subsample).astype(np.int64)
-            out.append(EvalUtt(r.utt_id, r.condition or "unknown",
-                               norm(x).astype(np.float32), lab))
-        prog.update(len(srecs))
+    for r, wave, x in featurize_records(st, corpus, recs, fcfg, computer, rejects,
+                                        accept=aligned, on_speaker=prog.update):
+        a = aligns[r.utt_id]
+        pid = np.array([ids.get(p, unk) for p in a.phones], dtype=np.int64)
+        if (pid < 0).any():
+            missing = sorted({p for p, i in zip(a.phones, pid) if i < 0})
+            rejects.append(Reject(r.utt_id, "unknown_phone",
+                                  f"phones not in the model's inventory: {missing[:5]}"))
+            continue
+        n100 = computer.num_frames(len(wave))
+        fl, reason, detail = al.frame_labels_ids(a.starts, a.ends, pid, n100, fcfg)
+        if fl is None:
+            rejects.append(Reject(r.utt_id, reason or "alignment_mismatch", detail))
+            continue
+        lab = al.lfr_labels(fl, x.shape[0], fcfg.stack, fcfg.subsample).astype(np.int64)
+        out.append(EvalUtt(r.utt_id, r.condition or "unknown", norm(x).astype(np.float32), lab))
     prog.close()
     return out, rejects, n_in
 
@@ -269,7 +255,7 @@ def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
         ctx = StepContext(cfg, ctx.run_id, step, force=ctx.force)
         ctx.started = started
     st = ctx.storage
-    model_uri = getattr(args, "model", None) or ctx.other(train_dir_name(tag), "model.pt")
+    model_uri = getattr(args, "model", None) or ctx.other(model_dir_name(tag), "model.pt")
     corpus = getattr(args, "data", None) or cfg.data.corpus
     split = getattr(args, "split", None) or "test"
     out_uri = getattr(args, "out", None) or ctx.path("result.json")

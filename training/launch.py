@@ -11,6 +11,10 @@ Writes  runs/<R>/train[-<tag>]/ (the dir is `train` when `train.tag` is empty):
           rejects/rejects.parquet  rows that cannot be trained on, with the reason
           _SUCCESS.json       final metrics (dev frame accuracy when a dev split exists)
 
+`amflow sequence` (train.recipe=sequence) is the same step with a sequence criterion
+(train.criterion mmi | smbr, training/sequence.py) on the labeled split, starting from
+train.init_model (default: this run's train[-<tag>]/model.pt), into runs/<R>/sequence[-<tag>]/.
+
 One worker (default) trains in this process; `train.workers` > 1 runs the same worker
 function on Ray Train through `training.distributed.run_distributed`. A killed training
 resumes from its last checkpoint when re-run; `--force` starts over.
@@ -29,14 +33,31 @@ from training.models import resolve_num_classes
 log = logging.getLogger(__name__)
 
 
-def train_dir_name(tag: str = "") -> str:
-    return f"train-{tag}" if tag else "train"
+def train_dir_name(tag: str = "", recipe: str = "labeled") -> str:
+    """The training's output dir: train[-<tag>], or sequence[-<tag>] for the sequence
+    recipe (which starts from train[-<tag>]'s model)."""
+    step = "sequence" if recipe == "sequence" else "train"
+    return f"{step}-{tag}" if tag else step
+
+
+def model_dir_name(tag: str = "") -> str:
+    """The dir of the model that evaluate / decode with `<step>.tag=tag` score by default:
+    a tag naming a sequence training (`sequence`, `sequence-<train tag>`) is that dir,
+    any other tag is train[-<tag>]."""
+    if tag == "sequence" or tag.startswith("sequence-"):
+        return tag
+    return train_dir_name(tag)
 
 
 def model_uri(cfg: Config, run_id: str, tag: str | None = None) -> str:
     """Where `amflow train` leaves the final model of `run_id` (tag: train.tag)."""
     tag = cfg.train.tag if tag is None else tag
     return join(cfg.storage.root, "runs", run_id, train_dir_name(tag), "model.pt")
+
+
+def init_model_uri(cfg: Config, run_id: str) -> str:
+    """The model a sequence training starts from."""
+    return cfg.train.init_model or model_uri(cfg, run_id)
 
 
 def _split_kinds(cfg: Config) -> dict[str, str]:
@@ -93,13 +114,36 @@ def build_plan(ctx: StepContext, train_dir: str) -> tuple[dict[str, Any], dict[s
         report["splits"][tc.dev_split] = {"partitions": len(dev_uris)}
     plan = {
         "config": cfg.to_dict(), "run_id": ctx.run_id, "train_dir": train_dir,
+        "init_model": _init_model(ctx, int(num_classes), int(feat_dim)),
         "kind": tc.model, "splits": splits, "cmvn": cmvn, "phones": list(phones),
         "num_classes": int(num_classes), "feat_dim": int(feat_dim), "stack": cfg.features.stack,
         # for training.distributed.run_distributed
         "storage_path": join(train_dir, "ray"),
-        "name": f"{ctx.run_id}-{train_dir_name(tc.tag)}-{tc.algorithm}",
+        "name": f"{ctx.run_id}-{train_dir_name(tc.tag, tc.recipe)}-{tc.algorithm}",
     }
     return plan, report
+
+
+def _init_model(ctx: StepContext, num_classes: int, feat_dim: int) -> str | None:
+    """The sequence recipe's starting model, checked against this run's data."""
+    cfg = ctx.cfg
+    if cfg.train.recipe != "sequence":
+        return None
+    uri = init_model_uri(cfg, ctx.run_id)
+    if not ctx.storage.exists(uri):
+        raise StepError(f"sequence training starts from a trained model: {uri} not found "
+                        f"(run `amflow train` with train.tag={cfg.train.tag!r} first, or set "
+                        "train.init_model)")
+    from training.checkpoint import load_model
+
+    model, meta = load_model(ctx.storage, uri)
+    kind = meta["spec"]["kind"]
+    if kind != cfg.train.model or model.num_classes != num_classes or \
+            model.input_dim != feat_dim:
+        raise StepError(f"train.init_model {uri} is a {kind} with {model.num_classes} classes "
+                        f"and {model.input_dim} input dims; this run trains a "
+                        f"{cfg.train.model} on {num_classes} classes, {feat_dim} dims")
+    return uri
 
 
 def _clear(ctx: StepContext) -> None:
@@ -125,15 +169,10 @@ def _store_priors(ctx: StepContext, plan: dict[str, Any], model_uri: str) -> Non
 def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
     cfg = ctx.cfg
     tc = cfg.train
-    if tc.criterion != "ce":
-        # training/sequence.py has the criterion; the trainer does not call it yet, and a
-        # run that silently trained with cross-entropy instead would mislead.
-        raise ConfigError("train.criterion", f"{tc.criterion} is not wired into the "
-                          "trainer yet (the sequence recipe is open work); use ce")
     if tc.model == "teacher" and tc.recipe == "ssl":
         raise ConfigError("train.recipe", "the teacher trains on labeled data only "
                           "(recipe labeled); ssl is the student's recipe")
-    step = train_dir_name(tc.tag)
+    step = train_dir_name(tc.tag, tc.recipe)
     if ctx.step != step:
         started = ctx.started
         ctx = StepContext(cfg, ctx.run_id, step, force=ctx.force)
@@ -166,9 +205,19 @@ def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
     counts = dict(result["counts"])
     metrics = dict(result["metrics"])
     metrics["model_uri"] = result["model_uri"]
+    if plan.get("init_model"):
+        metrics["init_model"] = plan["init_model"]
     inputs = {"repartition": ctx.other("repartition"),
               "cmvn": ctx.other("features", "cmvn.json"), "splits": report["splits"]}
     extra = {"model_uri": result["model_uri"], "resumed_from_step": result.get("resumed_from_step"),
              "minibatches_per_pass": result.get("minibatches_per_pass")}
     return ctx.finish(inputs=inputs, counts=counts, metrics=metrics,
                       bytes_written=int(result.get("model_bytes", 0)), extra=extra)
+
+
+def run_sequence(ctx: StepContext, args: Any = None) -> dict[str, Any]:
+    """`amflow sequence`: `amflow train` with train.recipe=sequence (the CLI sets it)."""
+    if ctx.cfg.train.recipe != "sequence":
+        raise ConfigError("train.recipe", f"is {ctx.cfg.train.recipe}; `amflow sequence` "
+                          "runs the sequence recipe")
+    return run(ctx, args)

@@ -17,13 +17,16 @@ and world size come from it. Its only input is a picklable `plan` dict (built by
     num_classes  output classes
     feat_dim     input feature dim (192 for 64 mel bins stacked 3)
     stack        features.stack (frame offsets rotate over 0..stack-1)
+    init_model   model.pt URI to start from (the sequence recipe), or None
     progress     bool, print progress on rank 0 (default True)
 
 The worker is a `Trainer` with one method per phase (resume, run_pass, train_step, loss,
 account, end_pass, log_block, save_checkpoint, finish). Its minibatches come from one
 `training.inputs.InputSource`: the stored partitions, or with `train.augment.enabled`
 the example servers (`training.example_servers`), which re-render the same worker's
-labeled utterances every pass.
+labeled utterances every pass. Its criterion is cross-entropy / distillation, or with
+`train.recipe=sequence` a `training.sequence.SequenceCriterion` (`train.criterion` mmi or
+smbr) whose denominator graph every worker estimates alike from the whole labeled split.
 
 Each worker reads its own partitions (`partitions[rank::world]`), trains with
 `train.algorithm` (built by `training.algorithms.build_algorithm`), follows the
@@ -358,6 +361,7 @@ class Trainer:
         self.t_start = time.time()
         self._build_model()
         self._build_data()
+        self.criterion = self._build_criterion()
         self.ckpt = Checkpointer(self.storage, join(self.train_dir, "checkpoints"), self.rank,
                                  self.world, keep=tc.keep_checkpoints, barrier=barrier)
         self.metrics = MetricsLog(self.storage, self.train_dir, enabled=(self.rank == 0))
@@ -374,12 +378,13 @@ class Trainer:
         torch.manual_seed(tc.seed)
         np.random.seed(tc.seed)
         random.seed(tc.seed)
-        self.model = build_model(self.kind, int(plan["feat_dim"]), int(plan["num_classes"]),
-                                 self.wc.model).to(self.device)
-        if plan.get("init_model"):  # start from a given model file (e.g. a shared pre-training)
+        if plan.get("init_model"):  # start from a trained model (the sequence recipe)
             from training.checkpoint import load_model
 
-            self.model.load_state_dict(load_model(self.storage, plan["init_model"])[0].state_dict())
+            self.model = load_model(self.storage, plan["init_model"])[0].to(self.device)
+        else:
+            self.model = build_model(self.kind, int(plan["feat_dim"]), int(plan["num_classes"]),
+                                     self.wc.model).to(self.device)
         self.model.train()
         self.optimizer = build_optimizer(tc, self.model)
         local_opt: Any = self.optimizer
@@ -414,13 +419,29 @@ class Trainer:
             raise StepError("no minibatches to train on: every worker's share of the data is "
                             f"empty (rejected: {self.input.rejected()})")
 
+    def _build_criterion(self) -> Any:
+        """The sequence criterion (train.criterion mmi | smbr), or None for CE."""
+        if self.tc.criterion == "ce":
+            return None
+        from training.sequence import SequenceCriterion, split_label_sequences
+
+        t0 = time.perf_counter()
+        seqs = split_label_sequences(self.storage, self.plan["splits"]["labeled"], self.stack)
+        crit = SequenceCriterion.from_labels(seqs, int(self.plan["num_classes"]), self.tc)
+        self.graph_info = {**crit.graph_size(), "utterances": len(seqs),
+                           "build_s": round(time.perf_counter() - t0, 3)}
+        log.info("rank %d: %s denominator graph %s", self.rank, self.tc.criterion,
+                 self.graph_info)
+        return crit
+
     # -- phases
     def run(self) -> dict[str, Any]:
         self.resume()
         total_steps = sum(self.counts)
         if self.rank == 0 and self.plan.get("progress", True):
-            self.progress = Progress(total_steps, desc=f"train {self.kind}", unit="minibatches",
-                                     interval_s=10)
+            what = f"sequence ({self.tc.criterion})" if self.criterion else "train"
+            self.progress = Progress(total_steps, desc=f"{what} {self.kind}",
+                                     unit="minibatches", interval_s=10)
             self.progress.done = min(self.state.step, total_steps)
         while self.state.pass_index is not None:
             self.run_pass(self.passes[self.state.pass_index])
@@ -482,7 +503,7 @@ class Trainer:
                                    tc.time_masks, tc.time_mask_rows)
         batch = batch.to(self.device)
         self.algo.zero_grad()
-        out = self.loss(batch)
+        out = self.loss(p, batch)
         if not torch.isfinite(out.loss):
             raise StepError(_nonfinite_msg("loss", float(out.loss.detach()), p, s, self.ckpt))
         out.loss.backward()
@@ -493,17 +514,33 @@ class Trainer:
         self.algo.step(num_frames=out.frames)
         return out
 
-    def loss(self, batch: Batch) -> LossOut:
-        """The training criterion of one minibatch (frame-level CE or distillation today;
-        a sequence criterion selected by config goes here)."""
-        return batch_loss(self.model, batch, self.tc)
+    def loss(self, p: PassInfo, batch: Batch) -> LossOut:
+        """The training criterion of one minibatch: frame-level CE or distillation, or
+        the sequence criterion (chunks score against the chunk graph, whole utterances
+        against the full graph)."""
+        if self.criterion is None:
+            return batch_loss(self.model, batch, self.tc)
+        from training.sequence import NonFiniteSequenceError
+
+        lengths = batch.lengths if getattr(self.model, "bidirectional", False) else None
+        logits = self.model(batch.x, lengths)
+        where = f"minibatch {self.state.batch} of pass {p.index}"
+        try:
+            return self.criterion(logits, batch.labels, chunked=(p.mode == "chunk"),
+                                  where=where)
+        except NonFiniteSequenceError as exc:
+            raise StepError(_nonfinite_msg(f"sequence criterion: {exc}", math.nan, p,
+                                           self.state, self.ckpt)) from exc
 
     def account(self, p: PassInfo, out: LossOut, lr: float, compute_s: float,
                 wait_s: float) -> None:
         """After a minibatch: accumulators, progress, block record, checkpoint, fault."""
         tc, s = self.tc, self.state
         loss_v = float(out.loss.detach())
+        objective = getattr(out, "objective", None)  # a sequence criterion's
         for acc in (s.block, s.unit):
+            if objective is not None:
+                acc["objective_sum"] = acc.get("objective_sum", 0.0) + objective * out.frames
             acc["loss_sum"] += loss_v * out.frames
             acc["frames"] += out.frames
             acc["correct"] += out.correct
@@ -604,6 +641,9 @@ class Trainer:
                "compute_s": b["compute_s"], "data_wait_s": b["wait_s"],
                "bytes_sent": st.get("bytes_sent", 0), "comm_seconds": st.get("comm_seconds", 0.0),
                "time": time.time()}
+        if self.criterion is not None:  # MMI: log p_num - log p_den; sMBR: expected accuracy
+            rec[f"{self.tc.criterion}_objective"] = (
+                allreduce([b.get("objective_sum", 0.0)], "sum")[0] / max(frames, 1.0))
         self.metrics.add(rec)
         s.block = _zero_acc()
 
@@ -652,6 +692,8 @@ class Trainer:
         summary = _summary(self.plan, self.wc, self.model, self.algo, s, self.sched, final_dev,
                            self.counts, self.totals, self.resumed_from, records,
                            time.time() - self.t_start)
+        if self.criterion is not None:
+            summary["metrics"].update(_sequence_metrics(tc.criterion, self.graph_info, records))
         model_uri = join(self.train_dir, "model.pt")
         nbytes = save_model(storage, model_uri, self.model, cmvn=self.plan.get("cmvn"),
                             phones=self.plan.get("phones"), features=self.wc.raw.get("features"),
@@ -714,6 +756,15 @@ def _nonfinite_msg(what: str, value: float, p: PassInfo, state: TrainState,
             f"({p.kind} data, {p.mode} mode, unit {p.unit}; global step {state.step + 1}); "
             f"the model was not updated. The last good state is {where}. Lower train.lr, "
             "set train.clip_grad_norm / train.max_change, or check the input features.")
+
+
+def _sequence_metrics(criterion: str, graph: dict[str, Any], records: list[dict]) -> dict:
+    """The criterion, its denominator graph's size and its objective at start and end."""
+    key = f"{criterion}_objective"
+    obj = [r[key] for r in records if r.get("kind") == "train" and key in r]
+    return {"criterion": criterion, "den_states": graph["states"], "den_arcs": graph["arcs"],
+            "den_order": graph["order"], "den_build_s": graph["build_s"],
+            f"first_{key}": obj[0] if obj else None, f"final_{key}": obj[-1] if obj else None}
 
 
 def _summary(plan, wc, model, algo, state, sched, final_dev, counts, totals, resumed_from,

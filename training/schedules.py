@@ -49,13 +49,16 @@ def plan_passes(train_cfg: Any, stack: int) -> list[PassInfo]:
     """The full static list of passes for `train_cfg.recipe`."""
     tc = train_cfg
     passes: list[PassInfo] = []
-    if tc.recipe == "labeled":
+    if tc.recipe in ("labeled", "sequence"):  # sequence: the labeled split, another criterion
         units = tc.epochs
-        if tc.finetune_epochs > units:
+        # sequence: finetune_epochs counts the last epochs on whole utterances (the full
+        # graph); more than `epochs` means all of them
+        full = min(tc.finetune_epochs, units) if tc.recipe == "sequence" else tc.finetune_epochs
+        if full > units:
             raise ValueError(f"train.finetune_epochs ({tc.finetune_epochs}) exceeds "
                              f"train.epochs ({units})")
         for u in range(units):
-            mode = "full" if u >= units - tc.finetune_epochs else "chunk"
+            mode = "full" if u >= units - full else "chunk"
             passes.append(PassInfo(len(passes), u, "labeled", mode, u % stack, 0, 1, 1.0, True))
     elif tc.recipe == "ssl":
         # The paper makes one pass over its million hours; a small unlabeled pool may be

@@ -1,0 +1,239 @@
+"""`amflow bench serve --run-id R [--url URL] [--streams 1,5,10,20,40,80]`: latency of the
+running streaming recognizer (`amflow serve`) against N concurrent real-time streams.
+
+Each stream is one test speaker's session: that speaker's test utterances (data.corpus,
+time order, from the first one, so the speaker's mean normalisation is the offline
+decode's) played at --speed x real time (1 = a live talker) in --chunk-ms chunks on an
+absolute schedule, an `end_utterance` after each utterance and `eof` after --seconds of
+audio. Streams start staggered over the first second (arrivals are not synchronised).
+Stream i speaks as speaker i mod S, so at N > S several streams replay the same speech.
+
+Per N: latency = end of an utterance's audio (its end message sent) -> its final
+transcript received, median and 98th percentile over every utterance of every stream;
+the batch-size histogram (how many streams shared each forward that carried a stream's
+rows: DeepSpeech2 figure 5); the WER of the streamed finals, the offline `amflow decode`
+WER of the same utterances (runs/<R>/decode/hyps.jsonl) and how many finals differ from
+the offline words. Writes runs/<R>/bench/serve.json ({"rows": [{streams, p50_ms, p98_ms,
+wer, ...}]}) and, beside it, serve_latency.png (figure 6) and serve_batch_sizes.png
+(figure 5).
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import time
+from collections import Counter, defaultdict
+from typing import Any
+
+import numpy as np
+
+from amflow.runs import StepError
+
+DEFAULT_STREAMS = (1, 5, 10, 20, 40, 80)
+
+
+def speaker_sessions(ctx, corpus: str, seconds: float) -> list[list]:
+    """Per test speaker, its first utterances (time order) up to `seconds` of audio."""
+    from decoding.decode import split_records
+
+    recs, _ = split_records(ctx, corpus, "test")
+    by: dict[str, list] = defaultdict(list)
+    for r in sorted(recs, key=lambda r: (r.speaker_id, r.created_ts, r.utt_id)):
+        if sum(x.duration for x in by[r.speaker_id]) < seconds:
+            by[r.speaker_id].append(r)
+    return [by[s] for s in sorted(by)]
+
+
+def load_audio(ctx, corpus: str, sessions: list[list]) -> dict[str, bytes]:
+    from amflow.config import FeaturesConfig
+    from tasks.audio import load_audio_result, resolve_uri
+
+    fcfg = FeaturesConfig()
+    out = {}
+    for recs in sessions:
+        for r in recs:
+            res = load_audio_result(ctx.storage, resolve_uri(corpus, r.audio_uri), fcfg, r.duration)
+            if res.samples is None:
+                raise StepError(f"{r.utt_id}: {res.reason}")
+            pcm = np.clip(np.round(res.samples * 32768.0), -32768, 32767).astype("<i2")
+            out[r.utt_id] = pcm.tobytes()
+    return out
+
+
+async def one_stream(url: str, recs: list, audio: dict[str, bytes], start_s: float,
+                     chunk_ms: float, speed: float) -> dict:
+    import websockets
+
+    await asyncio.sleep(start_s)
+    step = int(16000 * chunk_ms / 1000) * 2  # bytes per chunk
+    result: dict[str, Any] = {"utts": [], "error": None, "batch_sizes": {}}
+    ends: dict[int, float] = {}
+    try:
+        # No permessage-deflate: PCM hardly compresses, and deflating every 100 ms chunk
+        # costs the server ~2 % of its CPU (py-spy at 40 streams).
+        async with websockets.connect(url, max_size=2 ** 22, open_timeout=30,
+                                      compression=None) as ws:
+            await ws.send(json.dumps({"sample_rate": 16000, "format": "s16le"}))
+            ready = json.loads(await ws.recv())
+            if not ready.get("ready"):
+                raise RuntimeError(ready.get("error", ready))
+            reader = asyncio.create_task(_read(ws, recs, ends, result))
+            t0 = time.perf_counter()
+            sent = 0.0  # audio seconds sent
+            for k, r in enumerate(recs):
+                pcm = audio[r.utt_id]
+                for i in range(0, len(pcm), step):
+                    if speed > 0:  # absolute schedule: no drift from slow sends
+                        delay = t0 + sent / speed - time.perf_counter()
+                        if delay > 0:
+                            await asyncio.sleep(delay)
+                    await ws.send(pcm[i:i + step])
+                    sent += len(pcm[i:i + step]) / 32000
+                ends[k] = time.perf_counter()
+                last = k == len(recs) - 1
+                await ws.send(json.dumps({"eof": True} if last else {"end_utterance": True}))
+            await asyncio.wait_for(reader, 120)
+    except Exception as exc:  # one failed stream is counted, the others go on
+        result["error"] = repr(exc)
+    return result
+
+
+async def _read(ws, recs, ends, result) -> None:
+    async for raw in ws:
+        m = json.loads(raw)
+        if "final" in m:
+            k = m["utterance"]
+            result["utts"].append({"utt_id": recs[k].utt_id, "hyp": m["final"],
+                                   "latency_ms": 1000 * (time.perf_counter() - ends[k]),
+                                   "server_ms": m.get("server_ms")})
+            if m.get("eof"):
+                result["batch_sizes"] = m.get("batch_sizes", {})
+                return
+        elif "error" in m:
+            raise RuntimeError(m["error"])
+
+
+async def load_level(url: str, n: int, sessions: list[list], audio: dict, chunk_ms: float,
+                     speed: float, seed: int) -> list[dict]:
+    rng = random.Random(seed + n)
+    jobs = [one_stream(url, sessions[i % len(sessions)], audio, rng.uniform(0, 1.0), chunk_ms,
+                       speed) for i in range(n)]
+    return await asyncio.gather(*jobs)
+
+
+def summarise(n: int, results: list[dict], refs: dict, offline: dict) -> dict:
+    from decoding import wer as W
+    from decoding.lexicon import words_of
+
+    lat, streamed, off, differ = [], [], [], 0
+    batches: Counter = Counter()
+    for res in results:
+        for u in res["utts"]:
+            lat.append(u["latency_ms"])
+            ref = words_of(refs[u["utt_id"]])
+            streamed.append(W.score(ref, u["hyp"].split()))
+            if u["utt_id"] in offline:
+                off.append(W.score(ref, offline[u["utt_id"]].split()))
+                differ += u["hyp"] != offline[u["utt_id"]]
+        for k, v in res["batch_sizes"].items():
+            batches[int(k)] += v
+    errors = [r["error"] for r in results if r["error"]]
+    total = sum(batches.values()) or 1
+    return {"streams": n,
+            "p50_ms": round(float(np.percentile(lat, 50)), 1) if lat else None,
+            "p98_ms": round(float(np.percentile(lat, 98)), 1) if lat else None,
+            "wer": round(W.aggregate(streamed)["wer"], 5) if streamed else None,
+            "offline_wer": round(W.aggregate(off)["wer"], 5) if off else None,
+            "finals_differing_from_offline": differ, "utterances": len(lat),
+            "failed_streams": len(errors), "errors": errors[:5],
+            "batch_size_mean": round(sum(k * v for k, v in batches.items()) / total, 2),
+            "batch_size_hist": {str(k): round(v / total, 4) for k, v in sorted(batches.items())}}
+
+
+def plot(rows: list[dict], path_latency: str, path_batches: str, storage) -> None:
+    import io
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ok = [r for r in rows if r["p50_ms"] is not None]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.plot([r["streams"] for r in ok], [r["p50_ms"] for r in ok], "o-", label="50%ile")
+    ax.plot([r["streams"] for r in ok], [r["p98_ms"] for r in ok], "s-", label="98%ile")
+    ax.axhline(70, color="grey", ls=":", label="70 ms (DeepSpeech2 p98 at 10 streams)")
+    ax.set_xlabel("concurrent streams")
+    ax.set_ylabel("end of audio -> final transcript (ms)")
+    ax.set_yscale("log")
+    ax.legend()
+    ax.set_title("amflow serve: latency vs load (cf. DeepSpeech2 fig. 6)")
+    _save(fig, path_latency, storage)
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for r in ok:
+        h = {int(k): v for k, v in r["batch_size_hist"].items()}
+        ks = sorted(h)
+        ax.plot(ks, [h[k] for k in ks], "o-", label=f"{r['streams']} streams")
+    ax.set_xlabel("batch size")
+    ax.set_ylabel("probability")
+    ax.set_xscale("log")
+    ax.legend()
+    ax.set_title("batch sizes a stream saw (cf. DeepSpeech2 fig. 5)")
+    _save(fig, path_batches, storage)
+    plt.close("all")
+
+
+def _save(fig, uri: str, storage) -> None:
+    import io
+
+    buf = io.BytesIO()
+    fig.tight_layout()
+    fig.savefig(buf, format="png", dpi=100)
+    storage.write_bytes(uri, buf.getvalue())
+
+
+def offline_hyps(ctx) -> dict[str, str]:
+    tag = ctx.cfg.decode.tag
+    uri = ctx.other(f"decode-{tag}" if tag else "decode", "hyps.jsonl")
+    if not ctx.storage.exists(uri):
+        return {}
+    return {d["utt_id"]: d["hyp"] for d in map(json.loads, ctx.storage.read_text(uri).splitlines())}
+
+
+def run(ctx, args) -> dict[str, Any]:
+    from amflow.storage import join
+
+    sc = ctx.cfg.serve
+    url = (getattr(args, "url", None) or f"http://{sc.host}:{sc.port}/")
+    ws_url = url.replace("http", "ws", 1).rstrip("/") + "/ws"
+    levels = [int(x) for x in (getattr(args, "streams", None) or
+                               ",".join(map(str, DEFAULT_STREAMS))).split(",")]
+    seconds = float(getattr(args, "seconds", None) or 20.0)
+    speed = float(getattr(args, "speed", None) if getattr(args, "speed", None) is not None else 1.0)
+    chunk_ms = float(getattr(args, "chunk_ms", None) or 100.0)
+    corpus = getattr(args, "data", None) or ctx.cfg.data.corpus
+    sessions = speaker_sessions(ctx, corpus, seconds)
+    audio = load_audio(ctx, corpus, sessions)
+    refs = {r.utt_id: r.text for s in sessions for r in s}
+    offline = offline_hyps(ctx)
+    rows = []
+    for n in levels:
+        t0 = time.perf_counter()
+        results = asyncio.run(load_level(ws_url, n, sessions, audio, chunk_ms, speed, 0))
+        row = summarise(n, results, refs, offline)
+        row["wall_s"] = round(time.perf_counter() - t0, 1)
+        rows.append(row)
+        print(f"{n:>4} streams: p50 {row['p50_ms']} ms, p98 {row['p98_ms']} ms, WER "
+              f"{row['wer']} (offline {row['offline_wer']}, {row['finals_differing_from_offline']} "
+              f"finals differ), mean batch {row['batch_size_mean']}, "
+              f"{row['failed_streams']} failed", flush=True)
+    out_dir = join(ctx.run_uri, "bench")
+    plot(rows, join(out_dir, "serve_latency.png"), join(out_dir, "serve_batch_sizes.png"),
+         ctx.storage)
+    held = [r["streams"] for r in rows if r["p98_ms"] is not None and r["p98_ms"] <= 70
+            and not r["failed_streams"]]
+    return {"url": url, "rows": rows, "seconds_per_stream": seconds, "speed": speed,
+            "chunk_ms": chunk_ms, "speakers": len(sessions),
+            "max_streams_p98_le_70ms": max(held) if held else 0,
+            "plots": ["serve_latency.png", "serve_batch_sizes.png"]}

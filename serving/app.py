@@ -1,0 +1,312 @@
+"""`amflow serve`: the streaming recognizer as a Ray Serve application.
+
+    amflow serve --model M [--config C] [--run-id R]
+
+Reads   --model  model.pt (a student: CMVN, phones, features config and priors inside);
+        the decoding graph of its run (runs/<R>/graph/<key>/, built with the decode step's
+        lexicon and LM when missing) and the acoustic scale that `amflow decode` tuned
+        (runs/<R>/decode[-<tag>]/result.json), unless serve.acwt is set.
+Serves  http://<serve.host>:<serve.port>/    the page (microphone or a dropped WAV)
+        ws://.../ws                          the streaming API (serving/protocol.py)
+        GET /stats                           this replica's streams and batch-size histogram
+
+The Ray Serve shell is thin: `Replica` (one per serve.replicas, each with serve.num_cpus /
+num_gpus / resources) holds a serving.recognizer.Recognizer and one BatchDispatcher
+(serving/dispatch.py), and runs each WebSocket as a Session.
+"""
+# No `from __future__ import annotations` here: FastAPI reads the route signatures
+# (ws: WebSocket) at runtime, and the Serve classes are defined inside build_app.
+
+import asyncio
+import json
+import logging
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from serving import protocol as P
+
+log = logging.getLogger(__name__)
+
+PAGE = Path(__file__).with_name("static") / "index.html"
+GRAPH_FILES = ("HLG.fst", "words.txt", "graph.json")
+SWITCH_INTERVAL_S = 0.001
+INGRESS_ENV = {"RAY_SERVE_ENABLE_DIRECT_INGRESS": "1", "RAY_SERVE_ENABLE_HA_PROXY": "1"}
+
+
+# ----------------------------------------------------------------- what a replica needs
+def load_assets(ctx, model_uri: str) -> dict[str, Any]:
+    """Model bytes, graph files, log priors and search settings (read once by the driver,
+    shipped to every replica, so replicas on other nodes need no shared disk)."""
+    from amflow.runs import StepError
+    from decoding import decode as D
+    from decoding.priors import model_counts
+    from decoding.search import log_priors
+    from training.checkpoint import model_from_bytes
+
+    st, cfg = ctx.storage, ctx.cfg
+    if not st.exists(model_uri):
+        raise StepError(f"model {model_uri} not found")
+    data = st.read_bytes(model_uri)
+    _, meta = model_from_bytes(data, model_uri)
+    if meta["spec"]["kind"] != "student":
+        raise StepError(f"{model_uri} is a {meta['spec']['kind']}: only a student "
+                        "(unidirectional LSTM with look-ahead) can stream")
+    phones = list(meta["phones"])
+    lex, lex_text, lex_uri = D.load_lexicon(ctx, cfg.data.corpus)
+    D._check_phones(lex, phones, lex_uri, model_uri)
+    arpa, _ = D.load_lm(ctx)
+    graph_dir, info = D.ensure_graph(ctx, lex, lex_text, arpa, phones)
+    counts, _ = model_counts(st, meta, model_uri, len(phones))
+    sc, dc = cfg.serve, cfg.decode
+    acwt, acwt_from = tuned_acwt(ctx)
+    graph = {n: Path(graph_dir, n).read_bytes() for n in GRAPH_FILES}
+    return {"model": data, "model_uri": model_uri, "graph": graph, "graph_info": info,
+            "log_prior": log_priors(counts), "acwt": sc.acwt or acwt, "acwt_from":
+            "serve.acwt" if sc.acwt else acwt_from, "beam": sc.beam or dc.beam,
+            "max_active": sc.max_active or dc.max_active}
+
+
+def tuned_acwt(ctx) -> tuple[float, str]:
+    """The acwt `amflow decode` chose for this run (its result.json), else decode.acwt[0]."""
+    tag = ctx.cfg.decode.tag
+    uri = ctx.other(f"decode-{tag}" if tag else "decode", "result.json")
+    if ctx.storage.exists(uri):
+        return float(ctx.storage.read_json(uri)["acwt"]), uri
+    return ctx.cfg.decode.acwt[0], "decode.acwt[0]"
+
+
+def make_recognizer(assets: dict, scfg) -> Any:
+    from serving.recognizer import Recognizer
+
+    graph_dir = tempfile.mkdtemp(prefix="amflow-serve-graph-")
+    for name, data in assets["graph"].items():
+        Path(graph_dir, name).write_bytes(data)
+    device = scfg.device
+    if device == "auto":
+        import torch
+
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    return Recognizer(assets["model"], graph_dir, assets["log_prior"], assets["acwt"],
+                      assets["beam"], assets["max_active"], scfg.dtype, device)
+
+
+# ----------------------------------------------------------------- one WebSocket stream
+class StreamHandler:
+    """The replica's event-loop side (no Ray): admission, the protocol, one Session per
+    WebSocket, the dispatcher task."""
+
+    def __init__(self, rec, scfg):
+        import torch
+
+        from serving.dispatch import BatchDispatcher
+
+        torch.set_num_threads(scfg.threads)
+        # The forward thread, the search threads and the event loop share one GIL; a
+        # thread waiting for it waits up to the switch interval (5 ms by default) while
+        # another computes in Python: 1 ms keeps that convoy off the latency.
+        sys.setswitchinterval(SWITCH_INTERVAL_S)
+        self.rec, self.scfg = rec, scfg
+        self.dispatcher = BatchDispatcher(rec.model, scfg.max_batch, scfg.max_rows,
+                                          scfg.search_threads)
+        self.task: asyncio.Task | None = None
+        self.admitted = 0
+        self.refused = 0
+        self.next_id = 0
+
+    def stats(self) -> dict:
+        return {**self.dispatcher.stats(), "admitted": self.admitted, "refused": self.refused,
+                "max_streams": self.scfg.max_streams, "acwt": self.rec.acwt,
+                "beam": self.rec.beam, "dtype": str(self.rec.model.dtype)}
+
+    async def handle(self, ws) -> None:
+        """`ws`: a starlette WebSocket, already accepted."""
+        from serving.recognizer import Session
+
+        if self.task is None or self.task.done():
+            self.task = asyncio.create_task(self.dispatcher.run())
+        loop = asyncio.get_running_loop()
+        try:
+            P.parse_header(await asyncio.wait_for(ws.receive(), self.scfg.idle_timeout_s),
+                           self.rec.fcfg.sample_rate)
+        except asyncio.TimeoutError:
+            return await _close(ws, P.ProtocolError("no header", P.GOING_AWAY))
+        except P.ProtocolError as exc:
+            return await _close(ws, exc)
+        if len(self.dispatcher.sessions) >= self.scfg.max_streams:
+            self.refused += 1
+            return await _close(ws, P.ProtocolError(
+                f"this replica serves {self.scfg.max_streams} streams already: try again later",
+                P.TRY_AGAIN))
+        out: asyncio.Queue = asyncio.Queue()
+        self.next_id += 1
+        session = Session(self.rec, lambda m: loop.call_soon_threadsafe(out.put_nowait, m),
+                          sid=str(self.next_id))
+        self.dispatcher.add(session)
+        self.admitted += 1
+        state = {"eof": False}
+        pump = asyncio.create_task(self._pump(ws, session, out, state))
+        try:
+            await ws.send_json({"ready": True, "stream": session.id,
+                                "max_chunk_bytes": self.scfg.max_chunk_bytes})
+            err = await self._receive(ws, session, state, pump)
+            if err is not None:
+                await _close(ws, err)
+            elif state["eof"]:
+                await pump
+        except Exception as exc:  # a vanished client: its stream ends, the others go on
+            log.info("stream %s ended: %r", session.id, exc)
+        finally:
+            self.dispatcher.remove(session)
+            pump.cancel()
+
+    async def _receive(self, ws, session, state, pump) -> P.ProtocolError | None:
+        while True:
+            try:
+                msg = await asyncio.wait_for(ws.receive(), self.scfg.idle_timeout_s)
+            except asyncio.TimeoutError:
+                return P.ProtocolError(f"nothing received for {self.scfg.idle_timeout_s} s",
+                                       P.GOING_AWAY)
+            if msg["type"] == "websocket.disconnect":
+                return None
+            try:
+                if msg.get("bytes") is not None:
+                    session.feed(P.pcm_samples(msg["bytes"], self.scfg.max_chunk_bytes))
+                else:
+                    what = P.parse_control(msg.get("text") or "")
+                    session.end_utterance()
+                    if what == "eof":
+                        state["eof"] = True
+                        self.dispatcher.notify()
+                        return None
+            except P.ProtocolError as exc:
+                return exc
+            self.dispatcher.notify()
+
+    async def _pump(self, ws, session, out: asyncio.Queue, state) -> None:
+        """Send the session's messages in order; after eof, close once the last final
+        (the one of the last utterance) went out."""
+        while True:
+            msg = await out.get()
+            last = state["eof"] and "final" in msg and msg["utterance"] == session.utt - 1
+            if last:
+                msg["eof"] = True
+                msg["batch_sizes"] = {str(k): v for k, v in sorted(session.batch_sizes.items())}
+            await ws.send_json(msg)
+            if last:
+                await ws.close(P.NORMAL)
+                return
+
+
+async def _close(ws, exc: P.ProtocolError) -> None:
+    try:
+        await ws.send_json(exc.message())
+        await ws.close(exc.code, reason=str(exc)[:120])
+    except Exception:  # already gone
+        pass
+
+
+# ----------------------------------------------------------------- the Ray Serve shell
+def build_app(assets: dict, scfg):
+    """The Serve application: a FastAPI ingress deployment with serve.replicas replicas."""
+    from fastapi import FastAPI, WebSocket
+    from fastapi.responses import HTMLResponse, JSONResponse
+    from ray import serve
+
+    api = FastAPI(title="amflow streaming recognizer")
+
+    @serve.deployment(num_replicas=scfg.replicas, ray_actor_options=actor_options(scfg),
+                      # more than max_streams, so that a full replica gets the request and
+                      # refuses it with 1013 instead of it waiting in the proxy's queue
+                      max_ongoing_requests=scfg.max_streams + 16)
+    @serve.ingress(api)
+    class Replica:
+        def __init__(self, assets: dict, scfg):
+            self.handler = StreamHandler(make_recognizer(assets, scfg), scfg)
+
+        @api.get("/")
+        def page(self) -> HTMLResponse:
+            return HTMLResponse(PAGE.read_text())
+
+        @api.get("/stats")
+        def stats(self) -> JSONResponse:
+            return JSONResponse(self.handler.stats())
+
+        @api.websocket("/ws")
+        async def stream(self, ws: WebSocket) -> None:
+            await ws.accept()
+            await self.handler.handle(ws)
+
+    return Replica.bind(assets, scfg)
+
+
+def actor_options(scfg) -> dict:
+    opts: dict[str, Any] = {"num_cpus": scfg.num_cpus, "num_gpus": scfg.num_gpus}
+    if scfg.resources:
+        opts["resources"] = dict(scfg.resources)
+    # One torch thread per replica unless configured: replicas must not oversubscribe.
+    env = {v: str(scfg.threads) for v in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
+    opts["runtime_env"] = {"env_vars": env}
+    return opts
+
+
+def start(cfg, assets: dict) -> str:
+    """Deploy on the configured Ray (ray.address, or a local Ray); returns the page URL."""
+    from ray import serve
+
+    from amflow.raycluster import init_ray
+
+    sc = cfg.serve
+    if sc.ingress == "haproxy":  # read by Ray Serve's controller and replicas at start
+        os.environ.update(INGRESS_ENV)
+        if cfg.ray.address:
+            log.warning("serve.ingress=haproxy on an existing Ray cluster: its nodes must "
+                        "start with %s, else Serve keeps its Python proxy",
+                        " ".join(f"{k}={v}" for k, v in INGRESS_ENV.items()))
+    init_ray(cfg)
+    serve.start(http_options={"host": sc.host, "port": sc.port})
+    serve.run(build_app(assets, sc), name=sc.app_name, route_prefix="/", blocking=False)
+    return f"http://{sc.host}:{sc.port}/"
+
+
+def serve_context(ctx_or_cfg, model: str | None):
+    """A StepContext on the model's run (…/runs/<R>/<train dir>/model.pt), where the
+    graph, LM and tuned acwt live; --run-id wins; a bare config needs --model."""
+    from amflow.runs import StepContext, StepError
+    from training.launch import train_dir_name
+
+    if isinstance(ctx_or_cfg, StepContext):
+        ctx = ctx_or_cfg
+        return ctx, model or ctx.other(train_dir_name(ctx.cfg.decode.tag), "model.pt")
+    if not model:
+        raise StepError("amflow serve needs --model (or --run-id to serve that run's student)")
+    parts = model.replace("\\", "/").split("/")
+    run_id = parts[parts.index("runs") + 1] if "runs" in parts[:-2] else "serve"
+    return StepContext(ctx_or_cfg, run_id, "serve"), model
+
+
+def run(ctx_or_cfg, args) -> dict:
+    """`amflow serve`: deploy, print the URL, keep serving until interrupted."""
+    ctx, model = serve_context(ctx_or_cfg, getattr(args, "model", None))
+    t0 = time.perf_counter()
+    assets = load_assets(ctx, model)
+    url = start(ctx.cfg, assets)
+    print(f"amflow serve: {assets['model_uri']} on {url} (ws {url.replace('http', 'ws')}ws), "
+          f"acwt {assets['acwt']} ({assets['acwt_from']}), beam {assets['beam']}, "
+          f"{ctx.cfg.serve.replicas} replica(s); up in {time.perf_counter() - t0:.1f} s",
+          flush=True)
+    if getattr(args, "detach", False):
+        return {"url": url, "model": assets["model_uri"], "acwt": assets["acwt"]}
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        from ray import serve
+
+        serve.shutdown()
+    return {"url": url, "model": assets["model_uri"], "acwt": assets["acwt"]}

@@ -1,0 +1,105 @@
+"""Batch Dispatch (DeepSpeech2 section 7.1): one eager scheduler per replica.
+
+Whenever the previous forward has finished, the scheduler takes every stream that has
+rows ready, however few, pads them into one batch (each stream with its own LSTM state),
+runs one model forward and hands each stream its outputs. It never waits to fill a batch:
+DeepSpeech2 found eager batching gives the lowest end-user latency, and the batch grows
+by itself with load (work piles up while a forward runs). The forward runs on one
+dedicated thread (torch releases the GIL, so the event loop keeps receiving audio); the
+search runs per stream on a thread pool, off the model's critical path.
+
+    BatchDispatcher(model, max_batch, max_rows, search_threads)
+        .add(session) / .remove(session) / .notify()   from the event loop
+        await .run()                                  the scheduler loop (an asyncio task)
+        .batch_sizes                                  Counter: forwards per batch size
+"""
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+log = logging.getLogger(__name__)
+
+
+class BatchDispatcher:
+    def __init__(self, model, max_batch: int = 64, max_rows: int = 32, search_threads: int = 1):
+        self.model = model
+        self.max_batch, self.max_rows = int(max_batch), int(max_rows)
+        self.sessions: dict[int, object] = {}  # insertion order: oldest stream first
+        self.wake = asyncio.Event()
+        self.model_thread = ThreadPoolExecutor(1, thread_name_prefix="forward")
+        self.search_pool = ThreadPoolExecutor(max(1, search_threads), thread_name_prefix="search")
+        self.searching: set[int] = set()
+        self.batch_sizes: collections.Counter = collections.Counter()
+        self.forward_s = 0.0
+        self.forwards = 0
+
+    def add(self, session) -> None:
+        self.sessions[id(session)] = session
+
+    def remove(self, session) -> None:
+        session.closed = True
+        self.sessions.pop(id(session), None)
+
+    def notify(self) -> None:
+        self.wake.set()
+
+    def next_batch(self) -> list:
+        """The streams with ready rows, at most max_batch, oldest stream first."""
+        return [s for s in self.sessions.values() if s.ready()][: self.max_batch]
+
+    async def run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            await self.wake.wait()
+            self.wake.clear()
+            try:
+                await self.step(loop)
+            except Exception:  # one bad batch must not stop every stream's scheduler
+                log.exception("batch dispatch step failed")
+            if any(s.ready() for s in self.sessions.values()):
+                self.wake.set()  # eager: the next batch is whatever is ready now
+            self.start_searches(loop)
+
+    async def step(self, loop) -> int:
+        batch = self.next_batch()
+        if not batch:
+            return 0
+        rows = [s.take(self.max_rows) for s in batch]
+        states = [s.state for s in batch]
+        t0 = time.perf_counter()
+        try:
+            outs, new_states = await loop.run_in_executor(self.model_thread, self.model.forward,
+                                                          rows, states)
+        except Exception:
+            for s in batch:
+                s.forward_failed()
+            raise
+        self.forward_s += time.perf_counter() - t0
+        self.forwards += 1
+        self.batch_sizes[len(batch)] += 1
+        for s, out, st in zip(batch, outs, new_states):
+            s.after_forward(out, st, len(batch))
+        return len(batch)
+
+    def start_searches(self, loop) -> None:
+        for s in list(self.sessions.values()):
+            if s.search_due() and id(s) not in self.searching:
+                self.searching.add(id(s))
+                fut = loop.run_in_executor(self.search_pool, s.run_search)
+                fut.add_done_callback(lambda f, s=s: self._searched(s, f))
+
+    def _searched(self, s, fut) -> None:
+        self.searching.discard(id(s))
+        if fut.exception() is not None:
+            log.error("search failed on a stream: %r", fut.exception())
+        if s.search_due() and not s.closed:
+            self.wake.set()  # more posteriors arrived while it searched
+
+    def stats(self) -> dict:
+        return {"streams": len(self.sessions), "forwards": self.forwards,
+                "forward_ms_mean": round(1000 * self.forward_s / max(1, self.forwards), 3),
+                "batch_sizes": {str(k): v for k, v in sorted(self.batch_sizes.items())}}

@@ -1,0 +1,168 @@
+"""Streaming features: the offline features step, one chunk of audio at a time.
+
+    StreamFeatures(fcfg, cmvn, input_dim).accept(samples) -> float32 [rows, D]
+        16 kHz float32 [-1, 1] samples in (any chunk size) -> the model's input rows that
+        became ready: log-mel fbank (kaldi-native-fbank OnlineFbank with the training
+        options, tasks.fbank.kaldi_options), causal mean normalisation (tasks.features.
+        StreamCMN, state carried), low-frame-rate stacking and the global CMVN.
+    .end_utterance() -> rows      the rest of the utterance; the CMN state carries on
+    .new_utterance()               fresh fbank and stacking state for the next utterance
+
+What the offline step does, and so what this must reproduce (tasks/features.py):
+fbank per utterance -> one CMN pass over the speaker's concatenated frames (the mean of
+the last cmn_window frames, carried across utterances; the first cmn_min_window frames
+of the stream use the mean of the first cmn_min_window frames: the only look-ahead) ->
+LFR stacking per utterance -> global CMVN. Online, frames are held back only until the
+stream has cmn_min_window frames (the first second); after that every fbank frame is
+normalised as it arrives. An utterance that ends before the stream has cmn_min_window
+frames is normalised with the mean of what there is (offline would also look into the
+speaker's next utterance: the one place streaming and offline can differ).
+
+Fbank backend: the one the model was trained with (features.backend in model.pt).
+"kaldi": kaldi-native-fbank's OnlineFbank with the training options (tasks.fbank.
+kaldi_options). "numpy" (the features step's default): the offline FbankComputer itself,
+run on each complete 25 ms frame as its samples arrive (with snip_edges every frame
+depends on its own samples only, so this is the offline computation, chunk by chunk).
+Why not OnlineFbank for a numpy-trained model: the two fbanks agree only to ~1.3e-4 in
+log-mel on corpus speech (tests/test_fbank.py allows 1e-3), ~2e-4 after the CMN, which
+is above the 1e-4 parity the streaming rows must hold; with the matching backend they
+agree to float32 rounding (tests/test_serving.py measures both).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from tasks.fbank import INT16_SCALE, FbankComputer, kaldi_options
+from tasks.features import StreamCMN
+
+
+class KaldiOnlineFbank:
+    """kaldi-native-fbank's OnlineFbank: samples in, the frames that became ready out."""
+
+    def __init__(self, fcfg):
+        import kaldi_native_fbank as knf
+
+        self.rate = float(fcfg.sample_rate)
+        self.bins = fcfg.num_mel_bins
+        self.fb = knf.OnlineFbank(kaldi_options(fcfg))
+        self.next_frame = 0
+
+    def accept(self, samples: np.ndarray) -> np.ndarray:
+        if len(samples):
+            self.fb.accept_waveform(self.rate, np.asarray(samples, np.float32) * np.float32(INT16_SCALE))
+        return self._ready()
+
+    def finish(self) -> np.ndarray:
+        self.fb.input_finished()
+        return self._ready()
+
+    def _ready(self) -> np.ndarray:
+        ready = self.fb.num_frames_ready
+        if ready == self.next_frame:
+            return np.zeros((0, self.bins), np.float32)
+        # get_frame is a view into the extractor's buffer: copy before pop() frees it.
+        out = np.stack([np.array(self.fb.get_frame(i), np.float32)
+                        for i in range(self.next_frame, ready)])
+        self.fb.pop(ready - self.next_frame)
+        self.next_frame = ready
+        return out
+
+
+class NumpyOnlineFbank:
+    """The offline FbankComputer on each complete frame (snip_edges: a frame needs only its
+    own samples); keeps the samples of the frames not yet complete."""
+
+    def __init__(self, fcfg, computer: FbankComputer | None = None):
+        if not fcfg.snip_edges:
+            raise ValueError("streaming the numpy fbank needs features.snip_edges=true")
+        self.comp = computer or FbankComputer(fcfg, chunk_frames=64)
+        self.buf = np.zeros(0, np.float32)  # starts at the next frame's first sample
+
+    def accept(self, samples: np.ndarray) -> np.ndarray:
+        self.buf = np.concatenate([self.buf, np.asarray(samples, np.float32)])
+        n = self.comp.num_frames(len(self.buf))
+        if n == 0:
+            return np.zeros((0, self.comp.bins), np.float32)
+        used = (n - 1) * self.comp.shift + self.comp.length
+        out = self.comp.compute([self.buf[:used]])[0]
+        self.buf = self.buf[n * self.comp.shift:]
+        return out
+
+    def finish(self) -> np.ndarray:
+        return np.zeros((0, self.comp.bins), np.float32)  # snip_edges: no partial frames
+
+
+def online_fbank(fcfg, computer: FbankComputer | None = None):
+    return KaldiOnlineFbank(fcfg) if fcfg.backend == "kaldi" else NumpyOnlineFbank(fcfg, computer)
+
+
+class StreamFeatures:
+    def __init__(self, fcfg, cmvn: dict | None, input_dim: int, normalizer=None):
+        from training.data import Normalizer
+
+        self.fcfg = fcfg
+        self.norm = normalizer or Normalizer.from_stats(cmvn, input_dim)
+        self.cmn = StreamCMN(fcfg.num_mel_bins, fcfg.cmn_window, fcfg.cmn_min_window)
+        self.bins = fcfg.num_mel_bins
+        self.held = np.zeros((0, self.bins), np.float32)  # frames waiting for the CMN cold start
+        self.frames_seen = 0  # fbank frames of the whole stream
+        self.tail: np.ndarray | None = None  # after the cold start: the CMN window's history
+        self._computer = FbankComputer(fcfg, chunk_frames=64) if fcfg.backend != "kaldi" else None
+        self.new_utterance()
+
+    def new_utterance(self) -> None:
+        self.fbank = online_fbank(self.fcfg, self._computer)
+        self.lfr = np.zeros((0, self.bins), np.float32)  # normalised frames not yet stacked
+
+    def accept(self, samples: np.ndarray) -> np.ndarray:
+        return self._rows(self._normalise(self.fbank.accept(samples), final=False))
+
+    def end_utterance(self) -> np.ndarray:
+        return self._rows(self._normalise(self.fbank.finish(), final=True))
+
+    def _normalise(self, frames: np.ndarray, final: bool) -> np.ndarray:
+        self.frames_seen += len(frames)
+        if self.tail is not None:
+            return self._running_cmn(frames)
+        if self.frames_seen < self.cmn.min_window and not final:
+            self.held = np.concatenate([self.held, frames])  # cold start: wait for 1 s
+            return np.zeros((0, self.bins), np.float32)
+        if len(self.held):
+            frames, self.held = np.concatenate([self.held, frames]), self.held[:0]
+        out = self.cmn.apply(frames, final=final)  # the cold start, exactly as offline
+        if self.cmn.seen >= self.cmn.min_window:
+            self.tail = self.cmn.hist.astype(np.float64)  # the last cmn_window - 1 frames
+        return out
+
+    def _running_cmn(self, x: np.ndarray) -> np.ndarray:
+        """StreamCMN past its cold start, in O(chunk) per call: frame t minus the mean of
+        the last cmn_window frames (StreamCMN re-sums its whole 6 s history per call,
+        ~10x the work for a 100 ms chunk). Sums in float64, so it stays within float32
+        rounding of the offline pass."""
+        n = len(x)
+        if n == 0:
+            return x.astype(np.float32)
+        W, tail = self.cmn.window, self.tail
+        h = len(tail)
+        xs = x.astype(np.float64)
+        cum_x = np.cumsum(xs, axis=0)
+        j = np.arange(n)
+        count = np.minimum(W, h + j + 1)
+        k = h + j + 1 - count  # frames of tail + x that left the window by frame j
+        seq = np.concatenate([tail, xs[:max(0, int(k[-1]) - h)]])
+        cum_out = np.concatenate([np.zeros((1, x.shape[1])), np.cumsum(seq[:int(k[-1])], axis=0)])
+        win = tail.sum(axis=0) + cum_x - cum_out[k]
+        out = (xs - win / count[:, None]).astype(np.float32)
+        self.tail = np.concatenate([tail, xs])[-(W - 1):] if W > 1 else tail[:0]
+        return out
+
+    def _rows(self, frames: np.ndarray) -> np.ndarray:
+        """Low-frame-rate rows (row r = frames r*subsample .. +stack-1), then global CMVN."""
+        stack, sub = self.fcfg.stack, self.fcfg.subsample
+        buf = np.concatenate([self.lfr, frames]) if len(self.lfr) else frames
+        n = 0 if len(buf) < stack else (len(buf) - stack) // sub + 1
+        rows = [buf[r * sub:r * sub + stack].reshape(-1) for r in range(n)]
+        self.lfr = buf[n * sub:]
+        if not rows:
+            return np.zeros((0, stack * self.bins), np.float32)
+        return self.norm(np.stack(rows)).astype(np.float32)

@@ -1,0 +1,65 @@
+"""`python -m serving.forward_bench [--model model.pt] [--device cuda] [--dtype fp16]`:
+the Batch Dispatch forward alone (serving.recognizer.StreamModel, no Ray, no search), per
+batch size: ms per forward of `--rows` new rows per stream, and how many real-time
+streams one forward loop could carry (33 rows/s each). Runs where Ray is not installed
+(a GPU box); without --model, a random student of the demo's size (2 x 384, 68 classes).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import numpy as np
+
+ROWS_PER_S = 100 / 3  # LFR rows per second of audio (10 ms frames, subsample 3)
+
+
+def measure(model, batches, rows: int, repeat: int) -> list[dict]:
+    rng = np.random.default_rng(0)
+    out = []
+    for b in batches:
+        x = [rng.standard_normal((rows, model.input_dim)).astype(np.float32) for _ in range(b)]
+        st = [model.zero_state() for _ in range(b)]
+        model.forward(x, st)  # warm-up (kernels, caches)
+        t0 = time.perf_counter()
+        for _ in range(repeat):
+            model.forward(x, st)
+        ms = 1000 * (time.perf_counter() - t0) / repeat
+        out.append({"batch": b, "ms_per_forward": round(ms, 3),
+                    "ms_per_stream_row": round(ms / (b * rows), 4),
+                    # a forward every rows/33 s keeps up with b streams while it takes less
+                    "max_streams_if_alone": int(b * (rows / ROWS_PER_S) * 1000 / ms)})
+    return out
+
+
+def main(argv=None) -> None:
+    import torch
+
+    from serving.recognizer import StreamModel
+    from training.models import StudentLSTM
+
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", help="a student model.pt (default: random 2 x 384)")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--dtype", default="auto", choices=["auto", "fp32", "fp16", "bf16"])
+    p.add_argument("--batches", default="1,2,4,8,16,32,64,128")
+    p.add_argument("--rows", type=int, default=3, help="new rows per stream per forward")
+    p.add_argument("--repeat", type=int, default=20)
+    p.add_argument("--threads", type=int, default=1)
+    a = p.parse_args(argv)
+    torch.set_num_threads(a.threads)
+    if a.model:
+        from training.checkpoint import model_from_bytes
+
+        with open(a.model, "rb") as f:
+            net, _ = model_from_bytes(f.read())
+    else:
+        net = StudentLSTM(192, 384, 2, 68, lookahead=3).eval()
+    model = StreamModel(net, a.dtype, a.device)
+    rows = measure(model, [int(b) for b in a.batches.split(",")], a.rows, a.repeat)
+    print(json.dumps({"device": a.device, "dtype": str(model.dtype), "rows": rows}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

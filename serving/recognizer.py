@@ -1,0 +1,317 @@
+"""The per-replica recognizer core (no Ray): the model's streaming step, the incremental
+search, and one stream's session.
+
+    StreamModel(model, dtype).forward(rows, states) -> (log posteriors, states)
+        one LSTM forward over a batch of streams, each with its own (h, c), each with its
+        own number of new rows (packed, so a short stream's state stops at its last row)
+    StreamSearch(graph, log_prior, acwt, beam, max_active)
+        kaldi-decoder's FasterDecoder driven incrementally: init_decoding once, then
+        advance_decoding over the frames that arrived (the offline `decode()` is exactly
+        init_decoding + advance_decoding over all frames, so the pruning, the best path
+        and the words are the offline search's); partial = best path so far
+    Session(recognizer, send)
+        one stream: PCM -> StreamFeatures -> rows pending for the model -> (after the
+        forward) the model's look-ahead dropped, posteriors queued for the search ->
+        partial / final messages through `send`. Utterance ends keep the speaker's CMN
+        state and reset the fbank, LFR, LSTM and search, as the offline decode treats a
+        speaker's utterances.
+    Recognizer(model_bytes, graph_dir, log_prior, acwt, ...)   what a replica holds once
+
+Look-ahead: the student's logits[t] need rows up to t + lookahead. Offline, the model pads
+each utterance with `lookahead` zero rows and drops its first `lookahead` outputs; here the
+first `lookahead` outputs of an utterance are dropped and `lookahead` zero rows are fed
+at its end, which gives the same outputs row for row.
+"""
+from __future__ import annotations
+
+import collections
+import threading
+import time
+from typing import Callable
+
+import numpy as np
+
+STABLE_ROWS = 10  # a word is stable once the best path kept it for 10 rows (300 ms)
+PARTIAL_ROWS = 5  # a partial after every 5 new rows (150 ms): the traceback is not free
+# oneDNN's LSTM costs ~4 ms per call more than PyTorch's native one at batch 1-8 (its
+# weights are re-laid-out per call) and wins from ~16 streams a batch (tools: /stats).
+ONEDNN_MIN_BATCH = 16
+
+
+def torch_dtype(name: str, device: str):
+    """serve.dtype -> torch dtype: auto is fp16 on a GPU, fp32 on a CPU (where half
+    precision is slower without AMX and would move the transcript off the offline one)."""
+    import torch
+
+    if name == "auto":
+        return torch.float16 if device.startswith("cuda") else torch.float32
+    return {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[name]
+
+
+class StreamModel:
+    def __init__(self, model, dtype: str = "auto", device: str = "cpu"):
+        import torch
+
+        self.device = device
+        self.dtype = torch_dtype(dtype, device)
+        self.lstm = model.lstm.to(device=device, dtype=self.dtype).eval()
+        self.output = model.output.to(device=device, dtype=self.dtype).eval()
+        self.lookahead = int(getattr(model, "lookahead", 0))
+        self.input_dim = self.lstm.input_size
+        self.state_shape = (self.lstm.num_layers, self.lstm.hidden_size)
+
+    def zero_state(self) -> np.ndarray:
+        """A stream's (h, c) as one float32 array [2, layers, hidden]."""
+        return np.zeros((2, *self.state_shape), np.float32)
+
+    def forward(self, rows: list[np.ndarray], states: list[np.ndarray]
+                ) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        """Batching and unbatching happen in numpy: a handful of torch calls per forward,
+        because each one gives up the GIL and may wait a switch interval to get it back
+        while the event loop and the search threads run."""
+        import torch
+        from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
+
+        lens = [len(r) for r in rows]
+        x = np.zeros((len(rows), max(lens), self.input_dim), np.float32)
+        for i, r in enumerate(rows):
+            x[i, :lens[i]] = r
+        hc = np.stack(states, 2)  # [2, layers, B, hidden]
+        torch.backends.mkldnn.enabled = len(rows) >= ONEDNN_MIN_BATCH  # forward thread only
+        with torch.inference_mode():
+            xt = torch.from_numpy(x).to(self.device, self.dtype)
+            hct = torch.from_numpy(hc).to(self.device, self.dtype)
+            h, c = hct[0], hct[1]
+            if min(lens) == max(lens):
+                y, (h, c) = self.lstm(xt, (h, c))
+            else:  # packed: each stream's (h, c) is taken at its own last row
+                packed = pack_padded_sequence(xt, torch.tensor(lens), batch_first=True,
+                                              enforce_sorted=False)
+                y, (h, c) = self.lstm(packed, (h, c))
+                y, _ = pad_packed_sequence(y, batch_first=True)
+            logp = torch.log_softmax(self.output(y).float(), -1).cpu().numpy()
+            hc = torch.stack([h, c]).float().cpu().numpy()
+        outs = [logp[i, :n] for i, n in enumerate(lens)]
+        return outs, [np.ascontiguousarray(hc[:, :, i]) for i in range(len(rows))]
+
+
+class StreamSearch:
+    def __init__(self, graph, log_prior: np.ndarray, acwt: float, beam: float,
+                 max_active: int, min_active: int = 20):
+        import kaldi_decoder
+
+        opts = kaldi_decoder.FasterDecoderOptions()
+        opts.beam, opts.max_active, opts.min_active = float(beam), int(max_active), int(min_active)
+        self.graph = graph
+        self.log_prior = np.asarray(log_prior, np.float32)
+        self.acwt = float(acwt)
+        self.decoder = kaldi_decoder.FasterDecoder(graph.fst, opts)
+        self.decoder.init_decoding()
+        self.scores = np.zeros((0, len(self.log_prior)), np.float32)
+        self.history: collections.deque = collections.deque()  # (rows, words) of partials
+        self.partial_at = 0  # rows when the last partial was made
+
+    @property
+    def frames(self) -> int:
+        return len(self.scores)
+
+    def advance(self, log_post: np.ndarray) -> None:
+        import kaldi_decoder
+
+        from decoding.search import acoustic_scores
+
+        if not len(log_post):
+            return
+        self.scores = np.concatenate([self.scores, acoustic_scores(log_post, self.log_prior,
+                                                                   self.acwt)])
+        # DecodableCtc holds all rows so far; advance_decoding resumes at the first row
+        # the decoder has not consumed (num_frames_decoded), so each row is searched once.
+        self.decoder.advance_decoding(kaldi_decoder.DecodableCtc(self.scores))
+
+    def words(self, final: bool) -> tuple[list[str], bool]:
+        import kaldifst
+
+        if self.frames == 0:
+            return [], False
+        reached = bool(self.decoder.reached_final()) if final else False
+        ok, lattice = self.decoder.get_best_path(use_final_probs=final)
+        if not ok:
+            return [], reached
+        ok, _, olabels, _ = kaldifst.get_linear_symbol_sequence(lattice)
+        return [self.graph.words[o] for o in olabels if o], reached
+
+    def partial_due(self) -> bool:
+        return self.frames - self.partial_at >= PARTIAL_ROWS
+
+    def partial(self) -> tuple[list[str], list[str]]:
+        """(best path words so far, its stable prefix: words every partial of the last
+        STABLE_ROWS rows agreed on)."""
+        words, _ = self.words(final=False)
+        self.partial_at = self.frames
+        self.history.append((self.frames, words))
+        while len(self.history) > 1 and self.history[1][0] <= self.frames - STABLE_ROWS:
+            self.history.popleft()
+        stable = words
+        if self.history[0][0] > self.frames - STABLE_ROWS:
+            stable = []  # not yet STABLE_ROWS rows of history
+        for _, w in self.history:
+            n = 0
+            while n < min(len(stable), len(w)) and stable[n] == w[n]:
+                n += 1
+            stable = stable[:n]
+        return words, stable
+
+
+class Recognizer:
+    """What one replica holds: the model's streaming step, the graph, priors, scales."""
+
+    def __init__(self, model_bytes: bytes, graph_dir: str, log_prior: np.ndarray, acwt: float,
+                 beam: float, max_active: int, dtype: str = "auto", device: str = "cpu"):
+        from amflow.config import FeaturesConfig
+        from decoding.graph import read_graph
+        from training.checkpoint import model_from_bytes
+        from training.data import Normalizer
+        from training.loop import dataclass_from_dict
+
+        model, self.meta = model_from_bytes(model_bytes)
+        if self.meta["spec"]["kind"] != "student":
+            raise ValueError("only a student (unidirectional LSTM) model can stream; "
+                             f"this one is a {self.meta['spec']['kind']}")
+        self.model = StreamModel(model, dtype, device)
+        self.fcfg = dataclass_from_dict(FeaturesConfig, self.meta.get("features") or {})
+        self.norm = Normalizer.from_stats(self.meta["cmvn"], self.model.input_dim)
+        self.graph = read_graph(graph_dir)
+        self.log_prior = np.asarray(log_prior, np.float32)
+        self.acwt, self.beam, self.max_active = float(acwt), float(beam), int(max_active)
+
+    def features(self):
+        from serving.features import StreamFeatures
+
+        return StreamFeatures(self.fcfg, None, self.model.input_dim, normalizer=self.norm)
+
+    def search(self) -> StreamSearch:
+        return StreamSearch(self.graph, self.log_prior, self.acwt, self.beam, self.max_active)
+
+
+class Session:
+    """One stream. The event loop calls feed / end_utterance; the dispatcher calls take /
+    after_forward; a search thread calls run_search. `send(msg)` must be thread-safe."""
+
+    def __init__(self, rec: Recognizer, send: Callable[[dict], None], sid: str = ""):
+        self.rec, self.send, self.id = rec, send, sid
+        self.feats = rec.features()
+        self.pending: collections.deque = collections.deque()  # rows arrays and END markers
+        self.state = rec.model.zero_state()
+        self.skip = rec.model.lookahead  # outputs still to drop (the look-ahead)
+        self.utt = 0
+        self.utt_rows = 0  # rows of the current utterance so far
+        self.utt_searched = 0  # utterances the search has finished
+        self.search = rec.search()
+        self.last_partial = ("", "")
+        self.to_search: collections.deque = collections.deque()  # posteriors and END markers
+        self.search_lock = threading.Lock()
+        self.ended_at: dict[int, float] = {}
+        self.batch_sizes: collections.Counter = collections.Counter()
+        self.closed = False
+        self.in_flight = False  # rows of this stream are in the running forward
+
+    # ---------------------------------------------------------------- event loop side
+    def feed(self, samples: np.ndarray) -> None:
+        rows = self.feats.accept(samples)
+        if len(rows):
+            self.pending.append(rows)
+            self.utt_rows += len(rows)
+
+    def end_utterance(self) -> None:
+        """The utterance's audio is complete: flush features and the look-ahead."""
+        self.ended_at[self.utt] = time.perf_counter()
+        rows = self.feats.end_utterance()
+        la = self.rec.model.lookahead
+        if self.utt_rows + len(rows):  # feed the look-ahead's zero rows after the last row
+            self.pending.append(np.concatenate([rows, np.zeros((la, rows.shape[1]), np.float32)]))
+        self.utt_rows = 0
+        self.pending.append(END)
+        self.feats.new_utterance()
+        self.utt += 1
+        self._pop_ends()
+
+    # ---------------------------------------------------------------- dispatcher side
+    def ready(self) -> bool:
+        return bool(self.pending) and self.pending[0] is not END
+
+    def take(self, max_rows: int) -> np.ndarray:
+        """Rows for the next forward: the pending rows up to the next utterance end."""
+        parts, n = [], 0
+        while self.pending and self.pending[0] is not END and n < max_rows:
+            r = self.pending.popleft()
+            if n + len(r) > max_rows:
+                r, rest = r[:max_rows - n], r[max_rows - n:]
+                self.pending.appendleft(rest)
+            parts.append(r)
+            n += len(r)
+        self.in_flight = True
+        return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+    def after_forward(self, log_post: np.ndarray, state, batch: int) -> None:
+        self.in_flight = False
+        self.state = state
+        self.batch_sizes[batch] += 1
+        drop = min(self.skip, len(log_post))
+        self.skip -= drop
+        if len(log_post) > drop:
+            self.to_search.append(log_post[drop:])
+        self._pop_ends()
+
+    def forward_failed(self) -> None:
+        """The forward that held this stream's rows raised: they are lost (the stream's
+        words will miss them), the stream goes on."""
+        self.in_flight = False
+        self._pop_ends()
+
+    def _pop_ends(self) -> None:
+        # Not while a forward holds this utterance's last rows: their outputs and state
+        # must land before the utterance ends (a client may send the next utterance and
+        # its end while that forward runs).
+        while not self.in_flight and self.pending and self.pending[0] is END:
+            self.pending.popleft()
+            self.state = self.rec.model.zero_state()
+            self.skip = self.rec.model.lookahead
+            self.to_search.append(END)
+
+    def search_due(self) -> bool:
+        return bool(self.to_search)
+
+    # ---------------------------------------------------------------- search thread side
+    def run_search(self) -> None:
+        """Drain the queued posteriors through the search; one thread at a time."""
+        with self.search_lock:
+            advanced = False
+            while self.to_search and not self.closed:
+                item = self.to_search.popleft()
+                if item is END:
+                    self._final()
+                    advanced = False
+                else:
+                    self.search.advance(item)
+                    advanced = True
+            if advanced and self.search.partial_due():
+                words, stable = self.search.partial()
+                msg = (" ".join(words), " ".join(stable))
+                if msg != self.last_partial:  # only changes go out
+                    self.last_partial = msg
+                    self.send({"partial": msg[0], "stable": msg[1],
+                               "utterance": self.utt_searched})
+
+    def _final(self) -> None:
+        words, reached = self.search.words(final=True)
+        u = self.utt_searched
+        t0 = self.ended_at.pop(u, None)
+        self.send({"final": " ".join(words), "utterance": u, "reached_final": reached,
+                   "frames": self.search.frames,
+                   "server_ms": round(1000 * (time.perf_counter() - t0), 2) if t0 else None})
+        self.utt_searched += 1
+        self.search = self.rec.search()
+        self.last_partial = ("", "")
+
+
+END = object()  # an utterance boundary in a session's queues
