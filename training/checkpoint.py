@@ -129,14 +129,22 @@ class Checkpointer:
 
     def save(self, step: int, state: dict[str, Any], extra: dict[str, Any] | None = None
              ) -> str:
-        """Every rank calls this at the same step. Returns the checkpoint name."""
-        name = f"ckpt-{step:09d}"
+        """Every rank calls this at the same step. Returns the checkpoint name.
+
+        Names are unique per save, not per step: an end-of-pass save can fall on the step
+        of a periodic one, and rewriting a published checkpoint's files in place mixes two
+        states when a rank dies half-way (rank 0 resumed at minibatch 10 of pass 0, rank 1
+        at pass 1: the rehearsal's node loss). Every rank reads the same latest.json (it is
+        published before the barrier that ends each save), so they agree on the name."""
+        latest = self.latest()
+        seq = int(latest.get("seq", 0)) + 1 if latest else 0
+        name = f"ckpt-{step:09d}-{seq:06d}"
         self.storage.write_bytes(join(self.dir, name, f"rank-{self.rank}.pt"), to_bytes(state))
         self.barrier()
         if self.rank == 0:
             self.storage.write_json(join(self.dir, LATEST),
-                                    {"step": step, "name": name, "world": self.world,
-                                     **(extra or {})})
+                                    {"step": step, "name": name, "seq": seq,
+                                     "world": self.world, **(extra or {})})
             self._prune(name)
         self.barrier()
         return name

@@ -140,6 +140,16 @@ def _worker_entry(config: dict) -> Any:
     return fn(config["plan"])
 
 
+def worker_resources(cfg: Any, cpus_per_worker: float, use_gpu: bool) -> dict[str, float]:
+    """One Ray Train worker's resources: CPU, a GPU when training on GPUs, and the train
+    step's pool sliver (`ray.step_resources.train`), so the workers run on the pool the
+    config names (the P3 nodes on the cluster), not wherever a CPU is free."""
+    from amflow.raycluster import step_resources
+
+    return {"CPU": cpus_per_worker, **({"GPU": 1} if use_gpu else {}),
+            **step_resources(cfg, "train")}
+
+
 def run_distributed(train_worker_fn: Callable[[dict], dict], plan: dict, cfg: Any) -> dict:
     """Run `train_worker_fn(plan)` on `cfg.train.workers` Ray Train workers; returns rank
     0's return value (a dict), with `ray_result_path` and `ray_checkpoint` added."""
@@ -170,7 +180,7 @@ def run_distributed(train_worker_fn: Callable[[dict], dict], plan: dict, cfg: An
         torch_config=TorchConfig(backend=backend),
         scaling_config=ray.train.ScalingConfig(
             num_workers=workers, use_gpu=use_gpu,
-            resources_per_worker={"CPU": cpus_per_worker, **({"GPU": 1} if use_gpu else {})}),
+            resources_per_worker=worker_resources(cfg, cpus_per_worker, use_gpu)),
         run_config=ray.train.RunConfig(
             name=name, storage_path=storage_path, storage_filesystem=fs,
             failure_config=ray.train.FailureConfig(max_failures=int(plan.get("max_failures", 2))),
