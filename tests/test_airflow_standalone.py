@@ -291,10 +291,12 @@ def test_documented_backfill_commands_do_what_the_text_says(airflow, tmp_path):
     assert run_id in run_doc(listed)
     run_doc(clear_train)  # train and what follows it (evaluate)
     tries_become({"train": 2, **{t: 2 for t in after_train}})
-    run_doc(clear_evaluate)  # evaluate alone
-    tries_become({"train": 2, **{t: 2 for t in after_train}, "evaluate": 3})
+    run_doc(clear_evaluate)  # evaluate and evaluate_sequence (-t is a substring), no more
+    evals = {t for t in after_train if "evaluate" in t}
+    assert evals == {"evaluate", "evaluate_sequence"}
+    tries_become({"train": 2, **{t: 2 for t in after_train}, **{t: 3 for t in evals}})
     run_doc(rest)  # REST: train with what follows it
-    tries_become({"train": 3, **{t: 3 for t in after_train}, "evaluate": 4})
+    tries_become({"train": 3, **{t: 3 for t in after_train}, **{t: 4 for t in evals}})
     store_run = _xcom(airflow, run_id, "train")["run_id"]
     steps = [c["step"] for c in calls(work / "store", store_run)]
     ce_evals = [c for c in calls(work / "store", store_run)
