@@ -971,7 +971,9 @@ def _apply_recipes(data: dict[str, Any], explicit: set[str]) -> None:
 
 def _recipe_keys(train: dict[str, Any], name: str) -> dict[str, Any]:
     """train.<name>, checked: a mapping of train.* keys with values of their types."""
-    recipe = train.get(name, SEQUENCE_RECIPE if name == "sequence_recipe" else {}) or {}
+    field_ = next(f for f in dataclasses.fields(TrainConfig) if f.name == name)
+    default = field_.default_factory()
+    recipe = train.get(name, default) or {}
     if not isinstance(recipe, dict):
         raise ConfigError(f"train.{name}", "must be a mapping of train.* keys")
     names = {f.name for f in dataclasses.fields(TrainConfig)} - {

@@ -36,12 +36,7 @@ def wer_table(teacher: dict | None, baseline: dict, ssl: dict) -> list[dict[str,
     """Rows per condition (and 'all'): WER of each model, SSL's WERR, the paper's WERR."""
     rows = []
     for cond in (*CONDITIONS, "all"):
-        def w(res: dict | None) -> float | None:
-            if not res:
-                return None
-            return res.get("wer") if cond == "all" else res.get("per_condition", {}).get(cond)
-
-        t, b, s = w(teacher), w(baseline), w(ssl)
+        t, b, s = (_wer(r, cond) for r in (teacher, baseline, ssl))
         if b is None or s is None:
             continue
         rows.append({"condition": cond, "teacher_wer": t, "baseline_wer": b, "ssl_wer": s,

@@ -204,9 +204,14 @@ def set_lr(optimizer: Any, lr: float) -> None:
 
 
 # ----------------------------------------------------------------- loss of one minibatch
-def batch_loss(model: nn.Module, batch: Any, tc: TrainConfig) -> LossOut:
+def batch_logits(model: nn.Module, batch: Any) -> torch.Tensor:
+    """The model's outputs on a minibatch (lengths matter to the bidirectional teacher only)."""
     lengths = batch.lengths if getattr(model, "bidirectional", False) else None
-    logits = model(batch.x, lengths)
+    return model(batch.x, lengths)
+
+
+def batch_loss(model: nn.Module, batch: Any, tc: TrainConfig) -> LossOut:
+    logits = batch_logits(model, batch)
     if batch.labels is not None:
         return ce_loss(logits, batch.labels)
     return distill_loss(logits, batch.topk_idx, batch.topk_logit, batch.mask,
@@ -522,8 +527,7 @@ class Trainer:
             return batch_loss(self.model, batch, self.tc)
         from training.sequence import NonFiniteSequenceError
 
-        lengths = batch.lengths if getattr(self.model, "bidirectional", False) else None
-        logits = self.model(batch.x, lengths)
+        logits = batch_logits(self.model, batch)
         where = f"minibatch {self.state.batch} of pass {p.index}"
         try:
             return self.criterion(logits, batch.labels, chunked=(p.mode == "chunk"),
@@ -537,10 +541,10 @@ class Trainer:
         """After a minibatch: accumulators, progress, block record, checkpoint, fault."""
         tc, s = self.tc, self.state
         loss_v = float(out.loss.detach())
-        objective = getattr(out, "objective", None)  # a sequence criterion's
+        objective = getattr(out, "objective", None)  # a sequence criterion's, per block
+        if objective is not None:
+            s.block["objective_sum"] = s.block.get("objective_sum", 0.0) + objective * out.frames
         for acc in (s.block, s.unit):
-            if objective is not None:
-                acc["objective_sum"] = acc.get("objective_sum", 0.0) + objective * out.frames
             acc["loss_sum"] += loss_v * out.frames
             acc["frames"] += out.frames
             acc["correct"] += out.correct
