@@ -105,6 +105,7 @@ class StreamHandler:
         import torch
 
         from serving.dispatch import BatchDispatcher
+        from serving.recognizer import featurize
 
         torch.set_num_threads(scfg.threads)
         # The forward thread, the search threads and the event loop share one GIL; a
@@ -113,7 +114,7 @@ class StreamHandler:
         sys.setswitchinterval(SWITCH_INTERVAL_S)
         self.rec, self.scfg = rec, scfg
         self.dispatcher = BatchDispatcher(rec.model, scfg.max_batch, scfg.max_rows,
-                                          scfg.search_threads)
+                                          scfg.search_threads, prepare=featurize)
         self.task: asyncio.Task | None = None
         self.admitted = 0
         self.refused = 0

@@ -7,8 +7,10 @@ DeepSpeech2 found eager batching gives the lowest end-user latency, and the batc
 by itself with load (work piles up while a forward runs). The forward runs on one
 dedicated thread (torch releases the GIL, so the event loop keeps receiving audio); the
 search runs per stream on a thread pool, off the model's critical path.
+`prepare(sessions)`, when given, runs on the event loop before each batch is chosen: the
+sessions' features, computed for all of them at once (serving.recognizer.featurize).
 
-    BatchDispatcher(model, max_batch, max_rows, search_threads)
+    BatchDispatcher(model, max_batch, max_rows, search_threads, prepare)
         .add(session) / .remove(session) / .notify()   from the event loop
         await .run()                                  the scheduler loop (an asyncio task)
         .batch_sizes                                  Counter: forwards per batch size
@@ -20,14 +22,17 @@ import collections
 import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
+from typing import Callable
 
 log = logging.getLogger(__name__)
 
 
 class BatchDispatcher:
-    def __init__(self, model, max_batch: int = 64, max_rows: int = 32, search_threads: int = 1):
+    def __init__(self, model, max_batch: int = 64, max_rows: int = 32, search_threads: int = 1,
+                 prepare: Callable[[list], None] | None = None):
         self.model = model
         self.max_batch, self.max_rows = int(max_batch), int(max_rows)
+        self.prepare = prepare or (lambda sessions: None)
         self.sessions: dict[int, object] = {}  # insertion order: oldest stream first
         self.wake = asyncio.Event()
         self.model_thread = ThreadPoolExecutor(1, thread_name_prefix="forward")
@@ -60,11 +65,13 @@ class BatchDispatcher:
                 await self.step(loop)
             except Exception:  # one bad batch must not stop every stream's scheduler
                 log.exception("batch dispatch step failed")
+            self.prepare(list(self.sessions.values()))  # what arrived during the forward
             if any(s.ready() for s in self.sessions.values()):
                 self.wake.set()  # eager: the next batch is whatever is ready now
             self.start_searches(loop)
 
     async def step(self, loop) -> int:
+        self.prepare(list(self.sessions.values()))
         batch = self.next_batch()
         if not batch:
             return 0

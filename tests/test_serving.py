@@ -87,6 +87,39 @@ def test_online_kaldi_fbank_against_the_numpy_one_is_documented(tiny_corpus):
         assert got.shape == ref.shape and float(np.abs(got - ref).max()) <= 1e-3
 
 
+def test_batched_fbank_across_streams_equals_each_stream_alone(tiny_corpus):
+    """accept_many (one FbankComputer call for every stream's new frames, as the
+    dispatcher does before each forward) gives each stream the rows its own accept()
+    gives, chunk by chunk, with chunks too short for a frame among them: to float32
+    rounding (the FFT and mel matmul over other row counts may take other kernels; log-mel
+    values reach ~25, where one float32 step is 1.9e-6: at most two steps)."""
+    from serving.features import StreamFeatures, accept_many
+    from tasks.fbank import FbankComputer
+
+    _, waves = _speaker_waves(tiny_corpus)
+    fcfg = FeaturesConfig()
+    alone = [StreamFeatures(fcfg, None, 192) for _ in waves]
+    shared = FbankComputer(fcfg, chunk_frames=512)
+    together = [StreamFeatures(fcfg, None, 192, computer=shared) for _ in waves]
+    rng = np.random.default_rng(1)
+    pos, rows_seen = [0] * len(waves), [0] * len(waves)
+    while any(p < len(w) for p, w in zip(pos, waves)):
+        chunks = []
+        for i, w in enumerate(waves):
+            n = int(rng.choice([0, 100, 1600, 3000]))
+            chunks.append(w[pos[i]:pos[i] + n])
+            pos[i] += n
+        got = accept_many(together, chunks)
+        for i, (f, c, g) in enumerate(zip(alone, chunks, got)):
+            want = f.accept(c)
+            assert g.shape == want.shape
+            if len(want):
+                assert float(np.abs(g - want).max()) <= 4e-6
+            rows_seen[i] += len(want)
+    cold_rows = fcfg.cmn_min_window // fcfg.subsample
+    assert min(rows_seen) > 1.5 * cold_rows  # every stream went past the CMN cold start
+
+
 # ----------------------------------------------------------------- a tiny model and graph
 @pytest.fixture(scope="module")
 def tiny_system(tiny_corpus, tmp_path_factory):
@@ -154,17 +187,21 @@ class _Slow:
         return self.model.forward(rows, states)
 
 
-def test_streamed_words_equal_the_offline_decode_through_batch_dispatch(tiny_system):
+@pytest.mark.parametrize("batched_features", [True, False])
+def test_streamed_words_equal_the_offline_decode_through_batch_dispatch(tiny_system,
+                                                                        batched_features):
     """Four concurrent streams of the same speaker's utterances, different chunk sizes
     (so batches mix streams with different row counts), through the asyncio dispatcher:
-    each final equals the offline decode's words; partials come before finals."""
+    each final equals the offline decode's words; partials come before finals. Features
+    batched across the streams before each forward (as served), or each stream's alone."""
     from serving.dispatch import BatchDispatcher
-    from serving.recognizer import Session
+    from serving.recognizer import Session, featurize
 
     rec = _recognizer(tiny_system)
 
     async def main():
-        disp = BatchDispatcher(_Slow(rec.model), max_batch=8, max_rows=16)
+        disp = BatchDispatcher(_Slow(rec.model), max_batch=8, max_rows=16,
+                               prepare=featurize if batched_features else None)
         task = asyncio.create_task(disp.run())
         loop = asyncio.get_running_loop()
 
