@@ -6,9 +6,10 @@ runs one model forward and hands each stream its outputs. It never waits to fill
 DeepSpeech2 found eager batching gives the lowest end-user latency, and the batch grows
 by itself with load (work piles up while a forward runs). The forward runs on one
 dedicated thread (torch releases the GIL, so the event loop keeps receiving audio); the
-search runs per stream on a thread pool, off the model's critical path.
-`prepare(sessions)`, when given, runs on the event loop before each batch is chosen: the
-sessions' features, computed for all of them at once (serving.recognizer.featurize).
+search runs per stream on a thread pool, off the model's critical path; a stream whose
+final is due is searched before the others' partials. `prepare(sessions)`, when given,
+runs on the event loop before each batch is chosen: the sessions' features, computed
+for all of them at once (serving.recognizer.featurize).
 
     BatchDispatcher(model, max_batch, max_rows, search_threads, prepare)
         .add(session) / .remove(session) / .notify()   from the event loop
@@ -20,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
@@ -37,7 +39,9 @@ class BatchDispatcher:
         self.wake = asyncio.Event()
         self.model_thread = ThreadPoolExecutor(1, thread_name_prefix="forward")
         self.search_pool = ThreadPoolExecutor(max(1, search_threads), thread_name_prefix="search")
-        self.searching: set[int] = set()
+        self.queued: dict[int, object] = {}  # streams with a search task submitted
+        self.searching: set[int] = set()  # those a search thread is running
+        self.pick_lock = threading.Lock()
         self.batch_sizes: collections.Counter = collections.Counter()
         self.forward_s = 0.0
         self.forwards = 0
@@ -93,16 +97,38 @@ class BatchDispatcher:
         return len(batch)
 
     def start_searches(self, loop) -> None:
+        """A search task per stream with posteriors queued; each task searches the most
+        urgent queued stream when a thread takes it, not the one it was submitted for: a
+        final then waits for at most the searches already running, not for every partial
+        queued before it."""
         for s in list(self.sessions.values()):
-            if s.search_due() and id(s) not in self.searching:
-                self.searching.add(id(s))
-                fut = loop.run_in_executor(self.search_pool, s.run_search)
-                fut.add_done_callback(lambda f, s=s: self._searched(s, f))
+            with self.pick_lock:
+                if not s.search_due() or id(s) in self.queued:
+                    continue
+                self.queued[id(s)] = s
+            fut = loop.run_in_executor(self.search_pool, self._search_next)
+            fut.add_done_callback(self._searched)
 
-    def _searched(self, s, fut) -> None:
-        self.searching.discard(id(s))
+    def _search_next(self):
+        """On a search thread: run the oldest queued stream with a final due, else the
+        oldest queued one."""
+        with self.pick_lock:
+            waiting = [s for k, s in self.queued.items() if k not in self.searching]
+            s = next((s for s in waiting if s.final_due()), waiting[0])
+            self.searching.add(id(s))
+        try:
+            s.run_search()
+        finally:
+            with self.pick_lock:
+                self.searching.discard(id(s))
+                self.queued.pop(id(s), None)
+        return s
+
+    def _searched(self, fut) -> None:
         if fut.exception() is not None:
             log.error("search failed on a stream: %r", fut.exception())
+            return
+        s = fut.result()
         if s.search_due() and not s.closed:
             self.wake.set()  # more posteriors arrived while it searched
 

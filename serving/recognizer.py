@@ -316,6 +316,10 @@ class Session:
     def search_due(self) -> bool:
         return bool(self.to_search)
 
+    def final_due(self) -> bool:
+        """An utterance end waits in the search queue: someone waits for its final."""
+        return any(x is END for x in tuple(self.to_search))
+
     # ---------------------------------------------------------------- search thread side
     def run_search(self) -> None:
         """Drain the queued posteriors through the search; one thread at a time."""

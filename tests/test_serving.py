@@ -332,6 +332,35 @@ def test_batch_dispatch_is_eager_and_batches_what_piled_up():
     assert first.seen == [1] and late[0].seen == [4, "lost"]
 
 
+class _Searchable:
+    def __init__(self, name: str, final: bool, order: list):
+        self.name, self.final, self.order, self.closed = name, final, order, False
+
+    def final_due(self):
+        return self.final
+
+    def search_due(self):
+        return False
+
+    def run_search(self):
+        self.order.append(self.name)
+
+
+def test_a_due_final_is_searched_before_partials_queued_earlier():
+    """The search threads take the queued stream whose final is due first (its client
+    waits for it), then the others in the order they were queued."""
+    from serving.dispatch import BatchDispatcher
+
+    order: list = []
+    disp = BatchDispatcher(model=None)
+    for name, final in [("a", False), ("b", False), ("c", True), ("d", True)]:
+        s = _Searchable(name, final, order)
+        disp.queued[id(s)] = s
+    for _ in range(4):
+        disp._search_next()
+    assert order == ["c", "d", "a", "b"] and not disp.queued and not disp.searching
+
+
 # ----------------------------------------------------------------- protocol (pure)
 def test_protocol_refuses_bad_headers_and_chunks():
     ok = {"type": "websocket.receive", "text": json.dumps({"sample_rate": 16000, "format": "s16le"})}
