@@ -193,6 +193,30 @@ def _save(fig, uri: str, storage) -> None:
     storage.write_bytes(uri, buf.getvalue())
 
 
+def replica_cpu(url: str) -> float | None:
+    """The replica's process CPU seconds (its /stats), None if it does not say."""
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url.rstrip("/") + "/stats", timeout=10) as r:
+            return json.loads(r.read()).get("cpu_s")
+    except (OSError, ValueError):
+        return None
+
+
+def cpu_row(n: int, sessions: list[list], wall: float, client_s: float,
+            replica_s: float | None) -> dict:
+    """What the level cost: cores of the replica process and of these clients (one
+    asyncio process for all streams, sharing the machine with the server), and the
+    replica's core-seconds per audio second per stream (with one replica: its part of
+    the feasibility sum, N of these must fit the cores the clients leave)."""
+    audio_s = sum(r.duration for i in range(n) for r in sessions[i % len(sessions)])
+    return {"audio_s": round(audio_s, 1), "client_cores": round(client_s / wall, 3),
+            "replica_cores": None if replica_s is None else round(replica_s / wall, 3),
+            "replica_core_s_per_audio_s": None if replica_s is None
+            else round(replica_s / audio_s, 5)}
+
+
 def offline_hyps(ctx) -> dict[str, str]:
     tag = ctx.cfg.decode.tag
     uri = ctx.other(f"decode-{tag}" if tag else "decode", "hyps.jsonl")
@@ -219,15 +243,19 @@ def run(ctx, args) -> dict[str, Any]:
     offline = offline_hyps(ctx)
     rows = []
     for n in levels:
-        t0 = time.perf_counter()
+        t0, c0, s0 = time.perf_counter(), time.process_time(), replica_cpu(url)
         results = asyncio.run(load_level(ws_url, n, sessions, audio, chunk_ms, speed, 0))
+        wall, s1 = time.perf_counter() - t0, replica_cpu(url)
         row = summarise(n, results, refs, offline)
-        row["wall_s"] = round(time.perf_counter() - t0, 1)
+        row["wall_s"] = round(wall, 1)
+        row.update(cpu_row(n, sessions, wall, time.process_time() - c0,
+                           None if s0 is None or s1 is None else s1 - s0))
         rows.append(row)
         print(f"{n:>4} streams: p50 {row['p50_ms']} ms, p98 {row['p98_ms']} ms, WER "
               f"{row['wer']} (offline {row['offline_wer']}, {row['finals_differing_from_offline']} "
               f"finals differ), mean batch {row['batch_size_mean']}, "
-              f"{row['failed_streams']} failed", flush=True)
+              f"{row['failed_streams']} failed; cores: replica {row['replica_cores']}, "
+              f"clients {row['client_cores']}", flush=True)
     out_dir = join(ctx.run_uri, "bench")
     plot(rows, join(out_dir, "serve_latency.png"), join(out_dir, "serve_batch_sizes.png"),
          ctx.storage)

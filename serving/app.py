@@ -121,7 +121,8 @@ class StreamHandler:
         self.next_id = 0
 
     def stats(self) -> dict:
-        return {**self.dispatcher.stats(), "admitted": self.admitted, "refused": self.refused,
+        return {**self.dispatcher.stats(), "cpu_s": round(time.process_time(), 3),
+                "admitted": self.admitted, "refused": self.refused,
                 "max_streams": self.scfg.max_streams, "acwt": self.rec.acwt,
                 "beam": self.rec.beam, "dtype": str(self.rec.model.dtype)}
 

@@ -383,3 +383,18 @@ def test_protocol_refuses_bad_headers_and_chunks():
     assert P.parse_control('{"end_utterance": true}') == "end_utterance"
     with pytest.raises(P.ProtocolError):
         P.parse_control('{"stop": 1}')
+
+
+def test_bench_serve_says_what_the_replica_and_the_clients_cost():
+    """Per level: cores of the replica and of the clients over the level's wall time, and
+    the replica's core-seconds per audio second per stream (stream i plays speaker i mod S)."""
+    from types import SimpleNamespace
+
+    from bench.serve import cpu_row
+
+    spk = [[SimpleNamespace(duration=2.0), SimpleNamespace(duration=3.0)],
+           [SimpleNamespace(duration=4.0)]]
+    row = cpu_row(3, spk, wall=10.0, client_s=1.0, replica_s=2.8)
+    assert row == {"audio_s": 14.0, "client_cores": 0.1, "replica_cores": 0.28,
+                   "replica_core_s_per_audio_s": 0.2}
+    assert cpu_row(1, spk, 10.0, 1.0, None)["replica_cores"] is None
