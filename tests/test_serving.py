@@ -398,3 +398,28 @@ def test_bench_serve_says_what_the_replica_and_the_clients_cost():
     assert row == {"audio_s": 14.0, "client_cores": 0.1, "replica_cores": 0.28,
                    "replica_core_s_per_audio_s": 0.2}
     assert cpu_row(1, spk, 10.0, 1.0, None)["replica_cores"] is None
+
+
+def test_a_client_silent_for_the_idle_timeout_is_closed_with_going_away():
+    """Each receive waits at most serve.idle_timeout_s, also after the stream started."""
+    from types import SimpleNamespace
+
+    from serving.app import StreamHandler
+
+    class SilentAfterOne:
+        def __init__(self):
+            self.sent = [{"type": "websocket.receive", "bytes": b"\x00\x00" * 160}]
+
+        async def receive(self):
+            if self.sent:
+                return self.sent.pop()
+            await asyncio.sleep(30)
+
+    fed = []
+    handler = SimpleNamespace(scfg=SimpleNamespace(idle_timeout_s=0.05, max_chunk_bytes=1000),
+                              dispatcher=SimpleNamespace(notify=lambda: None))
+    session = SimpleNamespace(feed=fed.append)
+    t0 = time.perf_counter()
+    err = asyncio.run(StreamHandler._receive(handler, SilentAfterOne(), session, {}, None))
+    assert err.code == P.GOING_AWAY and len(fed) == 1 and len(fed[0]) == 160
+    assert time.perf_counter() - t0 < 5
