@@ -9,11 +9,13 @@ audio. Streams start staggered over the first second (arrivals are not synchroni
 Stream i speaks as speaker i mod S, so at N > S several streams replay the same speech.
 
 Per N: latency = end of an utterance's audio (its end message sent) -> its final
-transcript received, median and 98th percentile over every utterance of every stream;
+transcript received, median and 98th percentile over every utterance of every stream
+(and the replica's part of it: its `server_ms`, end message received -> final sent);
 the batch-size histogram (how many streams shared each forward that carried a stream's
 rows: DeepSpeech2 figure 5); the WER of the streamed finals, the offline `amflow decode`
 WER of the same utterances (runs/<R>/decode/hyps.jsonl) and how many finals differ from
-the offline words. Writes runs/<R>/bench/serve.json ({"rows": [{streams, p50_ms, p98_ms,
+the offline words; what the level cost (cores of the replica, from its /stats, and of
+the clients: one asyncio process for all streams, on the same machine). Writes runs/<R>/bench/serve.json ({"rows": [{streams, p50_ms, p98_ms,
 wer, ...}]}) and, beside it, serve_latency.png (figure 6) and serve_batch_sizes.png
 (figure 5).
 """
@@ -126,11 +128,13 @@ def summarise(n: int, results: list[dict], refs: dict, offline: dict) -> dict:
     from decoding import wer as W
     from decoding.lexicon import words_of
 
-    lat, streamed, off, differ = [], [], [], 0
+    lat, server, streamed, off, differ = [], [], [], [], 0
     batches: Counter = Counter()
     for res in results:
         for u in res["utts"]:
             lat.append(u["latency_ms"])
+            if u.get("server_ms") is not None:
+                server.append(u["server_ms"])
             ref = words_of(refs[u["utt_id"]])
             streamed.append(W.score(ref, u["hyp"].split()))
             if u["utt_id"] in offline:
@@ -143,6 +147,9 @@ def summarise(n: int, results: list[dict], refs: dict, offline: dict) -> dict:
     return {"streams": n,
             "p50_ms": round(float(np.percentile(lat, 50)), 1) if lat else None,
             "p98_ms": round(float(np.percentile(lat, 98)), 1) if lat else None,
+            # the replica's part: its end-of-utterance message received -> final sent
+            "server_p50_ms": round(float(np.percentile(server, 50)), 1) if server else None,
+            "server_p98_ms": round(float(np.percentile(server, 98)), 1) if server else None,
             "wer": round(W.aggregate(streamed)["wer"], 5) if streamed else None,
             "offline_wer": round(W.aggregate(off)["wer"], 5) if off else None,
             "finals_differing_from_offline": differ, "utterances": len(lat),
