@@ -15,9 +15,9 @@ the batch-size histogram (how many streams shared each forward that carried a st
 rows: DeepSpeech2 figure 5); the WER of the streamed finals, the offline `amflow decode`
 WER of the same utterances (runs/<R>/decode/hyps.jsonl) and how many finals differ from
 the offline words; what the level cost (cores of the replica, from its /stats, and of
-the clients: one asyncio process for all streams, on the same machine). Writes runs/<R>/bench/serve.json ({"rows": [{streams, p50_ms, p98_ms,
-wer, ...}]}) and, beside it, serve_latency.png (figure 6) and serve_batch_sizes.png
-(figure 5).
+the clients: one asyncio process for all streams, on the same machine). Writes
+runs/<R>/bench/serve.json ({"rows": [{streams, p50_ms, p98_ms, wer, ...}]}) and, beside
+it, serve_latency.png (figure 6) and serve_batch_sizes.png (figure 5).
 """
 from __future__ import annotations
 
