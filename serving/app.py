@@ -114,7 +114,8 @@ class StreamHandler:
         sys.setswitchinterval(SWITCH_INTERVAL_S)
         self.rec, self.scfg = rec, scfg
         self.dispatcher = BatchDispatcher(rec.model, scfg.max_batch, scfg.max_rows,
-                                          scfg.search_threads, prepare=featurize)
+                                          scfg.search_threads, prepare=featurize,
+                                          max_wait_s=scfg.max_wait_ms / 1000)
         self.task: asyncio.Task | None = None
         self.admitted = 0
         self.refused = 0

@@ -113,6 +113,54 @@ def forward(model, batch: list, max_rows: int) -> None:
         s.after_forward(out, st, len(batch))
 
 
+async def realtime(rec, plays: list[list[bytes]], chunk_ms: float = 100.0,
+                   max_rows: int = 32, max_wait_s: float = 0.0) -> dict:
+    """The streams at 1x real time through the served dispatcher (asyncio, its forward
+    thread and search pool, featurize as prepare), without the WebSockets: latency from
+    an utterance's end to its final, on the replica's code alone."""
+    import asyncio
+    import random
+
+    from serving.dispatch import BatchDispatcher
+    from serving.recognizer import Session, featurize
+
+    disp = BatchDispatcher(rec.model, max_batch=128, max_rows=max_rows, prepare=featurize,
+                           max_wait_s=max_wait_s)
+    task = asyncio.create_task(disp.run())
+    loop = asyncio.get_running_loop()
+    step, lat = int(16000 * chunk_ms / 1000) * 2, []
+    rng = random.Random(0)
+
+    async def one(utts: list[bytes]) -> None:
+        finals = []
+        s = Session(rec, lambda m: loop.call_soon_threadsafe(finals.append, m))
+        disp.add(s)
+        await asyncio.sleep(rng.uniform(0, 1.0))
+        t0, sent = time.perf_counter(), 0.0
+        for chunk in _chunks(utts, step):
+            if chunk is None:
+                s.end_utterance()
+            else:
+                await asyncio.sleep(max(0.0, t0 + sent - time.perf_counter()))
+                s.feed(P.pcm_samples(chunk, 1 << 22))
+                sent += len(chunk) / 32000
+            disp.notify()
+        while sum("final" in m for m in finals) < len(utts):
+            await asyncio.sleep(0.01)
+        lat.extend(m["server_ms"] for m in finals if "final" in m)
+        disp.remove(s)
+
+    c0, t0 = time.process_time(), time.perf_counter()
+    await asyncio.gather(*(one(u) for u in plays))
+    task.cancel()
+    cores = (time.process_time() - c0) / (time.perf_counter() - t0)
+    return {"streams": len(plays), "finals": len(lat), "cores": round(cores, 3),
+            "p50_ms": round(float(np.percentile(lat, 50)), 1),
+            "p98_ms": round(float(np.percentile(lat, 98)), 1),
+            "batch_size_mean": round(sum(k * v for k, v in disp.batch_sizes.items()) /
+                                     max(1, disp.forwards), 2)}
+
+
 def main(argv=None) -> None:
     import torch
 
@@ -123,9 +171,21 @@ def main(argv=None) -> None:
     p.add_argument("--set", action="append", default=[], help="config key=value")
     p.add_argument("--per-stream-fbank", action="store_true",
                    help="each chunk's fbank alone (the unbatched way), for comparison")
+    p.add_argument("--realtime", action="store_true",
+                   help="play at 1x through the dispatcher: latency end of utterance -> final")
+    p.add_argument("--max-wait-ms", type=float, default=0.0,
+                   help="--realtime: the dispatcher's max_wait (0: eager)")
     a = p.parse_args(argv)
     torch.set_num_threads(1)
     rec, plays = load(a.run_id, a.set, a.streams, a.seconds)
+    if a.realtime:
+        import asyncio
+        import sys
+
+        sys.setswitchinterval(0.001)  # as the replica does (serving/app.py)
+        print(json.dumps(asyncio.run(realtime(rec, plays, max_wait_s=a.max_wait_ms / 1000)),
+                         indent=1))
+        return
     print(json.dumps(play(rec, plays, batched=not a.per_stream_fbank), indent=1))
 
 

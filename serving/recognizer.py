@@ -209,6 +209,7 @@ class Session:
         self.feats = rec.features()
         self.audio: collections.deque = collections.deque()  # samples and END, not featurized
         self.pending: collections.deque = collections.deque()  # rows arrays and END markers
+        self.waiting_since: float | None = None  # when the oldest pending rows were queued
         self.state = rec.model.zero_state()
         self.skip = rec.model.lookahead  # outputs still to drop (the look-ahead)
         self.utt = 0
@@ -248,17 +249,22 @@ class Session:
 
     def add_rows(self, rows: np.ndarray, ended: bool) -> None:
         if len(rows):
-            self.pending.append(rows)
+            self._queue_rows(rows)
             self.utt_rows += len(rows)
         if ended:
             self._flush_utterance()
+
+    def _queue_rows(self, rows: np.ndarray) -> None:
+        if self.waiting_since is None:
+            self.waiting_since = time.perf_counter()
+        self.pending.append(rows)
 
     def _flush_utterance(self) -> None:
         """The rest of the utterance's rows and the look-ahead's zero rows, then END."""
         rows = self.feats.end_utterance()
         la = self.rec.model.lookahead
         if self.utt_rows + len(rows):  # feed the look-ahead's zero rows after the last row
-            self.pending.append(np.concatenate([rows, np.zeros((la, rows.shape[1]), np.float32)]))
+            self._queue_rows(np.concatenate([rows, np.zeros((la, rows.shape[1]), np.float32)]))
         self.utt_rows = 0
         self.pending.append(END)
         self.feats.new_utterance()
@@ -285,6 +291,8 @@ class Session:
             parts.append(r)
             n += len(r)
         self.in_flight = True
+        rest = any(x is not END for x in self.pending)
+        self.waiting_since = time.perf_counter() if rest else None
         return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
     def after_forward(self, log_post: np.ndarray, state, batch: int) -> None:
@@ -315,6 +323,10 @@ class Session:
 
     def search_due(self) -> bool:
         return bool(self.to_search)
+
+    def end_pending(self) -> bool:
+        """An utterance end waits behind rows for the model: its client waits for it."""
+        return any(x is END for x in tuple(self.pending))
 
     def final_due(self) -> bool:
         """An utterance end waits in the search queue: someone waits for its final."""

@@ -187,13 +187,15 @@ class _Slow:
         return self.model.forward(rows, states)
 
 
-@pytest.mark.parametrize("batched_features", [True, False])
+@pytest.mark.parametrize("batched_features,max_wait_s", [(True, 0.03), (False, 0.0)])
 def test_streamed_words_equal_the_offline_decode_through_batch_dispatch(tiny_system,
-                                                                        batched_features):
+                                                                        batched_features,
+                                                                        max_wait_s):
     """Four concurrent streams of the same speaker's utterances, different chunk sizes
     (so batches mix streams with different row counts), through the asyncio dispatcher:
     each final equals the offline decode's words; partials come before finals. Features
-    batched across the streams before each forward (as served), or each stream's alone."""
+    batched across the streams before each forward and partial rows waiting for company
+    (as served), or each stream's features alone and eager dispatch."""
     from serving.dispatch import BatchDispatcher
     from serving.recognizer import Session, featurize
 
@@ -201,7 +203,8 @@ def test_streamed_words_equal_the_offline_decode_through_batch_dispatch(tiny_sys
 
     async def main():
         disp = BatchDispatcher(_Slow(rec.model), max_batch=8, max_rows=16,
-                               prepare=featurize if batched_features else None)
+                               prepare=featurize if batched_features else None,
+                               max_wait_s=max_wait_s)
         task = asyncio.create_task(disp.run())
         loop = asyncio.get_running_loop()
 
@@ -330,6 +333,70 @@ def test_batch_dispatch_is_eager_and_batches_what_piled_up():
     assert len(model.batches) >= 4 and not any(s.ready() for s in [first, *late])
     assert disp.batch_sizes[1] >= 1 and disp.batch_sizes[4] == 1
     assert first.seen == [1] and late[0].seen == [4, "lost"]
+
+
+class _Waiting(_FakeSession):
+    """Rows ready since `since` (perf_counter); `ended`: an utterance end behind them."""
+
+    def __init__(self, rows: int, since: float, ended: bool = False):
+        super().__init__(rows)
+        self.waiting_since, self.ended = since, ended
+
+    def end_pending(self):
+        return self.ended and self.rows > 0
+
+
+class _Recorder:
+    def __init__(self):
+        self.calls = []
+
+    def forward(self, rows, states):
+        self.calls.append((time.perf_counter(), len(rows)))
+        return [np.zeros((len(r), 1)) for r in rows], states
+
+
+def test_with_max_wait_partial_rows_wait_for_other_streams_but_an_ended_utterance_does_not():
+    from serving.dispatch import BatchDispatcher
+
+    now = time.perf_counter()
+    disp = BatchDispatcher(None, max_batch=3, max_wait_s=0.2)
+    assert disp.batch_due_in() is None  # nothing ready
+    disp.add(_Waiting(3, now - 0.05))
+    assert 0.1 < disp.batch_due_in() <= 0.15  # the oldest rows may wait 0.2 s in all
+    disp.add(_Waiting(3, now))
+    assert 0.1 < disp.batch_due_in() <= 0.15
+    disp.add(_Waiting(3, now, ended=True))
+    assert disp.batch_due_in() == 0.0  # a client waits for that final
+    eager = BatchDispatcher(None, max_wait_s=0.0)
+    eager.add(_Waiting(3, now))
+    assert eager.batch_due_in() == 0.0  # DeepSpeech2's eager dispatch
+    full = BatchDispatcher(None, max_batch=2, max_wait_s=0.2)
+    full.add(_Waiting(3, now))
+    full.add(_Waiting(3, now))
+    assert full.batch_due_in() == 0.0  # a full batch goes at once
+
+    async def main(end_after: float | None):
+        model = _Recorder()
+        disp = BatchDispatcher(model, max_batch=8, max_wait_s=0.3)
+        task = asyncio.create_task(disp.run())
+        t0 = time.perf_counter()
+        first, second = _Waiting(3, t0), _Waiting(0, t0)
+        disp.add(first)
+        disp.add(second)
+        disp.notify()
+        if end_after is not None:
+            await asyncio.sleep(end_after)
+            second.rows, second.ended = 2, True  # an utterance ends in another stream
+            disp.notify()
+        while not model.calls:
+            await asyncio.sleep(0.005)
+        task.cancel()
+        return model.calls[0][0] - t0, model.calls[0][1]
+
+    waited, batch = asyncio.run(main(None))
+    assert 0.25 <= waited < 1.0 and batch == 1  # the rows waited max_wait for company
+    waited, batch = asyncio.run(main(0.05))
+    assert waited < 0.25 and batch == 2  # the end went at once, the waiting rows with it
 
 
 class _Searchable:
