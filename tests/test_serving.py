@@ -356,17 +356,24 @@ class _Recorder:
 
 
 def test_with_max_wait_partial_rows_wait_for_other_streams_but_an_ended_utterance_does_not():
+    """batch_due_in and next_batch with serve.max_wait_ms: partial rows wait for company
+    up to max_wait; an utterance end goes at once, alone unless others are due too."""
     from serving.dispatch import BatchDispatcher
 
     now = time.perf_counter()
-    disp = BatchDispatcher(None, max_batch=3, max_wait_s=0.2)
+    disp = BatchDispatcher(None, max_batch=8, max_wait_s=0.2)
     assert disp.batch_due_in() is None  # nothing ready
     disp.add(_Waiting(3, now - 0.05))
     assert 0.1 < disp.batch_due_in() <= 0.15  # the oldest rows may wait 0.2 s in all
     disp.add(_Waiting(3, now))
     assert 0.1 < disp.batch_due_in() <= 0.15
-    disp.add(_Waiting(3, now, ended=True))
+    ended = _Waiting(3, now, ended=True)
+    disp.add(ended)
     assert disp.batch_due_in() == 0.0  # a client waits for that final
+    assert disp.next_batch() == [ended]  # alone: the others' rows are not due yet
+    late = _Waiting(3, now - 0.3)
+    disp.add(late)
+    assert len(disp.next_batch()) == 4  # with a stream past its wait, all go
     eager = BatchDispatcher(None, max_wait_s=0.0)
     eager.add(_Waiting(3, now))
     assert eager.batch_due_in() == 0.0  # DeepSpeech2's eager dispatch
@@ -388,15 +395,17 @@ def test_with_max_wait_partial_rows_wait_for_other_streams_but_an_ended_utteranc
             await asyncio.sleep(end_after)
             second.rows, second.ended = 2, True  # an utterance ends in another stream
             disp.notify()
-        while not model.calls:
+        while first.ready() or second.ready():
             await asyncio.sleep(0.005)
         task.cancel()
-        return model.calls[0][0] - t0, model.calls[0][1]
+        return [(t - t0, b) for t, b in model.calls], first.seen, second.seen
 
-    waited, batch = asyncio.run(main(None))
-    assert 0.25 <= waited < 1.0 and batch == 1  # the rows waited max_wait for company
-    waited, batch = asyncio.run(main(0.05))
-    assert waited < 0.25 and batch == 2  # the end went at once, the waiting rows with it
+    calls, first, _ = asyncio.run(main(None))
+    assert len(calls) == 1 and 0.25 <= calls[0][0] < 1.0  # the rows waited max_wait for company
+    calls, first, second = asyncio.run(main(0.05))
+    # the end went at once and alone (a final's forward stays small), the waiting rows at
+    # their deadline
+    assert calls[0][0] < 0.25 and second == [1] and 0.25 <= calls[1][0] < 1.0 and first == [1]
 
 
 class _Searchable:
