@@ -82,10 +82,10 @@ class BatchDispatcher:
             self.start_searches(loop)
 
     async def until_due(self) -> None:
-        """Featurize what arrived, then return when a batch is due (batch_due_in), else
-        sleep until it will be or until new audio (notify) may change that."""
+        """Return when a batch is due (batch_due_in), else sleep until it will be or
+        until new input (notify) may change that. Nothing is featurized here: audio
+        waits in its session until the step, so that prepare() gets every stream's."""
         while True:
-            self.prepare(list(self.sessions.values()))
             wait = self.batch_due_in()
             if wait is not None and wait <= 0:
                 return
@@ -97,7 +97,8 @@ class BatchDispatcher:
                 pass
 
     def batch_due_in(self) -> float | None:
-        """Seconds until the next batch is due; 0: now; None: no stream has rows ready.
+        """Seconds until the next batch is due; 0: now; None: no stream has input (rows,
+        or audio not featurized yet: Session.has_input).
 
         max_wait_s 0 is DeepSpeech2's eager dispatch: whatever is ready goes as soon as
         the previous forward finished. With max_wait_s > 0, ready rows wait up to that
@@ -106,7 +107,7 @@ class BatchDispatcher:
         are ready. Why wait on a CPU: a forward costs about the same for 1 stream
         as for 8 (each row step reads all the LSTM's weights, ~8 MB, from memory), so
         eager forwards of 1-2 streams each, 400 a second at 40 streams, spent ~0.6 core."""
-        ready = [s for s in self.sessions.values() if s.ready()]
+        ready = [s for s in self.sessions.values() if s.has_input()]
         if not ready:
             return None
         if self.max_wait_s <= 0 or len(ready) >= self.max_batch:

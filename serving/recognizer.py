@@ -11,8 +11,9 @@ search, and one stream's session.
         and the words are the offline search's); partial = best path so far
     Session(recognizer, send)
         one stream: PCM queued -> (featurize(), all streams' fbank at once, before each
-        forward) StreamFeatures -> rows pending for the model -> (after the forward) the model's look-ahead dropped, posteriors queued for the search ->
-        partial / final messages through `send`. Utterance ends keep the speaker's CMN
+        forward) StreamFeatures -> rows pending for the model -> (after the forward)
+        the model's look-ahead dropped, posteriors queued for the search -> partial /
+        final messages through `send`. Utterance ends keep the speaker's CMN
         state and reset the fbank, LFR, LSTM and search, as the offline decode treats a
         speaker's utterances.
     Recognizer(model_bytes, graph_dir, log_prior, acwt, ...)   what a replica holds once
@@ -209,7 +210,7 @@ class Session:
         self.feats = rec.features()
         self.audio: collections.deque = collections.deque()  # samples and END, not featurized
         self.pending: collections.deque = collections.deque()  # rows arrays and END markers
-        self.waiting_since: float | None = None  # when the oldest pending rows were queued
+        self.waiting_since: float | None = None  # when the oldest input (audio, rows) came
         self.state = rec.model.zero_state()
         self.skip = rec.model.lookahead  # outputs still to drop (the look-ahead)
         self.utt = 0
@@ -228,14 +229,23 @@ class Session:
     # Audio waits in `audio` for featurize(), which the dispatcher runs over every stream
     # before each forward, so that one fbank call serves all of them.
     def feed(self, samples: np.ndarray) -> None:
-        self.audio.append(samples)
+        self._queue_audio(samples)
 
     def end_utterance(self) -> None:
         """The utterance's audio is complete (its features and look-ahead are flushed by
         the next featurize())."""
         self.ended_at[self.utt] = time.perf_counter()
-        self.audio.append(END)
+        self._queue_audio(END)
         self.utt += 1
+
+    def _queue_audio(self, item) -> None:
+        if self.waiting_since is None:
+            self.waiting_since = time.perf_counter()
+        self.audio.append(item)
+
+    def has_input(self) -> bool:
+        """Audio not featurized yet, or rows ready for the model (no featurizing here)."""
+        return bool(self.audio) or (bool(self.pending) and self.pending[0] is not END)
 
     def next_audio(self) -> tuple[np.ndarray, bool]:
         """The queued samples up to the next utterance end, and whether it came."""
@@ -253,6 +263,8 @@ class Session:
             self.utt_rows += len(rows)
         if ended:
             self._flush_utterance()
+        if not self.audio and not any(x is not END for x in self.pending):
+            self.waiting_since = None  # the audio made no rows yet: nothing waits
 
     def _queue_rows(self, rows: np.ndarray) -> None:
         if self.waiting_since is None:
@@ -291,7 +303,7 @@ class Session:
             parts.append(r)
             n += len(r)
         self.in_flight = True
-        rest = any(x is not END for x in self.pending)
+        rest = bool(self.audio) or any(x is not END for x in self.pending)
         self.waiting_since = time.perf_counter() if rest else None
         return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
@@ -325,8 +337,8 @@ class Session:
         return bool(self.to_search)
 
     def end_pending(self) -> bool:
-        """An utterance end waits behind rows for the model: its client waits for it."""
-        return any(x is END for x in tuple(self.pending))
+        """An utterance end waits for the features or the model: its client waits."""
+        return any(x is END for q in (self.audio, self.pending) for x in tuple(q))
 
     def final_due(self) -> bool:
         """An utterance end waits in the search queue: someone waits for its final."""

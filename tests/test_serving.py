@@ -272,6 +272,9 @@ class _FakeSession:
     def ready(self):
         return self.rows > 0
 
+    def has_input(self):
+        return self.ready()
+
     def take(self, max_rows):
         n = min(self.rows, max_rows)
         self.rows -= n
@@ -395,8 +398,9 @@ def test_with_max_wait_partial_rows_wait_for_other_streams_but_an_ended_utteranc
             await asyncio.sleep(end_after)
             second.rows, second.ended = 2, True  # an utterance ends in another stream
             disp.notify()
-        while first.ready() or second.ready():
-            await asyncio.sleep(0.005)
+        done = (lambda: first.seen and second.seen) if end_after else (lambda: first.seen)
+        while time.perf_counter() - t0 < 2 and not done():
+            await asyncio.sleep(0.005)  # until each stream's forward has come back
         task.cancel()
         return [(t - t0, b) for t, b in model.calls], first.seen, second.seen
 
