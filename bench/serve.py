@@ -216,7 +216,10 @@ def cpu_row(n: int, sessions: list[list], wall: float, client_s: float,
     """What the level cost: cores of the replica process and of these clients (one
     asyncio process for all streams, sharing the machine with the server), and the
     replica's core-seconds per audio second per stream (with one replica: its part of
-    the feasibility sum, N of these must fit the cores the clients leave)."""
+    the feasibility sum, N of these must fit the cores the clients leave). With several
+    replicas, `replica_s` is the one that answered /stats, serving about N/replicas of
+    the streams: its cores are one replica's, its per-stream figure is too low by that
+    factor."""
     audio_s = sum(r.duration for i in range(n) for r in sessions[i % len(sessions)])
     return {"audio_s": round(audio_s, 1), "client_cores": round(client_s / wall, 3),
             "replica_cores": None if replica_s is None else round(replica_s / wall, 3),
