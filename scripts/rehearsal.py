@@ -712,6 +712,89 @@ def redone_shards(cluster: Cluster, job_sub_id: str) -> dict:
             "failed_attempts": sum(1 for t in shard if t.state == "FAILED")}
 
 
+# What every short step pays before its own work: an empty job (a Python that prints its
+# start time) and one that only joins the cluster, as Ray jobs on a pool (followed by the
+# runner as an Airflow task follows its step), and the empty job as a local runner job.
+EMPTY = "import time; print('FLOOR_START', time.time())"
+RAY_INIT = ("import time; t = time.time(); import ray; ray.init(); "
+            "print('FLOOR_INIT', time.time() - t)")
+FLOOR_POOLS = {"pool_x1": ("select", "lm"), "pool_p3": ("evaluate",)}
+FLOOR_REPEATS = 3
+
+
+def _timed_job(runner, jid: str, code: str, resources: dict | None) -> dict:
+    """Submit `python -c code` through the runner, follow it to its end; its timings."""
+    lines: list[str] = []
+    runner.emit = lines.append
+    t0 = time.time()
+    out = runner.run(jid, [sys.executable, "-c", code], budget_s=600.0, resources=resources)
+    row = {"status": out.status, "wall_s": round(time.time() - t0, 3)}
+    for line in lines:
+        key, _, value = line.partition(" ")
+        if key == "FLOOR_START":
+            row["driver_start_s"] = round(float(value) - t0, 3)
+        elif key == "FLOOR_INIT":
+            row["ray_init_s"] = round(float(value), 3)
+    return row
+
+
+def _median(rows: list[dict], key: str) -> float | None:
+    import statistics
+
+    vals = [r[key] for r in rows if r.get(key) is not None]
+    return round(statistics.median(vals), 3) if vals else None
+
+
+def job_floor(cluster: Cluster, ccfg, work: Path, env: dict) -> dict:
+    """The fixed cost of a Ray job on each short step's pool, next to a local runner job."""
+    from amflow.runner import LocalBackend, StepRunner, make_backend
+
+    t = time.time()
+    ray_backend = make_backend(ccfg, work / "floor-jobs")  # a JobSubmissionClient, warm
+    out: dict[str, Any] = {"client_s": round(time.time() - t, 3), "pools": {}}
+    ray_runner = StepRunner(ray_backend, work / "floor-jobs", poll_s=ccfg.runner.poll_s)
+    local = StepRunner(LocalBackend(work / "floor-local"), work / "floor-local",
+                       poll_s=ccfg.runner.poll_s)
+    tag = secrets.token_hex(3)
+    rows = [_timed_job(local, f"floor-local-{tag}-{i}", EMPTY, None) for i in range(FLOOR_REPEATS)]
+    out["local_empty_job_s"] = _median(rows, "wall_s")
+    for pool, steps in FLOOR_POOLS.items():
+        res = {pool: 0.01}
+        empty = [_timed_job(ray_runner, f"floor-{pool}-empty-{tag}-{i}", EMPTY, res)
+                 for i in range(FLOOR_REPEATS)]
+        init = [_timed_job(ray_runner, f"floor-{pool}-init-{tag}-{i}", RAY_INIT, res)
+                for i in range(2)]
+        out["pools"][pool] = {"steps": list(steps), "empty_job_s": _median(empty, "wall_s"),
+                              "driver_start_s": _median(empty, "driver_start_s"),
+                              "ray_init_job_s": _median(init, "wall_s"),
+                              "ray_init_s": _median(init, "ray_init_s"),
+                              "ok": all(r["status"] == "SUCCEEDED" for r in empty + init)}
+    # what a fresh task process pays to import the job client (once per `dags test` here)
+    py = [sys.executable, "-c"]
+    t = time.time()
+    subprocess.run([*py, "pass"], env=env, check=True)
+    bare = time.time() - t
+    t = time.time()
+    subprocess.run([*py, "from ray.job_submission import JobSubmissionClient"], env=env,
+                   check=True)
+    out["client_import_s"] = round(time.time() - t - bare, 3)
+    return out
+
+
+def add_floor(rows: list[dict], floor: dict) -> None:
+    """Per short step: floor = its pool's empty Ray job + the step's own wall time on S3,
+    a lower bound of its cluster time; floor / local says whether 1.5x can be met."""
+    pool_of = {s: p for p, f in floor.get("pools", {}).items() for s in f["steps"]}
+    for row in rows:
+        pool = pool_of.get(row["step"].split("_")[0])  # evaluate_sequence: evaluate's pool
+        empty = floor["pools"][pool]["empty_job_s"] if pool else None
+        if empty is None or row.get("cluster_step_s") is None:
+            continue
+        row["empty_job_s"] = empty
+        row["floor_s"] = round(empty + row["cluster_step_s"], 2)
+        row["floor_ratio"] = round(row["floor_s"] / row["local_s"], 2) if row["local_s"] else None
+
+
 def overhead_table(lhome: Path, chome: Path, cluster: Cluster) -> list[dict]:
     """Per step: Airflow task duration local vs cluster, and where the cluster's extra
     time goes: the step's own wall time (`wall_s`: on S3 vs local disk), the Ray job
@@ -831,6 +914,13 @@ def main(argv: list[str] | None = None) -> int:
         killer.done.set()
         report["cluster_pipeline_s"] = round(time.time() - t, 1)
 
+        # 5b. the floor: an empty Ray job on each short step's pool, beside a local one
+        say("the fixed cost of a Ray job: empty jobs on pool_x1 / pool_p3, and locally")
+        try:
+            report["floor"] = job_floor(cluster, ccfg, work, env_c)
+        except Exception:  # noqa: BLE001 - a measurement, not a check: report it, go on
+            report["floor"] = {"error": traceback.format_exc()[-2000:], "pools": {}}
+
         # 6. S3 faults on: ssl_student's select, features, targets again as Ray jobs
         # (run FAULT_RUN), and the train below, with 3 % of S3 requests failing
         s3.faults.enabled = True
@@ -895,6 +985,7 @@ def main(argv: list[str] | None = None) -> int:
                                "different": fo["different"],
                                "ok": sum(report["s3"]["injected"].values()) > 0 and fo["ok"]}
         report["overhead"] = overhead_table(lhome, chome, cluster)
+        add_floor(report["overhead"], report["floor"])
         report["ok"] = all(c.get("ok") for c in checks.values())
     except Exception:  # noqa: BLE001
         report["error"] = traceback.format_exc()
@@ -929,14 +1020,21 @@ def print_report(r: dict) -> None:
         print("      " + json.dumps(brief, default=str)[:600])
     if r.get("overhead"):
         print("\nper-step wall time, cluster way (S3 + Ray jobs + pools) vs local "
-              "(local disk, local Ray):")
+              "(local disk, local Ray); floor = empty Ray job on the step's pool + step S3:")
         print(f"{'dag':12} {'step':12} {'local s':>8} {'cluster s':>9} {'ratio':>6} "
-              f"{'step local':>10} {'step S3':>8} {'ray job':>8}")
+              f"{'step local':>10} {'step S3':>8} {'ray job':>8} {'empty job':>9} "
+              f"{'floor':>6} {'floor/local':>11}")
         for row in r["overhead"]:
             f = lambda v: f"{v:.1f}" if isinstance(v, (int, float)) else "-"  # noqa: E731
+            g = lambda v: f"{v:.2f}" if isinstance(v, (int, float)) else "-"  # noqa: E731
             print(f"{row['dag']:12} {row['step']:12} {row['local_s']:8.1f} "
                   f"{row['cluster_s']:9.1f} {row['ratio']:6.2f} {f(row['local_step_s']):>10} "
-                  f"{f(row['cluster_step_s']):>8} {f(row['ray_job_s']):>8}")
+                  f"{f(row['cluster_step_s']):>8} {f(row['ray_job_s']):>8} "
+                  f"{g(row.get('empty_job_s')):>9} {g(row.get('floor_s')):>6} "
+                  f"{g(row.get('floor_ratio')):>11}")
+    if r.get("floor"):
+        print("\nfixed cost of a job (median of a few, followed by amflow.runner as a task does):")
+        print("      " + json.dumps(r["floor"], default=str))
     for k in ("corpus_s", "local_pipeline_s", "cluster_pipeline_s"):
         if k in r:
             print(f"{k}: {r[k]}")

@@ -1,0 +1,28 @@
+"""The rehearsal's floor measurement (scripts/rehearsal.py): an empty job timed through the
+runner, and the per-step floor = the pool's empty Ray job + the step's own wall on S3."""
+from __future__ import annotations
+
+from amflow.runner import LocalBackend, StepRunner
+from scripts.rehearsal import EMPTY, _timed_job, add_floor
+
+
+def test_an_empty_local_job_is_timed_from_submission_to_its_end(tmp_path):
+    runner = StepRunner(LocalBackend(tmp_path), tmp_path, poll_s=1.0)
+    row = _timed_job(runner, "floor-local-test", EMPTY, None)
+    assert row["status"] == "SUCCEEDED"
+    assert 0 < row["driver_start_s"] < row["wall_s"] < 5
+
+
+def test_floor_is_the_pools_empty_job_plus_the_steps_own_time():
+    floor = {"pools": {"pool_x1": {"steps": ["select", "lm"], "empty_job_s": 1.5},
+                       "pool_p3": {"steps": ["evaluate"], "empty_job_s": 2.0}}}
+    rows = [{"step": "lm", "local_s": 1.0, "cluster_step_s": 0.5},
+            {"step": "evaluate_sequence", "local_s": 4.0, "cluster_step_s": 1.0},
+            {"step": "train", "local_s": 30.0, "cluster_step_s": 25.0},
+            {"step": "select", "local_s": 5.0, "cluster_step_s": None}]
+    add_floor(rows, floor)
+    assert rows[0] == {"step": "lm", "local_s": 1.0, "cluster_step_s": 0.5,
+                       "empty_job_s": 1.5, "floor_s": 2.0, "floor_ratio": 2.0}
+    assert rows[1]["floor_s"] == 3.0 and rows[1]["floor_ratio"] == 0.75
+    assert "floor_s" not in rows[2] and "floor_s" not in rows[3]
+    add_floor(rows, {"error": "no cluster", "pools": {}})  # a failed measurement: no floor
