@@ -718,16 +718,20 @@ def redone_shards(cluster: Cluster, job_sub_id: str) -> dict:
 EMPTY = "import time; print('FLOOR_START', time.time())"
 RAY_INIT = ("import time; t = time.time(); import ray; ray.init(); "
             "print('FLOOR_INIT', time.time() - t)")
+# Which code a job's `amflow` runs (no cwd on sys.path, as for the console script): this
+# checkout's, through PYTHONPATH, also from a worktree.
+WHICH_CODE = "import amflow.cli as m; print('FLOOR_CODE', m.__file__)"
 FLOOR_POOLS = {"pool_x1": ("select", "lm"), "pool_p3": ("evaluate",)}
 FLOOR_REPEATS = 3
 
 
 def _timed_job(runner, jid: str, code: str, resources: dict | None) -> dict:
-    """Submit `python -c code` through the runner, follow it to its end; its timings."""
+    """Submit `python -P -c code` through the runner, follow it to its end; its timings."""
     lines: list[str] = []
     runner.emit = lines.append
     t0 = time.time()
-    out = runner.run(jid, [sys.executable, "-c", code], budget_s=600.0, resources=resources)
+    out = runner.run(jid, [sys.executable, "-P", "-c", code], budget_s=600.0,
+                     resources=resources)
     row = {"status": out.status, "wall_s": round(time.time() - t0, 3)}
     for line in lines:
         key, _, value = line.partition(" ")
@@ -735,6 +739,8 @@ def _timed_job(runner, jid: str, code: str, resources: dict | None) -> dict:
             row["driver_start_s"] = round(float(value) - t0, 3)
         elif key == "FLOOR_INIT":
             row["ray_init_s"] = round(float(value), 3)
+        elif key == "FLOOR_CODE":
+            row["code"] = value
     return row
 
 
@@ -745,7 +751,7 @@ def _median(rows: list[dict], key: str) -> float | None:
     return round(statistics.median(vals), 3) if vals else None
 
 
-def job_floor(cluster: Cluster, ccfg, work: Path, env: dict) -> dict:
+def job_floor(ccfg, work: Path, env: dict, init_jobs: int = 2) -> dict:
     """The fixed cost of a Ray job on each short step's pool, next to a local runner job."""
     from amflow.runner import LocalBackend, StepRunner, make_backend
 
@@ -763,11 +769,13 @@ def job_floor(cluster: Cluster, ccfg, work: Path, env: dict) -> dict:
         empty = [_timed_job(ray_runner, f"floor-{pool}-empty-{tag}-{i}", EMPTY, res)
                  for i in range(FLOOR_REPEATS)]
         init = [_timed_job(ray_runner, f"floor-{pool}-init-{tag}-{i}", RAY_INIT, res)
-                for i in range(2)]
+                for i in range(init_jobs)]
         out["pools"][pool] = {"steps": list(steps), "empty_job_s": _median(empty, "wall_s"),
                               "driver_start_s": _median(empty, "driver_start_s"),
                               "ray_init_job_s": _median(init, "wall_s"),
                               "ray_init_s": _median(init, "ray_init_s"),
+                              "code": _timed_job(ray_runner, f"floor-{pool}-code-{tag}",
+                                                 WHICH_CODE, res).get("code"),
                               "ok": all(r["status"] == "SUCCEEDED" for r in empty + init)}
     # what a fresh task process pays to import the job client (once per `dags test` here)
     py = [sys.executable, "-c"]
@@ -917,7 +925,7 @@ def main(argv: list[str] | None = None) -> int:
         # 5b. the floor: an empty Ray job on each short step's pool, beside a local one
         say("the fixed cost of a Ray job: empty jobs on pool_x1 / pool_p3, and locally")
         try:
-            report["floor"] = job_floor(cluster, ccfg, work, env_c)
+            report["floor"] = job_floor(ccfg, work, env_c)
         except Exception:  # noqa: BLE001 - a measurement, not a check: report it, go on
             report["floor"] = {"error": traceback.format_exc()[-2000:], "pools": {}}
 

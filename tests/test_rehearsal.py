@@ -84,6 +84,8 @@ def test_overhead_is_reported_with_the_floor_of_each_short_step(report):
     floor = report["floor"]
     assert "error" not in floor, floor.get("error")
     assert all(p["ok"] and p["empty_job_s"] > 0 for p in floor["pools"].values()), floor
+    # the jobs ran this checkout's code (a worktree too, through PYTHONPATH)
+    assert all(p["code"] == str(ROOT / "amflow" / "cli.py") for p in floor["pools"].values())
     assert floor["local_empty_job_s"] > 0
     rows = report["overhead"]
     assert {r["step"] for r in rows} >= {"select", "features", "train", "evaluate", "lm"}

@@ -26,3 +26,19 @@ def test_floor_is_the_pools_empty_job_plus_the_steps_own_time():
     assert rows[1]["floor_s"] == 3.0 and rows[1]["floor_ratio"] == 0.75
     assert "floor_s" not in rows[2] and "floor_s" not in rows[3]
     add_floor(rows, {"error": "no cluster", "pools": {}})  # a failed measurement: no floor
+
+
+def test_job_floor_runs_through_the_runner_of_the_config(tmp_path, local_cfg):
+    """The whole measurement, with a local runner standing in for the Ray job API (no
+    ray.init jobs: without a cluster each would start a Ray of its own)."""
+    import os
+
+    from scripts.rehearsal import job_floor
+
+    cfg = local_cfg("runner.poll_s=1")
+    floor = job_floor(cfg, tmp_path, dict(os.environ), init_jobs=0)
+    assert floor["local_empty_job_s"] > 0 and floor["client_import_s"] > 0
+    for pool in ("pool_x1", "pool_p3"):
+        p = floor["pools"][pool]
+        assert p["ok"] and 0 < p["driver_start_s"] < p["empty_job_s"]
+        assert p["code"].endswith("amflow/cli.py")
