@@ -401,15 +401,20 @@ class StepRunner:
             state["tail"] = tail
             _write_json(cpath, state)
 
+        pumped = float("-inf")
         while True:
             status = self.backend.status(jid)
             if status in TERMINAL:
                 pump(final=True)
                 break
-            pump(final=False)
-            if time.monotonic() >= deadline:
-                break
             now = time.monotonic()
+            # output every poll_s as before: the extra checks of a short start are a status
+            # read each (a Ray job's log is one more request to the head and the node)
+            if now - pumped >= self.poll_s or now >= deadline:
+                pump(final=False)
+                pumped = now
+            if now >= deadline:
+                break
             time.sleep(min(next_poll_s(now - t0, self.poll_s), max(0.05, deadline - now)))
         summary = parse_summary("\n".join(tail)) if status == SUCCEEDED else None
         if status == SUCCEEDED and summary is None:

@@ -36,6 +36,7 @@ class FakeBackend:
         self.t0: float | None = None
         self.status_calls = 0
         self.exists_calls = 0
+        self.logs_calls = 0
         self.submits: list[str] = []
 
     def _elapsed(self) -> float:
@@ -65,6 +66,7 @@ class FakeBackend:
         return R.SUCCEEDED if self._elapsed() >= self.end_s else R.RUNNING
 
     def logs(self, jid: str, offset: int = 0):
+        self.logs_calls += 1
         new = self._text()[offset:]
         end = new.rfind("\n") + 1
         return new[:end], offset + end
@@ -107,6 +109,16 @@ def test_long_job_is_polled_every_poll_s_after_a_short_start(clock, tmp_path):
     assert runner.run("job", ["step"], budget_s=float("inf")).ok
     # a fixed 5-s poll makes 721 checks in an hour; the short start adds about 40
     assert backend.status_calls <= 3600 / 5 + 45
+
+
+def test_the_short_start_adds_status_checks_only_output_comes_every_poll_s(clock, tmp_path):
+    backend = FakeBackend(9.5, clock)
+    lines: list[str] = []
+    runner = R.StepRunner(backend, tmp_path, poll_s=2.0, emit=lines.append)
+    assert runner.run("job", ["step"], budget_s=float("inf")).ok
+    assert backend.status_calls >= 20  # every 0.2 s at first
+    assert backend.logs_calls == 5  # at 0, 2, 4, 6, 8 s; the rest at the end
+    assert [x for x in lines if x.startswith("line")] == [f"line {i}" for i in range(9)]
 
 
 def test_follow_streams_every_line_once_in_order_across_short_tries(clock, tmp_path):
