@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import datetime as dt
 import json
 import os
 import random
@@ -803,6 +804,42 @@ def add_floor(rows: list[dict], floor: dict) -> None:
         row["floor_ratio"] = round(row["floor_s"] / row["local_s"], 2) if row["local_s"] else None
 
 
+def _epoch(text: str) -> float:
+    """An Airflow DB timestamp (UTC, naive in SQLite) as seconds since the epoch."""
+    d = dt.datetime.fromisoformat(text)
+    return (d if d.tzinfo else d.replace(tzinfo=dt.timezone.utc)).timestamp()
+
+
+def task_spans(home: Path) -> dict[str, dict[str, tuple[float, float]]]:
+    """{dag: {task: (start, end)}} of the last try of every successful task."""
+    out: dict[str, dict[str, tuple[float, float]]] = {}
+    with sqlite3.connect(home / "airflow.db") as c:
+        for dag, task, start, end, state in c.execute(
+                "select dag_id, task_id, start_date, end_date, state from task_instance"):
+            if start and end and state == "success":
+                out.setdefault(dag, {})[task] = (_epoch(start), _epoch(end))
+    return out
+
+
+def local_job_span(home: Path, jid: str) -> tuple[float, float] | None:
+    """(submitted, ended) of a local runner job, from its state dir."""
+    d = home / "amflow_jobs" / jid
+    try:
+        return (json.loads((d / "job.json").read_text())["submitted_at"],
+                json.loads((d / "rc.json").read_text())["finished_at"])
+    except (OSError, KeyError, ValueError):
+        return None
+
+
+def phases(task: tuple[float, float] | None, job: tuple[float, float] | None) -> dict:
+    """A task's time before its job was submitted, the job, and after the job ended
+    (noticing the end, reading the log, XCom and asset events)."""
+    if not task or not job:
+        return {}
+    return {"before_s": round(job[0] - task[0], 2), "job_s": round(job[1] - job[0], 2),
+            "after_s": round(task[1] - job[1], 2)}
+
+
 def overhead_table(lhome: Path, chome: Path, cluster: Cluster) -> list[dict]:
     """Per step: Airflow task duration local vs cluster, and where the cluster's extra
     time goes: the step's own wall time (`wall_s`: on S3 vs local disk), the Ray job
@@ -811,23 +848,29 @@ def overhead_table(lhome: Path, chome: Path, cluster: Cluster) -> list[dict]:
 
     client = JobSubmissionClient(cluster.dashboard)
     local, clus = task_times(lhome), task_times(chome)
+    lspans, cspans = task_spans(lhome), task_spans(chome)
     rows = []
     for dag in ("teacher", "ssl_student"):
         lx, cx, cr = xcoms(lhome, dag), xcoms(chome, dag), xcoms(chome, dag, "runner")
+        lr = xcoms(lhome, dag, "runner")
         for task, lo in local.get(dag, {}).items():
             cl = clus.get(dag, {}).get(task)
             if cl is None:
                 continue
-            job = None
+            job, cspan = None, None
             if task in cr:
                 info = client.get_job_info(cr[task]["job_id"])
                 if info.start_time and info.end_time:
                     job = round((info.end_time - info.start_time) / 1000.0, 2)
+                    cspan = (info.start_time / 1000.0, info.end_time / 1000.0)
+            lspan = local_job_span(lhome, lr[task]["job_id"]) if task in lr else None
             rows.append({"dag": dag, "step": task, "local_s": lo, "cluster_s": cl,
                          "ratio": round(cl / lo, 2) if lo else None,
                          "local_step_s": (lx.get(task) or {}).get("wall_s"),
                          "cluster_step_s": (cx.get(task) or {}).get("wall_s"),
-                         "ray_job_s": job})
+                         "ray_job_s": job,
+                         "local_phases": phases(lspans.get(dag, {}).get(task), lspan),
+                         "cluster_phases": phases(cspans.get(dag, {}).get(task), cspan)})
     return rows
 
 
@@ -1040,6 +1083,15 @@ def print_report(r: dict) -> None:
                   f"{f(row['cluster_step_s']):>8} {f(row['ray_job_s']):>8} "
                   f"{g(row.get('empty_job_s')):>9} {g(row.get('floor_s')):>6} "
                   f"{g(row.get('floor_ratio')):>11}")
+    if r.get("overhead"):
+        print("\nwhere a task's time goes, local | cluster: before its job was submitted "
+              "(Airflow, config, job client), the job, after it ended (seeing the end, log, "
+              "XCom, assets):")
+        for row in r["overhead"]:
+            lp, cp = row.get("local_phases") or {}, row.get("cluster_phases") or {}
+            f = lambda p: " ".join(f"{p.get(k, float('nan')):5.1f}"  # noqa: E731
+                                   for k in ("before_s", "job_s", "after_s"))
+            print(f"{row['dag']:12} {row['step']:12} {f(lp)} | {f(cp)}")
     if r.get("floor"):
         print("\nfixed cost of a job (median of a few, followed by amflow.runner as a task does):")
         print("      " + json.dumps(r["floor"], default=str))

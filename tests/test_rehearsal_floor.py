@@ -42,3 +42,28 @@ def test_job_floor_runs_through_the_runner_of_the_config(tmp_path, local_cfg):
         p = floor["pools"][pool]
         assert p["ok"] and 0 < p["driver_start_s"] < p["empty_job_s"]
         assert p["code"].endswith("amflow/cli.py")
+
+
+def test_a_tasks_time_splits_into_before_job_and_after(tmp_path):
+    """From Airflow's DB (naive UTC timestamps) and a local runner job's state dir."""
+    import json
+    import sqlite3
+
+    from scripts.rehearsal import local_job_span, phases, task_spans
+
+    with sqlite3.connect(tmp_path / "airflow.db") as c:
+        c.execute("create table task_instance (dag_id, task_id, start_date, end_date, state)")
+        c.execute("insert into task_instance values ('teacher', 'lm', "
+                  "'2026-01-01 00:00:10.000000', '2026-01-01 00:00:13.500000', 'success')")
+        c.execute("insert into task_instance values ('teacher', 'x', "
+                  "'2026-01-01 00:00:10', NULL, 'running')")
+    start = 1767225600.0 + 10  # 2026-01-01T00:00:10Z
+    job = tmp_path / "amflow_jobs" / "j1"
+    job.mkdir(parents=True)
+    (job / "job.json").write_text(json.dumps({"submitted_at": start + 0.5}))
+    (job / "rc.json").write_text(json.dumps({"finished_at": start + 2.5}))
+    spans = task_spans(tmp_path)
+    assert spans == {"teacher": {"lm": (start, start + 3.5)}}
+    assert phases(spans["teacher"]["lm"], local_job_span(tmp_path, "j1")) == {
+        "before_s": 0.5, "job_s": 2.0, "after_s": 1.0}
+    assert local_job_span(tmp_path, "missing") is None and phases(None, (0, 1)) == {}
