@@ -351,7 +351,7 @@ def next_poll_s(elapsed_s: float, poll_s: float) -> float:
 
     A tenth of the time followed so far, at least FIRST_POLL_S and at most `poll_s`: a job
     that ends is seen within 10 % of its run time (0.2 s for a 1-s step, where a fixed 5-s
-    poll would double it), while a long one is polled every `poll_s` as before (about 10
+    poll would double it), while a long one is polled every `poll_s` as before (about 7
     extra status checks per doubling of the time until then).
     """
     return min(poll_s, max(FIRST_POLL_S, POLL_SHARE * elapsed_s))
