@@ -547,15 +547,20 @@ def placement_check(cluster: Cluster, cfg) -> dict:
     rows, bad = [], []
     for j in client.list_jobs():
         sid = j.submission_id or ""
-        if not sid.startswith("amflow-") or not j.job_id:
+        if not sid.startswith("amflow-"):
             continue
         words = j.entrypoint.split()
         step = words[words.index("amflow") + 1] if "amflow" in words else "?"
         want = wanted.get(step, set())
-        tasks = list_tasks(address=cluster.dashboard, filters=[("job_id", "=", j.job_id)],
-                           limit=10000, detail=True, raise_on_missing_output=False)
-        actors = list_actors(address=cluster.dashboard, filters=[("job_id", "=", j.job_id)],
-                             limit=10000, detail=True, raise_on_missing_output=False)
+        tasks, actors = [], []
+        # A driver that never joins the cluster (select, lm, evaluate: no Ray tasks, no
+        # ray.init) has no Ray job id and nothing but itself to place: its node is checked.
+        if j.job_id:
+            tasks = list_tasks(address=cluster.dashboard, filters=[("job_id", "=", j.job_id)],
+                               limit=10000, detail=True, raise_on_missing_output=False)
+            actors = list_actors(address=cluster.dashboard,
+                                 filters=[("job_id", "=", j.job_id)], limit=10000,
+                                 detail=True, raise_on_missing_output=False)
         seen: dict[str, dict[str, int]] = {}
         control: dict[str, dict[str, int]] = {}
         # Work is what asks for resources (CPU, GPU, a pool): it must run on the step's

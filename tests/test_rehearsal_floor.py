@@ -67,3 +67,35 @@ def test_a_tasks_time_splits_into_before_job_and_after(tmp_path):
     assert phases(spans["teacher"]["lm"], local_job_span(tmp_path, "j1")) == {
         "before_s": 0.5, "job_s": 2.0, "after_s": 1.0}
     assert local_job_span(tmp_path, "missing") is None and phases(None, (0, 1)) == {}
+
+
+def test_placement_checks_the_driver_of_a_job_that_never_joined_the_cluster(monkeypatch):
+    """select, lm and evaluate run no Ray tasks: their jobs have no Ray job id, and the
+    node of their driver alone must be in the step's pool."""
+    from types import SimpleNamespace as NS
+
+    import ray.job_submission
+    import ray.util.state
+
+    from amflow.config import load_config
+    from scripts.rehearsal import ROOT, placement_check
+
+    jobs = [NS(submission_id="amflow-teacher-select-1-try1", job_id=None, status="SUCCEEDED",
+               entrypoint="cd /x && amflow select --config c.yaml", driver_node_id="n-x1"),
+            NS(submission_id="amflow-teacher-lm-2-try1", job_id=None, status="SUCCEEDED",
+               entrypoint="cd /x && amflow lm --config c.yaml", driver_node_id="n-head"),
+            NS(submission_id="floor-pool_x1-empty", job_id=None, status="SUCCEEDED",
+               entrypoint="python -c pass", driver_node_id="n-head")]
+    monkeypatch.setattr(ray.job_submission, "JobSubmissionClient",
+                        lambda address: NS(list_jobs=lambda: jobs))
+    asked: list = []
+    monkeypatch.setattr(ray.util.state, "list_tasks", lambda **kw: asked.append(kw) or [])
+    monkeypatch.setattr(ray.util.state, "list_actors", lambda **kw: asked.append(kw) or [])
+    cluster = NS(dashboard="http://x", pools=lambda: {"n-x1": "pool_x1", "n-head": "head"},
+                 name_of=lambda node: node)
+    out = placement_check(cluster, load_config(ROOT / "configs" / "aws.yaml"))
+    assert [r["step"] for r in out["jobs"]] == ["select", "lm"]
+    assert out["jobs"][0]["placed"] == {"driver": {"pool_x1": 1}}
+    assert out["violations"] == ["amflow-teacher-lm-2-try1: driver {'entrypoint': 1} on n-head "
+                                 "(head), config names ['pool_x1']"]
+    assert asked == []  # no Ray job id: no tasks or actors to ask for
