@@ -796,17 +796,27 @@ def job_floor(ccfg, work: Path, env: dict, init_jobs: int = 2) -> dict:
 
 
 def add_floor(rows: list[dict], floor: dict) -> None:
-    """Per short step: floor = its pool's empty Ray job + the step's own wall time on S3,
-    a lower bound of its cluster time; floor / local says whether 1.5x can be met."""
+    """Per short step, two bounds from this run's measurements:
+    floor = its pool's empty Ray job + the step's own wall time on S3: a lower bound of
+    its cluster time (the task must run a job, the job the step);
+    same_task = the local task with the local runner's empty job swapped for the Ray one
+    and the step's wall on disk for its wall on S3 (Airflow, imports, the step's work as
+    measured locally): what the cluster task takes if nothing else differs."""
     pool_of = {s: p for p, f in floor.get("pools", {}).items() for s in f["steps"]}
+    local_empty = floor.get("local_empty_job_s")
     for row in rows:
         pool = pool_of.get(row["step"].split("_")[0])  # evaluate_sequence: evaluate's pool
         empty = floor["pools"][pool]["empty_job_s"] if pool else None
-        if empty is None or row.get("cluster_step_s") is None:
+        if empty is None or row.get("cluster_step_s") is None or not row["local_s"]:
             continue
         row["empty_job_s"] = empty
         row["floor_s"] = round(empty + row["cluster_step_s"], 2)
-        row["floor_ratio"] = round(row["floor_s"] / row["local_s"], 2) if row["local_s"] else None
+        row["floor_ratio"] = round(row["floor_s"] / row["local_s"], 2)
+        if local_empty is not None and row.get("local_step_s") is not None:
+            same = (row["local_s"] - local_empty + empty
+                    + row["cluster_step_s"] - row["local_step_s"])
+            row["same_task_s"] = round(same, 2)
+            row["same_task_ratio"] = round(same / row["local_s"], 2)
 
 
 def _epoch(text: str) -> float:
@@ -1079,7 +1089,7 @@ def print_report(r: dict) -> None:
               "(local disk, local Ray); floor = empty Ray job on the step's pool + step S3:")
         print(f"{'dag':12} {'step':12} {'local s':>8} {'cluster s':>9} {'ratio':>6} "
               f"{'step local':>10} {'step S3':>8} {'ray job':>8} {'empty job':>9} "
-              f"{'floor':>6} {'floor/local':>11}")
+              f"{'floor':>6} {'floor/local':>11} {'same task':>9} {'/local':>6}")
         for row in r["overhead"]:
             f = lambda v: f"{v:.1f}" if isinstance(v, (int, float)) else "-"  # noqa: E731
             g = lambda v: f"{v:.2f}" if isinstance(v, (int, float)) else "-"  # noqa: E731
@@ -1087,7 +1097,8 @@ def print_report(r: dict) -> None:
                   f"{row['cluster_s']:9.1f} {row['ratio']:6.2f} {f(row['local_step_s']):>10} "
                   f"{f(row['cluster_step_s']):>8} {f(row['ray_job_s']):>8} "
                   f"{g(row.get('empty_job_s')):>9} {g(row.get('floor_s')):>6} "
-                  f"{g(row.get('floor_ratio')):>11}")
+                  f"{g(row.get('floor_ratio')):>11} {g(row.get('same_task_s')):>9} "
+                  f"{g(row.get('same_task_ratio')):>6}")
     if r.get("overhead"):
         print("\nwhere a task's time goes, local | cluster: before its job was submitted "
               "(Airflow, config, job client), the job, after it ended (seeing the end, log, "

@@ -93,3 +93,4 @@ def test_overhead_is_reported_with_the_floor_of_each_short_step(report):
         assert r["local_s"] > 0 and r["cluster_s"] > 0 and r["ratio"] > 0
         if r["step"] in ("select", "lm", "evaluate"):
             assert r["floor_s"] == round(r["empty_job_s"] + r["cluster_step_s"], 2), r
+            assert r["same_task_s"] >= r["floor_s"] - r["cluster_step_s"], r

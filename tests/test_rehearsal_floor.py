@@ -15,15 +15,19 @@ def test_an_empty_local_job_is_timed_from_submission_to_its_end(tmp_path):
 
 def test_floor_is_the_pools_empty_job_plus_the_steps_own_time():
     floor = {"pools": {"pool_x1": {"steps": ["select", "lm"], "empty_job_s": 1.5},
-                       "pool_p3": {"steps": ["evaluate"], "empty_job_s": 2.0}}}
+                       "pool_p3": {"steps": ["evaluate"], "empty_job_s": 2.0}},
+             "local_empty_job_s": 0.25}
     rows = [{"step": "lm", "local_s": 1.0, "cluster_step_s": 0.5},
-            {"step": "evaluate_sequence", "local_s": 4.0, "cluster_step_s": 1.0},
+            {"step": "evaluate_sequence", "local_s": 4.0, "cluster_step_s": 1.0,
+             "local_step_s": 0.75},
             {"step": "train", "local_s": 30.0, "cluster_step_s": 25.0},
             {"step": "select", "local_s": 5.0, "cluster_step_s": None}]
     add_floor(rows, floor)
     assert rows[0] == {"step": "lm", "local_s": 1.0, "cluster_step_s": 0.5,
                        "empty_job_s": 1.5, "floor_s": 2.0, "floor_ratio": 2.0}
     assert rows[1]["floor_s"] == 3.0 and rows[1]["floor_ratio"] == 0.75
+    # 4.0 - 0.25 (local runner) + 2.0 (Ray job) + 1.0 - 0.75 (the step on S3, not disk)
+    assert rows[1]["same_task_s"] == 6.0 and rows[1]["same_task_ratio"] == 1.5
     assert "floor_s" not in rows[2] and "floor_s" not in rows[3]
     add_floor(rows, {"error": "no cluster", "pools": {}})  # a failed measurement: no floor
 
