@@ -47,10 +47,11 @@ class AmflowJobTrigger(BaseTrigger):
         return make_backend(load_config(self.config, self.overrides), Path(self.state_dir))
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
-        from amflow.runner import STOPPED, TERMINAL
+        from amflow.runner import STOPPED, TERMINAL, next_poll_s
 
         backend = await asyncio.to_thread(self._backend)
         offset, last_note = 0, time.monotonic()
+        started = last_note
         while True:
             status = await asyncio.to_thread(backend.status, self.job_id)
             if status in TERMINAL:
@@ -68,7 +69,7 @@ class AmflowJobTrigger(BaseTrigger):
                 self.log.info("job %s %s%s", self.job_id, status,
                               f"; latest: {lines[-1]}" if lines else "")
                 last_note = time.monotonic()
-            await asyncio.sleep(self.poll_s)
+            await asyncio.sleep(next_poll_s(time.monotonic() - started, self.poll_s))
 
     async def _timed_out(self, backend) -> bool:
         t0 = await asyncio.to_thread(backend.submitted_at, self.job_id)

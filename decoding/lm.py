@@ -249,19 +249,23 @@ def generator_sentences(count: int, seed: int) -> list[list[str]]:
             for i, n in enumerate(lengths)]
 
 
-def split_transcripts(storage, corpus: str, split: str) -> list[list[str]]:
+def split_transcripts(storage, corpus: str, split: str, records=None) -> list[list[str]]:
+    """The word sequences of one split; `records`: the corpus's, if already read."""
     from decoding.lexicon import words_of
     from tasks.select import read_records
 
-    records, _, _ = read_records(storage, corpus)
+    if records is None:
+        records, _, _ = read_records(storage, corpus)
     return [words_of(r.text) for r in records if r.split == split and r.text]
 
 
 def run(ctx, args=None) -> dict:
     """`amflow lm`: estimate the word n-gram, write ARPA, report perplexity and OOVs."""
+    import functools
     import time
 
     from amflow.storage import join
+    from tasks.select import read_records
 
     cfg, st = ctx.cfg, ctx.storage
     lc = cfg.lm
@@ -273,9 +277,12 @@ def run(ctx, args=None) -> dict:
             print(f"lm: {ctx.step_uri} already finished with these settings; --force redoes it")
             return done
     t0 = time.time()
+    # the corpus's records, read once for every split that needs them (on S3 each read
+    # is a round trip per metadata file)
+    records = functools.cache(lambda: read_records(st, cfg.data.corpus)[0])
     text = generator_sentences(lc.sentences, lc.seed) if lc.sentences else []
     if lc.text_split:
-        text += split_transcripts(st, cfg.data.corpus, lc.text_split)
+        text += split_transcripts(st, cfg.data.corpus, lc.text_split, records())
     lexicon_uri = cfg.data.lexicon or join(cfg.data.corpus, "lexicon.txt")
     vocab: set[str] = set()
     if st.exists(lexicon_uri):
@@ -290,8 +297,9 @@ def run(ctx, args=None) -> dict:
                      "sentences_config": [lc.sentences, lc.seed, lc.text_split], "sentences": len(text),
                      "tokens": sum(len(s) for s in text), "vocabulary": len(model.vocabulary()),
                      "ngrams": model.num_ngrams()}
+    has_corpus = st.exists(cfg.data.corpus)
     for split in ("dev", "test"):
-        sents = split_transcripts(st, cfg.data.corpus, split) if st.exists(cfg.data.corpus) else []
+        sents = split_transcripts(st, cfg.data.corpus, split, records()) if has_corpus else []
         if sents:
             ppl = perplexity(model, sents)
             metrics[split] = {"perplexity": round(ppl["perplexity"], 3),

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import datetime as dt
 import json
 import os
 import random
@@ -546,15 +547,20 @@ def placement_check(cluster: Cluster, cfg) -> dict:
     rows, bad = [], []
     for j in client.list_jobs():
         sid = j.submission_id or ""
-        if not sid.startswith("amflow-") or not j.job_id:
+        if not sid.startswith("amflow-"):
             continue
         words = j.entrypoint.split()
         step = words[words.index("amflow") + 1] if "amflow" in words else "?"
         want = wanted.get(step, set())
-        tasks = list_tasks(address=cluster.dashboard, filters=[("job_id", "=", j.job_id)],
-                           limit=10000, detail=True, raise_on_missing_output=False)
-        actors = list_actors(address=cluster.dashboard, filters=[("job_id", "=", j.job_id)],
-                             limit=10000, detail=True, raise_on_missing_output=False)
+        tasks, actors = [], []
+        # A driver that never joins the cluster (select, lm, evaluate: no Ray tasks, no
+        # ray.init) has no Ray job id and nothing but itself to place: its node is checked.
+        if j.job_id:
+            tasks = list_tasks(address=cluster.dashboard, filters=[("job_id", "=", j.job_id)],
+                               limit=10000, detail=True, raise_on_missing_output=False)
+            actors = list_actors(address=cluster.dashboard,
+                                 filters=[("job_id", "=", j.job_id)], limit=10000,
+                                 detail=True, raise_on_missing_output=False)
         seen: dict[str, dict[str, int]] = {}
         control: dict[str, dict[str, int]] = {}
         # Work is what asks for resources (CPU, GPU, a pool): it must run on the step's
@@ -712,6 +718,143 @@ def redone_shards(cluster: Cluster, job_sub_id: str) -> dict:
             "failed_attempts": sum(1 for t in shard if t.state == "FAILED")}
 
 
+# What every short step pays before its own work: an empty job (a Python that prints its
+# start time) and one that only joins the cluster, as Ray jobs on a pool (followed by the
+# runner as an Airflow task follows its step), and the empty job as a local runner job.
+EMPTY = "import time; print('FLOOR_START', time.time())"
+RAY_INIT = ("import time; t = time.time(); import ray; ray.init(); "
+            "print('FLOOR_INIT', time.time() - t)")
+# Which code a job's `amflow` runs (no cwd on sys.path, as for the console script): this
+# checkout's, through PYTHONPATH, also from a worktree.
+WHICH_CODE = "import amflow.cli as m; print('FLOOR_CODE', m.__file__)"
+FLOOR_POOLS = {"pool_x1": ("select", "lm"), "pool_p3": ("evaluate",)}
+FLOOR_REPEATS = 3
+
+
+def _timed_job(runner, jid: str, code: str, resources: dict | None) -> dict:
+    """Submit `python -P -c code` through the runner, follow it to its end; its timings."""
+    lines: list[str] = []
+    runner.emit = lines.append
+    t0 = time.time()
+    out = runner.run(jid, [sys.executable, "-P", "-c", code], budget_s=600.0,
+                     resources=resources)
+    row = {"status": out.status, "wall_s": round(time.time() - t0, 3)}
+    for line in lines:
+        key, _, value = line.partition(" ")
+        if key == "FLOOR_START":
+            row["driver_start_s"] = round(float(value) - t0, 3)
+        elif key == "FLOOR_INIT":
+            row["ray_init_s"] = round(float(value), 3)
+        elif key == "FLOOR_CODE":
+            row["code"] = value
+    return row
+
+
+def _median(rows: list[dict], key: str) -> float | None:
+    import statistics
+
+    vals = [r[key] for r in rows if r.get(key) is not None]
+    return round(statistics.median(vals), 3) if vals else None
+
+
+def job_floor(ccfg, work: Path, env: dict, init_jobs: int = 2) -> dict:
+    """The fixed cost of a Ray job on each short step's pool, next to a local runner job."""
+    from amflow.runner import LocalBackend, StepRunner, make_backend
+
+    t = time.time()
+    ray_backend = make_backend(ccfg, work / "floor-jobs")  # a JobSubmissionClient, warm
+    out: dict[str, Any] = {"client_s": round(time.time() - t, 3), "pools": {}}
+    ray_runner = StepRunner(ray_backend, work / "floor-jobs", poll_s=ccfg.runner.poll_s)
+    local = StepRunner(LocalBackend(work / "floor-local"), work / "floor-local",
+                       poll_s=ccfg.runner.poll_s)
+    tag = secrets.token_hex(3)
+    rows = [_timed_job(local, f"floor-local-{tag}-{i}", EMPTY, None) for i in range(FLOOR_REPEATS)]
+    out["local_empty_job_s"] = _median(rows, "wall_s")
+    for pool, steps in FLOOR_POOLS.items():
+        res = {pool: 0.01}
+        empty = [_timed_job(ray_runner, f"floor-{pool}-empty-{tag}-{i}", EMPTY, res)
+                 for i in range(FLOOR_REPEATS)]
+        init = [_timed_job(ray_runner, f"floor-{pool}-init-{tag}-{i}", RAY_INIT, res)
+                for i in range(init_jobs)]
+        out["pools"][pool] = {"steps": list(steps), "empty_job_s": _median(empty, "wall_s"),
+                              "driver_start_s": _median(empty, "driver_start_s"),
+                              "ray_init_job_s": _median(init, "wall_s"),
+                              "ray_init_s": _median(init, "ray_init_s"),
+                              "code": _timed_job(ray_runner, f"floor-{pool}-code-{tag}",
+                                                 WHICH_CODE, res).get("code"),
+                              "ok": all(r["status"] == "SUCCEEDED" for r in empty + init)}
+    # what a fresh task process pays to import the job client (once per `dags test` here)
+    py = [sys.executable, "-c"]
+    t = time.time()
+    subprocess.run([*py, "pass"], env=env, check=True)
+    bare = time.time() - t
+    t = time.time()
+    subprocess.run([*py, "from ray.job_submission import JobSubmissionClient"], env=env,
+                   check=True)
+    out["client_import_s"] = round(time.time() - t - bare, 3)
+    return out
+
+
+def add_floor(rows: list[dict], floor: dict) -> None:
+    """Per short step, two bounds from this run's measurements:
+    floor = its pool's empty Ray job + the step's own wall time on S3: a lower bound of
+    its cluster time (the task must run a job, the job the step);
+    same_task = the local task with the local runner's empty job swapped for the Ray one
+    and the step's wall on disk for its wall on S3 (Airflow, imports, the step's work as
+    measured locally): what the cluster task takes if nothing else differs."""
+    pool_of = {s: p for p, f in floor.get("pools", {}).items() for s in f["steps"]}
+    local_empty = floor.get("local_empty_job_s")
+    for row in rows:
+        pool = pool_of.get(row["step"].split("_")[0])  # evaluate_sequence: evaluate's pool
+        empty = floor["pools"][pool]["empty_job_s"] if pool else None
+        if empty is None or row.get("cluster_step_s") is None or not row["local_s"]:
+            continue
+        row["empty_job_s"] = empty
+        row["floor_s"] = round(empty + row["cluster_step_s"], 2)
+        row["floor_ratio"] = round(row["floor_s"] / row["local_s"], 2)
+        if local_empty is not None and row.get("local_step_s") is not None:
+            same = (row["local_s"] - local_empty + empty
+                    + row["cluster_step_s"] - row["local_step_s"])
+            row["same_task_s"] = round(same, 2)
+            row["same_task_ratio"] = round(same / row["local_s"], 2)
+
+
+def _epoch(text: str) -> float:
+    """An Airflow DB timestamp (UTC, naive in SQLite) as seconds since the epoch."""
+    d = dt.datetime.fromisoformat(text)
+    return (d if d.tzinfo else d.replace(tzinfo=dt.timezone.utc)).timestamp()
+
+
+def task_spans(home: Path) -> dict[str, dict[str, tuple[float, float]]]:
+    """{dag: {task: (start, end)}} of the last try of every successful task."""
+    out: dict[str, dict[str, tuple[float, float]]] = {}
+    with sqlite3.connect(home / "airflow.db") as c:
+        for dag, task, start, end, state in c.execute(
+                "select dag_id, task_id, start_date, end_date, state from task_instance"):
+            if start and end and state == "success":
+                out.setdefault(dag, {})[task] = (_epoch(start), _epoch(end))
+    return out
+
+
+def local_job_span(home: Path, jid: str) -> tuple[float, float] | None:
+    """(submitted, ended) of a local runner job, from its state dir."""
+    d = home / "amflow_jobs" / jid
+    try:
+        return (json.loads((d / "job.json").read_text())["submitted_at"],
+                json.loads((d / "rc.json").read_text())["finished_at"])
+    except (OSError, KeyError, ValueError):
+        return None
+
+
+def phases(task: tuple[float, float] | None, job: tuple[float, float] | None) -> dict:
+    """A task's time before its job was submitted, the job, and after the job ended
+    (noticing the end, reading the log, XCom and asset events)."""
+    if not task or not job:
+        return {}
+    return {"before_s": round(job[0] - task[0], 2), "job_s": round(job[1] - job[0], 2),
+            "after_s": round(task[1] - job[1], 2)}
+
+
 def overhead_table(lhome: Path, chome: Path, cluster: Cluster) -> list[dict]:
     """Per step: Airflow task duration local vs cluster, and where the cluster's extra
     time goes: the step's own wall time (`wall_s`: on S3 vs local disk), the Ray job
@@ -720,23 +863,29 @@ def overhead_table(lhome: Path, chome: Path, cluster: Cluster) -> list[dict]:
 
     client = JobSubmissionClient(cluster.dashboard)
     local, clus = task_times(lhome), task_times(chome)
+    lspans, cspans = task_spans(lhome), task_spans(chome)
     rows = []
     for dag in ("teacher", "ssl_student"):
         lx, cx, cr = xcoms(lhome, dag), xcoms(chome, dag), xcoms(chome, dag, "runner")
+        lr = xcoms(lhome, dag, "runner")
         for task, lo in local.get(dag, {}).items():
             cl = clus.get(dag, {}).get(task)
             if cl is None:
                 continue
-            job = None
+            job, cspan = None, None
             if task in cr:
                 info = client.get_job_info(cr[task]["job_id"])
                 if info.start_time and info.end_time:
                     job = round((info.end_time - info.start_time) / 1000.0, 2)
+                    cspan = (info.start_time / 1000.0, info.end_time / 1000.0)
+            lspan = local_job_span(lhome, lr[task]["job_id"]) if task in lr else None
             rows.append({"dag": dag, "step": task, "local_s": lo, "cluster_s": cl,
                          "ratio": round(cl / lo, 2) if lo else None,
                          "local_step_s": (lx.get(task) or {}).get("wall_s"),
                          "cluster_step_s": (cx.get(task) or {}).get("wall_s"),
-                         "ray_job_s": job})
+                         "ray_job_s": job,
+                         "local_phases": phases(lspans.get(dag, {}).get(task), lspan),
+                         "cluster_phases": phases(cspans.get(dag, {}).get(task), cspan)})
     return rows
 
 
@@ -831,6 +980,13 @@ def main(argv: list[str] | None = None) -> int:
         killer.done.set()
         report["cluster_pipeline_s"] = round(time.time() - t, 1)
 
+        # 5b. the floor: an empty Ray job on each short step's pool, beside a local one
+        say("the fixed cost of a Ray job: empty jobs on pool_x1 / pool_p3, and locally")
+        try:
+            report["floor"] = job_floor(ccfg, work, env_c)
+        except Exception:  # noqa: BLE001 - a measurement, not a check: report it, go on
+            report["floor"] = {"error": traceback.format_exc()[-2000:], "pools": {}}
+
         # 6. S3 faults on: ssl_student's select, features, targets again as Ray jobs
         # (run FAULT_RUN), and the train below, with 3 % of S3 requests failing
         s3.faults.enabled = True
@@ -895,6 +1051,7 @@ def main(argv: list[str] | None = None) -> int:
                                "different": fo["different"],
                                "ok": sum(report["s3"]["injected"].values()) > 0 and fo["ok"]}
         report["overhead"] = overhead_table(lhome, chome, cluster)
+        add_floor(report["overhead"], report["floor"])
         report["ok"] = all(c.get("ok") for c in checks.values())
     except Exception:  # noqa: BLE001
         report["error"] = traceback.format_exc()
@@ -929,14 +1086,31 @@ def print_report(r: dict) -> None:
         print("      " + json.dumps(brief, default=str)[:600])
     if r.get("overhead"):
         print("\nper-step wall time, cluster way (S3 + Ray jobs + pools) vs local "
-              "(local disk, local Ray):")
+              "(local disk, local Ray); floor = empty Ray job on the step's pool + step S3:")
         print(f"{'dag':12} {'step':12} {'local s':>8} {'cluster s':>9} {'ratio':>6} "
-              f"{'step local':>10} {'step S3':>8} {'ray job':>8}")
+              f"{'step local':>10} {'step S3':>8} {'ray job':>8} {'empty job':>9} "
+              f"{'floor':>6} {'floor/local':>11} {'same task':>9} {'/local':>6}")
         for row in r["overhead"]:
             f = lambda v: f"{v:.1f}" if isinstance(v, (int, float)) else "-"  # noqa: E731
+            g = lambda v: f"{v:.2f}" if isinstance(v, (int, float)) else "-"  # noqa: E731
             print(f"{row['dag']:12} {row['step']:12} {row['local_s']:8.1f} "
                   f"{row['cluster_s']:9.1f} {row['ratio']:6.2f} {f(row['local_step_s']):>10} "
-                  f"{f(row['cluster_step_s']):>8} {f(row['ray_job_s']):>8}")
+                  f"{f(row['cluster_step_s']):>8} {f(row['ray_job_s']):>8} "
+                  f"{g(row.get('empty_job_s')):>9} {g(row.get('floor_s')):>6} "
+                  f"{g(row.get('floor_ratio')):>11} {g(row.get('same_task_s')):>9} "
+                  f"{g(row.get('same_task_ratio')):>6}")
+    if r.get("overhead"):
+        print("\nwhere a task's time goes, local | cluster: before its job was submitted "
+              "(Airflow, config, job client), the job, after it ended (seeing the end, log, "
+              "XCom, assets):")
+        for row in r["overhead"]:
+            lp, cp = row.get("local_phases") or {}, row.get("cluster_phases") or {}
+            f = lambda p: " ".join(f"{p.get(k, float('nan')):5.1f}"  # noqa: E731
+                                   for k in ("before_s", "job_s", "after_s"))
+            print(f"{row['dag']:12} {row['step']:12} {f(lp)} | {f(cp)}")
+    if r.get("floor"):
+        print("\nfixed cost of a job (median of a few, followed by amflow.runner as a task does):")
+        print("      " + json.dumps(r["floor"], default=str))
     for k in ("corpus_s", "local_pipeline_s", "cluster_pipeline_s"):
         if k in r:
             print(f"{k}: {r[k]}")

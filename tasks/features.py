@@ -191,17 +191,22 @@ def featurize_records(storage: Any, corpus: str, records: Any, fcfg: FeaturesCon
     global CMVN). A record whose audio cannot be read, or too short for one frame, becomes
     a Reject in `rejects`; `accept(record)` may refuse one before its audio is read (and
     append its own reject). `on_speaker(n)` after each speaker's n records (progress)."""
-    from tasks.audio import load_audio_result, resolve_uri
+    from tasks.audio import AudioResult, resolve_uri
 
     by_speaker: dict[str, list] = collections.defaultdict(list)
     for r in sorted(records, key=lambda r: (r.speaker_id, r.created_ts, r.utt_id)):
         by_speaker[r.speaker_id].append(r)
     for recs in by_speaker.values():
         stream = []
-        for r in recs:
+        # the speaker's audio read io_threads at a time (on S3 each read is a round trip);
+        # records are still accepted, refused and decoded in order
+        fetched = _prefetch(storage, [resolve_uri(corpus, r.audio_uri) for r in recs],
+                            fcfg.io_threads)
+        for r, (data, reason, detail) in zip(recs, fetched):
             if accept is not None and not accept(r):
                 continue
-            res = load_audio_result(storage, resolve_uri(corpus, r.audio_uri), fcfg, r.duration)
+            res = (AudioResult(None, reason, detail) if data is None
+                   else decode_audio(data, fcfg, r.duration))
             if res.samples is None:
                 rejects.append(Reject(r.utt_id, res.reason or "unreadable_audio", res.detail))
                 continue

@@ -190,8 +190,11 @@ def read_records(storage: Storage, corpus: str) -> tuple[list[Record], list[Any]
     records: list[Record] = []
     rejects: list[Reject] = []
     n = 0
-    for uri in metadata_files(storage, corpus):
-        for lineno, line in enumerate(storage.read_text(uri).splitlines(), 1):
+    files = metadata_files(storage, corpus)
+    with ThreadPoolExecutor(max_workers=8) as pool:  # on S3: the round trips overlap
+        texts = list(pool.map(storage.read_text, files))
+    for uri, text in zip(files, texts):
+        for lineno, line in enumerate(text.splitlines(), 1):
             if not line.strip():
                 continue
             n += 1

@@ -76,3 +76,21 @@ def test_a_retried_task_reattaches_to_its_running_job(report):
 def test_s3_faults_are_retried_and_change_nothing(report):
     c = report["checks"]["s3_faults"]
     assert sum(c["injected"].values()) > 0 and c["ok"]
+
+
+def test_overhead_is_reported_with_the_floor_of_each_short_step(report):
+    """Each step's time both ways, and for the short steps (select, lm, evaluate) the floor:
+    an empty Ray job on the step's pool (measured in the same run) + the step's own time."""
+    floor = report["floor"]
+    assert "error" not in floor, floor.get("error")
+    assert all(p["ok"] and p["empty_job_s"] > 0 for p in floor["pools"].values()), floor
+    # the jobs ran this checkout's code (a worktree too, through PYTHONPATH)
+    assert all(p["code"] == str(ROOT / "amflow" / "cli.py") for p in floor["pools"].values())
+    assert floor["local_empty_job_s"] > 0
+    rows = report["overhead"]
+    assert {r["step"] for r in rows} >= {"select", "features", "train", "evaluate", "lm"}
+    for r in rows:
+        assert r["local_s"] > 0 and r["cluster_s"] > 0 and r["ratio"] > 0
+        if r["step"] in ("select", "lm", "evaluate"):
+            assert r["floor_s"] == round(r["empty_job_s"] + r["cluster_step_s"], 2), r
+            assert r["same_task_s"] >= r["floor_s"] - r["cluster_step_s"], r
