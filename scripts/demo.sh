@@ -86,29 +86,37 @@ dags_test_inline() {
   fi
 }
 
-dags_test() {
-  if [ "$FLOW" = dags-test ]; then dags_test_inline "$@"; return; fi
-  local dag=$1 conf=$2 log="$AIRFLOW_HOME/demo-$1.log" prefix=$SSL_RUN pause=() unpause=()
-  # the teacher's new model would start a second ssl_student run by itself (its asset
-  # schedule): ssl_student stays paused until the demo triggers its own run.
-  if [ "$dag" = teacher ]; then prefix=$TEACHER_RUN; pause=(--pause ssl_student); fi
-  if [ "$dag" = ssl_student ]; then unpause=(--unpause teacher --unpause corpus); fi
-  echo "trigger $dag -c '$conf'   (log: $log)"
+# DEMO_FLOW=scheduler: both DAGs on the standalone; ssl_student is triggered as soon as
+# the teacher's `train` has succeeded (the teacher model is all it needs), so the
+# teacher's evaluation and decoding run beside the student's first steps. The teacher's new
+# model would also start an ssl_student run by itself (its asset schedule): ssl_student
+# stays paused until the demo triggers its own run.
+run_dags() {
+  local log="$AIRFLOW_HOME/demo-dags.log"
+  echo "trigger teacher -c '$1', then ssl_student -c '$2'   (log: $log)"
   if ! python scripts/demo_dags.py --base "http://localhost:$PORT" --passwords "$PASSWORDS" \
-       "${pause[@]}" "${unpause[@]}" "$dag" "$prefix" "$conf" 2>&1 | tee "$log"; then
-    echo "DAG $dag failed; see $log and the run in \`make airflow\`" >&2
+       --pause ssl_student --unpause teacher --unpause corpus \
+       --then ssl_student "$SSL_RUN" "$2" --after train \
+       teacher "$TEACHER_RUN" "$1" 2>&1 | tee "$log"; then
+    echo "a DAG run failed; see $log and the runs in \`make airflow\`" >&2
     exit 1
   fi
 }
 
 # hours=1e6: every labeled (and unlabeled) utterance of the corpus; rerun=resume: a second
 # `make demo` reuses finished work.
-stage "2/5 DAG teacher (run $TEACHER_RUN)"
-dags_test teacher "{\"config\": \"$CONFIG\", \"run_id\": \"$TEACHER_RUN\", \"hours\": 1000000, \"rerun\": \"resume\", \"overrides\": $overrides_json}"
-
 TEACHER_URI="$root/runs/$TEACHER_RUN/train-teacher/model.pt"
-stage "3/5 DAG ssl_student (run $SSL_RUN, teacher $TEACHER_URI)"
-dags_test ssl_student "{\"config\": \"$CONFIG\", \"run_id\": \"$SSL_RUN\", \"hours\": 1000000, \"rerun\": \"resume\", \"teacher\": \"$TEACHER_URI\", \"overrides\": $overrides_json}"
+TEACHER_CONF="{\"config\": \"$CONFIG\", \"run_id\": \"$TEACHER_RUN\", \"hours\": 1000000, \"rerun\": \"resume\", \"overrides\": $overrides_json}"
+SSL_CONF="{\"config\": \"$CONFIG\", \"run_id\": \"$SSL_RUN\", \"hours\": 1000000, \"rerun\": \"resume\", \"teacher\": \"$TEACHER_URI\", \"overrides\": $overrides_json}"
+if [ "$FLOW" = dags-test ]; then
+  stage "2/5 DAG teacher (run $TEACHER_RUN)"
+  dags_test_inline teacher "$TEACHER_CONF"
+  stage "3/5 DAG ssl_student (run $SSL_RUN, teacher $TEACHER_URI)"
+  dags_test_inline ssl_student "$SSL_CONF"
+else
+  stage "2/5 DAG teacher (run $TEACHER_RUN), 3/5 DAG ssl_student (run $SSL_RUN) once the teacher is trained"
+  run_dags "$TEACHER_CONF" "$SSL_CONF"
+fi
 
 stop_standalone
 stage "4/5 simulate (GTC sparsity measured by bench gtc on the paper-size student)"
