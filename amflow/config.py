@@ -646,6 +646,10 @@ class ServeConfig:
     # Batch Dispatch: at most this many streams per forward, rows per stream per forward.
     max_batch: int = 128
     max_rows: int = 32
+    # How long rows of partial hypotheses may wait for other streams' rows before a
+    # forward (an utterance's end never waits); 0: DeepSpeech2's eager dispatch. On a
+    # CPU a forward of 1 stream costs about what one of 8 does (serving/dispatch.py).
+    max_wait_ms: float = 50.0
     search_threads: int = 1
     # Model precision: auto = fp16 on a GPU, fp32 on a CPU; fp16 | bf16 | fp32.
     dtype: str = "auto"
@@ -670,6 +674,7 @@ class ServeConfig:
         _check(self.max_chunk_bytes >= 2, f"{key}.max_chunk_bytes", "must be >= 2")
         _check(self.max_batch >= 1, f"{key}.max_batch", "must be >= 1")
         _check(self.max_rows >= 1, f"{key}.max_rows", "must be >= 1")
+        _check(self.max_wait_ms >= 0, f"{key}.max_wait_ms", "must be >= 0")
         _check(self.search_threads >= 1, f"{key}.search_threads", "must be >= 1")
         _check(self.dtype in ("auto", "fp32", "fp16", "bf16"), f"{key}.dtype",
                "must be auto, fp32, fp16 or bf16")

@@ -9,13 +9,15 @@ audio. Streams start staggered over the first second (arrivals are not synchroni
 Stream i speaks as speaker i mod S, so at N > S several streams replay the same speech.
 
 Per N: latency = end of an utterance's audio (its end message sent) -> its final
-transcript received, median and 98th percentile over every utterance of every stream;
+transcript received, median and 98th percentile over every utterance of every stream
+(and the replica's part of it: its `server_ms`, end message received -> final sent);
 the batch-size histogram (how many streams shared each forward that carried a stream's
 rows: DeepSpeech2 figure 5); the WER of the streamed finals, the offline `amflow decode`
 WER of the same utterances (runs/<R>/decode/hyps.jsonl) and how many finals differ from
-the offline words. Writes runs/<R>/bench/serve.json ({"rows": [{streams, p50_ms, p98_ms,
-wer, ...}]}) and, beside it, serve_latency.png (figure 6) and serve_batch_sizes.png
-(figure 5).
+the offline words; what the level cost (cores of the replica, from its /stats, and of
+the clients: one asyncio process for all streams, on the same machine). Writes
+runs/<R>/bench/serve.json ({"rows": [{streams, p50_ms, p98_ms, wer, ...}]}) and, beside
+it, serve_latency.png (figure 6) and serve_batch_sizes.png (figure 5).
 """
 from __future__ import annotations
 
@@ -126,11 +128,13 @@ def summarise(n: int, results: list[dict], refs: dict, offline: dict) -> dict:
     from decoding import wer as W
     from decoding.lexicon import words_of
 
-    lat, streamed, off, differ = [], [], [], 0
+    lat, server, streamed, off, differ = [], [], [], [], 0
     batches: Counter = Counter()
     for res in results:
         for u in res["utts"]:
             lat.append(u["latency_ms"])
+            if u.get("server_ms") is not None:
+                server.append(u["server_ms"])
             ref = words_of(refs[u["utt_id"]])
             streamed.append(W.score(ref, u["hyp"].split()))
             if u["utt_id"] in offline:
@@ -143,6 +147,9 @@ def summarise(n: int, results: list[dict], refs: dict, offline: dict) -> dict:
     return {"streams": n,
             "p50_ms": round(float(np.percentile(lat, 50)), 1) if lat else None,
             "p98_ms": round(float(np.percentile(lat, 98)), 1) if lat else None,
+            # the replica's part: its end-of-utterance message received -> final sent
+            "server_p50_ms": round(float(np.percentile(server, 50)), 1) if server else None,
+            "server_p98_ms": round(float(np.percentile(server, 98)), 1) if server else None,
             "wer": round(W.aggregate(streamed)["wer"], 5) if streamed else None,
             "offline_wer": round(W.aggregate(off)["wer"], 5) if off else None,
             "finals_differing_from_offline": differ, "utterances": len(lat),
@@ -193,6 +200,33 @@ def _save(fig, uri: str, storage) -> None:
     storage.write_bytes(uri, buf.getvalue())
 
 
+def replica_cpu(url: str) -> float | None:
+    """The replica's process CPU seconds (its /stats), None if it does not say."""
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url.rstrip("/") + "/stats", timeout=10) as r:
+            return json.loads(r.read()).get("cpu_s")
+    except (OSError, ValueError):
+        return None
+
+
+def cpu_row(n: int, sessions: list[list], wall: float, client_s: float,
+            replica_s: float | None) -> dict:
+    """What the level cost: cores of the replica process and of these clients (one
+    asyncio process for all streams, sharing the machine with the server), and the
+    replica's core-seconds per audio second per stream (with one replica: its part of
+    the feasibility sum, N of these must fit the cores the clients leave). With several
+    replicas, `replica_s` is the one that answered /stats, serving about N/replicas of
+    the streams: its cores are one replica's, its per-stream figure is too low by that
+    factor."""
+    audio_s = sum(r.duration for i in range(n) for r in sessions[i % len(sessions)])
+    return {"audio_s": round(audio_s, 1), "client_cores": round(client_s / wall, 3),
+            "replica_cores": None if replica_s is None else round(replica_s / wall, 3),
+            "replica_core_s_per_audio_s": None if replica_s is None
+            else round(replica_s / audio_s, 5)}
+
+
 def offline_hyps(ctx) -> dict[str, str]:
     tag = ctx.cfg.decode.tag
     uri = ctx.other(f"decode-{tag}" if tag else "decode", "hyps.jsonl")
@@ -219,15 +253,19 @@ def run(ctx, args) -> dict[str, Any]:
     offline = offline_hyps(ctx)
     rows = []
     for n in levels:
-        t0 = time.perf_counter()
+        t0, c0, s0 = time.perf_counter(), time.process_time(), replica_cpu(url)
         results = asyncio.run(load_level(ws_url, n, sessions, audio, chunk_ms, speed, 0))
+        wall, s1 = time.perf_counter() - t0, replica_cpu(url)
         row = summarise(n, results, refs, offline)
-        row["wall_s"] = round(time.perf_counter() - t0, 1)
+        row["wall_s"] = round(wall, 1)
+        row.update(cpu_row(n, sessions, wall, time.process_time() - c0,
+                           None if s0 is None or s1 is None else s1 - s0))
         rows.append(row)
         print(f"{n:>4} streams: p50 {row['p50_ms']} ms, p98 {row['p98_ms']} ms, WER "
               f"{row['wer']} (offline {row['offline_wer']}, {row['finals_differing_from_offline']} "
               f"finals differ), mean batch {row['batch_size_mean']}, "
-              f"{row['failed_streams']} failed", flush=True)
+              f"{row['failed_streams']} failed; cores: replica {row['replica_cores']}, "
+              f"clients {row['client_cores']}", flush=True)
     out_dir = join(ctx.run_uri, "bench")
     plot(rows, join(out_dir, "serve_latency.png"), join(out_dir, "serve_batch_sizes.png"),
          ctx.storage)

@@ -10,9 +10,10 @@ search, and one stream's session.
         init_decoding + advance_decoding over all frames, so the pruning, the best path
         and the words are the offline search's); partial = best path so far
     Session(recognizer, send)
-        one stream: PCM -> StreamFeatures -> rows pending for the model -> (after the
-        forward) the model's look-ahead dropped, posteriors queued for the search ->
-        partial / final messages through `send`. Utterance ends keep the speaker's CMN
+        one stream: PCM queued -> (featurize(), all streams' fbank at once, before each
+        forward) StreamFeatures -> rows pending for the model -> (after the forward)
+        the model's look-ahead dropped, posteriors queued for the search -> partial /
+        final messages through `send`. Utterance ends keep the speaker's CMN
         state and reset the fbank, LFR, LSTM and search, as the offline decode treats a
         speaker's utterances.
     Recognizer(model_bytes, graph_dir, log_prior, acwt, ...)   what a replica holds once
@@ -183,11 +184,18 @@ class Recognizer:
         self.graph = read_graph(graph_dir)
         self.log_prior = np.asarray(log_prior, np.float32)
         self.acwt, self.beam, self.max_active = float(acwt), float(beam), int(max_active)
+        self.fbank = None  # the streams' shared FbankComputer (numpy backend)
 
     def features(self):
         from serving.features import StreamFeatures
+        from tasks.fbank import FbankComputer
 
-        return StreamFeatures(self.fcfg, None, self.model.input_dim, normalizer=self.norm)
+        if self.fcfg.backend != "kaldi" and self.fbank is None:
+            # one for all streams: featurize() runs their fbank in one call (512 frames:
+            # 100 ms of 50 streams per FFT)
+            self.fbank = FbankComputer(self.fcfg, chunk_frames=512)
+        return StreamFeatures(self.fcfg, None, self.model.input_dim, normalizer=self.norm,
+                              computer=self.fbank)
 
     def search(self) -> StreamSearch:
         return StreamSearch(self.graph, self.log_prior, self.acwt, self.beam, self.max_active)
@@ -200,7 +208,9 @@ class Session:
     def __init__(self, rec: Recognizer, send: Callable[[dict], None], sid: str = ""):
         self.rec, self.send, self.id = rec, send, sid
         self.feats = rec.features()
+        self.audio: collections.deque = collections.deque()  # samples and END, not featurized
         self.pending: collections.deque = collections.deque()  # rows arrays and END markers
+        self.waiting_since: float | None = None  # when the oldest input (audio, rows) came
         self.state = rec.model.zero_state()
         self.skip = rec.model.lookahead  # outputs still to drop (the look-ahead)
         self.utt = 0
@@ -216,31 +226,74 @@ class Session:
         self.in_flight = False  # rows of this stream are in the running forward
 
     # ---------------------------------------------------------------- event loop side
+    # Audio waits in `audio` for featurize(), which the dispatcher runs over every stream
+    # before each forward, so that one fbank call serves all of them.
     def feed(self, samples: np.ndarray) -> None:
-        rows = self.feats.accept(samples)
-        if len(rows):
-            self.pending.append(rows)
-            self.utt_rows += len(rows)
+        self._queue_audio(samples)
 
     def end_utterance(self) -> None:
-        """The utterance's audio is complete: flush features and the look-ahead."""
+        """The utterance's audio is complete (its features and look-ahead are flushed by
+        the next featurize())."""
         self.ended_at[self.utt] = time.perf_counter()
+        self._queue_audio(END)
+        self.utt += 1
+
+    def _queue_audio(self, item) -> None:
+        if self.waiting_since is None:
+            self.waiting_since = time.perf_counter()
+        self.audio.append(item)
+
+    def has_input(self) -> bool:
+        """Audio not featurized yet, or rows ready for the model (no featurizing here)."""
+        return bool(self.audio) or (bool(self.pending) and self.pending[0] is not END)
+
+    def next_audio(self) -> tuple[np.ndarray, bool]:
+        """The queued samples up to the next utterance end, and whether it came."""
+        parts = []
+        while self.audio:
+            a = self.audio.popleft()
+            if a is END:
+                return _concat(parts), True
+            parts.append(a)
+        return _concat(parts), False
+
+    def add_rows(self, rows: np.ndarray, ended: bool) -> None:
+        if len(rows):
+            self._queue_rows(rows)
+            self.utt_rows += len(rows)
+        if ended:
+            self._flush_utterance()
+        if not self.audio and not any(x is not END for x in self.pending):
+            self.waiting_since = None  # the audio made no rows yet: nothing waits
+
+    def _queue_rows(self, rows: np.ndarray) -> None:
+        if self.waiting_since is None:
+            self.waiting_since = time.perf_counter()
+        self.pending.append(rows)
+
+    def _flush_utterance(self) -> None:
+        """The rest of the utterance's rows and the look-ahead's zero rows, then END."""
         rows = self.feats.end_utterance()
         la = self.rec.model.lookahead
         if self.utt_rows + len(rows):  # feed the look-ahead's zero rows after the last row
-            self.pending.append(np.concatenate([rows, np.zeros((la, rows.shape[1]), np.float32)]))
+            self._queue_rows(np.concatenate([rows, np.zeros((la, rows.shape[1]), np.float32)]))
         self.utt_rows = 0
         self.pending.append(END)
         self.feats.new_utterance()
-        self.utt += 1
         self._pop_ends()
 
     # ---------------------------------------------------------------- dispatcher side
     def ready(self) -> bool:
+        self._featurize_alone()
         return bool(self.pending) and self.pending[0] is not END
+
+    def _featurize_alone(self) -> None:
+        if self.audio:  # not featurized with the others (no dispatcher, or none yet)
+            featurize([self])
 
     def take(self, max_rows: int) -> np.ndarray:
         """Rows for the next forward: the pending rows up to the next utterance end."""
+        self._featurize_alone()
         parts, n = [], 0
         while self.pending and self.pending[0] is not END and n < max_rows:
             r = self.pending.popleft()
@@ -250,6 +303,8 @@ class Session:
             parts.append(r)
             n += len(r)
         self.in_flight = True
+        rest = bool(self.audio) or any(x is not END for x in self.pending)
+        self.waiting_since = time.perf_counter() if rest else None
         return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
     def after_forward(self, log_post: np.ndarray, state, batch: int) -> None:
@@ -280,6 +335,14 @@ class Session:
 
     def search_due(self) -> bool:
         return bool(self.to_search)
+
+    def end_pending(self) -> bool:
+        """An utterance end waits for the features or the model: its client waits."""
+        return any(x is END for q in (self.audio, self.pending) for x in tuple(q))
+
+    def final_due(self) -> bool:
+        """An utterance end waits in the search queue: someone waits for its final."""
+        return any(x is END for x in tuple(self.to_search))
 
     # ---------------------------------------------------------------- search thread side
     def run_search(self) -> None:
@@ -315,3 +378,24 @@ class Session:
 
 
 END = object()  # an utterance boundary in a session's queues
+
+
+def featurize(sessions: list[Session]) -> None:
+    """Every session's queued audio -> model rows (Session.pending), the fbank of all the
+    sessions in one call per round (serving.features.accept_many); a round per utterance
+    end, as a client faster than real time may queue several."""
+    from serving.features import accept_many
+
+    todo = [s for s in sessions if s.audio]
+    while todo:
+        parts = [s.next_audio() for s in todo]
+        rows = accept_many([s.feats for s in todo], [samples for samples, _ in parts])
+        for s, r, (_, ended) in zip(todo, rows, parts):
+            s.add_rows(r, ended)
+        todo = [s for s in todo if s.audio]
+
+
+def _concat(parts: list[np.ndarray]) -> np.ndarray:
+    if len(parts) == 1:
+        return parts[0]
+    return np.concatenate(parts) if parts else np.zeros(0, np.float32)

@@ -62,6 +62,16 @@ def test_pools_are_the_intended_instances_with_bounds(cluster):
     assert "-e RAY_AUTH_MODE=token" in cluster["docker"]["run_options"]
 
 
+def test_nodes_start_with_the_serve_ingress_that_serve_defaults_to(cluster, aws):
+    """serve.ingress=haproxy takes effect only where Ray starts with Serve's ingress
+    variables (amflow serve sets them for a local Ray only): every node has them."""
+    from serving.app import INGRESS_ENV
+
+    assert aws.serve.ingress == "haproxy"
+    for name, value in INGRESS_ENV.items():
+        assert f"-e {name}={value}" in cluster["docker"]["run_options"]
+
+
 def _satisfies(resources: dict, request: dict) -> bool:
     return all(resources.get(k, 0) >= v for k, v in request.items())
 

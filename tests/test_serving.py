@@ -87,6 +87,39 @@ def test_online_kaldi_fbank_against_the_numpy_one_is_documented(tiny_corpus):
         assert got.shape == ref.shape and float(np.abs(got - ref).max()) <= 1e-3
 
 
+def test_batched_fbank_across_streams_equals_each_stream_alone(tiny_corpus):
+    """accept_many (one FbankComputer call for every stream's new frames, as the
+    dispatcher does before each forward) gives each stream the rows its own accept()
+    gives, chunk by chunk, with chunks too short for a frame among them: to float32
+    rounding (the FFT and mel matmul over other row counts may take other kernels; log-mel
+    values reach ~25, where one float32 step is 1.9e-6: at most two steps)."""
+    from serving.features import StreamFeatures, accept_many
+    from tasks.fbank import FbankComputer
+
+    _, waves = _speaker_waves(tiny_corpus)
+    fcfg = FeaturesConfig()
+    alone = [StreamFeatures(fcfg, None, 192) for _ in waves]
+    shared = FbankComputer(fcfg, chunk_frames=512)
+    together = [StreamFeatures(fcfg, None, 192, computer=shared) for _ in waves]
+    rng = np.random.default_rng(1)
+    pos, rows_seen = [0] * len(waves), [0] * len(waves)
+    while any(p < len(w) for p, w in zip(pos, waves)):
+        chunks = []
+        for i, w in enumerate(waves):
+            n = int(rng.choice([0, 100, 1600, 3000]))
+            chunks.append(w[pos[i]:pos[i] + n])
+            pos[i] += n
+        got = accept_many(together, chunks)
+        for i, (f, c, g) in enumerate(zip(alone, chunks, got)):
+            want = f.accept(c)
+            assert g.shape == want.shape
+            if len(want):
+                assert float(np.abs(g - want).max()) <= 4e-6
+            rows_seen[i] += len(want)
+    cold_rows = fcfg.cmn_min_window // fcfg.subsample
+    assert min(rows_seen) > 1.5 * cold_rows  # every stream went past the CMN cold start
+
+
 # ----------------------------------------------------------------- a tiny model and graph
 @pytest.fixture(scope="module")
 def tiny_system(tiny_corpus, tmp_path_factory):
@@ -154,17 +187,24 @@ class _Slow:
         return self.model.forward(rows, states)
 
 
-def test_streamed_words_equal_the_offline_decode_through_batch_dispatch(tiny_system):
+@pytest.mark.parametrize("batched_features,max_wait_s", [(True, 0.03), (False, 0.0)])
+def test_streamed_words_equal_the_offline_decode_through_batch_dispatch(tiny_system,
+                                                                        batched_features,
+                                                                        max_wait_s):
     """Four concurrent streams of the same speaker's utterances, different chunk sizes
     (so batches mix streams with different row counts), through the asyncio dispatcher:
-    each final equals the offline decode's words; partials come before finals."""
+    each final equals the offline decode's words; partials come before finals. Features
+    batched across the streams before each forward and partial rows waiting for company
+    (as served), or each stream's features alone and eager dispatch."""
     from serving.dispatch import BatchDispatcher
-    from serving.recognizer import Session
+    from serving.recognizer import Session, featurize
 
     rec = _recognizer(tiny_system)
 
     async def main():
-        disp = BatchDispatcher(_Slow(rec.model), max_batch=8, max_rows=16)
+        disp = BatchDispatcher(_Slow(rec.model), max_batch=8, max_rows=16,
+                               prepare=featurize if batched_features else None,
+                               max_wait_s=max_wait_s)
         task = asyncio.create_task(disp.run())
         loop = asyncio.get_running_loop()
 
@@ -232,6 +272,9 @@ class _FakeSession:
     def ready(self):
         return self.rows > 0
 
+    def has_input(self):
+        return self.ready()
+
     def take(self, max_rows):
         n = min(self.rows, max_rows)
         self.rows -= n
@@ -295,6 +338,109 @@ def test_batch_dispatch_is_eager_and_batches_what_piled_up():
     assert first.seen == [1] and late[0].seen == [4, "lost"]
 
 
+class _Waiting(_FakeSession):
+    """Rows ready since `since` (perf_counter); `ended`: an utterance end behind them."""
+
+    def __init__(self, rows: int, since: float, ended: bool = False):
+        super().__init__(rows)
+        self.waiting_since, self.ended = since, ended
+
+    def end_pending(self):
+        return self.ended and self.rows > 0
+
+
+class _Recorder:
+    def __init__(self):
+        self.calls = []
+
+    def forward(self, rows, states):
+        self.calls.append((time.perf_counter(), len(rows)))
+        return [np.zeros((len(r), 1)) for r in rows], states
+
+
+def test_with_max_wait_partial_rows_wait_for_other_streams_but_an_ended_utterance_does_not():
+    """batch_due_in and next_batch with serve.max_wait_ms: partial rows wait for company
+    up to max_wait; an utterance end goes at once, alone unless others are due too."""
+    from serving.dispatch import BatchDispatcher
+
+    now = time.perf_counter()
+    disp = BatchDispatcher(None, max_batch=8, max_wait_s=0.2)
+    assert disp.batch_due_in() is None  # nothing ready
+    disp.add(_Waiting(3, now - 0.05))
+    assert 0.1 < disp.batch_due_in() <= 0.15  # the oldest rows may wait 0.2 s in all
+    disp.add(_Waiting(3, now))
+    assert 0.1 < disp.batch_due_in() <= 0.15
+    ended = _Waiting(3, now, ended=True)
+    disp.add(ended)
+    assert disp.batch_due_in() == 0.0  # a client waits for that final
+    assert disp.next_batch() == [ended]  # alone: the others' rows are not due yet
+    late = _Waiting(3, now - 0.3)
+    disp.add(late)
+    assert len(disp.next_batch()) == 4  # with a stream past its wait, all go
+    eager = BatchDispatcher(None, max_wait_s=0.0)
+    eager.add(_Waiting(3, now))
+    assert eager.batch_due_in() == 0.0  # DeepSpeech2's eager dispatch
+    full = BatchDispatcher(None, max_batch=2, max_wait_s=0.2)
+    full.add(_Waiting(3, now))
+    full.add(_Waiting(3, now))
+    assert full.batch_due_in() == 0.0  # a full batch goes at once
+
+    async def main(end_after: float | None):
+        model = _Recorder()
+        disp = BatchDispatcher(model, max_batch=8, max_wait_s=0.3)
+        task = asyncio.create_task(disp.run())
+        t0 = time.perf_counter()
+        first, second = _Waiting(3, t0), _Waiting(0, t0)
+        disp.add(first)
+        disp.add(second)
+        disp.notify()
+        if end_after is not None:
+            await asyncio.sleep(end_after)
+            second.rows, second.ended = 2, True  # an utterance ends in another stream
+            disp.notify()
+        done = (lambda: first.seen and second.seen) if end_after else (lambda: first.seen)
+        while time.perf_counter() - t0 < 2 and not done():
+            await asyncio.sleep(0.005)  # until each stream's forward has come back
+        task.cancel()
+        return [(t - t0, b) for t, b in model.calls], first.seen, second.seen
+
+    calls, first, _ = asyncio.run(main(None))
+    assert len(calls) == 1 and 0.25 <= calls[0][0] < 1.0  # the rows waited max_wait for company
+    calls, first, second = asyncio.run(main(0.05))
+    # the end went at once and alone (a final's forward stays small), the waiting rows at
+    # their deadline
+    assert calls[0][0] < 0.25 and second == [1] and 0.25 <= calls[1][0] < 1.0 and first == [1]
+
+
+class _Searchable:
+    def __init__(self, name: str, final: bool, order: list):
+        self.name, self.final, self.order, self.closed = name, final, order, False
+
+    def final_due(self):
+        return self.final
+
+    def search_due(self):
+        return False
+
+    def run_search(self):
+        self.order.append(self.name)
+
+
+def test_a_due_final_is_searched_before_partials_queued_earlier():
+    """The search threads take the queued stream whose final is due first (its client
+    waits for it), then the others in the order they were queued."""
+    from serving.dispatch import BatchDispatcher
+
+    order: list = []
+    disp = BatchDispatcher(model=None)
+    for name, final in [("a", False), ("b", False), ("c", True), ("d", True)]:
+        s = _Searchable(name, final, order)
+        disp.queued[id(s)] = s
+    for _ in range(4):
+        disp._search_next()
+    assert order == ["c", "d", "a", "b"] and not disp.queued and not disp.searching
+
+
 # ----------------------------------------------------------------- protocol (pure)
 def test_protocol_refuses_bad_headers_and_chunks():
     ok = {"type": "websocket.receive", "text": json.dumps({"sample_rate": 16000, "format": "s16le"})}
@@ -317,3 +463,43 @@ def test_protocol_refuses_bad_headers_and_chunks():
     assert P.parse_control('{"end_utterance": true}') == "end_utterance"
     with pytest.raises(P.ProtocolError):
         P.parse_control('{"stop": 1}')
+
+
+def test_bench_serve_says_what_the_replica_and_the_clients_cost():
+    """Per level: cores of the replica and of the clients over the level's wall time, and
+    the replica's core-seconds per audio second per stream (stream i plays speaker i mod S)."""
+    from types import SimpleNamespace
+
+    from bench.serve import cpu_row
+
+    spk = [[SimpleNamespace(duration=2.0), SimpleNamespace(duration=3.0)],
+           [SimpleNamespace(duration=4.0)]]
+    row = cpu_row(3, spk, wall=10.0, client_s=1.0, replica_s=2.8)
+    assert row == {"audio_s": 14.0, "client_cores": 0.1, "replica_cores": 0.28,
+                   "replica_core_s_per_audio_s": 0.2}
+    assert cpu_row(1, spk, 10.0, 1.0, None)["replica_cores"] is None
+
+
+def test_a_client_silent_for_the_idle_timeout_is_closed_with_going_away():
+    """Each receive waits at most serve.idle_timeout_s, also after the stream started."""
+    from types import SimpleNamespace
+
+    from serving.app import StreamHandler
+
+    class SilentAfterOne:
+        def __init__(self):
+            self.sent = [{"type": "websocket.receive", "bytes": b"\x00\x00" * 160}]
+
+        async def receive(self):
+            if self.sent:
+                return self.sent.pop()
+            await asyncio.sleep(30)
+
+    fed = []
+    handler = SimpleNamespace(scfg=SimpleNamespace(idle_timeout_s=0.05, max_chunk_bytes=1000),
+                              dispatcher=SimpleNamespace(notify=lambda: None))
+    session = SimpleNamespace(feed=fed.append)
+    t0 = time.perf_counter()
+    err = asyncio.run(StreamHandler._receive(handler, SilentAfterOne(), session, {}, None))
+    assert err.code == P.GOING_AWAY and len(fed) == 1 and len(fed[0]) == 160
+    assert time.perf_counter() - t0 < 5
