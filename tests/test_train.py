@@ -282,4 +282,5 @@ def test_torch_threads_change_the_speed_not_the_model(tmp_path, local_cfg):
     a, b = (_weights(st, s["metrics"]["model_uri"]) for s in runs)
     assert all(torch.equal(a[k], b[k]) for k in a)
     run = tmp_path / "store" / "runs" / "r"
-    assert _records(run / "train-t1" / "metrics.jsonl") == _records(run / "train-t2" / "metrics.jsonl")
+    assert _records(run / "train-t1" / "metrics.jsonl") == \
+        _records(run / "train-t2" / "metrics.jsonl")
