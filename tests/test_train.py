@@ -266,21 +266,3 @@ def test_a_checkpoint_from_before_a_new_config_key_still_resumes():
     assert fingerprint_diff(old, changed) == ["criterion"]
     assert fingerprint_diff(now, dict(now, kind="teacher")) == ["model/data"]
 
-
-def test_torch_threads_change_the_speed_not_the_model(tmp_path, local_cfg):
-    """`train.threads` is an operational knob (configs/local.yaml trains on 2): at the demo's
-    model sizes, with dropout, masks, Adam and clipping, 2 threads give the 1-thread model
-    bit for bit (the matmuls split their output, not their sums)."""
-    _synthetic(str(tmp_path / "store"))
-    demo_size = ["model.teacher.layers=3", "model.teacher.hidden=256", "model.teacher.dropout=0.3",
-                 "train.minibatch_frames=512", "train.chunk_frames=32", "train.freq_masks=2",
-                 "train.time_masks=2", "train.epochs=1", "train.finetune_epochs=1",
-                 "train.model=teacher", "train.recipe=labeled"]
-    runs = [_train(local_cfg, *demo_size, f"train.threads={n}", f"train.tag=t{n}") for n in (1, 2)]
-    torch.set_num_threads(1)
-    st = Storage()
-    a, b = (_weights(st, s["metrics"]["model_uri"]) for s in runs)
-    assert all(torch.equal(a[k], b[k]) for k in a)
-    run = tmp_path / "store" / "runs" / "r"
-    assert _records(run / "train-t1" / "metrics.jsonl") == \
-        _records(run / "train-t2" / "metrics.jsonl")
