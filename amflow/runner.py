@@ -70,10 +70,15 @@ def amflow_run_id(dag_id: str, airflow_run_id: str) -> str:
     return f"{_slug(dag_id, 40)}__{_slug(airflow_run_id, 60)}__{digest}"
 
 
+def job_prefix(dag_id: str, airflow_run_id: str, task_id: str) -> str:
+    """What the job ids of every try of one task of one DAG run start with."""
+    digest = hashlib.sha1(f"{dag_id}\0{airflow_run_id}\0{task_id}".encode()).hexdigest()[:10]
+    return f"amflow-{_slug(dag_id, 24)}-{_slug(task_id, 24)}-{digest}-try"
+
+
 def job_id(dag_id: str, airflow_run_id: str, task_id: str, try_number: int) -> str:
     """The submission id of one try of one task: a retry gets a new id, a re-poke the same."""
-    digest = hashlib.sha1(f"{dag_id}\0{airflow_run_id}\0{task_id}".encode()).hexdigest()[:10]
-    return f"amflow-{_slug(dag_id, 24)}-{_slug(task_id, 24)}-{digest}-try{int(try_number)}"
+    return f"{job_prefix(dag_id, airflow_run_id, task_id)}{int(try_number)}"
 
 
 def step_command(command: list[str], step: str, *, config: str | None, run_id: str | None,
@@ -242,6 +247,14 @@ class LocalBackend:
         job = _read_json(self._dir(jid) / "job.json")
         return job.get("submitted_at") if job else None
 
+    def live_jobs(self, prefix: str) -> list[str]:
+        """Ids starting with `prefix` whose job has not ended."""
+        if not self.state_dir.is_dir():
+            return []
+        ids = sorted(d.name for d in self.state_dir.iterdir()
+                     if d.name.startswith(prefix) and (d / "job.json").exists())
+        return [jid for jid in ids if self.status(jid) not in TERMINAL]
+
 
 class RayJobBackend:
     """Ray jobs through the dashboard's job-submission API."""
@@ -312,6 +325,12 @@ class RayJobBackend:
     def submitted_at(self, jid: str) -> float | None:
         info = self.client.get_job_info(jid)
         return info.start_time / 1000.0 if info.start_time else None
+
+    def live_jobs(self, prefix: str) -> list[str]:
+        """Ids starting with `prefix` whose job has not ended."""
+        return sorted(j.submission_id for j in self.client.list_jobs()
+                      if (j.submission_id or "").startswith(prefix)
+                      and str(j.status) not in TERMINAL)
 
 
 def make_backend(cfg, state_dir: Path | None = None):
@@ -772,6 +791,30 @@ def airflow_kill(op) -> None:
     step: AirflowStep | None = getattr(op, "_amflow_step", None)
     if step is not None:
         step.kill()
+
+
+def stop_run_jobs(config: str, overrides: list[str], dag_id: str, airflow_run_id: str,
+                  task_ids: list[str], emit: Emit | None = None) -> list[str]:
+    """Stop the jobs of an ended DAG run that are still running; returns their ids.
+
+    Once a run has ended every task is in a final state, so no task follows such a job:
+    it is an orphan. One is left when a deferred task is marked failed (or success)
+    before the triggerer has loaded its trigger: Airflow deletes that trigger unrun, so
+    neither the trigger's nor the task's on_kill runs. The DAGs call this at run end.
+    """
+    from amflow.config import load_config
+
+    cfg = load_config(_resolve_config(config), overrides)
+    state_dir = Path(cfg.runner.state_dir or default_state_dir())
+    runner = StepRunner(make_backend(cfg, state_dir), state_dir, emit=emit)
+    stopped = []
+    for task_id in task_ids:
+        for jid in runner.backend.live_jobs(job_prefix(dag_id, airflow_run_id, task_id)):
+            runner.emit(f"[amflow-runner] run {airflow_run_id} of {dag_id} has ended but job "
+                        f"{jid} (task {task_id}) still runs: stopping it")
+            runner.stop(jid)
+            stopped.append(jid)
+    return stopped
 
 
 # ----------------------------------------------------------------------------- CLI

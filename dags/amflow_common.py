@@ -158,6 +158,26 @@ DEFAULT_ARGS = {
 }
 
 
+def stop_orphaned_jobs(context) -> None:
+    """DAG callback at the end of a run (success or failure): stop any job of the run that
+    is still running. No task follows one any more: a deferred task marked failed before
+    the triggerer loaded its trigger leaves such a job (`amflow.runner.stop_run_jobs`)."""
+    from amflow.runner import stop_run_jobs
+
+    dag, run = context["dag"], context.get("dag_run")
+    conf = dict(getattr(run, "conf", None) or {})
+    params = {**{k: v for k, v in (context.get("params") or {}).items()}, **conf}
+    overrides = [str(o) for o in (params.get("overrides") or [])]
+    stop_run_jobs(str(params.get("config") or DEFAULT_CONFIG), overrides, dag.dag_id,
+                  str(context["run_id"]), list(dag.task_ids),
+                  emit=lambda line: print(line, flush=True))
+
+
+# Both DAG-level callbacks: whatever way a run ends, its jobs end with it.
+RUN_END_CALLBACKS = {"on_success_callback": stop_orphaned_jobs,
+                     "on_failure_callback": stop_orphaned_jobs}
+
+
 class AmflowStepOperator(BaseOperator):
     """Run `amflow <step>` where `runner.mode` says; return its summary (XCom).
 

@@ -7,13 +7,14 @@ from __future__ import annotations
 import pendulum
 from airflow.sdk import Param, dag
 
-from amflow_common import (CORPUS, DEFAULT_ARGS, DEFAULT_CONFIG, AmflowStepOperator,
-                           local_defaults, overrides_param)
+from amflow_common import (CORPUS, DEFAULT_ARGS, DEFAULT_CONFIG, RUN_END_CALLBACKS,
+                           AmflowStepOperator, local_defaults, overrides_param)
 
 _cfg = local_defaults()
 
 
 @dag(
+    **RUN_END_CALLBACKS,
     dag_id="corpus",
     schedule=None,
     start_date=pendulum.datetime(2024, 1, 1, tz="UTC"),

@@ -13,10 +13,10 @@ from __future__ import annotations
 import pendulum
 from airflow.sdk import Param, dag
 
-from amflow_common import (DEFAULT_ARGS, PARAM_SETS, STUDENT_EVAL, STUDENT_FEATURES,
-                           STUDENT_MODEL, STUDENT_SEQ_EVAL, STUDENT_SEQ_WER, STUDENT_TARGETS,
-                           STUDENT_WER, TEACHER_MODEL, AmflowStepOperator, common_params,
-                           local_defaults)
+from amflow_common import (DEFAULT_ARGS, PARAM_SETS, RUN_END_CALLBACKS, STUDENT_EVAL,
+                           STUDENT_FEATURES, STUDENT_MODEL, STUDENT_SEQ_EVAL, STUDENT_SEQ_WER,
+                           STUDENT_TARGETS, STUDENT_WER, TEACHER_MODEL, AmflowStepOperator,
+                           common_params, local_defaults)
 
 _cfg = local_defaults()
 # `amflow sequence` on the student's model writes sequence/; evaluate / decode it alike.
@@ -24,6 +24,7 @@ SEQ_SETS = ["train.model=student", "evaluate.tag=sequence", "decode.tag=sequence
 
 
 @dag(
+    **RUN_END_CALLBACKS,
     dag_id="ssl_student",
     schedule=[TEACHER_MODEL],
     start_date=pendulum.datetime(2024, 1, 1, tz="UTC"),

@@ -22,9 +22,9 @@ import pendulum
 from airflow.sdk import Param, dag
 
 from amflow_common import (BASELINE_EVAL, BASELINE_SEQ_EVAL, BASELINE_SEQ_WER, BASELINE_WER,
-                           DEFAULT_ARGS, PARAM_SETS, TEACHER_EVAL, TEACHER_FEATURES,
-                           TEACHER_MODEL, TEACHER_SEQ_EVAL, TEACHER_SEQ_WER, TEACHER_WER,
-                           AmflowStepOperator, common_params, local_defaults)
+                           DEFAULT_ARGS, PARAM_SETS, RUN_END_CALLBACKS, TEACHER_EVAL,
+                           TEACHER_FEATURES, TEACHER_MODEL, TEACHER_SEQ_EVAL, TEACHER_SEQ_WER,
+                           TEACHER_WER, AmflowStepOperator, common_params, local_defaults)
 
 _cfg = local_defaults()
 TEACHER_SETS = ["select.splits=labeled,dev", "train.model=teacher", "train.recipe=labeled",
@@ -39,6 +39,7 @@ SEQ_BASELINE_SETS = ["select.splits=labeled,dev", "train.model=student", "train.
 
 
 @dag(
+    **RUN_END_CALLBACKS,
     dag_id="teacher",
     schedule=None,
     start_date=pendulum.datetime(2024, 1, 1, tz="UTC"),

@@ -1,12 +1,17 @@
-"""Run one DAG for `make demo` on the Airflow that scripts/demo.sh started, like a user
-would: trigger it over the REST API with a conf, wait for it, print each task's duration.
+"""Run DAGs for `make demo` on the Airflow that scripts/demo.sh started, like a user
+would: trigger over the REST API with a conf, wait, print each task's duration.
 
-The run is an ordinary scheduled run (LocalExecutor + triggerer): its task logs land in
-$AIRFLOW_HOME/logs and its durations are the steps' wall times, as for any run that
+The runs are ordinary scheduled runs (LocalExecutor + triggerer): their task logs land in
+$AIRFLOW_HOME/logs and their durations are the steps' wall times, as for any run that
 `make airflow` shows later.
 
     python scripts/demo_dags.py --base http://localhost:PORT --passwords FILE \
-        DAG RUN_ID_PREFIX CONF_JSON [--pause OTHER_DAG] [--unpause DAG ...]
+        DAG RUN_ID_PREFIX CONF_JSON [--pause OTHER_DAG] [--unpause DAG ...] \
+        [--then DAG2 PREFIX2 CONF2 --after TASK]
+
+`--then` triggers a second DAG as soon as TASK of the first has succeeded (the teacher's
+`train`: what the student needs), so the first DAG's remaining tasks (the teacher's
+evaluation and decoding) run beside the second's first steps instead of before them.
 """
 from __future__ import annotations
 
@@ -73,19 +78,34 @@ def tasks(api: Api, dag_id: str, run_id: str) -> list[dict]:
     return data["task_instances"]
 
 
-def wait(api: Api, dag_id: str, run_id: str, every_s: float = 10) -> str:
-    seen: dict[str, str] = {}
+ENDED = ("success", "failed", "upstream_failed", "skipped", "removed")
+
+
+def report_ended(api: Api, dag_id: str, run_id: str, seen: dict[str, str]) -> dict[str, str]:
+    """Print each task of the run that ended since the last call; every task's state."""
+    states = {}
+    for ti in tasks(api, dag_id, run_id):
+        states[ti["task_id"]] = ti["state"]
+        if seen.get(ti["task_id"]) != ti["state"] and ti["state"] in ENDED:
+            dur = ti.get("duration")
+            print(f"  {dag_id}.{ti['task_id']:<26} {ti['state']:<8} "
+                  f"{'' if dur is None else f'{dur:8.1f} s'}", flush=True)
+        seen[ti["task_id"]] = ti["state"]
+    return states
+
+
+def wait(api: Api, dag_id: str, run_id: str, seen: dict[str, str], every_s: float = 2,
+         task_id: str | None = None) -> str:
+    """Wait for the run (or, with task_id, that task of it) to end; return its state."""
+    path = f"/api/v2/dags/{dag_id}/dagRuns/{quote(run_id, safe='')}"
     while True:
-        state = api.call("GET", f"/api/v2/dags/{dag_id}/dagRuns/{quote(run_id, safe='')}")["state"]
-        for ti in tasks(api, dag_id, run_id):
-            if seen.get(ti["task_id"]) != ti["state"] and ti["state"] in ("success", "failed",
-                                                                          "skipped"):
-                dur = ti.get("duration")
-                print(f"  {ti['task_id']:<18} {ti['state']:<8} "
-                      f"{'' if dur is None else f'{dur:8.1f} s'}", flush=True)
-            seen[ti["task_id"]] = ti["state"]
-        if state in ("success", "failed"):
-            return state
+        states = report_ended(api, dag_id, run_id, seen)
+        run_state = api.call("GET", path)["state"]
+        if task_id is not None and states.get(task_id) in ENDED:
+            return states[task_id]
+        if run_state in ("success", "failed"):
+            report_ended(api, dag_id, run_id, seen)
+            return states.get(task_id, "failed") if task_id else run_state
         time.sleep(every_s)
 
 
@@ -108,30 +128,50 @@ def main() -> int:
     p.add_argument("--pause", action="append", default=[],
                    help="DAGs to keep paused while this one runs (unpaused after)")
     p.add_argument("--unpause", action="append", default=[], help="DAGs to unpause at the end")
+    p.add_argument("--then", nargs=3, metavar=("DAG", "PREFIX", "CONF"),
+                   help="a second DAG to trigger once --after's task of the first succeeded")
+    p.add_argument("--after", default="train", help="the first DAG's task --then waits for")
     p.add_argument("dag_id")
     p.add_argument("prefix", help="Airflow run id prefix (a timestamp is appended)")
     p.add_argument("conf", help="the run's conf, JSON")
     a = p.parse_args()
     api = Api(a.base, json.load(open(a.passwords))["admin"])
-    wait_parsed(api, [a.dag_id, *a.pause, *a.unpause])
+    wait_parsed(api, [a.dag_id, *a.pause, *a.unpause, *([a.then[0]] if a.then else [])])
     for dag_id in a.pause:
         set_paused(api, dag_id, True)
+    runs: list[tuple[str, str, dict[str, str]]] = []
     try:
-        set_paused(api, a.dag_id, False)
-        run_id = trigger(api, a.dag_id, a.prefix, json.loads(a.conf))
-        print(f"{a.dag_id}: run {run_id} triggered; task durations as Airflow shows them:",
-              flush=True)
-        state = wait(api, a.dag_id, run_id)
+        runs.append(start(api, a.dag_id, a.prefix, a.conf))
+        if a.then:
+            dag_id, run_id, seen = runs[0]
+            if wait(api, dag_id, run_id, seen, task_id=a.after) != "success":
+                return finish(api, runs)
+            # the first DAG's asset events found it paused and queued nothing: unpausing it
+            # (start) now starts only the run triggered here
+            runs.append(start(api, *a.then))
+        return finish(api, runs)
     finally:
-        # asset events of this run found those DAGs paused and queued nothing: unpausing
+        # asset events of these runs found those DAGs paused and queued nothing: unpausing
         # them now starts no run, and leaves every DAG active for `make airflow`
         for dag_id in [*a.pause, *a.unpause]:
             set_paused(api, dag_id, False)
-    if state != "success":
-        failed_logs(api, a.dag_id, run_id)
-        print(f"{a.dag_id} run {run_id} {state}", file=sys.stderr)
-        return 1
-    return 0
+
+
+def start(api: Api, dag_id: str, prefix: str, conf: str) -> tuple[str, str, dict[str, str]]:
+    set_paused(api, dag_id, False)
+    run_id = trigger(api, dag_id, prefix, json.loads(conf))
+    print(f"{dag_id}: run {run_id} triggered; task durations as Airflow shows them:", flush=True)
+    return dag_id, run_id, {}
+
+
+def finish(api: Api, runs: list[tuple[str, str, dict[str, str]]]) -> int:
+    """Wait for every run; the failed ones' last log lines. 0 when all succeeded."""
+    states = {run: wait(api, dag_id, run, seen) for dag_id, run, seen in runs}
+    for dag_id, run, _ in runs:
+        if states[run] != "success":
+            failed_logs(api, dag_id, run)
+            print(f"{dag_id} run {run} {states[run]}", file=sys.stderr)
+    return 0 if all(s == "success" for s in states.values()) else 1
 
 
 if __name__ == "__main__":

@@ -62,6 +62,13 @@ def test_every_task_retries(dagbag):
             assert t.retries >= 1, f"{dag.dag_id}.{t.task_id} has no retries"
 
 
+def test_every_dag_stops_its_orphaned_jobs_when_a_run_ends(dagbag):
+    for dag in dagbag.dags.values():
+        for callback in (dag.on_success_callback, dag.on_failure_callback):
+            names = [c.__name__ for c in (callback if isinstance(callback, list) else [callback])]
+            assert names == ["stop_orphaned_jobs"], dag.dag_id
+
+
 def test_graphs(dagbag):
     student, teacher = dagbag.dags["ssl_student"], dagbag.dags["teacher"]
     assert _edges(student) == set(STUDENT_EDGES)

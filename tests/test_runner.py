@@ -179,6 +179,46 @@ def test_cleared_finished_step_is_redone_and_retry_adopts_a_running_job(fake_env
     assert len(_calls(tmp, s1.run_id)) == 4
 
 
+def _wait_status(backend, jid: str, want: tuple[str, ...], timeout: float = 20) -> str:
+    deadline = time.time() + timeout
+    while (status := backend.status(jid)) not in want and time.time() < deadline:
+        time.sleep(0.1)
+    return status
+
+
+def test_an_ended_runs_orphaned_job_is_stopped_by_the_dag_callback(fake_env):
+    """A deferred task marked failed before the triggerer loaded its trigger leaves a job
+    that nothing follows; the DAG's run-end callback stops it, and only it."""
+    sys.path.insert(0, str(ROOT / "dags"))
+    from types import SimpleNamespace
+
+    from amflow_common import stop_orphaned_jobs
+
+    cfg, set_plan, tmp = fake_env
+    set_plan(train={"seconds": 60, "lines": 60}, select={"seconds": 0.1})
+    backend = R.LocalBackend(tmp / "jobs")
+    orphan = R.job_id("ssl_student", "manual__a", "train", 2)
+    other_run = R.job_id("ssl_student", "manual__b", "train", 1)
+    ended = R.job_id("ssl_student", "manual__a", "select", 1)
+    for jid, step, run in ((orphan, "train", "ra"), (other_run, "train", "rb"),
+                           (ended, "select", "ra")):
+        assert backend.submit(jid, R.step_command([PY, str(FAKE)], step, config=str(cfg),
+                                                  run_id=run))
+    assert _wait_status(backend, ended, R.TERMINAL) == R.SUCCEEDED
+    assert _wait_status(backend, orphan, (R.RUNNING,)) == R.RUNNING
+    assert backend.live_jobs(R.job_prefix("ssl_student", "manual__a", "train")) == [orphan]
+
+    dag = SimpleNamespace(dag_id="ssl_student", task_ids=["select", "train", "evaluate"])
+    run = SimpleNamespace(conf={"config": str(cfg)})
+    stop_orphaned_jobs({"dag": dag, "dag_run": run, "run_id": "manual__a", "params": {}})
+    assert backend.status(orphan) == R.STOPPED
+    assert backend.status(ended) == R.SUCCEEDED  # an ended job is left as it is
+    assert backend.status(other_run) == R.RUNNING  # another run's job is not this run's
+    assert R.stop_run_jobs(str(cfg), [], "ssl_student", "manual__b", ["train"],
+                           emit=lambda line: None) == [other_run]
+    assert backend.status(other_run) == R.STOPPED
+
+
 def test_runner_cli_runs_a_step_and_sigterm_stops_its_job(fake_env):
     cfg, set_plan, tmp = fake_env
     set_plan(select={"seconds": 0.3}, train={"seconds": 60, "lines": 120})
@@ -292,7 +332,9 @@ def test_ray_job_runs_a_step_streams_its_log_and_sigterm_stops_it(fake_env, ray_
     assert backend.submit("amflow-test-nopool", argv, {"pool_p3": 0.01})
     time.sleep(3)
     assert str(client.get_job_status("amflow-test-nopool")) == "PENDING"
+    assert backend.live_jobs("amflow-test-no") == ["amflow-test-nopool"]
     assert backend.stop("amflow-test-nopool")
+    assert backend.live_jobs("amflow-test-no") == []
 
     # The runner CLI (as a killed Airflow task would) stops its Ray job on SIGTERM.
     proc = subprocess.Popen([PY, "-m", "amflow.runner", "run", "train", "--config", str(cfg),

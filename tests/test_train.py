@@ -265,3 +265,4 @@ def test_a_checkpoint_from_before_a_new_config_key_still_resumes():
     changed = {"train": dict(now["train"], criterion="mmi"), "kind": "student"}
     assert fingerprint_diff(old, changed) == ["criterion"]
     assert fingerprint_diff(now, dict(now, kind="teacher")) == ["model/data"]
+
