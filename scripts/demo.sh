@@ -10,29 +10,14 @@
 #   4. amflow simulate      trainer scaling projection from the measured step times
 #   5. amflow report        Table II per condition, curves, timings -> runs/demo-ssl/report/
 # Env: CONFIG (default configs/local.yaml), DEMO_PREFIX (run ids, default demo),
-#      DEMO_SETS (extra space-separated key=value overrides for every step),
-#      DEMO_FLOW (scheduler, the default: runs on the `airflow standalone` started here;
-#      dags-test: the earlier way, `airflow dags test` in this process with short
-#      rescheduled tries: no scheduler to start, but no task logs or true durations in the
-#      UI afterwards; kept to time the two side by side and for machines where a
-#      standalone cannot start).
+#      DEMO_SETS (extra space-separated key=value overrides for every step).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 export PATH="$ROOT/.venv/bin:$PATH"
 CONFIG=${CONFIG:-configs/local.yaml}
 PREFIX=${DEMO_PREFIX:-demo}
-FLOW=${DEMO_FLOW:-scheduler}
 read -r -a SETS <<< "${DEMO_SETS:-}"
-case "$FLOW" in
-  scheduler) ;;
-  # `airflow dags test` runs one task try at a time and would run a deferred task's
-  # trigger inline: short rescheduled tries instead let the teacher and the baseline, two
-  # 1-thread trainings, share the 2 cores side by side.
-  dags-test) SETS=(runner.wait=reschedule runner.max_wait_per_try_s=10 runner.reschedule_s=2
-                   "${SETS[@]}") ;;
-  *) echo "DEMO_FLOW=$FLOW: expected scheduler or dags-test" >&2; exit 2 ;;
-esac
 TEACHER_RUN="$PREFIX-teacher"
 SSL_RUN="$PREFIX-ssl"
 START=$(date +%s)
@@ -63,34 +48,18 @@ overrides_json=$(python -c 'import json,sys; print(json.dumps(sys.argv[1:]))' "$
 stage() { printf '\n=== [%4ds] %s\n' "$(( $(date +%s) - START ))" "$*"; }
 
 # Airflow starts (DB migration, four components) while the corpus is synthesised.
-if [ "$FLOW" = scheduler ]; then launch_standalone "$AIRFLOW_HOME/demo-standalone.log"; fi
+launch_standalone "$AIRFLOW_HOME/demo-standalone.log"
 stage "1/5 corpus"
 amflow corpus --config "$CONFIG" "${set_args[@]}"
 
-if [ "$FLOW" = scheduler ]; then
-  stage "airflow standalone on port $PORT ($AIRFLOW_HOME)"
-  wait_standalone
-else
-  stage "airflow db migrate ($AIRFLOW_HOME)"
-  airflow db migrate > "$AIRFLOW_HOME/migrate.log" 2>&1 || { tail -n 30 "$AIRFLOW_HOME/migrate.log"; exit 1; }
-fi
+stage "airflow standalone on port $PORT ($AIRFLOW_HOME)"
+wait_standalone
 
-# DEMO_FLOW=dags-test: the DAG in this process; its output in the log, not in the UI.
-dags_test_inline() {
-  local dag=$1 conf=$2 log="$AIRFLOW_HOME/demo-$1.log"
-  echo "airflow dags test $dag -c '$conf'   (log: $log)"
-  if ! airflow dags test "$dag" -c "$conf" > "$log" 2>&1 || ! grep -q "state=success" "$log"; then
-    echo "DAG $dag failed; last lines of $log:" >&2
-    tail -n 60 "$log" >&2
-    exit 1
-  fi
-}
-
-# DEMO_FLOW=scheduler: both DAGs on the standalone; ssl_student is triggered as soon as
-# the teacher's `train` has succeeded (the teacher model is all it needs), so the
-# teacher's evaluation and decoding run beside the student's first steps. The teacher's new
-# model would also start an ssl_student run by itself (its asset schedule): ssl_student
-# stays paused until the demo triggers its own run.
+# Both DAGs on the standalone. ssl_student is triggered as soon as the teacher's `train`
+# has succeeded (the teacher model is all it needs), so the teacher's evaluation and
+# decoding run beside the student's first steps. The teacher's new model would also start
+# an ssl_student run by itself (its asset schedule): ssl_student stays paused until the
+# demo triggers its own run.
 run_dags() {
   local log="$AIRFLOW_HOME/demo-dags.log"
   echo "trigger teacher -c '$1', then ssl_student -c '$2'   (log: $log)"
@@ -108,15 +77,8 @@ run_dags() {
 TEACHER_URI="$root/runs/$TEACHER_RUN/train-teacher/model.pt"
 TEACHER_CONF="{\"config\": \"$CONFIG\", \"run_id\": \"$TEACHER_RUN\", \"hours\": 1000000, \"rerun\": \"resume\", \"overrides\": $overrides_json}"
 SSL_CONF="{\"config\": \"$CONFIG\", \"run_id\": \"$SSL_RUN\", \"hours\": 1000000, \"rerun\": \"resume\", \"teacher\": \"$TEACHER_URI\", \"overrides\": $overrides_json}"
-if [ "$FLOW" = dags-test ]; then
-  stage "2/5 DAG teacher (run $TEACHER_RUN)"
-  dags_test_inline teacher "$TEACHER_CONF"
-  stage "3/5 DAG ssl_student (run $SSL_RUN, teacher $TEACHER_URI)"
-  dags_test_inline ssl_student "$SSL_CONF"
-else
-  stage "2/5 DAG teacher (run $TEACHER_RUN), 3/5 DAG ssl_student (run $SSL_RUN) once the teacher is trained"
-  run_dags "$TEACHER_CONF" "$SSL_CONF"
-fi
+stage "2/5 DAG teacher (run $TEACHER_RUN), 3/5 DAG ssl_student (run $SSL_RUN) once the teacher is trained"
+run_dags "$TEACHER_CONF" "$SSL_CONF"
 
 stop_standalone
 stage "4/5 simulate (GTC sparsity measured by bench gtc on the paper-size student)"
@@ -136,4 +98,4 @@ amflow report --config "$CONFIG" --run-id "$SSL_RUN" --set "report.teacher_run=$
 sed -n '1,/^## Frame accuracy/p' "$root/runs/$SSL_RUN/report/report.md" 2>/dev/null || true
 stage "done in $(( $(date +%s) - START )) s"
 echo "report: $root/runs/$SSL_RUN/report/report.md"
-if [ "$FLOW" = scheduler ]; then echo "browse the runs in Airflow: make airflow"; fi
+echo "browse the runs in Airflow: make airflow"
