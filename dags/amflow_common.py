@@ -166,7 +166,7 @@ def stop_orphaned_jobs(context) -> None:
 
     dag, run = context["dag"], context.get("dag_run")
     conf = dict(getattr(run, "conf", None) or {})
-    params = {**{k: v for k, v in (context.get("params") or {}).items()}, **conf}
+    params = {**dict(context.get("params") or {}), **conf}
     overrides = [str(o) for o in (params.get("overrides") or [])]
     stop_run_jobs(str(params.get("config") or DEFAULT_CONFIG), overrides, dag.dag_id,
                   str(context["run_id"]), list(dag.task_ids),
