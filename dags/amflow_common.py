@@ -158,6 +158,27 @@ DEFAULT_ARGS = {
 }
 
 
+
+def sequence_chain(suffix: str, who: str, sets: list[str], enabled_by: str | tuple[str, ...],
+                   eval_asset: Asset, wer_asset: Asset) -> tuple[BaseOperator, BaseOperator,
+                                                                 BaseOperator]:
+    """sequence<suffix> -> evaluate_sequence<suffix> -> decode_sequence<suffix>: sMBR from a
+    CE model on the labeled data, then its frame accuracy and WER (wired in that order)."""
+    seq_id = f"sequence{suffix}"
+    seq = AmflowStepOperator(task_id=seq_id, step="sequence", sets=sets, model_output=True,
+                             enabled_by=enabled_by,
+                             doc_md=f"{who}: sMBR on the labeled data from its CE model.")
+    evaluate = AmflowStepOperator(
+        task_id=f"evaluate_sequence{suffix}", step="evaluate", sets=sets, model_from=seq_id,
+        enabled_by=enabled_by, outlets=[eval_asset], results=True,
+        doc_md=f"Sequence-trained {who.lower()}: frame accuracy per condition.")
+    decode = AmflowStepOperator(
+        task_id=f"decode_sequence{suffix}", step="decode", sets=sets, model_from=seq_id,
+        enabled_by=enabled_by, outlets=[wer_asset], results=True,
+        doc_md=f"Sequence-trained {who.lower()}: WER per condition.")
+    seq >> evaluate >> decode
+    return seq, evaluate, decode
+
 def stop_orphaned_jobs(context) -> None:
     """DAG callback at the end of a run (success or failure): stop any job of the run that
     is still running. No task follows one any more: a deferred task marked failed before

@@ -16,7 +16,7 @@ from airflow.sdk import Param, dag
 from amflow_common import (DEFAULT_ARGS, PARAM_SETS, RUN_END_CALLBACKS, STUDENT_EVAL,
                            STUDENT_FEATURES, STUDENT_MODEL, STUDENT_SEQ_EVAL, STUDENT_SEQ_WER,
                            STUDENT_TARGETS, STUDENT_WER, TEACHER_MODEL, AmflowStepOperator,
-                           common_params, local_defaults)
+                           common_params, local_defaults, sequence_chain)
 
 _cfg = local_defaults()
 # `amflow sequence` on the student's model writes sequence/; evaluate / decode it alike.
@@ -66,20 +66,10 @@ def ssl_student():
     decode = AmflowStepOperator(task_id="decode", step="decode", model_from="train",
                                 outlets=[STUDENT_WER], results=True,
                                 doc_md="WER per condition DP1..DP5 (H o L o G, tuned on dev).")
-    sequence = AmflowStepOperator(task_id="sequence", step="sequence", sets=SEQ_SETS,
-                                  model_output=True, enabled_by="sequence",
-                                  doc_md="sMBR on the labeled data from the student's model.")
-    evaluate_sequence = AmflowStepOperator(task_id="evaluate_sequence", step="evaluate",
-                                           sets=SEQ_SETS, model_from="sequence",
-                                           enabled_by="sequence", outlets=[STUDENT_SEQ_EVAL],
-                                           results=True,
-                                           doc_md="Sequence-trained student: frame accuracy.")
-    decode_sequence = AmflowStepOperator(task_id="decode_sequence", step="decode", sets=SEQ_SETS,
-                                         model_from="sequence", enabled_by="sequence",
-                                         outlets=[STUDENT_SEQ_WER], results=True,
-                                         doc_md="Sequence-trained student: WER per condition.")
+    sequence, _, decode_sequence = sequence_chain("", "Student", SEQ_SETS, "sequence",
+                                                  STUDENT_SEQ_EVAL, STUDENT_SEQ_WER)
     select >> features >> targets >> repartition >> train >> evaluate >> decode
-    train >> sequence >> evaluate_sequence >> decode_sequence
+    train >> sequence
     select >> lm >> [decode, decode_sequence]
 
 

@@ -24,7 +24,8 @@ from airflow.sdk import Param, dag
 from amflow_common import (BASELINE_EVAL, BASELINE_SEQ_EVAL, BASELINE_SEQ_WER, BASELINE_WER,
                            DEFAULT_ARGS, PARAM_SETS, RUN_END_CALLBACKS, TEACHER_EVAL,
                            TEACHER_FEATURES, TEACHER_MODEL, TEACHER_SEQ_EVAL, TEACHER_SEQ_WER,
-                           TEACHER_WER, AmflowStepOperator, common_params, local_defaults)
+                           TEACHER_WER, AmflowStepOperator, common_params, local_defaults,
+                           sequence_chain)
 
 _cfg = local_defaults()
 TEACHER_SETS = ["select.splits=labeled,dev", "train.model=teacher", "train.recipe=labeled",
@@ -90,37 +91,16 @@ def teacher():
                                          sets=BASELINE_SETS, model_from="train_baseline",
                                          enabled_by="baseline", outlets=[BASELINE_WER],
                                          results=True, doc_md="Baseline WER per condition.")
-    seq_baseline = AmflowStepOperator(
-        task_id="sequence_baseline", step="sequence", sets=SEQ_BASELINE_SETS,
-        model_output=True, enabled_by=("baseline", "sequence"),
-        doc_md="Baseline: sMBR on the labeled data from its CE model.")
-    evaluate_seq_baseline = AmflowStepOperator(
-        task_id="evaluate_sequence_baseline", step="evaluate", sets=SEQ_BASELINE_SETS,
-        model_from="sequence_baseline", enabled_by=("baseline", "sequence"),
-        outlets=[BASELINE_SEQ_EVAL], results=True,
-        doc_md="Sequence-trained baseline: frame accuracy per condition.")
-    decode_seq_baseline = AmflowStepOperator(
-        task_id="decode_sequence_baseline", step="decode", sets=SEQ_BASELINE_SETS,
-        model_from="sequence_baseline", enabled_by=("baseline", "sequence"),
-        outlets=[BASELINE_SEQ_WER], results=True,
-        doc_md="Sequence-trained baseline: WER per condition.")
-    seq_teacher = AmflowStepOperator(
-        task_id="sequence_teacher", step="sequence", sets=SEQ_TEACHER_SETS, model_output=True,
-        enabled_by="sequence_teacher", doc_md="Teacher: sMBR on the labeled data.")
-    evaluate_seq_teacher = AmflowStepOperator(
-        task_id="evaluate_sequence_teacher", step="evaluate", sets=SEQ_TEACHER_SETS,
-        model_from="sequence_teacher", enabled_by="sequence_teacher",
-        outlets=[TEACHER_SEQ_EVAL], results=True,
-        doc_md="Sequence-trained teacher: frame accuracy per condition.")
-    decode_seq_teacher = AmflowStepOperator(
-        task_id="decode_sequence_teacher", step="decode", sets=SEQ_TEACHER_SETS,
-        model_from="sequence_teacher", enabled_by="sequence_teacher",
-        outlets=[TEACHER_SEQ_WER], results=True,
-        doc_md="Sequence-trained teacher: WER per condition.")
+    seq_baseline, _, decode_seq_baseline = sequence_chain(
+        "_baseline", "Baseline", SEQ_BASELINE_SETS, ("baseline", "sequence"),
+        BASELINE_SEQ_EVAL, BASELINE_SEQ_WER)
+    seq_teacher, _, decode_seq_teacher = sequence_chain(
+        "_teacher", "Teacher", SEQ_TEACHER_SETS, "sequence_teacher", TEACHER_SEQ_EVAL,
+        TEACHER_SEQ_WER)
     select >> features >> repartition >> train >> evaluate >> decode
     repartition >> train_baseline >> evaluate_baseline >> decode_baseline
-    train_baseline >> seq_baseline >> evaluate_seq_baseline >> decode_seq_baseline
-    train >> seq_teacher >> evaluate_seq_teacher >> decode_seq_teacher
+    train_baseline >> seq_baseline
+    train >> seq_teacher
     select >> lm >> [decode, decode_baseline, decode_seq_baseline, decode_seq_teacher]
 
 

@@ -21,21 +21,25 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def dag_edges() -> dict[str, list[tuple[str, str]]]:
+def dag_tasks() -> dict[str, tuple[list[tuple[str, str]], dict[str, str]]]:
+    """Per DAG: its edges, and each task's step directory (as the runner names it)."""
     sys.path.insert(0, str(ROOT / "dags"))
     os.environ.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
     from airflow.dag_processing.dagbag import DagBag
 
+    from amflow.runner import _step_dir_name
+
     bag = DagBag(dag_folder=str(ROOT / "dags"))
-    return {d: [(t.task_id, n) for t in bag.dags[d].tasks for n in t.downstream_task_ids]
+    return {d: ([(t.task_id, n) for t in bag.dags[d].tasks for n in t.downstream_task_ids],
+                {t.task_id: _step_dir_name(t.step, t.sets) for t in bag.dags[d].tasks})
             for d in ("teacher", "ssl_student")}
 
 
-def step_walls(run_dir: Path, tasks: set[str], renames: dict[str, str]) -> dict[str, float]:
+def step_walls(run_dir: Path, dirs: dict[str, str]) -> dict[str, float]:
     """Each task's step wall_s; tasks whose step never ran (skipped by a param) are absent."""
     out = {}
-    for task in tasks:
-        path = run_dir / renames.get(task, task.replace("_", "-")) / "_SUCCESS.json"
+    for task, step_dir in dirs.items():
+        path = run_dir / step_dir / "_SUCCESS.json"
         if path.exists():
             out[task] = float(json.loads(path.read_text())["wall_s"])
     return out
@@ -54,16 +58,11 @@ def longest_path(walls: dict[str, float], edges: list[tuple[str, str]], start: s
 
 def main() -> int:
     root, prefix, log = Path(sys.argv[1]), sys.argv[2], Path(sys.argv[3])
-    edges = dag_edges()
-    teacher_names = {"train": "train-teacher", "evaluate": "evaluate-teacher",
-                     "decode": "decode-teacher", "sequence_teacher": "sequence-teacher"}
-    walls = {f"teacher.{k}": v for k, v in step_walls(
-        root / "runs" / f"{prefix}-teacher", {x for e in edges["teacher"] for x in e},
-        teacher_names).items()}
-    walls.update({f"ssl_student.{k}": v for k, v in step_walls(
-        root / "runs" / f"{prefix}-ssl", {x for e in edges["ssl_student"] for x in e},
-        {}).items()})
-    all_edges = [(f"{d}.{a}", f"{d}.{b}") for d, es in edges.items() for a, b in es]
+    dags = dag_tasks()
+    runs = {"teacher": f"{prefix}-teacher", "ssl_student": f"{prefix}-ssl"}
+    walls = {f"{d}.{task}": wall for d, (_, dirs) in dags.items()
+             for task, wall in step_walls(root / "runs" / runs[d], dirs).items()}
+    all_edges = [(f"{d}.{a}", f"{d}.{b}") for d, (es, _) in dags.items() for a, b in es]
     all_edges.append(("teacher.train", "ssl_student.select"))
     path = longest_path(walls, all_edges, "teacher.select")
     text = log.read_text()

@@ -18,8 +18,9 @@ def test_longest_path_of_step_walls_skips_steps_that_never_ran(tmp_path):
         (tmp_path / step / "_SUCCESS.json").write_text(json.dumps({"wall_s": wall}))
     edges = [("select", "features"), ("features", "train"), ("select", "lm"),
              ("train", "decode"), ("lm", "decode"), ("train", "sequence_teacher")]
-    walls = demo_floor.step_walls(tmp_path, {x for e in edges for x in e},
-                                  {"train": "train-teacher", "decode": "decode-teacher"})
+    walls = demo_floor.step_walls(tmp_path, {
+        "select": "select", "features": "features", "lm": "lm", "train": "train-teacher",
+        "decode": "decode-teacher", "sequence_teacher": "sequence-teacher"})
     assert walls == {"select": 1, "features": 10, "lm": 30, "train": 100, "decode": 5}
     # select -> features -> train -> decode (116) beats select -> lm -> decode (36);
     # sequence_teacher (skipped: no _SUCCESS.json) is not on any path
