@@ -316,6 +316,10 @@ class AugmentConfig:
     it) and with `vtlp_prob` a VTLP warp factor from `vtlp` (mel filters warped).
     """
     enabled: bool = False
+    # With `stored_prob` an utterance keeps the corpus's own rendering of it (its
+    # `audio_uri`: the test conditions' renderer) and gets only speed and VTLP; the rest
+    # are re-rendered from the clean source as below.
+    stored_prob: float = 0.0
     room_prob: float = 0.7
     conditions: list[str] = field(default_factory=lambda: ["DP1", "DP2", "DP3", "DP4", "DP5"])
     noise_prob: float = 0.4
@@ -342,7 +346,7 @@ class AugmentConfig:
 
     def validate(self, key: str) -> None:
         conditions = ("DP1", "DP2", "DP3", "DP4", "DP5")  # tasks.speech.room.CONDITIONS
-        for name in ("room_prob", "noise_prob", "speed_prob", "vtlp_prob"):
+        for name in ("stored_prob", "room_prob", "noise_prob", "speed_prob", "vtlp_prob"):
             _check(0.0 <= getattr(self, name) <= 1.0, f"{key}.{name}", "must be in [0, 1]")
         bad = [c for c in self.conditions if c not in conditions]
         _check(bool(self.conditions) and not bad, f"{key}.conditions",

@@ -207,8 +207,42 @@ def test_a_pass_is_deterministic_per_seed_and_pass_and_differs_between_passes(to
     assert _same(ra, _drain(b, p0)[0])
     assert not _same(ra, _drain(c, p0)[0])
     assert not _same(ra, _drain(a, p1)[0])
-    recipes = [draw_recipe(a.acfg, 0, p0.index, u[2]) for u in a.utts]
+    recipes = [draw_recipe(a.acfg, 0, p0.index, u.utt_id) for u in a.utts]
     assert len({r.condition or r.noise for r in recipes}) > 2 and {r.speed for r in recipes} > {1.0}
+
+
+def test_stored_prob_keeps_the_corpus_rendering_and_leaves_the_other_draws(tone_run,
+                                                                           tmp_path):
+    """train.augment.stored_prob: that share of utterances is the corpus's own rendering
+    (audio_uri) with only speed and VTLP; every other draw is the one stored_prob=0 makes,
+    so the default recipes (and results) are unchanged."""
+    base = _cfg(tone_run, *AUG).train.augment
+    half = _cfg(tone_run, *AUG, "train.augment.stored_prob=0.5").train.augment
+    ids = [f"u{i}" for i in range(200)]
+    r0 = [draw_recipe(base, 0, 1, u) for u in ids]
+    r5 = [draw_recipe(half, 0, 1, u) for u in ids]
+    assert not any(r.stored for r in r0) and 70 < sum(r.stored for r in r5) < 130
+    for a, b in zip(r0, r5):
+        assert (b.seed, b.speed, b.warp) == (a.seed, a.speed, a.warp)
+        assert (b.condition, b.noise) == (("", "") if b.stored else (a.condition, a.noise))
+    # rendering: a stored recipe reads stored_uri, not the clean source
+    fcfg = tone_run["fcfg"]
+    utt, split, wave, fl = tone_run["waves"]["spk2"][0]
+    clean = str(Path(tone_run["corpus"]) / f"audio_clean/{split}/spk2/{utt}.wav")
+    noisy = wave + 0.02 * np.random.default_rng(5).standard_normal(len(wave))
+    stored = tmp_path / "stored.wav"
+    stored.write_bytes(wav_bytes(np.round(noisy * 32767).astype(np.int16), FS))
+    norm = Normalizer(np.zeros(192, np.float32), np.ones(192, np.float32))
+    renderer = Renderer(Storage(), fcfg, norm)
+
+    def render(uri, recipe, stored_uri=""):
+        (r,), _ = renderer.render_stream([StreamItem(0, utt, uri, fl, recipe, stored_uri)], 0, 3)
+        return r.x
+
+    got = render(clean, Recipe(0, stored=True), str(stored))
+    np.testing.assert_array_equal(got, render(str(stored), Recipe(0)))
+    assert not np.allclose(got, render(clean, Recipe(0)), atol=1e-2)
+    assert render(clean, Recipe(0, speed=1.1, stored=True), str(stored)).shape[0] < got.shape[0]
 
 
 def test_a_pass_reopened_mid_way_continues_exactly(tone_run):
@@ -231,7 +265,7 @@ def test_an_unreadable_source_is_a_counted_reject_and_the_pass_goes_on(tone_run,
     victim = bad_src.utts[3]
     corrupt = tmp_path / "corrupt.wav"
     corrupt.write_bytes(b"RIFF\x00\x00not a wav at all")
-    bad_src.utts[3] = (*victim[:3], str(corrupt), victim[4])
+    bad_src.utts[3] = victim._replace(uri=str(corrupt))
     bad, _ = _drain(bad_src, p)
     m = bad_src.pass_metrics(p)
     assert len(bad) == len(good)  # the agreed number of steps
@@ -340,7 +374,15 @@ def test_augmented_teacher_trains_resumes_bitwise_and_reports_the_pool(tone_run)
     for r in inputs:
         assert r["examples"] > 0 and r["examples_per_s"] > 0 and r["augment_cores"] > 0
         assert 0 <= r["input_wait_share"] <= 1
-    assert m["input_wait_share"] == max(r["input_wait_share"] for r in inputs)
+    wait, wall = (sum(r[k] for r in inputs) for k in ("input_wait_s", "step_wall_s"))
+    assert m["input_wait_share"] == pytest.approx(wait / wall)
+    assert m["input_wait_share_max_pass"] == max(r["input_wait_share"] for r in inputs)
+    examples = sum(r["examples"] for r in inputs)
+    assert m["augment_examples_per_core_s"] == pytest.approx(
+        examples / sum(r["augment_cpu_s"] for r in inputs))
+    assert m["trainer_examples_per_s"] == pytest.approx(examples / wall)
+    assert m["augment_cores_needed"] == pytest.approx(
+        m["trainer_examples_per_s"] / m["augment_examples_per_core_s"])
     assert m["augment_examples_per_s"] > 0 and m["augment_rejects"] == 0
     fail = 7
     train("train.tag=aug-resumed", f"train.fail_after={fail}", expect=InjectedFailure)

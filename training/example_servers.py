@@ -54,7 +54,7 @@ import time
 import zlib
 from dataclasses import dataclass, field, replace
 from fractions import Fraction
-from typing import Any, Iterator
+from typing import Any, Iterator, NamedTuple
 
 import numpy as np
 import torch
@@ -75,7 +75,8 @@ _T_AUGMENT = 21  # seed stream tag
 
 # ----------------------------------------------------------------- clean sources
 def load_clean_sources(storage: Storage, corpus: str) -> dict[str, dict[str, str]]:
-    """{utt_id: {uri, speaker_id, created_at}} of every metadata record with a clean source."""
+    """{utt_id: {uri, stored_uri, speaker_id, created_at}} of every metadata record with a
+    clean source (`stored_uri`: the record's own rendering, `audio_uri`)."""
     from tasks.audio import resolve_uri
 
     root = corpus.rstrip("/")
@@ -94,7 +95,10 @@ def load_clean_sources(storage: Storage, corpus: str) -> dict[str, dict[str, str
             src = rec.get("clean_audio_uri") or (rec.get("audio_uri") if rec.get("clean") is True
                                                  else None)
             if isinstance(src, str) and src:
+                stored = rec.get("audio_uri")
                 out[rec["utt_id"]] = {"uri": resolve_uri(root, src),
+                                      "stored_uri": resolve_uri(root, stored)
+                                      if isinstance(stored, str) and stored else "",
                                       "speaker_id": str(rec.get("speaker_id", "")),
                                       "created_at": str(rec.get("created_at", ""))}
     return out
@@ -110,6 +114,7 @@ class Recipe:
     snr_db: float = 0.0
     speed: float = 1.0
     warp: float = 1.0  # VTLP
+    stored: bool = False  # the corpus's own rendering (audio_uri) instead of the clean source
 
     @property
     def is_identity(self) -> bool:
@@ -134,7 +139,12 @@ def draw_recipe(acfg: AugmentConfig, seed: int, pass_index: int, utt_id: str) ->
     speed = float(acfg.speeds[int(rng.integers(len(acfg.speeds)))]) if u[2] < acfg.speed_prob \
         else 1.0
     warp = float(rng.uniform(acfg.vtlp[0], acfg.vtlp[1])) if u[3] < acfg.vtlp_prob else 1.0
-    return Recipe(int(rng.integers(2**31)), condition, noise, snr, speed, warp)
+    # The stored rendering already has its room and noise. Drawn last, from the same
+    # generator state, so that stored_prob changes no other utterance's draws.
+    stored = bool(u[4] < acfg.stored_prob)
+    if stored:
+        condition, noise, snr = "", "", 0.0
+    return Recipe(int(rng.integers(2**31)), condition, noise, snr, speed, warp, stored)
 
 
 def _fbank_geometry(fcfg: FeaturesConfig) -> tuple[int, int]:
@@ -229,14 +239,25 @@ def augment_audio(x: np.ndarray, recipe: Recipe, fs: int, active: np.ndarray | N
     return _speed(y, recipe.speed).astype(np.float32)
 
 
+class SourceUtt(NamedTuple):
+    """A labeled utterance the servers render (sorted: speaker, time, id)."""
+    speaker_id: str
+    created_at: str
+    utt_id: str
+    uri: str  # the clean source
+    frame_labels: np.ndarray  # int16, 100 Hz
+    stored_uri: str  # the corpus's own rendering ("" = unknown)
+
+
 @dataclass
 class StreamItem:
     """One utterance of a stream task: where its clean audio is and what it gets."""
     pos: int  # its row in the pass's index
     utt_id: str
-    uri: str
+    uri: str  # the clean source
     frame_labels: np.ndarray  # int16, 100 Hz, of the clean (= far-field) signal
     recipe: Recipe
+    stored_uri: str = ""  # the corpus's own rendering (recipe.stored)
 
 
 @dataclass
@@ -303,7 +324,8 @@ class Renderer:
         out: list[Rendered] = []
         kept: list[tuple[StreamItem, np.ndarray, np.ndarray]] = []
         for it in items:
-            res = load_audio_result(self.storage, it.uri, fcfg)
+            uri = it.stored_uri if it.recipe.stored and it.stored_uri else it.uri
+            res = load_audio_result(self.storage, uri, fcfg)
             if res.samples is None:
                 out.append(Rendered(it.pos, None, None, res.reason or "unreadable_audio",
                                     res.detail))
@@ -384,6 +406,8 @@ class ExampleServers:
         self._next_actor = 0
         self._ahead: dict[tuple[int, int], Any] = {}  # (pass, stream) -> result ref
         self.renderer = Renderer(storage, fcfg, norm, self.babble, sil_id)
+        if self.pooled:  # the actors start (import, CMVN) while the trainer sets up
+            self._pool()
 
     # -- the worker's utterances, as speaker streams
     def _load(self, index: SplitIndex, sources: dict[str, dict[str, str]]) -> None:
@@ -398,7 +422,8 @@ class ExampleServers:
             if reason:
                 self.rejected_rows[reason] = self.rejected_rows.get(reason, 0) + 1
                 continue
-            utts.append((src["speaker_id"], src["created_at"], u, src["uri"], fl))
+            utts.append(SourceUtt(src["speaker_id"], src["created_at"], u, src["uri"], fl,
+                                  src.get("stored_uri", "")))
         # Streams: a speaker's utterances in time order, `stream_utts` at a time.
         order = sorted(range(len(utts)), key=lambda k: utts[k][:3])
         self.utts = [utts[k] for k in order]
@@ -417,14 +442,14 @@ class ExampleServers:
         got = self._plans.get(p.index)
         if got is None:
             fc = self.fcfg
-            recipes = [draw_recipe(self.acfg, self.tc.seed, p.index, u[2]) for u in self.utts]
-            frames = np.array([lfr_rows(augmented_frames(len(u[4]), r.speed, fc), fc.stack,
-                                        fc.subsample) for u, r in zip(self.utts, recipes)],
-                              np.int64)
+            recipes = [draw_recipe(self.acfg, self.tc.seed, p.index, u.utt_id) for u in self.utts]
+            frames = np.array([lfr_rows(augmented_frames(len(u.frame_labels), r.speed, fc),
+                                        fc.stack, fc.subsample)
+                               for u, r in zip(self.utts, recipes)], np.int64)
             n = len(self.utts)
             index = SplitIndex([f"stream-{s}" for s in range(self.num_streams)], "labels",
                                self.stream_of.copy(), self.pos_in_stream.copy(), frames,
-                               np.ones(n, bool), [u[2] for u in self.utts], [""] * n,
+                               np.ones(n, bool), [u.utt_id for u in self.utts], [""] * n,
                                int(self.norm.mean.shape[0]), rows_in=n)
             plan = plan_pass(index, self.spec(p))
             got = self._plans[p.index] = (index, plan, recipes)
@@ -486,6 +511,12 @@ class ExampleServers:
         ref = self._ahead.pop(key, None)
         if ref is not None:
             return ref
+        actors = self._pool()
+        actor = actors[self._next_actor % len(actors)]
+        self._next_actor += 1
+        return actor.render.remote(task)
+
+    def _pool(self) -> list[Any]:
         if not self._actors:
             import ray
 
@@ -493,9 +524,7 @@ class ExampleServers:
                 num_cpus=self.acfg.cpus_per_server, resources=dict(self.acfg.resources) or None)
             self._actors = [actor.remote(self.storage_cfg, self.fcfg, self.norm, self.babble,
                                          self.sil_id) for _ in range(self.acfg.servers)]
-        actor = self._actors[self._next_actor % len(self._actors)]
-        self._next_actor += 1
-        return actor.render.remote(task)
+        return self._actors
 
     def warm(self, p: PassInfo) -> None:
         """Submit the first window of the pass after `p` (if the schedule has one)."""
@@ -557,8 +586,9 @@ class AugmentedStream:
 
     def _task(self, stream: int) -> tuple[list[StreamItem], int, int]:
         rows = np.nonzero(self.index.part == stream)[0]
-        items = [StreamItem(int(k), self.src.utts[k][2], self.src.utts[k][3],
-                            self.src.utts[k][4], self.recipes[k]) for k in rows]
+        u = self.src.utts
+        items = [StreamItem(int(k), u[k].utt_id, u[k].uri, u[k].frame_labels, self.recipes[k],
+                            u[k].stored_uri) for k in rows]
         return items, self.offset, self.src.stack
 
     def _rendered(self) -> Iterator[tuple[list[Rendered], float]]:

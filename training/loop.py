@@ -605,6 +605,8 @@ class Trainer:
         wait, wall = allreduce([self._pass_wait, self._pass_wall], "sum")
         self.metrics.add({"kind": "input", "step": self.state.step, "pass": p.index,
                           "unit": p.unit, **m, "input_wait_share": wait / max(wall, 1e-9),
+                          "input_wait_s": wait, "step_wall_s": wall,
+                          "trainer_examples_per_s": m.get("examples", 0) / max(wall, 1e-9),
                           "time": time.time()})
 
     def end_unit(self, p: PassInfo) -> None:
@@ -709,6 +711,27 @@ class Trainer:
         return summary
 
 
+def input_metrics(inputs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The example servers' sizing figures over a training's passes: the share of step
+    time the trainer waited for input (all passes, and the worst one: the first pass
+    starts on a cold pool), what the pool produces per core beside what the trainer
+    consumes, and the cores of augmentation a trainer needs at that rate."""
+    wait = sum(r.get("input_wait_s", 0.0) for r in inputs)
+    wall = sum(r.get("step_wall_s", 0.0) for r in inputs)
+    examples = sum(r["examples"] for r in inputs)
+    cpu = sum(r["augment_cpu_s"] for r in inputs)
+    per_core = examples / max(cpu, 1e-9)
+    consumed = examples / max(wall, 1e-9)
+    return {"input_wait_share": wait / max(wall, 1e-9),
+            "input_wait_share_max_pass": max(r["input_wait_share"] for r in inputs),
+            "augment_examples_per_s": float(np.median([r["examples_per_s"] for r in inputs])),
+            "augment_examples_per_core_s": per_core,
+            "trainer_examples_per_s": consumed,
+            "augment_cores": float(np.median([r["augment_cores"] for r in inputs])),
+            "augment_cores_needed": consumed / max(per_core, 1e-9),
+            "augment_rejects": sum(sum(r["stream_rejects"].values()) for r in inputs)}
+
+
 def build_input(trainer: Trainer, right: int) -> InputSource:
     """The trainer's input source: the stored partitions of the splits its passes need,
     or, with train.augment.enabled, the example servers re-rendering the same worker's
@@ -794,10 +817,7 @@ def _summary(plan, wc, model, algo, state, sched, final_dev, counts, totals, res
     }
     inputs = [r for r in records if r.get("kind") == "input"]
     if inputs:  # the example servers' passes
-        metrics["input_wait_share"] = max(r["input_wait_share"] for r in inputs)
-        metrics["augment_examples_per_s"] = float(np.median([r["examples_per_s"] for r in inputs]))
-        metrics["augment_cores"] = float(np.median([r["augment_cores"] for r in inputs]))
-        metrics["augment_rejects"] = sum(sum(r["stream_rejects"].values()) for r in inputs)
+        metrics.update(input_metrics(inputs))
     if final_dev is not None:
         metrics["dev_frame_acc"] = final_dev["frame_acc"]
         metrics["dev_loss"] = final_dev["loss"]
