@@ -6,6 +6,7 @@ imported only when a task runs.
 """
 from __future__ import annotations
 
+import functools
 import os
 from datetime import timedelta
 from pathlib import Path
@@ -60,6 +61,16 @@ def local_defaults():
 
     path = PROJECT_ROOT / DEFAULT_CONFIG
     return load_config(path) if path.exists() else Config()
+
+
+@functools.lru_cache(maxsize=None)
+def default_pool_slots(step: str, sets: tuple[str, ...]) -> int:
+    """A task's pool slots from the embedded default config (parse time: a trigger form's
+    overrides cannot change them)."""
+    from amflow.runner import pool_slots
+
+    path = PROJECT_ROOT / DEFAULT_CONFIG
+    return pool_slots(step, path, list(sets)) if path.exists() else 1
 
 
 HOURS_LIMIT = 10_000_000
@@ -215,6 +226,8 @@ class AmflowStepOperator(BaseOperator):
                  teacher_asset: Asset | None = None, model_output: bool = False,
                  enabled_by: str | tuple[str, ...] | None = None, results: bool = False,
                  **kwargs: Any) -> None:
+        if "pool_slots" not in kwargs:  # the cores its step uses (amflow.runner.pool_slots)
+            kwargs["pool_slots"] = default_pool_slots(step, tuple(sets or ()))
         super().__init__(**kwargs)
         self.step = step
         self.sets = list(sets or [])

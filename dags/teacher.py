@@ -68,8 +68,12 @@ def teacher():
                                   doc_md="Features and frame labels from alignments.ctm.")
     repartition = AmflowStepOperator(task_id="repartition", step="repartition",
                                      doc_md="Equal training partitions.")
+    # The teacher first: it is the longest step and the student waits for it. On one
+    # machine it holds every core (pool slots), so the baseline runs after it, beside the
+    # student's steps.
     train = AmflowStepOperator(task_id="train", step="train", outlets=[TEACHER_MODEL],
-                               model_output=True, doc_md="Teacher BLSTM, cross-entropy on labels.")
+                               model_output=True, priority_weight=100,
+                               doc_md="Teacher BLSTM, cross-entropy on labels.")
     evaluate = AmflowStepOperator(task_id="evaluate", step="evaluate", model_from="train",
                                   outlets=[TEACHER_EVAL], results=True,
                                   doc_md="Teacher frame accuracy per condition.")

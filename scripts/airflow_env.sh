@@ -51,8 +51,16 @@ wait_standalone() {
   return 1
 }
 
+# size_pool: default_pool counts this machine's cores (scripts/airflow_pool.py), so that
+# steps do not share cores beyond their threads. AMFLOW_POOL_CORES (default: nproc; 0 =
+# leave the pool alone, e.g. when the steps run on a Ray cluster).
+size_pool() {
+  python "$ROOT/scripts/airflow_pool.py" --base "http://localhost:$PORT" --passwords "$PASSWORDS" \
+    --cores "${AMFLOW_POOL_CORES:-$(nproc)}"
+}
+
 start_standalone() {
-  launch_standalone "$1" && wait_standalone
+  launch_standalone "$1" && wait_standalone && size_pool
 }
 
 stop_standalone() {

@@ -54,6 +54,7 @@ amflow corpus --config "$CONFIG" "${set_args[@]}"
 
 stage "airflow standalone on port $PORT ($AIRFLOW_HOME)"
 wait_standalone
+size_pool
 
 # Both DAGs on the standalone. ssl_student is triggered as soon as the teacher's `train`
 # has succeeded (the teacher model is all it needs), so the teacher's evaluation and

@@ -69,6 +69,33 @@ def test_every_dag_stops_its_orphaned_jobs_when_a_run_ends(dagbag):
             assert names == ["stop_orphaned_jobs"], dag.dag_id
 
 
+def test_pool_slots_give_the_teacher_both_cores_and_light_steps_room_beside(dagbag):
+    """default_pool counts cores in quarters (amflow.runner): the teacher's 2-thread
+    training holds a 2-core machine alone but for light steps, so the baseline (one
+    core) cannot start beside it; every task is in default_pool (a missing pool would
+    hang its task silently)."""
+    from amflow.config import load_config
+    from amflow.runner import POOL_LIGHT_SLOTS, POOL_SLOTS_PER_CORE, pool_size
+
+    teacher = dagbag.dags["teacher"]
+    slots = {t.task_id: t.pool_slots for t in teacher.tasks}
+    sys.path.insert(0, str(DAGS))
+    from teacher import BASELINE_SETS, TEACHER_SETS
+
+    local = ROOT / "configs" / "local.yaml"
+    assert slots["train"] == POOL_SLOTS_PER_CORE * load_config(local, TEACHER_SETS).train.threads
+    assert slots["train_baseline"] == POOL_SLOTS_PER_CORE * load_config(
+        local, BASELINE_SETS).train.threads
+    assert slots["train"] + POOL_LIGHT_SLOTS <= pool_size(2) < slots["train"] + slots[
+        "train_baseline"]
+    for task in ("select", "lm", "repartition", "evaluate", "decode"):
+        assert slots[task] == 1
+    by_weight = sorted(teacher.tasks, key=lambda t: t.priority_weight)
+    assert by_weight[-1].task_id == "train"
+    for dag in dagbag.dags.values():
+        assert {t.pool for t in dag.tasks} == {"default_pool"}, dag.dag_id
+
+
 def test_graphs(dagbag):
     student, teacher = dagbag.dags["ssl_student"], dagbag.dags["teacher"]
     assert _edges(student) == set(STUDENT_EDGES)

@@ -80,6 +80,20 @@ def test_step_command_and_summary_parsing():
     assert R.model_uri({"model_uri": "s3://m.pt", "uri": "x"}) == "s3://m.pt"
 
 
+def test_pool_slots_are_the_cores_a_step_computes_on(tmp_path):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("train: {threads: 1, teacher_recipe: {threads: 3}}\n")
+    per_core = R.POOL_SLOTS_PER_CORE
+    assert R.pool_slots("train", cfg, ["train.model=student"]) == per_core
+    assert R.pool_slots("train", cfg, ["train.model=teacher"]) == 3 * per_core
+    assert R.pool_slots("train", cfg, ["train.model=student", "train.workers=2",
+                                       "train.threads=2"]) == 4 * per_core
+    assert R.pool_slots("sequence", cfg, ["train.model=teacher"]) == 3 * per_core
+    assert R.pool_slots("features", cfg, []) == R.pool_slots("targets", cfg, []) == per_core
+    assert all(R.pool_slots(s, cfg, []) == 1 for s in R.LIGHT_STEPS)
+    assert R.pool_size(2) == 2 * per_core + R.POOL_LIGHT_SLOTS
+
+
 def test_try_budget_is_capped_by_the_token_lifetime(monkeypatch):
     monkeypatch.setenv("AIRFLOW__EXECUTION_API__JWT_EXPIRATION_TIME", "60")
     assert R.try_budget_s(600, 5) == 30
