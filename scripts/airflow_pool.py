@@ -31,14 +31,16 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     api = Api(a.base, json.loads(Path(a.passwords).read_text())["admin"])
     slots = pool_size(a.cores)
-    body = {"slots": slots, "include_deferred": True,
-            "description": f"amflow: {a.cores} cores in quarters (amflow.runner.pool_size)"}
+    body = {"slots": slots, "include_deferred": True}  # all default_pool lets one change
     try:
-        api.call("PATCH", "/api/v2/pools/default_pool", body)
+        # default_pool takes only an update mask naming these two fields
+        api.call("PATCH", "/api/v2/pools/default_pool?update_mask=slots"
+                          "&update_mask=include_deferred", body)
     except SystemExit as exc:  # a database without the pool yet: create it
         if "-> 404" not in str(exc):
             raise
-        api.call("POST", "/api/v2/pools", {"name": "default_pool", **body})
+        api.call("POST", "/api/v2/pools", {"name": "default_pool", **body,
+                                           "description": "Default pool"})
     print(f"default_pool: {slots} slots for {a.cores} cores, deferred tasks included")
     return 0
 
