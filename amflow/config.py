@@ -110,6 +110,10 @@ class CorpusConfig:
     buckets: int = 16
     # Background talkers for babble noise: banks of sentences by voices outside the corpus.
     babble_banks: int = 4
+    # Splits whose dry (close-talk) rendering is kept beside the far-field one
+    # (audio_clean/, `clean_audio_uri`): labeled for the example servers; add test for a
+    # close-talk test set (`amflow evaluate --set evaluate.audio=clean`).
+    clean_splits: list[str] = field(default_factory=lambda: ["labeled"])
 
     def validate(self, key: str) -> None:
         import datetime as _dt
@@ -142,6 +146,9 @@ class CorpusConfig:
         _check(self.days >= 1, f"{key}.days", "must be >= 1")
         _check(1 <= self.buckets <= 100, f"{key}.buckets", "must be in [1, 100]")
         _check(self.babble_banks >= 1, f"{key}.babble_banks", "must be >= 1")
+        bad = [x for x in self.clean_splits if x not in ("labeled", "unlabeled", "dev", "test")]
+        _check(not bad, f"{key}.clean_splits",
+               f"must be among labeled, unlabeled, dev, test, got {bad}")
 
 
 @dataclass
@@ -560,9 +567,12 @@ class EvaluateConfig:
     # this run's `train[-<tag>]/model.pt`.
     tag: str = ""
     batch_frames: int = 20000
+    # Which rendering to score: stored (the record's audio_uri) or clean (its dry,
+    # close-talk `clean_audio_uri`, condition "dry"; records without one are rejects).
+    audio: str = "stored"
 
     def validate(self, key: str) -> None:
-        pass
+        _check(self.audio in ("stored", "clean"), f"{key}.audio", "must be stored or clean")
 
 
 @dataclass

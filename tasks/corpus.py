@@ -5,8 +5,9 @@
 Writes, under the corpus root `--out` (a path, file:// or s3:// URI; default data.corpus):
 
     audio/<split>/<speaker>/<utt_id>.wav            16 kHz, 16-bit PCM, mono
-    audio_clean/labeled/<speaker>/<utt_id>.wav      the labeled split's dry (close-talk)
-                        rendering: the same speech before room and noise, time-aligned
+    audio_clean/<split>/<speaker>/<utt_id>.wav      the dry (close-talk) rendering of the
+                        splits in corpus.clean_splits (default: labeled): the same
+                        speech before room and noise, time-aligned
                         with the far-field file (same length, shifted by the same
                         direct-path delay), so alignments.ctm covers both; what the
                         example servers (training/example_servers.py) re-render
@@ -14,7 +15,8 @@ Writes, under the corpus root `--out` (a path, file:// or s3:// URI; default dat
         one record per utterance: utt_id, speaker_id, duration (s), created_at (ISO 8601),
         locale, audio_uri (relative to the root), text, condition (DP1..DP5),
         split (labeled|unlabeled|dev|test), and the acoustics (distance_m, rt60_s, snr_db);
-        labeled records also `clean_audio_uri` (the dry rendering, relative to the root)
+        records of those splits also `clean_audio_uri` (the dry rendering, relative to
+        the root; `amflow evaluate --set evaluate.audio=clean` scores it)
     alignments.ctm      `utt_id 1 start duration phone` for the labeled, dev and test
                         splits; phones contiguous from 0 to the end of each file
                         (`sil` for silence), espeak-ng phoneme mnemonics
@@ -75,7 +77,7 @@ log = logging.getLogger(__name__)
 SPLITS = ("labeled", "unlabeled", "dev", "test")
 ALIGNED_SPLITS = ("labeled", "dev", "test")
 SIL = "sil"
-CLEAN_SPLIT = "labeled"  # the split whose dry rendering is kept (audio_clean/)
+CLEAN_SPLITS = ("labeled",)  # default corpus.clean_splits: dry renderings kept (audio_clean/)
 UNK = "<unk>"
 SUCCESS = "_SUCCESS.json"
 BATCHES = "_batches"
@@ -147,7 +149,7 @@ class Batch:
     utts: tuple[Utterance, ...]
 
     def fingerprint(self, ctx: "SynthContext") -> str:
-        payload = json.dumps({"ctx": asdict(ctx), "speaker": asdict(self.speaker),
+        payload = json.dumps({"ctx": ctx.fingerprinted(), "speaker": asdict(self.speaker),
                               "utts": [asdict(u) for u in self.utts],
                               "layout": LAYOUT_VERSION}, sort_keys=True)
         return hashlib.sha256(payload.encode()).hexdigest()[:16]
@@ -169,6 +171,15 @@ class SynthContext:
     max_duration: float
     babble_banks: int
     espeak_version: str = ""
+    clean_splits: tuple[str, ...] = CLEAN_SPLITS
+
+    def fingerprinted(self) -> dict:
+        """What a batch's fingerprint hashes: the default clean_splits is left out, so
+        corpora written before the key existed stay valid."""
+        d = asdict(self)
+        if tuple(d["clean_splits"]) == CLEAN_SPLITS:
+            del d["clean_splits"]
+        return d
 
 
 @dataclass
@@ -277,7 +288,7 @@ def plan_corpus(cc: CorpusConfig, variants: list[str], espeak_version: str = "")
     ctx = SynthContext(seed=cc.seed, language=cc.language, locale=cc.locale,
                        sample_rate=cc.sample_rate, min_duration=cc.min_duration,
                        max_duration=cc.max_duration, babble_banks=cc.babble_banks,
-                       espeak_version=espeak_version)
+                       espeak_version=espeak_version, clean_splits=tuple(cc.clean_splits))
     targets = _split_targets(cc)
     test_pool = [s for s in speakers if s.test]
     train_pool = [s for s in speakers if not s.test]
@@ -495,7 +506,7 @@ def synthesize_utterance(utt: Utterance, spk: Speaker, ctx: SynthContext) -> Utt
         y *= 0.97 / peak
     pcm = np.clip(np.round(y * 32767.0), -32768, 32767).astype(np.int16)
     clean = None
-    if utt.split == CLEAN_SPLIT:
+    if utt.split in ctx.clean_splits:
         clean = wav_bytes(_clean_pcm(dry, out.delay, n, active, gain * speech_rms), fs)
     # Alignment: the dry phones, shifted by the padding and the direct-path delay.
     segments = _pad_segments(segs, lead + out.delay, n)
@@ -665,7 +676,7 @@ def _run_all(cfg: Config, storage: Storage, out: str, todo: list[Batch], ctx: Sy
 _OWN_FILES = {
     "metadata": re.compile(r"date=\d{4}-\d{2}-\d{2}/bucket=\d{2}/part-\d{5}\.jsonl"),
     "audio": re.compile(r"(labeled|unlabeled|dev|test)/spk\d{3,}/spk\d{3,}-\d{5}\.wav"),
-    "audio_clean": re.compile(r"labeled/spk\d{3,}/spk\d{3,}-\d{5}\.wav"),
+    "audio_clean": re.compile(r"(labeled|unlabeled|dev|test)/spk\d{3,}/spk\d{3,}-\d{5}\.wav"),
     BATCHES: re.compile(r"b\d{5,}\.(json|ctm)"),
 }
 
@@ -675,7 +686,8 @@ def _cleanup(storage: Storage, out: str, plan: Plan) -> int:
     (left by an earlier plan, e.g. more hours). Files we did not name are never touched."""
     keep = {join(out, p) for b in plan.batches for p in b.metadata_parts()}
     keep |= {join(out, u.audio_rel) for u in plan.utterances}
-    keep |= {join(out, u.clean_rel) for u in plan.utterances if u.split == CLEAN_SPLIT}
+    keep |= {join(out, u.clean_rel) for u in plan.utterances
+             if u.split in plan.ctx.clean_splits}
     for b in plan.batches:
         keep |= {_marker(out, b), _batch_ctm(out, b)}
     removed = 0

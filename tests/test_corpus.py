@@ -316,6 +316,38 @@ def test_labeled_utterances_keep_their_clean_source(tiny_corpus):
             assert abs(lag) <= 40, lag
 
 
+def test_clean_splits_keep_a_close_talk_test_set_that_evaluate_scores(tmp_path):
+    """corpus.clean_splits=labeled,test also keeps the test split's dry rendering (a
+    close-talk test set); `evaluate.audio=clean` scores those files as condition "dry"
+    and rejects records without one. The default leaves corpus fingerprints as they were."""
+    from amflow.runs import StepError
+    from amflow.storage import Storage
+    from tasks.select import records_of_split
+    from training.evaluate import clean_renderings
+
+    ctx = C.SynthContext(1, "en-us", "en-US", 16000, 1.5, 5.0, 4)
+    assert "clean_splits" not in ctx.fingerprinted()
+    assert dataclasses.replace(ctx, clean_splits=("labeled", "test")).fingerprinted()[
+        "clean_splits"] == ("labeled", "test")
+    root = tmp_path / "c"
+    C.build_corpus(_cfg("corpus.hours=0.02", "corpus.clean_splits=labeled,test"), str(root),
+                   use_ray=False)
+    recs = _records(root)
+    test = [r for r in recs if r["split"] == "test"]
+    assert test and all((root / r["clean_audio_uri"]).is_file() for r in test)
+    assert not any("clean_audio_uri" in r for r in recs if r["split"] in ("dev", "unlabeled"))
+    st, rejects = Storage(), []
+    split, _ = records_of_split(st, str(root), "test")
+    dry = clean_renderings(st, str(root), split, rejects)
+    assert not rejects and {r.condition for r in dry} == {"dry"}
+    assert sorted(r.audio_uri for r in dry) == sorted(str(root / r["clean_audio_uri"])
+                                                      for r in test)
+    dev, _ = records_of_split(st, str(root), "dev")
+    with pytest.raises(StepError, match="clean_audio_uri"):
+        clean_renderings(st, str(root), dev, rejects)
+    assert len(rejects) == len(dev) and {r.reason for r in rejects} == {"no_clean_audio"}
+
+
 def test_changed_plan_removes_stale_files(tiny_corpus, tmp_path):
     root = tmp_path / "c"
     shutil.copytree(tiny_corpus, root)

@@ -164,6 +164,8 @@ def load_split(ctx: StepContext, corpus: str, split: str, fcfg: FeaturesConfig,
     # the input format's split rule: a record without `split` is labeled when aligned
     recs, rejects = records_of_split(st, corpus, split)
     n_in = len(recs) + len(rejects)
+    if ctx.cfg.evaluate.audio == "clean":
+        recs = clean_renderings(st, corpus, recs, rejects)
     ctm_uri = join(corpus, "alignments.ctm")
     if not st.exists(ctm_uri):
         raise StepError(f"{ctm_uri} not found: evaluation needs alignments")
@@ -199,6 +201,27 @@ def load_split(ctx: StepContext, corpus: str, split: str, fcfg: FeaturesConfig,
         out.append(EvalUtt(r.utt_id, r.condition or "unknown", norm(x).astype(np.float32), lab))
     prog.close()
     return out, rejects, n_in
+
+
+def clean_renderings(st: Any, corpus: str, recs: list[Any], rejects: list[Reject]
+                     ) -> list[Any]:
+    """The records with their dry (close-talk) rendering as audio, condition "dry"
+    (evaluate.audio=clean); a record without `clean_audio_uri` is a reject."""
+    from training.example_servers import load_clean_sources
+
+    clean = load_clean_sources(st, corpus)
+    out = []
+    for r in recs:
+        src = clean.get(r.utt_id)
+        if src is None:
+            rejects.append(Reject(r.utt_id, "no_clean_audio",
+                                  "evaluate.audio=clean: the record has no clean_audio_uri"))
+        else:
+            out.append(dataclasses.replace(r, audio_uri=src["uri"], condition="dry"))
+    if not out:
+        raise StepError(f"evaluate.audio=clean: no record of this split in {corpus} has a "
+                        "clean_audio_uri (synthesise with corpus.clean_splits including it)")
+    return out
 
 
 # ----------------------------------------------------------------- running a model
