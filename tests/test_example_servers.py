@@ -216,7 +216,7 @@ def test_stored_prob_keeps_the_corpus_rendering_and_leaves_the_other_draws(tone_
     """train.augment.stored_prob: that share of utterances is the corpus's own rendering
     (audio_uri) with only speed and VTLP; every other draw is the one stored_prob=0 makes,
     so the default recipes (and results) are unchanged."""
-    base = _cfg(tone_run, *AUG).train.augment
+    base = _cfg(tone_run, *AUG, "train.augment.stored_prob=0").train.augment
     half = _cfg(tone_run, *AUG, "train.augment.stored_prob=0.5").train.augment
     ids = [f"u{i}" for i in range(200)]
     r0 = [draw_recipe(base, 0, 1, u) for u in ids]
