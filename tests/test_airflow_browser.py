@@ -117,6 +117,18 @@ def _demo_style_run(airflow, cfg: Path) -> str:
 
     pw = airflow.home / "demo-passwords.json"
     pw.write_text(json.dumps({"admin": airflow.password}))
+    # default_pool sized as make demo / make airflow do (scripts/airflow_pool.py); 8
+    # cores, so that other tests on this shared Airflow keep their parallelism
+    out = subprocess.run([sys.executable, str(ROOT / "scripts" / "airflow_pool.py"),
+                          "--base", airflow.base, "--passwords", str(pw), "--cores", "8"],
+                         capture_output=True, text=True, timeout=120, cwd=ROOT, env=airflow.env)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from amflow.runner import pool_size
+    from demo_dags import Api
+
+    pool = Api(airflow.base, airflow.password).call("GET", "/api/v2/pools/default_pool")
+    assert pool["slots"] == pool_size(8) and pool["include_deferred"] is True, pool
     conf = {"config": str(cfg), "run_id": "demo-style-ssl", "hours": 1000000,
             "teacher": "/models/teacher.pt"}
     out = subprocess.run([sys.executable, str(ROOT / "scripts" / "demo_dags.py"),
