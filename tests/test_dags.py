@@ -79,7 +79,6 @@ def test_pool_slots_give_the_teacher_both_cores_and_light_steps_room_beside(dagb
 
     teacher = dagbag.dags["teacher"]
     slots = {t.task_id: t.pool_slots for t in teacher.tasks}
-    sys.path.insert(0, str(DAGS))
     from teacher import BASELINE_SETS, TEACHER_SETS
 
     local = ROOT / "configs" / "local.yaml"
