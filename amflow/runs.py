@@ -57,6 +57,12 @@ def rejects_table(rejects: Iterable[Reject]) -> pa.Table:
     }, schema=REJECT_SCHEMA)
 
 
+def step_dir_name(step: str, tag: str = "") -> str:
+    """The folder of a tagged step under its run: `train`, or `train-<tag>` when tagged.
+    The one place this name is built (runner, DAGs, steps and report all ask here)."""
+    return f"{step}-{tag}" if tag else step
+
+
 def run_uri(cfg: Config, run_id: str) -> str:
     return join(cfg.storage.root, "runs", run_id)
 

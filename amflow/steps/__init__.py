@@ -1,0 +1,14 @@
+"""The steps layer: one module per `amflow <step>`, each a thin, importable `run`.
+
+    amflow/steps/<step>.py   def run(ctx: StepContext, args) -> dict  (the step's summary)
+
+A step's `run` is the only place that knows the run layout: it resolves its inputs through
+`ctx` (`ctx.require(step)`, `ctx.other(step, ...)`, `amflow.runs.step_dir_name` for tagged
+folders), calls the libraries (`tasks/`, `training/`, `decoding/`, `serving/`, `alignment/`)
+with typed objects (Config sections, `ModelCard`, arrays, URIs), and ends with
+`ctx.finish(...)`. Libraries never import this package: arrows point down only
+
+    amflow.cli -> amflow.steps -> tasks | training | decoding | serving -> amflow (plumbing)
+
+`amflow.cli.STEPS` maps each step name to `amflow.steps.<module>:run`.
+"""
