@@ -832,8 +832,9 @@ class IngestConfig:
     # Kaldi lexicon.txt URI: transcripts with a word not in it are oov_words rejects, and
     # it is copied to <out>/lexicon.txt (what `amflow decode` reads). Empty: no check.
     lexicon: str = ""
-    # ISO 8601 time for every record; empty = the audio file's modification time.
-    created_at: str = ""
+    # ISO 8601 time for every record; empty = the audio file's modification time. (Any:
+    # YAML reads an unquoted timestamp as a datetime; validate() turns it into the string.)
+    created_at: Any = ""
     condition: str = ""  # written as `condition` when set (e.g. the recording setup)
     # Base of relative audio paths; empty = the Kaldi data dir / the recordings
     # manifest's folder.
@@ -851,6 +852,10 @@ class IngestConfig:
                f"must be labeled, unlabeled, dev or test, got {self.split!r}")
         _check(bool(self.locale.strip()), f"{key}.locale", "must be a non-empty locale")
         _check(self.workers >= 1, f"{key}.workers", "must be >= 1")
+        if isinstance(self.created_at, (_dt.date, _dt.datetime)):
+            self.created_at = self.created_at.isoformat()
+        _check(isinstance(self.created_at, str), f"{key}.created_at",
+               f"must be an ISO 8601 time, got {self.created_at!r}")
         if self.created_at.strip():
             try:
                 _dt.datetime.fromisoformat(self.created_at.strip())

@@ -67,10 +67,14 @@ class Parsed:
 
 
 def decode_text(data: bytes, name: str) -> str:
-    """Manifest bytes -> text; gzip (by name or by magic bytes) is decompressed."""
-    if name.endswith(".gz") or data[:2] == b"\x1f\x8b":
-        data = gzip.decompress(data)
-    return data.decode("utf-8")
+    """Manifest bytes -> text; gzip is decompressed (by its magic bytes: the storage layer
+    may already have decompressed a `.gz` by its name). Bad bytes: a ValueError naming it."""
+    try:
+        if data[:2] == b"\x1f\x8b":
+            data = gzip.decompress(data)
+        return data.decode("utf-8")
+    except (OSError, EOFError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{name}: not UTF-8 text or gzipped text: {exc}") from None
 
 
 def read_manifest(storage: Storage, uri: str) -> str:

@@ -77,7 +77,10 @@ def read_kaldi(storage: Storage, src: str, audio_root: str = "") -> Source:
     for name in (*kaldi.REQUIRED, *kaldi.OPTIONAL):
         uri = join(src, name)
         if storage.exists(uri):
-            source.inputs[name], source.texts[name] = uri, storage.read_text(uri)
+            try:
+                source.inputs[name], source.texts[name] = uri, storage.read_text(uri)
+            except UnicodeDecodeError as exc:
+                raise StepError(f"{uri}: not UTF-8 text ({exc})") from None
         elif name in kaldi.REQUIRED:
             raise StepError(f"{uri} not found: a Kaldi data directory needs "
                             f"{' and '.join(kaldi.REQUIRED)} (--src)")
@@ -107,7 +110,10 @@ def read_lhotse(storage: Storage, recordings: str, supervisions: str,
     for name, uri in source.inputs.items():
         if not storage.exists(uri):
             raise StepError(f"lhotse {name} manifest {uri} not found")
-        source.texts[name] = read_manifest(storage, uri)
+        try:
+            source.texts[name] = read_manifest(storage, uri)
+        except ValueError as exc:
+            raise StepError(f"lhotse {name} manifest {exc}") from None
     return source
 
 
