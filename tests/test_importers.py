@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import gzip
+import io
 import json
 from pathlib import Path
 
@@ -320,3 +321,32 @@ def test_cli_import_then_select(kaldi_dir, tmp_path, capsys):
     # bad flags are clear errors
     assert main(["import", "--from", "kaldi", "--out", str(out), *sets]) == 1
     assert "--src" in capsys.readouterr().err
+
+
+@pytest.mark.integration
+def test_s3_round_trip(kaldi_dir, tmp_path, s3_bucket):
+    """Kaldi dir and audio on S3 (relative wav.scp paths), corpus written to S3."""
+    bucket, overrides = s3_bucket
+    cfg = _cfg(tmp_path, f"storage.root=s3://{bucket}/store", *overrides)
+    st = Storage(cfg.storage)
+    src = f"s3://{bucket}/kaldi"
+    _write(tmp_path / "s3src" / "r.wav", 2.0)
+    _write(tmp_path / "s3src" / "r8k.wav", 1.0, rate=8000)
+    for name, text in {"wav.scp": "r r.wav\nr8k r8k.wav\ngone gone.wav\n",
+                       "utt2spk": "a s\nb s\nc s\n", "text": "a hello\nb world\n",
+                       "segments": "a r 0 1\nb r8k 0 -1\nc gone 0 1\n"}.items():
+        st.write_text(f"{src}/{name}", text)
+    for name in ("r.wav", "r8k.wav"):
+        st.write_bytes(f"{src}/{name}", (tmp_path / "s3src" / name).read_bytes())
+    out = f"s3://{bucket}/corpus"
+    summary = import_corpus(st, read_kaldi(st, src), out, cfg.ingest)
+    assert summary["counts"] == {"in": 3, "out": 2, "rejected": 1}
+    assert summary["rejects_by_reason"] == {"missing_audio": 1}
+    lines = st.read_text(f"{out}/metadata/split=labeled/part-00000.jsonl").splitlines()
+    recs = {r["utt_id"]: r for r in map(json.loads, lines)}
+    assert recs["a"]["source_uri"] == f"{src}/r.wav"
+    for r in recs.values():
+        data = st.read_bytes(f"{out}/{r['audio_uri']}")
+        x, rate = sf.read(io.BytesIO(data))
+        assert rate == 16000 and len(x) == 16000
+    assert st.exists(f"{out}/_SUCCESS.json") and st.exists(f"{out}/rejects.parquet")
