@@ -151,7 +151,10 @@ def test_kaldi_without_segments_durations_and_rerun(tmp_path):
     assert recs["b"]["duration"] == pytest.approx(2.0, abs=1e-3)
     assert recs["a"]["created_at"]  # the file's mtime, ISO 8601
     assert s1["skipped"] is False and s1["counts"] == {"in": 3, "out": 2, "rejected": 1}
-    assert import_corpus(st, read_kaldi(st, str(d)), str(out), cfg.ingest)["skipped"] is True
+    again = _cfg(tmp_path, "ingest.workers=1").ingest  # threads do not change the output
+    assert import_corpus(st, read_kaldi(st, str(d)), str(out), again)["skipped"] is True
+    (out / "_SUCCESS.json").unlink()  # as if killed before the end: redone, not refused
+    assert import_corpus(st, read_kaldi(st, str(d)), str(out), cfg.ingest)["skipped"] is False
     # another config redoes it; copy_audio writes every file, and the old ones are kept
     # only where the new import has them
     cfg2 = _cfg(tmp_path, "ingest.copy_audio=true", "ingest.split=unlabeled")

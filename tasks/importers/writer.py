@@ -12,6 +12,7 @@ Under the corpus root `out`:
     lexicon.txt         a copy of ingest.lexicon, when given (what `amflow decode` reads)
     _SUCCESS.json       counts (in = out + rejected), rejects per reason, utterances and
                         hours per split, speakers, the inputs and the fingerprint
+    _import.json        written first: marks the root as an import's (also a killed one)
 
 Re-running with the same inputs and config is a no-op (the fingerprint in _SUCCESS.json);
 with other inputs, or --force, the import is redone and the metadata parts and audio files
@@ -46,6 +47,7 @@ log = logging.getLogger(__name__)
 GENERATOR = "amflow import"
 IMPORT_VERSION = 1  # bump when the same inputs would give different output
 SUCCESS = "_SUCCESS.json"
+OWNER = "_import.json"  # marks a corpus root as written by `amflow import`
 REJECTS = "rejects.parquet"
 LEXICON = "lexicon.txt"
 PART_RECORDS = 20000
@@ -169,27 +171,32 @@ def fingerprint(source: Source, icfg: IngestConfig, lexicon_text: str) -> str:
 
     key = {"version": IMPORT_VERSION, "format": source.format, "audio_root": source.audio_root,
            "texts": {k: digest(v) for k, v in sorted(source.texts.items())},
-           "config": asdict(icfg), "lexicon": digest(lexicon_text)}
+           "config": {k: v for k, v in asdict(icfg).items() if k != "workers"},
+           "lexicon": digest(lexicon_text)}
     return digest(json.dumps(key, sort_keys=True))[:32]
 
 
-def previous_import(storage: Storage, out: str) -> dict | None:
-    """The _SUCCESS.json of an earlier import into `out`; a StepError if `out` holds a
-    corpus that `amflow import` did not write (never overwrite a user's corpus)."""
-    success = join(out, SUCCESS)
-    if storage.exists(success):
+def previous_import(storage: Storage, out: str) -> tuple[bool, dict | None]:
+    """(does `out` hold an earlier import, its _SUCCESS.json if that one finished); a
+    StepError if `out` holds a corpus that `amflow import` did not write (never overwrite
+    a user's corpus). OWNER is written before anything else, so an import killed half-way
+    is still known as ours."""
+    prev = None
+    if storage.exists(join(out, SUCCESS)):
         try:
-            prev = storage.read_json(success)
+            prev = storage.read_json(join(out, SUCCESS))
         except (ValueError, OSError):
             prev = None
-        if isinstance(prev, dict) and prev.get("generator") == GENERATOR:
-            return prev
+    if isinstance(prev, dict) and prev.get("generator") == GENERATOR:
+        return True, prev
+    if storage.exists(join(out, OWNER)):
+        return True, None
     if storage.list(join(out, "metadata"), recursive=True) \
             or storage.exists(join(out, "metadata.jsonl")) \
             or storage.exists(join(out, "alignments.ctm")):
         raise StepError(f"{out} already holds a corpus that `amflow import` did not write; "
                         f"choose another --out")
-    return None
+    return False, None
 
 
 def _record(cut: Cut, split: str, icfg: IngestConfig, audio_uri: str) -> dict:
@@ -286,11 +293,12 @@ def import_corpus(storage: Storage, source: Source, out: str, icfg: IngestConfig
     started = time.time()
     vocab, lexicon_text = load_vocabulary(storage, icfg.lexicon)
     fp = fingerprint(source, icfg, lexicon_text)
-    prev = previous_import(storage, out)
+    ours, prev = previous_import(storage, out)
     if prev is not None and prev.get("fingerprint") == fp and not force:
         log.info("import: %s already holds this import (%s): nothing to do", out, fp)
         return dict(prev, skipped=True)
-    old_parts, old_audio = _our_files(storage, out) if prev is not None else (set(), set())
+    old_parts, old_audio = _our_files(storage, out) if ours else (set(), set())
+    storage.write_json(join(out, OWNER), {"generator": GENERATOR})
     parsed = source.parse()
     kept, rejects = assign_splits(parsed.entries, icfg, vocab)
     rejects = parsed.rejects + rejects
