@@ -38,6 +38,17 @@ def _corpus_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", help="corpus root URI to write (default: data.corpus)")
 
 
+def _import_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--from", dest="source_format", required=True, choices=["kaldi", "lhotse"],
+                   help="input format: a Kaldi data dir, or lhotse recordings + supervisions")
+    p.add_argument("--src", help="kaldi: the data dir (wav.scp, utt2spk, text, segments, ...); "
+                                 "lhotse: a folder with one *recordings* and one "
+                                 "*supervisions* .jsonl[.gz]")
+    p.add_argument("--recordings", help="lhotse: the recordings manifest (.jsonl or .jsonl.gz)")
+    p.add_argument("--supervisions", help="lhotse: the supervisions manifest")
+    p.add_argument("--out", help="corpus root URI to write (default: data.corpus)")
+
+
 def _evaluate_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", help="model checkpoint URI (default: this run's train output)")
     p.add_argument("--data", help="corpus root URI with alignments.ctm (default: data.corpus)")
@@ -87,6 +98,15 @@ STEPS: dict[str, Step] = {
         writes="--out URI: audio/<split>/*.wav, metadata/date=*/bucket=*/part.jsonl, "
                "alignments.ctm, phones.txt, _SUCCESS.json",
         needs_run=False, add_args=_corpus_args),
+    "import": Step(
+        "amflow.steps.import_corpus:run",
+        "bring a Kaldi data dir or lhotse manifests into the input corpus format",
+        reads="--src Kaldi data dir (wav.scp, utt2spk, text, segments, reco2dur, utt2dur) or "
+              "lhotse --recordings/--supervisions JSONL(.gz), the audio they name; "
+              "ingest.* (split, locale, lexicon)",
+        writes="--out URI: metadata/split=*/part-*.jsonl, audio/<split>/ (cut or converted "
+               "audio), rejects.parquet, lexicon.txt (with ingest.lexicon), _SUCCESS.json",
+        needs_run=False, add_args=_import_args),
     "select": Step(
         "tasks.select:run", "sample select.hours of audio and shard it by speaker",
         reads="data.corpus metadata/**.jsonl",

@@ -821,6 +821,50 @@ class CostConfig:
 
 
 @dataclass
+class IngestConfig:
+    """`amflow import` (keys `ingest.*`; `import` is a Python keyword): bring a Kaldi data
+    directory or lhotse manifests into the input corpus format."""
+
+    # Split of the records with a transcript; a record without one is unlabeled (with
+    # dev/test, which need transcripts, it is an empty_text reject).
+    split: str = "labeled"
+    locale: str = "en-US"  # written to the metadata
+    # Kaldi lexicon.txt URI: transcripts with a word not in it are oov_words rejects, and
+    # it is copied to <out>/lexicon.txt (what `amflow decode` reads). Empty: no check.
+    lexicon: str = ""
+    # ISO 8601 time for every record; empty = the audio file's modification time. (Any:
+    # YAML reads an unquoted timestamp as a datetime; validate() turns it into the string.)
+    created_at: Any = ""
+    condition: str = ""  # written as `condition` when set (e.g. the recording setup)
+    # Base of relative audio paths; empty = the Kaldi data dir / the recordings
+    # manifest's folder.
+    audio_root: str = ""
+    # Copy audio that is already 16 kHz mono 16-bit WAV/FLAC into <out>/audio/ too, so the
+    # corpus stands alone; off = such files are referenced where they are (absolute URI).
+    # Segments and audio in any other format are always written to <out>/audio/.
+    copy_audio: bool = False
+    workers: int = 4  # recordings read at once (threads: the work is mostly I/O on S3)
+
+    def validate(self, key: str) -> None:
+        import datetime as _dt
+
+        _check(self.split in ("labeled", "unlabeled", "dev", "test"), f"{key}.split",
+               f"must be labeled, unlabeled, dev or test, got {self.split!r}")
+        _check(bool(self.locale.strip()), f"{key}.locale", "must be a non-empty locale")
+        _check(self.workers >= 1, f"{key}.workers", "must be >= 1")
+        if isinstance(self.created_at, (_dt.date, _dt.datetime)):
+            self.created_at = self.created_at.isoformat()
+        _check(isinstance(self.created_at, str), f"{key}.created_at",
+               f"must be an ISO 8601 time, got {self.created_at!r}")
+        if self.created_at.strip():
+            try:
+                _dt.datetime.fromisoformat(self.created_at.strip())
+            except ValueError:
+                raise ConfigError(f"{key}.created_at",
+                                  f"must be ISO 8601, got {self.created_at!r}") from None
+
+
+@dataclass
 class Config:
     storage: StorageConfig = field(default_factory=StorageConfig)
     data: DataConfig = field(default_factory=DataConfig)
@@ -840,6 +884,7 @@ class Config:
     runner: RunnerConfig = field(default_factory=RunnerConfig)
     report: ReportConfig = field(default_factory=ReportConfig)
     cost: CostConfig = field(default_factory=CostConfig)
+    ingest: IngestConfig = field(default_factory=IngestConfig)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
