@@ -4,7 +4,7 @@ Every Ray resource request a step makes on a cluster, computed from the config t
 step's code computes it:
 
 - the job driver: `ray.step_resources[step]` as the Ray job's `entrypoint_resources`
-  (amflow.runner), for every step of the DAGs;
+  (amflow.jobs), for every step of the DAGs;
 - shard tasks (select, features, repartition, corpus: amflow.raycluster.map_shards):
   1 CPU + the step's pool sliver;
 - teacher actors (targets): `targets.threads_per_actor` CPUs, GPUs per

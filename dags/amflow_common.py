@@ -1,7 +1,7 @@
 """Shared wiring for the amflow DAGs: assets, trigger-form params, the step operator.
 
 Parse-time cost is kept to `airflow.sdk` and `amflow.config` (PyYAML). Everything that
-runs a step (subprocess, Ray job client, storage) lives in `amflow.runner` and is
+runs a step (subprocess, Ray job client, storage) lives in `amflow.jobs` and `amflow.orchestration` and is
 imported only when a task runs.
 """
 from __future__ import annotations
@@ -67,7 +67,7 @@ def local_defaults():
 def default_pool_slots(step: str, sets: tuple[str, ...]) -> int:
     """A task's pool slots from the embedded default config (parse time: a trigger form's
     overrides cannot change them)."""
-    from amflow.runner import pool_slots
+    from amflow.orchestration.pools import pool_slots
 
     path = PROJECT_ROOT / DEFAULT_CONFIG
     return pool_slots(step, path, list(sets)) if path.exists() else 1
@@ -193,8 +193,8 @@ def sequence_chain(suffix: str, who: str, sets: list[str], enabled_by: str | tup
 def stop_orphaned_jobs(context) -> None:
     """DAG callback at the end of a run (success or failure): stop any job of the run that
     is still running. No task follows one any more: a deferred task marked failed before
-    the triggerer loaded its trigger leaves such a job (`amflow.runner.stop_run_jobs`)."""
-    from amflow.runner import stop_run_jobs
+    the triggerer loaded its trigger leaves such a job (`amflow.orchestration.operator.stop_run_jobs`)."""
+    from amflow.orchestration.operator import stop_run_jobs
 
     dag, run = context["dag"], context.get("dag_run")
     conf = dict(getattr(run, "conf", None) or {})
@@ -226,7 +226,7 @@ class AmflowStepOperator(BaseOperator):
                  teacher_asset: Asset | None = None, model_output: bool = False,
                  enabled_by: str | tuple[str, ...] | None = None, results: bool = False,
                  **kwargs: Any) -> None:
-        if "pool_slots" not in kwargs:  # the cores its step uses (amflow.runner.pool_slots)
+        if "pool_slots" not in kwargs:  # the cores its step uses (amflow.orchestration.pools.pool_slots)
             kwargs["pool_slots"] = default_pool_slots(step, tuple(sets or ()))
         super().__init__(**kwargs)
         self.step = step
@@ -258,7 +258,7 @@ class AmflowStepOperator(BaseOperator):
     def resolved_extra_args(self, context) -> list[str]:
         if not self.model_from:
             return []
-        from amflow.runner import model_uri
+        from amflow.orchestration.operator import model_uri
 
         summary = context["ti"].xcom_pull(task_ids=self.model_from)
         uri = model_uri(summary) if isinstance(summary, dict) else ""
@@ -284,7 +284,7 @@ class AmflowStepOperator(BaseOperator):
     def emit_asset_events(self, context, summary: dict, run_id: str) -> None:
         if not self.outlets:
             return
-        from amflow.runner import flat_results, model_uri
+        from amflow.orchestration.operator import flat_results, model_uri
 
         uri = model_uri(summary) if self.model_output else summary.get("uri", "")
         metrics = summary.get("metrics") or {}
@@ -305,17 +305,17 @@ class AmflowStepOperator(BaseOperator):
             from airflow.sdk.exceptions import AirflowSkipException
 
             raise AirflowSkipException(f"param {off[0]!r} is off")
-        from amflow.runner import airflow_execute
+        from amflow.orchestration.operator import airflow_execute
 
         return airflow_execute(self, context)
 
     def execute_complete(self, context, event: dict, redone: bool = False):
         """Back from the trigger (runner.wait: defer): the job has ended."""
-        from amflow.runner import airflow_complete
+        from amflow.orchestration.operator import airflow_complete
 
         return airflow_complete(self, context, event, redone=redone)
 
     def on_kill(self) -> None:
-        from amflow.runner import airflow_kill
+        from amflow.orchestration.operator import airflow_kill
 
         airflow_kill(self)

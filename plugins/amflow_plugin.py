@@ -55,7 +55,7 @@ def _storage_root(conf: dict) -> tuple[object, str]:
 def run_report(dag_id: str, run_id: str) -> HTMLResponse:
     from amflow.airflow_view import render_run
     from amflow.config import ConfigError
-    from amflow.runner import amflow_run_id
+    from amflow.jobs import amflow_run_id
 
     conf = _dag_run_conf(dag_id, run_id)
     try:

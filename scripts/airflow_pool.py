@@ -1,6 +1,6 @@
-"""Size Airflow's `default_pool` to this machine's cores (amflow.runner.pool_size), with
+"""Size Airflow's `default_pool` to this machine's cores (amflow.orchestration.pools.pool_size), with
 deferred tasks counted: the DAGs' steps run while their tasks are deferred, and each task
-takes the pool slots of the cores its step uses (amflow.runner.pool_slots).
+takes the pool slots of the cores its step uses (amflow.orchestration.pools.pool_slots).
 
     python scripts/airflow_pool.py --base http://localhost:PORT --passwords FILE --cores N
 
@@ -17,7 +17,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from amflow.runner import pool_size  # noqa: E402
+from amflow.orchestration.pools import pool_size  # noqa: E402
 from demo_dags import Api  # noqa: E402
 
 

@@ -27,7 +27,7 @@ def dag_tasks() -> dict[str, tuple[list[tuple[str, str]], dict[str, str]]]:
     os.environ.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
     from airflow.dag_processing.dagbag import DagBag
 
-    from amflow.runner import _step_dir_name
+    from amflow.orchestration.airflow_step import step_dir_for as _step_dir_name
 
     bag = DagBag(dag_folder=str(ROOT / "dags"))
     return {d: ([(t.task_id, n) for t in bag.dags[d].tasks for n in t.downstream_task_ids],

@@ -17,7 +17,7 @@ Reads top to bottom like a Kaldi run.sh:
                   storage on S3; a c4 node is killed in the middle of ssl_student's
                   `features` (a replacement joins, as the autoscaler would)
   6. S3 faults    3 % of S3 requests fail (503 SlowDown / 500): ssl_student's select,
-                  features, targets again as Ray jobs (`python -m amflow.runner run`)
+                  features, targets again as Ray jobs (`python -m amflow.jobs run`)
   7. retry+loss   a multi-worker `train` run by the Airflow task glue (AirflowStep): its
                   task process is killed while the Ray job runs, a p3 node is killed in the
                   middle of training, and try 2 re-attaches to the same job (faults on)
@@ -461,14 +461,14 @@ def train_with_task_kill_and_node_loss(cluster: Cluster, cfg_path: Path, env: di
     from ray.util.state import list_actors
 
     from amflow.config import load_config
-    from amflow.runner import AirflowStep
+    from amflow.orchestration.airflow_step import AirflowStep
     from amflow.storage import Storage, join
 
     sets = ["train.model=student", "train.recipe=ssl", "train.tag=nodeloss", "train.workers=2",
             "train.epochs=2"]
     args = dict(step="train", dag_id="ssl_student", airflow_run_id="rehearsal",
                 task_id="train_nodeloss", config=str(cfg_path), overrides=sets, run_id=SSL_RUN)
-    code = ("import sys, json; from amflow.runner import AirflowStep; "
+    code = ("import sys, json; from amflow.orchestration.airflow_step import AirflowStep; "
             f"s = AirflowStep(try_number=1, emit=print, **json.loads(sys.argv[1])); "
             "o = s.poke(); print('TRY1 ENDED', o.status)")
     log = work / "train_nodeloss_try1.log"
@@ -759,7 +759,7 @@ def _median(rows: list[dict], key: str) -> float | None:
 
 def job_floor(ccfg, work: Path, env: dict, init_jobs: int = 2) -> dict:
     """The fixed cost of a Ray job on each short step's pool, next to a local runner job."""
-    from amflow.runner import LocalBackend, StepRunner, make_backend
+    from amflow.jobs import LocalBackend, StepRunner, make_backend
 
     t = time.time()
     ray_backend = make_backend(ccfg, work / "floor-jobs")  # a JobSubmissionClient, warm
@@ -995,7 +995,7 @@ def main(argv: list[str] | None = None) -> int:
         t = time.time()
         for step in ("select", "features", "targets"):
             say(f"{step} of run {FAULT_RUN} as a Ray job, S3 faults on")
-            run([sys.executable, "-m", "amflow.runner", "run", step, "--config", str(cfg_path),
+            run([sys.executable, "-m", "amflow.jobs", "run", step, "--config", str(cfg_path),
                  "--run-id", FAULT_RUN, *[x for kv in sets for x in ("--set", kv)]], env_c,
                 work / f"faults-{step}.log")
         report["fault_pass_s"] = round(time.time() - t, 1)
@@ -1109,7 +1109,7 @@ def print_report(r: dict) -> None:
                                    for k in ("before_s", "job_s", "after_s"))
             print(f"{row['dag']:12} {row['step']:12} {f(lp)} | {f(cp)}")
     if r.get("floor"):
-        print("\nfixed cost of a job (median of a few, followed by amflow.runner as a task does):")
+        print("\nfixed cost of a job (median of a few, followed by amflow.jobs as a task does):")
         print("      " + json.dumps(r["floor"], default=str))
     for k in ("corpus_s", "local_pipeline_s", "cluster_pipeline_s"):
         if k in r:

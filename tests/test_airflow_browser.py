@@ -124,7 +124,7 @@ def _demo_style_run(airflow, cfg: Path) -> str:
                          capture_output=True, text=True, timeout=120, cwd=ROOT, env=airflow.env)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     sys.path.insert(0, str(ROOT / "scripts"))
-    from amflow.runner import pool_size
+    from amflow.orchestration.pools import pool_size
     from demo_dags import Api
 
     pool = Api(airflow.base, airflow.password).call("GET", "/api/v2/pools/default_pool")

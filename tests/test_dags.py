@@ -70,12 +70,12 @@ def test_every_dag_stops_its_orphaned_jobs_when_a_run_ends(dagbag):
 
 
 def test_pool_slots_give_the_teacher_both_cores_and_light_steps_room_beside(dagbag):
-    """default_pool counts cores in quarters (amflow.runner): the teacher's 2-thread
+    """default_pool counts cores in quarters (amflow.orchestration.pools): the teacher's 2-thread
     training holds a 2-core machine alone but for light steps, so the baseline (one
     core) cannot start beside it; every task is in default_pool (a missing pool would
     hang its task silently)."""
     from amflow.config import load_config
-    from amflow.runner import POOL_LIGHT_SLOTS, POOL_SLOTS_PER_CORE, pool_size
+    from amflow.orchestration.pools import POOL_LIGHT_SLOTS, POOL_SLOTS_PER_CORE, pool_size
 
     teacher = dagbag.dags["teacher"]
     slots = {t.task_id: t.pool_slots for t in teacher.tasks}

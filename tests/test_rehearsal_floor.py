@@ -2,7 +2,7 @@
 runner, and the per-step floor = the pool's empty Ray job + the step's own wall on S3."""
 from __future__ import annotations
 
-from amflow.runner import LocalBackend, StepRunner
+from amflow.jobs import LocalBackend, StepRunner
 from scripts.rehearsal import EMPTY, _timed_job, add_floor
 
 

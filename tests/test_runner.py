@@ -1,4 +1,4 @@
-"""amflow.runner: local detached jobs, Ray jobs, stable ids, re-attach, stop on kill."""
+"""amflow.jobs and amflow.orchestration: local detached jobs, Ray jobs, stable ids, re-attach, stop on kill."""
 from __future__ import annotations
 
 import json
@@ -12,7 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from amflow import runner as R
+from amflow import jobs as J
+from amflow.jobs import ray_job
+from amflow.orchestration import airflow_step as A
+from amflow.orchestration import operator as O
+from amflow.orchestration import pools as P
 
 ROOT = Path(__file__).resolve().parents[1]
 FAKE = ROOT / "tests" / "fake_amflow.py"
@@ -51,64 +55,64 @@ def _calls(tmp_path: Path, run_id: str) -> list[dict]:
 
 
 def _local_runner(tmp_path: Path, lines: list[str]):
-    backend = R.LocalBackend(tmp_path / "jobs")
-    return R.StepRunner(backend, tmp_path / "jobs", poll_s=0.1, emit=lines.append)
+    backend = J.LocalBackend(tmp_path / "jobs")
+    return J.StepRunner(backend, tmp_path / "jobs", poll_s=0.1, emit=lines.append)
 
 
 def test_ids_are_stable_and_path_safe():
-    a = R.amflow_run_id("ssl_student", "manual__2026-01-01T00:00:00+00:00")
-    assert a == R.amflow_run_id("ssl_student", "manual__2026-01-01T00:00:00+00:00")
+    a = J.amflow_run_id("ssl_student", "manual__2026-01-01T00:00:00+00:00")
+    assert a == J.amflow_run_id("ssl_student", "manual__2026-01-01T00:00:00+00:00")
     assert "/" not in a and ":" not in a and "+" not in a
-    assert a != R.amflow_run_id("ssl_student", "manual__2026-01-01T00:00:00-00:00")
-    j1 = R.job_id("ssl_student", "manual__x", "train", 1)
-    assert j1 == R.job_id("ssl_student", "manual__x", "train", 1)
-    assert j1 != R.job_id("ssl_student", "manual__x", "train", 2)
-    assert j1 != R.job_id("ssl_student", "manual__y", "train", 1)
-    assert len(R.job_id("d" * 300, "r" * 300, "t" * 300, 12)) < 100
+    assert a != J.amflow_run_id("ssl_student", "manual__2026-01-01T00:00:00-00:00")
+    j1 = J.job_id("ssl_student", "manual__x", "train", 1)
+    assert j1 == J.job_id("ssl_student", "manual__x", "train", 1)
+    assert j1 != J.job_id("ssl_student", "manual__x", "train", 2)
+    assert j1 != J.job_id("ssl_student", "manual__y", "train", 1)
+    assert len(J.job_id("d" * 300, "r" * 300, "t" * 300, 12)) < 100
 
 
 def test_step_command_and_summary_parsing():
-    argv = R.step_command(["amflow"], "train", config="configs/local.yaml", run_id="r1",
+    argv = J.step_command(["amflow"], "train", config="configs/local.yaml", run_id="r1",
                           overrides=["train.workers=2"], extra_args=["--model", "m.pt"],
                           force=True)
     assert argv == ["amflow", "train", "--config", "configs/local.yaml", "--run-id", "r1",
                     "--set", "train.workers=2", "--force", "--model", "m.pt"]
     text = 'x\nAMFLOW_SUMMARY {"a": 1}\nnoise\nAMFLOW_SUMMARY {"a": 2}\ntrailing\n'
-    assert R.parse_summary(text) == {"a": 2}
-    assert R.parse_summary("no summary here") is None
-    assert R.model_uri({"uri": "s3://b/runs/r/train"}) == "s3://b/runs/r/train/model.pt"
-    assert R.model_uri({"model_uri": "s3://m.pt", "uri": "x"}) == "s3://m.pt"
+    assert J.parse_summary(text) == {"a": 2}
+    assert J.parse_summary("no summary here") is None
+    assert O.model_uri({"uri": "s3://b/runs/r/train"}) == "s3://b/runs/r/train/model.pt"
+    assert O.model_uri({"model_uri": "s3://m.pt", "uri": "x"}) == "s3://m.pt"
 
 
 def test_pool_slots_are_the_cores_a_step_computes_on(tmp_path):
     cfg = tmp_path / "c.yaml"
     cfg.write_text("train: {threads: 1, teacher_recipe: {threads: 3}}\n")
-    per_core = R.POOL_SLOTS_PER_CORE
-    assert R.pool_slots("train", cfg, ["train.model=student"]) == per_core
-    assert R.pool_slots("train", cfg, ["train.model=teacher"]) == 3 * per_core
-    assert R.pool_slots("train", cfg, ["train.model=student", "train.workers=2",
+    per_core = P.POOL_SLOTS_PER_CORE
+    assert P.pool_slots("train", cfg, ["train.model=student"]) == per_core
+    assert P.pool_slots("train", cfg, ["train.model=teacher"]) == 3 * per_core
+    assert P.pool_slots("train", cfg, ["train.model=student", "train.workers=2",
                                        "train.threads=2"]) == 4 * per_core
-    assert R.pool_slots("sequence", cfg, ["train.model=teacher"]) == 3 * per_core
-    assert R.pool_slots("features", cfg, []) == R.pool_slots("targets", cfg, []) == per_core
-    assert all(R.pool_slots(s, cfg, []) == 1 for s in R.LIGHT_STEPS)
-    assert R.pool_size(2) == 2 * per_core + R.POOL_LIGHT_SLOTS
+    assert P.pool_slots("sequence", cfg, ["train.model=teacher"]) == 3 * per_core
+    assert P.pool_slots("features", cfg, []) == P.pool_slots("targets", cfg, []) == per_core
+    assert all(P.pool_slots(s, cfg, []) == 1 for s in P.LIGHT_STEPS)
+    assert P.pool_size(2) == 2 * per_core + P.POOL_LIGHT_SLOTS
 
 
 def test_try_budget_is_capped_by_the_token_lifetime(monkeypatch):
     monkeypatch.setenv("AIRFLOW__EXECUTION_API__JWT_EXPIRATION_TIME", "60")
-    assert R.try_budget_s(600, 5) == 30
-    assert R.try_budget_s(10, 5) == 10
-    assert R.try_budget_s(1, 5) == 5
+    assert A.try_budget_s(600, 5) == 30
+    assert A.try_budget_s(10, 5) == 10
+    assert A.try_budget_s(1, 5) == 5
 
 
 def test_local_job_follow_in_short_tries_reattaches_without_duplicates(fake_env):
     cfg, set_plan, tmp = fake_env
     set_plan(features={"seconds": 3, "lines": 6})
-    argv = R.step_command([PY, str(FAKE)], "features", config=str(cfg), run_id="r1")
+    argv = J.step_command([PY, str(FAKE)], "features", config=str(cfg), run_id="r1")
     lines: list[str] = []
     first = _local_runner(tmp, lines)
     out = first.run("job-a", argv, budget_s=0.8)
-    assert out.submitted and out.status == R.RUNNING and not out.done
+    assert out.submitted and out.status == J.RUNNING and not out.done
     # A second caller (a later poke, another process) re-attaches to the same job.
     pokes = 1
     while not out.done:
@@ -127,30 +131,30 @@ def test_local_job_follow_in_short_tries_reattaches_without_duplicates(fake_env)
 def test_local_job_failure_reports_its_last_lines(fake_env):
     cfg, set_plan, tmp = fake_env
     set_plan(select={"seconds": 0.2, "fail_times": 1})
-    argv = R.step_command([PY, str(FAKE)], "select", config=str(cfg), run_id="r2")
+    argv = J.step_command([PY, str(FAKE)], "select", config=str(cfg), run_id="r2")
     out = _local_runner(tmp, []).run("job-f", argv, budget_s=20)
-    assert out.status == R.FAILED and not out.ok
+    assert out.status == J.FAILED and not out.ok
     assert any("injected failure" in x for x in out.tail)
 
 
 def test_local_job_outlives_its_submitter_and_stop_ends_it(fake_env):
     cfg, set_plan, tmp = fake_env
     set_plan(train={"seconds": 60, "lines": 60})
-    argv = R.step_command([PY, str(FAKE)], "train", config=str(cfg), run_id="r3")
-    code = ("import sys; from pathlib import Path; from amflow import runner as R; "
-            f"b = R.LocalBackend(Path({str(tmp / 'jobs')!r})); "
+    argv = J.step_command([PY, str(FAKE)], "train", config=str(cfg), run_id="r3")
+    code = ("import sys; from pathlib import Path; from amflow import jobs as J; "
+            f"b = J.LocalBackend(Path({str(tmp / 'jobs')!r})); "
             f"print(b.submit('job-s', {argv!r}))")
     done = subprocess.run([PY, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.stdout.strip() == "True", done.stderr
-    backend = R.LocalBackend(tmp / "jobs")
+    backend = J.LocalBackend(tmp / "jobs")
     deadline = time.time() + 20
     while not _calls(tmp, "r3") and time.time() < deadline:
         time.sleep(0.1)
-    assert backend.status("job-s") == R.RUNNING  # the submitter is gone, the job is not
+    assert backend.status("job-s") == J.RUNNING  # the submitter is gone, the job is not
     pid = _calls(tmp, "r3")[0]["pid"]
     assert backend.submit("job-s", argv) is False  # the same id never starts twice
     assert backend.stop("job-s") is True
-    assert backend.status("job-s") == R.STOPPED
+    assert backend.status("job-s") == J.STOPPED
     time.sleep(0.2)
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)
@@ -158,8 +162,8 @@ def test_local_job_outlives_its_submitter_and_stop_ends_it(fake_env):
     assert "terminated by signal 15" in text
 
 
-def _airflow_step(cfg: Path, try_number: int, **kw) -> R.AirflowStep:
-    return R.AirflowStep(step="repartition", dag_id="ssl_student", airflow_run_id="manual__t",
+def _airflow_step(cfg: Path, try_number: int, **kw) -> A.AirflowStep:
+    return A.AirflowStep(step="repartition", dag_id="ssl_student", airflow_run_id="manual__t",
                          task_id="repartition", try_number=try_number, config=str(cfg),
                          overrides=[], emit=lambda line: None, **kw)
 
@@ -210,38 +214,38 @@ def test_an_ended_runs_orphaned_job_is_stopped_by_the_dag_callback(fake_env):
 
     cfg, set_plan, tmp = fake_env
     set_plan(train={"seconds": 60, "lines": 60}, select={"seconds": 0.1})
-    backend = R.LocalBackend(tmp / "jobs")
-    orphan = R.job_id("ssl_student", "manual__a", "train", 2)
-    other_run = R.job_id("ssl_student", "manual__b", "train", 1)
-    ended = R.job_id("ssl_student", "manual__a", "select", 1)
+    backend = J.LocalBackend(tmp / "jobs")
+    orphan = J.job_id("ssl_student", "manual__a", "train", 2)
+    other_run = J.job_id("ssl_student", "manual__b", "train", 1)
+    ended = J.job_id("ssl_student", "manual__a", "select", 1)
     for jid, step, run in ((orphan, "train", "ra"), (other_run, "train", "rb"),
                            (ended, "select", "ra")):
-        assert backend.submit(jid, R.step_command([PY, str(FAKE)], step, config=str(cfg),
+        assert backend.submit(jid, J.step_command([PY, str(FAKE)], step, config=str(cfg),
                                                   run_id=run))
-    assert _wait_status(backend, ended, R.TERMINAL) == R.SUCCEEDED
-    assert _wait_status(backend, orphan, (R.RUNNING,)) == R.RUNNING
-    assert backend.live_jobs(R.job_prefix("ssl_student", "manual__a", "train")) == [orphan]
+    assert _wait_status(backend, ended, J.TERMINAL) == J.SUCCEEDED
+    assert _wait_status(backend, orphan, (J.RUNNING,)) == J.RUNNING
+    assert backend.live_jobs(J.job_prefix("ssl_student", "manual__a", "train")) == [orphan]
 
     dag = SimpleNamespace(dag_id="ssl_student", task_ids=["select", "train", "evaluate"])
     run = SimpleNamespace(conf={"config": str(cfg)})
     stop_orphaned_jobs({"dag": dag, "dag_run": run, "run_id": "manual__a", "params": {}})
-    assert backend.status(orphan) == R.STOPPED
-    assert backend.status(ended) == R.SUCCEEDED  # an ended job is left as it is
-    assert backend.status(other_run) == R.RUNNING  # another run's job is not this run's
-    assert R.stop_run_jobs(str(cfg), [], "ssl_student", "manual__b", ["train"],
+    assert backend.status(orphan) == J.STOPPED
+    assert backend.status(ended) == J.SUCCEEDED  # an ended job is left as it is
+    assert backend.status(other_run) == J.RUNNING  # another run's job is not this run's
+    assert O.stop_run_jobs(str(cfg), [], "ssl_student", "manual__b", ["train"],
                            emit=lambda line: None) == [other_run]
-    assert backend.status(other_run) == R.STOPPED
+    assert backend.status(other_run) == J.STOPPED
 
 
 def test_runner_cli_runs_a_step_and_sigterm_stops_its_job(fake_env):
     cfg, set_plan, tmp = fake_env
     set_plan(select={"seconds": 0.3}, train={"seconds": 60, "lines": 120})
-    done = subprocess.run([PY, "-m", "amflow.runner", "run", "select", "--config", str(cfg),
+    done = subprocess.run([PY, "-m", "amflow.jobs", "run", "select", "--config", str(cfg),
                            "--run-id", "cli"], capture_output=True, text=True, timeout=60,
                           cwd=ROOT)
     assert done.returncode == 0, done.stderr
-    assert R.parse_summary(done.stdout)["step"] == "select"
-    proc = subprocess.Popen([PY, "-m", "amflow.runner", "run", "train", "--config", str(cfg),
+    assert J.parse_summary(done.stdout)["step"] == "select"
+    proc = subprocess.Popen([PY, "-m", "amflow.jobs", "run", "train", "--config", str(cfg),
                              "--run-id", "cli", "--job-id", "cli-train"], cwd=ROOT,
                             stdout=subprocess.PIPE, text=True)
     seen = []
@@ -252,7 +256,7 @@ def test_runner_cli_runs_a_step_and_sigterm_stops_its_job(fake_env):
     proc.send_signal(signal.SIGTERM)
     proc.wait(timeout=30)
     assert proc.returncode != 0
-    assert R.LocalBackend(tmp / "jobs").status("cli-train") == R.STOPPED
+    assert J.LocalBackend(tmp / "jobs").status("cli-train") == J.STOPPED
 
 
 # ----------------------------------------------------------------------------- Ray jobs
@@ -326,12 +330,12 @@ def test_ray_job_runs_a_step_streams_its_log_and_sigterm_stops_it(fake_env, ray_
     from ray.job_submission import JobSubmissionClient
 
     conf = load_config(cfg, [s for s in sets if s != "--set"])
-    backend = R.make_backend(conf)
-    assert isinstance(backend, R.RayJobBackend)
+    backend = J.make_backend(conf)
+    assert isinstance(backend, ray_job.RayJobBackend)
     lines: list[str] = []
-    runner = R.StepRunner(backend, tmp / "jobs", poll_s=0.5, emit=lines.append)
+    runner = J.StepRunner(backend, tmp / "jobs", poll_s=0.5, emit=lines.append)
     jid = "amflow-test-features-try1"
-    argv = R.step_command(conf.runner.command, "features", config=str(cfg), run_id="ray1")
+    argv = J.step_command(conf.runner.command, "features", config=str(cfg), run_id="ray1")
     out = runner.run(jid, argv, budget_s=1.0, resources={"pool_c4": 0.5})
     assert out.submitted
     while not out.done:  # short tries, as an Airflow task polls
@@ -351,7 +355,7 @@ def test_ray_job_runs_a_step_streams_its_log_and_sigterm_stops_it(fake_env, ray_
     assert backend.stop("amflow-test-nopool")
 
     # The runner CLI (as a killed Airflow task would) stops its Ray job on SIGTERM.
-    proc = subprocess.Popen([PY, "-m", "amflow.runner", "run", "train", "--config", str(cfg),
+    proc = subprocess.Popen([PY, "-m", "amflow.jobs", "run", "train", "--config", str(cfg),
                              "--run-id", "ray1", "--job-id", "amflow-test-train", *sets],
                             cwd=ROOT, stdout=subprocess.PIPE, text=True)
     for line in proc.stdout:
@@ -376,22 +380,22 @@ def _run_trigger(trigger, timeout: float = 60):
 
 
 def test_trigger_waits_for_the_job_and_fires_once_it_ended(fake_env):
-    from amflow.airflow_trigger import AmflowJobTrigger
+    from amflow.orchestration.trigger import AmflowJobTrigger
 
     cfg, set_plan, tmp = fake_env
     set_plan(train={"seconds": 1.5, "lines": 3})
     lines: list[str] = []
     runner = _local_runner(tmp, lines)
-    argv = R.step_command([PY, str(FAKE)], "train", config=str(cfg), run_id="r1")
+    argv = J.step_command([PY, str(FAKE)], "train", config=str(cfg), run_id="r1")
     assert runner.submit("job-t", argv)
     trigger = AmflowJobTrigger(job_id="job-t", config=str(cfg), overrides=[],
                                state_dir=str(tmp / "jobs"), poll_s=0.2)
     # what the triggerer stores and rebuilds it from
     path, kwargs = trigger.serialize()
-    assert path == "amflow.airflow_trigger.AmflowJobTrigger"
+    assert path == "amflow.orchestration.trigger.AmflowJobTrigger"
     t0 = time.time()
     event = _run_trigger(AmflowJobTrigger(**kwargs))
-    assert event == {"job_id": "job-t", "status": R.SUCCEEDED} and time.time() - t0 >= 1.0
+    assert event == {"job_id": "job-t", "status": J.SUCCEEDED} and time.time() - t0 >= 1.0
     # the task, back from deferral, gets the whole output and the summary
     out = runner.follow("job-t", 0.0)
     assert out.ok and out.summary["step"] == "train"
@@ -401,34 +405,34 @@ def test_trigger_waits_for_the_job_and_fires_once_it_ended(fake_env):
 def test_trigger_stops_a_job_past_its_timeout_and_on_kill(fake_env):
     import asyncio
 
-    from amflow.airflow_trigger import AmflowJobTrigger
+    from amflow.orchestration.trigger import AmflowJobTrigger
 
     cfg, set_plan, tmp = fake_env
     set_plan(train={"seconds": 60, "lines": 60}, select={"seconds": 60, "lines": 60})
     runner = _local_runner(tmp, [])
     for jid, step in (("job-slow", "train"), ("job-killed", "select")):
-        runner.submit(jid, R.step_command([PY, str(FAKE)], step, config=str(cfg), run_id="r1"))
+        runner.submit(jid, J.step_command([PY, str(FAKE)], step, config=str(cfg), run_id="r1"))
     slow = AmflowJobTrigger(job_id="job-slow", config=str(cfg), overrides=[],
                             state_dir=str(tmp / "jobs"), poll_s=0.2, step_timeout_s=1)
     event = _run_trigger(slow)
-    assert event["status"] == R.STOPPED and "step_timeout_s=1" in event["reason"]
-    assert runner.backend.status("job-slow") == R.STOPPED
+    assert event["status"] == J.STOPPED and "step_timeout_s=1" in event["reason"]
+    assert runner.backend.status("job-slow") == J.STOPPED
     killed = AmflowJobTrigger(job_id="job-killed", config=str(cfg), overrides=[],
                               state_dir=str(tmp / "jobs"), poll_s=0.2)
     asyncio.run(killed.on_kill())
-    assert runner.backend.status("job-killed") == R.STOPPED
+    assert runner.backend.status("job-killed") == J.STOPPED
 
 
 def test_permanent_errors_are_told_from_transient_ones():
-    assert R.permanent_error("select", ["[select] 1/3 shards", "amflow select: error: no corpus at /x"]) \
+    assert O.permanent_error("select", ["[select] 1/3 shards", "amflow select: error: no corpus at /x"]) \
         == "amflow select: error: no corpus at /x"
-    assert R.permanent_error("train", ["amflow train: train.lr: must be > 0"])
-    assert R.permanent_error("train", ["amflow: error: unrecognized arguments: --x"])
+    assert O.permanent_error("train", ["amflow train: train.lr: must be > 0"])
+    assert O.permanent_error("train", ["amflow: error: unrecognized arguments: --x"])
     # a crash, a lost node, an injected failure: worth a retry
-    assert R.permanent_error("train", ["Traceback (most recent call last):",
+    assert O.permanent_error("train", ["Traceback (most recent call last):",
                                        "ConnectionError: reset by peer"]) == ""
-    assert R.permanent_error("features", ["[features] error: injected failure 1"]) == ""
-    assert R.permanent_error("train", ["amflow select: error: other step"]) == ""
+    assert O.permanent_error("features", ["[features] error: injected failure 1"]) == ""
+    assert O.permanent_error("train", ["amflow select: error: other step"]) == ""
 
 
 def test_flat_results_for_asset_events():
@@ -436,13 +440,13 @@ def test_flat_results_for_asset_events():
                "per_condition": {"DP1": 0.81234, "DP2": 0.7},
                "per_condition_per": {"DP1": 0.2}, "per_condition_wer": {"DP1": 0.5},
                "wer": 0.55, "rel_frame_error_reduction": {"DP1": 0.143, "all": 0.15}}
-    flat = R.flat_results(metrics)
+    flat = O.flat_results(metrics)
     assert flat == {"frame_accuracy": 0.7457, "per": 0.31, "num_utterances": 40, "wer": 0.55,
                     "frame_accuracy_DP1": 0.8123, "frame_accuracy_DP2": 0.7, "per_DP1": 0.2,
                     "wer_DP1": 0.5, "rel_frame_error_reduction_DP1": 0.143,
                     "rel_frame_error_reduction_all": 0.15}
     assert all(not isinstance(v, (dict, list)) for v in flat.values())
     # decode's summary: its bare per_condition is WER, as per_condition_wer is
-    decoded = R.flat_results({"wer": 0.3, "per_condition_wer": {"DP1": 0.25},
+    decoded = O.flat_results({"wer": 0.3, "per_condition_wer": {"DP1": 0.25},
                               "per_condition": {"DP1": 0.25}}, step="decode")
     assert decoded == {"wer": 0.3, "wer_DP1": 0.25}

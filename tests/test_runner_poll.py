@@ -7,11 +7,12 @@ import time
 
 import pytest
 
-from amflow import runner as R
+from amflow import jobs as J
+from amflow.orchestration import airflow_step as A
 
 
 class Clock:
-    """Virtual time for amflow.runner: sleep advances it, nothing waits."""
+    """Virtual time for amflow.jobs: sleep advances it, nothing waits."""
 
     def __init__(self):
         self.now = 0.0
@@ -63,7 +64,7 @@ class FakeBackend:
 
     def status(self, jid: str) -> str:
         self.status_calls += 1
-        return R.SUCCEEDED if self._elapsed() >= self.end_s else R.RUNNING
+        return J.SUCCEEDED if self._elapsed() >= self.end_s else J.RUNNING
 
     def logs(self, jid: str, offset: int = 0):
         self.logs_calls += 1
@@ -79,25 +80,25 @@ class FakeBackend:
 @pytest.fixture()
 def clock(monkeypatch):
     c = Clock()
-    monkeypatch.setattr(R.time, "monotonic", c.monotonic)
-    monkeypatch.setattr(R.time, "sleep", c.sleep)
+    monkeypatch.setattr(time, "monotonic", c.monotonic)
+    monkeypatch.setattr(time, "sleep", c.sleep)
     return c
 
 
 def test_poll_starts_short_stays_within_a_tenth_and_caps_at_poll_s():
-    assert R.next_poll_s(0.0, 5.0) == R.FIRST_POLL_S == 0.2
-    assert R.next_poll_s(1.0, 5.0) == 0.2
-    assert R.next_poll_s(12.0, 5.0) == pytest.approx(1.2)
-    assert R.next_poll_s(50.0, 5.0) == 5.0 and R.next_poll_s(3600.0, 5.0) == 5.0
-    assert R.next_poll_s(0.0, 0.1) == 0.1  # a poll_s below the first poll is honoured
+    assert J.next_poll_s(0.0, 5.0) == J.FIRST_POLL_S == 0.2
+    assert J.next_poll_s(1.0, 5.0) == 0.2
+    assert J.next_poll_s(12.0, 5.0) == pytest.approx(1.2)
+    assert J.next_poll_s(50.0, 5.0) == 5.0 and J.next_poll_s(3600.0, 5.0) == 5.0
+    assert J.next_poll_s(0.0, 0.1) == 0.1  # a poll_s below the first poll is honoured
     for t in (2.0, 7.5, 30.0, 49.0):
-        assert R.next_poll_s(t, 5.0) <= 0.1 * t + 1e-9
+        assert J.next_poll_s(t, 5.0) <= 0.1 * t + 1e-9
 
 
 @pytest.mark.parametrize("end_s,max_lag_s", [(0.5, 0.2), (3.0, 0.3), (30.0, 3.0), (600.0, 5.0)])
 def test_follow_sees_the_end_within_a_tenth_of_the_run(clock, tmp_path, end_s, max_lag_s):
     backend = FakeBackend(end_s, clock)
-    runner = R.StepRunner(backend, tmp_path, poll_s=5.0, emit=lambda line: None)
+    runner = J.StepRunner(backend, tmp_path, poll_s=5.0, emit=lambda line: None)
     out = runner.run("job", ["step"], budget_s=float("inf"))
     assert out.ok and out.summary == {"step": "fake"}
     assert end_s <= clock.now <= end_s + max_lag_s + 1e-9
@@ -105,7 +106,7 @@ def test_follow_sees_the_end_within_a_tenth_of_the_run(clock, tmp_path, end_s, m
 
 def test_long_job_is_polled_every_poll_s_after_a_short_start(clock, tmp_path):
     backend = FakeBackend(3600.0, clock)
-    runner = R.StepRunner(backend, tmp_path, poll_s=5.0, emit=lambda line: None)
+    runner = J.StepRunner(backend, tmp_path, poll_s=5.0, emit=lambda line: None)
     assert runner.run("job", ["step"], budget_s=float("inf")).ok
     # a fixed 5-s poll makes 721 checks in an hour; the short start adds about 40
     assert backend.status_calls <= 3600 / 5 + 45
@@ -114,7 +115,7 @@ def test_long_job_is_polled_every_poll_s_after_a_short_start(clock, tmp_path):
 def test_the_short_start_adds_status_checks_only_output_comes_every_poll_s(clock, tmp_path):
     backend = FakeBackend(9.5, clock)
     lines: list[str] = []
-    runner = R.StepRunner(backend, tmp_path, poll_s=2.0, emit=lines.append)
+    runner = J.StepRunner(backend, tmp_path, poll_s=2.0, emit=lines.append)
     assert runner.run("job", ["step"], budget_s=float("inf")).ok
     assert backend.status_calls >= 20  # every 0.2 s at first
     assert backend.logs_calls == 5  # at 0, 2, 4, 6, 8 s; the rest at the end
@@ -124,7 +125,7 @@ def test_the_short_start_adds_status_checks_only_output_comes_every_poll_s(clock
 def test_follow_streams_every_line_once_in_order_across_short_tries(clock, tmp_path):
     backend = FakeBackend(7.3, clock, partial_tail="no newline at the end")
     lines: list[str] = []
-    runner = R.StepRunner(backend, tmp_path, poll_s=1.0, emit=lines.append)
+    runner = J.StepRunner(backend, tmp_path, poll_s=1.0, emit=lines.append)
     out = runner.run("job", ["step"], budget_s=0.7)
     while not out.done:  # later pokes re-attach and go on from the cursor
         out = runner.run("job", ["step"], budget_s=0.7)
@@ -140,13 +141,13 @@ def test_follow_streams_every_line_once_in_order_across_short_tries(clock, tmp_p
 
 def test_airflow_step_asks_once_whether_its_job_exists_and_submits_once(tmp_path, monkeypatch):
     backend = FakeBackend(0.5)
-    monkeypatch.setattr(R, "make_backend", lambda cfg, state_dir=None: backend)
+    monkeypatch.setattr(A, "make_backend", lambda cfg, state_dir=None: backend)
     cfg = tmp_path / "cfg.yaml"
     cfg.write_text(f"runner: {{state_dir: {tmp_path / 'jobs'}, poll_s: 2}}\n"
                    f"storage: {{root: {tmp_path / 'store'}}}\n")
 
-    def step(try_number: int) -> R.AirflowStep:
-        return R.AirflowStep(step="lm", dag_id="d", airflow_run_id="r", task_id="lm",
+    def step(try_number: int) -> A.AirflowStep:
+        return A.AirflowStep(step="lm", dag_id="d", airflow_run_id="r", task_id="lm",
                              try_number=try_number, config=str(cfg), overrides=[],
                              rerun="resume", emit=lambda line: None)
 
@@ -161,7 +162,7 @@ def test_airflow_step_asks_once_whether_its_job_exists_and_submits_once(tmp_path
 
 
 def test_trigger_fires_soon_after_a_short_job_ends(monkeypatch):
-    from amflow.airflow_trigger import AmflowJobTrigger
+    from amflow.orchestration.trigger import AmflowJobTrigger
 
     backend = FakeBackend(0.6)
     backend.submit("job", [])
@@ -174,5 +175,5 @@ def test_trigger_fires_soon_after_a_short_job_ends(monkeypatch):
             return event.payload
 
     event = asyncio.run(asyncio.wait_for(first_event(), 10))
-    assert event == {"job_id": "job", "status": R.SUCCEEDED}
+    assert event == {"job_id": "job", "status": J.SUCCEEDED}
     assert time.monotonic() - backend.t0 < 0.6 + 0.45  # not the 2-s cap

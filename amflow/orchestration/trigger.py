@@ -1,8 +1,8 @@
 """The Airflow trigger that waits for an amflow job (Airflow's deferral mechanism).
 
 An amflow task submits its step's job and defers to `AmflowJobTrigger`; the triggerer
-process polls the job (a local supervised process or a Ray job, `amflow.runner`'s
-backends) without holding a worker slot or an execution-API token, and fires once the
+process polls the job (a local supervised process or a Ray job: amflow.jobs
+backends, amflow.jobs) without holding a worker slot or an execution-API token, and fires once the
 job has ended. The task then resumes in the same try (Airflow keeps the try's start
 date across a deferral), so the task's duration in the UI is the step's wall time.
 
@@ -17,6 +17,9 @@ from pathlib import Path
 from typing import Any, AsyncIterator
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
+
+from amflow.config import load_config
+from amflow.jobs import STOPPED, TERMINAL, make_backend, next_poll_s
 
 PROGRESS_EVERY_S = 60.0
 
@@ -35,20 +38,15 @@ class AmflowJobTrigger(BaseTrigger):
         self.step_timeout_s = float(step_timeout_s)
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
-        return ("amflow.airflow_trigger.AmflowJobTrigger",
+        return ("amflow.orchestration.trigger.AmflowJobTrigger",
                 {"job_id": self.job_id, "config": self.config, "overrides": self.overrides,
                  "state_dir": self.state_dir, "poll_s": self.poll_s,
                  "step_timeout_s": self.step_timeout_s})
 
     def _backend(self):
-        from amflow.config import load_config
-        from amflow.runner import make_backend
-
         return make_backend(load_config(self.config, self.overrides), Path(self.state_dir))
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
-        from amflow.runner import STOPPED, TERMINAL, next_poll_s
-
         backend = await asyncio.to_thread(self._backend)
         offset, last_note = 0, time.monotonic()
         started = last_note

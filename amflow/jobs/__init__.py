@@ -1,0 +1,54 @@
+"""Running one amflow step as a job, wherever `runner.mode` says.
+
+The command is the same everywhere: `amflow <step> --config FILE --run-id ID [--set k=v]`.
+Only where it runs changes:
+
+    base.py      job statuses, RunnerError, the state directory
+    naming.py    stable job / run ids, the step command line, the AMFLOW_SUMMARY line
+    local.py     `local`: a detached supervised process on this machine
+    ray_job.py   `ray_job`: a Ray job through the dashboard's job-submission API
+    follow.py    StepRunner: submit-or-attach, stream output, poll (Outcome)
+    __main__.py  `python -m amflow.jobs run|stop|status`: a step in the foreground
+
+Jobs are named by a stable id (dag, run, task, try), so a caller that dies and comes back
+re-attaches to its job instead of starting a second one; `submit` of an id that exists is
+a no-op. Every backend has the same methods: exists, submit, status, logs, final_logs,
+stop, submitted_at, live_jobs. Adding one is a class and a line in BACKENDS.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from amflow.jobs.base import (FAILED, PENDING, PROJECT_ROOT, RUNNING, STOPPED, SUCCEEDED,
+                              TERMINAL, Emit, RunnerError, default_state_dir)
+from amflow.jobs.follow import FIRST_POLL_S, Outcome, StepRunner, next_poll_s
+from amflow.jobs.local import LocalBackend
+from amflow.jobs.naming import (SUMMARY_PREFIX, amflow_run_id, job_id, job_prefix,
+                                parse_summary, step_command)
+
+
+def _local(cfg, state_dir: Path | None):
+    r = cfg.runner
+    return LocalBackend(state_dir or Path(r.state_dir or default_state_dir()),
+                        cwd=r.workdir or str(PROJECT_ROOT), env=dict(r.env))
+
+
+def _ray_job(cfg, state_dir: Path | None):  # noqa: ARG001 - Ray keeps the state
+    from amflow.jobs.ray_job import RayJobBackend  # imports ray: only when chosen
+
+    r = cfg.runner
+    return RayJobBackend(r.ray_dashboard, cwd=r.workdir or None, env=dict(r.env))
+
+
+BACKENDS = {"local": _local, "ray_job": _ray_job}
+
+
+def make_backend(cfg, state_dir: Path | None = None):
+    """The job backend of `runner.mode`."""
+    return BACKENDS[cfg.runner.mode](cfg, state_dir)
+
+
+__all__ = ["BACKENDS", "FIRST_POLL_S", "FAILED", "PENDING", "RUNNING", "STOPPED", "SUCCEEDED", "SUMMARY_PREFIX",
+           "TERMINAL", "Emit", "LocalBackend", "Outcome", "RunnerError", "StepRunner",
+           "amflow_run_id", "default_state_dir", "job_id", "job_prefix", "make_backend",
+           "next_poll_s", "parse_summary", "step_command"]

@@ -1,0 +1,12 @@
+"""Airflow's side of running a step: what a DAG task calls (dags/ stay wiring only).
+
+    airflow_step.py  AirflowStep: one task try's job (run id, job id, rerun semantics,
+                     submit-or-attach, budget per try)
+    operator.py      the operator's body: execute / defer / complete / kill, errors that
+                     are not worth a retry, metrics lines, asset-event results, orphan stop
+    trigger.py       AmflowJobTrigger: the triggerer waits for the job (deferral)
+    pools.py         pool slots: how many quarter-cores a step holds in default_pool
+
+Imported only inside Airflow processes (task runner, triggerer, DAG parser for pools);
+nothing here imports airflow at module top but the trigger (it subclasses BaseTrigger).
+"""

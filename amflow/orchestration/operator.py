@@ -1,0 +1,214 @@
+"""The body of the amflow Airflow operator (dags/amflow_common.AmflowStepOperator calls
+these): execute (submit, follow, defer or reschedule), complete after the trigger fired,
+kill; which failures are not worth a retry; the metrics line and asset-event results;
+stopping a finished DAG run's orphaned jobs.
+
+Airflow is imported inside the functions: this module is also imported where only the
+pure helpers are wanted (model_uri, flat_results, permanent_error) without an Airflow.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import json
+from pathlib import Path
+from typing import Any
+
+from amflow.config import ConfigError, load_config
+from amflow.jobs import FAILED, SUCCEEDED, Emit, Outcome, StepRunner, default_state_dir, job_prefix, make_backend
+from amflow.jobs.base import resolve_config
+from amflow.orchestration.airflow_step import AirflowStep, try_budget_s
+
+
+def model_uri(summary: dict[str, Any]) -> str:
+    """Where a train step put its model, from its summary."""
+    for key in ("model_uri", "model"):
+        if isinstance(summary.get(key), str) and summary[key]:
+            return summary[key]
+    for key in ("outputs", "metrics"):
+        sub = summary.get(key) or {}
+        if isinstance(sub, dict) and isinstance(sub.get("model"), str):
+            return sub["model"]
+    base = summary.get("uri", "")
+    return f"{base.rstrip('/')}/model.pt" if base else ""
+
+
+
+
+def metrics_line(step: str, summary: dict[str, Any]) -> str:
+    counts = summary.get("counts", {})
+    metrics = summary.get("metrics", {})
+    flat = {k: v for k, v in metrics.items() if isinstance(v, (int, float, str, bool))}
+    return (f"[amflow {step}] done in {summary.get('wall_s', '?')} s: counts "
+            f"{json.dumps(counts, sort_keys=True)} metrics {json.dumps(flat, sort_keys=True)}")
+
+
+# What a step's bare `per_condition` holds: evaluate's is frame accuracy, decode's WER.
+PER_CONDITION_NAME = {"evaluate": "frame_accuracy", "decode": "wer"}
+
+
+def flat_results(metrics: dict[str, Any], step: str = "evaluate") -> dict[str, Any]:
+    """An evaluation's (or decoding's) results as flat `name` / `name_<condition>` keys,
+    rounded, for an asset event's extra: `frame_accuracy`, `frame_accuracy_DP1`, `per_DP1`,
+    `wer_DP1`, ... (`per_condition_<m>` holds metric m per condition)."""
+    out: dict[str, Any] = {}
+    for key, value in metrics.items():
+        if isinstance(value, dict):
+            name = (PER_CONDITION_NAME.get(step, "per_condition") if key == "per_condition"
+                    else key.removeprefix("per_condition_"))
+            for cond, v in sorted(value.items()):
+                if isinstance(v, (int, float)) and not isinstance(v, bool):
+                    out[f"{name}_{cond}"] = round(float(v), 4)
+        elif isinstance(value, float):
+            out[key] = round(value, 4)
+        elif isinstance(value, (int, str, bool)):
+            out[key] = value
+    return out
+
+
+
+
+def permanent_error(step: str, lines: list[str]) -> str:
+    """The reason a step failed for good, or "" when a retry may help.
+
+    `amflow <step>` prints `amflow <step>: ...` for what no retry can fix: a config error
+    (unknown key, bad value, missing config file; exit code 2) and a StepError (missing
+    input, broken invariant). Anything else (a crash, a lost node, S3 throttling) is
+    worth a retry, which resumes from the finished shards.
+    """
+    for line in reversed(lines):
+        if line.startswith((f"amflow {step}: ", "amflow: error: ")):
+            return line
+    return ""
+
+
+def _airflow_step(op, context) -> AirflowStep:
+    from airflow.sdk.exceptions import AirflowFailException
+
+    params = context["params"]
+    ti = context["ti"]
+    try:
+        step = AirflowStep(step=op.step, dag_id=ti.dag_id,
+                           airflow_run_id=context["dag_run"].run_id, task_id=ti.task_id,
+                           try_number=ti.try_number,
+                           config=str(params.get("config") or "configs/local.yaml"),
+                           overrides=list(op.resolved_overrides(context)),
+                           extra_args=list(op.resolved_extra_args(context)),
+                           rerun=str(params.get("rerun", "redo")),
+                           run_id=str(params.get("run_id") or ""),
+                           emit=lambda line: op.log.info("%s", line))
+    except ConfigError as exc:  # a retry reads the same config: fail now, with the reason
+        op.log.error("amflow %s: %s (not retried: a retry would read the same config)",
+                     op.step, exc)
+        raise AirflowFailException(f"amflow {op.step}: {exc}") from exc
+    op._amflow_step = step
+    return step
+
+
+def airflow_execute(op, context) -> dict[str, Any]:
+    """The body of the amflow Airflow operator.
+
+    `runner.wait: defer` (default): submit the job, follow it for `runner.defer_after_s`,
+    then defer to AmflowJobTrigger until it ends; `airflow_complete` then finishes in the
+    same try, so Airflow's duration is the step's. `runner.wait: reschedule`: one poke; raises AirflowRescheduleException to come
+    back in `runner.reschedule_s` while the job still runs.
+    Returns the step summary (the task's XCom) when the job succeeded.
+    """
+    from airflow.sdk.exceptions import AirflowRescheduleException
+
+    step = _airflow_step(op, context)
+    op.log.info("amflow run id %s, job %s, mode %s, wait %s", step.run_id, step.job_id,
+                step.cfg.runner.mode, step.cfg.runner.wait)
+    r = step.cfg.runner
+    if r.wait == "defer":
+        step.start()
+        outcome = step.runner.follow(step.job_id, try_budget_s(r.defer_after_s, r.poll_s))
+        _push_runner_xcom(context, step, outcome.status if outcome.done else "DEFERRED", 1)
+        if not outcome.done:
+            from amflow.orchestration.trigger import AmflowJobTrigger  # airflow: task side only
+
+            op.defer(trigger=AmflowJobTrigger(**step.trigger_kwargs()),
+                     method_name="execute_complete",
+                     kwargs={"redone": step.redone})
+        return _finish(op, context, step, outcome)
+    outcome = step.poke()
+    _push_runner_xcom(context, step, outcome.status, outcome.pokes)
+    if not outcome.done:
+        when = dt.datetime.now(dt.timezone.utc) + dt.timedelta(
+            seconds=step.cfg.runner.reschedule_s)
+        op.log.info("[amflow-runner] job %s still %s after poke %d; next poke at %s",
+                    outcome.job_id, outcome.status, outcome.pokes, when.isoformat())
+        raise AirflowRescheduleException(when)
+    return _finish(op, context, step, outcome)
+
+
+def airflow_complete(op, context, event: dict[str, Any], redone: bool = False) -> dict[str, Any]:
+    """After the trigger saw the job end: its output into the task log, then finish."""
+    step = _airflow_step(op, context)
+    step.job_id = str(event.get("job_id") or step.job_id)
+    step.redone = redone
+    outcome = step.drain()
+    if event.get("reason"):
+        op.log.info("[amflow-runner] %s", event["reason"])
+        outcome.status = str(event.get("status") or outcome.status)
+    _push_runner_xcom(context, step, outcome.status, outcome.pokes)
+    return _finish(op, context, step, outcome)
+
+
+def _push_runner_xcom(context, step: AirflowStep, status: str, pokes: int) -> None:
+    context["ti"].xcom_push(key="runner", value={
+        "job_id": step.job_id, "mode": step.cfg.runner.mode, "wait": step.cfg.runner.wait,
+        "run_id": step.run_id, "pokes": pokes, "status": status})
+
+
+def _finish(op, context, step: AirflowStep, outcome: Outcome) -> dict[str, Any]:
+    from airflow.sdk.exceptions import AirflowException, AirflowFailException
+
+    if not outcome.ok:
+        last = "\n".join(outcome.tail[-15:])
+        reason = permanent_error(op.step, outcome.tail) if outcome.status == FAILED else ""
+        what = (f"amflow {op.step} job {outcome.job_id} ended {outcome.status}"
+                f"{' without an AMFLOW_SUMMARY line' if outcome.status == SUCCEEDED else ''}")
+        if reason:  # a retry would fail the same way
+            op.log.error("%s (not retried: a retry would fail the same way)", reason)
+            raise AirflowFailException(f"{what}, not retried: {reason}\nlast output:\n{last}")
+        raise AirflowException(f"{what}; last output:\n{last}")
+    summary = outcome.summary
+    op.log.info("%s", metrics_line(op.step, summary))
+    if step.redone:
+        later = sorted(context["task"].downstream_task_ids)
+        if later:
+            op.log.warning("[amflow-runner] step %s was redone: %s still show results of the "
+                           "previous %s unless they were cleared with it (Clear -> Downstream)",
+                           op.step, ", ".join(later), op.step)
+    op.emit_asset_events(context, summary, step.run_id)
+    return summary
+
+
+def airflow_kill(op) -> None:
+    step: AirflowStep | None = getattr(op, "_amflow_step", None)
+    if step is not None:
+        step.kill()
+
+
+
+
+def stop_run_jobs(config: str, overrides: list[str], dag_id: str, airflow_run_id: str,
+                  task_ids: list[str], emit: Emit | None = None) -> list[str]:
+    """Stop the jobs of an ended DAG run that are still running; returns their ids.
+
+    Once a run has ended every task is in a final state, so no task follows such a job:
+    it is an orphan. One is left when a deferred task is marked failed (or success)
+    before the triggerer has loaded its trigger: Airflow deletes that trigger unrun, so
+    neither the trigger's nor the task's on_kill runs. The DAGs call this at run end.
+    """
+    cfg = load_config(resolve_config(config), overrides)
+    state_dir = Path(cfg.runner.state_dir or default_state_dir())
+    runner = StepRunner(make_backend(cfg, state_dir), state_dir, emit=emit)
+    stopped = []
+    for task_id in task_ids:
+        for jid in runner.backend.live_jobs(job_prefix(dag_id, airflow_run_id, task_id)):
+            runner.emit(f"[amflow-runner] run {airflow_run_id} of {dag_id} has ended but job "
+                        f"{jid} (task {task_id}) still runs: stopping it")
+            runner.stop(jid)
+            stopped.append(jid)
+    return stopped
