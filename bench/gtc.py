@@ -170,10 +170,10 @@ def overhead_bench(grads: list[torch.Tensor], cfg: Any, steps: int) -> dict[str,
     from training.distributed import spawn_local
 
     tc = cfg.train
-    train_kw = {"gtc_tau": tc.gtc_tau, "gtc_tau_scale": tc.gtc_tau_scale,
-                "block_size": tc.block_size, "block_lr": tc.block_lr,
-                "block_momentum": tc.block_momentum, "bmuf_c": tc.bmuf_c, "group_size": 2,
-                "ma_samples": tc.ma_samples, "minibatch_frames": tc.minibatch_frames}
+    train_kw = {"gtc_tau": tc.algo.gtc_tau, "gtc_tau_scale": tc.algo.gtc_tau_scale,
+                "block_size": tc.algo.block_size, "block_lr": tc.algo.block_lr,
+                "block_momentum": tc.algo.block_momentum, "bmuf_c": tc.algo.bmuf_c, "group_size": 2,
+                "ma_samples": tc.algo.ma_samples, "minibatch_frames": tc.batches.minibatch_frames}
     algos = ["sgd", "gtc", "bmuf", "htm", "ma"]
     with tempfile.TemporaryDirectory(prefix="amflow-bench-gtc-") as tmp:
         path = os.path.join(tmp, "grads.pt")
@@ -208,8 +208,8 @@ def run(ctx: Any, args: Any) -> dict[str, Any]:
     grad_s = time.perf_counter() - t0
     del model
     steps = int(os.environ.get("AMFLOW_BENCH_GTC_STEPS", "160"))
-    codec = codec_bench(grads, sizes, steps, cfg.train.gtc_tau_scale)
-    ov_steps = int(os.environ.get("AMFLOW_BENCH_OVERHEAD_STEPS", str(cfg.train.block_size + 10)))
+    codec = codec_bench(grads, sizes, steps, cfg.train.algo.gtc_tau_scale)
+    ov_steps = int(os.environ.get("AMFLOW_BENCH_OVERHEAD_STEPS", str(cfg.train.algo.block_size + 10)))
     overheads = overhead_bench(grads, cfg, ov_steps)
     result = {"model": dict(PAPER_MODEL, params=n), "gradient_seconds": round(grad_s, 2),
               "codec": codec, "overheads": overheads,

@@ -46,7 +46,7 @@ SYNTHETIC_PHONES = 48
 
 def _data(ctx: StepContext) -> tuple[SplitIndex, Normalizer, int, str]:
     st = ctx.storage
-    uris = partition_uris(st, ctx.other("repartition", ctx.cfg.train.labeled_split))
+    uris = partition_uris(st, ctx.other("repartition", ctx.cfg.train.batches.labeled_split))
     cmvn_uri = ctx.other("features", "cmvn.json")
     if uris and st.exists(cmvn_uri):
         index = SplitIndex.load(st, uris, "labels")
@@ -102,9 +102,9 @@ def _steps(ctx: StepContext, index: SplitIndex, norm: Normalizer, num_classes: i
         losses[name] = lambda logits, b, crit=crit: crit(logits, b.labels, chunked=True)
     models = {k: copy.deepcopy(base) for k in losses}
     opts = {k: torch.optim.Adam(m.parameters(), lr=1e-4) for k, m in models.items()}
-    spec = PassSpec(mode="chunk", chunk_frames=tc.chunk_frames,
-                    left_context=tc.chunk_left_context, right_context=mc.student.lookahead,
-                    minibatch_frames=tc.minibatch_frames, stack=ctx.cfg.features.stack)
+    spec = PassSpec(mode="chunk", chunk_frames=tc.batches.chunk_frames,
+                    left_context=tc.batches.chunk_left_context, right_context=mc.student.lookahead,
+                    minibatch_frames=tc.batches.minibatch_frames, stack=ctx.cfg.features.stack)
     names = list(losses)
     times: dict[str, list[float]] = {k: [] for k in names}
     alone: dict[str, list[float]] = {k: [] for k in names}
@@ -155,7 +155,7 @@ def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
         index, norm, num_classes, source = _data(ctx)
         num_classes = ctx.cfg.model.num_classes or num_classes
         seqs = split_label_sequences(ctx.storage, index.uris, ctx.cfg.features.stack)
-        graphs = _graph_sizes(seqs, num_classes, tc.den_min_count)
+        graphs = _graph_sizes(seqs, num_classes, tc.sequence.den_min_count)
         crits = {k: SequenceCriterion.from_labels(seqs, num_classes,
                                                   dataclasses.replace(tc, criterion=k))
                  for k in ("mmi", "smbr")}
@@ -170,9 +170,9 @@ def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
         torch.set_num_threads(threads_before)
     result = {"data": source, "device": str(device), "utterances": len(index),
               "frames": index.total_frames, "num_classes": num_classes,
-              "minibatch_frames": tc.minibatch_frames, "chunk_frames": tc.chunk_frames,
-              "den_ngram_order": tc.den_ngram_order, "den_min_count": tc.den_min_count,
-              "numerator": tc.sequence_numerator, "graphs": graphs, "timing": timing,
+              "minibatch_frames": tc.batches.minibatch_frames, "chunk_frames": tc.batches.chunk_frames,
+              "den_ngram_order": tc.sequence.den_ngram_order, "den_min_count": tc.sequence.den_min_count,
+              "numerator": tc.sequence.sequence_numerator, "graphs": graphs, "timing": timing,
               # the headline numbers, as scalars for the step summary
               "den_states": crits_size["states"], "den_arcs": crits_size["arcs"],
               **{f"{k}_over_ce": v for k, v in timing["configured"]["over_ce"].items()}}

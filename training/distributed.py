@@ -271,7 +271,7 @@ def toy_worker(plan: dict) -> dict:
     def forward(x):
         return model.out(model.lstm(x)[0])
 
-    opt = torch.optim.Adam(model.parameters(), lr=train.lr)
+    opt = torch.optim.Adam(model.parameters(), lr=train.optim.lr)
     algo = build_algorithm(train, model, opt)
     start = 0
     state = load_checkpoint()

@@ -565,7 +565,7 @@ class AugmentedStream:
         self.start, self.limit, self.stats = start, min(limit, plan.num_batches), stats
         self.offset = plan.spec.offset
         self.wait_s = 0.0
-        self._q: queue.Queue = queue.Queue(maxsize=max(1, src.tc.prefetch))
+        self._q: queue.Queue = queue.Queue(maxsize=max(1, src.tc.batches.prefetch))
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 

@@ -64,8 +64,8 @@ def _split_kinds(cfg: Config) -> dict[str, str]:
     """{kind: split name} of the training data the recipe needs."""
     tc = cfg.train
     if tc.recipe == "ssl":
-        return {"unlabeled": tc.unlabeled_split, "labeled": tc.labeled_split}
-    return {"labeled": tc.labeled_split}
+        return {"unlabeled": tc.batches.unlabeled_split, "labeled": tc.batches.labeled_split}
+    return {"labeled": tc.batches.labeled_split}
 
 
 def build_plan(ctx: StepContext, train_dir: str) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -107,11 +107,11 @@ def build_plan(ctx: StepContext, train_dir: str) -> tuple[dict[str, Any], dict[s
         if len(uris) < tc.workers:
             raise StepError(f"split '{name}' has {len(uris)} partitions, fewer than "
                             f"train.workers={tc.workers}: re-run repartition for that many workers")
-    dev_uris = (partition_uris(storage, ctx.other("repartition", tc.dev_split))
-                if tc.dev_split else [])
+    dev_uris = (partition_uris(storage, ctx.other("repartition", tc.batches.dev_split))
+                if tc.batches.dev_split else [])
     if dev_uris:
         splits["dev"] = dev_uris
-        report["splits"][tc.dev_split] = {"partitions": len(dev_uris)}
+        report["splits"][tc.batches.dev_split] = {"partitions": len(dev_uris)}
     plan = {
         "config": cfg.to_dict(), "run_id": ctx.run_id, "train_dir": train_dir,
         "init_model": _init_model(ctx, int(num_classes), int(feat_dim)),

@@ -144,10 +144,10 @@ def barrier() -> None:
 # ----------------------------------------------------------------- optimizer helpers
 def build_optimizer(tc: TrainConfig, model: nn.Module) -> torch.optim.Optimizer:
     params = [p for p in model.parameters() if p.requires_grad]
-    if tc.optimizer == "adam":
-        return torch.optim.Adam(params, lr=tc.lr)
-    if tc.optimizer == "sgd":
-        return torch.optim.SGD(params, lr=tc.lr, momentum=tc.momentum)
+    if tc.optim.optimizer == "adam":
+        return torch.optim.Adam(params, lr=tc.optim.lr)
+    if tc.optim.optimizer == "sgd":
+        return torch.optim.SGD(params, lr=tc.optim.lr, momentum=tc.optim.momentum)
     raise ValueError(f"unknown optimizer {tc.optimizer!r}")
 
 
@@ -215,7 +215,7 @@ def batch_loss(model: nn.Module, batch: Any, tc: TrainConfig) -> LossOut:
     if batch.labels is not None:
         return ce_loss(logits, batch.labels)
     return distill_loss(logits, batch.topk_idx, batch.topk_logit, batch.mask,
-                        fill=tc.topk_fill, temperature=tc.temperature)
+                        fill=tc.distill.topk_fill, temperature=tc.distill.temperature)
 
 
 @torch.no_grad()
@@ -368,7 +368,7 @@ class Trainer:
         self._build_data()
         self.criterion = self._build_criterion()
         self.ckpt = Checkpointer(self.storage, join(self.train_dir, "checkpoints"), self.rank,
-                                 self.world, keep=tc.keep_checkpoints, barrier=barrier)
+                                 self.world, keep=tc.checkpoints.keep_checkpoints, barrier=barrier)
         self.metrics = MetricsLog(self.storage, self.train_dir, enabled=(self.rank == 0))
         self.state = TrainState()
         self.fingerprint = _fingerprint(wc, plan)
@@ -393,8 +393,8 @@ class Trainer:
         self.model.train()
         self.optimizer = build_optimizer(tc, self.model)
         local_opt: Any = self.optimizer
-        if tc.max_change > 0 and tc.algorithm != "ma":  # ma applies max-change itself
-            local_opt = MaxChangeOptimizer(self.optimizer, tc.max_change)
+        if tc.optim.max_change > 0 and tc.algorithm != "ma":  # ma applies max-change itself
+            local_opt = MaxChangeOptimizer(self.optimizer, tc.optim.max_change)
         from training.algorithms import build_algorithm
 
         self.algo = build_algorithm(tc, self.model, local_opt, None, world_size=self.world)
@@ -406,10 +406,10 @@ class Trainer:
         self.passes = plan_passes(tc, self.stack)
         self.sched = LRSchedule(tc, self.passes)
         self.norm = Normalizer.from_stats(plan.get("cmvn"), int(plan["feat_dim"]))
-        right = tc.chunk_right_context
+        right = tc.batches.chunk_right_context
         if right < 0:
             right = (getattr(self.model, "lookahead", None) if self.kind == "student"
-                     else tc.chunk_left_context)
+                     else tc.batches.chunk_left_context)
         self.input = build_input(self, int(right))
         self.dev_index = None
         if plan["splits"].get("dev"):
@@ -426,7 +426,7 @@ class Trainer:
 
     def _build_criterion(self) -> Any:
         """The sequence criterion (train.criterion mmi | smbr), or None for CE."""
-        if self.tc.criterion == "ce":
+        if self.tc.sequence.criterion == "ce":
             return None
         from training.sequence import SequenceCriterion, split_label_sequences
 
@@ -435,7 +435,7 @@ class Trainer:
         crit = SequenceCriterion.from_labels(seqs, int(self.plan["num_classes"]), self.tc)
         self.graph_info = {**crit.graph_size(), "utterances": len(seqs),
                            "build_s": round(time.perf_counter() - t0, 3)}
-        log.info("rank %d: %s denominator graph %s", self.rank, self.tc.criterion,
+        log.info("rank %d: %s denominator graph %s", self.rank, self.tc.sequence.criterion,
                  self.graph_info)
         return crit
 
@@ -502,10 +502,10 @@ class Trainer:
     def train_step(self, p: PassInfo, batch: Batch) -> LossOut:
         """One minibatch: masking, loss, backward, clipping, the algorithm's update."""
         tc, s = self.tc, self.state
-        if tc.freq_masks or tc.time_masks:
+        if tc.masking.freq_masks or tc.masking.time_masks:
             gen = torch.Generator().manual_seed(_mix(tc.seed, 5, s.step, self.rank))
-            batch.x = spec_augment(batch.x, gen, self.stack, tc.freq_masks, tc.freq_mask_bins,
-                                   tc.time_masks, tc.time_mask_rows)
+            batch.x = spec_augment(batch.x, gen, self.stack, tc.masking.freq_masks, tc.masking.freq_mask_bins,
+                                   tc.masking.time_masks, tc.masking.time_mask_rows)
         batch = batch.to(self.device)
         self.algo.zero_grad()
         out = self.loss(p, batch)
@@ -513,7 +513,7 @@ class Trainer:
             raise StepError(_nonfinite_msg("loss", float(out.loss.detach()), p, s, self.ckpt))
         out.loss.backward()
         gnorm = torch.nn.utils.clip_grad_norm_(
-            self.params, tc.clip_grad_norm if tc.clip_grad_norm > 0 else math.inf)
+            self.params, tc.optim.clip_grad_norm if tc.optim.clip_grad_norm > 0 else math.inf)
         if not torch.isfinite(gnorm):
             raise StepError(_nonfinite_msg("gradient norm", float(gnorm), p, s, self.ckpt))
         self.algo.step(num_frames=out.frames)
@@ -564,18 +564,18 @@ class Trainer:
             self.progress.update(1, loss=round(loss_v, 4),
                                  acc=round(out.correct / max(out.frames, 1), 3), lr=lr,
                                  fps=round(s.block["frames"] / max(s.block["wall_s"], 1e-9)))
-        if s.step % tc.log_every == 0:
+        if s.step % tc.checkpoints.log_every == 0:
             s.train_seconds += s.block["wall_s"]
             self.log_block(p, lr)
             self._t_last = time.perf_counter()
-        if s.step % tc.checkpoint_every == 0:
+        if s.step % tc.checkpoints.checkpoint_every == 0:
             self.save_checkpoint()
             self._t_last = time.perf_counter()
         self._maybe_fail()
 
     def _maybe_fail(self) -> None:
         tc, s = self.tc, self.state
-        if (tc.fail_after and s.step == tc.fail_after and self.rank == 0
+        if (tc.checkpoints.fail_after and s.step == tc.checkpoints.fail_after and self.rank == 0
                 and not self.storage.exists(self.fail_marker)):
             self.storage.write_json(self.fail_marker, {"step": s.step, "time": time.time()})
             raise InjectedFailure(f"train.fail_after={tc.fail_after}: injected failure "
@@ -699,7 +699,7 @@ class Trainer:
                            self.counts, self.totals, self.resumed_from, records,
                            time.time() - self.t_start)
         if self.criterion is not None:
-            summary["metrics"].update(_sequence_metrics(tc.criterion, self.graph_info, records))
+            summary["metrics"].update(_sequence_metrics(tc.sequence.criterion, self.graph_info, records))
         model_uri = join(self.train_dir, "model.pt")
         nbytes = save_model(storage, model_uri, self.model, cmvn=self.plan.get("cmvn"),
                             phones=self.plan.get("phones"), features=self.wc.raw.get("features"),

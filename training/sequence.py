@@ -881,7 +881,7 @@ class SequenceCriterion:
     def from_labels(cls, label_seqs: Sequence[np.ndarray], num_classes: int,
                     tc: Any) -> "SequenceCriterion":
         seqs = list(label_seqs)
-        lm = estimate_phone_ngram(seqs, num_classes, tc.den_ngram_order, tc.den_min_count)
+        lm = estimate_phone_ngram(seqs, num_classes, tc.sequence.den_ngram_order, tc.sequence.den_min_count)
         return cls(lm, tc, class_log_priors(seqs, num_classes))
 
     def graph_size(self) -> dict[str, int]:
@@ -900,13 +900,13 @@ class SequenceCriterion:
         whole utterances (the full graph, with its start and final weights)."""
         tc = self.tc
         full, chunk = self._graphs(logits.device, logits.dtype)
-        loss = smbr_loss if tc.criterion == "smbr" else mmi_loss
+        loss = smbr_loss if tc.sequence.criterion == "smbr" else mmi_loss
         return loss(logits, labels, chunk if chunked else full,
-                    numerator=tc.sequence_numerator,
+                    numerator=tc.sequence.sequence_numerator,
                     loop_logprob=self.loop_logprob.to(logits.device, logits.dtype),
-                    leaky=tc.leaky_hmm, ce_weight=tc.sequence_ce_weight, l2=tc.sequence_l2,
-                    log_priors=self.log_priors, prior_scale=tc.sequence_prior_scale,
-                    am_scale=tc.sequence_am_scale, utt_ids=utt_ids, where=where)
+                    leaky=tc.sequence.leaky_hmm, ce_weight=tc.sequence.sequence_ce_weight, l2=tc.sequence.sequence_l2,
+                    log_priors=self.log_priors, prior_scale=tc.sequence.sequence_prior_scale,
+                    am_scale=tc.sequence.sequence_am_scale, utt_ids=utt_ids, where=where)
 
 
 def split_label_sequences(storage: Any, uris: Sequence[str], stack: int = 3
