@@ -65,7 +65,7 @@ def test_every_flat_train_key_lives_in_one_section_and_round_trips(tmp_path):
     # The user-facing mapping (flat train keys) loads back to the same config.
     path = tmp_path / "again.yaml"
     path.write_text(config_to_yaml(cfg))
-    assert "  lr: " in path.read_text() and "optim" not in path.read_text()
+    assert "  lr: " in path.read_text() and "  optim:" not in path.read_text()
     assert load_config(path).to_dict() == cfg.to_dict()
     assert TrainConfig.from_flat(lr=0.5, criterion="mmi").optim.lr == 0.5
     tc = TrainConfig()
