@@ -157,13 +157,13 @@ def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
         seqs = split_label_sequences(ctx.storage, index.uris, ctx.cfg.features.stack)
         graphs = _graph_sizes(seqs, num_classes, tc.sequence.den_min_count)
         crits = {k: SequenceCriterion.from_labels(seqs, num_classes,
-                                                  dataclasses.replace(tc, criterion=k))
+                                                  replace_train(tc, criterion=k))
                  for k in ("mmi", "smbr")}
         crits_size = crits["mmi"].graph_size()
         timing = {"configured": _steps(ctx, index, norm, num_classes, crits, device, steps)}
-        tri = dataclasses.replace(tc, den_ngram_order=3)
+        tri = replace_train(tc, den_ngram_order=3)
         crits = {f"{k}_trigram": SequenceCriterion.from_labels(
-            seqs, num_classes, dataclasses.replace(tri, criterion=k)) for k in ("mmi", "smbr")}
+            seqs, num_classes, replace_train(tri, criterion=k)) for k in ("mmi", "smbr")}
         timing["trigram"] = _steps(ctx, index, norm, num_classes, crits, device,
                                    max(steps // 2, 2))
     finally:

@@ -55,7 +55,7 @@ def plan_passes(train_cfg: Any, stack: int) -> list[PassInfo]:
         # graph); more than `epochs` means all of them
         full = min(tc.passes.finetune_epochs, units) if tc.recipe == "sequence" else tc.passes.finetune_epochs
         if full > units:
-            raise ValueError(f"train.finetune_epochs ({tc.finetune_epochs}) exceeds "
+            raise ValueError(f"train.finetune_epochs ({tc.passes.finetune_epochs}) exceeds "
                              f"train.epochs ({units})")
         for u in range(units):
             mode = "full" if u >= units - full else "chunk"
@@ -66,7 +66,7 @@ def plan_passes(train_cfg: Any, stack: int) -> list[PassInfo]:
         subs = tc.passes.sub_epochs
         units = subs * tc.passes.unlabeled_passes
         if tc.passes.finetune_epochs > units:
-            raise ValueError(f"train.finetune_epochs ({tc.finetune_epochs}) exceeds "
+            raise ValueError(f"train.finetune_epochs ({tc.passes.finetune_epochs}) exceeds "
                              f"train.sub_epochs x train.unlabeled_passes ({units})")
         for u in range(units):
             mode = "full" if u >= units - tc.passes.finetune_epochs else "chunk"
