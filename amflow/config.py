@@ -1213,6 +1213,15 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     return _build(Config, data, "")
 
 
+def with_overrides(cfg: Config, values: dict[str, Any]) -> Config:
+    """A copy of `cfg` with user keys set (`{"train.lr": 0.5, "model.student.layers": 2}`),
+    coerced and validated as `--set` would be (recipes are not re-applied)."""
+    data = cfg.to_dict()
+    for key, value in values.items():
+        _deep_update(data, _nest(key, value))
+    return _build(Config, data, "")
+
+
 def _apply_recipes(data: dict[str, Any], explicit: set[str]) -> None:
     """train.teacher_recipe's keys replace train.* when train.model is teacher, then
     train.sequence_recipe's when train.recipe is sequence.

@@ -18,20 +18,23 @@ the LF-MMI criterion against cross-entropy, and the size of its denominator grap
 Data: the run's `repartition/<train.labeled_split>` when it exists, else a synthetic
 run (48 phones, 192-d features, written under `runs/<R>/bench/synthetic`). Runs on the
 GPU when one is present (torch on one thread on a CPU).
-Env: AMFLOW_BENCH_SEQ_STEPS (timed minibatches per criterion, default 20).
+Config: bench.seq_steps (timed minibatches per criterion, default 20).
 """
 from __future__ import annotations
 
 import copy
-import dataclasses
+import json
 import os
 import statistics
+import sys
+import tempfile
 import time
 from typing import Any
 
 import numpy as np
 import torch
 
+from amflow.config import load_config, replace_train
 from amflow.runs import StepContext
 from amflow.storage import join
 from training.data import (BatchLoader, Normalizer, PassSpec, SplitIndex, make_synthetic_run,
@@ -150,7 +153,7 @@ def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
     threads_before = torch.get_num_threads()
     if device.type == "cpu":
         torch.set_num_threads(1)
-    steps = int(os.environ.get("AMFLOW_BENCH_SEQ_STEPS", "20"))
+    steps = ctx.cfg.bench.seq_steps
     try:
         index, norm, num_classes, source = _data(ctx)
         num_classes = ctx.cfg.model.num_classes or num_classes
@@ -170,8 +173,10 @@ def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
         torch.set_num_threads(threads_before)
     result = {"data": source, "device": str(device), "utterances": len(index),
               "frames": index.total_frames, "num_classes": num_classes,
-              "minibatch_frames": tc.batches.minibatch_frames, "chunk_frames": tc.batches.chunk_frames,
-              "den_ngram_order": tc.sequence.den_ngram_order, "den_min_count": tc.sequence.den_min_count,
+              "minibatch_frames": tc.batches.minibatch_frames,
+              "chunk_frames": tc.batches.chunk_frames,
+              "den_ngram_order": tc.sequence.den_ngram_order,
+              "den_min_count": tc.sequence.den_min_count,
               "numerator": tc.sequence.sequence_numerator, "graphs": graphs, "timing": timing,
               # the headline numbers, as scalars for the step summary
               "den_states": crits_size["states"], "den_arcs": crits_size["arcs"],
@@ -206,12 +211,6 @@ def _print(r: dict[str, Any]) -> None:
 def main() -> None:
     """`python -m bench.sequence [key=value ...]`: the same, without Ray or a run of
     the pipeline (synthetic data in a temporary directory unless storage.root says)."""
-    import json
-    import sys
-    import tempfile
-
-    from amflow.config import load_config
-
     with tempfile.TemporaryDirectory() as tmp:
         overrides = [f"storage.root={tmp}"] + sys.argv[1:]
         cfg = load_config("configs/local.yaml" if os.path.exists("configs/local.yaml")
