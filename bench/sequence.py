@@ -23,6 +23,7 @@ Config: bench.seq_steps (timed minibatches per criterion, default 20).
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import os
 import statistics
@@ -34,7 +35,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from amflow.config import load_config, replace_train
+from amflow.config import load_config
 from amflow.runs import StepContext
 from amflow.storage import join
 from training.data import (BatchLoader, Normalizer, PassSpec, SplitIndex, make_synthetic_run,
@@ -159,14 +160,15 @@ def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
         num_classes = ctx.cfg.model.num_classes or num_classes
         seqs = split_label_sequences(ctx.storage, index.uris, ctx.cfg.features.stack)
         graphs = _graph_sizes(seqs, num_classes, tc.sequence.den_min_count)
+        sc = tc.sequence
         crits = {k: SequenceCriterion.from_labels(seqs, num_classes,
-                                                  replace_train(tc, criterion=k))
+                                                  dataclasses.replace(sc, criterion=k))
                  for k in ("mmi", "smbr")}
         crits_size = crits["mmi"].graph_size()
         timing = {"configured": _steps(ctx, index, norm, num_classes, crits, device, steps)}
-        tri = replace_train(tc, den_ngram_order=3)
+        tri = dataclasses.replace(sc, den_ngram_order=3)
         crits = {f"{k}_trigram": SequenceCriterion.from_labels(
-            seqs, num_classes, replace_train(tri, criterion=k)) for k in ("mmi", "smbr")}
+            seqs, num_classes, dataclasses.replace(tri, criterion=k)) for k in ("mmi", "smbr")}
         timing["trigram"] = _steps(ctx, index, norm, num_classes, crits, device,
                                    max(steps // 2, 2))
     finally:

@@ -418,7 +418,7 @@ class Trainer:
             return None
         t0 = time.perf_counter()
         seqs = split_label_sequences(self.storage, self.plan.splits["labeled"], self.stack)
-        crit = SequenceCriterion.from_labels(seqs, self.plan.num_classes, self.tc)
+        crit = SequenceCriterion.from_labels(seqs, self.plan.num_classes, self.tc.sequence)
         self.graph_info = {**crit.graph_size(), "utterances": len(seqs),
                            "build_s": round(time.perf_counter() - t0, 3)}
         log.info("rank %d: %s denominator graph %s", self.rank, self.tc.sequence.criterion,

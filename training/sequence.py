@@ -50,6 +50,7 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 import torch
 
+from amflow.config import SequenceConfig
 from training.losses import IGNORE, LossOut, ce_loss
 
 NEG_INF = float("-inf")
@@ -859,16 +860,18 @@ def _subset(utt_ids: Sequence[str] | None, keep: torch.Tensor) -> list[str] | No
 
 # ----------------------------------------------------------------- configured
 class SequenceCriterion:
-    """The sequence criterion a recipe calls per minibatch, configured from `train.*`
-    (`train.criterion`: mmi, or smbr).
+    """The sequence criterion a recipe calls per minibatch, configured from its `train.*`
+    section (`SequenceConfig`: `train.criterion` mmi or smbr, the numerator, leaky HMM,
+    regularisers, the denominator n-gram).
 
     Built once from the labeled split's frame labels (the same on every worker: estimate
     it from the whole split, or on rank 0 and broadcast `lm.to_dict()`).
     """
 
-    def __init__(self, lm: PhoneNgram, tc: Any, log_priors: torch.Tensor | None = None):
+    def __init__(self, lm: PhoneNgram, sc: SequenceConfig,
+                 log_priors: torch.Tensor | None = None):
         self.lm = lm
-        self.tc = tc
+        self.sc = sc
         self.full = denominator_graph(lm)
         self.chunk = chunk_graph(self.full)
         for g in (self.full, self.chunk):
@@ -879,10 +882,10 @@ class SequenceCriterion:
 
     @classmethod
     def from_labels(cls, label_seqs: Sequence[np.ndarray], num_classes: int,
-                    tc: Any) -> "SequenceCriterion":
+                    sc: SequenceConfig) -> "SequenceCriterion":
         seqs = list(label_seqs)
-        lm = estimate_phone_ngram(seqs, num_classes, tc.sequence.den_ngram_order, tc.sequence.den_min_count)
-        return cls(lm, tc, class_log_priors(seqs, num_classes))
+        lm = estimate_phone_ngram(seqs, num_classes, sc.den_ngram_order, sc.den_min_count)
+        return cls(lm, sc, class_log_priors(seqs, num_classes))
 
     def graph_size(self) -> dict[str, int]:
         return {"states": self.full.num_states, "arcs": self.full.num_arcs,
@@ -898,15 +901,15 @@ class SequenceCriterion:
                  utt_ids: Sequence[str] | None = None, where: str = "minibatch") -> SequenceOut:
         """`chunked`: the rows are chunks of utterances (LF-MMI's chunk graph) rather than
         whole utterances (the full graph, with its start and final weights)."""
-        tc = self.tc
+        sc = self.sc
         full, chunk = self._graphs(logits.device, logits.dtype)
-        loss = smbr_loss if tc.sequence.criterion == "smbr" else mmi_loss
+        loss = smbr_loss if sc.criterion == "smbr" else mmi_loss
         return loss(logits, labels, chunk if chunked else full,
-                    numerator=tc.sequence.sequence_numerator,
+                    numerator=sc.sequence_numerator,
                     loop_logprob=self.loop_logprob.to(logits.device, logits.dtype),
-                    leaky=tc.sequence.leaky_hmm, ce_weight=tc.sequence.sequence_ce_weight, l2=tc.sequence.sequence_l2,
-                    log_priors=self.log_priors, prior_scale=tc.sequence.sequence_prior_scale,
-                    am_scale=tc.sequence.sequence_am_scale, utt_ids=utt_ids, where=where)
+                    leaky=sc.leaky_hmm, ce_weight=sc.sequence_ce_weight, l2=sc.sequence_l2,
+                    log_priors=self.log_priors, prior_scale=sc.sequence_prior_scale,
+                    am_scale=sc.sequence_am_scale, utt_ids=utt_ids, where=where)
 
 
 def split_label_sequences(storage: Any, uris: Sequence[str], stack: int = 3
