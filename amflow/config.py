@@ -7,6 +7,7 @@ onto the defaults; an unknown key, a wrong type or an out-of-range value raises
 from __future__ import annotations
 
 import dataclasses
+import datetime as _dt
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -116,8 +117,6 @@ class CorpusConfig:
     clean_splits: list[str] = field(default_factory=lambda: ["labeled"])
 
     def validate(self, key: str) -> None:
-        import datetime as _dt
-
         _check(self.hours > 0, f"{key}.hours", "must be > 0")
         for name in ("labeled_share", "dev_share", "test_share"):
             v = getattr(self, name)

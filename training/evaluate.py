@@ -153,10 +153,8 @@ class EvalUtt:
 
 
 def _phone_ids(phones: Sequence[str]) -> tuple[dict[str, int], int]:
-    from tasks.alignments import UNK
-
     ids = {p: i for i, p in enumerate(phones)}
-    return ids, ids.get(UNK, -1)
+    return ids, ids.get(al.UNK, -1)
 
 
 def load_split(st: Storage, corpus: str, split: str, fcfg: FeaturesConfig,

@@ -43,6 +43,7 @@ to 15x (trigram) faster on a CPU.
 from __future__ import annotations
 
 import math
+import warnings
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Sequence
@@ -50,6 +51,7 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 import torch
 
+from amflow import records
 from amflow.config import SequenceConfig
 from training.losses import IGNORE, LossOut, ce_loss
 
@@ -531,8 +533,6 @@ def _products(g: Graph, device: torch.device) -> tuple:
         return g.products
     density = float((trans != 0).float().mean())
     if device.type == "cpu" and density < SPARSE_MAX_DENSITY:
-        import warnings
-
         with warnings.catch_warnings():  # "sparse CSR support is in beta"
             warnings.simplefilter("ignore", UserWarning)
             t_csr, tt_csr = trans.to_sparse_csr(), trans.T.contiguous().to_sparse_csr()
@@ -918,8 +918,6 @@ def split_label_sequences(storage: Any, uris: Sequence[str], stack: int = 3
     partitions, partition by partition, row by row, reading the label columns only (no
     features): the input of `estimate_phone_ngram`. Every worker reading the whole split
     builds the same denominator. Rows without labels are skipped (the loader rejects them)."""
-    from amflow import records
-
     out = []
     for uri in uris:
         t = storage.read_parquet(uri, columns=["num_frames", "labels", "frame_labels"])
