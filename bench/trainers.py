@@ -289,7 +289,6 @@ BENCH_PROFILE: dict[str, Any] = {
 }
 
 
-LR_RULES = ("tuned", "sqrt", "linear", "none")
 # HTM's measured best multiple of N per worker count (module doc); x N where unmeasured.
 HTM_LR = {4: 1.5, 8: 1.0}
 

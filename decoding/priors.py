@@ -1,15 +1,12 @@
 """Class priors for hybrid decoding, from the training targets, stored with the model.
 
-    class_counts(storage, partition_uris, num_classes) -> float64 [C]
-        hard labels counted; soft top-k targets added as their softmax mass
-    attach_priors(storage, model_uri, counts)   writes `priors` (counts) into model.pt
+    class_counts, attach_priors   the counting and the writing (training/priors.py, where
+        the train step calls them), re-exported here
     model_counts(storage, meta, model_uri) -> (counts, source)
         the model's stored counts; for a model trained before priors were stored, the
         same count over its run's training partitions (runs/<R>/repartition)
 """
 from __future__ import annotations
-
-from typing import Sequence
 
 import numpy as np
 

@@ -61,7 +61,8 @@ def test_every_flat_train_key_lives_in_one_section_and_round_trips(tmp_path):
     flat = cfg.to_dict()["train"]
     assert set(flat) == set(TRAIN_KEYS) and len(flat) == 71
     assert (cfg.train.algo.gtc_tau, cfg.train.checkpoints.log_every) == (0.5, 3)
-    assert cfg.get("train.gtc_tau") == 0.5 and cfg.get("train.augment.servers") == cfg.train.augment.servers
+    assert cfg.get("train.gtc_tau") == 0.5
+    assert cfg.get("train.augment.servers") == cfg.train.augment.servers
     # The user-facing mapping (flat train keys) loads back to the same config.
     path = tmp_path / "again.yaml"
     path.write_text(config_to_yaml(cfg))

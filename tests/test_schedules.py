@@ -6,7 +6,8 @@ from training.schedules import LRSchedule, plan_passes
 
 
 def test_labeled_recipe_chunk_then_finetune_with_rotating_offsets():
-    passes = plan_passes(TrainConfig.from_flat(recipe="labeled", epochs=5, finetune_epochs=2), stack=3)
+    tc = TrainConfig.from_flat(recipe="labeled", epochs=5, finetune_epochs=2)
+    passes = plan_passes(tc, stack=3)
     assert [p.mode for p in passes] == ["chunk"] * 3 + ["full"] * 2
     assert [p.offset for p in passes] == [0, 1, 2, 0, 1]
     assert all(p.kind == "labeled" and p.last_in_unit for p in passes)
@@ -71,7 +72,8 @@ def test_gradual_warmup_ramps_linearly_then_hands_over_to_the_schedule():
                      lr_warmup_start=0.25)
     passes = plan_passes(tc, 3)
     s = LRSchedule(tc, passes)
-    plain = LRSchedule(TrainConfig.from_flat(epochs=5, finetune_epochs=0, lr=1.0, final_lr=0.1), passes)
+    plain = LRSchedule(TrainConfig.from_flat(epochs=5, finetune_epochs=0, lr=1.0, final_lr=0.1),
+                       passes)
     assert s.lr(passes[0], 0, 10) == pytest.approx(0.25)
     # half way through the warm-up: half way from 0.25 to 1, times the decayed rate
     assert s.lr(passes[1], 0, 10) == pytest.approx(0.625 * plain.lr(passes[1], 0, 10))

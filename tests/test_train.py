@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import pickle
 import subprocess
 from pathlib import Path
 
@@ -187,6 +188,11 @@ def test_train_worker_on_two_ranks(tmp_path, local_cfg):
                     "train.algorithm=sgd", "train.checkpoint_every=6")
     ctx = StepContext(cfg, "r", "train")
     plan, _ = launch.build_plan(ctx, ctx.step_uri)
+    # The typed config itself travels to the workers (pickled as it is, no dict form).
+    assert plan.cfg is cfg and plan.launch.storage_path == f"{ctx.step_uri}/ray"
+    assert pickle.loads(pickle.dumps(plan)) == plan
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        plan.kind = "student"
     plan = dataclasses.replace(plan, progress=False)
     results = spawn_local(_rank_entry, 2, plan, timeout=300)
     assert [r["rank"] for r in results] == [0, 1] and results[0]["world"] == 2

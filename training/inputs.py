@@ -69,10 +69,11 @@ def pass_spec(tc: TrainConfig, p: PassInfo, rank: int, stack: int, right: int) -
                                                 (p.sub_epoch + 1) / p.sub_epochs)
     else:
         order_seed, span = (tc.seed, 2, p.index, rank), (0.0, 1.0)
+    b = tc.batches
     return PassSpec(mode=p.mode, offset=p.offset if p.kind == "labeled" else 0, stack=stack,
-                    chunk_frames=tc.batches.chunk_frames, left_context=tc.batches.chunk_left_context,
-                    right_context=int(right), minibatch_frames=tc.batches.minibatch_frames,
-                    shuffle=True, shuffle_partitions=tc.batches.shuffle_partitions,
+                    chunk_frames=b.chunk_frames, left_context=b.chunk_left_context,
+                    right_context=int(right), minibatch_frames=b.minibatch_frames,
+                    shuffle=True, shuffle_partitions=b.shuffle_partitions,
                     seed=mix_seed(tc.seed, 3, p.index, rank), order_seed=mix_seed(*order_seed),
                     span=span, sortagrad=tc.passes.sortagrad and p.unit == 0)
 

@@ -490,8 +490,9 @@ class Trainer:
         tc, s = self.tc, self.state
         if tc.masking.freq_masks or tc.masking.time_masks:
             gen = torch.Generator().manual_seed(_mix(tc.seed, 5, s.step, self.rank))
-            batch.x = spec_augment(batch.x, gen, self.stack, tc.masking.freq_masks, tc.masking.freq_mask_bins,
-                                   tc.masking.time_masks, tc.masking.time_mask_rows)
+            m = tc.masking
+            batch.x = spec_augment(batch.x, gen, self.stack, m.freq_masks, m.freq_mask_bins,
+                                   m.time_masks, m.time_mask_rows)
         batch = batch.to(self.device)
         self.algo.zero_grad()
         out = self.loss(p, batch)
@@ -681,7 +682,8 @@ class Trainer:
                            self.counts, self.totals, self.resumed_from, records,
                            time.time() - self.t_start)
         if self.criterion is not None:
-            summary["metrics"].update(_sequence_metrics(tc.sequence.criterion, self.graph_info, records))
+            summary["metrics"].update(
+                _sequence_metrics(tc.sequence.criterion, self.graph_info, records))
         model_uri = join(self.train_dir, "model.pt")
         nbytes = save_model(storage, model_uri, self.model, cmvn=self.plan.cmvn,
                             phones=self.plan.phones,

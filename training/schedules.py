@@ -53,7 +53,8 @@ def plan_passes(train_cfg: Any, stack: int) -> list[PassInfo]:
         units = tc.passes.epochs
         # sequence: finetune_epochs counts the last epochs on whole utterances (the full
         # graph); more than `epochs` means all of them
-        full = min(tc.passes.finetune_epochs, units) if tc.recipe == "sequence" else tc.passes.finetune_epochs
+        finetune = tc.passes.finetune_epochs
+        full = min(finetune, units) if tc.recipe == "sequence" else finetune
         if full > units:
             raise ValueError(f"train.finetune_epochs ({tc.passes.finetune_epochs}) exceeds "
                              f"train.epochs ({units})")
