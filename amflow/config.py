@@ -1077,6 +1077,28 @@ def _to_data(obj: Any) -> Any:
     return obj
 
 
+def user_keys() -> list[tuple[str, bool]]:
+    """Every key a user may set (YAML, `--set`, a DAG's overrides), dotted as they write it
+    (`train.lr`: train's flat keys, not its internal sections), and whether it holds a
+    mapping (`runner.env`: any sub-key, `runner.env.X`, may be set)."""
+    def walk(cls: type, prefix: str) -> list[tuple[str, bool]]:
+        if cls is TrainConfig:
+            fields = [(k, train_key_type(k)) for k in TRAIN_KEY_ORDER]
+        else:
+            hints = typing.get_type_hints(cls)
+            fields = [(f.name, hints[f.name]) for f in dataclasses.fields(cls)]
+        out = []
+        for name, tp in fields:
+            key = f"{prefix}{name}"
+            if dataclasses.is_dataclass(tp):
+                out += walk(tp, key + ".")
+            else:
+                out.append((key, typing.get_origin(tp) is dict or tp is Any))
+        return out
+
+    return walk(Config, "")
+
+
 def _coerce(value: Any, tp: Any, key: str) -> Any:
     if tp is Any:  # checked where it is used (e.g. train.teacher_recipe)
         return value

@@ -74,6 +74,24 @@ def test_every_flat_train_key_lives_in_one_section_and_round_trips(tmp_path):
     assert tc.distill.temperature == 1.0  # the original is left alone
 
 
+def test_every_user_key_is_settable_by_its_own_name():
+    import yaml
+
+    from amflow.config import user_keys
+
+    keys = dict(user_keys())
+    assert "train.lr" in keys and "train.gtc_tau" in keys and "train.augment.servers" in keys
+    assert not any(k.startswith(("train.optim.", "train.algo.", "train.passes.")) for k in keys)
+    assert keys["runner.env"] and keys["train.teacher_recipe"] and not keys["train.lr"]
+    cfg = load_config(None)
+    sets = []
+    for key, mapping in keys.items():
+        if not mapping:
+            value = yaml.safe_dump(cfg.get(key), default_flow_style=True).strip()
+            sets.append(f"{key}={value.removesuffix('...').strip()}")
+    assert load_config(None, sets).to_dict() == cfg.to_dict()
+
+
 def test_bench_keys_are_validated_config():
     cfg = load_config(None, ["bench.workers=2,4", "bench.algos=gtc,ma+ng", "bench.keep_sync=true",
                              "bench.seconds=30"])
