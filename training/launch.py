@@ -27,6 +27,7 @@ import logging
 from typing import Any
 
 from amflow.config import Config
+from amflow.model_card import ModelCard
 from amflow.runs import SUCCESS, Reject, StepContext, StepError, step_dir_name
 from amflow.storage import join
 from training.checkpoint import load_model
@@ -139,7 +140,7 @@ def _init_model(ctx: StepContext, num_classes: int, feat_dim: int) -> str | None
                         f"(run `amflow train` with train.tag={cfg.train.tag!r} first, or set "
                         "train.init_model)")
     model, meta = load_model(ctx.storage, uri)
-    kind = meta["spec"]["kind"]
+    kind = ModelCard.from_meta(meta, uri).kind
     if kind != cfg.train.model or model.num_classes != num_classes or \
             model.input_dim != feat_dim:
         raise StepError(f"train.init_model {uri} is a {kind} with {model.num_classes} classes "
