@@ -126,19 +126,19 @@ STEPS: dict[str, Step] = {
         reads="runs/<id>/features (and targets, when present)",
         writes="runs/<id>/repartition/<split>/part-*.parquet, _SUCCESS.json"),
     "train": Step(
-        "training.launch:run", "train the teacher or the student (train.algorithm on Ray Train)",
+        "amflow.steps.train:run", "train the teacher or the student (train.algorithm on Ray Train)",
         reads="runs/<id>/repartition partitions",
         writes="runs/<id>/train/ (train-<train.tag> when tagged): checkpoints/, model.pt, "
                "metrics.jsonl, learning_curve.png, _SUCCESS.json"),
     "sequence": Step(
-        "training.launch:run_sequence", "sequence training (sMBR / MMI) of a trained model",
+        "amflow.steps.sequence:run", "sequence training (sMBR / MMI) of a trained model",
         reads="runs/<id>/repartition labeled partitions, train.init_model (default: the "
               "run's train[-<train.tag>]/model.pt)",
         writes="runs/<id>/sequence[-<train.tag>]/: checkpoints/, model.pt, metrics.jsonl, "
                "learning_curve.png, _SUCCESS.json (denominator graph size)",
         sets=("train.recipe=sequence",)),
     "evaluate": Step(
-        "training.evaluate:run", "frame accuracy and phone error rate per condition",
+        "amflow.steps.evaluate:run", "frame accuracy and phone error rate per condition",
         reads="--model checkpoint, --data corpus with alignments.ctm, the run's cmvn.json",
         writes="--out JSON (frame_accuracy, per_condition, num_frames, per), _SUCCESS.json",
         add_args=_evaluate_args),
@@ -162,7 +162,7 @@ STEPS: dict[str, Step] = {
                "API at ws://.../ws and /stats, until interrupted",
         needs_run=False, add_args=_serve_args),
     "simulate": Step(
-        "training.simulate:run", "project trainer throughput to 16-128 workers",
+        "amflow.steps.simulate:run", "project trainer throughput to 16-128 workers",
         reads="measured compute time and bytes per minibatch (train step or --measured)",
         writes="runs/<id>/simulate/table.md, table.json, _SUCCESS.json",
         add_args=_simulate_args),

@@ -7,6 +7,7 @@ onto the defaults; an unknown key, a wrong type or an out-of-range value raises
 from __future__ import annotations
 
 import dataclasses
+import datetime as _dt
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -116,8 +117,6 @@ class CorpusConfig:
     clean_splits: list[str] = field(default_factory=lambda: ["labeled"])
 
     def validate(self, key: str) -> None:
-        import datetime as _dt
-
         _check(self.hours > 0, f"{key}.hours", "must be > 0")
         for name in ("labeled_share", "dev_share", "test_share"):
             v = getattr(self, name)
@@ -380,19 +379,19 @@ class AugmentConfig:
 SEQUENCE_RECIPE = {"criterion": "smbr", "epochs": 3, "finetune_epochs": 3, "lr": 1.0e-4,
                    "final_lr": 3.0e-5}
 
+# `train.*` is split into typed sections below, but the sections are internal: users keep
+# writing the flat keys (`train.lr`, `train.gtc_tau`, ...) in YAML, `--set`, the DAGs and
+# the recipes (`train.teacher_recipe: {lr: ...}`), and every error names that flat key.
+# One spelling per setting keeps the contract (configs, scripts, README, checkpoints'
+# fingerprints) unchanged and recipes unambiguous; code reads `tc.optim.lr`. Each section's
+# field names are the flat keys themselves, so the flat key -> section table (TRAIN_KEYS,
+# built from the sections) is the only mapping.
+
 
 @dataclass
-class TrainConfig:
-    model: str = "student"  # teacher | student
-    # labeled: CE on hard labels; ssl: scheduled learning over unlabeled soft targets;
-    # sequence: a sequence criterion (train.criterion mmi | smbr) on the labeled split,
-    # starting from a CE / distilled model (train.init_model), the petabyte recipe's last
-    # stage (`amflow sequence`; output dir sequence[-<tag>]).
-    recipe: str = "labeled"
-    algorithm: str = "sgd"  # sgd | gtc | bmuf | htm | ma
-    workers: int = 1
-    epochs: int = 6
-    finetune_epochs: int = 1
+class OptimConfig:
+    """train.*: the local optimizer and the learning-rate schedule (training/schedules.py)."""
+
     lr: float = 1.0e-3
     final_lr: float = 1.0e-4
     labeled_lr_scale: float = 1.5
@@ -406,19 +405,45 @@ class TrainConfig:
     # from lr_warmup_start x the scheduled rate to the scheduled rate (0 units = off).
     lr_warmup_units: float = 0.0
     lr_warmup_start: float = 0.1
-    sub_epochs: int = 4
-    unlabeled_passes: int = 1  # ssl: passes over the unlabeled data (the paper: 1)
-    chunk_frames: int = 32
-    minibatch_frames: int = 2048
     max_change: float = 0.0  # 0 = off; Kaldi-style per-minibatch parameter change cap
     clip_grad_norm: float = 5.0
-    temperature: float = 1.0
-    topk_fill: float = -1.0e4
-    checkpoint_every: int = 200  # minibatches
-    seed: int = 0
+
+    def validate(self, key: str) -> None:
+        _check(self.lr > 0, f"{key}.lr", "must be > 0")
+        _check(self.optimizer in ("adam", "sgd"), f"{key}.optimizer", "must be adam or sgd")
+        _check(self.schedule in ("exponential", "newbob"), f"{key}.schedule",
+               "must be exponential or newbob")
+        _check(self.final_lr > 0 and self.min_lr > 0, f"{key}.final_lr",
+               "final_lr and min_lr must be > 0")
+        _check(self.lr_warmup_units >= 0, f"{key}.lr_warmup_units", "must be >= 0")
+        _check(0 < self.lr_warmup_start <= 1, f"{key}.lr_warmup_start", "must be in (0, 1]")
+
+
+@dataclass
+class PassesConfig:
+    """train.*: how many passes over which data (training/schedules.py plan_passes)."""
+
+    epochs: int = 6
+    finetune_epochs: int = 1
+    sub_epochs: int = 4
+    unlabeled_passes: int = 1  # ssl: passes over the unlabeled data (the paper: 1)
+    # SortaGrad (DeepSpeech2): the first epoch's minibatches in increasing utterance length.
+    sortagrad: bool = False
+
+    def validate(self, key: str) -> None:
+        _check(self.epochs >= 1, f"{key}.epochs", "must be >= 1")
+        _check(self.unlabeled_passes >= 1, f"{key}.unlabeled_passes", "must be >= 1")
+        _check(self.finetune_epochs >= 0, f"{key}.finetune_epochs", "must be >= 0")
+        _check(self.sub_epochs >= 1, f"{key}.sub_epochs", "must be >= 1")
+
+
+@dataclass
+class BatchesConfig:
+    """train.*: the data a worker reads and how it is cut into minibatches (training/data.py)."""
+
+    chunk_frames: int = 32
+    minibatch_frames: int = 2048
     prefetch: int = 4
-    # Output dir `train` (empty tag) or `train-<tag>`, so several trainings share a run.
-    tag: str = ""
     labeled_split: str = "labeled"
     unlabeled_split: str = "unlabeled"
     dev_split: str = "dev"  # scored after every epoch / sub-epoch when it exists
@@ -427,22 +452,48 @@ class TrainConfig:
     chunk_left_context: int = 8
     chunk_right_context: int = -1
     shuffle_partitions: int = 4  # partitions pooled before chunks are shuffled
-    log_every: int = 10  # minibatches per metrics.jsonl record
-    keep_checkpoints: int = 2
-    threads: int = 0  # torch threads per worker; 0 = torch's default
-    fail_after: int = 0  # fault injection: die once after this many minibatches (0 = off)
-    # SpecAugment-style masking of training minibatches (0 masks = off): per sequence,
-    # `freq_masks` bands of up to `freq_mask_bins` mel bins (the same bins in every
-    # stacked frame) and `time_masks` spans of up to `time_mask_rows` rows are zeroed.
+
+    def validate(self, key: str) -> None:
+        _check(self.chunk_frames >= 1, f"{key}.chunk_frames", "must be >= 1")
+        _check(self.minibatch_frames >= self.chunk_frames, f"{key}.minibatch_frames",
+               "must be >= train.chunk_frames")
+        _check(self.chunk_left_context >= 0, f"{key}.chunk_left_context", "must be >= 0")
+        _check(self.chunk_right_context >= -1, f"{key}.chunk_right_context", "must be >= -1")
+        _check(self.shuffle_partitions >= 1, f"{key}.shuffle_partitions", "must be >= 1")
+        _check(self.prefetch >= 1, f"{key}.prefetch", "must be >= 1")
+
+
+@dataclass
+class DistillConfig:
+    """train.*: distillation from the teacher's top-k soft targets (training/losses.py)."""
+
+    temperature: float = 1.0
+    topk_fill: float = -1.0e4
+
+    def validate(self, key: str) -> None:
+        _check(self.temperature > 0, f"{key}.temperature", "must be > 0")
+
+
+@dataclass
+class MaskingConfig:
+    """train.*: SpecAugment-style masking of training minibatches (0 masks = off): per
+    sequence, `freq_masks` bands of up to `freq_mask_bins` mel bins (the same bins in every
+    stacked frame) and `time_masks` spans of up to `time_mask_rows` rows are zeroed."""
+
     freq_masks: int = 0
     freq_mask_bins: int = 8
     time_masks: int = 0
     time_mask_rows: int = 3
-    # Example servers: labeled utterances re-rendered every epoch (off: the stored rendering).
-    augment: AugmentConfig = field(default_factory=AugmentConfig)
-    # SortaGrad (DeepSpeech2): the first epoch's minibatches in increasing utterance length.
-    sortagrad: bool = False
-    # Distributed algorithm knobs.
+
+    def validate(self, key: str) -> None:
+        _check(min(self.freq_masks, self.freq_mask_bins, self.time_masks,
+                   self.time_mask_rows) >= 0, f"{key}.freq_masks", "masking knobs must be >= 0")
+
+
+@dataclass
+class AlgoConfig:
+    """train.*: the distributed algorithms' knobs (training/algorithms/)."""
+
     # GTC threshold in gradient units; 0 = per tensor, gtc_tau_scale x its mean |first
     # gradient|, which bounds the sent fraction by 1/gtc_tau_scale (algorithms/gtc.py).
     gtc_tau: float = 0.0
@@ -467,11 +518,20 @@ class TrainConfig:
     # training/natural_gradient.py): students only; alpha smooths the Fisher factors.
     natural_gradient: bool = False
     ng_alpha: float = 4.0
-    use_gpu: bool = False
-    # Training criterion: ce (cross-entropy on labels, distillation on soft targets),
-    # mmi (lattice-free MMI) or smbr (lattice-free sMBR): training/sequence.py, a phone
-    # n-gram denominator graph and a batched forward-backward, for sequence training on
-    # labeled data after CE.
+
+    def validate(self, key: str) -> None:
+        _check(self.group_size >= 1, f"{key}.group_size", "must be >= 1")
+        _check(self.block_size >= 1, f"{key}.block_size", "must be >= 1")
+        _check(self.ng_alpha > 0, f"{key}.ng_alpha", "must be > 0")
+
+
+@dataclass
+class SequenceConfig:
+    """train.*: the training criterion. ce (cross-entropy on labels, distillation on soft
+    targets), mmi (lattice-free MMI) or smbr (lattice-free sMBR): training/sequence.py, a
+    phone n-gram denominator graph and a batched forward-backward, for sequence training on
+    labeled data after CE."""
+
     criterion: str = "ce"
     # mmi, smbr: the numerator is the fixed frame alignment, or its phone sequence with
     # flexible timing (every segmentation of the aligned phones).
@@ -489,66 +549,10 @@ class TrainConfig:
     # full length is pruned (it backs off to the shorter one).
     den_ngram_order: int = 2
     den_min_count: int = 2
-    # train.* values used instead when train.model is teacher (see _apply_recipes).
-    teacher_recipe: dict[str, Any] = field(default_factory=dict)
-    # train.* values used instead when train.recipe is sequence (after teacher_recipe's).
-    sequence_recipe: dict[str, Any] = field(default_factory=lambda: dict(SEQUENCE_RECIPE))
-    # The model a sequence recipe starts from; empty = this run's train[-<tag>]/model.pt.
-    init_model: str = ""
 
     def validate(self, key: str) -> None:
-        _check(self.model in ("teacher", "student"), f"{key}.model", "must be teacher or student")
-        _check(self.recipe in ("labeled", "ssl", "sequence"), f"{key}.recipe",
-               "must be labeled, ssl or sequence")
-        _check(self.algorithm in ("sgd", "gtc", "bmuf", "htm", "ma"), f"{key}.algorithm",
-               "must be one of sgd, gtc, bmuf, htm, ma")
-        _check(self.workers >= 1, f"{key}.workers", "must be >= 1")
-        _check(self.epochs >= 1, f"{key}.epochs", "must be >= 1")
-        _check(self.lr > 0, f"{key}.lr", "must be > 0")
-        _check(self.optimizer in ("adam", "sgd"), f"{key}.optimizer", "must be adam or sgd")
-        _check(self.schedule in ("exponential", "newbob"), f"{key}.schedule",
-               "must be exponential or newbob")
-        _check(self.chunk_frames >= 1, f"{key}.chunk_frames", "must be >= 1")
-        _check(self.minibatch_frames >= self.chunk_frames, f"{key}.minibatch_frames",
-               "must be >= train.chunk_frames")
-        _check(self.group_size >= 1, f"{key}.group_size", "must be >= 1")
-        _check(self.unlabeled_passes >= 1, f"{key}.unlabeled_passes", "must be >= 1")
-        _check(self.block_size >= 1, f"{key}.block_size", "must be >= 1")
-        _check(self.finetune_epochs >= 0, f"{key}.finetune_epochs", "must be >= 0")
-        _check(self.sub_epochs >= 1, f"{key}.sub_epochs", "must be >= 1")
-        _check(not self.natural_gradient or self.algorithm == "ma", f"{key}.natural_gradient",
-               f"is applied by the ma trainer only (train.algorithm is {self.algorithm})")
-        _check(not self.natural_gradient or self.model == "student",
-               f"{key}.natural_gradient", "needs the unidirectional student (train.model)")
-        _check(self.ng_alpha > 0, f"{key}.ng_alpha", "must be > 0")
-        _check(self.final_lr > 0 and self.min_lr > 0, f"{key}.final_lr",
-               "final_lr and min_lr must be > 0")
-        _check(self.lr_warmup_units >= 0, f"{key}.lr_warmup_units", "must be >= 0")
-        _check(0 < self.lr_warmup_start <= 1, f"{key}.lr_warmup_start", "must be in (0, 1]")
-        _check(self.temperature > 0, f"{key}.temperature", "must be > 0")
-        _check(self.checkpoint_every >= 1, f"{key}.checkpoint_every", "must be >= 1")
-        _check(self.log_every >= 1, f"{key}.log_every", "must be >= 1")
-        _check(self.keep_checkpoints >= 1, f"{key}.keep_checkpoints", "must be >= 1")
-        _check(self.chunk_left_context >= 0, f"{key}.chunk_left_context", "must be >= 0")
-        _check(self.chunk_right_context >= -1, f"{key}.chunk_right_context", "must be >= -1")
-        _check(self.shuffle_partitions >= 1, f"{key}.shuffle_partitions", "must be >= 1")
-        _check(self.prefetch >= 1, f"{key}.prefetch", "must be >= 1")
-        _check("/" not in self.tag, f"{key}.tag", "must not contain '/'")
-        _check(not self.augment.enabled or self.recipe == "labeled", f"{key}.augment.enabled",
-               "augments the labeled recipes (teacher, baseline student); train.recipe is "
-               f"{self.recipe}")
-        _check(min(self.freq_masks, self.freq_mask_bins, self.time_masks,
-                   self.time_mask_rows) >= 0, f"{key}.freq_masks", "masking knobs must be >= 0")
-        self._validate_sequence(key)
-
-    def _validate_sequence(self, key: str) -> None:
         _check(self.criterion in ("ce", "mmi", "smbr"), f"{key}.criterion",
                "must be ce, mmi or smbr")
-        # A sequence criterion needs hard labels and a trained model to start from: the
-        # sequence recipe gives both; ce there would be a CE fine-tune under another name.
-        _check((self.criterion == "ce") == (self.recipe != "sequence"), f"{key}.criterion",
-               f"is {self.criterion} with train.recipe={self.recipe}: the sequence recipe "
-               "takes mmi or smbr, the labeled and ssl recipes take ce")
         _check(self.sequence_numerator in ("alignment", "flexible"),
                f"{key}.sequence_numerator", "must be alignment or flexible")
         _check(self.sequence_ce_weight >= 0, f"{key}.sequence_ce_weight", "must be >= 0")
@@ -558,6 +562,158 @@ class TrainConfig:
         _check(self.sequence_prior_scale >= 0, f"{key}.sequence_prior_scale", "must be >= 0")
         _check(2 <= self.den_ngram_order <= 4, f"{key}.den_ngram_order", "must be 2, 3 or 4")
         _check(self.den_min_count >= 1, f"{key}.den_min_count", "must be >= 1")
+
+
+@dataclass
+class CheckpointsConfig:
+    """train.*: checkpoints, metric records and fault injection (training/loop.py)."""
+
+    checkpoint_every: int = 200  # minibatches
+    log_every: int = 10  # minibatches per metrics.jsonl record
+    keep_checkpoints: int = 2
+    fail_after: int = 0  # fault injection: die once after this many minibatches (0 = off)
+
+    def validate(self, key: str) -> None:
+        _check(self.checkpoint_every >= 1, f"{key}.checkpoint_every", "must be >= 1")
+        _check(self.log_every >= 1, f"{key}.log_every", "must be >= 1")
+        _check(self.keep_checkpoints >= 1, f"{key}.keep_checkpoints", "must be >= 1")
+
+
+# TrainConfig's sections: attribute name -> class. A flat key `train.<k>` lives in the
+# section whose class has a field <k> (TRAIN_KEYS); the others are TrainConfig's own.
+TRAIN_SECTIONS: dict[str, type] = {
+    "optim": OptimConfig, "passes": PassesConfig, "batches": BatchesConfig,
+    "distill": DistillConfig, "masking": MaskingConfig, "algo": AlgoConfig,
+    "sequence": SequenceConfig, "checkpoints": CheckpointsConfig}
+
+
+@dataclass
+class TrainConfig:
+    """`train.*`, the user's flat keys grouped into typed sections (see TRAIN_KEYS)."""
+
+    model: str = "student"  # teacher | student
+    # labeled: CE on hard labels; ssl: scheduled learning over unlabeled soft targets;
+    # sequence: a sequence criterion (train.criterion mmi | smbr) on the labeled split,
+    # starting from a CE / distilled model (train.init_model), the petabyte recipe's last
+    # stage (`amflow sequence`; output dir sequence[-<tag>]).
+    recipe: str = "labeled"
+    algorithm: str = "sgd"  # sgd | gtc | bmuf | htm | ma
+    workers: int = 1
+    seed: int = 0
+    # Output dir `train` (empty tag) or `train-<tag>`, so several trainings share a run.
+    tag: str = ""
+    threads: int = 0  # torch threads per worker; 0 = torch's default
+    use_gpu: bool = False
+    # The model a sequence recipe starts from; empty = this run's train[-<tag>]/model.pt.
+    init_model: str = ""
+    # Example servers: labeled utterances re-rendered every epoch (off: the stored rendering).
+    augment: AugmentConfig = field(default_factory=AugmentConfig)
+    # train.* values used instead when train.model is teacher (see _apply_recipes).
+    teacher_recipe: dict[str, Any] = field(default_factory=dict)
+    # train.* values used instead when train.recipe is sequence (after teacher_recipe's).
+    sequence_recipe: dict[str, Any] = field(default_factory=lambda: dict(SEQUENCE_RECIPE))
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    passes: PassesConfig = field(default_factory=PassesConfig)
+    batches: BatchesConfig = field(default_factory=BatchesConfig)
+    distill: DistillConfig = field(default_factory=DistillConfig)
+    masking: MaskingConfig = field(default_factory=MaskingConfig)
+    algo: AlgoConfig = field(default_factory=AlgoConfig)
+    sequence: SequenceConfig = field(default_factory=SequenceConfig)
+    checkpoints: CheckpointsConfig = field(default_factory=CheckpointsConfig)
+
+    @classmethod
+    def from_flat(cls, **flat: Any) -> "TrainConfig":
+        """A TrainConfig from flat `train.*` keys (unchecked, like a dataclass constructor:
+        tests and benchmarks build one this way; `load_config` coerces and validates)."""
+        return replace_train(cls(), **flat)
+
+    def to_flat(self) -> dict[str, Any]:
+        """The user-facing `train.*` mapping: flat keys (augment a nested mapping), in the
+        order the keys were declared before the sections existed (checkpoint fingerprints
+        compare this form, so checkpoints of earlier versions still resume)."""
+        return {k: _plain(getattr(self._holder(k), k)) for k in TRAIN_KEY_ORDER}
+
+    def _holder(self, key: str) -> Any:
+        section = TRAIN_KEYS[key]
+        return getattr(self, section) if section else self
+
+    def validate(self, key: str) -> None:
+        _check(self.model in ("teacher", "student"), f"{key}.model", "must be teacher or student")
+        _check(self.recipe in ("labeled", "ssl", "sequence"), f"{key}.recipe",
+               "must be labeled, ssl or sequence")
+        _check(self.algorithm in ("sgd", "gtc", "bmuf", "htm", "ma"), f"{key}.algorithm",
+               "must be one of sgd, gtc, bmuf, htm, ma")
+        _check(self.workers >= 1, f"{key}.workers", "must be >= 1")
+        for name in TRAIN_SECTIONS:
+            getattr(self, name).validate(key)
+        ng = self.algo.natural_gradient
+        _check(not ng or self.algorithm == "ma", f"{key}.natural_gradient",
+               f"is applied by the ma trainer only (train.algorithm is {self.algorithm})")
+        _check(not ng or self.model == "student",
+               f"{key}.natural_gradient", "needs the unidirectional student (train.model)")
+        _check("/" not in self.tag, f"{key}.tag", "must not contain '/'")
+        _check(not self.augment.enabled or self.recipe == "labeled", f"{key}.augment.enabled",
+               "augments the labeled recipes (teacher, baseline student); train.recipe is "
+               f"{self.recipe}")
+        # A sequence criterion needs hard labels and a trained model to start from: the
+        # sequence recipe gives both; ce there would be a CE fine-tune under another name.
+        criterion = self.sequence.criterion
+        _check((criterion == "ce") == (self.recipe != "sequence"), f"{key}.criterion",
+               f"is {criterion} with train.recipe={self.recipe}: the sequence recipe "
+               "takes mmi or smbr, the labeled and ssl recipes take ce")
+
+
+def _section_keys() -> dict[str, str]:
+    keys = {f.name: "" for f in dataclasses.fields(TrainConfig) if f.name not in TRAIN_SECTIONS}
+    for section, cls in TRAIN_SECTIONS.items():
+        keys.update({f.name: section for f in dataclasses.fields(cls)})
+    return keys
+
+
+# Flat key `train.<k>` -> the TrainConfig section holding it ("" = TrainConfig itself).
+TRAIN_KEYS: dict[str, str] = _section_keys()
+
+# The flat keys in the order TrainConfig declared them when it was one flat class.
+TRAIN_KEY_ORDER: tuple[str, ...] = (
+    "model", "recipe", "algorithm", "workers", "epochs", "finetune_epochs", "lr", "final_lr",
+    "labeled_lr_scale", "optimizer", "momentum", "schedule", "newbob_threshold", "min_lr",
+    "lr_warmup_units", "lr_warmup_start", "sub_epochs", "unlabeled_passes", "chunk_frames",
+    "minibatch_frames", "max_change", "clip_grad_norm", "temperature", "topk_fill",
+    "checkpoint_every", "seed", "prefetch", "tag", "labeled_split", "unlabeled_split",
+    "dev_split", "chunk_left_context", "chunk_right_context", "shuffle_partitions",
+    "log_every", "keep_checkpoints", "threads", "fail_after", "freq_masks", "freq_mask_bins",
+    "time_masks", "time_mask_rows", "augment", "sortagrad", "gtc_tau", "gtc_tau_scale",
+    "gtc_warmup", "gtc_momentum_correction", "block_size", "block_lr", "block_momentum",
+    "bmuf_c", "block_reset_momentum", "group_size", "htm_tau_scale", "ma_samples",
+    "natural_gradient", "ng_alpha", "use_gpu", "criterion", "sequence_numerator",
+    "sequence_ce_weight", "sequence_l2", "leaky_hmm", "sequence_am_scale",
+    "sequence_prior_scale", "den_ngram_order", "den_min_count", "teacher_recipe",
+    "sequence_recipe", "init_model")
+assert set(TRAIN_KEY_ORDER) == set(TRAIN_KEYS) and len(TRAIN_KEY_ORDER) == len(TRAIN_KEYS)
+
+
+def train_key_type(key: str) -> Any:
+    """The type of flat key `train.<key>` (its section field's annotation)."""
+    section = TRAIN_KEYS[key]
+    return typing.get_type_hints(TRAIN_SECTIONS[section] if section else TrainConfig)[key]
+
+
+def replace_train(tc: TrainConfig, **flat: Any) -> TrainConfig:
+    """A copy of `tc` with flat `train.*` keys replaced (dataclasses.replace for the
+    user's keys), sections copied so `tc` is left as it was."""
+    unknown = sorted(set(flat) - set(TRAIN_KEYS))
+    if unknown:
+        raise ConfigError(f"train.{unknown[0]}", "unknown key")
+    by_section: dict[str, dict[str, Any]] = {}
+    for k, v in flat.items():
+        by_section.setdefault(TRAIN_KEYS[k], {})[k] = v
+    top = by_section.pop("", {})
+    sections = {s: dataclasses.replace(getattr(tc, s), **kw) for s, kw in by_section.items()}
+    return dataclasses.replace(tc, **top, **sections)
+
+
+def _plain(value: Any) -> Any:
+    return dataclasses.asdict(value) if dataclasses.is_dataclass(value) else value
 
 
 @dataclass
@@ -865,6 +1021,57 @@ class IngestConfig:
 
 
 @dataclass
+class BenchConfig:
+    """`amflow bench <what>` knobs (bench/*.py), set with `--set bench.<key>=...`."""
+
+    # bench trainers: the worker counts and methods compared (`ma+ng` is ma with Kaldi's
+    # natural gradient), passes per method (0 = the profile's train.epochs), 1-worker SGD
+    # passes of the shared starting model, the learning-rate rule (tuned | sqrt | linear |
+    # none), the profile (bench: the bench's own model/train settings; config: the
+    # config's), the synthetic corpus length when the run has no data (seconds), keeping
+    # the config's BMUF/HTM sync settings, and the bench corpus's hours and labeled share.
+    workers: list[int] = field(default_factory=lambda: [4, 8])
+    algos: list[str] = field(default_factory=lambda: ["sgd", "gtc", "bmuf", "htm", "ma"])
+    epochs: int = 0
+    pretrain: int = 3
+    lr_rule: str = "tuned"
+    profile: str = "bench"
+    synth_seconds: float = 1800.0
+    keep_sync: bool = False
+    corpus_hours: float = 2.5
+    labeled_share: float = 0.35
+    # bench gtc: codec minibatches (the sent fraction settles after ~gtc_tau_scale of
+    # them; the second half is counted), and minibatches of the overhead comparison
+    # (0 = train.block_size + 10).
+    gtc_steps: int = 160
+    overhead_steps: int = 0
+    # bench sequence: timed minibatches per criterion.
+    seq_steps: int = 20
+    # bench features: audio seconds featurised, and rounds.
+    seconds: float = 1200.0
+    repeats: int = 3
+
+    def validate(self, key: str) -> None:
+        _check(bool(self.workers) and all(w >= 1 for w in self.workers), f"{key}.workers",
+               "must be a non-empty list of worker counts >= 1")
+        _check(bool(self.algos), f"{key}.algos", "must name at least one method")
+        _check(self.epochs >= 0, f"{key}.epochs", "must be >= 0 (0: the profile's train.epochs)")
+        _check(self.pretrain >= 0, f"{key}.pretrain", "must be >= 0")
+        _check(self.lr_rule in ("tuned", "sqrt", "linear", "none"), f"{key}.lr_rule",
+               "must be one of tuned, sqrt, linear, none")
+        _check(self.profile in ("bench", "config"), f"{key}.profile", "must be bench or config")
+        _check(self.synth_seconds > 0, f"{key}.synth_seconds", "must be > 0")
+        _check(self.corpus_hours > 0, f"{key}.corpus_hours", "must be > 0")
+        _check(0 < self.labeled_share < 1, f"{key}.labeled_share", "must be in (0, 1)")
+        _check(self.gtc_steps >= 2, f"{key}.gtc_steps", "must be >= 2")
+        _check(self.overhead_steps >= 0, f"{key}.overhead_steps",
+               "must be >= 0 (0: train.block_size + 10)")
+        _check(self.seq_steps >= 1, f"{key}.seq_steps", "must be >= 1")
+        _check(self.seconds > 0, f"{key}.seconds", "must be > 0")
+        _check(self.repeats >= 1, f"{key}.repeats", "must be >= 1")
+
+
+@dataclass
 class Config:
     storage: StorageConfig = field(default_factory=StorageConfig)
     data: DataConfig = field(default_factory=DataConfig)
@@ -885,21 +1092,65 @@ class Config:
     report: ReportConfig = field(default_factory=ReportConfig)
     cost: CostConfig = field(default_factory=CostConfig)
     ingest: IngestConfig = field(default_factory=IngestConfig)
+    bench: BenchConfig = field(default_factory=BenchConfig)
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """The user-facing mapping (`train.*` flat, as YAML spells it): load_config of it
+        gives this config back."""
+        return _to_data(self)
 
     def get(self, dotted: str) -> Any:
+        """The value of a user key, e.g. `train.lr` (found in its section)."""
         node: Any = self
         for part in dotted.split("."):
+            if isinstance(node, TrainConfig) and part in TRAIN_KEYS:
+                node = node._holder(part)
             node = getattr(node, part)
         return node
+
+
+def _to_data(obj: Any) -> Any:
+    """A config dataclass as the plain mapping a user writes (TrainConfig: flat keys)."""
+    if isinstance(obj, TrainConfig):
+        return obj.to_flat()
+    if dataclasses.is_dataclass(obj):
+        return {f.name: _to_data(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, list):
+        return [_to_data(v) for v in obj]
+    if isinstance(obj, dict):
+        return {k: _to_data(v) for k, v in obj.items()}
+    return obj
+
+
+def user_keys() -> list[tuple[str, bool]]:
+    """Every key a user may set (YAML, `--set`, a DAG's overrides), dotted as they write it
+    (`train.lr`: train's flat keys, not its internal sections), and whether it holds a
+    mapping (`runner.env`: any sub-key, `runner.env.X`, may be set)."""
+    def walk(cls: type, prefix: str) -> list[tuple[str, bool]]:
+        if cls is TrainConfig:
+            fields = [(k, train_key_type(k)) for k in TRAIN_KEY_ORDER]
+        else:
+            hints = typing.get_type_hints(cls)
+            fields = [(f.name, hints[f.name]) for f in dataclasses.fields(cls)]
+        out = []
+        for name, tp in fields:
+            key = f"{prefix}{name}"
+            if dataclasses.is_dataclass(tp):
+                out += walk(tp, key + ".")
+            else:
+                out.append((key, typing.get_origin(tp) is dict or tp is Any))
+        return out
+
+    return walk(Config, "")
 
 
 def _coerce(value: Any, tp: Any, key: str) -> Any:
     if tp is Any:  # checked where it is used (e.g. train.teacher_recipe)
         return value
     origin = typing.get_origin(tp)
+    if tp is TrainConfig:
+        _check(isinstance(value, dict), key, f"must be a mapping, got {type(value).__name__}")
+        return _build_train(value, key)
     if dataclasses.is_dataclass(tp):
         _check(isinstance(value, dict), key, f"must be a mapping, got {type(value).__name__}")
         return _build(tp, value, key)
@@ -953,7 +1204,7 @@ def _build(cls: type, data: dict[str, Any], prefix: str) -> Any:
         key = f"{prefix}.{k}" if prefix else k
         current = getattr(obj, k)
         if dataclasses.is_dataclass(current) and isinstance(v, dict):
-            merged = dataclasses.asdict(current)
+            merged = _to_data(current)
             _deep_update(merged, v)
             v = merged
         setattr(obj, k, _coerce(v, hints[k], key))
@@ -961,6 +1212,21 @@ def _build(cls: type, data: dict[str, Any], prefix: str) -> Any:
     if validate is not None:
         validate(prefix)
     return obj
+
+
+def _build_train(data: dict[str, Any], prefix: str) -> TrainConfig:
+    """TrainConfig from the user's flat `train.*` mapping: each key checked and coerced
+    under the name the user wrote (`train.lr`), then placed in its section."""
+    for k in data:
+        if k not in TRAIN_KEYS:
+            raise ConfigError(f"{prefix}.{k}",
+                              f"unknown key (known: {', '.join(sorted(TRAIN_KEYS))})")
+    merged = TrainConfig().to_flat()
+    _deep_update(merged, data)
+    tc = replace_train(TrainConfig(), **{
+        k: _coerce(v, train_key_type(k), f"{prefix}.{k}") for k, v in merged.items()})
+    tc.validate(prefix)
+    return tc
 
 
 def _deep_update(base: dict, update: dict) -> None:
@@ -1013,6 +1279,15 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     return _build(Config, data, "")
 
 
+def with_overrides(cfg: Config, values: dict[str, Any]) -> Config:
+    """A copy of `cfg` with user keys set (`{"train.lr": 0.5, "model.student.layers": 2}`),
+    coerced and validated as `--set` would be (recipes are not re-applied)."""
+    data = cfg.to_dict()
+    for key, value in values.items():
+        _deep_update(data, _nest(key, value))
+    return _build(Config, data, "")
+
+
 def _apply_recipes(data: dict[str, Any], explicit: set[str]) -> None:
     """train.teacher_recipe's keys replace train.* when train.model is teacher, then
     train.sequence_recipe's when train.recipe is sequence.
@@ -1035,20 +1310,17 @@ def _apply_recipes(data: dict[str, Any], explicit: set[str]) -> None:
 
 def _recipe_keys(train: dict[str, Any], name: str) -> dict[str, Any]:
     """train.<name>, checked: a mapping of train.* keys with values of their types."""
-    field_ = next(f for f in dataclasses.fields(TrainConfig) if f.name == name)
-    default = field_.default_factory()
+    default = getattr(TrainConfig(), name)
     recipe = train.get(name, default) or {}
     if not isinstance(recipe, dict):
         raise ConfigError(f"train.{name}", "must be a mapping of train.* keys")
-    names = {f.name for f in dataclasses.fields(TrainConfig)} - {
-        "teacher_recipe", "sequence_recipe", "model", "recipe"}
-    hints = typing.get_type_hints(TrainConfig)
+    names = set(TRAIN_KEYS) - {"teacher_recipe", "sequence_recipe", "model", "recipe"}
     for k, v in recipe.items():
         if k not in names:
             raise ConfigError(f"train.{name}.{k}",
                               f"not a train key that a recipe can set "
                               f"(known: {', '.join(sorted(names))})")
-        _coerce(v, hints[k], f"train.{name}.{k}")
+        _coerce(v, train_key_type(k), f"train.{name}.{k}")
     return recipe
 
 

@@ -165,7 +165,7 @@ def _model_scales(storage: Storage, run_uri: str, measured: Config,
                 "parameters")
     teacher = lstm_params(target, "teacher", t_classes) / (
         teacher_params or lstm_params(measured, "teacher", classes))
-    epochs = target.train.epochs / max(1, measured.train.epochs)
+    epochs = target.train.passes.epochs / max(1, measured.train.passes.epochs)
     return {"train": student * epochs, "evaluate": student, "targets": teacher}
 
 

@@ -14,9 +14,9 @@ other for the machine and all see the same background load:
   kaldi_native_fbank   the ceiling reference: its bare kernel, per utterance, on samples
           already in memory (no I/O); and `numpy_kernel`, our FbankComputer, likewise.
 Each figure is audio seconds per wall second (x real time), the best of
-`AMFLOW_BENCH_REPEATS` (3) rounds.
+`bench.repeats` (3) rounds.
 
-Audio: the utterances of `data.corpus` when it has metadata (up to AMFLOW_BENCH_SECONDS,
+Audio: the utterances of `data.corpus` when it has metadata (up to bench.seconds,
 default 1200 s), else that much synthetic speech-like audio (harmonics + noise, 2-8 s
 utterances, 10 speakers) written as 16-bit WAV to a temporary directory.
 """
@@ -33,6 +33,16 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import soundfile as sf
+
+from amflow.config import FeaturesConfig
+from amflow.storage import Storage
+from tasks.audio import decode_audio, resolve_uri
+from tasks.select import MetadataError, metadata_files, parse_metadata_line
+
+# The competitors' own imports (pyarrow and the features step, lhotse, torch,
+# kaldi-native-fbank) stay inside their `_setup_*`: each runs in its own spawned process,
+# which should load only what that competitor needs (lhotse is optional).
 
 log = logging.getLogger(__name__)
 THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS",
@@ -41,8 +51,6 @@ THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS",
 
 # --------------------------------------------------------------------------- audio
 def _synth(dir_: Path, seconds: float, seed: int = 0) -> list[dict]:
-    import soundfile as sf
-
     rng = np.random.default_rng(seed)
     out, total, i = [], 0.0, 0
     while total < seconds:
@@ -67,11 +75,6 @@ def _synth(dir_: Path, seconds: float, seed: int = 0) -> list[dict]:
 
 def _clean_16k_mono(path: str) -> bool:
     """Only audio both competitors take as it is (decodable, 16 kHz, mono)."""
-    import soundfile as sf
-
-    from amflow.config import FeaturesConfig
-    from tasks.audio import decode_audio
-
     try:
         info = sf.info(path)
     except Exception:  # noqa: BLE001 - libsndfile raises several types
@@ -85,10 +88,6 @@ def _clean_16k_mono(path: str) -> bool:
 
 def _corpus_audio(cfg, seconds: float) -> list[dict]:
     """Local corpus utterances (the lhotse side needs local files), up to `seconds`."""
-    from amflow.storage import Storage
-    from tasks.audio import resolve_uri
-    from tasks.select import MetadataError, metadata_files, parse_metadata_line
-
     st = Storage(cfg.storage)
     corpus = cfg.data.corpus
     if st.local_path(corpus) is None:
@@ -193,13 +192,10 @@ def _setup_lhotse(opts: dict, utts: list[dict], work: str):
 
 
 def _load_waves(utts: list[dict]) -> list[np.ndarray]:
-    import soundfile as sf
-
     return [sf.read(u["path"], dtype="float32")[0] for u in utts]
 
 
 def _setup_knf(opts: dict, utts: list[dict], work: str):
-    from amflow.config import FeaturesConfig
     from tasks.fbank import kaldi_fbank, kaldi_options
 
     fcfg = FeaturesConfig()
@@ -210,7 +206,6 @@ def _setup_knf(opts: dict, utts: list[dict], work: str):
 
 
 def _setup_numpy(opts: dict, utts: list[dict], work: str):
-    from amflow.config import FeaturesConfig
     from tasks.fbank import FbankComputer
 
     waves = _load_waves(utts)
@@ -268,8 +263,7 @@ def _rounds(names: list[str], args: tuple, core, repeats: int) -> dict[str, tupl
 # --------------------------------------------------------------------------- entry
 def run(ctx, args) -> dict[str, Any]:
     cfg = ctx.cfg
-    seconds = float(os.environ.get("AMFLOW_BENCH_SECONDS", "1200"))
-    repeats = int(os.environ.get("AMFLOW_BENCH_REPEATS", "3"))
+    seconds, repeats = cfg.bench.seconds, cfg.bench.repeats
     work = tempfile.mkdtemp(prefix="amflow-bench-")
     try:
         utts = _corpus_audio(cfg, seconds)

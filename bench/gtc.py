@@ -23,9 +23,9 @@
    Two processes on this machine share its cores, so the overhead includes the CPU time
    of local gloo transfers; on GPUs with NVLink the communication term is far smaller.
 
-Env: AMFLOW_BENCH_GTC_STEPS (codec minibatches, default 160: the sent fraction settles
-after ~gtc_tau_scale minibatches, and only the second half is counted), AMFLOW_BENCH_OVERHEAD_STEPS
-(default: train.block_size + 10).
+Config: bench.gtc_steps (codec minibatches, default 160: the sent fraction settles after
+~gtc_tau_scale minibatches, and only the second half is counted), bench.overhead_steps
+(0, the default: train.block_size + 10).
 """
 from __future__ import annotations
 
@@ -38,12 +38,16 @@ from typing import Any
 import torch
 from torch import nn
 
+from amflow.config import TrainConfig
+from training.algorithms import build_algorithm
+from training.algorithms.gtc import Thresholds, decode_add_, encode_, padded_bool
+from training.distributed import spawn_local
+from training.models import StudentLSTM
+
 PAPER_MODEL = {"input_dim": 192, "hidden": 768, "layers": 5, "num_classes": 3183}
 
 
 def paper_model(seed: int = 0) -> nn.Module:
-    from training.models import StudentLSTM
-
     torch.manual_seed(seed)
     m = PAPER_MODEL
     return StudentLSTM(m["input_dim"], m["hidden"], m["layers"], m["num_classes"], lookahead=3)
@@ -68,8 +72,6 @@ def real_gradients(model: nn.Module, count: int, chunks: int = 4, frames: int = 
 
 def codec_bench(grads: list[torch.Tensor], sizes: list[int], steps: int,
                 tau_scale: float) -> dict[str, Any]:
-    from training.algorithms.gtc import Thresholds, decode_add_, encode_, padded_bool
-
     torch.set_num_threads(1)
     n = grads[0].numel()
     residual = torch.zeros(n)
@@ -125,9 +127,6 @@ def _overhead_worker(rank: int, world: int, grads_path: str, algos: list[str],
                      steps: int, train_kw: dict) -> dict[str, Any]:
     """Per algorithm, interleave step by step a bare Adam step on one model and the
     algorithm's step on another, so that both see the same machine load."""
-    from amflow.config import TrainConfig
-    from training.algorithms import build_algorithm
-
     grads = torch.load(grads_path)
     bare_model = paper_model(0)
     bare_params = [p for p in bare_model.parameters() if p.requires_grad]
@@ -137,9 +136,7 @@ def _overhead_worker(rank: int, world: int, grads_path: str, algos: list[str],
         model = paper_model(0)
         params = [p for p in model.parameters() if p.requires_grad]
         opt = torch.optim.Adam(params, lr=1e-4)
-        tc = TrainConfig(algorithm=name)
-        for k, v in train_kw.items():
-            setattr(tc, k, v)
+        tc = TrainConfig.from_flat(algorithm=name, **train_kw)
         algo = build_algorithm(tc, model, opt)
         bare_t, algo_t = [], []
         for step in range(steps):
@@ -167,13 +164,12 @@ def _overhead_worker(rank: int, world: int, grads_path: str, algos: list[str],
 
 
 def overhead_bench(grads: list[torch.Tensor], cfg: Any, steps: int) -> dict[str, Any]:
-    from training.distributed import spawn_local
-
     tc = cfg.train
-    train_kw = {"gtc_tau": tc.gtc_tau, "gtc_tau_scale": tc.gtc_tau_scale,
-                "block_size": tc.block_size, "block_lr": tc.block_lr,
-                "block_momentum": tc.block_momentum, "bmuf_c": tc.bmuf_c, "group_size": 2,
-                "ma_samples": tc.ma_samples, "minibatch_frames": tc.minibatch_frames}
+    train_kw = {"gtc_tau": tc.algo.gtc_tau, "gtc_tau_scale": tc.algo.gtc_tau_scale,
+                "block_size": tc.algo.block_size, "block_lr": tc.algo.block_lr,
+                "block_momentum": tc.algo.block_momentum, "bmuf_c": tc.algo.bmuf_c,
+                "group_size": 2, "ma_samples": tc.algo.ma_samples,
+                "minibatch_frames": tc.batches.minibatch_frames}
     algos = ["sgd", "gtc", "bmuf", "htm", "ma"]
     with tempfile.TemporaryDirectory(prefix="amflow-bench-gtc-") as tmp:
         path = os.path.join(tmp, "grads.pt")
@@ -207,9 +203,8 @@ def run(ctx: Any, args: Any) -> dict[str, Any]:
     grads = real_gradients(model, 4)
     grad_s = time.perf_counter() - t0
     del model
-    steps = int(os.environ.get("AMFLOW_BENCH_GTC_STEPS", "160"))
-    codec = codec_bench(grads, sizes, steps, cfg.train.gtc_tau_scale)
-    ov_steps = int(os.environ.get("AMFLOW_BENCH_OVERHEAD_STEPS", str(cfg.train.block_size + 10)))
+    codec = codec_bench(grads, sizes, cfg.bench.gtc_steps, cfg.train.algo.gtc_tau_scale)
+    ov_steps = cfg.bench.overhead_steps or cfg.train.algo.block_size + 10
     overheads = overhead_bench(grads, cfg, ov_steps)
     result = {"model": dict(PAPER_MODEL, params=n), "gradient_seconds": round(grad_s, 2),
               "codec": codec, "overheads": overheads,

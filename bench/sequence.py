@@ -18,20 +18,24 @@ the LF-MMI criterion against cross-entropy, and the size of its denominator grap
 Data: the run's `repartition/<train.labeled_split>` when it exists, else a synthetic
 run (48 phones, 192-d features, written under `runs/<R>/bench/synthetic`). Runs on the
 GPU when one is present (torch on one thread on a CPU).
-Env: AMFLOW_BENCH_SEQ_STEPS (timed minibatches per criterion, default 20).
+Config: bench.seq_steps (timed minibatches per criterion, default 20).
 """
 from __future__ import annotations
 
 import copy
 import dataclasses
+import json
 import os
 import statistics
+import sys
+import tempfile
 import time
 from typing import Any
 
 import numpy as np
 import torch
 
+from amflow.config import load_config
 from amflow.runs import StepContext
 from amflow.storage import join
 from training.data import (BatchLoader, Normalizer, PassSpec, SplitIndex, make_synthetic_run,
@@ -46,7 +50,7 @@ SYNTHETIC_PHONES = 48
 
 def _data(ctx: StepContext) -> tuple[SplitIndex, Normalizer, int, str]:
     st = ctx.storage
-    uris = partition_uris(st, ctx.other("repartition", ctx.cfg.train.labeled_split))
+    uris = partition_uris(st, ctx.other("repartition", ctx.cfg.train.batches.labeled_split))
     cmvn_uri = ctx.other("features", "cmvn.json")
     if uris and st.exists(cmvn_uri):
         index = SplitIndex.load(st, uris, "labels")
@@ -102,9 +106,9 @@ def _steps(ctx: StepContext, index: SplitIndex, norm: Normalizer, num_classes: i
         losses[name] = lambda logits, b, crit=crit: crit(logits, b.labels, chunked=True)
     models = {k: copy.deepcopy(base) for k in losses}
     opts = {k: torch.optim.Adam(m.parameters(), lr=1e-4) for k, m in models.items()}
-    spec = PassSpec(mode="chunk", chunk_frames=tc.chunk_frames,
-                    left_context=tc.chunk_left_context, right_context=mc.student.lookahead,
-                    minibatch_frames=tc.minibatch_frames, stack=ctx.cfg.features.stack)
+    spec = PassSpec(mode="chunk", chunk_frames=tc.batches.chunk_frames,
+                    left_context=tc.batches.chunk_left_context, right_context=mc.student.lookahead,
+                    minibatch_frames=tc.batches.minibatch_frames, stack=ctx.cfg.features.stack)
     names = list(losses)
     times: dict[str, list[float]] = {k: [] for k in names}
     alone: dict[str, list[float]] = {k: [] for k in names}
@@ -150,18 +154,19 @@ def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
     threads_before = torch.get_num_threads()
     if device.type == "cpu":
         torch.set_num_threads(1)
-    steps = int(os.environ.get("AMFLOW_BENCH_SEQ_STEPS", "20"))
+    steps = ctx.cfg.bench.seq_steps
     try:
         index, norm, num_classes, source = _data(ctx)
         num_classes = ctx.cfg.model.num_classes or num_classes
         seqs = split_label_sequences(ctx.storage, index.uris, ctx.cfg.features.stack)
-        graphs = _graph_sizes(seqs, num_classes, tc.den_min_count)
+        graphs = _graph_sizes(seqs, num_classes, tc.sequence.den_min_count)
+        sc = tc.sequence
         crits = {k: SequenceCriterion.from_labels(seqs, num_classes,
-                                                  dataclasses.replace(tc, criterion=k))
+                                                  dataclasses.replace(sc, criterion=k))
                  for k in ("mmi", "smbr")}
         crits_size = crits["mmi"].graph_size()
         timing = {"configured": _steps(ctx, index, norm, num_classes, crits, device, steps)}
-        tri = dataclasses.replace(tc, den_ngram_order=3)
+        tri = dataclasses.replace(sc, den_ngram_order=3)
         crits = {f"{k}_trigram": SequenceCriterion.from_labels(
             seqs, num_classes, dataclasses.replace(tri, criterion=k)) for k in ("mmi", "smbr")}
         timing["trigram"] = _steps(ctx, index, norm, num_classes, crits, device,
@@ -170,9 +175,11 @@ def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
         torch.set_num_threads(threads_before)
     result = {"data": source, "device": str(device), "utterances": len(index),
               "frames": index.total_frames, "num_classes": num_classes,
-              "minibatch_frames": tc.minibatch_frames, "chunk_frames": tc.chunk_frames,
-              "den_ngram_order": tc.den_ngram_order, "den_min_count": tc.den_min_count,
-              "numerator": tc.sequence_numerator, "graphs": graphs, "timing": timing,
+              "minibatch_frames": tc.batches.minibatch_frames,
+              "chunk_frames": tc.batches.chunk_frames,
+              "den_ngram_order": tc.sequence.den_ngram_order,
+              "den_min_count": tc.sequence.den_min_count,
+              "numerator": tc.sequence.sequence_numerator, "graphs": graphs, "timing": timing,
               # the headline numbers, as scalars for the step summary
               "den_states": crits_size["states"], "den_arcs": crits_size["arcs"],
               **{f"{k}_over_ce": v for k, v in timing["configured"]["over_ce"].items()}}
@@ -206,12 +213,6 @@ def _print(r: dict[str, Any]) -> None:
 def main() -> None:
     """`python -m bench.sequence [key=value ...]`: the same, without Ray or a run of
     the pipeline (synthetic data in a temporary directory unless storage.root says)."""
-    import json
-    import sys
-    import tempfile
-
-    from amflow.config import load_config
-
     with tempfile.TemporaryDirectory() as tmp:
         overrides = [f"storage.root={tmp}"] + sys.argv[1:]
         cfg = load_config("configs/local.yaml" if os.path.exists("configs/local.yaml")

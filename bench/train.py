@@ -32,7 +32,7 @@ PAPER_CLASSES = 3183
 
 def _data(ctx: StepContext) -> tuple[SplitIndex, Normalizer, int, str]:
     st = ctx.storage
-    uris = partition_uris(st, ctx.other("repartition", ctx.cfg.train.labeled_split))
+    uris = partition_uris(st, ctx.other("repartition", ctx.cfg.train.batches.labeled_split))
     cmvn_uri = ctx.other("features", "cmvn.json")
     if uris and st.exists(cmvn_uri):
         index = SplitIndex.load(st, uris, "labels")
@@ -56,10 +56,10 @@ def _model_fps(ctx: StepContext, index: SplitIndex, norm: Normalizer, kind: str,
     torch.manual_seed(0)
     model = build_model(kind, index.feat_dim, num_classes, model_cfg)
     opt = torch.optim.Adam(model.parameters(), lr=1e-4)
-    right = model_cfg.student.lookahead if kind == "student" else tc.chunk_left_context
-    spec = PassSpec(mode="chunk", chunk_frames=tc.chunk_frames,
-                    left_context=tc.chunk_left_context, right_context=right,
-                    minibatch_frames=tc.minibatch_frames, stack=ctx.cfg.features.stack)
+    right = model_cfg.student.lookahead if kind == "student" else tc.batches.chunk_left_context
+    spec = PassSpec(mode="chunk", chunk_frames=tc.batches.chunk_frames,
+                    left_context=tc.batches.chunk_left_context, right_context=right,
+                    minibatch_frames=tc.batches.minibatch_frames, stack=ctx.cfg.features.stack)
     frames = steps = 0
     elapsed = 0.0
     warm = True
@@ -90,15 +90,15 @@ def run(ctx: StepContext, args: Any) -> dict[str, Any]:
     torch.set_num_threads(1)
     try:
         index, norm, num_classes, source = _data(ctx)
-        mc = ctx.cfg.model
+        mc, batches = ctx.cfg.model, ctx.cfg.train.batches
         tiny_classes = mc.num_classes or num_classes
         paper = ModelConfig(student=StudentConfig(5, 768, 3), teacher=TeacherConfig(5, 768),
                             num_classes=PAPER_CLASSES)
         loader = loader_throughput(ctx.storage, index,
-                                   PassSpec(mode="chunk", chunk_frames=ctx.cfg.train.chunk_frames,
-                                            left_context=ctx.cfg.train.chunk_left_context,
+                                   PassSpec(mode="chunk", chunk_frames=batches.chunk_frames,
+                                            left_context=batches.chunk_left_context,
                                             right_context=3,
-                                            minibatch_frames=ctx.cfg.train.minibatch_frames),
+                                            minibatch_frames=batches.minibatch_frames),
                                    norm)
         models = {
             "tiny_student": _model_fps(ctx, index, norm, "student", tiny_classes, mc, 5.0),
@@ -110,8 +110,8 @@ def run(ctx: StepContext, args: Any) -> dict[str, Any]:
     ratios = {f"loader_over_{k}": round(loader["frames_per_s"] / v["frames_per_s"], 1)
               for k, v in models.items()}
     result = {"data": source, "utterances": len(index), "frames": index.total_frames,
-              "minibatch_frames": ctx.cfg.train.minibatch_frames,
-              "chunk_frames": ctx.cfg.train.chunk_frames, "threads": 1,
+              "minibatch_frames": batches.minibatch_frames,
+              "chunk_frames": batches.chunk_frames, "threads": 1,
               "loader": {k: round(v, 3) for k, v in loader.items()}, **models, **ratios,
               "tiny_over_paper_student": round(models["tiny_student"]["frames_per_s"]
                                                / models["paper_student"]["frames_per_s"], 1)}

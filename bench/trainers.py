@@ -26,7 +26,7 @@ Data, in order of preference:
 The labeled rows are re-split into partitions divisible by 4 and 8 workers under
 `runs/<R>/bench/trainers/data/`.
 
-Setup (the bench profile, `BENCH_PROFILE`; AMFLOW_BENCH_PROFILE=config keeps the config's
+Setup (the bench profile, `BENCH_PROFILE`; bench.profile=config keeps the config's
 model/train keys, and any key given with --set wins): a 2 x 128 student (0.3 M
 parameters), momentum SGD (0.9) as in the papers, lr 0.5 -> 0.05 exponentially over the
 passes, 512 frames per worker minibatch, 30 passes (at 10 passes an 8-worker run makes
@@ -34,7 +34,7 @@ only ~250 updates on the 105k-frame embedded corpus and every method that is not
 plain sgd trails by 1.5-3.4 %; at 30 passes the gaps are what remains at convergence,
 bench/TRAINERS.md has both tables). As in the HTM paper (section 3.2:
 "we used same pre-trained model for each experiment"), every method starts from one
-model pre-trained with 1-worker SGD (AMFLOW_BENCH_PRETRAIN passes at the initial rate,
+model pre-trained with 1-worker SGD (bench.pretrain passes at the initial rate,
 default 3); then every method, 1-worker SGD included, makes the same number of passes.
 Sparse GTC updates need many minibatches to move an element (~tau/|g| of them), and
 the first minibatches from a random model are the least tolerant of that.
@@ -42,11 +42,11 @@ the first minibatches from a random model are the least tolerant of that.
 Small data needs small blocks: with `train.block_size` minibatches per BMUF/HTM block and
 `train.ma_samples` frames between MA averages, a worker that takes S minibatches per pass
 would sync too rarely; the bench lowers block size and MA period to at most S/4 per pass
-(printed; set AMFLOW_BENCH_KEEP_SYNC=1 to keep the config's values). The profile's BMUF/HTM
+(printed; set bench.keep_sync=true to keep the config's values). The profile's BMUF/HTM
 block is 3 minibatches: at 8 workers, 3 against 6 moved BMUF from -1.3 % to -0.6 % at the
 same rate and let it take a larger one (still 3x fewer bytes than sgd at 8 workers).
 
-Learning rate (AMFLOW_BENCH_LR_RULE=tuned, the default: each algorithm at the best rule
+Learning rate (bench.lr_rule=tuned, the default: each algorithm at the best rule
 measured, see bench/TRAINERS.md; `lr_scale`; sgd/gtc found at 10 passes, bmuf/htm at 30
 passes with blocks of 3):
 - `sgd` averages gradients over N workers, an N-times larger minibatch: lr x N (linear),
@@ -69,34 +69,43 @@ passes with blocks of 3):
   30 passes: x3 -3.0 %, x4 -2.5 %, x6 -0.8 %, x8 -0.2 %; at 4 workers x4 -1.9 %,
   x6 -1.2 %.
 - `ma` scales its own rate by N (Kaldi), so x 1 here.
-AMFLOW_BENCH_LR_RULE=sqrt, linear or none applies that rule to sgd and gtc and x 1 to
+bench.lr_rule=sqrt, linear or none applies that rule to sgd and gtc and x 1 to
 the others (the previous bench's setting was sqrt).
 
-Variants: `ma+ng` in AMFLOW_BENCH_ALGOS is ma with Kaldi's online natural gradient
+Variants: `ma+ng` in bench.algos is ma with Kaldi's online natural gradient
 (`train.natural_gradient`), at ma's rate.
 
-Env: AMFLOW_BENCH_WORKERS (default "4,8"), AMFLOW_BENCH_ALGOS ("sgd,gtc,bmuf,htm,ma"),
-AMFLOW_BENCH_EPOCHS (default: the profile's train.epochs), AMFLOW_BENCH_PRETRAIN (3),
-AMFLOW_BENCH_PROFILE (bench | config), AMFLOW_BENCH_SYNTH_SECONDS (1800).
+Config (`--set bench.<key>=...`, amflow/config.py BenchConfig): bench.workers (default
+4,8), bench.algos (sgd,gtc,bmuf,htm,ma), bench.epochs (0: the profile's train.epochs),
+bench.pretrain (3), bench.lr_rule, bench.profile (bench | config), bench.keep_sync,
+bench.synth_seconds (1800), bench.corpus_hours (2.5), bench.labeled_share (0.35).
 """
 from __future__ import annotations
 
+import dataclasses
+import importlib.util
 import json
 import logging
 import math
-import os
-import shutil
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
 from amflow import records
+from amflow.config import Config, TrainConfig, replace_train, with_overrides
 from amflow.runs import StepError
 from amflow.storage import join
+from training.algorithms import ALGORITHMS
+from training.data import SplitIndex, partition_uris
+from training.distributed import spawn_local
+from training.loop import train_worker
+from training.models import resolve_num_classes
+from training.plan import WorkerPlan
 
 log = logging.getLogger(__name__)
 
@@ -164,8 +173,6 @@ def synth_data(ctx, out: str, seconds: float) -> dict[str, Any]:
 
 
 def run_data(ctx) -> dict[str, Any] | None:
-    from training.data import partition_uris
-
     st = ctx.storage
     lab = partition_uris(st, ctx.other("repartition", "labeled"))
     cmvn_uri = ctx.other("features", "cmvn.json")
@@ -180,16 +187,13 @@ def run_data(ctx) -> dict[str, Any] | None:
 
 def pipeline_data(ctx, args) -> dict[str, Any] | None:
     """Build the labeled data with the pipeline steps (when this checkout has them):
-    a corpus of its own under the bench dir (AMFLOW_BENCH_CORPUS_HOURS, default 2.5 h,
-    with AMFLOW_BENCH_LABELED_SHARE, default 0.35, of the speakers labeled), then select,
-    features and repartition of the labeled and dev splits for this run id."""
-    import importlib.util
-
+    a corpus of its own under the bench dir (bench.corpus_hours, default 2.5 h, with
+    bench.labeled_share, default 0.35, of the speakers labeled), then select, features
+    and repartition of the labeled and dev splits for this run id."""
     if any(importlib.util.find_spec(f"tasks.{m}") is None
            for m in ("corpus", "select", "features", "repartition")):
         return None
-    hours = float(os.environ.get("AMFLOW_BENCH_CORPUS_HOURS", "2.5"))
-    share = float(os.environ.get("AMFLOW_BENCH_LABELED_SHARE", "0.35"))
+    hours, share = ctx.cfg.bench.corpus_hours, ctx.cfg.bench.labeled_share
     corpus = ctx.path("trainers", "corpus")
     base = [sys.executable, "-m", "amflow.cli"]
     common: list[str] = []
@@ -241,9 +245,7 @@ def resplit(ctx, uris: list[str], out: str, parts: int) -> list[str]:
 # Runs.
 # ---------------------------------------------------------------------------------------
 
-def _train_rank(rank: int, world: int, plan: dict) -> dict:
-    from training.loop import train_worker
-
+def _train_rank(rank: int, world: int, plan: WorkerPlan) -> dict:
     out = train_worker(plan)
     return out if rank == 0 else {}
 
@@ -264,7 +266,7 @@ def steps_per_pass(frames: int, workers: int, minibatch: int) -> int:
 
 # The bench profile: a small student and the papers' local optimizer (momentum SGD with a
 # decaying rate), so that the 11 trainings fit in well under 30 min on 2 cores.
-# AMFLOW_BENCH_PROFILE=config uses the config's own model/train settings instead; a key
+# bench.profile=config uses the config's own model/train settings instead; a key
 # given with --set always wins over the profile.
 BENCH_PROFILE: dict[str, Any] = {
     "model.student.layers": 2, "model.student.hidden": 128,  # 0.3 M parameters
@@ -285,10 +287,8 @@ BENCH_PROFILE: dict[str, Any] = {
     # and BMUF/HTM's local momentum reset after each block (see `lr_scale`).
     "train.max_change": 2.0, "train.block_reset_momentum": True,
 }
-DEFAULT_PRETRAIN_PASSES = 3
 
 
-LR_RULES = ("tuned", "sqrt", "linear", "none")
 # HTM's measured best multiple of N per worker count (module doc); x N where unmeasured.
 HTM_LR = {4: 1.5, 8: 1.0}
 
@@ -311,143 +311,125 @@ VARIANTS = {"": {}, "ng": {"natural_gradient": True}}
 
 def parse_algo(name: str) -> tuple[str, dict[str, Any]]:
     """`ma+ng` -> ("ma", {"natural_gradient": True}): the algorithm and its train.* extras."""
-    from training.algorithms import ALGORITHMS
-
     algo, _, variant = name.partition("+")
     if algo not in ALGORITHMS or variant not in VARIANTS:
-        raise StepError(f"AMFLOW_BENCH_ALGOS: unknown method {name!r} (algorithms: "
+        raise StepError(f"bench.algos: unknown method {name!r} (algorithms: "
                         f"{', '.join(ALGORITHMS)}; variants: +ng)")
     if variant == "ng" and algo != "ma":
-        raise StepError(f"AMFLOW_BENCH_ALGOS: {name!r}: natural gradient runs in ma only")
+        raise StepError(f"bench.algos: {name!r}: natural gradient runs in ma only")
     return algo, VARIANTS[variant]
 
 
-def bench_config(cfg, args) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(config dict with the bench profile applied, the profile keys applied)."""
-    conf = cfg.to_dict()
-    if os.environ.get("AMFLOW_BENCH_PROFILE", "bench") == "config":
-        return conf, {}
+def bench_config(cfg: Config, args: Any) -> tuple[Config, dict[str, Any]]:
+    """(the config with the bench profile applied, the profile keys applied); with
+    bench.profile=config the config as it is. A key given with --set wins."""
+    if cfg.bench.profile == "config":
+        return cfg, {}
     given = {o.split("=", 1)[0].strip() for o in (getattr(args, "overrides", None) or [])}
     applied = {k: v for k, v in BENCH_PROFILE.items() if k not in given}
-    for key, value in applied.items():
-        node = conf
-        *path, last = key.split(".")
-        for part in path:
-            node = node[part]
-        node[last] = value
-    return conf, applied
+    return with_overrides(cfg, applied), applied
 
 
-def _plan(ctx, conf: dict, train: dict, train_dir: str, labeled: list[str], data: dict,
-          num_classes: int, feat_dim: int, init_model: str | None) -> dict[str, Any]:
-    conf = dict(conf)
-    conf["train"] = train
+def _plan(ctx, cfg: Config, train: TrainConfig, train_dir: str, labeled: list[str],
+          data: dict, num_classes: int, feat_dim: int, init_model: str | None) -> WorkerPlan:
+    """One bench training's plan, its output dir emptied first."""
     for uri in ctx.storage.list(train_dir, recursive=True):
         ctx.storage.delete(uri)
-    plan = {"config": conf, "run_id": ctx.run_id, "train_dir": train_dir,
-            "kind": "student", "splits": {"labeled": labeled, "dev": data["dev"]},
-            "cmvn": data["cmvn"], "phones": list(data["phones"]),
-            "num_classes": int(num_classes), "feat_dim": int(feat_dim),
-            "stack": ctx.cfg.features.stack, "progress": False}
-    if init_model:
-        plan["init_model"] = init_model
-    return plan
+    return WorkerPlan(cfg=dataclasses.replace(cfg, train=train), run_id=ctx.run_id,
+                      train_dir=train_dir, kind="student",
+                      splits={"labeled": labeled, "dev": data["dev"]}, cmvn=data["cmvn"],
+                      phones=list(data["phones"]), num_classes=int(num_classes),
+                      feat_dim=int(feat_dim), stack=ctx.cfg.features.stack,
+                      init_model=init_model, progress=False)
 
 
-def run(ctx, args) -> dict[str, Any]:
-    from training.distributed import spawn_local
-    from training.models import resolve_num_classes
+@dataclass
+class BenchData:
+    """The labeled partitions every method trains on, and what they hold."""
 
-    cfg = ctx.cfg
-    conf0, profile = bench_config(cfg, args)
-    tc0 = conf0["train"]
-    workers_list = [int(w) for w in os.environ.get("AMFLOW_BENCH_WORKERS", "4,8").split(",")]
-    algos = os.environ.get("AMFLOW_BENCH_ALGOS", "sgd,gtc,bmuf,htm,ma").split(",")
-    methods = {a: parse_algo(a) for a in ("sgd", *algos)}  # sgd: the 1-worker reference
-    epochs = int(os.environ.get("AMFLOW_BENCH_EPOCHS", tc0["epochs"]))
-    pretrain = int(os.environ.get("AMFLOW_BENCH_PRETRAIN", DEFAULT_PRETRAIN_PASSES))
-    lr_rule = os.environ.get("AMFLOW_BENCH_LR_RULE", "tuned")
-    if lr_rule not in LR_RULES:
-        raise StepError(f"AMFLOW_BENCH_LR_RULE must be one of {', '.join(LR_RULES)}, "
-                        f"not {lr_rule!r}")
-    base = ctx.path("trainers")
-    parts = math.lcm(*workers_list)
-    mb = int(tc0["minibatch_frames"])
+    data: dict[str, Any]  # source, dev partitions, cmvn, phones
+    labeled: list[str]  # re-split into a multiple of every worker count
+    total_frames: int
+    feat_dim: int
+    num_classes: int
 
+
+def _bench_data(ctx, args, parts: int) -> BenchData:
+    bc = ctx.cfg.bench
     data = run_data(ctx) or pipeline_data(ctx, args)
     if data is None:
-        seconds = float(os.environ.get("AMFLOW_BENCH_SYNTH_SECONDS", "1800"))
-        data = synth_data(ctx, join(base, "data"), seconds)
-    labeled = resplit(ctx, data["labeled"], join(base, "data", "labeled"), parts)
-    from training.data import SplitIndex
-
+        data = synth_data(ctx, join(ctx.path("trainers"), "data"), bc.synth_seconds)
+    labeled = resplit(ctx, data["labeled"], join(ctx.path("trainers"), "data", "labeled"), parts)
     index = SplitIndex.load(ctx.storage, labeled, "labels")
     if len(index) == 0:
         raise StepError(f"no usable labeled rows in {data['labeled']}")
-    total_frames = index.total_frames
-    num_classes = resolve_num_classes(cfg.model, data["phones"])
-    t_all = time.time()
-    if profile:
-        log.info("bench trainers: profile %s", profile)
+    return BenchData(data, labeled, index.total_frames, index.feat_dim,
+                     resolve_num_classes(ctx.cfg.model, data["phones"]))
 
-    # The shared starting point (the HTM paper, section 3.2: every method starts from the
-    # same model, pre-trained with 1-GPU SGD): `pretrain` passes of 1-worker SGD at the
-    # initial rate. Then every method, 1-worker SGD included, trains `epochs` passes.
-    init_model = None
-    pretrain_acc = None
-    if pretrain > 0:
-        train = dict(tc0)
-        train.update(algorithm="sgd", workers=1, epochs=pretrain, finetune_epochs=0,
-                     final_lr=tc0["lr"], checkpoint_every=10**9, threads=1, model="student",
-                     recipe="labeled", tag="bench-pretrain")
-        pdir = join(base, "pretrain")
-        plan = _plan(ctx, conf0, train, pdir, labeled, data, num_classes, index.feat_dim, None)
-        log.info("bench trainers: pre-training (%d passes of 1-worker SGD)", pretrain)
-        out = spawn_local(_train_rank, 1, plan, timeout=7200)[0]
-        init_model = join(pdir, "model.pt")
-        pretrain_acc = out["metrics"].get("dev_frame_acc")
-        print(f"pretrain acc {pretrain_acc} ({pretrain} passes)", flush=True)
 
-    runs = [("sgd", 1)] + [(a, n) for n in workers_list for a in algos]
-    results: dict[str, Any] = {}
-    for method, n in runs:
-        name = f"{method}-{n}"
-        algo, extras = methods[method]
-        train = dict(tc0, **extras)
-        spp = steps_per_pass(total_frames, n, mb)
-        block, ma_samples = tc0["block_size"], tc0["ma_samples"]
-        if not os.environ.get("AMFLOW_BENCH_KEEP_SYNC"):
-            block = max(1, min(block, spp // 4))
-            ma_samples = max(mb, min(ma_samples, (spp // 4) * mb))
-        scale = lr_scale(algo, n, lr_rule)
-        train.update(lr=tc0["lr"] * scale, final_lr=tc0["final_lr"] * scale)
-        train.update(algorithm=algo, workers=n, epochs=epochs, block_size=block,
-                     ma_samples=ma_samples, group_size=min(tc0["group_size"], n),
-                     checkpoint_every=10**9, threads=1, model="student", recipe="labeled",
-                     tag=f"bench-{name}")
-        plan = _plan(ctx, conf0, train, join(base, name), labeled, data, num_classes,
-                     index.feat_dim, init_model)
-        log.info("bench trainers: %s (%d workers, block %d, ma period %d frames)", name, n,
-                 block, ma_samples)
-        t0 = time.time()
-        out = spawn_local(_train_rank, n, plan, timeout=7200)[0]
-        m = out["metrics"]
-        # after the metrics: their "algorithm" is the bare one ("ma" for "ma+ng")
-        results[name] = {"workers": n, "wall_s": round(time.time() - t0, 1),
-                         "block_size": block, "ma_samples": ma_samples,
-                         "lr": train["lr"], "dev_curve": dev_curve(ctx, join(base, name)), **m,
-                         "algorithm": method}
-        print(f"{name:8s} acc {m.get('dev_frame_acc', m.get('final_train_frame_acc'))} "
-              f"frames/s {m.get('frames_per_s')} bytes/step {m.get('algo_bytes_per_step')}",
-              flush=True)
+def _pretrain(ctx, cfg0: Config, bd: BenchData, passes: int) -> tuple[str | None, Any]:
+    """The shared starting point (the HTM paper, section 3.2: every method starts from the
+    same model, pre-trained with 1-GPU SGD): `passes` of 1-worker SGD at the initial rate.
+    (its model.pt URI or None, its dev frame accuracy)."""
+    if passes <= 0:
+        return None, None
+    tc0 = cfg0.train
+    train = replace_train(tc0, algorithm="sgd", workers=1, epochs=passes, finetune_epochs=0,
+                          final_lr=tc0.optim.lr, checkpoint_every=10**9, threads=1,
+                          model="student", recipe="labeled", tag="bench-pretrain")
+    pdir = join(ctx.path("trainers"), "pretrain")
+    plan = _plan(ctx, cfg0, train, pdir, bd.labeled, bd.data, bd.num_classes, bd.feat_dim,
+                 None)
+    log.info("bench trainers: pre-training (%d passes of 1-worker SGD)", passes)
+    out = spawn_local(_train_rank, 1, plan, timeout=7200)[0]
+    acc = out["metrics"].get("dev_frame_acc")
+    print(f"pretrain acc {acc} ({passes} passes)", flush=True)
+    return join(pdir, "model.pt"), acc
 
+
+def _train_method(ctx, cfg0: Config, bd: BenchData, method: str, n: int, epochs: int,
+                  init_model: str | None) -> dict[str, Any]:
+    """One method at `n` workers from the shared model: its metrics and settings."""
+    bc, tc0 = ctx.cfg.bench, cfg0.train
+    name = f"{method}-{n}"
+    algo, extras = parse_algo(method)
+    mb = tc0.batches.minibatch_frames
+    spp = steps_per_pass(bd.total_frames, n, mb)
+    block, ma_samples = tc0.algo.block_size, tc0.algo.ma_samples
+    if not bc.keep_sync:
+        block = max(1, min(block, spp // 4))
+        ma_samples = max(mb, min(ma_samples, (spp // 4) * mb))
+    scale = lr_scale(algo, n, bc.lr_rule)
+    train = replace_train(tc0, **extras, lr=tc0.optim.lr * scale,
+                          final_lr=tc0.optim.final_lr * scale, algorithm=algo, workers=n,
+                          epochs=epochs, block_size=block, ma_samples=ma_samples,
+                          group_size=min(tc0.algo.group_size, n), checkpoint_every=10**9,
+                          threads=1, model="student", recipe="labeled", tag=f"bench-{name}")
+    train_dir = join(ctx.path("trainers"), name)
+    plan = _plan(ctx, cfg0, train, train_dir, bd.labeled, bd.data, bd.num_classes,
+                 bd.feat_dim, init_model)
+    log.info("bench trainers: %s (%d workers, block %d, ma period %d frames)", name, n,
+             block, ma_samples)
+    t0 = time.time()
+    m = spawn_local(_train_rank, n, plan, timeout=7200)[0]["metrics"]
+    print(f"{name:8s} acc {m.get('dev_frame_acc', m.get('final_train_frame_acc'))} "
+          f"frames/s {m.get('frames_per_s')} bytes/step {m.get('algo_bytes_per_step')}",
+          flush=True)
+    # after the metrics: their "algorithm" is the bare one ("ma" for "ma+ng")
+    return {"workers": n, "wall_s": round(time.time() - t0, 1), "block_size": block,
+            "ma_samples": ma_samples, "lr": train.optim.lr,
+            "dev_curve": dev_curve(ctx, train_dir), **m, "algorithm": method}
+
+
+def _table(results: dict[str, Any]) -> tuple[list[dict[str, Any]], str, int]:
+    """(Table-I rows against 1-worker SGD, the accuracy metric, parameters)."""
     base_m = results["sgd-1"]
     acc_key = "dev_frame_acc" if base_m.get("dev_frame_acc") is not None else \
         "final_train_frame_acc"
     params = int(base_m["parameters"])
     dense = 4.0 * params
     table = []
-    for name, r in results.items():
+    for r in results.values():
         acc = r.get(acc_key)
         rel = 100.0 * (acc - base_m[acc_key]) / base_m[acc_key] if acc is not None else None
         bps = float(r.get("algo_bytes_per_step") or 0.0)
@@ -462,10 +444,15 @@ def run(ctx, args) -> dict[str, Any]:
             "sent_fraction": r.get("algo_sent_fraction"),
             "comm_s": r.get("algo_comm_seconds"), "steps": r.get("steps"),
             "block_size": r["block_size"] if r["algorithm"] in ("bmuf", "htm") else None})
+    return table, acc_key, params
+
+
+def _measured(results: dict[str, Any], algos: list[str], top: int, params: int, mb: int
+              ) -> dict[str, Any]:
+    """What `amflow simulate` reads: each method's algorithm stats at the most workers."""
     measured = {"params_measured": params, "minibatch_frames": mb,
-                "compute_s_per_minibatch": base_m.get("compute_s_per_minibatch"),
+                "compute_s_per_minibatch": results["sgd-1"].get("compute_s_per_minibatch"),
                 "algorithms": {}}
-    top = max(workers_list)
     for algo in algos:
         r = results.get(f"{algo}-{top}")
         if r is None:
@@ -473,16 +460,11 @@ def run(ctx, args) -> dict[str, Any]:
         st = {k[len("algo_"):]: v for k, v in r.items() if k.startswith("algo_")}
         st["workers"] = top
         measured["algorithms"][algo] = st
-    setup = (f"{pretrain} passes of 1-worker SGD pre-training shared by every method, then "
-             if pretrain > 0 else "")
-    scales = ", ".join(f"{a} x{lr_scale(methods[a][0], top, lr_rule):g}" for a in algos)
-    lines = [f"Trainers on {data['source']} ({total_frames} labeled frames; {setup}{epochs} "
-             f"passes each; {params} parameters, student "
-             f"{conf0['model']['student']['layers']}x{conf0['model']['student']['hidden']}, "
-             f"{tc0['optimizer']} lr {tc0['lr']:g} -> {tc0['final_lr']:g} (x "
-             f"{lr_rule} rule: {scales}"
-             f" at {top} workers), minibatch {mb} frames per worker; accuracy = {acc_key}"
-             + (f", {pretrain_acc:.4f} after pre-training" if pretrain_acc else "") + "):", "",
+    return measured
+
+
+def _markdown(table: list[dict[str, Any]], head: str) -> str:
+    lines = [head, "",
              "| Method | Workers | frame acc. | Rel. frame acc. (%) | frames/s | speedup "
              "| bytes/worker/minibatch | compression vs dense | sent fraction |",
              "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
@@ -495,14 +477,48 @@ def run(ctx, args) -> dict[str, Any]:
                      f"{row['bytes_per_worker_per_minibatch']:.0f} | "
                      f"{row['compression_vs_dense']} | "
                      f"{'' if sf is None else f'{sf * 100:.3f} %'} |")
-    md = "\n".join(lines) + "\n"
+    return "\n".join(lines) + "\n"
+
+
+def run(ctx, args) -> dict[str, Any]:
+    bc = ctx.cfg.bench
+    cfg0, profile = bench_config(ctx.cfg, args)
+    tc0 = cfg0.train
+    workers_list, algos = list(bc.workers), list(bc.algos)
+    for a in ("sgd", *algos):  # sgd: the 1-worker reference; a bad name fails up front
+        parse_algo(a)
+    epochs = bc.epochs or tc0.passes.epochs
+    mb = tc0.batches.minibatch_frames
+    bd = _bench_data(ctx, args, math.lcm(*workers_list))
+    t_all = time.time()
+    if profile:
+        log.info("bench trainers: profile %s", profile)
+    # Every method, 1-worker SGD included, trains `epochs` passes from the shared model.
+    init_model, pretrain_acc = _pretrain(ctx, cfg0, bd, bc.pretrain)
+    runs = [("sgd", 1)] + [(a, n) for n in workers_list for a in algos]
+    results = {f"{m}-{n}": _train_method(ctx, cfg0, bd, m, n, epochs, init_model)
+               for m, n in runs}
+    table, acc_key, params = _table(results)
+    top = max(workers_list)
+    measured = _measured(results, algos, top, params, mb)
+    setup = (f"{bc.pretrain} passes of 1-worker SGD pre-training shared by every method, "
+             "then " if bc.pretrain > 0 else "")
+    scales = ", ".join(f"{a} x{lr_scale(parse_algo(a)[0], top, bc.lr_rule):g}" for a in algos)
+    student = cfg0.model.student
+    head = (f"Trainers on {bd.data['source']} ({bd.total_frames} labeled frames; {setup}"
+            f"{epochs} passes each; {params} parameters, student "
+            f"{student.layers}x{student.hidden}, {tc0.optim.optimizer} lr "
+            f"{tc0.optim.lr:g} -> {tc0.optim.final_lr:g} (x {bc.lr_rule} rule: {scales}"
+            f" at {top} workers), minibatch {mb} frames per worker; accuracy = {acc_key}"
+            + (f", {pretrain_acc:.4f} after pre-training" if pretrain_acc else "") + "):")
+    md = _markdown(table, head)
     ctx.storage.write_text(ctx.path("trainers.md"), md)
     print(md)
     at_top = [r["rel_frame_acc_pct"] for r in table
-              if r["workers"] == max(workers_list) and r["rel_frame_acc_pct"] is not None]
+              if r["workers"] == top and r["rel_frame_acc_pct"] is not None]
     worst = max((abs(v) for v in at_top), default=None)
-    return {"data": data["source"], "labeled_frames": total_frames, "epochs": epochs,
-            "pretrain_passes": pretrain, "pretrain_dev_frame_acc": pretrain_acc,
+    return {"data": bd.data["source"], "labeled_frames": bd.total_frames, "epochs": epochs,
+            "pretrain_passes": bc.pretrain, "pretrain_dev_frame_acc": pretrain_acc,
             "profile": profile,
             "parameters": params, "accuracy_metric": acc_key, "table": table,
             "runs": results, "measured": measured, "table_md": ctx.path("trainers.md"),

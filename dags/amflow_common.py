@@ -80,23 +80,9 @@ EMPTY_CHOICE = "(empty: the config file's)"
 def override_keys() -> list[tuple[str, bool]]:
     """Every config key an override may set, dotted (`train.lr`), and whether it holds a
     mapping (`runner.env`: any sub-key, `runner.env.X`, may be set)."""
-    import dataclasses
-    import typing
+    from amflow.config import user_keys
 
-    from amflow.config import Config
-
-    def walk(cls, prefix: str) -> list[tuple[str, bool]]:
-        hints = typing.get_type_hints(cls)
-        out = []
-        for f in dataclasses.fields(cls):
-            key, tp = f"{prefix}{f.name}", hints[f.name]
-            if dataclasses.is_dataclass(tp):
-                out += walk(tp, key + ".")
-            else:
-                out.append((key, typing.get_origin(tp) is dict or tp is typing.Any))
-        return out
-
-    return walk(Config, "")
+    return user_keys()
 
 
 def overrides_param() -> Param:

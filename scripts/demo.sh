@@ -83,8 +83,8 @@ run_dags "$TEACHER_CONF" "$SSL_CONF"
 
 stop_standalone
 stage "4/5 simulate (GTC sparsity measured by bench gtc on the paper-size student)"
-if AMFLOW_BENCH_GTC_STEPS=${AMFLOW_BENCH_GTC_STEPS:-12} AMFLOW_BENCH_OVERHEAD_STEPS=${AMFLOW_BENCH_OVERHEAD_STEPS:-12} \
-     amflow bench gtc --config "$CONFIG" --run-id "$SSL_RUN" "${set_args[@]}" > "$AIRFLOW_HOME/demo-bench-gtc.log" 2>&1 \
+if amflow bench gtc --config "$CONFIG" --run-id "$SSL_RUN" --set bench.gtc_steps=12 \
+     --set bench.overhead_steps=12 "${set_args[@]}" > "$AIRFLOW_HOME/demo-bench-gtc.log" 2>&1 \
    && amflow simulate --config "$CONFIG" --run-id "$SSL_RUN" "${set_args[@]}" > "$AIRFLOW_HOME/demo-simulate.log" 2>&1; then
   # the projection beside Table 1 and the verdict on rows no input can reach (all in the report)
   sed -n '/^| Method | GPUs | simulated/,/^Ordering/p' "$AIRFLOW_HOME/demo-simulate.log"

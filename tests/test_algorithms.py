@@ -63,10 +63,7 @@ def make_opt(model, kind: str, lr: float):
 
 
 def cfg(algorithm: str, **kw) -> TrainConfig:
-    c = TrainConfig(algorithm=algorithm)
-    for k, v in kw.items():
-        setattr(c, k, v)
-    return c
+    return TrainConfig.from_flat(algorithm=algorithm, **kw)
 
 
 def train_steps(model, opt, algo, rank, steps, start=0, n=2, record=None):

@@ -37,6 +37,15 @@ def test_override_types_and_nesting():
     ("train.leaky_hmm=1.0", "train.leaky_hmm"),
     ("train.den_ngram_order=1", "train.den_ngram_order"),
     ("train.sequence_ce_weight=-0.1", "train.sequence_ce_weight"),
+    ("train.lr=abc", "train.lr"),
+    ("train.lr=0", "train.lr"),
+    ("train.gtc_warmup=soon", "train.gtc_warmup"),
+    ("train.checkpoint_every=0", "train.checkpoint_every"),
+    ("train.optim.lr=0.1", "train.optim"),  # sections are internal: not a user key
+    ("train.augment.servers=-1", "train.augment.servers"),
+    ("bench.workers=0", "bench.workers"),
+    ("bench.lr_rule=cubic", "bench.lr_rule"),
+    ("bench.gtc_steps=many", "bench.gtc_steps"),
 ])
 def test_bad_values_name_the_key(override, key):
     with pytest.raises(ConfigError) as err:
@@ -45,22 +54,68 @@ def test_bad_values_name_the_key(override, key):
     assert f"'{key}'" in str(err.value)
 
 
+def test_every_flat_train_key_lives_in_one_section_and_round_trips(tmp_path):
+    from amflow.config import TRAIN_KEYS, TrainConfig, config_to_yaml, replace_train
+
+    cfg = load_config(ROOT / "configs/local.yaml", ["train.gtc_tau=0.5", "train.log_every=3"])
+    flat = cfg.to_dict()["train"]
+    assert set(flat) == set(TRAIN_KEYS) and len(flat) == 71
+    assert (cfg.train.algo.gtc_tau, cfg.train.checkpoints.log_every) == (0.5, 3)
+    assert cfg.get("train.gtc_tau") == 0.5
+    assert cfg.get("train.augment.servers") == cfg.train.augment.servers
+    # The user-facing mapping (flat train keys) loads back to the same config.
+    path = tmp_path / "again.yaml"
+    path.write_text(config_to_yaml(cfg))
+    assert "  lr: " in path.read_text() and "  optim:" not in path.read_text()
+    assert load_config(path).to_dict() == cfg.to_dict()
+    assert TrainConfig.from_flat(lr=0.5, criterion="mmi").optim.lr == 0.5
+    tc = TrainConfig()
+    assert replace_train(tc, temperature=2.0).distill.temperature == 2.0
+    assert tc.distill.temperature == 1.0  # the original is left alone
+
+
+def test_every_user_key_is_settable_by_its_own_name():
+    import yaml
+
+    from amflow.config import user_keys
+
+    keys = dict(user_keys())
+    assert "train.lr" in keys and "train.gtc_tau" in keys and "train.augment.servers" in keys
+    assert not any(k.startswith(("train.optim.", "train.algo.", "train.passes.")) for k in keys)
+    assert keys["runner.env"] and keys["train.teacher_recipe"] and not keys["train.lr"]
+    cfg = load_config(None)
+    sets = []
+    for key, mapping in keys.items():
+        if not mapping:
+            value = yaml.safe_dump(cfg.get(key), default_flow_style=True).strip()
+            sets.append(f"{key}={value.removesuffix('...').strip()}")
+    assert load_config(None, sets).to_dict() == cfg.to_dict()
+
+
+def test_bench_keys_are_validated_config():
+    cfg = load_config(None, ["bench.workers=2,4", "bench.algos=gtc,ma+ng", "bench.keep_sync=true",
+                             "bench.seconds=30"])
+    assert cfg.bench.workers == [2, 4] and cfg.bench.algos == ["gtc", "ma+ng"]
+    assert cfg.bench.keep_sync is True and cfg.bench.seconds == 30.0
+    assert load_config(None).bench.lr_rule == "tuned"
+
+
 def test_exponent_numbers_without_a_dot_are_numbers():
     cfg = load_config(None, ["train.lr=3e-4", "train.final_lr=1E-5"])
-    assert (cfg.train.lr, cfg.train.final_lr) == (3e-4, 1e-5)
+    assert (cfg.train.optim.lr, cfg.train.optim.final_lr) == (3e-4, 1e-5)
     with pytest.raises(ConfigError, match="must be a number"):
         load_config(None, ["train.lr=fast"])
 
 
 def test_criterion_defaults_to_ce_and_takes_the_sequence_knobs():
-    assert load_config(ROOT / "configs/local.yaml").train.criterion == "ce"
+    assert load_config(ROOT / "configs/local.yaml").train.sequence.criterion == "ce"
     cfg = load_config(None, ["train.recipe=sequence", "train.criterion=mmi",
                              "train.den_ngram_order=3", "train.sequence_numerator=flexible",
                              "train.leaky_hmm=0"])
-    assert (cfg.train.criterion, cfg.train.den_ngram_order) == ("mmi", 3)
-    assert (cfg.train.sequence_numerator, cfg.train.leaky_hmm) == ("flexible", 0.0)
-    seq = load_config(None, ["train.recipe=sequence"]).train
-    assert (seq.criterion, seq.epochs, seq.finetune_epochs) == ("smbr", 3, 3)
+    assert (cfg.train.sequence.criterion, cfg.train.sequence.den_ngram_order) == ("mmi", 3)
+    assert (cfg.get("train.sequence_numerator"), cfg.get("train.leaky_hmm")) == ("flexible", 0.0)
+    seq = load_config(None, ["train.recipe=sequence"]).train.to_flat()
+    assert (seq["criterion"], seq["epochs"], seq["finetune_epochs"]) == ("smbr", 3, 3)
 
 
 @pytest.mark.parametrize("sets", [["train.criterion=smbr"],
@@ -74,11 +129,12 @@ def test_a_sequence_criterion_belongs_to_the_sequence_recipe(sets):
 
 def test_sequence_recipe_wins_over_the_teacher_recipe_and_set_wins_over_both():
     sets = ["train.teacher_recipe={epochs: 21, lr: 0.01}", "train.model=teacher"]
-    assert load_config(None, sets).train.epochs == 21
+    assert load_config(None, sets).train.passes.epochs == 21
     seq = load_config(None, [*sets, "train.recipe=sequence",
-                             "train.sequence_recipe={epochs: 2, criterion: mmi}"]).train
-    assert (seq.epochs, seq.criterion, seq.lr) == (2, "mmi", 0.01)
-    assert load_config(None, [*sets, "train.recipe=sequence", "train.epochs=4"]).train.epochs == 4
+                             "train.sequence_recipe={epochs: 2, criterion: mmi}"]).train.to_flat()
+    assert (seq["epochs"], seq["criterion"], seq["lr"]) == (2, "mmi", 0.01)
+    cfg = load_config(None, [*sets, "train.recipe=sequence", "train.epochs=4"])
+    assert cfg.get("train.epochs") == 4
     with pytest.raises(ConfigError) as err:
         load_config(None, ["train.sequence_recipe={recipe: ssl}"])
     assert err.value.key == "train.sequence_recipe.recipe"
@@ -87,10 +143,10 @@ def test_sequence_recipe_wins_over_the_teacher_recipe_and_set_wins_over_both():
 def test_teacher_recipe_applies_to_the_teacher_only_and_set_wins():
     recipe = "train.teacher_recipe={epochs: 21, freq_masks: 2}"
     student = load_config(None, [recipe, "train.epochs=5"])
-    assert (student.train.epochs, student.train.freq_masks) == (5, 0)
+    assert (student.train.passes.epochs, student.train.masking.freq_masks) == (5, 0)
     teacher = load_config(None, [recipe, "train.epochs=5", "train.model=teacher"])
-    assert (teacher.train.epochs, teacher.train.freq_masks) == (5, 2)
-    assert load_config(None, [recipe, "train.model=teacher"]).train.epochs == 21
+    assert (teacher.train.passes.epochs, teacher.train.masking.freq_masks) == (5, 2)
+    assert load_config(None, [recipe, "train.model=teacher"]).train.passes.epochs == 21
     for bad, key in (("{epochz: 3}", "train.teacher_recipe.epochz"),
                      ("{epochs: many}", "train.teacher_recipe.epochs"),
                      ("{model: student}", "train.teacher_recipe.model")):

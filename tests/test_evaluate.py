@@ -13,7 +13,7 @@ from amflow import records
 from amflow.cli import SUMMARY_PREFIX, main
 from amflow.runs import StepContext
 from amflow.storage import Storage, join
-from training import launch
+from amflow.steps import train as train_step
 from training.data import cmvn_stats, rows_table
 from training.evaluate import (UttScore, aggregate, collapse, edit_distance,
                                relative_error_reduction, score_utterance)
@@ -173,7 +173,7 @@ def test_evaluate_a_trained_teacher_on_a_corpus(tmp_path, local_cfg, capsys):
                     "model.teacher.dropout=0", "train.chunk_frames=32",
                     "train.checkpoint_every=1000")
     _featurise_training_run(str(store / "runs" / "r"), train, cfg.features)
-    launch.run(StepContext(cfg, "r", "train"), None)
+    train_step.run(StepContext(cfg, "r", "train"), None)
     capsys.readouterr()
     out = tmp_path / "result.json"
     argv = ["evaluate", "--config", str(ROOT / "configs" / "local.yaml"), "--run-id", "r",

@@ -17,9 +17,9 @@ from amflow import records
 from amflow.config import load_config
 from amflow.runs import StepContext
 from amflow.storage import Storage, join
+from amflow.steps import train as train_step
 from tasks.corpus import wav_bytes
 from tasks.features import featurize_stream
-from training import launch
 from training.checkpoint import load_model
 from training.data import Normalizer, PassSpec, SplitIndex, plan_pass, rows_table
 from training.example_servers import (ExampleServers, Recipe, Renderer, StreamItem,
@@ -360,9 +360,9 @@ def test_augmented_teacher_trains_resumes_bitwise_and_reports_the_pool(tone_run)
         ctx = StepContext(_cfg(tone_run, *AUG, "train.sortagrad=true", "train.epochs=4",
                                "train.minibatch_frames=128", *extra), "r", "train")
         if expect is None:
-            return launch.run(ctx, None)
+            return train_step.run(ctx, None)
         with pytest.raises(expect):
-            launch.run(ctx, None)
+            train_step.run(ctx, None)
 
     ref = train("train.tag=aug")
     m = ref["metrics"]

@@ -173,7 +173,7 @@ def test_cost_estimate_from_measured_step_summaries(tmp_path):
     size = cost.lstm_params(target, "student", 3183) / student_params
     assert size > 10
     train_node_h = 1000 / (0.5 / (100 * cores) * 64 * target.cost.gpu_speedup) / 3600 \
-        * size * target.train.epochs / mcfg.train.epochs
+        * size * target.train.passes.epochs / mcfg.train.passes.epochs
     assert rows["train"].node_hours == pytest.approx(train_node_h)
     assert rows["train"].usd == pytest.approx(train_node_h * target.cost.p3_16xlarge)
     assert rows["select"].pool == "pool_x1" and rows["select"].scale == 1.0

@@ -105,13 +105,13 @@ def test_rejects_models_it_cannot_precondition():
 def test_config_names_the_key():
     from amflow.config import ConfigError, TrainConfig
 
-    bad = TrainConfig(algorithm="sgd", natural_gradient=True)
+    bad = TrainConfig.from_flat(algorithm="sgd", natural_gradient=True)
     with pytest.raises(ConfigError, match="train.natural_gradient"):
         bad.validate("train")
-    bad = TrainConfig(algorithm="ma", natural_gradient=True, model="teacher")
+    bad = TrainConfig.from_flat(algorithm="ma", natural_gradient=True, model="teacher")
     with pytest.raises(ConfigError, match="train.natural_gradient"):
         bad.validate("train")
-    TrainConfig(algorithm="ma", natural_gradient=True).validate("train")
+    TrainConfig.from_flat(algorithm="ma", natural_gradient=True).validate("train")
 
 
 def test_ma_with_natural_gradient_learns():
@@ -123,7 +123,7 @@ def test_ma_with_natural_gradient_learns():
         torch.manual_seed(0)
         model = StudentLSTM(6, 12, 1, 4, lookahead=0)
         opt = torch.optim.SGD(model.parameters(), lr=0.5)
-        algo = build_algorithm(TrainConfig(algorithm="ma", natural_gradient=ng,
+        algo = build_algorithm(TrainConfig.from_flat(algorithm="ma", natural_gradient=ng,
                                            minibatch_frames=64), model, opt, world_size=1)
         gen = torch.Generator().manual_seed(1)
         losses = []

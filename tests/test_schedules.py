@@ -6,16 +6,17 @@ from training.schedules import LRSchedule, plan_passes
 
 
 def test_labeled_recipe_chunk_then_finetune_with_rotating_offsets():
-    passes = plan_passes(TrainConfig(recipe="labeled", epochs=5, finetune_epochs=2), stack=3)
+    tc = TrainConfig.from_flat(recipe="labeled", epochs=5, finetune_epochs=2)
+    passes = plan_passes(tc, stack=3)
     assert [p.mode for p in passes] == ["chunk"] * 3 + ["full"] * 2
     assert [p.offset for p in passes] == [0, 1, 2, 0, 1]
     assert all(p.kind == "labeled" and p.last_in_unit for p in passes)
     with pytest.raises(ValueError):
-        plan_passes(TrainConfig(epochs=2, finetune_epochs=3), stack=3)
+        plan_passes(TrainConfig.from_flat(epochs=2, finetune_epochs=3), stack=3)
 
 
 def test_ssl_recipe_interleaves_subepochs_and_labeled_passes():
-    tc = TrainConfig(recipe="ssl", sub_epochs=4, finetune_epochs=1, labeled_lr_scale=1.5)
+    tc = TrainConfig.from_flat(recipe="ssl", sub_epochs=4, finetune_epochs=1, labeled_lr_scale=1.5)
     passes = plan_passes(tc, stack=3)
     assert [(p.kind, p.sub_epoch if p.kind == "unlabeled" else None) for p in passes] == [
         ("unlabeled", 0), ("labeled", None), ("unlabeled", 1), ("labeled", None),
@@ -32,7 +33,7 @@ def test_ssl_recipe_interleaves_subepochs_and_labeled_passes():
 
 
 def test_exponential_decay_end_points_and_monotone():
-    tc = TrainConfig(epochs=4, finetune_epochs=1, lr=1e-2, final_lr=1e-4)
+    tc = TrainConfig.from_flat(epochs=4, finetune_epochs=1, lr=1e-2, final_lr=1e-4)
     passes = plan_passes(tc, 3)
     s = LRSchedule(tc, passes)
     assert s.lr(passes[0], 0, 10) == pytest.approx(1e-2)
@@ -43,7 +44,7 @@ def test_exponential_decay_end_points_and_monotone():
 
 
 def test_newbob_halves_then_stops_and_jumps_to_finetuning():
-    tc = TrainConfig(schedule="newbob", epochs=8, finetune_epochs=2, lr=0.08, min_lr=0.02,
+    tc = TrainConfig.from_flat(schedule="newbob", epochs=8, finetune_epochs=2, lr=0.08, min_lr=0.02,
                      newbob_threshold=0.01)
     passes = plan_passes(tc, 3)
     s = LRSchedule(tc, passes)
@@ -67,11 +68,12 @@ def test_newbob_halves_then_stops_and_jumps_to_finetuning():
 
 
 def test_gradual_warmup_ramps_linearly_then_hands_over_to_the_schedule():
-    tc = TrainConfig(epochs=5, finetune_epochs=0, lr=1.0, final_lr=0.1, lr_warmup_units=2,
+    tc = TrainConfig.from_flat(epochs=5, finetune_epochs=0, lr=1.0, final_lr=0.1, lr_warmup_units=2,
                      lr_warmup_start=0.25)
     passes = plan_passes(tc, 3)
     s = LRSchedule(tc, passes)
-    plain = LRSchedule(TrainConfig(epochs=5, finetune_epochs=0, lr=1.0, final_lr=0.1), passes)
+    plain = LRSchedule(TrainConfig.from_flat(epochs=5, finetune_epochs=0, lr=1.0, final_lr=0.1),
+                       passes)
     assert s.lr(passes[0], 0, 10) == pytest.approx(0.25)
     # half way through the warm-up: half way from 0.25 to 1, times the decayed rate
     assert s.lr(passes[1], 0, 10) == pytest.approx(0.625 * plain.lr(passes[1], 0, 10))

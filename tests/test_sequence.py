@@ -420,7 +420,7 @@ def test_criterion_on_the_loaders_chunk_and_full_minibatches(tmp_path, criterion
     tc = load_config(None, ["train.recipe=sequence", f"train.criterion={criterion}",
                             "train.den_ngram_order=3",
                             "train.sequence_numerator=flexible"]).train
-    crit = SequenceCriterion.from_labels(seqs, 6, tc)
+    crit = SequenceCriterion.from_labels(seqs, 6, tc.sequence)
     torch.manual_seed(0)
     model = StudentLSTM(index.feat_dim, 16, 1, 6, lookahead=2)
     chunks = PassSpec(mode="chunk", chunk_frames=8, left_context=3, right_context=2,

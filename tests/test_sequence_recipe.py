@@ -3,6 +3,7 @@ labeled split; its output dir, metrics, guards, bit-exact resume, and every trai
 ranks."""
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -11,10 +12,13 @@ import torch
 
 from amflow.runs import StepContext, StepError
 from amflow.storage import Storage, join
+from amflow.steps import train as train_step
+from amflow.steps import sequence as sequence_step
 from training import launch
 from training.checkpoint import load_model
 from training.data import make_synthetic_run
 from training.loop import InjectedFailure, train_worker
+from training.plan import WorkerPlan
 from tests.test_train import TINY
 
 torch.set_num_threads(1)
@@ -32,16 +36,16 @@ def ce_model(tmp_path, local_cfg):
                        splits={"labeled": {"utts": 40, "parts": 2},
                                "dev": {"utts": 12, "parts": 1}})
     cfg = local_cfg(*TINY, *STUDENT)
-    return launch.run(StepContext(cfg, "r", "train"), None)
+    return train_step.run(StepContext(cfg, "r", "train"), None)
 
 
 def _sequence(local_cfg, *sets, expect=None):
     cfg = local_cfg(*TINY, *SEQUENCE, *sets)
     ctx = StepContext(cfg, "r", "sequence")
     if expect is None:
-        return launch.run_sequence(ctx, None)
+        return sequence_step.run(ctx, None)
     with pytest.raises(expect) as err:
-        launch.run_sequence(ctx, None)
+        sequence_step.run(ctx, None)
     return err.value
 
 
@@ -102,7 +106,7 @@ def test_sequence_resume_equals_uninterrupted_bitwise(ce_model, local_cfg, tmp_p
     assert resumed["metrics"]["final_smbr_objective"] == ref["metrics"]["final_smbr_objective"]
 
 
-def _rank_entry(rank: int, world: int, plans: list[dict]) -> list[dict]:
+def _rank_entry(rank: int, world: int, plans: list[WorkerPlan]) -> list[dict]:
     return [train_worker(plan) for plan in plans]  # one process group, one training after another
 
 
@@ -121,7 +125,7 @@ def test_every_trainer_runs_the_sequence_recipe_on_two_ranks(ce_model, local_cfg
                         *extra.get(algorithm, []))
         ctx = StepContext(cfg, "r", f"sequence-base-{algorithm}")
         plan, _ = launch.build_plan(ctx, ctx.step_uri)
-        plans.append(dict(plan, progress=False))
+        plans.append(dataclasses.replace(plan, progress=False))
     rank0 = spawn_local(_rank_entry, 2, plans, timeout=300)[0]
     for algorithm, result in zip(("sgd", "gtc", "bmuf", "htm", "ma"), rank0):
         m = result["metrics"]

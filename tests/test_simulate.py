@@ -8,6 +8,7 @@ from types import SimpleNamespace
 import pytest
 
 from amflow.runs import StepContext, StepError
+from amflow.steps import simulate as simulate_step
 from training import simulate as sim
 
 
@@ -96,7 +97,7 @@ def test_step_writes_tables(local_cfg, tmp_path):
                                  "sgd": {"bytes_per_step": 1_200_004}}}}
     path = tmp_path / "m.json"
     path.write_text(json.dumps(measured))
-    out = sim.run(ctx, SimpleNamespace(measured=str(path)))
+    out = simulate_step.run(ctx, SimpleNamespace(measured=str(path)))
     assert out["metrics"]["ordering_bmuf_htm_gtc"] is True
     table = json.loads((tmp_path / "store" / "runs" / "sim1" / "simulate" / "table.json")
                        .read_text())
@@ -114,10 +115,10 @@ def test_step_writes_tables(local_cfg, tmp_path):
 def test_missing_measurement_is_a_clear_error(local_cfg):
     ctx = StepContext(local_cfg(), "sim2", "simulate")
     with pytest.raises(StepError, match="bench trainers"):
-        sim.run(ctx, SimpleNamespace(measured=None))
+        simulate_step.run(ctx, SimpleNamespace(measured=None))
     # ... unless the sparsity is configured
     cfg = local_cfg("simulate.gtc_sent_fraction=0.003", "simulate.htm_sent_fraction=0.01")
-    out = sim.run(StepContext(cfg, "sim3", "simulate"), SimpleNamespace(measured=None))
+    out = simulate_step.run(StepContext(cfg, "sim3", "simulate"), SimpleNamespace(measured=None))
     assert out["metrics"]["gtc_sent_fraction"] == 0.003
 
 

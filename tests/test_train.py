@@ -1,7 +1,9 @@
 """`amflow train`: learns, resumes bitwise, stops on non-finite loss, distils, runs on N ranks."""
 from __future__ import annotations
 
+import dataclasses
 import json
+import pickle
 import subprocess
 from pathlib import Path
 
@@ -11,10 +13,12 @@ import torch
 
 from amflow.runs import StepContext, StepError
 from amflow.storage import Storage, join
+from amflow.steps import train as train_step
 from training import launch
 from training.checkpoint import load_model
 from training.data import make_synthetic_run, rows_table, synthetic_rows
 from training.loop import InjectedFailure, train_worker
+from training.plan import WorkerPlan
 from tests.conftest import ROOT, amflow_bin
 
 torch.set_num_threads(1)
@@ -39,9 +43,9 @@ def _train(local_cfg, *overrides, expect=None):
     cfg = local_cfg(*TINY, *overrides)
     ctx = StepContext(cfg, "r", "train")
     if expect is None:
-        return launch.run(ctx, None)
+        return train_step.run(ctx, None)
     with pytest.raises(expect) as err:
-        launch.run(ctx, None)
+        train_step.run(ctx, None)
     return err.value
 
 
@@ -170,7 +174,7 @@ def test_teacher_trained_by_amflow_train(tmp_path):
     assert again.returncode == 0 and "already finished" in again.stderr
 
 
-def _rank_entry(rank: int, world: int, plan: dict) -> dict:
+def _rank_entry(rank: int, world: int, plan: WorkerPlan) -> dict:
     return train_worker(plan)
 
 
@@ -184,7 +188,12 @@ def test_train_worker_on_two_ranks(tmp_path, local_cfg):
                     "train.algorithm=sgd", "train.checkpoint_every=6")
     ctx = StepContext(cfg, "r", "train")
     plan, _ = launch.build_plan(ctx, ctx.step_uri)
-    plan["progress"] = False
+    # The typed config itself travels to the workers (pickled as it is, no dict form).
+    assert plan.cfg is cfg and plan.launch.storage_path == f"{ctx.step_uri}/ray"
+    assert pickle.loads(pickle.dumps(plan)) == plan
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        plan.kind = "student"
+    plan = dataclasses.replace(plan, progress=False)
     results = spawn_local(_rank_entry, 2, plan, timeout=300)
     assert [r["rank"] for r in results] == [0, 1] and results[0]["world"] == 2
     m = results[0]["metrics"]
@@ -240,11 +249,11 @@ def test_train_and_resume_on_s3(s3_bucket, tmp_path):
     make_synthetic_run(st, f"s3://{bucket}/amflow/runs/r", splits={
         "labeled": {"utts": 16, "parts": 2}, "dev": {"utts": 4, "parts": 1}})
     with pytest.raises(InjectedFailure):
-        launch.run(StepContext(load_config(ROOT / "configs" / "local.yaml", [
+        train_step.run(StepContext(load_config(ROOT / "configs" / "local.yaml", [
             f"storage.root=s3://{bucket}/amflow", *overrides, *TINY, *TEACHER,
             "train.epochs=2", "train.checkpoint_every=3", "train.fail_after=4"]), "r", "train"),
             None)
-    out = launch.run(StepContext(cfg, "r", "train"), None)
+    out = train_step.run(StepContext(cfg, "r", "train"), None)
     assert out["resumed_from_step"] == 3
     uri = out["metrics"]["model_uri"]
     assert uri.startswith("s3://") and st.exists(uri)
@@ -254,15 +263,16 @@ def test_train_and_resume_on_s3(s3_bucket, tmp_path):
 
 
 def test_a_checkpoint_from_before_a_new_config_key_still_resumes():
-    import dataclasses
 
     from amflow.config import TrainConfig
-    from training.checkpoint import fingerprint_diff
+    from training.loop import fingerprint_changes, train_fingerprint
 
-    now = {"train": dataclasses.asdict(TrainConfig()), "kind": "student"}
-    old = {"train": {k: v for k, v in now["train"].items() if k != "criterion"}, "kind": "student"}
-    assert fingerprint_diff(old, now) == []
+    now = {"train": train_fingerprint(TrainConfig()), "kind": "student"}
+    assert "criterion" in now["train"] and "lr" in now["train"]  # the user's flat keys
+    for gone in ("criterion", "augment", "gtc_warmup"):
+        old = {"train": {k: v for k, v in now["train"].items() if k != gone}, "kind": "student"}
+        assert fingerprint_changes(old, now) == []
     changed = {"train": dict(now["train"], criterion="mmi"), "kind": "student"}
-    assert fingerprint_diff(old, changed) == ["criterion"]
-    assert fingerprint_diff(now, dict(now, kind="teacher")) == ["model/data"]
+    assert fingerprint_changes(old, changed) == ["criterion"]
+    assert fingerprint_changes(now, dict(now, kind="teacher")) == ["model/data"]
 

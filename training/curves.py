@@ -12,6 +12,7 @@ from typing import Any, Sequence
 
 
 def plot_learning_curve(records: Sequence[dict[str, Any]], title: str = "") -> bytes:
+    # Deferred: matplotlib takes about a second to import; only rank 0 plots, once.
     import matplotlib
 
     matplotlib.use("Agg")

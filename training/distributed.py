@@ -1,7 +1,7 @@
 """Launching the training worker function on many processes.
 
-`run_distributed(train_worker_fn, plan, cfg)` runs `train_worker_fn(plan)` on a Ray Train
-`TorchTrainer` with `train.workers` workers (gloo on the CPU; NCCL when `train.use_gpu`
+`run_distributed(train_worker_fn, plan, cfg, launch)` runs `train_worker_fn(plan)` on a
+Ray Train `TorchTrainer` with `train.workers` workers (gloo on the CPU; NCCL when `train.use_gpu`
 and the cluster has enough GPUs), and returns what rank 0 returned. Ray Train creates the
 torch.distributed process group before the function starts; the function reads rank and
 world size from `torch.distributed` and builds its algorithm with
@@ -21,10 +21,10 @@ and the restarted function finds the last checkpoint through `ray.train.get_chec
 (BMUF workers' local models, MA's drifting replicas and GTC residuals differ per rank,
 hence one file per rank rather than rank 0's copy.)
 
-Plan keys read here (all optional): `storage_path` (where Ray Train persists checkpoints,
-default `<train_dir>/ray`, else `<storage.root>/runs/<run_id>/train/ray`),
-`name` (experiment name), `max_failures` (default 2), `cpus_per_worker`,
-`num_to_keep` (checkpoints kept, default 2).
+The plan (a `training.plan.WorkerPlan` for the train step) reaches the workers as it is,
+inside Ray Train's `train_loop_config`; how to launch them is the `training.plan.LaunchSpec`
+(where Ray Train persists checkpoints, the experiment name, max_failures, checkpoints
+kept, CPUs per worker).
 
 `spawn_local(fn, world_size, *args)` runs `fn(rank, world_size, *args)` in `world_size`
 fresh processes joined by a gloo process group, without Ray: the multi-process tests and
@@ -42,6 +42,17 @@ from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch import nn
+
+from amflow.config import TrainConfig
+from amflow.raycluster import init_ray, step_resources
+from amflow.storage import Storage, is_s3, join
+from training.algorithms import build_algorithm
+from training.plan import LaunchSpec
+
+# Ray is imported inside the functions that use it: every training imports this module,
+# and a one-worker training (or a spawn_local test) should not pay Ray's import time.
 
 log = logging.getLogger(__name__)
 
@@ -110,14 +121,9 @@ def _gpus_available(workers: int) -> bool:
     return ray.cluster_resources().get("GPU", 0) >= workers
 
 
-def _storage_path(plan: dict, cfg: Any) -> tuple[str, Any]:
+def _storage_path(launch: LaunchSpec, cfg: Any) -> tuple[str, Any]:
     """(storage_path, pyarrow filesystem or None) for Ray Train's persistent storage."""
-    from amflow.storage import Storage, is_s3, join
-
-    uri = plan.get("storage_path") or (join(plan["train_dir"], "ray") if plan.get("train_dir")
-                                       else join(cfg.storage.root, "runs",
-                                                 str(plan.get("run_id", "adhoc")), "train",
-                                                 "ray"))
+    uri = launch.storage_path or join(cfg.storage.root, "runs", "adhoc", "train", "ray")
     if is_s3(uri):
         storage = Storage(cfg.storage)
         fs, path = storage.resolve(uri)
@@ -128,7 +134,7 @@ def _storage_path(plan: dict, cfg: Any) -> tuple[str, Any]:
     return path, None
 
 
-def _worker_entry(config: dict) -> Any:
+def _worker_entry(config: dict[str, Any]) -> Any:
     """What every Ray Train worker runs: pin threads, then the user's function."""
     threads = int(config.get("threads", 1))
     torch.set_num_threads(threads)
@@ -144,20 +150,19 @@ def worker_resources(cfg: Any, cpus_per_worker: float, use_gpu: bool) -> dict[st
     """One Ray Train worker's resources: CPU, a GPU when training on GPUs, and the train
     step's pool sliver (`ray.step_resources.train`), so the workers run on the pool the
     config names (the P3 nodes on the cluster), not wherever a CPU is free."""
-    from amflow.raycluster import step_resources
-
     return {"CPU": cpus_per_worker, **({"GPU": 1} if use_gpu else {}),
             **step_resources(cfg, "train")}
 
 
-def run_distributed(train_worker_fn: Callable[[dict], dict], plan: dict, cfg: Any) -> dict:
-    """Run `train_worker_fn(plan)` on `cfg.train.workers` Ray Train workers; returns rank
-    0's return value (a dict), with `ray_result_path` and `ray_checkpoint` added."""
+def run_distributed(train_worker_fn: Callable[[Any], dict], plan: Any, cfg: Any,
+                    launch: LaunchSpec) -> dict:
+    """Run `train_worker_fn(plan)` on `cfg.train.workers` Ray Train workers, launched as
+    `launch` says; returns rank 0's return value (a dict), with `ray_result_path` and
+    `ray_checkpoint` added. `plan` is passed to the workers as it is (pickled by Ray)."""
+    # Deferred: Ray and Ray Train load only when a training is distributed (seconds).
     import ray
     import ray.train
     from ray.train.torch import TorchConfig, TorchTrainer
-
-    from amflow.raycluster import init_ray
 
     init_ray(cfg)
     train = cfg.train
@@ -168,11 +173,11 @@ def run_distributed(train_worker_fn: Callable[[dict], dict], plan: dict, cfg: An
                     "training on CPU with gloo", workers)
     backend = "nccl" if use_gpu else "gloo"
     cpus = float(ray.cluster_resources().get("CPU", 1))
-    cpus_per_worker = float(plan.get("cpus_per_worker") or min(1.0, cpus / workers))
-    storage_path, fs = _storage_path(plan, cfg)
+    cpus_per_worker = float(launch.cpus_per_worker or min(1.0, cpus / workers))
+    storage_path, fs = _storage_path(launch, cfg)
     log.info("run_distributed: %d workers, backend %s, %.2f CPU each, checkpoints under %s",
              workers, backend, cpus_per_worker, storage_path)
-    name = str(plan.get("name") or f"{plan.get('run_id', 'adhoc')}-{train.algorithm}")
+    name = launch.name or f"adhoc-{train.algorithm}"
     trainer = TorchTrainer(
         _worker_entry,
         train_loop_config={"fn": train_worker_fn, "plan": plan, "cwd": os.getcwd(),
@@ -183,9 +188,8 @@ def run_distributed(train_worker_fn: Callable[[dict], dict], plan: dict, cfg: An
             resources_per_worker=worker_resources(cfg, cpus_per_worker, use_gpu)),
         run_config=ray.train.RunConfig(
             name=name, storage_path=storage_path, storage_filesystem=fs,
-            failure_config=ray.train.FailureConfig(max_failures=int(plan.get("max_failures", 2))),
-            checkpoint_config=ray.train.CheckpointConfig(
-                num_to_keep=int(plan.get("num_to_keep", 2)))),
+            failure_config=ray.train.FailureConfig(max_failures=launch.max_failures),
+            checkpoint_config=ray.train.CheckpointConfig(num_to_keep=launch.num_to_keep)),
     )
     t0 = time.time()
     result = trainer.fit()
@@ -228,7 +232,6 @@ def spawn_local(fn: Callable[..., Any], world_size: int, *args: Any,
     """Run `fn(rank, world_size, *args)` on `world_size` spawned processes sharing a gloo
     process group (TCP on localhost); returns every rank's return value, by rank.
     `fn` must be importable (a module-level function)."""
-    import torch.multiprocessing as mp
 
     with tempfile.TemporaryDirectory(prefix="amflow-spawn-") as out:
         ctx = mp.spawn(_spawn_entry, args=(world_size, free_port(), out, threads, fn, args),
@@ -254,15 +257,8 @@ def toy_worker(plan: dict) -> dict:
     `plan["crash_at"]` and `plan["crash_marker"]` the worker of rank `plan["crash_rank"]`
     kills its own process once (the marker file records that it did), to exercise
     FailureConfig recovery. Returns rank 0's final weights and counters."""
-    from torch import nn
-
-    from amflow.config import TrainConfig
-    from training.algorithms import build_algorithm
-
     rank = dist.get_rank() if dist.is_initialized() else 0
-    train = TrainConfig()
-    for k, v in (plan.get("train") or {}).items():
-        setattr(train, k, v)
+    train = TrainConfig.from_flat(**(plan.get("train") or {}))
     torch.manual_seed(0)
     model = nn.Sequential()
     model.lstm = nn.LSTM(5, 8, batch_first=True)
@@ -271,7 +267,7 @@ def toy_worker(plan: dict) -> dict:
     def forward(x):
         return model.out(model.lstm(x)[0])
 
-    opt = torch.optim.Adam(model.parameters(), lr=train.lr)
+    opt = torch.optim.Adam(model.parameters(), lr=train.optim.lr)
     algo = build_algorithm(train, model, opt)
     start = 0
     state = load_checkpoint()

@@ -1,4 +1,5 @@
-"""`amflow evaluate`: frame accuracy and phone error rate of a model on a corpus split.
+"""Frame accuracy and phone error rate of a model on a corpus split: the library behind
+`amflow evaluate` (its step, resolving the run's paths: amflow/steps/evaluate.py).
 
 Reads   --model  a model.pt (default: this run's `train[-<evaluate.tag>]/model.pt`)
         --data   a corpus in the input format (default: data.corpus): metadata/**.jsonl
@@ -34,13 +35,20 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 import torch
 
-from amflow.config import FeaturesConfig
+from amflow.config import EvaluateConfig, FeaturesConfig
+from amflow.model_card import ModelCard
 from amflow.progress import Progress
-from amflow.runs import Reject, StepContext, StepError, rejects_table
-from amflow.storage import join
+from amflow.runs import Reject, StepError
+from amflow.storage import Storage, join
+from tasks import alignments as al
+from tasks.corpus import SIL
+from tasks.fbank import FbankComputer
+from tasks.features import featurize_records
+from tasks.select import records_of_split
 from training.checkpoint import load_model
 from training.data import Normalizer
-from training.launch import model_dir_name
+from training.example_servers import load_clean_sources
+from training.loop import dataclass_from_dict
 
 log = logging.getLogger(__name__)
 
@@ -145,26 +153,19 @@ class EvalUtt:
 
 
 def _phone_ids(phones: Sequence[str]) -> tuple[dict[str, int], int]:
-    from tasks.alignments import UNK
-
     ids = {p: i for i, p in enumerate(phones)}
-    return ids, ids.get(UNK, -1)
+    return ids, ids.get(al.UNK, -1)
 
 
-def load_split(ctx: StepContext, corpus: str, split: str, fcfg: FeaturesConfig,
-               phones: Sequence[str], norm: Normalizer
+def load_split(st: Storage, corpus: str, split: str, fcfg: FeaturesConfig,
+               phones: Sequence[str], norm: Normalizer, audio: str = "stored"
                ) -> tuple[list[EvalUtt], list[Reject], int]:
-    """Featurise the corpus records of `split`: (utterances, rejects, records in)."""
-    from tasks import alignments as al
-    from tasks.features import featurize_records
-    from tasks.fbank import FbankComputer
-    from tasks.select import records_of_split
-
-    st = ctx.storage
+    """Featurise the corpus records of `split` (audio: stored, or clean = the dry
+    renderings): (utterances, rejects, records in)."""
     # the input format's split rule: a record without `split` is labeled when aligned
     recs, rejects = records_of_split(st, corpus, split)
     n_in = len(recs) + len(rejects)
-    if ctx.cfg.evaluate.audio == "clean":
+    if audio == "clean":
         recs = clean_renderings(st, corpus, recs, rejects)
     ctm_uri = join(corpus, "alignments.ctm")
     if not st.exists(ctm_uri):
@@ -207,8 +208,6 @@ def clean_renderings(st: Any, corpus: str, recs: list[Any], rejects: list[Reject
                      ) -> list[Any]:
     """The records with their dry (close-talk) rendering as audio, condition "dry"
     (evaluate.audio=clean); a record without `clean_audio_uri` is a reject."""
-    from training.example_servers import load_clean_sources
-
     clean = load_clean_sources(st, corpus)
     out = []
     for r in recs:
@@ -261,46 +260,30 @@ def evaluate_model(model: torch.nn.Module, utts: Sequence[EvalUtt], batch_frames
                      for p, u in zip(preds, utts))
 
 
-# ----------------------------------------------------------------- the step
-def _features_config(meta: dict[str, Any], fallback: FeaturesConfig) -> FeaturesConfig:
-    from training.loop import dataclass_from_dict
-
-    stored = meta.get("features") or {}
-    return dataclass_from_dict(FeaturesConfig, stored) if stored else fallback
+# ----------------------------------------------------------------- a model on a split
+def features_config(card: ModelCard, fallback: FeaturesConfig) -> FeaturesConfig:
+    """The features config the model was trained on (stored in its file), else `fallback`."""
+    return dataclass_from_dict(FeaturesConfig, card.features) if card.features else fallback
 
 
-def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
-    cfg = ctx.cfg
-    tag = cfg.evaluate.tag
-    step = f"evaluate-{tag}" if tag else "evaluate"
-    if ctx.step != step:
-        started = ctx.started
-        ctx = StepContext(cfg, ctx.run_id, step, force=ctx.force)
-        ctx.started = started
-    st = ctx.storage
-    model_uri = getattr(args, "model", None) or ctx.other(model_dir_name(tag), "model.pt")
-    corpus = getattr(args, "data", None) or cfg.data.corpus
-    split = getattr(args, "split", None) or "test"
-    out_uri = getattr(args, "out", None) or ctx.path("result.json")
-    if not st.exists(model_uri):
-        raise StepError(f"model {model_uri} not found: train one with `amflow train` or pass "
-                        "--model URI")
-    model, meta = load_model(st, model_uri)
-    cmvn = meta.get("cmvn")
-    if not cmvn:
-        uri = ctx.other("features", "cmvn.json")
-        if not st.exists(uri):
-            raise StepError(f"{model_uri} carries no CMVN stats and {uri} does not exist")
-        cmvn = st.read_json(uri)
-    phones = meta.get("phones") or []
-    if not phones:
-        uri = ctx.other("features", "phones.json")
-        if not st.exists(uri):
-            raise StepError(f"{model_uri} carries no phone list and {uri} does not exist")
-        phones = st.read_json(uri)
-    fcfg = _features_config(meta, cfg.features)
+@dataclasses.dataclass
+class Evaluation:
+    """The result JSON of one evaluation and what went into it."""
+
+    result: dict[str, Any]
+    rejects: list[Reject]
+    records_in: int
+    scored: int
+
+
+def evaluate_split(st: Storage, model: torch.nn.Module, card: ModelCard, model_uri: str,
+                   cmvn: dict[str, Any], phones: Sequence[str], corpus: str, split: str,
+                   ecfg: EvaluateConfig, fallback_features: FeaturesConfig) -> Evaluation:
+    """Score `model` (its metadata: `card`; CMVN and phones resolved by the caller) on the
+    corpus split, with `evaluate.baseline` beside it when set."""
+    fcfg = features_config(card, fallback_features)
     norm = Normalizer.from_stats(cmvn, model.input_dim)
-    utts, rejects, n_in = load_split(ctx, corpus, split, fcfg, phones, norm)
+    utts, rejects, n_in = load_split(st, corpus, split, fcfg, phones, norm, ecfg.audio)
     if not utts:
         reasons = sorted({r.reason for r in rejects})
         raise StepError(f"no utterance of split '{split}' could be scored (rejects: {reasons})")
@@ -308,41 +291,30 @@ def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
     if dim != model.input_dim:
         raise StepError(f"features have {dim} dims, the model expects {model.input_dim}")
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    from tasks.corpus import SIL
-
     silence = list(phones).index(SIL) if SIL in phones else -1
-    result = evaluate_model(model, utts, cfg.evaluate.batch_frames, device, silence)
+    result = evaluate_model(model, utts, ecfg.batch_frames, device, silence)
     reasons: dict[str, int] = {}
     for r in rejects:
         reasons[r.reason] = reasons.get(r.reason, 0) + 1
-    result.update({"model": model_uri, "model_kind": meta["spec"]["kind"], "data": corpus,
+    result.update({"model": model_uri, "model_kind": card.kind, "data": corpus,
                    "split": split, "rejected": reasons,
-                   "train_info": {k: v for k, v in (meta.get("info") or {}).items()
-                                  if k != "metrics"}})
-    if cfg.evaluate.baseline:
-        base_model, base_meta = load_model(st, cfg.evaluate.baseline)
-        if base_meta.get("phones") and list(base_meta["phones"]) != list(phones):
+                   "train_info": {k: v for k, v in card.info.items() if k != "metrics"}})
+    if ecfg.baseline:
+        base_model, base_meta = load_model(st, ecfg.baseline)
+        base_card = ModelCard.from_meta(base_meta, ecfg.baseline)
+        if base_card.phones and list(base_card.phones) != list(phones):
             raise StepError("evaluate.baseline has a different phone inventory than --model")
-        base = evaluate_model(base_model, utts, cfg.evaluate.batch_frames, device, silence)
-        base["model"] = cfg.evaluate.baseline
+        base = evaluate_model(base_model, utts, ecfg.batch_frames, device, silence)
+        base["model"] = ecfg.baseline
         result["baseline"] = base
         result["rel_frame_error_reduction"] = relative_error_reduction(
             {**base["per_condition"], "all": base["frame_accuracy"]},
             {**result["per_condition"], "all": result["frame_accuracy"]})
-    st.write_json(out_uri, result)
-    if rejects:
-        st.write_parquet(ctx.path("rejects", "rejects.parquet"), rejects_table(rejects))
-    _print(result)
-    metrics = {k: result[k] for k in ("frame_accuracy", "per", "per_speech", "num_frames",
-                                      "num_utterances", "per_condition", "per_condition_per")}
-    if "rel_frame_error_reduction" in result:
-        metrics["rel_frame_error_reduction"] = result["rel_frame_error_reduction"]
-    return ctx.finish(inputs={"model": model_uri, "data": corpus, "split": split},
-                      counts={"in": n_in, "out": len(utts), "rejected": len(rejects)},
-                      metrics=metrics, extra={"out": out_uri})
+    return Evaluation(result, rejects, n_in, len(utts))
 
 
-def _print(result: dict[str, Any]) -> None:
+def print_table(result: dict[str, Any]) -> None:
+    """The per-condition table of a result, on stdout."""
     lines = [f"{'condition':<10} {'frames':>8} {'frame acc %':>12} {'PER %':>8} "
              f"{'PER-sil %':>10}"]
     for c, a in result["per_condition"].items():

@@ -58,10 +58,16 @@ from typing import Any, Iterator, NamedTuple
 
 import numpy as np
 import torch
+from scipy import signal
 
 from amflow import records
 from amflow.config import AugmentConfig, FeaturesConfig, TrainConfig
 from amflow.storage import Storage, iter_jsonl, join
+from tasks.audio import load_audio_result, resolve_uri
+from tasks.corpus import babble_bank
+from tasks.fbank import FbankComputer
+from tasks.features import StreamCMN, stack_frames
+from tasks.speech import room
 from training.data import (IGNORE, Batch, Normalizer, PassSpec, SplitIndex, _Utterances,
                            plan_pass)
 from training.inputs import pass_spec
@@ -77,8 +83,6 @@ _T_AUGMENT = 21  # seed stream tag
 def load_clean_sources(storage: Storage, corpus: str) -> dict[str, dict[str, str]]:
     """{utt_id: {uri, stored_uri, speaker_id, created_at}} of every metadata record with a
     clean source (`stored_uri`: the record's own rendering, `audio_uri`)."""
-    from tasks.audio import resolve_uri
-
     root = corpus.rstrip("/")
     uris = storage.list(join(root, "metadata"), suffix=".jsonl", recursive=True)
     if storage.exists(join(root, "metadata.jsonl")):
@@ -182,8 +186,6 @@ def lfr_rows(frames: int, stack: int, subsample: int) -> int:
 # ----------------------------------------------------------------- rendering (pure)
 def _noise(kind: str, rng: np.random.Generator, n: int, fs: int,
            babble: list[np.ndarray] | None) -> np.ndarray | None:
-    from tasks.speech import room
-
     if kind in ("pink", "brown", "white"):
         return room.colored_noise(rng, n, {"white": 0.0, "pink": 1.0, "brown": 2.0}[kind], fs)
     if kind == "hum":
@@ -204,8 +206,6 @@ def _rms(x: np.ndarray, active: np.ndarray | None) -> float:
 
 def _speed(x: np.ndarray, speed: float) -> np.ndarray:
     """Resampled so that it plays `speed` times faster (pitch and tempo, as Kaldi's)."""
-    from scipy import signal
-
     if speed == 1.0:
         return x
     r = Fraction(speed).limit_denominator(100)
@@ -216,8 +216,6 @@ def augment_audio(x: np.ndarray, recipe: Recipe, fs: int, active: np.ndarray | N
                   babble: list[np.ndarray] | None) -> np.ndarray:
     """The clean signal `x` in the recipe's acoustics, same length and timing (the direct
     path's delay is taken out again, so the labels still fit)."""
-    from tasks.speech import room
-
     rng = np.random.default_rng(recipe.seed)
     y = x.astype(np.float64)
     n = len(y)
@@ -280,8 +278,6 @@ class Renderer:
         self._computers: dict[float, Any] = {}
 
     def _computer(self, warp: float):
-        from tasks.fbank import FbankComputer
-
         c = self._computers.get(warp)
         if c is None:
             if len(self._computers) > 64:  # VTLP warps are continuous: keep a few
@@ -294,8 +290,6 @@ class Renderer:
         if not b:
             return None
         try:
-            from tasks.corpus import babble_bank
-
             return list(babble_bank(int(b["seed"]), recipe.seed % int(b["banks"]),
                                     str(b["language"]), self.fcfg.sample_rate))
         except Exception as exc:  # noqa: BLE001 - no espeak: no babble, other noises go on
@@ -315,9 +309,6 @@ class Renderer:
                       ) -> tuple[list[Rendered], float]:
         """One speaker stream in time order -> per utterance features and labels (or a
         reject); the CPU seconds it took."""
-        from tasks.audio import load_audio_result
-        from tasks.features import StreamCMN, stack_frames
-
         c0 = time.process_time()
         fcfg = self.fcfg
         length, shift = _fbank_geometry(fcfg)
@@ -489,7 +480,7 @@ class ExampleServers:
 
     def close(self) -> None:
         if self._actors:
-            import ray
+            import ray  # deferred: Ray loads only when the example servers run as actors
 
             for a in self._actors:
                 ray.kill(a)
@@ -565,7 +556,7 @@ class AugmentedStream:
         self.start, self.limit, self.stats = start, min(limit, plan.num_batches), stats
         self.offset = plan.spec.offset
         self.wait_s = 0.0
-        self._q: queue.Queue = queue.Queue(maxsize=max(1, src.tc.prefetch))
+        self._q: queue.Queue = queue.Queue(maxsize=max(1, src.tc.batches.prefetch))
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 

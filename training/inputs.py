@@ -69,12 +69,13 @@ def pass_spec(tc: TrainConfig, p: PassInfo, rank: int, stack: int, right: int) -
                                                 (p.sub_epoch + 1) / p.sub_epochs)
     else:
         order_seed, span = (tc.seed, 2, p.index, rank), (0.0, 1.0)
+    b = tc.batches
     return PassSpec(mode=p.mode, offset=p.offset if p.kind == "labeled" else 0, stack=stack,
-                    chunk_frames=tc.chunk_frames, left_context=tc.chunk_left_context,
-                    right_context=int(right), minibatch_frames=tc.minibatch_frames,
-                    shuffle=True, shuffle_partitions=tc.shuffle_partitions,
+                    chunk_frames=b.chunk_frames, left_context=b.chunk_left_context,
+                    right_context=int(right), minibatch_frames=b.minibatch_frames,
+                    shuffle=True, shuffle_partitions=b.shuffle_partitions,
                     seed=mix_seed(tc.seed, 3, p.index, rank), order_seed=mix_seed(*order_seed),
-                    span=span, sortagrad=tc.sortagrad and p.unit == 0)
+                    span=span, sortagrad=tc.passes.sortagrad and p.unit == 0)
 
 
 SPLIT_TARGETS = {"labeled": "labels", "unlabeled": "topk"}
@@ -88,7 +89,7 @@ class StoredPartitions:
                  right: int, norm: Normalizer):
         self.storage, self.tc, self.rank = storage, tc, rank
         self.stack, self.right, self.norm = stack, right, norm
-        split_names = {"labeled": tc.labeled_split, "unlabeled": tc.unlabeled_split}
+        split_names = {"labeled": tc.batches.labeled_split, "unlabeled": tc.batches.unlabeled_split}
         self.indexes: dict[str, SplitIndex] = {}
         for k in sorted(kinds):
             uris = splits.get(k) or []
@@ -106,7 +107,7 @@ class StoredPartitions:
 
     def open(self, p: PassInfo, start: int, limit: int) -> BatchLoader:
         loader = BatchLoader(self.storage, self.indexes[p.kind], self.spec(p), self.norm,
-                             start=start, prefetch=self.tc.prefetch)
+                             start=start, prefetch=self.tc.batches.prefetch)
         loader.set_limit(limit)
         return loader
 

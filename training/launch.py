@@ -1,4 +1,5 @@
-"""`amflow train`: train the teacher or the student of a run.
+"""Training a model of a run: the library behind `amflow train` and `amflow sequence`
+(their steps: amflow/steps/train.py, amflow/steps/sequence.py).
 
 Reads   runs/<R>/repartition/<split>/part-*.parquet (labeled, unlabeled, dev splits as
         `train.recipe` needs), runs/<R>/features/cmvn.json and phones.json.
@@ -11,24 +12,31 @@ Writes  runs/<R>/train[-<tag>]/ (the dir is `train` when `train.tag` is empty):
           rejects/rejects.parquet  rows that cannot be trained on, with the reason
           _SUCCESS.json       final metrics (dev frame accuracy when a dev split exists)
 
-`amflow sequence` (train.recipe=sequence) is the same step with a sequence criterion
+The sequence recipe (train.recipe=sequence) is the same training with a sequence criterion
 (train.criterion mmi | smbr, training/sequence.py) on the labeled split, starting from
 train.init_model (default: this run's train[-<tag>]/model.pt), into runs/<R>/sequence[-<tag>]/.
 
-One worker (default) trains in this process; `train.workers` > 1 runs the same worker
-function on Ray Train through `training.distributed.run_distributed`. A killed training
-resumes from its last checkpoint when re-run; `--force` starts over.
+`build_plan` resolves the inputs into one typed `training.plan.WorkerPlan`; `train` runs
+it on one worker in this process, or with `train.workers` > 1 on Ray Train through
+`training.distributed.run_distributed`. A killed training resumes from its last
+checkpoint when re-run; `--force` starts over (`clear_outputs`).
 """
 from __future__ import annotations
 
 import logging
 from typing import Any
 
-from amflow.config import Config, ConfigError
-from amflow.runs import SUCCESS, Reject, StepContext, StepError, rejects_table
+from amflow.config import Config
+from amflow.model_card import ModelCard
+from amflow.runs import SUCCESS, Reject, StepContext, StepError, step_dir_name
 from amflow.storage import join
+from training.checkpoint import load_model
 from training.data import SplitIndex, partition_uris
+from training.distributed import run_distributed
+from training.loop import train_worker
 from training.models import resolve_num_classes
+from training.plan import LaunchSpec, WorkerPlan
+from training.priors import attach_priors, class_counts
 
 log = logging.getLogger(__name__)
 
@@ -36,8 +44,7 @@ log = logging.getLogger(__name__)
 def train_dir_name(tag: str = "", recipe: str = "labeled") -> str:
     """The training's output dir: train[-<tag>], or sequence[-<tag>] for the sequence
     recipe (which starts from train[-<tag>]'s model)."""
-    step = "sequence" if recipe == "sequence" else "train"
-    return f"{step}-{tag}" if tag else step
+    return step_dir_name("sequence" if recipe == "sequence" else "train", tag)
 
 
 def model_dir_name(tag: str = "") -> str:
@@ -64,12 +71,12 @@ def _split_kinds(cfg: Config) -> dict[str, str]:
     """{kind: split name} of the training data the recipe needs."""
     tc = cfg.train
     if tc.recipe == "ssl":
-        return {"unlabeled": tc.unlabeled_split, "labeled": tc.labeled_split}
-    return {"labeled": tc.labeled_split}
+        return {"unlabeled": tc.batches.unlabeled_split, "labeled": tc.batches.labeled_split}
+    return {"labeled": tc.batches.labeled_split}
 
 
-def build_plan(ctx: StepContext, train_dir: str) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(the picklable plan for `training.loop.train_worker`, the data report)."""
+def build_plan(ctx: StepContext, train_dir: str) -> tuple[WorkerPlan, dict[str, Any]]:
+    """(the plan for `training.loop.train_worker`, the data report: splits, rejects)."""
     cfg = ctx.cfg
     tc = cfg.train
     ctx.require("repartition")
@@ -107,20 +114,18 @@ def build_plan(ctx: StepContext, train_dir: str) -> tuple[dict[str, Any], dict[s
         if len(uris) < tc.workers:
             raise StepError(f"split '{name}' has {len(uris)} partitions, fewer than "
                             f"train.workers={tc.workers}: re-run repartition for that many workers")
-    dev_uris = (partition_uris(storage, ctx.other("repartition", tc.dev_split))
-                if tc.dev_split else [])
+    dev_uris = (partition_uris(storage, ctx.other("repartition", tc.batches.dev_split))
+                if tc.batches.dev_split else [])
     if dev_uris:
         splits["dev"] = dev_uris
-        report["splits"][tc.dev_split] = {"partitions": len(dev_uris)}
-    plan = {
-        "config": cfg.to_dict(), "run_id": ctx.run_id, "train_dir": train_dir,
-        "init_model": _init_model(ctx, int(num_classes), int(feat_dim)),
-        "kind": tc.model, "splits": splits, "cmvn": cmvn, "phones": list(phones),
-        "num_classes": int(num_classes), "feat_dim": int(feat_dim), "stack": cfg.features.stack,
-        # for training.distributed.run_distributed
-        "storage_path": join(train_dir, "ray"),
-        "name": f"{ctx.run_id}-{train_dir_name(tc.tag, tc.recipe)}-{tc.algorithm}",
-    }
+        report["splits"][tc.batches.dev_split] = {"partitions": len(dev_uris)}
+    plan = WorkerPlan(
+        cfg=cfg, run_id=ctx.run_id, train_dir=train_dir, kind=tc.model, splits=splits,
+        cmvn=cmvn, phones=list(phones), num_classes=int(num_classes), feat_dim=int(feat_dim),
+        stack=cfg.features.stack, init_model=_init_model(ctx, int(num_classes), int(feat_dim)),
+        launch=LaunchSpec(storage_path=join(train_dir, "ray"),
+                          name=f"{ctx.run_id}-{train_dir_name(tc.tag, tc.recipe)}-"
+                               f"{tc.algorithm}"))
     return plan, report
 
 
@@ -134,10 +139,8 @@ def _init_model(ctx: StepContext, num_classes: int, feat_dim: int) -> str | None
         raise StepError(f"sequence training starts from a trained model: {uri} not found "
                         f"(run `amflow train` with train.tag={cfg.train.tag!r} first, or set "
                         "train.init_model)")
-    from training.checkpoint import load_model
-
     model, meta = load_model(ctx.storage, uri)
-    kind = meta["spec"]["kind"]
+    kind = ModelCard.from_meta(meta, uri).kind
     if kind != cfg.train.model or model.num_classes != num_classes or \
             model.input_dim != feat_dim:
         raise StepError(f"train.init_model {uri} is a {kind} with {model.num_classes} classes "
@@ -146,7 +149,7 @@ def _init_model(ctx: StepContext, num_classes: int, feat_dim: int) -> str | None
     return uri
 
 
-def _clear(ctx: StepContext) -> None:
+def clear_outputs(ctx: StepContext) -> None:
     """--force: remove a previous training's state and outputs."""
     for sub in ("checkpoints", "metrics", "rejects"):
         for uri in ctx.storage.list(ctx.path(sub), recursive=True):
@@ -156,68 +159,21 @@ def _clear(ctx: StepContext) -> None:
         ctx.storage.delete(ctx.path(name))
 
 
-def _store_priors(ctx: StepContext, plan: dict[str, Any], model_uri: str) -> None:
-    """Class priors (for hybrid decoding: posterior / prior) counted over the training
-    targets the model saw, stored in model.pt (decoding/priors.py)."""
-    from decoding.priors import attach_priors, class_counts
-
-    uris = [u for kind, us in plan["splits"].items() if kind != "dev" for u in us]
-    counts = class_counts(ctx.storage, uris, int(plan["num_classes"]))
-    attach_priors(ctx.storage, model_uri, counts, "training targets")
-
-
-def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
-    cfg = ctx.cfg
-    tc = cfg.train
-    if tc.model == "teacher" and tc.recipe == "ssl":
-        raise ConfigError("train.recipe", "the teacher trains on labeled data only "
-                          "(recipe labeled); ssl is the student's recipe")
-    step = train_dir_name(tc.tag, tc.recipe)
-    if ctx.step != step:
-        started = ctx.started
-        ctx = StepContext(cfg, ctx.run_id, step, force=ctx.force)
-        ctx.started = started
-    if ctx.force:
-        _clear(ctx)
-    elif ctx.storage.exists(ctx.path(SUCCESS)):
-        done = ctx.storage.read_json(ctx.path(SUCCESS))
-        log.info("%s already finished (%s); use --force to train again", ctx.step_uri,
-                 ctx.path(SUCCESS))
-        return done
-    plan, report = build_plan(ctx, ctx.step_uri)
-    from training.loop import train_worker
-
-    if tc.workers > 1:
-        try:
-            from training.distributed import run_distributed
-        except ImportError as exc:
-            raise StepError("train.workers > 1 needs training.distributed.run_distributed "
-                            f"(the Ray Train launcher), which cannot be imported: {exc}") from exc
-        result = run_distributed(train_worker, plan, cfg)
+def train(plan: WorkerPlan) -> dict[str, Any]:
+    """Run the plan's training: one worker here, or `train.workers` on Ray Train; rank 0's
+    summary (metrics, counts, model_uri, ...)."""
+    cfg = plan.cfg
+    if cfg.train.workers > 1:
+        result = run_distributed(train_worker, plan, cfg, plan.launch)
     else:
         result = train_worker(plan)
     if "metrics" not in result:
         raise StepError(f"the training workers returned no summary from rank 0: {result}")
-    if report["rejects"]:
-        ctx.storage.write_parquet(ctx.path("rejects", "rejects.parquet"),
-                                  rejects_table(report["rejects"]))
-    _store_priors(ctx, plan, result["model_uri"])
-    counts = dict(result["counts"])
-    metrics = dict(result["metrics"])
-    metrics["model_uri"] = result["model_uri"]
-    if plan.get("init_model"):
-        metrics["init_model"] = plan["init_model"]
-    inputs = {"repartition": ctx.other("repartition"),
-              "cmvn": ctx.other("features", "cmvn.json"), "splits": report["splits"]}
-    extra = {"model_uri": result["model_uri"], "resumed_from_step": result.get("resumed_from_step"),
-             "minibatches_per_pass": result.get("minibatches_per_pass")}
-    return ctx.finish(inputs=inputs, counts=counts, metrics=metrics,
-                      bytes_written=int(result.get("model_bytes", 0)), extra=extra)
+    return result
 
 
-def run_sequence(ctx: StepContext, args: Any = None) -> dict[str, Any]:
-    """`amflow sequence`: `amflow train` with train.recipe=sequence (the CLI sets it)."""
-    if ctx.cfg.train.recipe != "sequence":
-        raise ConfigError("train.recipe", f"is {ctx.cfg.train.recipe}; `amflow sequence` "
-                          "runs the sequence recipe")
-    return run(ctx, args)
+def store_priors(ctx: StepContext, plan: WorkerPlan, model_uri: str) -> None:
+    """Class priors (for hybrid decoding: posterior / prior) counted over the training
+    targets the model saw, stored in model.pt (training/priors.py)."""
+    counts = class_counts(ctx.storage, plan.training_uris(), plan.num_classes)
+    attach_priors(ctx.storage, model_uri, counts, "training targets")

@@ -2,23 +2,9 @@
 
 It runs the same way in-process (one worker, no Ray) and inside a Ray Train worker
 (`training.distributed.run_distributed`), where torch.distributed is initialised and rank
-and world size come from it. Its only input is a picklable `plan` dict (built by
-`training.launch.build_plan`):
-
-    config       the full config as a dict (Config.to_dict()); train/model/storage/features
-                 sections are read
-    run_id       the run's id
-    train_dir    URI of the output dir (`runs/<R>/train` or `runs/<R>/train-<tag>`)
-    kind         "teacher" | "student"
-    splits       {"labeled": [partition URIs], "unlabeled": [...], "dev": [...]}
-                 (the splits the recipe needs; dev may be empty)
-    cmvn         features/cmvn.json ({count, sum, sumsq}) or None
-    phones       class names (features/phones.json); may be empty if num_classes is set
-    num_classes  output classes
-    feat_dim     input feature dim (192 for 64 mel bins stacked 3)
-    stack        features.stack (frame offsets rotate over 0..stack-1)
-    init_model   model.pt URI to start from (the sequence recipe), or None
-    progress     bool, print progress on rank 0 (default True)
+and world size come from it. Its only input is the frozen `training.plan.WorkerPlan` built
+by `training.launch.build_plan` (the typed config, the partitions per split, CMVN,
+classes, feature dim, the starting model).
 
 The worker is a `Trainer` with one method per phase (resume, run_pass, train_step, loss,
 account, end_pass, log_block, save_checkpoint, finish). Its minibatches come from one
@@ -58,16 +44,22 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from amflow.config import FeaturesConfig, ModelConfig, StorageConfig, TrainConfig
+from amflow.config import TrainConfig, replace_train
 from amflow.progress import Progress
+from amflow.raycluster import init_ray
 from amflow.runs import StepError
 from amflow.storage import Storage, join
-from training.checkpoint import Checkpointer, fingerprint_diff, save_model
+from training.algorithms import build_algorithm
+from training.checkpoint import Checkpointer, fingerprint_diff, load_model, save_model
+from training.curves import plot_learning_curve
 from training.data import Batch, BatchLoader, Normalizer, PassSpec, SplitIndex, spec_augment
+from training.example_servers import ExampleServers, load_clean_sources
 from training.inputs import InputSource, StoredPartitions, mix_seed
 from training.losses import LossOut, ce_loss, distill_loss
 from training.models import build_model, num_parameters
+from training.plan import WorkerPlan
 from training.schedules import LRSchedule, PassInfo, plan_passes
+from training.sequence import NonFiniteSequenceError, SequenceCriterion, split_label_sequences
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +74,8 @@ class InjectedFailure(RuntimeError):
 
 # ----------------------------------------------------------------- config from a dict
 def dataclass_from_dict(cls: type, data: dict[str, Any]) -> Any:
+    """A flat config section from a stored dict (a model file's `features`), unknown keys
+    ignored: readers of model.pt (evaluate, decode, serve) use it."""
     hints = typing.get_type_hints(cls)
     kwargs = {}
     for f in dataclasses.fields(cls):
@@ -93,23 +87,6 @@ def dataclass_from_dict(cls: type, data: dict[str, Any]) -> Any:
             v = dataclass_from_dict(tp, v)
         kwargs[f.name] = v
     return cls(**kwargs)
-
-
-@dataclass
-class WorkerConfig:
-    train: TrainConfig
-    model: ModelConfig
-    storage: StorageConfig
-    features: FeaturesConfig
-    raw: dict[str, Any]
-
-    @classmethod
-    def from_plan(cls, plan: dict[str, Any]) -> "WorkerConfig":
-        c = plan["config"]
-        return cls(dataclass_from_dict(TrainConfig, c.get("train", {})),
-                   dataclass_from_dict(ModelConfig, c.get("model", {})),
-                   dataclass_from_dict(StorageConfig, c.get("storage", {})),
-                   dataclass_from_dict(FeaturesConfig, c.get("features", {})), c)
 
 
 # ----------------------------------------------------------------- torch.distributed helpers
@@ -144,11 +121,11 @@ def barrier() -> None:
 # ----------------------------------------------------------------- optimizer helpers
 def build_optimizer(tc: TrainConfig, model: nn.Module) -> torch.optim.Optimizer:
     params = [p for p in model.parameters() if p.requires_grad]
-    if tc.optimizer == "adam":
-        return torch.optim.Adam(params, lr=tc.lr)
-    if tc.optimizer == "sgd":
-        return torch.optim.SGD(params, lr=tc.lr, momentum=tc.momentum)
-    raise ValueError(f"unknown optimizer {tc.optimizer!r}")
+    if tc.optim.optimizer == "adam":
+        return torch.optim.Adam(params, lr=tc.optim.lr)
+    if tc.optim.optimizer == "sgd":
+        return torch.optim.SGD(params, lr=tc.optim.lr, momentum=tc.optim.momentum)
+    raise ValueError(f"unknown optimizer {tc.optim.optimizer!r}")
 
 
 class MaxChangeOptimizer:
@@ -215,7 +192,7 @@ def batch_loss(model: nn.Module, batch: Any, tc: TrainConfig) -> LossOut:
     if batch.labels is not None:
         return ce_loss(logits, batch.labels)
     return distill_loss(logits, batch.topk_idx, batch.topk_logit, batch.mask,
-                        fill=tc.topk_fill, temperature=tc.temperature)
+                        fill=tc.distill.topk_fill, temperature=tc.distill.temperature)
 
 
 @torch.no_grad()
@@ -234,7 +211,7 @@ def score_index(model: nn.Module, storage: Storage, index: SplitIndex, norm: Nor
     try:
         for b in BatchLoader(storage, index, spec, norm, prefetch=2):
             b = b.to(device)
-            out = batch_loss(model, b, dataclasses.replace(tc, temperature=1.0))
+            out = batch_loss(model, b, replace_train(tc, temperature=1.0))
             loss_sum += float(out.loss) * out.frames
             frames += out.frames
             correct += out.correct
@@ -314,16 +291,32 @@ def _set_rng_state(s: dict[str, Any]) -> None:
 OPERATIONAL_AUGMENT_KEYS = {"servers", "cpus_per_server", "resources", "inflight"}
 
 
-def _fingerprint(wc: WorkerConfig, plan: dict[str, Any]) -> dict[str, Any]:
-    train = {k: v for k, v in dataclasses.asdict(wc.train).items() if k not in OPERATIONAL_KEYS}
+def train_fingerprint(tc: TrainConfig) -> dict[str, Any]:
+    """The train.* keys that shape the model, flat as the user writes them (the form
+    checkpoints have always stored, so earlier checkpoints still resume)."""
+    train = {k: v for k, v in tc.to_flat().items() if k not in OPERATIONAL_KEYS}
     train["augment"] = {k: v for k, v in train["augment"].items()
                         if k not in OPERATIONAL_AUGMENT_KEYS}
-    return {"train": train, "model": dataclasses.asdict(wc.model), "kind": plan["kind"],
-            "splits": plan["splits"], "num_classes": plan["num_classes"]}
+    return train
+
+
+def _fingerprint(plan: WorkerPlan) -> dict[str, Any]:
+    return {"train": train_fingerprint(plan.cfg.train),
+            "model": dataclasses.asdict(plan.cfg.model), "kind": plan.kind,
+            "splits": plan.splits, "num_classes": plan.num_classes}
+
+
+def fingerprint_changes(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
+    """`fingerprint_diff` with both sides' train keys completed by today's defaults: a
+    checkpoint written before a train key existed resumes under a config that leaves the
+    key at its default."""
+    defaults = train_fingerprint(TrainConfig())
+    return fingerprint_diff({**saved, "train": {**defaults, **saved.get("train", {})}},
+                            {**current, "train": {**defaults, **current.get("train", {})}})
 
 
 # ----------------------------------------------------------------- the worker
-def train_worker(plan: dict[str, Any]) -> dict[str, Any]:
+def train_worker(plan: WorkerPlan) -> dict[str, Any]:
     """Train one worker's share of `plan` (see the module doc); rank 0's result is the
     step's summary."""
     trainer = Trainer(plan)
@@ -347,20 +340,20 @@ class Trainer:
     single-function loop, so a resumed run still ends bitwise equal to an uninterrupted one.
     """
 
-    def __init__(self, plan: dict[str, Any]):
+    def __init__(self, plan: WorkerPlan):
         self.plan = plan
-        self.wc = wc = WorkerConfig.from_plan(plan)
-        self.tc = tc = wc.train
+        self.cfg = plan.cfg
+        self.tc = tc = plan.cfg.train
         self.rank, self.world = dist_info()
         if tc.threads > 0:
             torch.set_num_threads(tc.threads)
         # Denormal floats (a diverging model's saturated LSTM gates produce them) make CPU
         # arithmetic ~10x slower (bench trainers: htm-8 fell to 1.6k frames/s): flush to zero.
         torch.set_flush_denormal(True)
-        self.storage = Storage(wc.storage)
-        self.train_dir = plan["train_dir"]
-        self.stack = int(plan.get("stack", wc.features.stack))
-        self.kind = plan["kind"]
+        self.storage = Storage(plan.cfg.storage)
+        self.train_dir = plan.train_dir
+        self.stack = plan.stack
+        self.kind = plan.kind
         self.device = (torch.device("cuda", torch.cuda.current_device())
                        if tc.use_gpu and torch.cuda.is_available() else torch.device("cpu"))
         self.t_start = time.time()
@@ -368,10 +361,10 @@ class Trainer:
         self._build_data()
         self.criterion = self._build_criterion()
         self.ckpt = Checkpointer(self.storage, join(self.train_dir, "checkpoints"), self.rank,
-                                 self.world, keep=tc.keep_checkpoints, barrier=barrier)
+                                 self.world, keep=tc.checkpoints.keep_checkpoints, barrier=barrier)
         self.metrics = MetricsLog(self.storage, self.train_dir, enabled=(self.rank == 0))
         self.state = TrainState()
-        self.fingerprint = _fingerprint(wc, plan)
+        self.fingerprint = _fingerprint(plan)
         self.resumed_from: int | None = None
         self.progress: Progress | None = None
         self.fail_marker = join(self.train_dir, "_fault_injected.json")
@@ -383,20 +376,16 @@ class Trainer:
         torch.manual_seed(tc.seed)
         np.random.seed(tc.seed)
         random.seed(tc.seed)
-        if plan.get("init_model"):  # start from a trained model (the sequence recipe)
-            from training.checkpoint import load_model
-
-            self.model = load_model(self.storage, plan["init_model"])[0].to(self.device)
+        if plan.init_model:  # start from a trained model (the sequence recipe)
+            self.model = load_model(self.storage, plan.init_model)[0].to(self.device)
         else:
-            self.model = build_model(self.kind, int(plan["feat_dim"]), int(plan["num_classes"]),
-                                     self.wc.model).to(self.device)
+            self.model = build_model(self.kind, plan.feat_dim, plan.num_classes,
+                                     self.cfg.model).to(self.device)
         self.model.train()
         self.optimizer = build_optimizer(tc, self.model)
         local_opt: Any = self.optimizer
-        if tc.max_change > 0 and tc.algorithm != "ma":  # ma applies max-change itself
-            local_opt = MaxChangeOptimizer(self.optimizer, tc.max_change)
-        from training.algorithms import build_algorithm
-
+        if tc.optim.max_change > 0 and tc.algorithm != "ma":  # ma applies max-change itself
+            local_opt = MaxChangeOptimizer(self.optimizer, tc.optim.max_change)
         self.algo = build_algorithm(tc, self.model, local_opt, None, world_size=self.world)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
 
@@ -405,16 +394,15 @@ class Trainer:
         tc, plan = self.tc, self.plan
         self.passes = plan_passes(tc, self.stack)
         self.sched = LRSchedule(tc, self.passes)
-        self.norm = Normalizer.from_stats(plan.get("cmvn"), int(plan["feat_dim"]))
-        right = tc.chunk_right_context
+        self.norm = Normalizer.from_stats(plan.cmvn, plan.feat_dim)
+        right = tc.batches.chunk_right_context
         if right < 0:
             right = (getattr(self.model, "lookahead", None) if self.kind == "student"
-                     else tc.chunk_left_context)
+                     else tc.batches.chunk_left_context)
         self.input = build_input(self, int(right))
         self.dev_index = None
-        if plan["splits"].get("dev"):
-            full_dev = SplitIndex.load(self.storage, plan["splits"]["dev"], "auto",
-                                       int(plan["feat_dim"]))
+        if plan.splits.get("dev"):
+            full_dev = SplitIndex.load(self.storage, plan.splits["dev"], "auto", plan.feat_dim)
             self.dev_index = full_dev.subset(np.arange(len(full_dev)) % self.world == self.rank)
         # Every worker runs the same number of minibatches per pass (sync algorithms need it).
         local_counts = [self.input.num_batches(p) for p in self.passes]
@@ -426,16 +414,14 @@ class Trainer:
 
     def _build_criterion(self) -> Any:
         """The sequence criterion (train.criterion mmi | smbr), or None for CE."""
-        if self.tc.criterion == "ce":
+        if self.tc.sequence.criterion == "ce":
             return None
-        from training.sequence import SequenceCriterion, split_label_sequences
-
         t0 = time.perf_counter()
-        seqs = split_label_sequences(self.storage, self.plan["splits"]["labeled"], self.stack)
-        crit = SequenceCriterion.from_labels(seqs, int(self.plan["num_classes"]), self.tc)
+        seqs = split_label_sequences(self.storage, self.plan.splits["labeled"], self.stack)
+        crit = SequenceCriterion.from_labels(seqs, self.plan.num_classes, self.tc.sequence)
         self.graph_info = {**crit.graph_size(), "utterances": len(seqs),
                            "build_s": round(time.perf_counter() - t0, 3)}
-        log.info("rank %d: %s denominator graph %s", self.rank, self.tc.criterion,
+        log.info("rank %d: %s denominator graph %s", self.rank, self.tc.sequence.criterion,
                  self.graph_info)
         return crit
 
@@ -443,8 +429,8 @@ class Trainer:
     def run(self) -> dict[str, Any]:
         self.resume()
         total_steps = sum(self.counts)
-        if self.rank == 0 and self.plan.get("progress", True):
-            what = f"sequence ({self.tc.criterion})" if self.criterion else "train"
+        if self.rank == 0 and self.plan.progress:
+            what = f"sequence ({self.tc.sequence.criterion})" if self.criterion else "train"
             self.progress = Progress(total_steps, desc=f"{what} {self.kind}",
                                      unit="minibatches", interval_s=10)
             self.progress.done = min(self.state.step, total_steps)
@@ -474,7 +460,7 @@ class Trainer:
         self.state.started_step = self.state.step
 
     def _check_fingerprint(self, saved: dict[str, Any]) -> None:
-        diff = fingerprint_diff(saved, self.fingerprint)
+        diff = fingerprint_changes(saved, self.fingerprint)
         if diff:
             raise StepError(f"{self.train_dir} holds a checkpoint of a different training "
                             f"(differs in: {diff}); re-run with --force to "
@@ -502,10 +488,11 @@ class Trainer:
     def train_step(self, p: PassInfo, batch: Batch) -> LossOut:
         """One minibatch: masking, loss, backward, clipping, the algorithm's update."""
         tc, s = self.tc, self.state
-        if tc.freq_masks or tc.time_masks:
+        if tc.masking.freq_masks or tc.masking.time_masks:
             gen = torch.Generator().manual_seed(_mix(tc.seed, 5, s.step, self.rank))
-            batch.x = spec_augment(batch.x, gen, self.stack, tc.freq_masks, tc.freq_mask_bins,
-                                   tc.time_masks, tc.time_mask_rows)
+            m = tc.masking
+            batch.x = spec_augment(batch.x, gen, self.stack, m.freq_masks, m.freq_mask_bins,
+                                   m.time_masks, m.time_mask_rows)
         batch = batch.to(self.device)
         self.algo.zero_grad()
         out = self.loss(p, batch)
@@ -513,7 +500,7 @@ class Trainer:
             raise StepError(_nonfinite_msg("loss", float(out.loss.detach()), p, s, self.ckpt))
         out.loss.backward()
         gnorm = torch.nn.utils.clip_grad_norm_(
-            self.params, tc.clip_grad_norm if tc.clip_grad_norm > 0 else math.inf)
+            self.params, tc.optim.clip_grad_norm if tc.optim.clip_grad_norm > 0 else math.inf)
         if not torch.isfinite(gnorm):
             raise StepError(_nonfinite_msg("gradient norm", float(gnorm), p, s, self.ckpt))
         self.algo.step(num_frames=out.frames)
@@ -525,8 +512,6 @@ class Trainer:
         against the full graph)."""
         if self.criterion is None:
             return batch_loss(self.model, batch, self.tc)
-        from training.sequence import NonFiniteSequenceError
-
         logits = batch_logits(self.model, batch)
         where = f"minibatch {self.state.batch} of pass {p.index}"
         try:
@@ -564,21 +549,21 @@ class Trainer:
             self.progress.update(1, loss=round(loss_v, 4),
                                  acc=round(out.correct / max(out.frames, 1), 3), lr=lr,
                                  fps=round(s.block["frames"] / max(s.block["wall_s"], 1e-9)))
-        if s.step % tc.log_every == 0:
+        if s.step % tc.checkpoints.log_every == 0:
             s.train_seconds += s.block["wall_s"]
             self.log_block(p, lr)
             self._t_last = time.perf_counter()
-        if s.step % tc.checkpoint_every == 0:
+        if s.step % tc.checkpoints.checkpoint_every == 0:
             self.save_checkpoint()
             self._t_last = time.perf_counter()
         self._maybe_fail()
 
     def _maybe_fail(self) -> None:
         tc, s = self.tc, self.state
-        if (tc.fail_after and s.step == tc.fail_after and self.rank == 0
+        if (tc.checkpoints.fail_after and s.step == tc.checkpoints.fail_after and self.rank == 0
                 and not self.storage.exists(self.fail_marker)):
             self.storage.write_json(self.fail_marker, {"step": s.step, "time": time.time()})
-            raise InjectedFailure(f"train.fail_after={tc.fail_after}: injected failure "
+            raise InjectedFailure(f"train.fail_after={tc.checkpoints.fail_after}: injected failure "
                                   f"after minibatch {s.step}")
 
     def end_pass(self, p: PassInfo, lr: float) -> None:
@@ -648,7 +633,7 @@ class Trainer:
                "bytes_sent": st.get("bytes_sent", 0), "comm_seconds": st.get("comm_seconds", 0.0),
                "time": time.time()}
         if self.criterion is not None:  # MMI: log p_num - log p_den; sMBR: expected accuracy
-            rec[f"{self.tc.criterion}_objective"] = (
+            rec[f"{self.tc.sequence.criterion}_objective"] = (
                 allreduce([b.get("objective_sum", 0.0)], "sum")[0] / max(frames, 1.0))
         self.metrics.add(rec)
         s.block = _zero_acc()
@@ -689,21 +674,21 @@ class Trainer:
         storage.write_text(join(self.train_dir, "metrics.jsonl"),
                            "".join(json.dumps(r, sort_keys=True) + "\n" for r in records))
         try:
-            from training.curves import plot_learning_curve
-
             storage.write_bytes(join(self.train_dir, "learning_curve.png"),
                                 plot_learning_curve(records, title=f"{self.kind} ({tc.recipe})"))
         except Exception as exc:  # noqa: BLE001 - a plot never fails a training
             log.warning("learning curve not written: %s", exc)
-        summary = _summary(self.plan, self.wc, self.model, self.algo, s, self.sched, final_dev,
+        summary = _summary(self.plan, self.model, self.algo, s, self.sched, final_dev,
                            self.counts, self.totals, self.resumed_from, records,
                            time.time() - self.t_start)
         if self.criterion is not None:
-            summary["metrics"].update(_sequence_metrics(tc.criterion, self.graph_info, records))
+            summary["metrics"].update(
+                _sequence_metrics(tc.sequence.criterion, self.graph_info, records))
         model_uri = join(self.train_dir, "model.pt")
-        nbytes = save_model(storage, model_uri, self.model, cmvn=self.plan.get("cmvn"),
-                            phones=self.plan.get("phones"), features=self.wc.raw.get("features"),
-                            info={"run_id": self.plan.get("run_id"), "train_dir": self.train_dir,
+        nbytes = save_model(storage, model_uri, self.model, cmvn=self.plan.cmvn,
+                            phones=self.plan.phones,
+                            features=dataclasses.asdict(self.cfg.features),
+                            info={"run_id": self.plan.run_id, "train_dir": self.train_dir,
                                   "recipe": tc.recipe, "algorithm": tc.algorithm,
                                   "workers": self.world, "metrics": summary["metrics"]})
         summary["model_uri"] = model_uri
@@ -737,29 +722,23 @@ def build_input(trainer: Trainer, right: int) -> InputSource:
     or, with train.augment.enabled, the example servers re-rendering the same worker's
     share of the labeled split every pass (training/example_servers.py)."""
     t = trainer
-    stored = StoredPartitions(t.storage, t.tc, t.plan["splits"], {p.kind for p in t.passes},
-                              t.rank, t.world, int(t.plan["feat_dim"]), t.stack, right, t.norm)
+    stored = StoredPartitions(t.storage, t.tc, t.plan.splits, {p.kind for p in t.passes},
+                              t.rank, t.world, t.plan.feat_dim, t.stack, right, t.norm)
     if not t.tc.augment.enabled:
         return stored
-    from training.example_servers import ExampleServers, load_clean_sources
-
-    raw = t.wc.raw
-    corpus = raw.get("data", {}).get("corpus", "")
+    cfg = t.cfg
+    corpus = cfg.data.corpus
     sources = load_clean_sources(t.storage, corpus)
     if not sources:
         raise StepError(f"train.augment.enabled: the corpus {corpus} has no clean sources "
                         "(metadata `clean_audio_uri`, or `clean: true` on a record)")
     if t.tc.augment.servers > 0:  # the pool's actors need Ray (a local one on a laptop)
-        from amflow.config import Config, _build
-        from amflow.raycluster import init_ray
-
-        init_ray(_build(Config, raw, ""))
-    cc = raw.get("corpus", {})
-    babble = {"seed": cc.get("seed", 0), "banks": cc.get("babble_banks", 4),
-              "language": cc.get("language", "en-us")}
-    phones = list(t.plan.get("phones") or [])
-    return ExampleServers(t.storage, t.tc, t.wc.features, stored.indexes["labeled"], sources,
-                          t.rank, t.stack, right, t.norm, storage_cfg=t.wc.storage,
+        init_ray(cfg)
+    cc = cfg.corpus
+    babble = {"seed": cc.seed, "banks": cc.babble_banks, "language": cc.language}
+    phones = list(t.plan.phones)
+    return ExampleServers(t.storage, t.tc, cfg.features, stored.indexes["labeled"], sources,
+                          t.rank, t.stack, right, t.norm, storage_cfg=cfg.storage,
                           babble=babble, sil_id=phones.index("sil") if "sil" in phones else -1,
                           passes=t.passes)
 
@@ -794,14 +773,15 @@ def _sequence_metrics(criterion: str, graph: dict[str, Any], records: list[dict]
             f"first_{key}": obj[0] if obj else None, f"final_{key}": obj[-1] if obj else None}
 
 
-def _summary(plan, wc, model, algo, state, sched, final_dev, counts, totals, resumed_from,
+def _summary(plan, model, algo, state, sched, final_dev, counts, totals, resumed_from,
              records, wall) -> dict[str, Any]:
     train_recs = [r for r in records if r.get("kind") == "train"]
     fps = [r["frames_per_s"] for r in train_recs if r.get("frames_per_s")]
     frames_total = sum(r["frames"] for r in train_recs)
     compute = sum(r.get("compute_s", 0.0) for r in train_recs)
     metrics: dict[str, Any] = {
-        "model": plan["kind"], "recipe": wc.train.recipe, "algorithm": wc.train.algorithm,
+        "model": plan.kind, "recipe": plan.cfg.train.recipe,
+        "algorithm": plan.cfg.train.algorithm,
         "workers": dist_info()[1], "parameters": num_parameters(model),
         "steps": state.step, "passes": len(counts), "frames_seen": state.frames_seen,
         "train_seconds": round(state.train_seconds, 3),

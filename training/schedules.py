@@ -50,12 +50,13 @@ def plan_passes(train_cfg: Any, stack: int) -> list[PassInfo]:
     tc = train_cfg
     passes: list[PassInfo] = []
     if tc.recipe in ("labeled", "sequence"):  # sequence: the labeled split, another criterion
-        units = tc.epochs
+        units = tc.passes.epochs
         # sequence: finetune_epochs counts the last epochs on whole utterances (the full
         # graph); more than `epochs` means all of them
-        full = min(tc.finetune_epochs, units) if tc.recipe == "sequence" else tc.finetune_epochs
+        finetune = tc.passes.finetune_epochs
+        full = min(finetune, units) if tc.recipe == "sequence" else finetune
         if full > units:
-            raise ValueError(f"train.finetune_epochs ({tc.finetune_epochs}) exceeds "
+            raise ValueError(f"train.finetune_epochs ({tc.passes.finetune_epochs}) exceeds "
                              f"train.epochs ({units})")
         for u in range(units):
             mode = "full" if u >= units - full else "chunk"
@@ -63,17 +64,17 @@ def plan_passes(train_cfg: Any, stack: int) -> list[PassInfo]:
     elif tc.recipe == "ssl":
         # The paper makes one pass over its million hours; a small unlabeled pool may be
         # visited `unlabeled_passes` times, slice after slice.
-        subs = tc.sub_epochs
-        units = subs * tc.unlabeled_passes
-        if tc.finetune_epochs > units:
-            raise ValueError(f"train.finetune_epochs ({tc.finetune_epochs}) exceeds "
+        subs = tc.passes.sub_epochs
+        units = subs * tc.passes.unlabeled_passes
+        if tc.passes.finetune_epochs > units:
+            raise ValueError(f"train.finetune_epochs ({tc.passes.finetune_epochs}) exceeds "
                              f"train.sub_epochs x train.unlabeled_passes ({units})")
         for u in range(units):
-            mode = "full" if u >= units - tc.finetune_epochs else "chunk"
+            mode = "full" if u >= units - tc.passes.finetune_epochs else "chunk"
             passes.append(PassInfo(len(passes), u, "unlabeled", mode, 0, u % subs, subs, 1.0,
                                    False))
             passes.append(PassInfo(len(passes), u, "labeled", mode, u % stack, 0, 1,
-                                   tc.labeled_lr_scale, True))
+                                   tc.optim.labeled_lr_scale, True))
     else:
         raise ValueError(f"unknown recipe {tc.recipe!r}")
     return passes
@@ -87,13 +88,13 @@ class LRSchedule:
     """Learning rate per minibatch, newbob decisions per unit, and which pass is next."""
 
     def __init__(self, train_cfg: Any, passes: list[PassInfo]):
-        self.kind = train_cfg.schedule
-        self.lr0 = float(train_cfg.lr)
-        self.final_lr = float(train_cfg.final_lr)
-        self.min_lr = float(train_cfg.min_lr)
-        self.threshold = float(train_cfg.newbob_threshold)
-        self.warmup_units = float(train_cfg.lr_warmup_units)
-        self.warmup_start = float(train_cfg.lr_warmup_start)
+        self.kind = train_cfg.optim.schedule
+        self.lr0 = float(train_cfg.optim.lr)
+        self.final_lr = float(train_cfg.optim.final_lr)
+        self.min_lr = float(train_cfg.optim.min_lr)
+        self.threshold = float(train_cfg.optim.newbob_threshold)
+        self.warmup_units = float(train_cfg.optim.lr_warmup_units)
+        self.warmup_start = float(train_cfg.optim.lr_warmup_start)
         self.passes = passes
         self.units = num_units(passes)
         self.first_finetune_unit = min((p.unit for p in passes if p.mode == "full"),

@@ -43,6 +43,7 @@ to 15x (trigram) faster on a CPU.
 from __future__ import annotations
 
 import math
+import warnings
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Sequence
@@ -50,6 +51,8 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 import torch
 
+from amflow import records
+from amflow.config import SequenceConfig
 from training.losses import IGNORE, LossOut, ce_loss
 
 NEG_INF = float("-inf")
@@ -530,8 +533,6 @@ def _products(g: Graph, device: torch.device) -> tuple:
         return g.products
     density = float((trans != 0).float().mean())
     if device.type == "cpu" and density < SPARSE_MAX_DENSITY:
-        import warnings
-
         with warnings.catch_warnings():  # "sparse CSR support is in beta"
             warnings.simplefilter("ignore", UserWarning)
             t_csr, tt_csr = trans.to_sparse_csr(), trans.T.contiguous().to_sparse_csr()
@@ -859,16 +860,18 @@ def _subset(utt_ids: Sequence[str] | None, keep: torch.Tensor) -> list[str] | No
 
 # ----------------------------------------------------------------- configured
 class SequenceCriterion:
-    """The sequence criterion a recipe calls per minibatch, configured from `train.*`
-    (`train.criterion`: mmi, or smbr).
+    """The sequence criterion a recipe calls per minibatch, configured from its `train.*`
+    section (`SequenceConfig`: `train.criterion` mmi or smbr, the numerator, leaky HMM,
+    regularisers, the denominator n-gram).
 
     Built once from the labeled split's frame labels (the same on every worker: estimate
     it from the whole split, or on rank 0 and broadcast `lm.to_dict()`).
     """
 
-    def __init__(self, lm: PhoneNgram, tc: Any, log_priors: torch.Tensor | None = None):
+    def __init__(self, lm: PhoneNgram, sc: SequenceConfig,
+                 log_priors: torch.Tensor | None = None):
         self.lm = lm
-        self.tc = tc
+        self.sc = sc
         self.full = denominator_graph(lm)
         self.chunk = chunk_graph(self.full)
         for g in (self.full, self.chunk):
@@ -879,10 +882,10 @@ class SequenceCriterion:
 
     @classmethod
     def from_labels(cls, label_seqs: Sequence[np.ndarray], num_classes: int,
-                    tc: Any) -> "SequenceCriterion":
+                    sc: SequenceConfig) -> "SequenceCriterion":
         seqs = list(label_seqs)
-        lm = estimate_phone_ngram(seqs, num_classes, tc.den_ngram_order, tc.den_min_count)
-        return cls(lm, tc, class_log_priors(seqs, num_classes))
+        lm = estimate_phone_ngram(seqs, num_classes, sc.den_ngram_order, sc.den_min_count)
+        return cls(lm, sc, class_log_priors(seqs, num_classes))
 
     def graph_size(self) -> dict[str, int]:
         return {"states": self.full.num_states, "arcs": self.full.num_arcs,
@@ -898,15 +901,15 @@ class SequenceCriterion:
                  utt_ids: Sequence[str] | None = None, where: str = "minibatch") -> SequenceOut:
         """`chunked`: the rows are chunks of utterances (LF-MMI's chunk graph) rather than
         whole utterances (the full graph, with its start and final weights)."""
-        tc = self.tc
+        sc = self.sc
         full, chunk = self._graphs(logits.device, logits.dtype)
-        loss = smbr_loss if tc.criterion == "smbr" else mmi_loss
+        loss = smbr_loss if sc.criterion == "smbr" else mmi_loss
         return loss(logits, labels, chunk if chunked else full,
-                    numerator=tc.sequence_numerator,
+                    numerator=sc.sequence_numerator,
                     loop_logprob=self.loop_logprob.to(logits.device, logits.dtype),
-                    leaky=tc.leaky_hmm, ce_weight=tc.sequence_ce_weight, l2=tc.sequence_l2,
-                    log_priors=self.log_priors, prior_scale=tc.sequence_prior_scale,
-                    am_scale=tc.sequence_am_scale, utt_ids=utt_ids, where=where)
+                    leaky=sc.leaky_hmm, ce_weight=sc.sequence_ce_weight, l2=sc.sequence_l2,
+                    log_priors=self.log_priors, prior_scale=sc.sequence_prior_scale,
+                    am_scale=sc.sequence_am_scale, utt_ids=utt_ids, where=where)
 
 
 def split_label_sequences(storage: Any, uris: Sequence[str], stack: int = 3
@@ -915,8 +918,6 @@ def split_label_sequences(storage: Any, uris: Sequence[str], stack: int = 3
     partitions, partition by partition, row by row, reading the label columns only (no
     features): the input of `estimate_phone_ngram`. Every worker reading the whole split
     builds the same denominator. Rows without labels are skipped (the loader rejects them)."""
-    from amflow import records
-
     out = []
     for uri in uris:
         t = storage.read_parquet(uri, columns=["num_frames", "labels", "frame_labels"])

@@ -1,10 +1,6 @@
-"""`amflow simulate`: project trainer throughput to 16-128 GPUs from measured numbers.
-
-Reads   measured bytes per minibatch per algorithm (GTC/HTM sparsity above all) from
-        `--measured FILE`, else this run's `bench/trainers.json`, else the algorithm
-        stats in this run's `train*/_SUCCESS.json`, else the sparsity `bench gtc` measured
-        on the 24 M model (`bench/gtc.json`).
-Writes  runs/<R>/simulate/table.md, table.json, _SUCCESS.json
+"""Projecting trainer throughput to 16-128 GPUs from measured numbers: the cost models
+behind `amflow simulate` (its step, which finds the measured numbers in the run and
+writes the table: amflow/steps/simulate.py).
 
 Inputs
 ------
@@ -73,10 +69,10 @@ import itertools
 import json
 import logging
 import math
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from typing import Any
 
-from amflow.runs import StepContext, StepError
+from amflow.runs import StepError
 
 log = logging.getLogger(__name__)
 
@@ -309,53 +305,6 @@ def implied_gtc_fraction(speedup: float, n: int, params: dict[str, Any], c: Clus
 # Measured inputs.
 # ---------------------------------------------------------------------------------------
 
-def _from_train_success(ctx: StepContext) -> dict[str, Any]:
-    """Algorithm stats from this run's train steps (train, train-<tag>)."""
-    out: dict[str, Any] = {"algorithms": {}}
-    run = ctx.run_uri
-    for uri in ctx.storage.list(run, suffix="_SUCCESS.json", recursive=True):
-        step = uri[len(run):].strip("/").split("/")[0]
-        if not step.startswith("train"):
-            continue
-        m = ctx.storage.read_json(uri).get("metrics", {})
-        algo = m.get("algorithm")
-        if not algo or m.get("workers", 1) <= 1:
-            continue
-        stats = {k[len("algo_"):]: v for k, v in m.items() if k.startswith("algo_")}
-        stats["workers"] = m.get("workers")
-        out["algorithms"][algo] = stats
-        out.setdefault("params_measured", m.get("parameters"))
-        out.setdefault("compute_s_per_minibatch", m.get("compute_s_per_minibatch"))
-        out["source"] = uri
-    return out
-
-
-def load_measured(ctx: StepContext, measured: str | None) -> dict[str, Any]:
-    if measured:
-        data = ctx.storage.read_json(measured)
-        data = data.get("measured", data)
-        data.setdefault("source", measured)
-        return data
-    bench = ctx.other("bench", "trainers.json")
-    if ctx.storage.exists(bench):
-        data = ctx.storage.read_json(bench)["measured"]
-        data.setdefault("source", bench)
-        return data
-    data = _from_train_success(ctx)
-    codec = ctx.other("bench", "gtc.json")
-    if not data["algorithms"] and ctx.storage.exists(codec):
-        # the codec benchmark's sparsity on the 24 M model (real gradients, 2 workers)
-        g = ctx.storage.read_json(codec)
-        algos = g.get("overheads", {}).get("algorithms", {})
-        for name in ("gtc", "htm"):
-            st = algos.get(name, {})
-            if st.get("sent_fraction") is not None:
-                data["algorithms"][name] = {"sent_fraction": st["sent_fraction"],
-                                            "workers": g["overheads"].get("workers")}
-        data["source"] = codec
-    return data
-
-
 def resolve_inputs(cfg: Any, measured: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     """(model parameters, provenance notes)."""
     sim = cfg.simulate
@@ -503,10 +452,20 @@ def render(table: dict, params: dict, notes: dict, workers: list[int], cfg: Any,
     return "\n".join(lines) + "\n"
 
 
-def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
-    cfg = ctx.cfg
+@dataclass
+class Projection:
+    """The simulate step's outputs: the markdown table, the JSON result, the metrics."""
+
+    markdown: str
+    result: dict[str, Any]
+    metrics: dict[str, Any]
+    cells: int  # algorithms x worker counts projected
+
+
+def simulate(cfg: Any, measured: dict[str, Any]) -> Projection:
+    """Project `simulate.workers` with the cost models from `measured` (load_measured's
+    form: algorithm stats, parameters, compute time) and `cfg.simulate`."""
     sim = cfg.simulate
-    measured = load_measured(ctx, getattr(args, "measured", None))
     params, notes = resolve_inputs(cfg, measured)
     cluster = Cluster(sim.gpus_per_host, sim.intra_host_gbps, sim.inter_host_gbps,
                       sim.latency_us, sim.hbm_gbps)
@@ -533,9 +492,6 @@ def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
               "relative_error_vs_htm_table1": comparison,
               "implied_gtc_sent_fraction": {str(n): v for n, v in implied.items()},
               "feasibility_within_25pct": feasible}
-    ctx.storage.write_text(ctx.path("table.md"), md)
-    ctx.storage.write_json(ctx.path("table.json"), result)
-    print(md)
     within = [k for k, v in comparison.items() if abs(v) <= TOLERANCE]
     metrics = {"speedup_at_max_workers": speed_top,
                "ordering_bmuf_htm_gtc": speed_top["bmuf"] > speed_top["htm"] > speed_top["gtc"],
@@ -544,7 +500,4 @@ def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
                "unreachable_within_25pct": [f"{r['algorithm']} {r['workers'][0]}-{r['workers'][1]}"
                                             for r in feasible if not r["reachable"]],
                "gtc_sent_fraction": params["gtc_s"], "htm_sent_fraction": params["htm_s"]}
-    return ctx.finish(inputs={"measured": notes.get("measured_source")},
-                      counts={"in": len(ALGORITHMS) * len(workers),
-                              "out": len(ALGORITHMS) * len(workers)},
-                      metrics=metrics, extra={"table_md": ctx.path("table.md")})
+    return Projection(md, result, metrics, len(ALGORITHMS) * len(workers))

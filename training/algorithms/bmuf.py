@@ -103,9 +103,10 @@ class BMUF(Algorithm):
 
     @classmethod
     def from_config(cls, train_cfg, model, optimizer, group=None, world_size=None):
-        return cls(model, optimizer, group, world_size, block_size=train_cfg.block_size,
-                   zeta=train_cfg.block_lr, eta=train_cfg.block_momentum, c=train_cfg.bmuf_c,
-                   reset_momentum=train_cfg.block_reset_momentum)
+        a = train_cfg.algo
+        return cls(model, optimizer, group, world_size, block_size=a.block_size,
+                   zeta=a.block_lr, eta=a.block_momentum, c=a.bmuf_c,
+                   reset_momentum=a.block_reset_momentum)
 
     @property
     def eta(self) -> float:

@@ -272,9 +272,9 @@ class GTC(Algorithm):
 
     @classmethod
     def from_config(cls, train_cfg, model, optimizer, group=None, world_size=None):
-        return cls(model, optimizer, group, world_size, tau=train_cfg.gtc_tau,
-                   tau_scale=train_cfg.gtc_tau_scale, warmup=train_cfg.gtc_warmup,
-                   momentum_correction=train_cfg.gtc_momentum_correction)
+        return cls(model, optimizer, group, world_size, tau=train_cfg.algo.gtc_tau,
+                   tau_scale=train_cfg.algo.gtc_tau_scale, warmup=train_cfg.algo.gtc_warmup,
+                   momentum_correction=train_cfg.algo.gtc_momentum_correction)
 
     def _current(self) -> "Thresholds":
         """The thresholds of this minibatch: during the warm-up, tau grows geometrically

@@ -100,13 +100,11 @@ class HTM(Algorithm):
 
     @classmethod
     def from_config(cls, train_cfg, model, optimizer, group=None, world_size=None):
-        return cls(model, optimizer, group, world_size, group_size=train_cfg.group_size,
-                   block_size=train_cfg.block_size, zeta=train_cfg.block_lr,
-                   eta=train_cfg.block_momentum, c=train_cfg.bmuf_c, tau=train_cfg.gtc_tau,
-                   tau_scale=train_cfg.htm_tau_scale,
-                   reset_momentum=train_cfg.block_reset_momentum,
-                   warmup=train_cfg.gtc_warmup,
-                   momentum_correction=train_cfg.gtc_momentum_correction)
+        a = train_cfg.algo
+        return cls(model, optimizer, group, world_size, group_size=a.group_size,
+                   block_size=a.block_size, zeta=a.block_lr, eta=a.block_momentum, c=a.bmuf_c,
+                   tau=a.gtc_tau, tau_scale=a.htm_tau_scale, reset_momentum=a.block_reset_momentum,
+                   warmup=a.gtc_warmup, momentum_correction=a.gtc_momentum_correction)
 
     @property
     def eta(self) -> float:

@@ -65,9 +65,10 @@ class ModelAveraging(Algorithm):
 
     @classmethod
     def from_config(cls, train_cfg, model, optimizer, group=None, world_size=None):
-        period = math.ceil(train_cfg.ma_samples / max(train_cfg.minibatch_frames, 1))
-        max_change = train_cfg.max_change if train_cfg.max_change > 0 else DEFAULT_MAX_CHANGE
-        ng = {"alpha": train_cfg.ng_alpha} if train_cfg.natural_gradient else None
+        a, optim = train_cfg.algo, train_cfg.optim
+        period = math.ceil(a.ma_samples / max(train_cfg.batches.minibatch_frames, 1))
+        max_change = optim.max_change if optim.max_change > 0 else DEFAULT_MAX_CHANGE
+        ng = {"alpha": a.ng_alpha} if a.natural_gradient else None
         return cls(model, optimizer, group, world_size, period=period, max_change=max_change,
                    natural_gradient=ng)
 

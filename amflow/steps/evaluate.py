@@ -1,0 +1,64 @@
+"""`amflow evaluate`: frame accuracy and phone error rate of a model on a corpus split
+(the scoring: training/evaluate.py).
+
+The step resolves the run layout: the default model is this run's
+`train[-<evaluate.tag>]/model.pt` (or the sequence training a tag names), a model file
+without CMVN stats or a phone list falls back to the run's features/cmvn.json and
+phones.json, and the outputs go to runs/<R>/evaluate[-<tag>]/ (result.json, rejects/,
+_SUCCESS.json) unless --out names the result elsewhere.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from amflow.model_card import ModelCard
+from amflow.runs import StepContext, StepError, rejects_table, step_dir_name
+from training.checkpoint import load_model
+from training.evaluate import evaluate_split, print_table
+from training.launch import model_dir_name
+
+
+def _from_run(ctx: StepContext, value: Any, name: str, model_uri: str, what: str) -> Any:
+    """A model file's own `value`, else the run's features/<name>."""
+    if value:
+        return value
+    uri = ctx.other("features", name)
+    if not ctx.storage.exists(uri):
+        raise StepError(f"{model_uri} carries no {what} and {uri} does not exist")
+    return ctx.storage.read_json(uri)
+
+
+def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
+    cfg = ctx.cfg
+    tag = cfg.evaluate.tag
+    step = step_dir_name("evaluate", tag)
+    if ctx.step != step:
+        started = ctx.started
+        ctx = StepContext(cfg, ctx.run_id, step, force=ctx.force)
+        ctx.started = started
+    st = ctx.storage
+    model_uri = getattr(args, "model", None) or ctx.other(model_dir_name(tag), "model.pt")
+    corpus = getattr(args, "data", None) or cfg.data.corpus
+    split = getattr(args, "split", None) or "test"
+    out_uri = getattr(args, "out", None) or ctx.path("result.json")
+    if not st.exists(model_uri):
+        raise StepError(f"model {model_uri} not found: train one with `amflow train` or pass "
+                        "--model URI")
+    model, meta = load_model(st, model_uri)
+    card = ModelCard.from_meta(meta, model_uri)
+    cmvn = _from_run(ctx, card.cmvn, "cmvn.json", model_uri, "CMVN stats")
+    phones = _from_run(ctx, card.phones, "phones.json", model_uri, "phone list")
+    ev = evaluate_split(st, model, card, model_uri, cmvn, phones, corpus, split,
+                        cfg.evaluate, cfg.features)
+    result = ev.result
+    st.write_json(out_uri, result)
+    if ev.rejects:
+        st.write_parquet(ctx.path("rejects", "rejects.parquet"), rejects_table(ev.rejects))
+    print_table(result)
+    metrics = {k: result[k] for k in ("frame_accuracy", "per", "per_speech", "num_frames",
+                                      "num_utterances", "per_condition", "per_condition_per")}
+    if "rel_frame_error_reduction" in result:
+        metrics["rel_frame_error_reduction"] = result["rel_frame_error_reduction"]
+    return ctx.finish(inputs={"model": model_uri, "data": corpus, "split": split},
+                      counts={"in": ev.records_in, "out": ev.scored, "rejected": len(ev.rejects)},
+                      metrics=metrics, extra={"out": out_uri})

@@ -1,0 +1,16 @@
+"""`amflow sequence`: `amflow train` with train.recipe=sequence (the CLI sets it): sMBR /
+MMI training of a trained model into runs/<R>/sequence[-<train.tag>]/."""
+from __future__ import annotations
+
+from typing import Any
+
+from amflow.config import ConfigError
+from amflow.runs import StepContext
+from amflow.steps import train
+
+
+def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
+    if ctx.cfg.train.recipe != "sequence":
+        raise ConfigError("train.recipe", f"is {ctx.cfg.train.recipe}; `amflow sequence` "
+                          "runs the sequence recipe")
+    return train.run(ctx, args)

@@ -1,0 +1,49 @@
+"""`amflow train`: train the teacher or the student of a run (training/launch.py has the
+library: inputs, the worker plan, Ray Train, priors)."""
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from amflow.config import ConfigError
+from amflow.runs import SUCCESS, StepContext, rejects_table
+from training.launch import build_plan, clear_outputs, store_priors, train, train_dir_name
+
+log = logging.getLogger(__name__)
+
+
+def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
+    cfg = ctx.cfg
+    tc = cfg.train
+    if tc.model == "teacher" and tc.recipe == "ssl":
+        raise ConfigError("train.recipe", "the teacher trains on labeled data only "
+                          "(recipe labeled); ssl is the student's recipe")
+    step = train_dir_name(tc.tag, tc.recipe)
+    if ctx.step != step:
+        started = ctx.started
+        ctx = StepContext(cfg, ctx.run_id, step, force=ctx.force)
+        ctx.started = started
+    if ctx.force:
+        clear_outputs(ctx)
+    elif ctx.storage.exists(ctx.path(SUCCESS)):
+        done = ctx.storage.read_json(ctx.path(SUCCESS))
+        log.info("%s already finished (%s); use --force to train again", ctx.step_uri,
+                 ctx.path(SUCCESS))
+        return done
+    plan, report = build_plan(ctx, ctx.step_uri)
+    result = train(plan)
+    if report["rejects"]:
+        ctx.storage.write_parquet(ctx.path("rejects", "rejects.parquet"),
+                                  rejects_table(report["rejects"]))
+    store_priors(ctx, plan, result["model_uri"])
+    counts = dict(result["counts"])
+    metrics = dict(result["metrics"])
+    metrics["model_uri"] = result["model_uri"]
+    if plan.init_model:
+        metrics["init_model"] = plan.init_model
+    inputs = {"repartition": ctx.other("repartition"),
+              "cmvn": ctx.other("features", "cmvn.json"), "splits": report["splits"]}
+    extra = {"model_uri": result["model_uri"], "resumed_from_step": result.get("resumed_from_step"),
+             "minibatches_per_pass": result.get("minibatches_per_pass")}
+    return ctx.finish(inputs=inputs, counts=counts, metrics=metrics,
+                      bytes_written=int(result.get("model_bytes", 0)), extra=extra)
