@@ -1,0 +1,14 @@
+"""GMM-HMM forced alignment: transcripts -> per-frame phones and senones (`amflow align`).
+
+    features.py        MFCC 13 + deltas + delta-deltas, per-speaker CMVN (10 ms frames)
+    lexicon_graphs.py  phone/word tables, HMM topology, the lexicon FST, training graphs
+    gmm.py             GMM accumulate / update / mix-up, equal and Viterbi alignment
+    jobs.py            one shard's utterances as a job (Kaldi's JOB): accumulate, align, stats;
+                       run locally or as Ray actors, statistics summed on the driver
+    tree.py            the phonetic decision tree, written by hand (kaldi-hmm-gmm has none)
+    train.py           the recipe: flat start, monophone rounds, tree, triphone rounds
+    ctm.py             frames -> phone CTM; scoring against a reference CTM
+
+kaldi_hmm_gmm is imported first wherever it is used (an import-order trap with other
+OpenFST builds, see pyproject.toml).
+"""
