@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import kaldi_hmm_gmm as khg  # first: see alignment/__init__.py
+import _kaldi_hmm_gmm as _khg  # mle_diag_gmm_update is not re-exported by the package
 import kaldifst
 import numpy as np
 
@@ -87,17 +88,19 @@ def update(tm: khg.TransitionModel, am: khg.AmDiagGmm, st: GmmStats, target_gaus
            min_gauss_occ: float = 10.0, power: float = 0.2) -> None:
     """gmm-est: MLE update of the transitions and the GMMs, then mix-up towards
     `target_gauss` Gaussians in total (allocated to pdfs by occupancy^power)."""
-    accs = khg.AccumAmDiagGmm()
-    accs.init(model=am, flags=khg.GmmUpdateFlags.kGmmAll)
-    for j in range(len(st.occ)):
-        a = accs.get_acc(j)
-        for g in range(len(st.occ[j])):
-            a.add_stats_for_component(g, float(st.occ[j][g]), st.x[j][g], st.x2[j][g])
-    tm.mle_update(st.trans, khg.MleTransitionUpdateConfig())
+    # Per pdf: AccumAmDiagGmm.get_acc returns a copy, so summed statistics cannot be put
+    # back into an AccumAmDiagGmm; mle_diag_gmm_update on each pdf is what gmm-est does.
+    flags = khg.GmmUpdateFlags.kGmmAll
     opts = khg.MleDiagGmmOptions()
     opts.min_gaussian_occupancy = min_gauss_occ
-    khg.mle_am_diag_gmm_update(config=opts, amdiag_gmm_acc=accs,
-                               flags=khg.GmmUpdateFlags.kGmmAll, am_gmm=am)
+    for j in range(len(st.occ)):
+        pdf = am.get_pdf(j)  # a reference: updated in place
+        acc = khg.AccumDiagGmm(gmm=pdf, flags=flags)
+        for g in range(len(st.occ[j])):
+            acc.add_stats_for_component(g, float(st.occ[j][g]), st.x[j][g], st.x2[j][g])
+        if st.occ[j].sum() > 0:
+            _khg.mle_diag_gmm_update(config=opts, diag_gmm_acc=acc, flags=flags, gmm=pdf)
+    tm.mle_update(st.trans, khg.MleTransitionUpdateConfig())
     if target_gauss > am.num_gauss:
         occs = np.array([o.sum() for o in st.occ], np.float32)
         am.split_by_count(state_occs=occs, target_components=target_gauss,
@@ -143,3 +146,9 @@ def phones_and_pdfs(tm: khg.TransitionModel, ali: list[int]) -> tuple[np.ndarray
         start[0] = True
         start[1:] = [tm.is_final(t) for t in ali[:-1]]
     return phones, pdfs, start
+
+
+def hmm_states(tm: khg.TransitionModel) -> np.ndarray:
+    """HMM state (= pdf class in these topologies) of every transition id (index 0 unused)."""
+    tuples = [t.__getstate__() for t in tm.tuples]  # (phone, hmm_state, fwd pdf, loop pdf)
+    return np.array([0] + [tuples[s - 1][1] for s in tm.id2state[1:]], np.int32)

@@ -117,7 +117,11 @@ def lexicon_fst(lang: Lang) -> kaldifst.StdVectorFst:
 
 def graph_compiler(lang: Lang, tm: khg.TransitionModel, tree: khg.ContextDependency,
                    lfst: kaldifst.StdVectorFst) -> khg.TrainingGraphCompiler:
-    opts = khg.TrainingGraphCompilerOptions(transition_scale=0.0, self_loop_scale=0.0)
+    # reorder=False: a phone's last frame carries its transition into the final state
+    # (with Kaldi's reorder the last state's self-loops follow it), so phone starts are
+    # read off an alignment directly (gmm.phones_and_pdfs)
+    opts = khg.TrainingGraphCompilerOptions(transition_scale=0.0, self_loop_scale=0.0,
+                                            reorder=False)
     return khg.TrainingGraphCompiler(trans_model=tm, ctx_dep=tree, lex_fst=lfst,
                                      disambig_syms=[], opts=opts)
 

@@ -821,6 +821,42 @@ class CostConfig:
 
 
 @dataclass
+class AlignConfig:
+    """`amflow align`: GMM-HMM forced alignment to senones (alignment/)."""
+
+    # Corpus splits (of the select manifests) to align; they need transcripts.
+    splits: list[str] = field(default_factory=lambda: ["labeled"])
+    num_senones: int = 500          # decision-tree leaves of the context-dependent model
+    mono_iters: int = 25
+    tri_iters: int = 15
+    realign_every: int = 2          # realign before every n-th accumulation pass
+    mono_gauss: int = 1000          # Gaussians in total, reached by mixing up
+    tri_gauss: int = 4000
+    beam: float = 10.0
+    retry_beam: float = 40.0
+    sil_prob: float = 0.5           # optional silence between words in the training graphs
+    min_leaf_count: float = 50.0    # frames a tree leaf needs
+    # One Ray actor per select shard (Kaldi's JOBs); false: every shard in this process.
+    use_ray: bool = True
+
+    def validate(self, key: str) -> None:
+        _check(bool(self.splits) and all(s in ("labeled", "unlabeled", "dev", "test")
+                                         for s in self.splits), f"{key}.splits",
+               "must be a non-empty list of labeled, unlabeled, dev, test")
+        _check(self.num_senones >= 1, f"{key}.num_senones", "must be >= 1")
+        _check(self.mono_iters >= 1, f"{key}.mono_iters", "must be >= 1")
+        _check(self.tri_iters >= 1, f"{key}.tri_iters", "must be >= 1")
+        _check(self.realign_every >= 1, f"{key}.realign_every", "must be >= 1")
+        _check(self.mono_gauss >= 1, f"{key}.mono_gauss", "must be >= 1")
+        _check(self.tri_gauss >= self.num_senones, f"{key}.tri_gauss",
+               "must be >= align.num_senones (one Gaussian per senone at least)")
+        _check(self.beam > 0, f"{key}.beam", "must be > 0")
+        _check(self.retry_beam >= self.beam, f"{key}.retry_beam", "must be >= align.beam")
+        _check(0 < self.sil_prob < 1, f"{key}.sil_prob", "must be in (0, 1)")
+        _check(self.min_leaf_count > 0, f"{key}.min_leaf_count", "must be > 0")
+
+
+@dataclass
 class Config:
     storage: StorageConfig = field(default_factory=StorageConfig)
     data: DataConfig = field(default_factory=DataConfig)
@@ -840,6 +876,7 @@ class Config:
     runner: RunnerConfig = field(default_factory=RunnerConfig)
     report: ReportConfig = field(default_factory=ReportConfig)
     cost: CostConfig = field(default_factory=CostConfig)
+    align: AlignConfig = field(default_factory=AlignConfig)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
