@@ -48,12 +48,19 @@ ALIGN_SCHEMA = pa.schema([
 
 
 def load_shard(storage_cfg: StorageConfig, fcfg: FeaturesConfig, manifest: str,
-               shard: str) -> tuple[list[Utterance], list[Reject]]:
-    """A select manifest -> utterances with their audio (runs inside the job)."""
+               shard: str, clean: dict[str, str] | None = None
+               ) -> tuple[list[Utterance], list[Reject]]:
+    """A select manifest -> utterances with their audio (runs inside the job); with
+    `clean` (utt_id -> URI), each utterance's dry rendering instead."""
     st = Storage(storage_cfg)
     utts, rejects = [], []
     for row in st.read_parquet(manifest).to_pylist():
-        data, reason, detail = read_audio_bytes(st, row["audio_uri"])
+        uri = row["audio_uri"] if clean is None else clean.get(row["utt_id"])
+        if uri is None:
+            rejects.append(Reject(row["utt_id"], "no_clean_audio",
+                                  "align.audio=clean: the record has no clean_audio_uri", shard))
+            continue
+        data, reason, detail = read_audio_bytes(st, uri)
         res = decode_audio(data, fcfg, row["duration"]) if data is not None else None
         if res is None or res.samples is None:
             rejects.append(Reject(row["utt_id"], (res.reason if res else reason) or
@@ -76,12 +83,30 @@ def _lexicon(ctx: StepContext) -> lg.Lang:
     return lg.make_lang(lex.prons, ctx.cfg.align.sil_prob)
 
 
+def _clean_uris(ctx: StepContext) -> dict[str, str] | None:
+    """utt_id -> dry rendering URI (align.audio=clean), else None."""
+    if ctx.cfg.align.audio != "clean":
+        return None
+    # deferred: training/ pulls in torch, which only this option needs
+    from training.example_servers import load_clean_sources
+
+    clean = load_clean_sources(ctx.storage, ctx.cfg.data.corpus.rstrip("/"))
+    return {u: v["uri"] for u, v in clean.items()}
+
+
 def _jobs(ctx: StepContext, shards: list[dict], lang: lg.Lang) -> list[Any]:
     cfg: Config = ctx.cfg
     fopts = FeatureOptions(sample_rate=cfg.features.sample_rate)
-    loaders = [(e["shard"], functools.partial(
-        load_shard, cfg.storage, cfg.features,
-        ctx.other("select", "shards", f"{e['shard']}.parquet"), e["shard"])) for e in shards]
+    clean = _clean_uris(ctx)
+    loaders = []
+    for e in shards:
+        manifest = ctx.other("select", "shards", f"{e['shard']}.parquet")
+        mine = None
+        if clean is not None:  # only this shard's part travels to its job
+            utts = ctx.storage.read_parquet(manifest, columns=["utt_id"])
+            mine = {u: clean[u] for u in utts.column("utt_id").to_pylist() if u in clean}
+        loaders.append((e["shard"], functools.partial(load_shard, cfg.storage, cfg.features,
+                                                      manifest, e["shard"], mine)))
     if not cfg.align.use_ray:
         return [ShardJob(sid, load, lang, fopts) for sid, load in loaders]
     import ray  # deferred: heavy, and only this path needs it
