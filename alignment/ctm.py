@@ -4,6 +4,7 @@ Frame t spans [t * 10 ms, (t + 1) * 10 ms) (features.py), so a phone starting at
 starts at t * 10 ms.
 
     segments(phones, starts)           -> [(phone id, first frame, frames)]
+    fold_closures(phones, starts, ids) -> closure frames given to the phone before
     ctm_lines(utt_id, segs, names)     -> Kaldi CTM `utt 1 start dur phone` lines
     score(hyp, ref, tolerance)         -> frame phone accuracy and boundary accuracy
 
@@ -28,6 +29,24 @@ SIL = "sil"
 def segments(phones: np.ndarray, starts: np.ndarray) -> list[tuple[int, int, int]]:
     idx = np.flatnonzero(starts).tolist() + [len(phones)]
     return [(int(phones[a]), a, b - a) for a, b in zip(idx[:-1], idx[1:]) if b > a]
+
+
+def fold_closures(phones: np.ndarray, starts: np.ndarray, closure_ids: set[int],
+                  sil_id: int = 1) -> tuple[np.ndarray, np.ndarray]:
+    """A closure phone's frames (lexicon_graphs.with_closures) relabelled as the phone
+    before it (silence at an utterance's start) and merged into that phone's segment."""
+    if not closure_ids:
+        return phones, starts
+    phones, starts = phones.copy(), starts.copy()
+    prev = sil_id
+    for p, a, n in segments(phones, starts):
+        if p in closure_ids:
+            phones[a:a + n] = prev
+            if a > 0:
+                starts[a] = False
+        else:
+            prev = p
+    return phones, starts
 
 
 def ctm_lines(utt_id: str, segs: list[tuple[int, int, int]], names: list[str]) -> list[str]:

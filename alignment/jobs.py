@@ -16,6 +16,7 @@ import numpy as np
 
 from alignment import gmm
 from alignment import lexicon_graphs as lg
+from alignment.ctm import fold_closures
 from alignment.features import FeatureOptions, mfcc, speaker_cmvn
 from alignment.tree import TreeStats
 
@@ -138,6 +139,7 @@ class ShardJob:
         out = []
         for u in self.ids():
             phones, pdfs, start = gmm.phones_and_pdfs(tm, self.ali[u])
+            phones, start = fold_closures(phones, start, self.lang.closure_ids, self.lang.sil_id)
             out.append({"utt_id": u, "speaker_id": self.utts[u].speaker_id,
                         "phones": phones, "senones": pdfs, "starts": start})
         return out

@@ -46,13 +46,34 @@ class Lang:
 
     @property
     def nonsil_ids(self) -> list[int]:
-        return list(range(2, len(self.phones)))
+        return [i for i in range(2, len(self.phones)) if i not in self.closure_ids]
+
+    @property
+    def closure_ids(self) -> set[int]:
+        return {i for i, p in enumerate(self.phones) if p.endswith(CLOSURE)}
 
 
-def make_lang(prons: dict[str, list[tuple[str, ...]]], sil_prob: float = 0.5) -> Lang:
-    """A Lang from a lexicon (word -> pronunciation variants)."""
+CLOSURE = "_cl"
+
+
+def with_closures(prons: dict[str, list[tuple[str, ...]]], stops: set[str]
+                  ) -> dict[str, list[tuple[str, ...]]]:
+    """Every phone in `stops` preceded by its own closure phone `<stop>_cl` (TIMIT's tcl,
+    kcl, pcl): the silent closure of an unvoiced stop gets a model of its own instead of
+    stretching the stop's first state; ctm.fold_closures gives its frames back to the
+    preceding phone, where espeak-ng's phone events put them."""
+    return {w: [tuple(q for p in v for q in ((p + CLOSURE, p) if p in stops else (p,)))
+                for v in vs] for w, vs in prons.items()}
+
+
+def make_lang(prons: dict[str, list[tuple[str, ...]]], sil_prob: float = 0.5,
+              stops: set[str] | None = None) -> Lang:
+    """A Lang from a lexicon (word -> pronunciation variants); `stops`: phones that get
+    a closure phone (with_closures)."""
     if not prons:
         raise LangError("the lexicon has no entries")
+    if stops:
+        prons = with_closures(prons, stops)
     phones = sorted({p for vs in prons.values() for v in vs for p in v} - {SIL})
     if not phones:
         raise LangError("the lexicon has no phones other than silence")
@@ -78,7 +99,12 @@ def topology(lang: Lang, nonsil_states: int = 3, sil_states: int = 5) -> khg.Hmm
     last = sil_states - 1
     s += f"<State> {last} <PdfClass> {last} <Transition> {last} 0.75 "
     s += f"<Transition> {sil_states} 0.25 </State> <State> {sil_states} </State> "
-    s += "</TopologyEntry> </Topology>"
+    s += "</TopologyEntry> "
+    if lang.closure_ids:  # one state: a closure can be as short as one frame
+        s += "<TopologyEntry> <ForPhones> " + " ".join(map(str, sorted(lang.closure_ids)))
+        s += " </ForPhones> <State> 0 <PdfClass> 0 <Transition> 0 0.5 <Transition> 1 0.5 "
+        s += "</State> <State> 1 </State> </TopologyEntry> "
+    s += "</Topology>"
     topo = khg.HmmTopology()
     topo.read(s)
     return topo

@@ -570,6 +570,10 @@ class EvaluateConfig:
     # Which rendering to score: stored (the record's audio_uri) or clean (its dry,
     # close-talk `clean_audio_uri`, condition "dry"; records without one are rejects).
     audio: str = "stored"
+    # Unvoiced stops whose silent closure gets its own one-state phone (TIMIT's tcl/kcl/pcl);
+    # the outputs give closure frames to the preceding phone, as espeak-ng's phone events
+    # do. Empty: none.
+    closure_stops: list[str] = field(default_factory=lambda: ["p", "t", "k"])
 
     def validate(self, key: str) -> None:
         _check(self.audio in ("stored", "clean"), f"{key}.audio", "must be stored or clean")
@@ -841,6 +845,10 @@ class AlignConfig:
     # stored far-field audio frame for frame; records without one are rejects). On the
     # embedded corpus reverberation costs ~25 points of frame accuracy (see alignment/).
     audio: str = "stored"
+    # Unvoiced stops whose silent closure gets its own one-state phone (TIMIT's tcl/kcl/pcl);
+    # the outputs give closure frames to the preceding phone, as espeak-ng's phone events
+    # do. Empty: none.
+    closure_stops: list[str] = field(default_factory=lambda: ["p", "t", "k"])
     # One Ray actor per select shard (Kaldi's JOBs); false: every shard in this process.
     use_ray: bool = True
 

@@ -80,7 +80,7 @@ def _lexicon(ctx: StepContext) -> lg.Lang:
         lex = read_lexicon(ctx.storage.read_text(uri))
     except LexiconError as exc:
         raise StepError(f"{uri}: {exc}") from exc
-    return lg.make_lang(lex.prons, ctx.cfg.align.sil_prob)
+    return lg.make_lang(lex.prons, ctx.cfg.align.sil_prob, set(ctx.cfg.align.closure_stops))
 
 
 def _clean_uris(ctx: StepContext) -> dict[str, str] | None:
