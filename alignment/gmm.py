@@ -25,10 +25,13 @@ class GmmStats:
     frames: int = 0
 
     def add(self, other: "GmmStats") -> "GmmStats":
-        if not self.occ:
-            return GmmStats([o.copy() for o in other.occ], [x.copy() for x in other.x],
-                            [x.copy() for x in other.x2], None if other.trans is None
-                            else other.trans.copy(), other.loglike, other.frames)
+        if not self.occ:  # copies: other's arrays may be read-only (Ray's object store)
+            self.occ = [o.copy() for o in other.occ]
+            self.x = [x.copy() for x in other.x]
+            self.x2 = [x.copy() for x in other.x2]
+            self.trans = None if other.trans is None else other.trans.copy()
+            self.loglike, self.frames = other.loglike, other.frames
+            return self
         for j in range(len(self.occ)):
             self.occ[j] += other.occ[j]
             self.x[j] += other.x[j]

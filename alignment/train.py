@@ -51,10 +51,17 @@ class History:
 
 
 def _sum(items: list) -> Any:
-    total = items[0]
-    for x in items[1:]:
-        total = total.add(x) if hasattr(total, "add") else total.merge(x)
-    return total
+    """Reduce the shards' statistics into a fresh total (arrays that come back from Ray's
+    object store are read-only, so no shard's own arrays are added into)."""
+    if isinstance(items[0], gmm.GmmStats):
+        total = gmm.GmmStats()
+        for x in items:
+            total.add(x)
+        return total
+    tree_total = TreeStats(items[0].dim)
+    for x in items:
+        tree_total.merge(x)
+    return tree_total
 
 
 def _rounds(jobs: list, st: Stage, iters: int, target_gauss: int, opts: RecipeOptions,
@@ -70,7 +77,9 @@ def _rounds(jobs: list, st: Stage, iters: int, target_gauss: int, opts: RecipeOp
             hist.realignments[st.name] = hist.realignments.get(st.name, 0) + 1
         stats = _sum(run_jobs(jobs, "accumulate", st.tm, st.am))
         if stats.frames == 0:
-            raise RuntimeError(f"{st.name} iteration {it}: every utterance failed to align")
+            why = sorted({v.split(":")[0] for v in failures(jobs).values()})
+            raise RuntimeError(f"{st.name} iteration {it}: every utterance failed to align "
+                               f"(reasons: {', '.join(why) or 'none recorded'})")
         goal = gauss0 + (target_gauss - gauss0) * min(it + 1, grow) // grow
         gmm.update(st.tm, st.am, stats, goal)
         hist.iters.append({"stage": st.name, "iter": it, "realigned": realign,

@@ -87,6 +87,24 @@ def test_ctm_score_counts_frames_and_boundaries():
     assert C.ctm_lines("u", segs, ["<eps>", "sil", "a"])[1] == "u 1 0.02 0.02 a"
 
 
+def test_closures_get_their_own_phone_and_fold_into_the_phone_before():
+    lang = lg.make_lang({"cat": [("k", "a", "t")], "at": [("a", "t")]}, stops={"t", "k"})
+    assert lang.prons["cat"] == [("k_cl", "k", "a", "t_cl", "t")]
+    cl = lang.closure_ids
+    assert {lang.phones[i] for i in cl} == {"k_cl", "t_cl"} and not cl & set(lang.nonsil_ids)
+    topo = lg.topology(lang)
+    assert all(topo.num_pdf_classes(i) == 1 for i in cl)
+    pid = lang.phone_id
+    # k_cl k a a t_cl t_cl t: the first closure goes to silence, the second to "a"
+    seq = ["k_cl", "k", "a", "a", "t_cl", "t_cl", "t"]
+    phones = np.array([pid[p] for p in seq])
+    starts = np.array([1, 1, 1, 0, 1, 0, 1], bool)
+    ph, st = C.fold_closures(phones, starts, cl, lang.sil_id)
+    assert [lang.phones[p] for p in ph] == ["sil", "k", "a", "a", "a", "a", "t"]
+    assert C.segments(ph, st) == [(lang.sil_id, 0, 1), (pid["k"], 1, 1), (pid["a"], 2, 4),
+                                  (pid["t"], 6, 1)]
+
+
 def test_align_config_errors_name_the_key():
     with pytest.raises(ConfigError, match="align.retry_beam"):
         load_config(None, ["align.beam=20", "align.retry_beam=10"])
@@ -186,3 +204,25 @@ def test_align_step_end_to_end(tiny_corpus, tmp_path):
     m = out["metrics"]
     assert m["score_tri"]["frames"] > 0 and 0 <= m["score_tri"]["frame_phone_accuracy"] <= 1
     assert json.loads((d / "_SUCCESS.json").read_text())["counts"] == c
+
+
+@pytest.mark.integration
+def test_ray_actor_jobs_reduce_to_the_in_process_result(tiny_corpus, ray_local):
+    """The same recipe pass on Ray actors (statistics come back read-only from the
+    object store) and in-process gives the same model."""
+    local, lang, utts = _tiny_jobs(tiny_corpus, 2)
+    actor = ray_local.remote(ShardJob).options(num_cpus=0.01)
+    parts = [utts[i::2] for i in range(2)]
+    remote = [actor.remote(f"s{i}", (lambda p=p: (p, [])), lang, FeatureOptions())
+              for i, p in enumerate(parts)]
+    opts = RecipeOptions(mono_iters=3, realign_every=2, mono_gauss=200)
+    a = monophone(local, lang, opts, History())
+    hist = History()
+    b = monophone(remote, lang, opts, hist)
+    assert a.am.num_gauss == b.am.num_gauss
+    ra = [r for rs in run_jobs(local, "results", a.tm) for r in rs]
+    rb = [r for rs in run_jobs(remote, "results", b.tm) for r in rs]
+    assert [r["utt_id"] for r in ra] == [r["utt_id"] for r in rb]
+    for x, y in zip(ra, rb):
+        np.testing.assert_array_equal(x["senones"], y["senones"])
+    assert len(hist.iters) == 3
