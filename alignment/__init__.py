@@ -7,7 +7,10 @@
                        run locally or as Ray actors, statistics summed on the driver
     tree.py            the phonetic decision tree, written by hand (kaldi-hmm-gmm has none)
     train.py           the recipe: flat start, monophone rounds, tree, triphone rounds
-    ctm.py             frames -> phone CTM; scoring against a reference CTM
+    ctm.py             frames -> phone CTM; closures folded back; scoring against a reference
+    model_io.py        Kaldi files: binary tree, text final.mdl; pickles for Python reuse
+
+README.md says what is written by hand here and why, and what was measured.
 
 kaldi_hmm_gmm is imported first wherever it is used (an import-order trap with other
 OpenFST builds, see pyproject.toml).
