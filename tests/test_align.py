@@ -177,7 +177,6 @@ def test_shard_statistics_sum_to_the_single_job_statistics(tiny_corpus):
     np.testing.assert_allclose(a.trans, b.trans)
 
 
-@pytest.mark.slow
 def test_align_step_end_to_end(tiny_corpus, tmp_path):
     from amflow.runs import StepContext
     from amflow.steps import align
