@@ -111,6 +111,12 @@ STEPS: dict[str, Step] = {
         "tasks.select:run", "sample select.hours of audio and shard it by speaker",
         reads="data.corpus metadata/**.jsonl",
         writes="runs/<id>/select/shards/*.parquet (manifests), rejects/, _SUCCESS.json"),
+    "align": Step(
+        "amflow.steps.align:run", "GMM-HMM forced alignment: monophone, tree, triphone senones",
+        reads="runs/<id>/select shard manifests (align.splits), the audio, data.lexicon or "
+              "<corpus>/lexicon.txt, <corpus>/alignments.ctm (scoring only, when present)",
+        writes="runs/<id>/align/alignments/*.parquet (phones, senones per 10 ms frame), "
+               "alignments.ctm, tree, final.mdl, mono.mdl, phones.txt, rejects/, _SUCCESS.json"),
     "features": Step(
         "tasks.features:run", "log-mel fbank, causal CMN, global CMVN, low frame rate",
         reads="runs/<id>/select shard manifests, the audio they point at, alignments.ctm",

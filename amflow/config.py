@@ -726,6 +726,10 @@ class EvaluateConfig:
     # Which rendering to score: stored (the record's audio_uri) or clean (its dry,
     # close-talk `clean_audio_uri`, condition "dry"; records without one are rejects).
     audio: str = "stored"
+    # Unvoiced stops whose silent closure gets its own one-state phone (TIMIT's tcl/kcl/pcl);
+    # the outputs give closure frames to the preceding phone, as espeak-ng's phone events
+    # do. Empty: none.
+    closure_stops: list[str] = field(default_factory=lambda: ["p", "t", "k"])
 
     def validate(self, key: str) -> None:
         _check(self.audio in ("stored", "clean"), f"{key}.audio", "must be stored or clean")
@@ -1072,6 +1076,52 @@ class BenchConfig:
 
 
 @dataclass
+class AlignConfig:
+    """`amflow align`: GMM-HMM forced alignment to senones (alignment/)."""
+
+    # Corpus splits (of the select manifests) to align; they need transcripts.
+    splits: list[str] = field(default_factory=lambda: ["labeled"])
+    num_senones: int = 500          # decision-tree leaves of the context-dependent model
+    mono_iters: int = 25
+    tri_iters: int = 15
+    realign_every: int = 2          # realign before every n-th accumulation pass
+    mono_gauss: int = 1000          # Gaussians in total, reached by mixing up
+    tri_gauss: int = 4000
+    beam: float = 10.0
+    retry_beam: float = 40.0
+    sil_prob: float = 0.5           # optional silence between words in the training graphs
+    min_leaf_count: float = 50.0    # frames a tree leaf needs
+    # Which rendering to align: stored (the record's audio_uri) or clean (its dry
+    # `clean_audio_uri`, same length and timing: alignments of the dry rendering label the
+    # stored far-field audio frame for frame; records without one are rejects). On the
+    # embedded corpus reverberation costs ~25 points of frame accuracy (see alignment/).
+    audio: str = "stored"
+    # Unvoiced stops whose silent closure gets its own one-state phone (TIMIT's tcl/kcl/pcl);
+    # the outputs give closure frames to the preceding phone, as espeak-ng's phone events
+    # do. Empty: none.
+    closure_stops: list[str] = field(default_factory=lambda: ["p", "t", "k"])
+    # One Ray actor per select shard (Kaldi's JOBs); false: every shard in this process.
+    use_ray: bool = True
+
+    def validate(self, key: str) -> None:
+        _check(bool(self.splits) and all(s in ("labeled", "unlabeled", "dev", "test")
+                                         for s in self.splits), f"{key}.splits",
+               "must be a non-empty list of labeled, unlabeled, dev, test")
+        _check(self.num_senones >= 1, f"{key}.num_senones", "must be >= 1")
+        _check(self.mono_iters >= 1, f"{key}.mono_iters", "must be >= 1")
+        _check(self.tri_iters >= 1, f"{key}.tri_iters", "must be >= 1")
+        _check(self.realign_every >= 1, f"{key}.realign_every", "must be >= 1")
+        _check(self.mono_gauss >= 1, f"{key}.mono_gauss", "must be >= 1")
+        _check(self.tri_gauss >= self.num_senones, f"{key}.tri_gauss",
+               "must be >= align.num_senones (one Gaussian per senone at least)")
+        _check(self.beam > 0, f"{key}.beam", "must be > 0")
+        _check(self.retry_beam >= self.beam, f"{key}.retry_beam", "must be >= align.beam")
+        _check(0 < self.sil_prob < 1, f"{key}.sil_prob", "must be in (0, 1)")
+        _check(self.min_leaf_count > 0, f"{key}.min_leaf_count", "must be > 0")
+        _check(self.audio in ("stored", "clean"), f"{key}.audio", "must be stored or clean")
+
+
+@dataclass
 class Config:
     storage: StorageConfig = field(default_factory=StorageConfig)
     data: DataConfig = field(default_factory=DataConfig)
@@ -1093,6 +1143,7 @@ class Config:
     cost: CostConfig = field(default_factory=CostConfig)
     ingest: IngestConfig = field(default_factory=IngestConfig)
     bench: BenchConfig = field(default_factory=BenchConfig)
+    align: AlignConfig = field(default_factory=AlignConfig)
 
     def to_dict(self) -> dict[str, Any]:
         """The user-facing mapping (`train.*` flat, as YAML spells it): load_config of it

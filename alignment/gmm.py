@@ -1,0 +1,157 @@
+"""GMM-HMM pieces around kaldi-hmm-gmm: model init, statistics, update, alignment.
+
+Statistics leave a job as plain arrays (`GmmStats`), so shards can be accumulated anywhere
+(Ray actors) and summed on the driver before one update, as Kaldi's gmm-acc-stats-ali JOBs
+and gmm-sum-accs / gmm-est.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import kaldi_hmm_gmm as khg  # first: see alignment/__init__.py
+import _kaldi_hmm_gmm as _khg  # mle_diag_gmm_update is not re-exported by the package
+import kaldifst
+import numpy as np
+
+
+@dataclass
+class GmmStats:
+    """Sufficient statistics of one pass: per pdf, per Gaussian (occupancy, x, x^2)."""
+    occ: list[np.ndarray] = field(default_factory=list)      # [G_j]
+    x: list[np.ndarray] = field(default_factory=list)        # [G_j, D]
+    x2: list[np.ndarray] = field(default_factory=list)       # [G_j, D]
+    trans: np.ndarray | None = None                          # transition-id counts
+    loglike: float = 0.0
+    frames: int = 0
+
+    def add(self, other: "GmmStats") -> "GmmStats":
+        if not self.occ:  # copies: other's arrays may be read-only (Ray's object store)
+            self.occ = [o.copy() for o in other.occ]
+            self.x = [x.copy() for x in other.x]
+            self.x2 = [x.copy() for x in other.x2]
+            self.trans = None if other.trans is None else other.trans.copy()
+            self.loglike, self.frames = other.loglike, other.frames
+            return self
+        for j in range(len(self.occ)):
+            self.occ[j] += other.occ[j]
+            self.x[j] += other.x[j]
+            self.x2[j] += other.x2[j]
+        self.trans = self.trans + other.trans
+        self.loglike += other.loglike
+        self.frames += other.frames
+        return self
+
+
+def init_flat(tm_tree: khg.ContextDependency, topo: khg.HmmTopology, mean: np.ndarray,
+              var: np.ndarray) -> tuple[khg.TransitionModel, khg.AmDiagGmm]:
+    """gmm-init-mono: every pdf a single Gaussian at the global mean and variance."""
+    am = khg.AmDiagGmm()
+    for _ in range(tm_tree.num_pdfs):
+        am.add_pdf(single_gaussian(mean, var))
+    return khg.TransitionModel(ctx_dep=tm_tree, hmm_topo=topo), am
+
+
+def single_gaussian(mean: np.ndarray, var: np.ndarray) -> khg.DiagGmm:
+    g = khg.DiagGmm(nmix=1, dim=len(mean))
+    g.set_weights(np.ones(1, np.float32))
+    g.set_means(np.asarray(mean, np.float32)[None, :])
+    g.set_invvars((1.0 / np.maximum(np.asarray(var, np.float32), 1e-3))[None, :])
+    g.compute_gconsts()
+    return g
+
+
+def monophone_tree(topo: khg.HmmTopology) -> khg.ContextDependency:
+    return khg.monophone_context_dependency(
+        phones=topo.phones, phone2num_pdf_classes=topo.get_phone_to_num_pdf_classes())
+
+
+def accumulate(tm: khg.TransitionModel, am: khg.AmDiagGmm,
+               utts: list[tuple[np.ndarray, list[int]]]) -> GmmStats:
+    """gmm-acc-stats-ali over (features, transition ids) pairs."""
+    accs = khg.AccumAmDiagGmm()
+    accs.init(model=am, flags=khg.GmmUpdateFlags.kGmmAll)
+    trans = tm.init_stats()
+    loglike, frames = 0.0, 0
+    for feats, ali in utts:
+        for t, tid in enumerate(ali):
+            trans = tm.accumulate(prob=1.0, trans_id=tid, stats=trans)
+            loglike += accs.accumulate_for_gmm(model=am, data=feats[t],
+                                               gmm_index=tm.transition_id_to_pdf(tid), weight=1.0)
+        frames += len(ali)
+    st = GmmStats(trans=np.asarray(trans, np.float64), loglike=loglike, frames=frames)
+    for j in range(accs.num_accs):
+        a = accs.get_acc(j)
+        st.occ.append(np.asarray(a.occupancy, np.float64).copy())
+        st.x.append(np.asarray(a.mean_accumulator, np.float64).copy())
+        st.x2.append(np.asarray(a.variance_accumulator, np.float64).copy())
+    return st
+
+
+def update(tm: khg.TransitionModel, am: khg.AmDiagGmm, st: GmmStats, target_gauss: int,
+           min_gauss_occ: float = 10.0, power: float = 0.2) -> None:
+    """gmm-est: MLE update of the transitions and the GMMs, then mix-up towards
+    `target_gauss` Gaussians in total (allocated to pdfs by occupancy^power)."""
+    # Per pdf: AccumAmDiagGmm.get_acc returns a copy, so summed statistics cannot be put
+    # back into an AccumAmDiagGmm; mle_diag_gmm_update on each pdf is what gmm-est does.
+    flags = khg.GmmUpdateFlags.kGmmAll
+    opts = khg.MleDiagGmmOptions()
+    opts.min_gaussian_occupancy = min_gauss_occ
+    for j in range(len(st.occ)):
+        pdf = am.get_pdf(j)  # a reference: updated in place
+        acc = khg.AccumDiagGmm(gmm=pdf, flags=flags)
+        for g in range(len(st.occ[j])):
+            acc.add_stats_for_component(g, float(st.occ[j][g]), st.x[j][g], st.x2[j][g])
+        if st.occ[j].sum() > 0:
+            _khg.mle_diag_gmm_update(config=opts, diag_gmm_acc=acc, flags=flags, gmm=pdf)
+    tm.mle_update(st.trans, khg.MleTransitionUpdateConfig())
+    if target_gauss > am.num_gauss:
+        occs = np.array([o.sum() for o in st.occ], np.float32)
+        am.split_by_count(state_occs=occs, target_components=target_gauss,
+                          perturb_factor=0.01, power=power, min_count=20.0)
+
+
+def equal_align(graph: kaldifst.StdVectorFst, num_frames: int) -> list[int] | None:
+    """align-equal-compiled: a path of the graph with its frames spread equally."""
+    ok, fst = kaldifst.equal_align(ifst=graph, length=num_frames, rand_seed=3, num_retries=10)
+    if not ok:
+        return None
+    ok, ali, _, _ = kaldifst.get_linear_symbol_sequence(fst)
+    return list(ali) if ok and len(ali) == num_frames else None
+
+
+def align(tm: khg.TransitionModel, am: khg.AmDiagGmm, graph: kaldifst.StdVectorFst,
+          feats: np.ndarray, beam: float, retry_beam: float,
+          acoustic_scale: float = 0.1) -> tuple[list[int] | None, float]:
+    """gmm-align-compiled: Viterbi transition ids (None when no path survives the retry
+    beam) and the alignment's acoustic log-likelihood."""
+    fst = graph.copy()
+    khg.add_transition_probs(trans_model=tm, transition_scale=1.0, self_loop_scale=0.1,
+                             fst=fst)
+    dec = khg.DecodableAmDiagGmmScaled(am=am, tm=tm, feats=feats, scale=acoustic_scale)
+    cfg = khg.AlignConfig(beam=beam, retry_beam=retry_beam, careful=False)
+    _, err, _, like, _, ali, _ = khg.align_utterance_wrapper(
+        config=cfg, utt="u", acoustic_scale=acoustic_scale, fst=fst, decodable=dec,
+        num_done=0, num_error=0, num_retried=0, tot_like=0.0, frame_count=0)
+    if err or len(ali) != len(feats):
+        return None, 0.0
+    return list(ali), float(like)
+
+
+def phones_and_pdfs(tm: khg.TransitionModel, ali: list[int]) -> tuple[np.ndarray, np.ndarray,
+                                                                      np.ndarray]:
+    """Per frame: phone id, pdf id (senone), and whether the frame starts a phone: the
+    first frame, or the one after a transition into its HMM's final state (a repeated
+    phone is two phones; a self-loop of state 0 is not a start)."""
+    phones = np.array([tm.transition_id_to_phone(t) for t in ali], np.int32)
+    pdfs = np.array([tm.transition_id_to_pdf(t) for t in ali], np.int32)
+    start = np.zeros(len(ali), bool)
+    if len(ali):
+        start[0] = True
+        start[1:] = [tm.is_final(t) for t in ali[:-1]]
+    return phones, pdfs, start
+
+
+def hmm_states(tm: khg.TransitionModel) -> np.ndarray:
+    """HMM state (= pdf class in these topologies) of every transition id (index 0 unused)."""
+    tuples = [t.__getstate__() for t in tm.tuples]  # (phone, hmm_state, fwd pdf, loop pdf)
+    return np.array([0] + [tuples[s - 1][1] for s in tm.id2state[1:]], np.int32)

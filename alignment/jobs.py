@@ -1,0 +1,164 @@
+"""One shard of utterances as an alignment job (Kaldi's JOB), and the map/reduce over them.
+
+A `ShardJob` keeps its shard's features, transcripts, training graphs and current
+alignments in memory between passes; the driver sends it the current model and gets back
+summed statistics (GmmStats, TreeStats) and counts, never per-frame data, until the
+final `results`. `run_jobs` calls a method on every job and returns the answers in order:
+on Ray actors when the jobs are actors (one per shard), in-process otherwise (tests).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import kaldi_hmm_gmm as khg  # first: see alignment/__init__.py
+import numpy as np
+
+from alignment import gmm
+from alignment import lexicon_graphs as lg
+from alignment.ctm import fold_closures
+from alignment.features import FeatureOptions, mfcc, speaker_cmvn
+from alignment.tree import TreeStats
+
+
+@dataclass
+class Utterance:
+    utt_id: str
+    speaker_id: str
+    words: list[str]
+    samples: np.ndarray | None = None   # float32 mono at FeatureOptions.sample_rate
+
+
+@dataclass
+class JobReport:
+    """What a pass over one shard returns besides statistics."""
+    aligned: int = 0
+    failed: dict[str, str] = field(default_factory=dict)   # utt_id -> reason
+    loglike: float = 0.0
+    frames: int = 0
+
+
+class ShardJob:
+    """Loads its utterances with `load()` (runs where the job runs: on a Ray actor, the
+    audio is read there), computes features with per-speaker CMVN."""
+
+    def __init__(self, shard_id: str, load: Callable[[], tuple[list[Utterance], list]],
+                 lang: lg.Lang, fopts: FeatureOptions):
+        self.shard_id = shard_id
+        self.lang = lang
+        utts, self.rejects = load()
+        self.utts: dict[str, Utterance] = {}
+        self.feats: dict[str, np.ndarray] = {}
+        self.word_ids: dict[str, list[int]] = {}
+        self.failed: dict[str, str] = {}
+        self._features(utts, fopts)
+        self.graphs: dict[str, Any] = {}
+        self.ali: dict[str, list[int]] = {}
+
+    def _features(self, utts: list[Utterance], fopts: FeatureOptions) -> None:
+        by_spk: dict[str, list[Utterance]] = {}
+        for u in utts:
+            ids, oov = lg.word_ids(self.lang, u.words)
+            if not u.words:
+                self.failed[u.utt_id] = "no_transcript: the utterance has no words"
+            elif ids is None:
+                self.failed[u.utt_id] = f"oov_word: not in the lexicon: {' '.join(oov[:10])}"
+            else:
+                self.word_ids[u.utt_id] = ids
+                by_spk.setdefault(u.speaker_id, []).append(u)
+        for spk, us in by_spk.items():
+            raw = [mfcc(u.samples, fopts) for u in us]
+            for u, f in zip(us, speaker_cmvn(raw)):
+                self.utts[u.utt_id] = Utterance(u.utt_id, spk, u.words)
+                self.feats[u.utt_id] = f
+
+    def ids(self) -> list[str]:
+        return [u for u in self.feats if u not in self.failed]
+
+    def feature_stats(self) -> tuple[int, np.ndarray, np.ndarray]:
+        x = [self.feats[u] for u in self.ids()]
+        allf = np.concatenate(x).astype(np.float64) if x else np.zeros((0, 1))
+        return len(allf), allf.sum(0), (allf ** 2).sum(0)
+
+    def compile(self, tm: khg.TransitionModel, tree: khg.ContextDependency) -> JobReport:
+        """Training graphs for the current tree (monophone, then the triphone tree)."""
+        gc = lg.graph_compiler(self.lang, tm, tree, lg.lexicon_fst(self.lang))
+        self.graphs = {}
+        for u in self.ids():
+            try:
+                self.graphs[u] = gc.compile_graph_from_text(self.word_ids[u])
+            except Exception as exc:  # the binding asserts; say which utterance failed
+                self.failed[u] = f"graph_failed: {exc}"[:300]
+        return self._report()
+
+    def equal_align(self) -> JobReport:
+        for u in self.ids():
+            ali = gmm.equal_align(self.graphs[u], len(self.feats[u]))
+            if ali is None:
+                self.failed[u] = (f"too_short: {len(self.feats[u])} frames cannot hold the "
+                                  f"transcript's HMM states")
+            else:
+                self.ali[u] = ali
+        return self._report()
+
+    def align(self, tm: khg.TransitionModel, am: khg.AmDiagGmm, beam: float,
+              retry_beam: float) -> JobReport:
+        rep = JobReport()
+        for u in self.ids():
+            ali, like = gmm.align(tm, am, self.graphs[u], self.feats[u], beam, retry_beam)
+            if ali is None:
+                self.failed[u] = f"align_failed: no path within retry beam {retry_beam}"
+                self.ali.pop(u, None)
+                continue
+            self.ali[u] = ali
+            rep.loglike += like
+            rep.frames += len(ali)
+        rep.aligned, rep.failed = len(self.ali), dict(self.failed)
+        return rep
+
+    def accumulate(self, tm: khg.TransitionModel, am: khg.AmDiagGmm) -> gmm.GmmStats:
+        return gmm.accumulate(tm, am, [(self.feats[u], self.ali[u]) for u in self.ids()])
+
+    def tree_stats(self, tm: khg.TransitionModel) -> TreeStats:
+        """acc-tree-stats on the current (monophone) alignments."""
+        dim = next(iter(self.feats.values())).shape[1] if self.feats else 0
+        st = TreeStats(dim)
+        state_of = gmm.hmm_states(tm)
+        for u in self.ids():
+            ali = self.ali[u]
+            phones, _, start = gmm.phones_and_pdfs(tm, ali)
+            seg = np.cumsum(start) - 1
+            seq = phones[start]
+            left = np.concatenate([[0], seq[:-1]])[seg]
+            right = np.concatenate([seq[1:], [0]])[seg]
+            cls = state_of[np.asarray(ali)]
+            st.add_frames(np.stack([left, phones, right, cls], 1), self.feats[u])
+        return st
+
+    def results(self, tm: khg.TransitionModel) -> list[dict]:
+        out = []
+        for u in self.ids():
+            phones, pdfs, start = gmm.phones_and_pdfs(tm, self.ali[u])
+            phones, start = fold_closures(phones, start, self.lang.closure_ids, self.lang.sil_id)
+            out.append({"utt_id": u, "speaker_id": self.utts[u].speaker_id,
+                        "phones": phones, "senones": pdfs, "starts": start})
+        return out
+
+    def load_rejects(self) -> list:
+        return list(self.rejects)
+
+    def report(self) -> JobReport:
+        return self._report()
+
+    def _report(self) -> JobReport:
+        return JobReport(aligned=len(self.ids()), failed=dict(self.failed))
+
+
+def run_jobs(jobs: list[Any], method: str, *args: Any) -> list[Any]:
+    """Call `method(*args)` on every job, Ray actors in parallel, and return the answers."""
+    if jobs and hasattr(getattr(jobs[0], method), "remote"):
+        import ray  # deferred: the in-process path (tests) never starts Ray
+
+        refs = [ray.put(a) for a in args]  # one copy of the model in the object store
+        return ray.get([getattr(j, method).remote(*refs) for j in jobs])
+    return [getattr(j, method)(*args) for j in jobs]

@@ -1,0 +1,153 @@
+"""The alignment recipe (Kaldi's train_mono.sh then train_deltas.sh, one process, JOBs as
+`ShardJob`s): flat start from equal alignments, monophone rounds of accumulate / update /
+mix-up with realignment every `realign_every` iterations, tree statistics on the final
+monophone alignments, a decision tree to `num_senones` leaves, a context-dependent model
+initialised from the tree's leaf statistics, and its own rounds of realignment.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import kaldi_hmm_gmm as khg  # first: see alignment/__init__.py
+import numpy as np
+
+from alignment import gmm
+from alignment import lexicon_graphs as lg
+from alignment.jobs import run_jobs
+from alignment.tree import Tree, TreeStats, build_tree
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class RecipeOptions:
+    num_senones: int = 500
+    mono_iters: int = 25
+    tri_iters: int = 15
+    realign_every: int = 2
+    mono_gauss: int = 1000
+    tri_gauss: int = 4000
+    beam: float = 10.0
+    retry_beam: float = 40.0
+    min_leaf_count: float = 50.0
+
+
+@dataclass
+class Stage:
+    """A trained model: its tree, transition model and GMMs."""
+    name: str
+    tree: Any                        # khg.ContextDependency
+    tm: Any                          # khg.TransitionModel
+    am: Any                          # khg.AmDiagGmm
+    built: Tree | None = None        # the hand-built tree (triphone stage)
+
+
+@dataclass
+class History:
+    iters: list[dict] = field(default_factory=list)  # stage, iter, loglike/frame, gauss, realigned
+    realignments: dict[str, int] = field(default_factory=dict)
+
+
+def _sum(items: list) -> Any:
+    """Reduce the shards' statistics into a fresh total (arrays that come back from Ray's
+    object store are read-only, so no shard's own arrays are added into)."""
+    if isinstance(items[0], gmm.GmmStats):
+        total = gmm.GmmStats()
+        for x in items:
+            total.add(x)
+        return total
+    tree_total = TreeStats(items[0].dim)
+    for x in items:
+        tree_total.merge(x)
+    return tree_total
+
+
+def _rounds(jobs: list, st: Stage, iters: int, target_gauss: int, opts: RecipeOptions,
+            hist: History, aligned: bool) -> None:
+    """`iters` passes of accumulate + update; realign first whenever the pass index is a
+    multiple of realign_every (pass 0 only when `aligned` is False)."""
+    gauss0 = st.am.num_gauss
+    grow = max(1, int(iters * 0.75))
+    for it in range(iters):
+        realign = (it > 0 or not aligned) and it % opts.realign_every == 0
+        if realign:
+            run_jobs(jobs, "align", st.tm, st.am, opts.beam, opts.retry_beam)
+            hist.realignments[st.name] = hist.realignments.get(st.name, 0) + 1
+        stats = _sum(run_jobs(jobs, "accumulate", st.tm, st.am))
+        if stats.frames == 0:
+            why = sorted({v.split(":")[0] for v in failures(jobs).values()})
+            raise RuntimeError(f"{st.name} iteration {it}: every utterance failed to align "
+                               f"(reasons: {', '.join(why) or 'none recorded'})")
+        goal = gauss0 + (target_gauss - gauss0) * min(it + 1, grow) // grow
+        gmm.update(st.tm, st.am, stats, goal)
+        hist.iters.append({"stage": st.name, "iter": it, "realigned": realign,
+                           "loglike_per_frame": round(stats.loglike / stats.frames, 4),
+                           "frames": stats.frames, "gaussians": st.am.num_gauss})
+        log.info("align %s iter %d: loglike/frame %.3f over %d frames, %d Gaussians%s",
+                 st.name, it, stats.loglike / stats.frames, stats.frames, st.am.num_gauss,
+                 " (realigned)" if realign else "")
+
+
+def monophone(jobs: list, lang: lg.Lang, opts: RecipeOptions, hist: History) -> Stage:
+    topo = lg.topology(lang)
+    tree = gmm.monophone_tree(topo)
+    fs = run_jobs(jobs, "feature_stats")
+    n = sum(f[0] for f in fs)
+    if n == 0:
+        raise RuntimeError("no utterance has features to align")
+    mean = sum(f[1] for f in fs) / n
+    var = sum(f[2] for f in fs) / n - mean ** 2
+    tm, am = gmm.init_flat(tree, topo, mean, var)
+    st = Stage("mono", tree, tm, am)
+    run_jobs(jobs, "compile", tm, tree)
+    run_jobs(jobs, "equal_align")
+    _rounds(jobs, st, opts.mono_iters, opts.mono_gauss, opts, hist, aligned=True)
+    run_jobs(jobs, "align", st.tm, st.am, opts.beam, opts.retry_beam)
+    hist.realignments["mono"] = hist.realignments.get("mono", 0) + 1
+    return st
+
+
+def triphone(jobs: list, lang: lg.Lang, mono: Stage, opts: RecipeOptions,
+             hist: History) -> Stage:
+    topo = lg.topology(lang)
+    stats: TreeStats = _sum(run_jobs(jobs, "tree_stats", mono.tm))
+    classes = {p: topo.num_pdf_classes(p) for p in topo.phones}
+    built = build_tree(stats, classes, opts.num_senones, {lang.sil_id}, opts.min_leaf_count)
+    tree = built.context_dependency()
+    tm = khg.TransitionModel(ctx_dep=tree, hmm_topo=topo)
+    am = khg.AmDiagGmm()
+    d = stats.dim
+    glob = np.sum(built.leaf_stats, axis=0)
+    for row in built.leaf_stats:
+        src = row if row[0] >= 1.0 else glob   # a leaf no frame reached: global stats
+        mean = src[1:1 + d] / src[0]
+        am.add_pdf(gmm.single_gaussian(mean, src[1 + d:] / src[0] - mean ** 2))
+    st = Stage("tri", tree, tm, am, built)
+    run_jobs(jobs, "compile", tm, tree)
+    _rounds(jobs, st, opts.tri_iters, opts.tri_gauss, opts, hist, aligned=False)
+    run_jobs(jobs, "align", st.tm, st.am, opts.beam, opts.retry_beam)
+    hist.realignments["tri"] = hist.realignments.get("tri", 0) + 1
+    return st
+
+
+def train(jobs: list, lang: lg.Lang, opts: RecipeOptions,
+          on_stage: Callable[[Stage, list], None] | None = None) -> tuple[Stage, History]:
+    """Both stages; `on_stage(stage, jobs)` after each (e.g. to score its alignments)."""
+    hist = History()
+    mono = monophone(jobs, lang, opts, hist)
+    if on_stage:
+        on_stage(mono, jobs)
+    tri = triphone(jobs, lang, mono, opts, hist)
+    if on_stage:
+        on_stage(tri, jobs)
+    return tri, hist
+
+
+def failures(jobs: list) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for rep in run_jobs(jobs, "report"):
+        out.update(rep.failed)
+    return out
+

@@ -1,0 +1,232 @@
+"""`amflow align`: GMM-HMM forced alignment of the selected transcribed audio to senones.
+
+Reads  `runs/<R>/select/shards/*.parquet` of the splits in `align.splits`, the audio they
+       point at, the lexicon (`data.lexicon` or `<corpus>/lexicon.txt`) and, for scoring
+       only, `<corpus>/alignments.ctm`.
+Writes `runs/<R>/align/alignments/<shard>.parquet`  utt_id, speaker_id, num_frames, phones
+                                                    (phone ids), senones (pdf ids) per 10 ms frame
+       `runs/<R>/align/alignments.ctm`              phone CTM (silence included)
+       `runs/<R>/align/tree`                        Kaldi binary ContextDependency
+       `runs/<R>/align/final.mdl`, `mono.mdl`       Kaldi text models (TransitionModel + AmDiagGmm)
+       `runs/<R>/align/topo`, `phones.txt`, `model.pkl` (kaldi-hmm-gmm objects, pickled)
+       `runs/<R>/align/rejects/align.parquet`, `_SUCCESS.json`
+
+One `ShardJob` per select shard (a Ray actor unless `align.use_ray` is false) keeps its
+features and alignments; the driver sums their statistics and updates the model
+(alignment/train.py has the recipe).
+"""
+from __future__ import annotations
+
+import functools
+import logging
+from typing import Any
+
+import kaldi_hmm_gmm  # noqa: F401  first: OpenFST import-order trap (alignment/__init__.py)
+import numpy as np
+import pyarrow as pa
+
+from alignment import ctm as C
+from alignment import lexicon_graphs as lg
+from alignment import model_io
+from alignment.features import FeatureOptions
+from alignment.jobs import ShardJob, Utterance, run_jobs
+from alignment.train import RecipeOptions, Stage, failures, train
+from amflow.config import Config, FeaturesConfig, StorageConfig
+from amflow.runs import SUCCESS, Reject, StepContext, StepError, rejects_table
+from amflow.storage import Storage, join
+from decoding.lexicon import LexiconError, read_lexicon, words_of
+from tasks import alignments as ref_al
+from tasks.audio import decode_audio, read_audio_bytes
+
+log = logging.getLogger(__name__)
+
+ALIGN_SCHEMA = pa.schema([
+    ("utt_id", pa.string()), ("speaker_id", pa.string()), ("shard", pa.string()),
+    ("num_frames", pa.int32()), ("frame_shift_ms", pa.float32()),
+    ("phones", pa.list_(pa.int16())), ("senones", pa.list_(pa.int32())),
+])
+
+
+def load_shard(storage_cfg: StorageConfig, fcfg: FeaturesConfig, manifest: str,
+               shard: str, clean: dict[str, str] | None = None
+               ) -> tuple[list[Utterance], list[Reject]]:
+    """A select manifest -> utterances with their audio (runs inside the job); with
+    `clean` (utt_id -> URI), each utterance's dry rendering instead."""
+    st = Storage(storage_cfg)
+    utts, rejects = [], []
+    for row in st.read_parquet(manifest).to_pylist():
+        uri = row["audio_uri"] if clean is None else clean.get(row["utt_id"])
+        if uri is None:
+            rejects.append(Reject(row["utt_id"], "no_clean_audio",
+                                  "align.audio=clean: the record has no clean_audio_uri", shard))
+            continue
+        data, reason, detail = read_audio_bytes(st, uri)
+        res = decode_audio(data, fcfg, row["duration"]) if data is not None else None
+        if res is None or res.samples is None:
+            rejects.append(Reject(row["utt_id"], (res.reason if res else reason) or
+                                  "unreadable_audio", res.detail if res else detail, shard))
+            continue
+        utts.append(Utterance(row["utt_id"], row["speaker_id"], words_of(row["text"] or ""),
+                              res.samples))
+    return utts, rejects
+
+
+def _lexicon(ctx: StepContext) -> lg.Lang:
+    uri = ctx.cfg.data.lexicon or join(ctx.cfg.data.corpus.rstrip("/"), "lexicon.txt")
+    if not ctx.storage.exists(uri):
+        raise StepError(f"align needs a lexicon: {uri} not found (set data.lexicon, or run "
+                        f"`amflow corpus`, which writes <corpus>/lexicon.txt)")
+    try:
+        lex = read_lexicon(ctx.storage.read_text(uri))
+    except LexiconError as exc:
+        raise StepError(f"{uri}: {exc}") from exc
+    return lg.make_lang(lex.prons, ctx.cfg.align.sil_prob, set(ctx.cfg.align.closure_stops))
+
+
+def _clean_uris(ctx: StepContext) -> dict[str, str] | None:
+    """utt_id -> dry rendering URI (align.audio=clean), else None."""
+    if ctx.cfg.align.audio != "clean":
+        return None
+    # deferred: training/ pulls in torch, which only this option needs
+    from training.example_servers import load_clean_sources
+
+    clean = load_clean_sources(ctx.storage, ctx.cfg.data.corpus.rstrip("/"))
+    return {u: v["uri"] for u, v in clean.items()}
+
+
+def _jobs(ctx: StepContext, shards: list[dict], lang: lg.Lang) -> list[Any]:
+    cfg: Config = ctx.cfg
+    fopts = FeatureOptions(sample_rate=cfg.features.sample_rate)
+    clean = _clean_uris(ctx)
+    loaders = []
+    for e in shards:
+        manifest = ctx.other("select", "shards", f"{e['shard']}.parquet")
+        mine = None
+        if clean is not None:  # only this shard's part travels to its job
+            utts = ctx.storage.read_parquet(manifest, columns=["utt_id"])
+            mine = {u: clean[u] for u in utts.column("utt_id").to_pylist() if u in clean}
+        loaders.append((e["shard"], functools.partial(load_shard, cfg.storage, cfg.features,
+                                                      manifest, e["shard"], mine)))
+    if not cfg.align.use_ray:
+        return [ShardJob(sid, load, lang, fopts) for sid, load in loaders]
+    import ray  # deferred: heavy, and only this path needs it
+
+    from amflow.raycluster import init_ray, step_resources
+
+    init_ray(cfg)
+    cpus = float(ray.cluster_resources().get("CPU", 1.0))
+    # actors hold their CPUs while alive: share the cluster's between the shards' actors
+    actor = ray.remote(ShardJob).options(num_cpus=max(0.01, min(1.0, cpus / len(loaders))),
+                                         resources=step_resources(cfg, "align") or None)
+    return [actor.remote(sid, load, lang, fopts) for sid, load in loaders]
+
+
+def _score(results: list[list[dict]], lang: lg.Lang, ref: dict) -> dict | None:
+    if not ref:
+        return None
+    total = C.Score()
+    for rows in results:
+        for r in rows:
+            a = ref.get(r["utt_id"])
+            if a is None:
+                continue
+            hyp = [(lang.phones[p], s * 0.01, (s + n) * 0.01)
+                   for p, s, n in C.segments(r["phones"], r["starts"])]
+            refs = list(zip(a.phones, a.starts.tolist(), a.ends.tolist()))
+            total.add(C.score(hyp, refs, len(r["phones"])))
+    return total.summary()
+
+
+def _write(ctx: StepContext, results: list[list[dict]], shards: list[dict], lang: lg.Lang,
+           final: Stage, mono: Stage) -> int:
+    st = ctx.storage
+    written, lines = 0, []
+    for e, rows in zip(shards, results):
+        table = pa.table({
+            "utt_id": [r["utt_id"] for r in rows], "speaker_id": [r["speaker_id"] for r in rows],
+            "shard": [e["shard"]] * len(rows),
+            "num_frames": [len(r["phones"]) for r in rows],
+            "frame_shift_ms": [10.0] * len(rows),
+            "phones": [r["phones"].astype(np.int16).tolist() for r in rows],
+            "senones": [r["senones"].astype(np.int32).tolist() for r in rows]},
+            schema=ALIGN_SCHEMA)
+        written += st.write_parquet(ctx.path("alignments", f"{e['shard']}.parquet"), table)
+        for r in rows:
+            lines += C.ctm_lines(r["utt_id"], C.segments(r["phones"], r["starts"]), lang.phones)
+    st.write_text(ctx.path("alignments.ctm"), "\n".join(lines) + "\n")
+    st.write_text(ctx.path("phones.txt"), "".join(f"{p} {i}\n" for i, p in
+                                                   enumerate(lang.phones)))
+    st.write_bytes(ctx.path("tree"), model_io.tree_bytes(final.tree))
+    st.write_text(ctx.path("topo"), str(final.tm.topo))
+    st.write_text(ctx.path("final.mdl"), model_io.model_text(final.tm, final.am))
+    st.write_text(ctx.path("mono.mdl"), model_io.model_text(mono.tm, mono.am))
+    st.write_bytes(ctx.path("model.pkl"), model_io.pickled(final.tree, final.tm, final.am))
+    return written
+
+
+def _options(cfg: Config) -> RecipeOptions:
+    a = cfg.align
+    return RecipeOptions(a.num_senones, a.mono_iters, a.tri_iters, a.realign_every,
+                         a.mono_gauss, a.tri_gauss, a.beam, a.retry_beam, a.min_leaf_count)
+
+
+def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
+    st, acfg = ctx.storage, ctx.cfg.align
+    select = ctx.require("select")
+    if not ctx.force and st.exists(ctx.path(SUCCESS)):
+        log.info("align: %s exists, nothing to do (use --force to redo)", ctx.path(SUCCESS))
+        return st.read_json(ctx.path(SUCCESS))
+    shards = [e for e in st.read_json(ctx.other("select", "shards.json"))["shards"]
+              if e["split"] in acfg.splits]
+    if not shards:
+        raise StepError(f"select has no shards of splits {acfg.splits} (align.splits)")
+    lang = _lexicon(ctx)
+    ctm_uri = join(ctx.cfg.data.corpus.rstrip("/"), "alignments.ctm")
+    ref = ref_al.read_ctm(st.read_text(ctm_uri))[0] if st.exists(ctm_uri) else {}
+    jobs = _jobs(ctx, shards, lang)
+    scores: dict[str, Any] = {}
+    stages: dict[str, Stage] = {}
+
+    def on_stage(stage: Stage, js: list) -> None:
+        stages[stage.name] = stage
+        scores[stage.name] = _score(run_jobs(js, "results", stage.tm), lang, ref)
+        log.info("align: %s stage vs the reference CTM: %s", stage.name, scores[stage.name])
+
+    try:
+        final, hist = train(jobs, lang, _options(ctx.cfg), on_stage)
+    except (RuntimeError, ValueError) as exc:
+        raise StepError(f"align: {exc}") from exc
+    results = run_jobs(jobs, "results", final.tm)
+    written = _write(ctx, results, shards, lang, final, stages["mono"])
+    return _finish(ctx, select, jobs, shards, results, final, hist, scores, written)
+
+
+def _finish(ctx: StepContext, select: dict, jobs: list, shards: list[dict], results: list,
+            final: Stage, hist: Any, scores: dict, written: int) -> dict[str, Any]:
+    rejects = [r for rs in run_jobs(jobs, "load_rejects") for r in rs]
+    shard_of = {r["utt_id"]: e["shard"] for e, rows in zip(shards, results) for r in rows}
+    for utt, why in failures(jobs).items():
+        reason, _, detail = why.partition(": ")
+        rejects.append(Reject(utt, reason, detail, shard_of.get(utt, "")))
+    ctx.storage.write_parquet(ctx.path("rejects", "align.parquet"), rejects_table(rejects))
+    n_out = sum(len(rows) for rows in results)
+    reasons: dict[str, int] = {}
+    for r in rejects:
+        reasons[r.reason] = reasons.get(r.reason, 0) + 1
+    metrics = {
+        "num_senones": final.built.num_leaves if final.built else None,
+        "gaussians": final.am.num_gauss, "phones": len(lang_phones(final)),
+        "iterations": hist.iters, "realignments": hist.realignments,
+        "frames": sum(len(r["phones"]) for rows in results for r in rows),
+        "score_mono": scores.get("mono"), "score_tri": scores.get("tri"),
+        "reject_reasons": reasons,
+    }
+    return ctx.finish(
+        inputs={"select": ctx.other("select", SUCCESS), "corpus": ctx.cfg.data.corpus,
+                "select_finished_at": select.get("finished_at"), "splits": ctx.cfg.align.splits},
+        counts={"in": sum(e["utts"] for e in shards), "out": n_out, "rejected": len(rejects)},
+        metrics=metrics, bytes_written=written)
+
+
+def lang_phones(stage: Stage) -> list[int]:
+    return list(stage.tm.phones)

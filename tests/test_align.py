@@ -1,0 +1,227 @@
+"""amflow align: flat start, the hand-written decision tree, CTM scoring, the step."""
+from __future__ import annotations
+
+import json
+
+import kaldi_hmm_gmm  # noqa: F401  first: the OpenFST import-order trap (alignment/__init__.py)
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from alignment import ctm as C
+from alignment import gmm
+from alignment import lexicon_graphs as lg
+from alignment.features import FeatureOptions
+from alignment.jobs import ShardJob, Utterance, run_jobs
+from alignment.train import History, RecipeOptions, monophone
+from alignment.tree import TreeStats, build_tree
+from amflow.config import ConfigError, load_config
+
+
+def _synthetic_tree_stats(rng: np.random.Generator) -> tuple[TreeStats, dict[int, int]]:
+    """Phone 1 silence (5 states), phones 2..6 (3 states); the left context 3 and the
+    state shift the mean, so splits on the left phone gain likelihood."""
+    classes = {1: 5, 2: 3, 3: 3, 4: 3, 5: 3, 6: 3}
+    keys, feats = [], []
+    for _ in range(6000):
+        p, left, right, c = (int(rng.integers(2, 7)), int(rng.integers(0, 7)),
+                             int(rng.integers(0, 7)), int(rng.integers(0, 3)))
+        keys.append((left, p, right, c))
+        feats.append(rng.standard_normal(3) + 2.0 * (left == 3) + c + p)
+    for _ in range(500):
+        keys.append((0, 1, 0, int(rng.integers(0, 5))))
+        feats.append(rng.standard_normal(3))
+    st = TreeStats(3)
+    st.add_frames(np.array(keys), np.array(feats))
+    return st, classes
+
+
+def test_tree_has_num_senones_leaves_and_maps_every_context():
+    st, classes = _synthetic_tree_stats(np.random.default_rng(0))
+    tree = build_tree(st, classes, 40, no_split={1}, min_count=20)
+    assert tree.num_leaves == 40
+    cd = tree.context_dependency()  # Kaldi's own reader parsed the hand-written bytes
+    assert (cd.num_pdfs, cd.context_width, cd.central_position) == (40, 3, 1)
+    seen = set()
+    for left in range(7):
+        for p, n in classes.items():
+            for right in range(7):
+                for c in range(n):
+                    ok, pdf = cd.compute([left, p, right], c)
+                    assert ok and 0 <= pdf < 40
+                    seen.add(pdf)
+                    if p == 1:  # silence is not split: one pdf per state
+                        assert pdf == cd.compute([0, 1, 0], c)[1]
+    assert seen == set(range(40))
+    # the first split of a speech phone asks about the left context (it moves the mean)
+    assert str(cd).count("SE 0") >= 5
+    with pytest.raises(ValueError, match="num_senones"):
+        build_tree(st, classes, 10, no_split={1})
+
+
+def test_tree_stats_merge_is_the_sum_of_shards():
+    rng = np.random.default_rng(1)
+    keys = rng.integers(0, 3, size=(200, 4))
+    feats = rng.standard_normal((200, 2))
+    whole = TreeStats(2)
+    whole.add_frames(keys, feats)
+    a, b = TreeStats(2), TreeStats(2)
+    a.add_frames(keys[:77], feats[:77])
+    b.add_frames(keys[77:], feats[77:])
+    merged = a.merge(b)
+    assert merged.table.keys() == whole.table.keys()
+    for k in whole.table:
+        np.testing.assert_allclose(merged.table[k], whole.table[k])
+
+
+def test_ctm_score_counts_frames_and_boundaries():
+    ref = [("sil", 0.0, 0.1), ("a", 0.1, 0.3), ("b", 0.3, 0.5)]
+    hyp = [("sil", 0.0, 0.12), ("a", 0.12, 0.35), ("b", 0.35, 0.5)]
+    sc = C.score(hyp, ref, 50)
+    assert sc.frames == 50 and sc.frames_right == 50 - 2 - 5
+    # a: start 20 ms off (within), end 50 ms off; b: start 50 ms off, end exact
+    assert (sc.boundaries, sc.boundaries_within) == (4, 2)
+    assert sc.same_sequence == 1
+    segs = C.segments(np.array([1, 1, 2, 2, 2, 2]), np.array([1, 0, 1, 0, 1, 0], bool))
+    assert segs == [(1, 0, 2), (2, 2, 2), (2, 4, 2)]
+    assert C.ctm_lines("u", segs, ["<eps>", "sil", "a"])[1] == "u 1 0.02 0.02 a"
+
+
+def test_closures_get_their_own_phone_and_fold_into_the_phone_before():
+    lang = lg.make_lang({"cat": [("k", "a", "t")], "at": [("a", "t")]}, stops={"t", "k"})
+    assert lang.prons["cat"] == [("k_cl", "k", "a", "t_cl", "t")]
+    cl = lang.closure_ids
+    assert {lang.phones[i] for i in cl} == {"k_cl", "t_cl"} and not cl & set(lang.nonsil_ids)
+    topo = lg.topology(lang)
+    assert all(topo.num_pdf_classes(i) == 1 for i in cl)
+    pid = lang.phone_id
+    # k_cl k a a t_cl t_cl t: the first closure goes to silence, the second to "a"
+    seq = ["k_cl", "k", "a", "a", "t_cl", "t_cl", "t"]
+    phones = np.array([pid[p] for p in seq])
+    starts = np.array([1, 1, 1, 0, 1, 0, 1], bool)
+    ph, st = C.fold_closures(phones, starts, cl, lang.sil_id)
+    assert [lang.phones[p] for p in ph] == ["sil", "k", "a", "a", "a", "a", "t"]
+    assert C.segments(ph, st) == [(lang.sil_id, 0, 1), (pid["k"], 1, 1), (pid["a"], 2, 4),
+                                  (pid["t"], 6, 1)]
+
+
+def test_align_config_errors_name_the_key():
+    with pytest.raises(ConfigError, match="align.retry_beam"):
+        load_config(None, ["align.beam=20", "align.retry_beam=10"])
+    with pytest.raises(ConfigError, match="align.splits"):
+        load_config(None, ["align.splits=[bogus]"])
+    assert load_config(None, ["align.num_senones=800"]).align.num_senones == 800
+
+
+def _tiny_jobs(tiny_corpus, n_jobs: int):
+    """The tiny corpus's labeled utterances as `n_jobs` in-process jobs."""
+    from amflow.config import FeaturesConfig
+    from amflow.storage import Storage
+    from amflow.config import StorageConfig
+    from decoding.lexicon import read_lexicon, words_of
+    from tasks.audio import load_audio
+    from tasks.select import records_of_split
+
+    st = Storage(StorageConfig())
+    recs, _ = records_of_split(st, str(tiny_corpus), "labeled")
+    recs = sorted(recs, key=lambda r: r.utt_id)[:4]
+    fcfg = FeaturesConfig()
+    utts = []
+    for r in recs:
+        samples, reason = load_audio(st, str(tiny_corpus / r.audio_uri), fcfg)
+        assert samples is not None, reason
+        utts.append(Utterance(r.utt_id, r.speaker_id, words_of(r.text), samples))
+    lang = lg.make_lang(read_lexicon((tiny_corpus / "lexicon.txt").read_text()).prons)
+    parts = [utts[i::n_jobs] for i in range(n_jobs)]
+    jobs = [ShardJob(f"s{i}", (lambda p=p: (p, [])), lang, FeatureOptions())
+            for i, p in enumerate(parts)]
+    return jobs, lang, utts
+
+
+def test_flat_start_converges_and_alignments_cover_every_frame(tiny_corpus):
+    jobs, lang, utts = _tiny_jobs(tiny_corpus, 2)
+    hist = History()
+    opts = RecipeOptions(mono_iters=6, realign_every=2, mono_gauss=300)
+    mono = monophone(jobs, lang, opts, hist)
+    ll = [it["loglike_per_frame"] for it in hist.iters]
+    assert ll[-1] > ll[0] + 1.0, ll            # the flat start learns
+    assert hist.realignments["mono"] >= 3
+    rows = [r for rs in run_jobs(jobs, "results", mono.tm) for r in rs]
+    assert {r["utt_id"] for r in rows} == {u.utt_id for u in utts}
+    for job in jobs:
+        for r in job.results(mono.tm):
+            assert len(r["phones"]) == len(job.feats[r["utt_id"]])  # every frame aligned
+            assert (r["phones"] >= 1).all() and r["starts"][0]
+            assert (r["senones"] < mono.tm.num_pdfs).all()
+
+
+def test_shard_statistics_sum_to_the_single_job_statistics(tiny_corpus):
+    one, lang, _ = _tiny_jobs(tiny_corpus, 1)
+    two, _, _ = _tiny_jobs(tiny_corpus, 2)
+    topo = lg.topology(lang)
+    tree = gmm.monophone_tree(topo)
+    stats = [run_jobs(js, "feature_stats") for js in (one, two)]
+    n = stats[0][0][0]
+    assert n == sum(s[0] for s in stats[1])
+    mean, var = stats[0][0][1] / n, stats[0][0][2] / n - (stats[0][0][1] / n) ** 2
+    tm, am = gmm.init_flat(tree, topo, mean, var)
+    for js in (one, two):
+        run_jobs(js, "compile", tm, tree)
+        run_jobs(js, "equal_align")
+    a = run_jobs(one, "accumulate", tm, am)[0]
+    parts = run_jobs(two, "accumulate", tm, am)
+    b = parts[0].add(parts[1])
+    assert a.frames == b.frames and a.loglike == pytest.approx(b.loglike, rel=1e-6)
+    for j in range(len(a.occ)):
+        np.testing.assert_allclose(a.x[j], b.x[j], rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(a.trans, b.trans)
+
+
+def test_align_step_end_to_end(tiny_corpus, tmp_path):
+    from amflow.runs import StepContext
+    from amflow.steps import align
+    from tasks import select
+
+    cfg = load_config(None, [f"storage.root={tmp_path}", f"data.corpus={tiny_corpus}",
+                             "select.splits=[labeled]", "select.hours=0.004",
+                             "align.use_ray=false", "align.mono_iters=4", "align.tri_iters=2",
+                             "align.num_senones=250", "align.tri_gauss=400",
+                             "align.mono_gauss=300"])
+    select.run(StepContext(cfg, "r", "select"))
+    out = align.run(StepContext(cfg, "r", "align"))
+    c = out["counts"]
+    assert c["in"] == c["out"] + c["rejected"] and c["out"] >= 3
+    d = tmp_path / "runs" / "r" / "align"
+    table = pq.read_table(list((d / "alignments").glob("*.parquet"))[0])
+    for n, ph, sen in zip(*(table.column(k).to_pylist() for k in
+                            ("num_frames", "phones", "senones"))):
+        assert n == len(ph) == len(sen) and max(sen) < out["metrics"]["num_senones"]
+    assert (d / "tree").read_bytes().startswith(b"\0BContextDependency ")
+    assert (d / "final.mdl").read_text().startswith("<TransitionModel>")
+    ctm = (d / "alignments.ctm").read_text().splitlines()
+    assert {ln.split()[0] for ln in ctm} == set(table.column("utt_id").to_pylist())
+    m = out["metrics"]
+    assert m["score_tri"]["frames"] > 0 and 0 <= m["score_tri"]["frame_phone_accuracy"] <= 1
+    assert json.loads((d / "_SUCCESS.json").read_text())["counts"] == c
+
+
+@pytest.mark.integration
+def test_ray_actor_jobs_reduce_to_the_in_process_result(tiny_corpus, ray_local):
+    """The same recipe pass on Ray actors (statistics come back read-only from the
+    object store) and in-process gives the same model."""
+    local, lang, utts = _tiny_jobs(tiny_corpus, 2)
+    actor = ray_local.remote(ShardJob).options(num_cpus=0.01)
+    parts = [utts[i::2] for i in range(2)]
+    remote = [actor.remote(f"s{i}", (lambda p=p: (p, [])), lang, FeatureOptions())
+              for i, p in enumerate(parts)]
+    opts = RecipeOptions(mono_iters=3, realign_every=2, mono_gauss=200)
+    a = monophone(local, lang, opts, History())
+    hist = History()
+    b = monophone(remote, lang, opts, hist)
+    assert a.am.num_gauss == b.am.num_gauss
+    ra = [r for rs in run_jobs(local, "results", a.tm) for r in rs]
+    rb = [r for rs in run_jobs(remote, "results", b.tm) for r in rs]
+    assert [r["utt_id"] for r in ra] == [r["utt_id"] for r in rb]
+    for x, y in zip(ra, rb):
+        np.testing.assert_array_equal(x["senones"], y["senones"])
+    assert len(hist.iters) == 3
