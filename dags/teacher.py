@@ -1,4 +1,4 @@
-"""teacher: train the teacher on labeled data and publish it.
+r"""teacher: train the teacher on labeled data and publish it.
 
 select (labeled + dev) -> features -> repartition -> train (teacher) -> evaluate -> decode
                                                  \-> train_baseline -> evaluate_baseline
