@@ -921,13 +921,3 @@ _SUMMARY_KEYS = ("out", "utterances", "audio_s", "per_split", "per_condition", "
 
 def _summary(full: dict) -> dict:
     return {k: full[k] for k in _SUMMARY_KEYS if k in full}
-
-
-def run(cfg: Any, args: Any) -> dict:
-    """CLI entry: `amflow corpus --config C --out URI [--force]`."""
-    force = bool(getattr(args, "force", False))
-    if not isinstance(cfg, Config):  # called with a StepContext when --run-id is given
-        force = force or bool(getattr(cfg, "force", False))
-        cfg = cfg.cfg
-    out = getattr(args, "out", None) or cfg.data.corpus
-    return build_corpus(cfg, out, force=force, use_ray=True)

@@ -46,7 +46,6 @@ before that, so the shuffle never disturbs the normalisation.
 from __future__ import annotations
 
 import collections
-import dataclasses
 import logging
 import time
 import zlib
@@ -58,7 +57,6 @@ import pyarrow as pa
 
 from amflow import records
 from amflow.config import FeaturesConfig
-from amflow.raycluster import map_shards
 from amflow.runs import SUCCESS, Reject, StepContext, StepError, rejects_table
 from amflow.storage import join
 from tasks import alignments as al
@@ -426,48 +424,6 @@ def _alignment_payloads(ctx: StepContext, index: list[dict]) -> tuple[dict, dict
                                  for u in utts if u in alignments}
         per_shard_err[e["shard"]] = {u: err_by_utt[u] for u in utts if u in err_by_utt}
     return per_shard, per_shard_err, inventory
-
-
-def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
-    st, fcfg = ctx.storage, ctx.cfg.features
-    select = ctx.require("select")
-    # Outputs and markers of an earlier attempt are only valid for the same select output
-    # and settings; a finished step with the same plan is a no-op.
-    plan_uri = ctx.path("_plan.json")
-    plan = {"select_finished_at": select.get("finished_at"),
-            "features": {k: v for k, v in dataclasses.asdict(fcfg).items()
-                         if k not in ("io_threads", "batch_seconds")}}
-    if not ctx.force and st.exists(ctx.path(SUCCESS)) and st.exists(plan_uri) \
-            and st.read_json(plan_uri) == plan:
-        log.info("features: %s exists, nothing to do (use --force to redo)", ctx.path(SUCCESS))
-        return st.read_json(ctx.path(SUCCESS))
-    index = st.read_json(ctx.other("select", "shards.json"))["shards"]
-    if not index:
-        raise StepError("select produced no shards")
-    if ctx.force or (st.exists(plan_uri) and st.read_json(plan_uri) != plan):
-        if not ctx.force:
-            log.warning("features: select output or settings changed since the last "
-                        "attempt; starting over")
-        st.delete_dir(ctx.step_uri)
-    st.write_json(plan_uri, plan)
-    aligns, errs, inventory = _alignment_payloads(ctx, index)
-    # hierarchical shuffle, level 1: the global order of the shard files
-    order = np.random.default_rng(fcfg.seed).permutation(len(index))
-    shards = []
-    for i in order:
-        e = index[int(i)]
-        sid = e["shard"]
-        shards.append((sid, {"manifest": ctx.other("select", "shards", f"{sid}.parquet"),
-                             "split": e["split"], "align": aligns.get(sid),
-                             "ctm_errors": errs.get(sid)}))
-    t0 = time.time()
-
-    def postfix(done: list[dict]) -> dict:
-        audio = sum(s["audio_s"] for s in done)
-        return {"audio_h": audio / 3600.0, "xRT": audio / max(1e-9, time.time() - t0)}
-
-    stats = map_shards(ctx, shards, process_shard, unit="shards", postfix=postfix)
-    return summarise(ctx, select, stats, inventory, [sid for sid, _ in shards])
 
 
 def summarise(ctx: StepContext, select: dict, stats: list[dict], inventory: list[str],
