@@ -114,5 +114,4 @@ def pools_of(cfg: Config) -> dict[str, set[str]]:
 
 
 def load_node_types(cluster_yaml: str | Path) -> dict[str, Any]:
-
     return yaml.safe_load(Path(cluster_yaml).read_text())["available_node_types"]

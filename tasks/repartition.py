@@ -325,3 +325,26 @@ def _forget_lost_buckets(ctx: StepContext, reduce_jobs: list[tuple[str, dict]]) 
     if lost:
         log.warning("repartition: buckets of %d shards are gone; mapping them again", len(lost))
     return bool(lost)
+
+
+def split_indexes(stats: list[dict], splits: list[str], plans: dict[str, dict], workers: int,
+                  has_targets: bool) -> tuple[dict[str, dict], dict[str, dict]]:
+    """(the `<split>/_index.json` of each split, the per-split metrics) from reduce stats."""
+    entries, per_split = {}, {}
+    for split in splits:
+        mine = [s for s in stats if s["split"] == split]
+        parts = [{"path": f"{s['name']}.parquet", "rows": s["rows"], "frames": s["frames"],
+                  "bytes": s["bytes"]} for s in sorted(mine, key=lambda s: s["name"])]
+        frames_list = [p["frames"] for p in parts]
+        entry = {"split": split, "workers": workers, "partitions": parts,
+                 "rows": sum(p["rows"] for p in parts), "frames": sum(frames_list),
+                 "audio_hours": round(plans[split]["hours"], 6),
+                 "targets": has_targets,
+                 "with_targets": sum(s["with_targets"] for s in mine)}
+        entries[split] = entry
+        per_split[split] = {"partitions": len(parts), "windows": plans[split]["windows"],
+                            "rows": entry["rows"],
+                            "frames": entry["frames"], "frames_min": min(frames_list),
+                            "frames_max": max(frames_list),
+                            "with_targets": entry["with_targets"]}
+    return entries, per_split

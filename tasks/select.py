@@ -38,8 +38,10 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from amflow.progress import Progress
 from amflow.runs import Reject, StepError
-from amflow.storage import Storage, join
+from amflow.storage import Storage, iter_jsonl, join
+from tasks.audio import resolve_uri
 
 log = logging.getLogger(__name__)
 
@@ -227,3 +229,105 @@ def metadata_files(storage: Storage, corpus: str) -> list[str]:
 
 def _relname(uri: str, corpus: str) -> str:
     return uri[len(corpus.rstrip("/")) + 1:] if uri.startswith(corpus.rstrip("/")) else uri
+
+
+# --------------------------------------------------------------------------- library core
+def read_metadata(st: Storage, files: list[str]) -> list[str]:
+    """The text of each metadata file, read 8 at a time (each read is a round trip on S3)."""
+    with ThreadPoolExecutor(max_workers=8) as pool, \
+            Progress(len(files), "select", "metadata files") as bar:
+        texts = []
+        for text in pool.map(st.read_text, files):
+            texts.append(text)
+            bar.update(1)
+    return texts
+
+
+def parse_records(files: list[str], texts: list[str], corpus: str
+                  ) -> tuple[list[Record], list[Reject], int]:
+    """(records, rejects, lines read): bad lines and repeated utt_ids become rejects."""
+    rejects: list[Reject] = []
+    records: list[Record] = []
+    seen: set[str] = set()
+    n_lines = 0
+    for uri, text in zip(files, texts):
+        name = _relname(uri, corpus)
+        for lineno, line in iter_jsonl(text):
+            n_lines += 1
+            where = f"{name}:{lineno}"
+            try:
+                rec = parse_metadata_line(line)
+            except MetadataError as exc:
+                rejects.append(Reject(exc.utt_id or where, exc.reason, f"{where}: {exc.detail}",
+                                      "select"))
+                continue
+            if rec.utt_id in seen:
+                rejects.append(Reject(rec.utt_id, "duplicate_utt_id",
+                                      f"{where}: utt_id seen earlier in the metadata", "select"))
+                continue
+            seen.add(rec.utt_id)
+            records.append(rec)
+    return records, rejects, n_lines
+
+
+def plan_shards(selected: list[Record], shard_hours: float
+                ) -> list[tuple[str, str, list[Record]]]:
+    """(shard id, split, records in stream order) per shard: whole speakers per shard."""
+    shards: list[tuple[str, str, list[Record]]] = []
+    for split in SPLITS:
+        recs = [r for r in selected if r.split == split]
+        if not recs:
+            continue
+        per_spk: dict[str, list[Record]] = {}
+        for r in recs:
+            per_spk.setdefault(r.speaker_id, []).append(r)
+        secs = {s: sum(r.duration for r in rs) for s, rs in per_spk.items()}
+        for i, group in enumerate(shard_speakers(secs, shard_hours * 3600.0)):
+            rows = [r for s in sorted(group) for r in
+                    sorted(per_spk[s], key=lambda r: (r.created_ts, r.utt_id))]
+            shards.append((f"{split}-{i:05d}", split, rows))
+    return shards
+
+
+def manifest_table(shard_id: str, split: str, rows: list[Record], corpus: str) -> pa.Table:
+    return pa.table({
+        "shard": [shard_id] * len(rows), "split": [split] * len(rows),
+        "utt_id": [r.utt_id for r in rows], "speaker_id": [r.speaker_id for r in rows],
+        "duration": [r.duration for r in rows],
+        "created_at": [r.created_at for r in rows],
+        "created_ts": [r.created_ts for r in rows],
+        "locale": [r.locale for r in rows], "condition": [r.condition for r in rows],
+        "text": [r.text for r in rows],
+        "audio_uri": [resolve_uri(corpus, r.audio_uri) for r in rows],
+    }, schema=MANIFEST_SCHEMA)
+
+
+def index_entry(shard_id: str, split: str, rows: list[Record]) -> dict[str, Any]:
+    return {"shard": shard_id, "split": split, "utts": len(rows),
+            "speakers": len({r.speaker_id for r in rows}),
+            "seconds": round(sum(r.duration for r in rows), 3)}
+
+
+def select_metrics(index: list[dict], selected: list[Record], durations: np.ndarray,
+                   rejects: list[Reject], hours: float) -> dict[str, Any]:
+    per_split: dict[str, dict] = {}
+    for e in index:
+        d = per_split.setdefault(e["split"], {"shards": 0, "utts": 0, "hours": 0.0})
+        d["shards"] += 1
+        d["utts"] += e["utts"]
+        d["hours"] = round(d["hours"] + e["seconds"] / 3600.0, 6)
+    seconds = [e["seconds"] for e in index]
+    reasons: dict[str, int] = {}
+    for r in rejects:
+        reasons[r.reason] = reasons.get(r.reason, 0) + 1
+    return {
+        "audio_hours": round(sum(r.duration for r in selected) / 3600.0, 6),
+        "requested_hours": hours,
+        "available_hours": round(float(durations.sum()) / 3600.0, 6),
+        "shards": len(index),
+        "speakers": len({r.speaker_id for r in selected}),
+        "per_split": per_split,
+        "shard_seconds_min": min(seconds) if seconds else 0.0,
+        "shard_seconds_max": max(seconds) if seconds else 0.0,
+        "reject_reasons": reasons,
+    }

@@ -18,11 +18,14 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 import pyarrow as pa
+import ray
 import torch
 
+from amflow.model_card import ModelCard
 from amflow.records import TARGET_SCHEMA, decode_feats, encode_topk, load_cmvn
 from amflow.runs import Reject, StepContext, StepError, rejects_table
 from amflow.soft_targets import teacher_log_probs
+from training.checkpoint import load_model  # a pure model-loading need
 
 log = logging.getLogger(__name__)
 
@@ -206,8 +209,6 @@ class TargetActor:
     """One teacher per actor; scores whole shards and publishes their outputs."""
 
     def __init__(self, ctx: StepContext, model_uri: str):
-        from training.checkpoint import load_model
-
         tc = ctx.cfg.targets
         torch.set_num_threads(tc.threads_per_actor)
         device = resolve_device(tc.device)
@@ -216,7 +217,8 @@ class TargetActor:
         self.device = device
         self.ctx = ctx
         model, meta = load_model(ctx.storage, model_uri)
-        cmvn = meta.get("cmvn") or ctx.storage.read_json(ctx.other("features", "cmvn.json"))
+        card = ModelCard.from_meta(meta, model_uri)
+        cmvn = card.cmvn or ctx.storage.read_json(ctx.other("features", "cmvn.json"))
         mean, inv_std = load_cmvn(cmvn)
         self.num_classes = model.output.out_features
         dtype = inference_dtype(tc, device)
@@ -227,7 +229,7 @@ class TargetActor:
 
     def ready(self) -> dict[str, Any]:
         return {"device": self.device, "fp16": self.fp16, "precision": self.precision,
-                "gpu_ids": __import__("ray").get_gpu_ids()}
+                "gpu_ids": ray.get_gpu_ids()}
 
     def score_shard(self, shard_id: str, fidelity_frames: int = 0) -> dict[str, Any]:
         """Score one feature shard; measure fidelity on its first `fidelity_frames` frames."""

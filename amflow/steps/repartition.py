@@ -1,11 +1,18 @@
-"""`amflow repartition`: the step's `run`, resolving inputs through the run layout and calling `tasks.repartition`."""
+"""`amflow repartition`: join the run's features (and targets) into equal training partitions.
+
+Resolves features/targets through the run layout; the plan, map and reduce stages live in
+`tasks.repartition` and fan out over Ray through `map_shards`.
+"""
 from __future__ import annotations
 
 import time
 from typing import Any
+
 from amflow.raycluster import map_shards
 from amflow.runs import SUCCESS, StepContext, StepError
-from tasks.repartition import BUCKETS, SPLIT_ORDER, _forget_lost_buckets, _jobs, _plan_fingerprint, _reduce_jobs, log, map_shard, plan_window, reduce_partition
+from tasks.repartition import (BUCKETS, SPLIT_ORDER, _forget_lost_buckets, _jobs,
+                               _plan_fingerprint, _reduce_jobs, log, map_shard, plan_window,
+                               reduce_partition, split_indexes)
 
 
 def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
@@ -50,25 +57,11 @@ def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
                         f"with --force")
     st.delete_dir(ctx.path(BUCKETS))
 
+    entries, per_split = split_indexes(stats, splits, plans, workers, targets is not None)
     total_bytes = 0
-    per_split = {}
-    for split in splits:
-        mine = [s for s in stats if s["split"] == split]
-        parts = [{"path": f"{s['name']}.parquet", "rows": s["rows"], "frames": s["frames"],
-                  "bytes": s["bytes"]} for s in sorted(mine, key=lambda s: s["name"])]
-        frames_list = [p["frames"] for p in parts]
-        entry = {"split": split, "workers": workers, "partitions": parts,
-                 "rows": sum(p["rows"] for p in parts), "frames": sum(frames_list),
-                 "audio_hours": round(plans[split]["hours"], 6),
-                 "targets": targets is not None,
-                 "with_targets": sum(s["with_targets"] for s in mine)}
+    for split, entry in entries.items():
         st.write_json(ctx.path(split, "_index.json"), entry)
-        total_bytes += sum(p["bytes"] for p in parts)
-        per_split[split] = {"partitions": len(parts), "windows": plans[split]["windows"],
-                            "rows": entry["rows"],
-                            "frames": entry["frames"], "frames_min": min(frames_list),
-                            "frames_max": max(frames_list),
-                            "with_targets": entry["with_targets"]}
+        total_bytes += sum(p["bytes"] for p in entry["partitions"])
     reasons: dict[str, int] = {}
     for m in mapped:
         for k, v in m["reasons"].items():

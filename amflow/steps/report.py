@@ -1,10 +1,17 @@
-"""`amflow report`: the step's `run`, resolving inputs through the run layout and calling `tasks.report`."""
+"""`amflow report`: the demo report of a run (Table II per condition, curves, timings).
+
+Finds the evaluations and decodes of the teacher/baseline run and the SSL run through the
+run layout (`step_dir_name` for the tagged ones); the tables and plots live in `tasks.report`.
+"""
 from __future__ import annotations
 
 from typing import Any
-from amflow.runs import StepContext, StepError
+
+from amflow.runs import StepContext, StepError, step_dir_name
 from amflow.storage import join
-from tasks.report import CONDITIONS, _bar_png, _curves_png, _pct, _read_json, _run_steps, render_sequence_wer_table, render_steps, render_table_ii, render_wer_table, sequence_wer_table, table_ii, wer_table
+from tasks.report import (CONDITIONS, _bar_png, _curves_png, _pct, _read_json, _run_steps,
+                          render_steps, render_table_ii, sequence_section,
+                          sequence_wer_table, table_ii, wer_section, wer_table)
 
 
 def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
@@ -12,9 +19,9 @@ def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
     teacher_run = rc.teacher_run or ctx.run_id
     root = join(ctx.cfg.storage.root, "runs")
     evals = {
-        "teacher": rc.teacher_eval or join(root, teacher_run, "evaluate-teacher", "result.json"),
-        "baseline": rc.baseline_eval or join(root, teacher_run, "evaluate-baseline", "result.json"),
-        "ssl": rc.ssl_eval or join(root, ctx.run_id, "evaluate", "result.json"),
+        "teacher": rc.teacher_eval or _result(root, teacher_run, "evaluate", "teacher"),
+        "baseline": rc.baseline_eval or _result(root, teacher_run, "evaluate", "baseline"),
+        "ssl": rc.ssl_eval or _result(root, ctx.run_id, "evaluate"),
     }
     loaded = {k: _read_json(ctx, v) for k, v in evals.items()}
     missing = [f"{k} ({evals[k]})" for k, v in loaded.items() if v is None]
@@ -22,16 +29,16 @@ def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
         raise StepError("report needs the baseline and SSL evaluations; missing: " + ", ".join(missing))
     rows = table_ii(loaded["teacher"] or {}, loaded["baseline"], loaded["ssl"])
     decodes = {
-        "teacher": join(root, teacher_run, "decode-teacher", "result.json"),
-        "baseline": join(root, teacher_run, "decode-baseline", "result.json"),
-        "ssl": join(root, ctx.run_id, "decode", "result.json")}
+        "teacher": _result(root, teacher_run, "decode", "teacher"),
+        "baseline": _result(root, teacher_run, "decode", "baseline"),
+        "ssl": _result(root, ctx.run_id, "decode")}
     decoded = {k: _read_json(ctx, v) for k, v in decodes.items()}
     wer_rows = (wer_table(decoded["teacher"], decoded["baseline"], decoded["ssl"])
                 if decoded["baseline"] and decoded["ssl"] else [])
     seq_decodes = {
-        "teacher": join(root, teacher_run, "decode-sequence-teacher", "result.json"),
-        "baseline": join(root, teacher_run, "decode-sequence-baseline", "result.json"),
-        "ssl": join(root, ctx.run_id, "decode-sequence", "result.json")}
+        "teacher": _result(root, teacher_run, "decode-sequence", "teacher"),
+        "baseline": _result(root, teacher_run, "decode-sequence", "baseline"),
+        "ssl": _result(root, ctx.run_id, "decode-sequence")}
     seq_decoded = {k: _read_json(ctx, v) for k, v in seq_decodes.items()}
     seq_rows = (sequence_wer_table(decoded, seq_decoded)
                 if any(seq_decoded.values()) else [])
@@ -43,20 +50,9 @@ def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
              "Frame accuracy (FA) and phone error rate (PER, greedy collapse of frame outputs) "
              "on the test split (speakers unseen in training), per far-field condition.", ""]
     if wer_rows:
-        d = decoded["ssl"]
-        parts += ["## Word error rate: SSL student vs supervised baseline (cf. Table II)", "",
-                  render_wer_table(wer_rows), "",
-                  f"Decoded with H o L o G (lexicon `{d.get('lexicon')}`, LM `{d.get('lm')}`), "
-                  f"acoustic scale tuned on {d.get('tune_split') or 'nothing'} per model "
-                  f"(SSL {d.get('acwt')}); the paper decodes with a 4-gram and sMBR-trained "
-                  "models, so compare the WERR, not the WER.", ""]
+        parts += wer_section(wer_rows, decoded["ssl"])
     if seq_rows:
-        parts += ["## After sequence training (train.criterion on the labeled split; CE rows "
-                  "beside)", "",
-                  render_sequence_wer_table(seq_rows), "",
-                  "gain: relative WER reduction of sequence training over the same model's "
-                  "CE / distilled training (Kaldi's usual: ~10 %). The paper's Table II "
-                  "compares sMBR-trained models: its WERR column is beside ours.", ""]
+        parts += sequence_section(seq_rows)
     parts += ["## Frame accuracy and phone error rate (cf. Table II)", "",
               render_table_ii(rows), "", "![frame accuracy](accuracy.png)", ""]
     gains = [r["rel_fer_reduction"] for r in rows if r["condition"] in CONDITIONS[1:]]
@@ -64,8 +60,8 @@ def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
         parts += [f"SSL relative frame-error reduction in DP2..DP5: min {_pct(min(gains))} %, "
                   f"max {_pct(max(gains))} %.", ""]
     curves = _curves_png(ctx, {
-        "teacher": join(root, teacher_run, "train-teacher", "metrics.jsonl"),
-        "baseline": join(root, teacher_run, "train-baseline", "metrics.jsonl"),
+        "teacher": join(root, teacher_run, step_dir_name("train", "teacher"), "metrics.jsonl"),
+        "baseline": join(root, teacher_run, step_dir_name("train", "baseline"), "metrics.jsonl"),
         "SSL student": join(root, ctx.run_id, "train", "metrics.jsonl")})
     if curves:
         ctx.storage.write_bytes(ctx.path("learning_curves.png"), curves)
@@ -90,3 +86,8 @@ def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
     metrics = {"table_ii": rows, "table_ii_wer": wer_rows, "table_ii_wer_sequence": seq_rows,
                "report": ctx.path("report.md")}
     return ctx.finish(inputs=evals, counts={"in": len(rows), "out": len(rows)}, metrics=metrics)
+
+
+def _result(root: str, run_id: str, step: str, tag: str = "") -> str:
+    """The result.json of a (tagged) step of a run."""
+    return join(root, run_id, step_dir_name(step, tag), "result.json")

@@ -3,17 +3,17 @@ from __future__ import annotations
 
 import time
 from typing import Any
+
+import ray
+
 from amflow.placement import gpus_per_actor
+from amflow.progress import Progress
+from amflow.raycluster import init_ray, step_resources
 from amflow.runs import StepContext, StepError
 from tasks.targets import TargetActor, _print_fidelity, feature_shards, summarise_fidelity, teacher_uri
 
 
 def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
-    import ray
-
-    from amflow.progress import Progress
-    from amflow.raycluster import init_ray, step_resources
-
     feats_summary = ctx.require("features")
     model_uri = teacher_uri(ctx)
     if not ctx.storage.exists(model_uri):
