@@ -416,7 +416,7 @@ def process_shard(ctx: StepContext, shard_id: str, payload: dict[str, Any]) -> d
 
 
 # --------------------------------------------------------------------------- driver
-def _alignment_payloads(ctx: StepContext, index: list[dict]) -> tuple[dict, dict, list[str]]:
+def alignment_payloads(ctx: StepContext, index: list[dict]) -> tuple[dict, dict, list[str]]:
     """(per-shard alignment slices, per-shard ctm errors, phone inventory)."""
     st = ctx.storage
     corpus = ctx.cfg.data.corpus.rstrip("/")

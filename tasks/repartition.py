@@ -133,7 +133,7 @@ def _cheapest(heap: list, h: float, count: int) -> tuple[tuple, tuple]:
     return (*key, best[2]), best
 
 
-def _plan_fingerprint(ctx: StepContext, feat: dict, targets: dict | None) -> dict:
+def plan_fingerprint(ctx: StepContext, feat: dict, targets: dict | None) -> dict:
     r = ctx.cfg.repartition
     return {"workers": ctx.cfg.train.workers, "partition_hours": r.partition_hours,
             "seed": r.seed, "splits": r.splits, "window_shards": r.window_shards,
@@ -265,7 +265,7 @@ def reduce_partition(ctx: StepContext, part_id: str, payload: dict[str, Any]) ->
             "wall_s": round(time.perf_counter() - t0, 4)}
 
 
-def _jobs(rcfg: Any, workers: int, splits: list[str], order: list[str], info: dict,
+def shard_jobs(rcfg: Any, workers: int, splits: list[str], order: list[str], info: dict,
           with_targets: bool) -> tuple[list, list, dict]:
     """Plan jobs (one per shuffle window), map jobs (one per shard), per-split plan."""
     plan_jobs, map_jobs, plans = [], [], {}
@@ -295,7 +295,7 @@ def _jobs(rcfg: Any, workers: int, splits: list[str], order: list[str], info: di
     return plan_jobs, map_jobs, plans
 
 
-def _reduce_jobs(splits: list[str], plans: dict[str, dict], mapped: list[dict]
+def plan_reduce_jobs(splits: list[str], plans: dict[str, dict], mapped: list[dict]
                  ) -> list[tuple[str, dict]]:
     feeds: dict[tuple[str, int], list[str]] = {}
     for m in mapped:
@@ -306,7 +306,7 @@ def _reduce_jobs(splits: list[str], plans: dict[str, dict], mapped: list[dict]
             for split in splits for i in range(plans[split]["parts"])]
 
 
-def _forget_lost_buckets(ctx: StepContext, reduce_jobs: list[tuple[str, dict]]) -> bool:
+def forget_lost_buckets(ctx: StepContext, reduce_jobs: list[tuple[str, dict]]) -> bool:
     """Un-mark the map tasks whose buckets an unfinished partition needs but are gone.
 
     Buckets are deleted once every partition is written; a partition lost after that

@@ -49,8 +49,8 @@ def render_wer_table(rows: list[dict[str, Any]]) -> str:
            "paper WERR % |", "|---|---:|---:|---:|---:|---:|"]
     for r in rows:
         paper = "–" if r["paper_werr"] is None else f"{r['paper_werr']:.1f}"
-        out.append(f"| {r['condition']} | {_pct(r['teacher_wer'])} | {_pct(r['baseline_wer'])} | "
-                   f"{_pct(r['ssl_wer'])} | {_pct(r['werr'])} | {paper} |")
+        out.append(f"| {r['condition']} | {pct(r['teacher_wer'])} | {pct(r['baseline_wer'])} | "
+                   f"{pct(r['ssl_wer'])} | {pct(r['werr'])} | {paper} |")
     return "\n".join(out)
 
 
@@ -89,10 +89,10 @@ def render_sequence_wer_table(rows: list[dict[str, Any]]) -> str:
     head += ["SSL WERR after seq. %", "paper WERR %"]
     out = ["| " + " | ".join(head) + " |", "|---" + "|---:" * (len(head) - 1) + "|"]
     for r in rows:
-        cells = [r["condition"]] + [_pct(r[f"{m}_{k}"]) for m in models
+        cells = [r["condition"]] + [pct(r[f"{m}_{k}"]) for m in models
                                     for k in ("ce", "seq", "gain")]
         paper = "–" if r["paper_werr"] is None else f"{r['paper_werr']:.1f}"
-        out.append("| " + " | ".join(cells + [_pct(r["werr_seq"]), paper]) + " |")
+        out.append("| " + " | ".join(cells + [pct(r["werr_seq"]), paper]) + " |")
     return "\n".join(out)
 
 
@@ -120,7 +120,7 @@ def table_ii(teacher: dict, baseline: dict, ssl: dict) -> list[dict[str, Any]]:
     return rows
 
 
-def _pct(v: float | None) -> str:
+def pct(v: float | None) -> str:
     return "–" if v is None else f"{100 * v:.1f}"
 
 
@@ -129,9 +129,9 @@ def render_table_ii(rows: list[dict[str, Any]]) -> str:
            "baseline PER % | SSL PER % | SSL rel. frame-error reduction % |",
            "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
-        out.append(f"| {r['condition']} | {_pct(r['teacher_fa'])} | {_pct(r['baseline_fa'])} | "
-                   f"{_pct(r['ssl_fa'])} | {_pct(r['teacher_per'])} | {_pct(r['baseline_per'])} | "
-                   f"{_pct(r['ssl_per'])} | {_pct(r['rel_fer_reduction'])} |")
+        out.append(f"| {r['condition']} | {pct(r['teacher_fa'])} | {pct(r['baseline_fa'])} | "
+                   f"{pct(r['ssl_fa'])} | {pct(r['teacher_per'])} | {pct(r['baseline_per'])} | "
+                   f"{pct(r['ssl_per'])} | {pct(r['rel_fer_reduction'])} |")
     return "\n".join(out)
 
 
@@ -154,11 +154,11 @@ def render_steps(steps: list[dict[str, Any]]) -> str:
     return "\n".join(out)
 
 
-def _read_json(ctx: StepContext, uri: str) -> dict | None:
+def read_json_or_none(ctx: StepContext, uri: str) -> dict | None:
     return ctx.storage.read_json(uri) if ctx.storage.exists(uri) else None
 
 
-def _run_steps(ctx: StepContext, run_id: str) -> list[dict[str, Any]]:
+def run_steps(ctx: StepContext, run_id: str) -> list[dict[str, Any]]:
     base = join(ctx.cfg.storage.root, "runs", run_id)
     found = []
     for uri in ctx.storage.list(base, suffix=SUCCESS, recursive=True):
@@ -170,7 +170,7 @@ def _run_steps(ctx: StepContext, run_id: str) -> list[dict[str, Any]]:
     return sorted(found, key=lambda s: (order.get(s.get("step", ""), 99), s.get("step", "")))
 
 
-def _curves_png(ctx: StepContext, sources: dict[str, str]) -> bytes | None:
+def curves_png(ctx: StepContext, sources: dict[str, str]) -> bytes | None:
     """One PNG with the training loss of each model, from their metrics.jsonl."""
     import matplotlib
 
@@ -206,7 +206,7 @@ def _curves_png(ctx: StepContext, sources: dict[str, str]) -> bytes | None:
     return buf.getvalue()
 
 
-def _bar_png(rows: list[dict[str, Any]]) -> bytes:
+def bar_png(rows: list[dict[str, Any]]) -> bytes:
     import matplotlib
 
     matplotlib.use("Agg")

@@ -278,7 +278,7 @@ def feature_shards(ctx: StepContext) -> list[str]:
     return [u.rsplit("/", 1)[1][: -len(".parquet")] for u in uris]
 
 
-def _print_fidelity(fid: dict[str, dict[str, float]], k: int) -> None:
+def print_fidelity(fid: dict[str, dict[str, float]], k: int) -> None:
     print("top-k fidelity (sampled frames):\n    k  mass_kept  KL(rebuilt||full)  "
           "KL(full||rebuilt)  argmax_agree")
     for key, d in fid.items():

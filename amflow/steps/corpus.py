@@ -1,7 +1,8 @@
-"""`amflow corpus`: the step's `run`, resolving inputs through the run layout and calling `tasks.corpus`."""
+"""`amflow corpus`: synthesise the embedded espeak-ng corpus (`tasks.corpus.build_corpus`)."""
 from __future__ import annotations
 
 from typing import Any
+
 from amflow.config import Config
 from tasks.corpus import build_corpus
 

@@ -1,13 +1,19 @@
-"""`amflow features`: the step's `run`, resolving inputs through the run layout and calling `tasks.features`."""
+"""`amflow features`: log-mel fbank, causal CMN, global CMVN, low frame rate for the run.
+
+Resolves select's shards through the run layout, fans `tasks.features.process_shard` out
+over Ray, then publishes cmvn.json, phones.json and shards.json.
+"""
 from __future__ import annotations
 
 import dataclasses
 import time
 from typing import Any
+
 import numpy as np
+
 from amflow.raycluster import map_shards
 from amflow.runs import SUCCESS, StepContext, StepError
-from tasks.features import _alignment_payloads, log, process_shard, summarise
+from tasks.features import alignment_payloads, log, process_shard, summarise
 
 
 def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
@@ -32,7 +38,7 @@ def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
                         "attempt; starting over")
         st.delete_dir(ctx.step_uri)
     st.write_json(plan_uri, plan)
-    aligns, errs, inventory = _alignment_payloads(ctx, index)
+    aligns, errs, inventory = alignment_payloads(ctx, index)
     # hierarchical shuffle, level 1: the global order of the shard files
     order = np.random.default_rng(fcfg.seed).permutation(len(index))
     shards = []

@@ -10,8 +10,8 @@ from typing import Any
 
 from amflow.raycluster import map_shards
 from amflow.runs import SUCCESS, StepContext, StepError
-from tasks.repartition import (BUCKETS, SPLIT_ORDER, _forget_lost_buckets, _jobs,
-                               _plan_fingerprint, _reduce_jobs, log, map_shard, plan_window,
+from tasks.repartition import (BUCKETS, SPLIT_ORDER, forget_lost_buckets, shard_jobs,
+                               plan_fingerprint, plan_reduce_jobs, log, map_shard, plan_window,
                                reduce_partition, split_indexes)
 
 
@@ -21,7 +21,7 @@ def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
     tsucc = ctx.other("targets", SUCCESS)
     targets = st.read_json(tsucc) if st.exists(tsucc) else None
     plan_uri = ctx.path("_plan.json")
-    fp = _plan_fingerprint(ctx, feat, targets)
+    fp = plan_fingerprint(ctx, feat, targets)
     if not ctx.force and st.exists(ctx.path(SUCCESS)) and st.exists(plan_uri) \
             and st.read_json(plan_uri) == fp:
         log.info("repartition: %s exists, nothing to do (use --force to redo)",
@@ -43,13 +43,13 @@ def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
         raise StepError(f"no feature shards for splits {rcfg.splits or 'any'} "
                         f"(features has {sorted(present)})")
     workers = ctx.cfg.train.workers
-    plan_jobs, map_jobs, plans = _jobs(rcfg, workers, splits, order, info, targets is not None)
+    plan_jobs, map_jobs, plans = shard_jobs(rcfg, workers, splits, order, info, targets is not None)
     planned = map_shards(ctx, plan_jobs, plan_window, unit="windows")
     mapped = map_shards(ctx, map_jobs, map_shard, unit="shards")
-    reduce_jobs = _reduce_jobs(splits, plans, mapped)
-    if _forget_lost_buckets(ctx, reduce_jobs):
+    reduce_jobs = plan_reduce_jobs(splits, plans, mapped)
+    if forget_lost_buckets(ctx, reduce_jobs):
         mapped = map_shards(ctx, map_jobs, map_shard, unit="shards")
-        reduce_jobs = _reduce_jobs(splits, plans, mapped)
+        reduce_jobs = plan_reduce_jobs(splits, plans, mapped)
     stats = map_shards(ctx, reduce_jobs, reduce_partition, unit="partitions")
     if sum(s["rows"] for s in stats) != sum(m["out"] for m in mapped):
         raise StepError(f"repartition: partitions hold {sum(s['rows'] for s in stats)} rows "

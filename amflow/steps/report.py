@@ -9,7 +9,7 @@ from typing import Any
 
 from amflow.runs import StepContext, StepError, step_dir_name
 from amflow.storage import join
-from tasks.report import (CONDITIONS, _bar_png, _curves_png, _pct, _read_json, _run_steps,
+from tasks.report import (CONDITIONS, bar_png, curves_png, pct, read_json_or_none, run_steps,
                           render_steps, render_table_ii, sequence_section,
                           sequence_wer_table, table_ii, wer_section, wer_table)
 
@@ -23,27 +23,28 @@ def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
         "baseline": rc.baseline_eval or _result(root, teacher_run, "evaluate", "baseline"),
         "ssl": rc.ssl_eval or _result(root, ctx.run_id, "evaluate"),
     }
-    loaded = {k: _read_json(ctx, v) for k, v in evals.items()}
+    loaded = {k: read_json_or_none(ctx, v) for k, v in evals.items()}
     missing = [f"{k} ({evals[k]})" for k, v in loaded.items() if v is None]
     if loaded["baseline"] is None or loaded["ssl"] is None:
-        raise StepError("report needs the baseline and SSL evaluations; missing: " + ", ".join(missing))
+        raise StepError("report needs the baseline and SSL evaluations; missing: "
+                        + ", ".join(missing))
     rows = table_ii(loaded["teacher"] or {}, loaded["baseline"], loaded["ssl"])
     decodes = {
         "teacher": _result(root, teacher_run, "decode", "teacher"),
         "baseline": _result(root, teacher_run, "decode", "baseline"),
         "ssl": _result(root, ctx.run_id, "decode")}
-    decoded = {k: _read_json(ctx, v) for k, v in decodes.items()}
+    decoded = {k: read_json_or_none(ctx, v) for k, v in decodes.items()}
     wer_rows = (wer_table(decoded["teacher"], decoded["baseline"], decoded["ssl"])
                 if decoded["baseline"] and decoded["ssl"] else [])
     seq_decodes = {
         "teacher": _result(root, teacher_run, "decode-sequence", "teacher"),
         "baseline": _result(root, teacher_run, "decode-sequence", "baseline"),
         "ssl": _result(root, ctx.run_id, "decode-sequence")}
-    seq_decoded = {k: _read_json(ctx, v) for k, v in seq_decodes.items()}
+    seq_decoded = {k: read_json_or_none(ctx, v) for k, v in seq_decodes.items()}
     seq_rows = (sequence_wer_table(decoded, seq_decoded)
                 if any(seq_decoded.values()) else [])
     runs = [teacher_run] if teacher_run == ctx.run_id else [teacher_run, ctx.run_id]
-    steps = [s for r in runs for s in _run_steps(ctx, r)]
+    steps = [s for r in runs for s in run_steps(ctx, r)]
 
     parts = ["# amflow report", "",
              f"Runs: teacher/baseline `{teacher_run}`, SSL student `{ctx.run_id}`. "
@@ -57,9 +58,9 @@ def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
               render_table_ii(rows), "", "![frame accuracy](accuracy.png)", ""]
     gains = [r["rel_fer_reduction"] for r in rows if r["condition"] in CONDITIONS[1:]]
     if gains:
-        parts += [f"SSL relative frame-error reduction in DP2..DP5: min {_pct(min(gains))} %, "
-                  f"max {_pct(max(gains))} %.", ""]
-    curves = _curves_png(ctx, {
+        parts += [f"SSL relative frame-error reduction in DP2..DP5: min {pct(min(gains))} %, "
+                  f"max {pct(max(gains))} %.", ""]
+    curves = curves_png(ctx, {
         "teacher": join(root, teacher_run, step_dir_name("train", "teacher"), "metrics.jsonl"),
         "baseline": join(root, teacher_run, step_dir_name("train", "baseline"), "metrics.jsonl"),
         "SSL student": join(root, ctx.run_id, "train", "metrics.jsonl")})
@@ -74,7 +75,7 @@ def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
                 parts += [f"## {title}", "", ctx.storage.read_text(uri), ""]
                 break
     parts += ["## Steps: timings, throughput, storage", "", render_steps(steps), ""]
-    ctx.storage.write_bytes(ctx.path("accuracy.png"), _bar_png(rows))
+    ctx.storage.write_bytes(ctx.path("accuracy.png"), bar_png(rows))
     md = "\n".join(parts)
     ctx.storage.write_text(ctx.path("report.md"), md)
     ctx.storage.write_json(ctx.path("report.json"), {"table_ii": rows, "table_ii_wer": wer_rows,

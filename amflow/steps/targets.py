@@ -1,4 +1,8 @@
-"""`amflow targets`: the step's `run`, resolving inputs through the run layout and calling `tasks.targets`."""
+"""`amflow targets`: the teacher labels the run's features on a pool of Ray actors.
+
+Resolves the teacher (targets.teacher or this run's train/model.pt) and the feature shards
+through the run layout; scoring and top-k live in `tasks.targets.TargetActor`.
+"""
 from __future__ import annotations
 
 import time
@@ -10,7 +14,8 @@ from amflow.placement import gpus_per_actor
 from amflow.progress import Progress
 from amflow.raycluster import init_ray, step_resources
 from amflow.runs import StepContext, StepError
-from tasks.targets import TargetActor, _print_fidelity, feature_shards, summarise_fidelity, teacher_uri
+from tasks.targets import (TargetActor, feature_shards, print_fidelity, summarise_fidelity,
+                          teacher_uri)
 
 
 def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
@@ -69,7 +74,7 @@ def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
     fresh_frames = sum(s["frames"] for s in stats if s["shard"] in todo)
     audio_hours = total_frames * 0.03 / 3600.0
     nbytes = sum(s["bytes"] for s in stats)
-    _print_fidelity(fid, tc.k)
+    print_fidelity(fid, tc.k)
     metrics = {
         "frames": total_frames, "k": tc.k, "actors": actor_info,
         # steady-state throughput; Ray and actor start-up (a fixed cost) is reported apart

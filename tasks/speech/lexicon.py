@@ -1,5 +1,4 @@
-"""Pronunciation lexicon (shared by the corpus generator and the decoder, so it lives here
-below both; `decoding.lexicon` re-exports it): words -> phone sequences in the acoustic model's phone inventory.
+"""Pronunciation lexicon: words -> phone sequences in the acoustic model's phone inventory.
 
     Lexicon                      word -> list of pronunciations (tuples of phones)
     read_lexicon(text) / Lexicon.to_text()
@@ -14,6 +13,9 @@ below both; `decoding.lexicon` re-exports it): words -> phone sequences in the a
                                  does some choice of variants spell exactly `phones`?
     coverage(lexicon, utterances) -> dict
                                  the share of (words, phones) pairs the lexicon produces, OOVs
+
+Shared by the corpus generator and the decoder, so it lives here below both (tasks/ must
+not import decoding/); `decoding.lexicon` re-exports it.
 
 Why word events and contexts: espeak-ng's phones for a word depend on its neighbours
 (vowel reduction of "the" and "a", flapping across word boundaries, linking), and it
