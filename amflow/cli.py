@@ -93,7 +93,7 @@ def _simulate_args(p: argparse.ArgumentParser) -> None:
 
 STEPS: dict[str, Step] = {
     "corpus": Step(
-        "tasks.corpus:run", "synthesise the embedded espeak-ng speech corpus",
+        "amflow.steps.corpus:run", "synthesise the embedded espeak-ng speech corpus",
         reads="nothing but config (corpus.*)",
         writes="--out URI: audio/<split>/*.wav, metadata/date=*/bucket=*/part.jsonl, "
                "alignments.ctm, phones.txt, _SUCCESS.json",
@@ -108,7 +108,7 @@ STEPS: dict[str, Step] = {
                "audio), rejects.parquet, lexicon.txt (with ingest.lexicon), _SUCCESS.json",
         needs_run=False, add_args=_import_args),
     "select": Step(
-        "tasks.select:run", "sample select.hours of audio and shard it by speaker",
+        "amflow.steps.select:run", "sample select.hours of audio and shard it by speaker",
         reads="data.corpus metadata/**.jsonl",
         writes="runs/<id>/select/shards/*.parquet (manifests), rejects/, _SUCCESS.json"),
     "align": Step(
@@ -118,17 +118,17 @@ STEPS: dict[str, Step] = {
         writes="runs/<id>/align/alignments/*.parquet (phones, senones per 10 ms frame), "
                "alignments.ctm, tree, final.mdl, mono.mdl, phones.txt, rejects/, _SUCCESS.json"),
     "features": Step(
-        "tasks.features:run", "log-mel fbank, causal CMN, global CMVN, low frame rate",
+        "amflow.steps.features:run", "log-mel fbank, causal CMN, global CMVN, low frame rate",
         reads="runs/<id>/select shard manifests, the audio they point at, alignments.ctm",
         writes="runs/<id>/features/shards/*.parquet, cmvn.json, phones.json, rejects/, "
                "_SUCCESS.json"),
     "targets": Step(
-        "tasks.targets:run", "teacher inference on a Ray actor pool, top-k soft targets",
+        "amflow.steps.targets:run", "teacher inference on a Ray actor pool, top-k soft targets",
         reads="runs/<id>/features shards, teacher checkpoint (targets.teacher)",
         writes="runs/<id>/targets/shards/*.parquet (topk_idx int16, topk_logit fp16), "
                "_SUCCESS.json with the top-k fidelity report"),
     "repartition": Step(
-        "tasks.repartition:run", "join features and targets into equal training partitions",
+        "amflow.steps.repartition:run", "join features and targets into equal training partitions",
         reads="runs/<id>/features (and targets, when present)",
         writes="runs/<id>/repartition/<split>/part-*.parquet, _SUCCESS.json"),
     "train": Step(
@@ -173,11 +173,11 @@ STEPS: dict[str, Step] = {
         writes="runs/<id>/simulate/table.md, table.json, _SUCCESS.json",
         add_args=_simulate_args),
     "report": Step(
-        "tasks.report:run", "the demo report: Table II per condition, curves, timings",
+        "amflow.steps.report:run", "the demo report: Table II per condition, curves, timings",
         reads="evaluate results of teacher, baseline and SSL runs, every step's _SUCCESS.json",
         writes="runs/<id>/report/report.md, report.json, accuracy.png, learning_curves.png"),
     "bench": Step(
-        "bench.cli:run", "benchmarks measured side by side, printed as ratios",
+        "amflow.steps.bench:run", "benchmarks measured side by side, printed as ratios",
         reads="the run's data (or the embedded corpus)",
         writes="runs/<id>/bench/<what>.json", add_args=_bench_args),
 }

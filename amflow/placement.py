@@ -8,7 +8,7 @@ step's code computes it:
 - shard tasks (select, features, repartition, corpus: amflow.raycluster.map_shards):
   1 CPU + the step's pool sliver;
 - teacher actors (targets): `targets.threads_per_actor` CPUs, GPUs per
-  `tasks.targets.gpus_per_actor` (1 per actor when the cluster has GPUs and
+  `gpus_per_actor` below (1 per actor when the cluster has GPUs and
   `targets.device` allows), + the pool sliver;
 - training workers (train, Ray Train): 1 CPU, 1 GPU when `train.use_gpu`, + the pool sliver;
   example servers (`train.augment.enabled`): `cpus_per_server` + `augment.resources`;
@@ -24,6 +24,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import yaml
 
 from amflow.config import Config
 
@@ -52,10 +54,17 @@ def cluster_has_gpus(node_types: dict[str, Any]) -> bool:
     return any(float((nt.get("resources") or {}).get("GPU", 0)) > 0 for nt in node_types.values())
 
 
+def gpus_per_actor(cfg: Config, cluster_gpus: float) -> float:
+    """-1 (default): one GPU per actor when the device may be a GPU and the cluster has GPUs.
+    Lives here (plumbing) so placement and the targets step share it without an upward import."""
+    tc = cfg.targets
+    if tc.num_gpus_per_actor >= 0:
+        return tc.num_gpus_per_actor
+    return 1.0 if tc.device in ("auto", "cuda") and cluster_gpus > 0 else 0.0
+
+
 def requests(cfg: Config, gpus_in_cluster: bool = True) -> list[Request]:
     """Every resource request the config makes of a cluster (see the module doc)."""
-    from tasks.targets import gpus_per_actor
-
     sr = cfg.ray.step_resources
     out = [Request(step, "driver", _with(sr.get(step, {}))) for step in DAG_STEPS]
     for step in ("select", "features", "repartition", "corpus"):
@@ -105,6 +114,4 @@ def pools_of(cfg: Config) -> dict[str, set[str]]:
 
 
 def load_node_types(cluster_yaml: str | Path) -> dict[str, Any]:
-    import yaml
-
     return yaml.safe_load(Path(cluster_yaml).read_text())["available_node_types"]

@@ -24,7 +24,7 @@ Writes, under the corpus root `--out` (a path, file:// or s3:// URI; default dat
                         espeak-ng says for the embedded vocabulary (the same list for any
                         size or seed) and any other phone the corpus holds
     lexicon.txt         Kaldi lexicon of the generator's whole vocabulary in those phones,
-                        pronunciation variants included (decoding/lexicon.py); the same
+                        pronunciation variants included (tasks/speech/lexicon.py); the same
                         for any size or seed
     lexicon.json        its size and its check against the alignments: the share of
                         labeled utterances whose aligned phones it can spell
@@ -69,8 +69,15 @@ from scipy import signal
 
 from amflow.config import Config, CorpusConfig
 from amflow.progress import Progress
+from amflow.raycluster import init_ray, step_resources
 from amflow.runs import StepError
 from amflow.storage import Storage, join
+from tasks.alignments import read_ctm
+from tasks.select import MetadataError, metadata_files, parse_metadata_line
+from tasks.speech import espeak, room
+from tasks.speech import lexicon as lx
+from tasks.speech import text as T
+from tasks.speech.espeak import VoiceParams
 
 log = logging.getLogger(__name__)
 
@@ -108,8 +115,6 @@ class Speaker:
     bucket: int
 
     def voice(self, language: str):
-        from tasks.speech.espeak import VoiceParams
-
         return VoiceParams(language=language, variant=self.variant, pitch=self.pitch,
                            pitch_range=self.pitch_range, rate=self.rate,
                            word_gap=self.word_gap)
@@ -251,7 +256,6 @@ def _split_targets(cc: CorpusConfig) -> dict[str, float]:
 def _draft_text(cc: CorpusConfig, spk: Speaker, n: int) -> tuple[str, tuple[int, ...], float,
                                                                   float, float]:
     """A sentence for the n-th utterance of a speaker, with padding, inside the bounds."""
-    from tasks.speech import text as T
 
     pads = _rng(cc.seed, _T_PAD, spk.index, n)
     lead = round(float(pads.uniform(0.1, 0.35)), 3)
@@ -393,8 +397,6 @@ def _resample(x: np.ndarray, fs_in: int, fs_out: int) -> np.ndarray:
 
 
 def _crowd_voice(seed: int, k: int, language: str, variants: tuple[str, ...]):
-    from tasks.speech.espeak import VoiceParams
-
     r = _rng(seed, 99, k)
     return VoiceParams(language=language, variant=variants[int(r.integers(len(variants)))],
                        pitch=int(r.integers(15, 86)), pitch_range=int(r.integers(20, 95)),
@@ -404,8 +406,6 @@ def _crowd_voice(seed: int, k: int, language: str, variants: tuple[str, ...]):
 @lru_cache(maxsize=16)
 def babble_bank(seed: int, bank: int, language: str, fs: int) -> tuple[np.ndarray, ...]:
     """Six sentences by six background voices (not corpus speakers), at `fs`."""
-    from tasks.speech import espeak
-    from tasks.speech import text as T
 
     names = tuple(usable_variants(v.variant_name for v in espeak.variants()))
     out = []
@@ -430,8 +430,6 @@ def wav_bytes(samples: np.ndarray, fs: int) -> bytes:
 
 def _dry_speech(utt: Utterance, spk: Speaker, ctx: SynthContext):
     """espeak speech at ctx.sample_rate with its phone segments; shrinks text if too long."""
-    from tasks.speech import espeak
-    from tasks.speech import text as T
 
     fs = ctx.sample_rate
     voice = spk.voice(ctx.language)
@@ -474,7 +472,6 @@ def _pad_segments(segs: list[tuple[str, int, int]], lead: int, total: int) -> li
 
 def synthesize_utterance(utt: Utterance, spk: Speaker, ctx: SynthContext) -> UtteranceOutput:
     """One far-field utterance: espeak -> 16 kHz -> padding -> room + noise -> int16 WAV."""
-    from tasks.speech import room
 
     fs = ctx.sample_rate
     x, segs, text = _dry_speech(utt, spk, ctx)
@@ -651,9 +648,7 @@ def _run_all(cfg: Config, storage: Storage, out: str, todo: list[Batch], ctx: Sy
                 results.append(run_batch(storage, out, b, ctx))
                 bar.update(1, **postfix())
             return results
-        import ray
-
-        from amflow.raycluster import step_resources
+        import ray  # deferred: heavy, and only a Ray fan-out needs it
 
         remote = ray.remote(_ray_batch).options(
             num_cpus=1, max_retries=3, resources=step_resources(cfg, "corpus") or None)
@@ -725,8 +720,6 @@ def vocabulary_phones(language: str) -> frozenset[str]:
     depend on the voice variant or the prosody, so this is the inventory of any corpus
     of this module, whatever its size or seed.
     """
-    from tasks.speech import espeak
-    from tasks.speech import text as T
 
     words = T.vocabulary()
     order = _rng(0, 95).permutation(len(words))
@@ -743,9 +736,22 @@ def phone_inventory(phones: Iterable[str]) -> list[str]:
     return sorted(set(phones) | {SIL, UNK})
 
 
+def _done_and_todo(storage: Storage, out: str, plan: Plan, force: bool
+                   ) -> tuple[dict[str, dict], list[Batch]]:
+    """(stats of the batches already written, by id; the batches still to synthesise)."""
+    done: dict[str, dict] = {}
+    todo: list[Batch] = []
+    for b in plan.batches:
+        stats = None if force else _done(storage, out, b, plan.ctx)
+        if stats is None:
+            todo.append(b)
+        else:
+            done[b.batch_id] = stats
+    return done, todo
+
+
 def build_corpus(cfg: Config, out: str, force: bool = False, use_ray: bool = True) -> dict:
     """Plan, synthesise the batches not yet done, then publish the root files."""
-    from tasks.speech import espeak
 
     started = time.time()
     cc = cfg.corpus
@@ -761,18 +767,10 @@ def build_corpus(cfg: Config, out: str, force: bool = False, use_ray: bool = Tru
             lexicon = ensure_lexicon(cfg, storage, out, use_ray)
             return dict(_summary(prev), skipped=True, lexicon=lexicon)
     _check_target(storage, out)
-    done: dict[str, dict] = {}
-    todo: list[Batch] = []
-    for b in plan.batches:
-        stats = None if force else _done(storage, out, b, plan.ctx)
-        if stats is None:
-            todo.append(b)
-        else:
-            done[b.batch_id] = stats
+    done, todo = _done_and_todo(storage, out, plan, force)
     log.info("corpus: %d utterances in %d batches (%d already written), ~%.0f s of audio",
              len(plan.utterances), len(plan.batches), len(done), plan.estimated_seconds)
     if todo and use_ray:
-        from amflow.raycluster import init_ray
 
         init_ray(cfg)  # before the clock: audio s per wall s measures synthesis alone
     t_synth = time.monotonic()
@@ -832,8 +830,6 @@ def ensure_lexicon(cfg: Config, storage: Storage, out: str, use_ray: bool = True
     """Write lexicon.txt (and its check, lexicon.json) unless the corpus has them."""
     if storage.exists(join(out, LEXICON)) and storage.exists(join(out, LEXICON_REPORT)):
         return storage.read_json(join(out, LEXICON_REPORT))
-    from decoding import lexicon as lx
-    from tasks.speech import espeak
 
     t0 = time.time()
     variants = usable_variants(v.variant_name for v in espeak.variants())
@@ -865,13 +861,9 @@ def ensure_lexicon(cfg: Config, storage: Storage, out: str, use_ray: bool = True
 
 
 def _said_groups(cfg: Config, requests: list, use_ray: bool) -> list:
-    from decoding import lexicon as lx
-
     if not use_ray:
         return lx.said_groups_many(requests)
-    import ray
-
-    from amflow.raycluster import init_ray
+    import ray  # deferred: heavy, and only a Ray fan-out needs it
 
     init_ray(cfg)
     n = max(cfg.corpus.workers, 1) * 4
@@ -881,9 +873,6 @@ def _said_groups(cfg: Config, requests: list, use_ray: bool) -> list:
 
 def _lexicon_check(storage: Storage, out: str, lex) -> dict:
     """Per aligned split: the share of utterances whose aligned phones the lexicon spells."""
-    from decoding import lexicon as lx
-    from tasks.alignments import read_ctm
-    from tasks.select import MetadataError, metadata_files, parse_metadata_line
 
     aligns, _ = read_ctm(storage.read_text(join(out, CTM)))
     pairs: dict[str, list] = defaultdict(list)
@@ -921,13 +910,3 @@ _SUMMARY_KEYS = ("out", "utterances", "audio_s", "per_split", "per_condition", "
 
 def _summary(full: dict) -> dict:
     return {k: full[k] for k in _SUMMARY_KEYS if k in full}
-
-
-def run(cfg: Any, args: Any) -> dict:
-    """CLI entry: `amflow corpus --config C --out URI [--force]`."""
-    force = bool(getattr(args, "force", False))
-    if not isinstance(cfg, Config):  # called with a StepContext when --run-id is given
-        force = force or bool(getattr(cfg, "force", False))
-        cfg = cfg.cfg
-    out = getattr(args, "out", None) or cfg.data.corpus
-    return build_corpus(cfg, out, force=force, use_ray=True)

@@ -46,7 +46,6 @@ before that, so the shuffle never disturbs the normalisation.
 from __future__ import annotations
 
 import collections
-import dataclasses
 import logging
 import time
 import zlib
@@ -58,7 +57,6 @@ import pyarrow as pa
 
 from amflow import records
 from amflow.config import FeaturesConfig
-from amflow.raycluster import map_shards
 from amflow.runs import SUCCESS, Reject, StepContext, StepError, rejects_table
 from amflow.storage import join
 from tasks import alignments as al
@@ -248,156 +246,177 @@ def shard_rng(seed: int, shard_id: str) -> np.random.Generator:
     return np.random.default_rng([seed, zlib.crc32(shard_id.encode())])
 
 
-def process_shard(ctx: StepContext, shard_id: str, payload: dict[str, Any]) -> dict[str, Any]:
-    """Featurise one shard: returns its stats (also written as the shard's done-marker)."""
-    t0, c0 = time.perf_counter(), time.process_time()
-    st = ctx.storage
-    fcfg = ctx.cfg.features
-    table = st.read_parquet(payload["manifest"])
-    man = table.to_pylist()
-    man.sort(key=lambda r: (r["speaker_id"], r["created_ts"], r["utt_id"]))
-    align: dict[str, tuple] = payload.get("align") or {}
-    ctm_errors: dict[str, str] = payload.get("ctm_errors") or {}
-    computer = FbankComputer(fcfg)  # also counts frames for the kaldi backend
-    dim = fcfg.num_mel_bins * fcfg.stack
-    rejects: list[Reject] = []
-    rows: list[dict[str, Any]] = []
-    acc_n = 0
-    acc_s = np.zeros(dim, np.float64)
-    acc_ss = np.zeros(dim, np.float64)
-    audio_s = 0.0
-    frames_total = 0
+class ShardFeaturizer:
+    """Featurise one shard's manifest rows, in stream order, into feature rows.
 
-    def reject(rec: dict, reason: str, detail: str) -> None:
-        rejects.append(Reject(rec["utt_id"], reason, detail, shard_id))
+    Decodes utterances in batches of up to `batch_seconds` of audio. A speaker's stream may
+    span batches (its CMN state carries over); a batch is closed only once the current
+    speaker has at least cmn_min_window frames in it, so the cold-start mean never needs
+    frames of a later batch. The CMVN sums of what is emitted accumulate as fields.
+    """
 
-    # Decode in stream order; batch whole utterances up to batch_seconds of audio. A
-    # speaker's stream may span batches (its CMN state carries over); a batch is closed
-    # only once the current speaker has at least cmn_min_window frames in it, so the
-    # cold-start mean never needs frames of a later batch.
-    batch: list[tuple[dict, np.ndarray]] = []
-    batch_samples = 0
-    cmn_state: dict[str, StreamCMN] = {}
-    spk_frames: dict[str, int] = {}  # frames of each speaker's stream decoded so far
-    limit = int(fcfg.batch_seconds * fcfg.sample_rate)
+    def __init__(self, fcfg: FeaturesConfig, shard_id: str, align: dict[str, tuple],
+                 ctm_errors: dict[str, str]):
+        self.fcfg = fcfg
+        self.shard_id = shard_id
+        self.align = align
+        self.ctm_errors = ctm_errors
+        self.computer = FbankComputer(fcfg)  # also counts frames for the kaldi backend
+        dim = fcfg.num_mel_bins * fcfg.stack
+        self.rejects: list[Reject] = []
+        self.rows: list[dict[str, Any]] = []
+        self.acc_n = 0
+        self.acc_s = np.zeros(dim, np.float64)
+        self.acc_ss = np.zeros(dim, np.float64)
+        self.audio_s = 0.0
+        self.frames_total = 0
+        self.batch: list[tuple[dict, np.ndarray]] = []
+        self.batch_samples = 0
+        self.cmn_state: dict[str, StreamCMN] = {}
+        self.spk_frames: dict[str, int] = {}  # frames of each speaker's stream decoded so far
+        self.limit = int(fcfg.batch_seconds * fcfg.sample_rate)
 
-    def flush() -> None:
-        nonlocal batch, batch_samples
+    def reject(self, rec: dict, reason: str, detail: str) -> None:
+        self.rejects.append(Reject(rec["utt_id"], reason, detail, self.shard_id))
+
+    def add(self, rec: dict, samples: np.ndarray) -> None:
+        """One decoded utterance, in stream order; flushes the batch when it is full."""
+        spk = rec["speaker_id"]
+        self.batch.append((rec, samples))
+        self.batch_samples += len(samples)
+        nf = self.computer.num_frames(len(samples))
+        self.spk_frames[spk] = self.spk_frames.get(spk, 0) + nf
+        if self.batch_samples >= self.limit and self.spk_frames[spk] >= self.fcfg.cmn_min_window:
+            self.flush()
+
+    def flush(self) -> None:
+        batch, self.batch, self.batch_samples = self.batch, [], 0
         if not batch:
             return
-        feats = fbank([w for _, w in batch], fcfg, computer)
+        feats = fbank([w for _, w in batch], self.fcfg, self.computer)
         # Non-finite fbank frames (absurd sample values) are rejected before they can
         # poison the speaker's CMN window; the rest of the stream goes on without them.
         keep = []
         for (rec, wave), f in zip(batch, feats):
             bad = int(f.size - np.count_nonzero(np.isfinite(f)))
             if bad:
-                reject(rec, "nonfinite_features", f"{bad} non-finite fbank values")
+                self.reject(rec, "nonfinite_features", f"{bad} non-finite fbank values")
             else:
                 keep.append(((rec, wave), f))
-        batch = [b for b, _ in keep]
-        feats = [f for _, f in keep]
-        if not batch:
-            batch_samples = 0
-            return
-        # one CMN call per run of consecutive utterances of one speaker
+        if keep:
+            self._normalise([b for b, _ in keep], [f for _, f in keep])
+
+    def _normalise(self, batch: list[tuple[dict, np.ndarray]], feats: list[np.ndarray]) -> None:
+        """One CMN call per run of consecutive utterances of one speaker, then emit."""
+        fcfg = self.fcfg
         i = 0
         while i < len(batch):
             spk = batch[i][0]["speaker_id"]
             j = i
             while j < len(batch) and batch[j][0]["speaker_id"] == spk:
                 j += 1
-            cmn = cmn_state.setdefault(spk, StreamCMN(fcfg.num_mel_bins, fcfg.cmn_window,
-                                                      fcfg.cmn_min_window))
+            cmn = self.cmn_state.setdefault(spk, StreamCMN(fcfg.num_mel_bins, fcfg.cmn_window,
+                                                           fcfg.cmn_min_window))
             normed = cmn.apply(np.concatenate(feats[i:j]))
             o = 0
             for (rec, wave), f in zip(batch[i:j], feats[i:j]):
                 n = f.shape[0]
-                _emit(rec, wave, normed[o:o + n])
+                self._emit(rec, wave, normed[o:o + n])
                 o += n
             i = j
         # only the batch's last speaker can continue in the next batch
         last = batch[-1][0]["speaker_id"]
-        for spk in [s for s in cmn_state if s != last]:
-            del cmn_state[spk]
-        batch = []
-        batch_samples = 0
+        for spk in [s for s in self.cmn_state if s != last]:
+            del self.cmn_state[spk]
 
-    def _emit(rec: dict, wave: np.ndarray, normed: np.ndarray) -> None:
-        nonlocal acc_n, acc_s, acc_ss, audio_s, frames_total
+    def _labels(self, rec: dict, n_frames: int, n_rows: int
+                ) -> tuple[bool, np.ndarray | None, np.ndarray | None]:
+        """(ok, LFR labels, frame labels) of an utterance; rejects it when not ok."""
+        fcfg = self.fcfg
+        a = self.align.get(rec["utt_id"])
+        if rec["split"] in LABELED_SPLITS and a is not None:
+            fl, reason, detail = al.frame_labels_ids(a[0], a[1], a[2], n_frames, fcfg)
+            if fl is None:
+                self.reject(rec, reason, detail)
+                return False, None, None
+            return True, al.lfr_labels(fl, n_rows, fcfg.stack, fcfg.subsample), fl
+        if rec["split"] == "labeled":
+            msg = self.ctm_errors.get(rec["utt_id"],
+                                      "no lines for this utterance in alignments.ctm")
+            self.reject(rec, "missing_alignment", msg)
+            return False, None, None
+        return True, None, None
+
+    def _emit(self, rec: dict, wave: np.ndarray, normed: np.ndarray) -> None:
+        fcfg = self.fcfg
         x = stack_frames(normed, fcfg.stack, fcfg.subsample)
         if x.shape[0] == 0:
-            reject(rec, "too_short", f"{len(wave)} samples give {normed.shape[0]} frames, "
-                   f"need {fcfg.stack}")
+            self.reject(rec, "too_short", f"{len(wave)} samples give {normed.shape[0]} frames, "
+                        f"need {fcfg.stack}")
             return
         if not np.isfinite(x).all():
-            reject(rec, "nonfinite_features", f"{int((~np.isfinite(x)).sum())} values")
+            self.reject(rec, "nonfinite_features", f"{int((~np.isfinite(x)).sum())} values")
             return
-        labels = flabels = None
-        a = align.get(rec["utt_id"])
-        if rec["split"] in LABELED_SPLITS and a is not None:
-            fl, reason, detail = al.frame_labels_ids(a[0], a[1], a[2], normed.shape[0], fcfg)
-            if fl is None:
-                reject(rec, reason, detail)
-                return
-            flabels = fl
-            labels = al.lfr_labels(fl, x.shape[0], fcfg.stack, fcfg.subsample)
-        elif rec["split"] == "labeled":
-            msg = ctm_errors.get(rec["utt_id"], "no lines for this utterance in alignments.ctm")
-            reject(rec, "missing_alignment", msg)
+        ok, labels, flabels = self._labels(rec, normed.shape[0], x.shape[0])
+        if not ok:
             return
         enc = encode_rows(x, fcfg.storage_dtype, fcfg.stack)
         dec = records.decode_feats(enc)
-        acc_n += dec.shape[0]
-        acc_s += dec.sum(axis=0, dtype=np.float64)
-        acc_ss += np.einsum("ij,ij->j", dec, dec, dtype=np.float64)
-        audio_s += len(wave) / fcfg.sample_rate
-        frames_total += normed.shape[0]
-        rows.append({
+        self.acc_n += dec.shape[0]
+        self.acc_s += dec.sum(axis=0, dtype=np.float64)
+        self.acc_ss += np.einsum("ij,ij->j", dec, dec, dtype=np.float64)
+        self.audio_s += len(wave) / fcfg.sample_rate
+        self.frames_total += normed.shape[0]
+        self.rows.append({
             "utt_id": rec["utt_id"], "speaker_id": rec["speaker_id"], "split": rec["split"],
-            "condition": rec.get("condition") or "", "shard": shard_id, **enc,
+            "condition": rec.get("condition") or "", "shard": self.shard_id, **enc,
             "labels": records.encode_int16(labels), "frame_labels": records.encode_int16(flabels),
         })
 
+    def shuffled_rows(self) -> list[dict[str, Any]]:
+        """Hierarchical shuffle, level 2: utterance order within the shard."""
+        perm = shard_rng(self.fcfg.seed, self.shard_id).permutation(len(self.rows))
+        return [self.rows[i] for i in perm]
+
+
+def process_shard(ctx: StepContext, shard_id: str, payload: dict[str, Any]) -> dict[str, Any]:
+    """Featurise one shard: returns its stats (also written as the shard's done-marker)."""
+    t0, c0 = time.perf_counter(), time.process_time()
+    st = ctx.storage
+    fcfg = ctx.cfg.features
+    man = st.read_parquet(payload["manifest"]).to_pylist()
+    man.sort(key=lambda r: (r["speaker_id"], r["created_ts"], r["utt_id"]))
+    fz = ShardFeaturizer(fcfg, shard_id, payload.get("align") or {},
+                         payload.get("ctm_errors") or {})
     uris = [r["audio_uri"] for r in man]
     for rec, (data, reason, detail) in zip(man, _prefetch(st, uris, fcfg.io_threads)):
         if data is None:
-            reject(rec, reason, detail)
+            fz.reject(rec, reason, detail)
             continue
         res = decode_audio(data, fcfg, rec["duration"])
         if res.samples is None:
-            reject(rec, res.reason, res.detail)
+            fz.reject(rec, res.reason, res.detail)
             continue
-        spk = rec["speaker_id"]
-        batch.append((rec, res.samples))
-        batch_samples += len(res.samples)
-        nf = computer.num_frames(len(res.samples))
-        spk_frames[spk] = spk_frames.get(spk, 0) + nf
-        if batch_samples >= limit and spk_frames[spk] >= fcfg.cmn_min_window:
-            flush()
-    flush()
-
-    # hierarchical shuffle, level 2: utterance order within the shard
-    perm = shard_rng(fcfg.seed, shard_id).permutation(len(rows))
-    rows = [rows[i] for i in perm]
+        fz.add(rec, res.samples)
+    fz.flush()
+    rows = fz.shuffled_rows()
     out_table = pa.Table.from_pylist(rows, schema=records.FEATURE_SCHEMA) if rows else \
         records.FEATURE_SCHEMA.empty_table()
     nbytes = st.write_parquet(ctx.path("shards", f"{shard_id}.parquet"), out_table)
-    st.write_parquet(ctx.path("rejects", f"{shard_id}.parquet"), rejects_table(rejects))
-    reasons: dict[str, int] = {}
-    for r in rejects:
-        reasons[r.reason] = reasons.get(r.reason, 0) + 1
+    st.write_parquet(ctx.path("rejects", f"{shard_id}.parquet"), rejects_table(fz.rejects))
+    reasons = dict(collections.Counter(r.reason for r in fz.rejects))
     return {
-        "split": payload["split"], "in": len(man), "out": len(rows), "rejected": len(rejects),
-        "reasons": reasons, "audio_s": round(audio_s, 4), "frames": frames_total,
-        "rows": acc_n, "bytes": nbytes, "count": acc_n, "sum": acc_s.tolist(),
-        "sumsq": acc_ss.tolist(), "wall_s": round(time.perf_counter() - t0, 4),
+        "split": payload["split"], "in": len(man), "out": len(rows),
+        "rejected": len(fz.rejects), "reasons": reasons, "audio_s": round(fz.audio_s, 4),
+        "frames": fz.frames_total, "rows": fz.acc_n, "bytes": nbytes, "count": fz.acc_n,
+        "sum": fz.acc_s.tolist(), "sumsq": fz.acc_ss.tolist(),
+        "wall_s": round(time.perf_counter() - t0, 4),
         "cpu_s": round(time.process_time() - c0, 4),
     }
 
 
 # --------------------------------------------------------------------------- driver
-def _alignment_payloads(ctx: StepContext, index: list[dict]) -> tuple[dict, dict, list[str]]:
+def alignment_payloads(ctx: StepContext, index: list[dict]) -> tuple[dict, dict, list[str]]:
     """(per-shard alignment slices, per-shard ctm errors, phone inventory)."""
     st = ctx.storage
     corpus = ctx.cfg.data.corpus.rstrip("/")
@@ -426,48 +445,6 @@ def _alignment_payloads(ctx: StepContext, index: list[dict]) -> tuple[dict, dict
                                  for u in utts if u in alignments}
         per_shard_err[e["shard"]] = {u: err_by_utt[u] for u in utts if u in err_by_utt}
     return per_shard, per_shard_err, inventory
-
-
-def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
-    st, fcfg = ctx.storage, ctx.cfg.features
-    select = ctx.require("select")
-    # Outputs and markers of an earlier attempt are only valid for the same select output
-    # and settings; a finished step with the same plan is a no-op.
-    plan_uri = ctx.path("_plan.json")
-    plan = {"select_finished_at": select.get("finished_at"),
-            "features": {k: v for k, v in dataclasses.asdict(fcfg).items()
-                         if k not in ("io_threads", "batch_seconds")}}
-    if not ctx.force and st.exists(ctx.path(SUCCESS)) and st.exists(plan_uri) \
-            and st.read_json(plan_uri) == plan:
-        log.info("features: %s exists, nothing to do (use --force to redo)", ctx.path(SUCCESS))
-        return st.read_json(ctx.path(SUCCESS))
-    index = st.read_json(ctx.other("select", "shards.json"))["shards"]
-    if not index:
-        raise StepError("select produced no shards")
-    if ctx.force or (st.exists(plan_uri) and st.read_json(plan_uri) != plan):
-        if not ctx.force:
-            log.warning("features: select output or settings changed since the last "
-                        "attempt; starting over")
-        st.delete_dir(ctx.step_uri)
-    st.write_json(plan_uri, plan)
-    aligns, errs, inventory = _alignment_payloads(ctx, index)
-    # hierarchical shuffle, level 1: the global order of the shard files
-    order = np.random.default_rng(fcfg.seed).permutation(len(index))
-    shards = []
-    for i in order:
-        e = index[int(i)]
-        sid = e["shard"]
-        shards.append((sid, {"manifest": ctx.other("select", "shards", f"{sid}.parquet"),
-                             "split": e["split"], "align": aligns.get(sid),
-                             "ctm_errors": errs.get(sid)}))
-    t0 = time.time()
-
-    def postfix(done: list[dict]) -> dict:
-        audio = sum(s["audio_s"] for s in done)
-        return {"audio_h": audio / 3600.0, "xRT": audio / max(1e-9, time.time() - t0)}
-
-    stats = map_shards(ctx, shards, process_shard, unit="shards", postfix=postfix)
-    return summarise(ctx, select, stats, inventory, [sid for sid, _ in shards])
 
 
 def summarise(ctx: StepContext, select: dict, stats: list[dict], inventory: list[str],

@@ -52,8 +52,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from amflow import records
-from amflow.raycluster import map_shards
-from amflow.runs import SUCCESS, Reject, StepContext, StepError, rejects_table
+from amflow.runs import Reject, StepContext, StepError, rejects_table
 
 log = logging.getLogger(__name__)
 
@@ -134,7 +133,7 @@ def _cheapest(heap: list, h: float, count: int) -> tuple[tuple, tuple]:
     return (*key, best[2]), best
 
 
-def _plan_fingerprint(ctx: StepContext, feat: dict, targets: dict | None) -> dict:
+def plan_fingerprint(ctx: StepContext, feat: dict, targets: dict | None) -> dict:
     r = ctx.cfg.repartition
     return {"workers": ctx.cfg.train.workers, "partition_hours": r.partition_hours,
             "seed": r.seed, "splits": r.splits, "window_shards": r.window_shards,
@@ -266,7 +265,7 @@ def reduce_partition(ctx: StepContext, part_id: str, payload: dict[str, Any]) ->
             "wall_s": round(time.perf_counter() - t0, 4)}
 
 
-def _jobs(rcfg: Any, workers: int, splits: list[str], order: list[str], info: dict,
+def shard_jobs(rcfg: Any, workers: int, splits: list[str], order: list[str], info: dict,
           with_targets: bool) -> tuple[list, list, dict]:
     """Plan jobs (one per shuffle window), map jobs (one per shard), per-split plan."""
     plan_jobs, map_jobs, plans = [], [], {}
@@ -296,7 +295,7 @@ def _jobs(rcfg: Any, workers: int, splits: list[str], order: list[str], info: di
     return plan_jobs, map_jobs, plans
 
 
-def _reduce_jobs(splits: list[str], plans: dict[str, dict], mapped: list[dict]
+def plan_reduce_jobs(splits: list[str], plans: dict[str, dict], mapped: list[dict]
                  ) -> list[tuple[str, dict]]:
     feeds: dict[tuple[str, int], list[str]] = {}
     for m in mapped:
@@ -307,7 +306,7 @@ def _reduce_jobs(splits: list[str], plans: dict[str, dict], mapped: list[dict]
             for split in splits for i in range(plans[split]["parts"])]
 
 
-def _forget_lost_buckets(ctx: StepContext, reduce_jobs: list[tuple[str, dict]]) -> bool:
+def forget_lost_buckets(ctx: StepContext, reduce_jobs: list[tuple[str, dict]]) -> bool:
     """Un-mark the map tasks whose buckets an unfinished partition needs but are gone.
 
     Buckets are deleted once every partition is written; a partition lost after that
@@ -328,50 +327,10 @@ def _forget_lost_buckets(ctx: StepContext, reduce_jobs: list[tuple[str, dict]]) 
     return bool(lost)
 
 
-def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
-    st, rcfg = ctx.storage, ctx.cfg.repartition
-    feat = ctx.require("features")
-    tsucc = ctx.other("targets", SUCCESS)
-    targets = st.read_json(tsucc) if st.exists(tsucc) else None
-    plan_uri = ctx.path("_plan.json")
-    fp = _plan_fingerprint(ctx, feat, targets)
-    if not ctx.force and st.exists(ctx.path(SUCCESS)) and st.exists(plan_uri) \
-            and st.read_json(plan_uri) == fp:
-        log.info("repartition: %s exists, nothing to do (use --force to redo)",
-                 ctx.path(SUCCESS))
-        return st.read_json(ctx.path(SUCCESS))
-    if ctx.force or (st.exists(plan_uri) and st.read_json(plan_uri) != fp):
-        if not ctx.force:
-            log.warning("repartition: inputs or settings changed since the last attempt; "
-                        "starting over")
-        st.delete_dir(ctx.step_uri)
-    st.write_json(plan_uri, fp)
-
-    index = st.read_json(ctx.other("features", "shards.json"))
-    order = index["order"]
-    info = {s["shard"]: s for s in index["shards"]}
-    present = {s["split"] for s in index["shards"]}
-    splits = [s for s in SPLIT_ORDER if s in present and (not rcfg.splits or s in rcfg.splits)]
-    if not splits:
-        raise StepError(f"no feature shards for splits {rcfg.splits or 'any'} "
-                        f"(features has {sorted(present)})")
-    workers = ctx.cfg.train.workers
-    plan_jobs, map_jobs, plans = _jobs(rcfg, workers, splits, order, info, targets is not None)
-    planned = map_shards(ctx, plan_jobs, plan_window, unit="windows")
-    mapped = map_shards(ctx, map_jobs, map_shard, unit="shards")
-    reduce_jobs = _reduce_jobs(splits, plans, mapped)
-    if _forget_lost_buckets(ctx, reduce_jobs):
-        mapped = map_shards(ctx, map_jobs, map_shard, unit="shards")
-        reduce_jobs = _reduce_jobs(splits, plans, mapped)
-    stats = map_shards(ctx, reduce_jobs, reduce_partition, unit="partitions")
-    if sum(s["rows"] for s in stats) != sum(m["out"] for m in mapped):
-        raise StepError(f"repartition: partitions hold {sum(s['rows'] for s in stats)} rows "
-                        f"but the map stage routed {sum(m['out'] for m in mapped)}: re-run "
-                        f"with --force")
-    st.delete_dir(ctx.path(BUCKETS))
-
-    total_bytes = 0
-    per_split = {}
+def split_indexes(stats: list[dict], splits: list[str], plans: dict[str, dict], workers: int,
+                  has_targets: bool) -> tuple[dict[str, dict], dict[str, dict]]:
+    """(the `<split>/_index.json` of each split, the per-split metrics) from reduce stats."""
+    entries, per_split = {}, {}
     for split in splits:
         mine = [s for s in stats if s["split"] == split]
         parts = [{"path": f"{s['name']}.parquet", "rows": s["rows"], "frames": s["frames"],
@@ -380,33 +339,12 @@ def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
         entry = {"split": split, "workers": workers, "partitions": parts,
                  "rows": sum(p["rows"] for p in parts), "frames": sum(frames_list),
                  "audio_hours": round(plans[split]["hours"], 6),
-                 "targets": targets is not None,
+                 "targets": has_targets,
                  "with_targets": sum(s["with_targets"] for s in mine)}
-        st.write_json(ctx.path(split, "_index.json"), entry)
-        total_bytes += sum(p["bytes"] for p in parts)
+        entries[split] = entry
         per_split[split] = {"partitions": len(parts), "windows": plans[split]["windows"],
                             "rows": entry["rows"],
                             "frames": entry["frames"], "frames_min": min(frames_list),
                             "frames_max": max(frames_list),
                             "with_targets": entry["with_targets"]}
-    reasons: dict[str, int] = {}
-    for m in mapped:
-        for k, v in m["reasons"].items():
-            reasons[k] = reasons.get(k, 0) + v
-    hours_total = sum(p["hours"] for p in plans.values())
-    wall = time.time() - ctx.started
-    return ctx.finish(
-        inputs={"features": ctx.other("features", SUCCESS),
-                "targets": tsucc if targets else None, "workers": workers},
-        counts={"in": sum(m["in"] for m in mapped), "out": sum(m["out"] for m in mapped),
-                "rejected": sum(m["rejected"] for m in mapped)},
-        metrics={"splits": per_split, "reject_reasons": reasons,
-                 "targets": targets is not None, "partitions": len(stats),
-                 "shards_read": len(mapped),
-                 "windows": len(planned),
-                 "window_frames_spread_max": max((p["frames_spread"] for p in planned),
-                                                 default=0),
-                 "bucket_bytes": sum(m["bucket_bytes"] for m in mapped),
-                 "audio_hours": round(hours_total, 6),
-                 "xrt": round(hours_total * 3600.0 / wall, 2) if wall > 0 else None},
-        bytes_written=total_bytes)
+    return entries, per_split

@@ -18,16 +18,16 @@ import io
 import json
 from typing import Any
 
-from amflow.runs import SUCCESS, StepContext, StepError
+from amflow.runs import SUCCESS, StepContext, step_dir_name
 from amflow.storage import join
 
 CONDITIONS = ("DP1", "DP2", "DP3", "DP4", "DP5")
-STEP_ORDER = ("corpus", "select", "features", "targets", "repartition", "lm", "train-teacher",
-              "train-baseline", "train", "evaluate-teacher", "evaluate-baseline", "evaluate",
-              "decode-teacher", "decode-baseline", "decode", "sequence-teacher",
-              "sequence-baseline", "sequence", "evaluate-sequence-teacher",
-              "evaluate-sequence-baseline", "evaluate-sequence", "decode-sequence-teacher",
-              "decode-sequence-baseline", "decode-sequence", "simulate")
+_TAGS = ("teacher", "baseline", "")
+STEP_ORDER = ("corpus", "select", "features", "targets", "repartition", "lm",
+              *(step_dir_name(step, tag)
+                for step in ("train", "evaluate", "decode", "sequence", "evaluate-sequence",
+                             "decode-sequence") for tag in _TAGS),
+              "simulate")
 # Table II of the petabyte paper: the SSL student's WERR over the baseline, DP1..DP5 (%).
 PAPER_WERR = {"DP1": 9.8, "DP2": 22.2, "DP3": 21.8, "DP4": 16.5, "DP5": 18.9}
 
@@ -49,8 +49,8 @@ def render_wer_table(rows: list[dict[str, Any]]) -> str:
            "paper WERR % |", "|---|---:|---:|---:|---:|---:|"]
     for r in rows:
         paper = "–" if r["paper_werr"] is None else f"{r['paper_werr']:.1f}"
-        out.append(f"| {r['condition']} | {_pct(r['teacher_wer'])} | {_pct(r['baseline_wer'])} | "
-                   f"{_pct(r['ssl_wer'])} | {_pct(r['werr'])} | {paper} |")
+        out.append(f"| {r['condition']} | {pct(r['teacher_wer'])} | {pct(r['baseline_wer'])} | "
+                   f"{pct(r['ssl_wer'])} | {pct(r['werr'])} | {paper} |")
     return "\n".join(out)
 
 
@@ -89,10 +89,10 @@ def render_sequence_wer_table(rows: list[dict[str, Any]]) -> str:
     head += ["SSL WERR after seq. %", "paper WERR %"]
     out = ["| " + " | ".join(head) + " |", "|---" + "|---:" * (len(head) - 1) + "|"]
     for r in rows:
-        cells = [r["condition"]] + [_pct(r[f"{m}_{k}"]) for m in models
+        cells = [r["condition"]] + [pct(r[f"{m}_{k}"]) for m in models
                                     for k in ("ce", "seq", "gain")]
         paper = "–" if r["paper_werr"] is None else f"{r['paper_werr']:.1f}"
-        out.append("| " + " | ".join(cells + [_pct(r["werr_seq"]), paper]) + " |")
+        out.append("| " + " | ".join(cells + [pct(r["werr_seq"]), paper]) + " |")
     return "\n".join(out)
 
 
@@ -120,7 +120,7 @@ def table_ii(teacher: dict, baseline: dict, ssl: dict) -> list[dict[str, Any]]:
     return rows
 
 
-def _pct(v: float | None) -> str:
+def pct(v: float | None) -> str:
     return "–" if v is None else f"{100 * v:.1f}"
 
 
@@ -129,9 +129,9 @@ def render_table_ii(rows: list[dict[str, Any]]) -> str:
            "baseline PER % | SSL PER % | SSL rel. frame-error reduction % |",
            "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
-        out.append(f"| {r['condition']} | {_pct(r['teacher_fa'])} | {_pct(r['baseline_fa'])} | "
-                   f"{_pct(r['ssl_fa'])} | {_pct(r['teacher_per'])} | {_pct(r['baseline_per'])} | "
-                   f"{_pct(r['ssl_per'])} | {_pct(r['rel_fer_reduction'])} |")
+        out.append(f"| {r['condition']} | {pct(r['teacher_fa'])} | {pct(r['baseline_fa'])} | "
+                   f"{pct(r['ssl_fa'])} | {pct(r['teacher_per'])} | {pct(r['baseline_per'])} | "
+                   f"{pct(r['ssl_per'])} | {pct(r['rel_fer_reduction'])} |")
     return "\n".join(out)
 
 
@@ -154,11 +154,11 @@ def render_steps(steps: list[dict[str, Any]]) -> str:
     return "\n".join(out)
 
 
-def _read_json(ctx: StepContext, uri: str) -> dict | None:
+def read_json_or_none(ctx: StepContext, uri: str) -> dict | None:
     return ctx.storage.read_json(uri) if ctx.storage.exists(uri) else None
 
 
-def _run_steps(ctx: StepContext, run_id: str) -> list[dict[str, Any]]:
+def run_steps(ctx: StepContext, run_id: str) -> list[dict[str, Any]]:
     base = join(ctx.cfg.storage.root, "runs", run_id)
     found = []
     for uri in ctx.storage.list(base, suffix=SUCCESS, recursive=True):
@@ -170,7 +170,7 @@ def _run_steps(ctx: StepContext, run_id: str) -> list[dict[str, Any]]:
     return sorted(found, key=lambda s: (order.get(s.get("step", ""), 99), s.get("step", "")))
 
 
-def _curves_png(ctx: StepContext, sources: dict[str, str]) -> bytes | None:
+def curves_png(ctx: StepContext, sources: dict[str, str]) -> bytes | None:
     """One PNG with the training loss of each model, from their metrics.jsonl."""
     import matplotlib
 
@@ -206,7 +206,7 @@ def _curves_png(ctx: StepContext, sources: dict[str, str]) -> bytes | None:
     return buf.getvalue()
 
 
-def _bar_png(rows: list[dict[str, Any]]) -> bytes:
+def bar_png(rows: list[dict[str, Any]]) -> bytes:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -231,86 +231,21 @@ def _bar_png(rows: list[dict[str, Any]]) -> bytes:
     return buf.getvalue()
 
 
-def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
-    rc = ctx.cfg.report
-    teacher_run = rc.teacher_run or ctx.run_id
-    root = join(ctx.cfg.storage.root, "runs")
-    evals = {
-        "teacher": rc.teacher_eval or join(root, teacher_run, "evaluate-teacher", "result.json"),
-        "baseline": rc.baseline_eval or join(root, teacher_run, "evaluate-baseline", "result.json"),
-        "ssl": rc.ssl_eval or join(root, ctx.run_id, "evaluate", "result.json"),
-    }
-    loaded = {k: _read_json(ctx, v) for k, v in evals.items()}
-    missing = [f"{k} ({evals[k]})" for k, v in loaded.items() if v is None]
-    if loaded["baseline"] is None or loaded["ssl"] is None:
-        raise StepError("report needs the baseline and SSL evaluations; missing: " + ", ".join(missing))
-    rows = table_ii(loaded["teacher"] or {}, loaded["baseline"], loaded["ssl"])
-    decodes = {
-        "teacher": join(root, teacher_run, "decode-teacher", "result.json"),
-        "baseline": join(root, teacher_run, "decode-baseline", "result.json"),
-        "ssl": join(root, ctx.run_id, "decode", "result.json")}
-    decoded = {k: _read_json(ctx, v) for k, v in decodes.items()}
-    wer_rows = (wer_table(decoded["teacher"], decoded["baseline"], decoded["ssl"])
-                if decoded["baseline"] and decoded["ssl"] else [])
-    seq_decodes = {
-        "teacher": join(root, teacher_run, "decode-sequence-teacher", "result.json"),
-        "baseline": join(root, teacher_run, "decode-sequence-baseline", "result.json"),
-        "ssl": join(root, ctx.run_id, "decode-sequence", "result.json")}
-    seq_decoded = {k: _read_json(ctx, v) for k, v in seq_decodes.items()}
-    seq_rows = (sequence_wer_table(decoded, seq_decoded)
-                if any(seq_decoded.values()) else [])
-    runs = [teacher_run] if teacher_run == ctx.run_id else [teacher_run, ctx.run_id]
-    steps = [s for r in runs for s in _run_steps(ctx, r)]
+def wer_section(wer_rows: list[dict], ssl_decode: dict) -> list[str]:
+    """The report's WER section; `ssl_decode` is the SSL student's decode result."""
+    d = ssl_decode
+    return ["## Word error rate: SSL student vs supervised baseline (cf. Table II)", "",
+            render_wer_table(wer_rows), "",
+            f"Decoded with H o L o G (lexicon `{d.get('lexicon')}`, LM `{d.get('lm')}`), "
+            f"acoustic scale tuned on {d.get('tune_split') or 'nothing'} per model "
+            f"(SSL {d.get('acwt')}); the paper decodes with a 4-gram and sMBR-trained "
+            "models, so compare the WERR, not the WER.", ""]
 
-    parts = ["# amflow report", "",
-             f"Runs: teacher/baseline `{teacher_run}`, SSL student `{ctx.run_id}`. "
-             "Frame accuracy (FA) and phone error rate (PER, greedy collapse of frame outputs) "
-             "on the test split (speakers unseen in training), per far-field condition.", ""]
-    if wer_rows:
-        d = decoded["ssl"]
-        parts += ["## Word error rate: SSL student vs supervised baseline (cf. Table II)", "",
-                  render_wer_table(wer_rows), "",
-                  f"Decoded with H o L o G (lexicon `{d.get('lexicon')}`, LM `{d.get('lm')}`), "
-                  f"acoustic scale tuned on {d.get('tune_split') or 'nothing'} per model "
-                  f"(SSL {d.get('acwt')}); the paper decodes with a 4-gram and sMBR-trained "
-                  "models, so compare the WERR, not the WER.", ""]
-    if seq_rows:
-        parts += ["## After sequence training (train.criterion on the labeled split; CE rows "
-                  "beside)", "",
-                  render_sequence_wer_table(seq_rows), "",
-                  "gain: relative WER reduction of sequence training over the same model's "
-                  "CE / distilled training (Kaldi's usual: ~10 %). The paper's Table II "
-                  "compares sMBR-trained models: its WERR column is beside ours.", ""]
-    parts += ["## Frame accuracy and phone error rate (cf. Table II)", "",
-              render_table_ii(rows), "", "![frame accuracy](accuracy.png)", ""]
-    gains = [r["rel_fer_reduction"] for r in rows if r["condition"] in CONDITIONS[1:]]
-    if gains:
-        parts += [f"SSL relative frame-error reduction in DP2..DP5: min {_pct(min(gains))} %, "
-                  f"max {_pct(max(gains))} %.", ""]
-    curves = _curves_png(ctx, {
-        "teacher": join(root, teacher_run, "train-teacher", "metrics.jsonl"),
-        "baseline": join(root, teacher_run, "train-baseline", "metrics.jsonl"),
-        "SSL student": join(root, ctx.run_id, "train", "metrics.jsonl")})
-    if curves:
-        ctx.storage.write_bytes(ctx.path("learning_curves.png"), curves)
-        parts += ["## Learning curves", "", "![learning curves](learning_curves.png)", ""]
-    for title, rel in [("Distributed trainers (cf. Table I)", "bench/trainers.md"),
-                       ("Scaling simulator (cf. HTM paper Table 1)", "simulate/table.md")]:
-        for r in runs:
-            uri = join(root, r, rel)
-            if ctx.storage.exists(uri):
-                parts += [f"## {title}", "", ctx.storage.read_text(uri), ""]
-                break
-    parts += ["## Steps: timings, throughput, storage", "", render_steps(steps), ""]
-    ctx.storage.write_bytes(ctx.path("accuracy.png"), _bar_png(rows))
-    md = "\n".join(parts)
-    ctx.storage.write_text(ctx.path("report.md"), md)
-    ctx.storage.write_json(ctx.path("report.json"), {"table_ii": rows, "table_ii_wer": wer_rows,
-                                                     "table_ii_wer_sequence": seq_rows,
-                                                     "evaluations": evals, "decodes": decodes,
-                                                     "sequence_decodes": seq_decodes,
-                                                     "steps": steps})
-    print(md)
-    metrics = {"table_ii": rows, "table_ii_wer": wer_rows, "table_ii_wer_sequence": seq_rows,
-               "report": ctx.path("report.md")}
-    return ctx.finish(inputs=evals, counts={"in": len(rows), "out": len(rows)}, metrics=metrics)
+
+def sequence_section(seq_rows: list[dict]) -> list[str]:
+    return ["## After sequence training (train.criterion on the labeled split; CE rows "
+            "beside)", "",
+            render_sequence_wer_table(seq_rows), "",
+            "gain: relative WER reduction of sequence training over the same model's "
+            "CE / distilled training (Kaldi's usual: ~10 %). The paper's Table II "
+            "compares sMBR-trained models: its WERR column is beside ours.", ""]

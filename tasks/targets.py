@@ -13,17 +13,19 @@ shard's done-marker, so a re-run skips finished shards.
 from __future__ import annotations
 
 import logging
-import math
 import time
 from typing import Any, Iterable, Sequence
 
 import numpy as np
 import pyarrow as pa
+import ray
 import torch
 
+from amflow.model_card import ModelCard
 from amflow.records import TARGET_SCHEMA, decode_feats, encode_topk, load_cmvn
 from amflow.runs import Reject, StepContext, StepError, rejects_table
-from training.losses import teacher_log_probs
+from amflow.soft_targets import teacher_log_probs
+from training.checkpoint import load_model  # a pure model-loading need
 
 log = logging.getLogger(__name__)
 
@@ -180,14 +182,6 @@ def resolve_device(requested: str) -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def gpus_per_actor(cfg, cluster_gpus: float) -> float:
-    """-1 (default): one GPU per actor when the device may be a GPU and the cluster has GPUs."""
-    tc = cfg.targets
-    if tc.num_gpus_per_actor >= 0:
-        return tc.num_gpus_per_actor
-    return 1.0 if tc.device in ("auto", "cuda") and cluster_gpus > 0 else 0.0
-
-
 def cpu_has_native_bf16() -> bool:
     """AMX or AVX512-BF16: bf16 matmuls run at several times the fp32 rate."""
     cpu = torch.cpu
@@ -215,8 +209,6 @@ class TargetActor:
     """One teacher per actor; scores whole shards and publishes their outputs."""
 
     def __init__(self, ctx: StepContext, model_uri: str):
-        from training.checkpoint import load_model
-
         tc = ctx.cfg.targets
         torch.set_num_threads(tc.threads_per_actor)
         device = resolve_device(tc.device)
@@ -225,7 +217,8 @@ class TargetActor:
         self.device = device
         self.ctx = ctx
         model, meta = load_model(ctx.storage, model_uri)
-        cmvn = meta.get("cmvn") or ctx.storage.read_json(ctx.other("features", "cmvn.json"))
+        card = ModelCard.from_meta(meta, model_uri)
+        cmvn = card.cmvn or ctx.storage.read_json(ctx.other("features", "cmvn.json"))
         mean, inv_std = load_cmvn(cmvn)
         self.num_classes = model.output.out_features
         dtype = inference_dtype(tc, device)
@@ -236,7 +229,7 @@ class TargetActor:
 
     def ready(self) -> dict[str, Any]:
         return {"device": self.device, "fp16": self.fp16, "precision": self.precision,
-                "gpu_ids": __import__("ray").get_gpu_ids()}
+                "gpu_ids": ray.get_gpu_ids()}
 
     def score_shard(self, shard_id: str, fidelity_frames: int = 0) -> dict[str, Any]:
         """Score one feature shard; measure fidelity on its first `fidelity_frames` frames."""
@@ -285,84 +278,7 @@ def feature_shards(ctx: StepContext) -> list[str]:
     return [u.rsplit("/", 1)[1][: -len(".parquet")] for u in uris]
 
 
-def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
-    import ray
-
-    from amflow.progress import Progress
-    from amflow.raycluster import init_ray, step_resources
-
-    feats_summary = ctx.require("features")
-    model_uri = teacher_uri(ctx)
-    if not ctx.storage.exists(model_uri):
-        raise StepError(f"teacher checkpoint not found at {model_uri}: set targets.teacher "
-                        "to a model.pt URI (e.g. from the teacher DAG)")
-    shards = feature_shards(ctx)
-    done = {s: d for s in shards if (d := ctx.shard_done(s)) is not None}
-    todo = [s for s in shards if s not in done]
-    tc = ctx.cfg.targets
-    actor_info: list[dict] = []
-    stats = list(done.values())
-    t_start = time.perf_counter()
-    t0 = t_start  # scoring starts once the actors hold the teacher
-    if todo:
-        init_ray(ctx.cfg)
-        n_actors = max(1, min(tc.actors, len(todo)))
-        opts: dict[str, Any] = {"num_cpus": tc.threads_per_actor, "max_restarts": 2,
-                                "max_task_retries": 2}
-        if gpus := gpus_per_actor(ctx.cfg, ray.cluster_resources().get("GPU", 0)):
-            opts["num_gpus"] = gpus
-        if res := step_resources(ctx.cfg, "targets"):
-            opts["resources"] = res
-        actor_cls = ray.remote(TargetActor).options(**opts)
-        actors = [actor_cls.remote(ctx, model_uri) for _ in range(n_actors)]
-        actor_info = ray.get([a.ready.remote() for a in actors])
-        t0 = time.perf_counter()
-        queue = list(todo)
-        # The fidelity sample is a budget for the whole step, spread over the shards: the
-        # full softmax per k costs more than scoring itself.
-        fid_frames = -(-tc.fidelity_sample_frames // len(todo))
-        pending: dict[Any, Any] = {}
-        for a in actors:
-            if queue:
-                pending[a.score_shard.remote(queue.pop(0), fid_frames)] = a
-        with Progress(len(todo), "targets", "shards") as bar:
-            frames = 0
-            while pending:
-                ready, _ = ray.wait(list(pending), num_returns=1)
-                for ref in ready:
-                    actor = pending.pop(ref)
-                    s = ray.get(ref)
-                    stats.append(s)
-                    frames += s["frames"]
-                    bar.update(1, frames_per_s=frames / (time.perf_counter() - t0))
-                    if queue:
-                        pending[actor.score_shard.remote(queue.pop(0), fid_frames)] = actor
-        for a in actors:
-            ray.kill(a)
-    wall = time.perf_counter() - t0
-    startup = t0 - t_start
-    fid = summarise_fidelity(p for s in stats for p in s.get("fidelity", []))
-    total_frames = sum(s["frames"] for s in stats)
-    fresh_frames = sum(s["frames"] for s in stats if s["shard"] in todo)
-    audio_hours = total_frames * 0.03 / 3600.0
-    nbytes = sum(s["bytes"] for s in stats)
-    _print_fidelity(fid, tc.k)
-    metrics = {
-        "frames": total_frames, "k": tc.k, "actors": actor_info,
-        # steady-state throughput; Ray and actor start-up (a fixed cost) is reported apart
-        "frames_per_s": round(fresh_frames / wall, 1) if todo and wall > 0 else None,
-        "scoring_s": round(wall, 2), "startup_s": round(startup, 2),
-        "shards": len(shards), "shards_skipped": len(done),
-        "bytes_per_audio_hour": round(nbytes / audio_hours) if audio_hours else None,
-        "fidelity": fid,
-    }
-    counts = {"in": sum(s["in"] for s in stats), "out": sum(s["out"] for s in stats),
-              "rejected": sum(s["rejected"] for s in stats)}
-    return ctx.finish(inputs={"features": feats_summary["uri"], "teacher": model_uri},
-                      counts=counts, metrics=metrics, bytes_written=nbytes)
-
-
-def _print_fidelity(fid: dict[str, dict[str, float]], k: int) -> None:
+def print_fidelity(fid: dict[str, dict[str, float]], k: int) -> None:
     print("top-k fidelity (sampled frames):\n    k  mass_kept  KL(rebuilt||full)  "
           "KL(full||rebuilt)  argmax_agree")
     for key, d in fid.items():

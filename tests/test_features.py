@@ -14,7 +14,7 @@ from tests.test_select import make_corpus
 
 def _steps(cfg, run_id, *names, force=False):
     from amflow.runs import StepContext
-    from tasks import features, repartition, select
+    from amflow.steps import features, repartition, select
 
     mods = {"select": select, "features": features, "repartition": repartition}
     return [mods[n].run(StepContext(cfg, run_id, n, force=force)) for n in names]

@@ -101,7 +101,7 @@ def serial_shuffle(monkeypatch):
     """Run repartition's Ray stages serially in this process; count full parquet reads."""
     from amflow.raycluster import _run_shard
     from amflow.storage import Storage
-    import tasks.repartition as rp
+    import amflow.steps.repartition as rp
 
     def serial(ctx, jobs, fn, **_):
         return [ctx.shard_done(sid) or _run_shard(fn, ctx, sid, payload) for sid, payload in jobs]
@@ -194,7 +194,7 @@ def test_shuffle_reads_each_input_once_and_keeps_rejects(tmp_path, local_cfg, ra
 
 def test_shuffle_resumes_after_a_crash_and_rebuilds_a_lost_partition(
         tmp_path, local_cfg, ray_local, serial_shuffle, monkeypatch):
-    import tasks.repartition as rp
+    import amflow.steps.repartition as rp
 
     cfg, store = _feature_setup(tmp_path, local_cfg, ray_local)
     _with_targets(store, "m")

@@ -197,7 +197,7 @@ def test_shard_speakers_balanced():
 
 def test_select_step(tmp_path, local_cfg):
     from amflow.runs import StepContext
-    from tasks import select
+    from amflow.steps import select
 
     info = make_corpus(tmp_path / "corpus", speakers=6, utts=3, labeled=2, dev=1, bad=True,
                        with_split=True)
@@ -233,7 +233,7 @@ def test_select_step(tmp_path, local_cfg):
 
 def test_select_infers_split_and_samples_hours(tmp_path, local_cfg):
     from amflow.runs import StepContext
-    from tasks import select
+    from amflow.steps import select
 
     make_corpus(tmp_path / "corpus", speakers=8, utts=4, labeled=3, with_split=False)
     cfg = local_cfg(f"data.corpus={tmp_path / 'corpus'}", "select.hours=0.004",

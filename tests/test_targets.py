@@ -9,6 +9,7 @@ import torch
 
 from amflow.records import FEATURE_SCHEMA, decode_topk, encode_feats
 from amflow.runs import StepContext
+from amflow.steps import targets as targets_step
 from tasks import targets as T
 from tests.conftest import ROOT, amflow_bin
 from training.checkpoint import load_model, save_model
@@ -48,7 +49,7 @@ def _make_run(cfg, run_id: str, shards: int = 3, utts: int = 6) -> StepContext:
 def test_targets_cover_every_row_and_rerun_is_noop(local_cfg, ray_local):
     cfg = local_cfg("targets.k=4", "targets.actors=2", "targets.fidelity_sample_frames=500")
     feats = _make_run(cfg, "r1")
-    summary = T.run(StepContext(cfg, "r1", "targets"))
+    summary = targets_step.run(StepContext(cfg, "r1", "targets"))
     assert summary["counts"] == {"in": 18, "out": 18, "rejected": 0}
     fid = summary["metrics"]["fidelity"]
     assert set(fid) == {"1", "5"} and fid["5"]["mass_kept"] > fid["1"]["mass_kept"]
@@ -74,7 +75,7 @@ def test_targets_cover_every_row_and_rerun_is_noop(local_cfg, ray_local):
     assert feats.storage.exists(feats.other("targets", "_SUCCESS.json"))
     # re-run: every shard skipped, same outputs
     before = feats.storage.read_bytes(feats.other("targets", "shards", "unlabeled-00000.parquet"))
-    again = T.run(StepContext(cfg, "r1", "targets"))
+    again = targets_step.run(StepContext(cfg, "r1", "targets"))
     assert again["metrics"]["shards_skipped"] == 3 and again["counts"] == summary["counts"]
     assert feats.storage.read_bytes(
         feats.other("targets", "shards", "unlabeled-00000.parquet")) == before
@@ -84,12 +85,12 @@ def test_targets_cover_every_row_and_rerun_is_noop(local_cfg, ray_local):
 def test_targets_killed_half_way_finishes_the_rest(local_cfg, ray_local):
     cfg = local_cfg("targets.k=3")
     feats = _make_run(cfg, "r2")
-    T.run(StepContext(cfg, "r2", "targets"))
+    targets_step.run(StepContext(cfg, "r2", "targets"))
     # simulate a kill after one shard: drop two shards' markers and outputs
     for s in ("unlabeled-00001", "unlabeled-00002"):
         feats.storage.delete(feats.other("targets", "_shards", f"{s}.json"))
         feats.storage.delete(feats.other("targets", "shards", f"{s}.parquet"))
-    again = T.run(StepContext(cfg, "r2", "targets"))
+    again = targets_step.run(StepContext(cfg, "r2", "targets"))
     assert again["metrics"]["shards_skipped"] == 1
     assert again["counts"] == {"in": 18, "out": 18, "rejected": 0}
 
@@ -122,4 +123,4 @@ def test_missing_teacher_is_a_clear_error(local_cfg):
     cfg = local_cfg("targets.teacher=/nonexistent/model.pt")
     _make_run(cfg, "r3")
     with pytest.raises(StepError, match="teacher checkpoint not found"):
-        T.run(StepContext(cfg, "r3", "targets"))
+        targets_step.run(StepContext(cfg, "r3", "targets"))

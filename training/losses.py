@@ -23,6 +23,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from amflow.soft_targets import teacher_log_probs  # noqa: F401  (re-exported: tests, callers)
+
 IGNORE = -100
 
 
@@ -61,16 +63,6 @@ def teacher_log_normaliser(topk_logit: torch.Tensor, num_classes: int, fill: flo
         rest = torch.full_like(t[..., :1], fill / temperature + math.log(num_classes - k))
         t = torch.cat([t, rest], dim=-1)
     return torch.logsumexp(t, dim=-1)
-
-
-def teacher_log_probs(topk_idx: torch.Tensor, topk_logit: torch.Tensor, num_classes: int,
-                      fill: float, temperature: float = 1.0) -> torch.Tensor:
-    """log of the full rebuilt teacher distribution [..., C]: the top-k logits in place,
-    every other logit `fill` (for tests, inspection and the targets fidelity report)."""
-    full = torch.full((*topk_idx.shape[:-1], num_classes), float(fill),
-                      dtype=torch.float32, device=topk_logit.device)
-    full.scatter_(-1, topk_idx.long(), topk_logit.float())
-    return torch.log_softmax(full / temperature, dim=-1)
 
 
 def teacher_probs(topk_idx: torch.Tensor, topk_logit: torch.Tensor, num_classes: int,

@@ -1,8 +1,4 @@
-"""`amflow bench <what>`: each benchmark lives in `bench/<what>.py` as `run(ctx, args) -> dict`.
-
-Benchmarks measure competitors side by side in one run and print ratios, never absolute
-times against thresholds. Results go to `runs/<run-id>/bench/<what>.json`.
-"""
+"""`amflow bench`: the step's `run`, resolving inputs through the run layout and calling `bench.cli`."""
 from __future__ import annotations
 
 import importlib

@@ -1,0 +1,17 @@
+"""`amflow corpus`: synthesise the embedded espeak-ng corpus (`tasks.corpus.build_corpus`)."""
+from __future__ import annotations
+
+from typing import Any
+
+from amflow.config import Config
+from tasks.corpus import build_corpus
+
+
+def run(cfg: Any, args: Any) -> dict:
+    """CLI entry: `amflow corpus --config C --out URI [--force]`."""
+    force = bool(getattr(args, "force", False))
+    if not isinstance(cfg, Config):  # called with a StepContext when --run-id is given
+        force = force or bool(getattr(cfg, "force", False))
+        cfg = cfg.cfg
+    out = getattr(args, "out", None) or cfg.data.corpus
+    return build_corpus(cfg, out, force=force, use_ray=True)

@@ -1,0 +1,94 @@
+"""`amflow report`: the demo report of a run (Table II per condition, curves, timings).
+
+Finds the evaluations and decodes of the teacher/baseline run and the SSL run through the
+run layout (`step_dir_name` for the tagged ones); the tables and plots live in `tasks.report`.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from amflow.runs import StepContext, StepError, step_dir_name
+from amflow.storage import join
+from tasks.report import (CONDITIONS, bar_png, curves_png, pct, read_json_or_none, run_steps,
+                          render_steps, render_table_ii, sequence_section,
+                          sequence_wer_table, table_ii, wer_section, wer_table)
+
+
+def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
+    rc = ctx.cfg.report
+    teacher_run = rc.teacher_run or ctx.run_id
+    root = join(ctx.cfg.storage.root, "runs")
+    evals = {
+        "teacher": rc.teacher_eval or _result(root, teacher_run, "evaluate", "teacher"),
+        "baseline": rc.baseline_eval or _result(root, teacher_run, "evaluate", "baseline"),
+        "ssl": rc.ssl_eval or _result(root, ctx.run_id, "evaluate"),
+    }
+    loaded = {k: read_json_or_none(ctx, v) for k, v in evals.items()}
+    missing = [f"{k} ({evals[k]})" for k, v in loaded.items() if v is None]
+    if loaded["baseline"] is None or loaded["ssl"] is None:
+        raise StepError("report needs the baseline and SSL evaluations; missing: "
+                        + ", ".join(missing))
+    rows = table_ii(loaded["teacher"] or {}, loaded["baseline"], loaded["ssl"])
+    decodes = {
+        "teacher": _result(root, teacher_run, "decode", "teacher"),
+        "baseline": _result(root, teacher_run, "decode", "baseline"),
+        "ssl": _result(root, ctx.run_id, "decode")}
+    decoded = {k: read_json_or_none(ctx, v) for k, v in decodes.items()}
+    wer_rows = (wer_table(decoded["teacher"], decoded["baseline"], decoded["ssl"])
+                if decoded["baseline"] and decoded["ssl"] else [])
+    seq_decodes = {
+        "teacher": _result(root, teacher_run, "decode-sequence", "teacher"),
+        "baseline": _result(root, teacher_run, "decode-sequence", "baseline"),
+        "ssl": _result(root, ctx.run_id, "decode-sequence")}
+    seq_decoded = {k: read_json_or_none(ctx, v) for k, v in seq_decodes.items()}
+    seq_rows = (sequence_wer_table(decoded, seq_decoded)
+                if any(seq_decoded.values()) else [])
+    runs = [teacher_run] if teacher_run == ctx.run_id else [teacher_run, ctx.run_id]
+    steps = [s for r in runs for s in run_steps(ctx, r)]
+
+    parts = ["# amflow report", "",
+             f"Runs: teacher/baseline `{teacher_run}`, SSL student `{ctx.run_id}`. "
+             "Frame accuracy (FA) and phone error rate (PER, greedy collapse of frame outputs) "
+             "on the test split (speakers unseen in training), per far-field condition.", ""]
+    if wer_rows:
+        parts += wer_section(wer_rows, decoded["ssl"])
+    if seq_rows:
+        parts += sequence_section(seq_rows)
+    parts += ["## Frame accuracy and phone error rate (cf. Table II)", "",
+              render_table_ii(rows), "", "![frame accuracy](accuracy.png)", ""]
+    gains = [r["rel_fer_reduction"] for r in rows if r["condition"] in CONDITIONS[1:]]
+    if gains:
+        parts += [f"SSL relative frame-error reduction in DP2..DP5: min {pct(min(gains))} %, "
+                  f"max {pct(max(gains))} %.", ""]
+    curves = curves_png(ctx, {
+        "teacher": join(root, teacher_run, step_dir_name("train", "teacher"), "metrics.jsonl"),
+        "baseline": join(root, teacher_run, step_dir_name("train", "baseline"), "metrics.jsonl"),
+        "SSL student": join(root, ctx.run_id, "train", "metrics.jsonl")})
+    if curves:
+        ctx.storage.write_bytes(ctx.path("learning_curves.png"), curves)
+        parts += ["## Learning curves", "", "![learning curves](learning_curves.png)", ""]
+    for title, rel in [("Distributed trainers (cf. Table I)", "bench/trainers.md"),
+                       ("Scaling simulator (cf. HTM paper Table 1)", "simulate/table.md")]:
+        for r in runs:
+            uri = join(root, r, rel)
+            if ctx.storage.exists(uri):
+                parts += [f"## {title}", "", ctx.storage.read_text(uri), ""]
+                break
+    parts += ["## Steps: timings, throughput, storage", "", render_steps(steps), ""]
+    ctx.storage.write_bytes(ctx.path("accuracy.png"), bar_png(rows))
+    md = "\n".join(parts)
+    ctx.storage.write_text(ctx.path("report.md"), md)
+    ctx.storage.write_json(ctx.path("report.json"), {"table_ii": rows, "table_ii_wer": wer_rows,
+                                                     "table_ii_wer_sequence": seq_rows,
+                                                     "evaluations": evals, "decodes": decodes,
+                                                     "sequence_decodes": seq_decodes,
+                                                     "steps": steps})
+    print(md)
+    metrics = {"table_ii": rows, "table_ii_wer": wer_rows, "table_ii_wer_sequence": seq_rows,
+               "report": ctx.path("report.md")}
+    return ctx.finish(inputs=evals, counts={"in": len(rows), "out": len(rows)}, metrics=metrics)
+
+
+def _result(root: str, run_id: str, step: str, tag: str = "") -> str:
+    """The result.json of a (tagged) step of a run."""
+    return join(root, run_id, step_dir_name(step, tag), "result.json")

@@ -1,0 +1,90 @@
+"""`amflow targets`: the teacher labels the run's features on a pool of Ray actors.
+
+Resolves the teacher (targets.teacher or this run's train/model.pt) and the feature shards
+through the run layout; scoring and top-k live in `tasks.targets.TargetActor`.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import ray
+
+from amflow.placement import gpus_per_actor
+from amflow.progress import Progress
+from amflow.raycluster import init_ray, step_resources
+from amflow.runs import StepContext, StepError
+from tasks.targets import (TargetActor, feature_shards, print_fidelity, summarise_fidelity,
+                          teacher_uri)
+
+
+def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
+    feats_summary = ctx.require("features")
+    model_uri = teacher_uri(ctx)
+    if not ctx.storage.exists(model_uri):
+        raise StepError(f"teacher checkpoint not found at {model_uri}: set targets.teacher "
+                        "to a model.pt URI (e.g. from the teacher DAG)")
+    shards = feature_shards(ctx)
+    done = {s: d for s in shards if (d := ctx.shard_done(s)) is not None}
+    todo = [s for s in shards if s not in done]
+    tc = ctx.cfg.targets
+    actor_info: list[dict] = []
+    stats = list(done.values())
+    t_start = time.perf_counter()
+    t0 = t_start  # scoring starts once the actors hold the teacher
+    if todo:
+        init_ray(ctx.cfg)
+        n_actors = max(1, min(tc.actors, len(todo)))
+        opts: dict[str, Any] = {"num_cpus": tc.threads_per_actor, "max_restarts": 2,
+                                "max_task_retries": 2}
+        if gpus := gpus_per_actor(ctx.cfg, ray.cluster_resources().get("GPU", 0)):
+            opts["num_gpus"] = gpus
+        if res := step_resources(ctx.cfg, "targets"):
+            opts["resources"] = res
+        actor_cls = ray.remote(TargetActor).options(**opts)
+        actors = [actor_cls.remote(ctx, model_uri) for _ in range(n_actors)]
+        actor_info = ray.get([a.ready.remote() for a in actors])
+        t0 = time.perf_counter()
+        queue = list(todo)
+        # The fidelity sample is a budget for the whole step, spread over the shards: the
+        # full softmax per k costs more than scoring itself.
+        fid_frames = -(-tc.fidelity_sample_frames // len(todo))
+        pending: dict[Any, Any] = {}
+        for a in actors:
+            if queue:
+                pending[a.score_shard.remote(queue.pop(0), fid_frames)] = a
+        with Progress(len(todo), "targets", "shards") as bar:
+            frames = 0
+            while pending:
+                ready, _ = ray.wait(list(pending), num_returns=1)
+                for ref in ready:
+                    actor = pending.pop(ref)
+                    s = ray.get(ref)
+                    stats.append(s)
+                    frames += s["frames"]
+                    bar.update(1, frames_per_s=frames / (time.perf_counter() - t0))
+                    if queue:
+                        pending[actor.score_shard.remote(queue.pop(0), fid_frames)] = actor
+        for a in actors:
+            ray.kill(a)
+    wall = time.perf_counter() - t0
+    startup = t0 - t_start
+    fid = summarise_fidelity(p for s in stats for p in s.get("fidelity", []))
+    total_frames = sum(s["frames"] for s in stats)
+    fresh_frames = sum(s["frames"] for s in stats if s["shard"] in todo)
+    audio_hours = total_frames * 0.03 / 3600.0
+    nbytes = sum(s["bytes"] for s in stats)
+    print_fidelity(fid, tc.k)
+    metrics = {
+        "frames": total_frames, "k": tc.k, "actors": actor_info,
+        # steady-state throughput; Ray and actor start-up (a fixed cost) is reported apart
+        "frames_per_s": round(fresh_frames / wall, 1) if todo and wall > 0 else None,
+        "scoring_s": round(wall, 2), "startup_s": round(startup, 2),
+        "shards": len(shards), "shards_skipped": len(done),
+        "bytes_per_audio_hour": round(nbytes / audio_hours) if audio_hours else None,
+        "fidelity": fid,
+    }
+    counts = {"in": sum(s["in"] for s in stats), "out": sum(s["out"] for s in stats),
+              "rejected": sum(s["rejected"] for s in stats)}
+    return ctx.finish(inputs={"features": feats_summary["uri"], "teacher": model_uri},
+                      counts=counts, metrics=metrics, bytes_written=nbytes)
