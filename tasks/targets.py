@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -25,7 +25,6 @@ from amflow.model_card import ModelCard
 from amflow.records import TARGET_SCHEMA, decode_feats, encode_topk, load_cmvn
 from amflow.runs import Reject, StepContext, StepError, rejects_table
 from amflow.soft_targets import teacher_log_probs
-from training.checkpoint import load_model  # a pure model-loading need
 
 log = logging.getLogger(__name__)
 
@@ -205,10 +204,15 @@ def teacher_uri(ctx: StepContext) -> str:
     return ctx.cfg.targets.teacher or ctx.other("train", "model.pt")
 
 
+# (storage, model uri) -> (model in eval mode, model-file metadata): training.checkpoint's
+# load_model, handed in by the step so that this data-pipeline layer never imports training/.
+ModelLoader = Callable[[Any, str], tuple[torch.nn.Module, dict[str, Any]]]
+
+
 class TargetActor:
     """One teacher per actor; scores whole shards and publishes their outputs."""
 
-    def __init__(self, ctx: StepContext, model_uri: str):
+    def __init__(self, ctx: StepContext, model_uri: str, load_model: ModelLoader):
         tc = ctx.cfg.targets
         torch.set_num_threads(tc.threads_per_actor)
         device = resolve_device(tc.device)

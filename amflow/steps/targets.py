@@ -16,6 +16,7 @@ from amflow.raycluster import init_ray, step_resources
 from amflow.runs import StepContext, StepError
 from tasks.targets import (TargetActor, feature_shards, print_fidelity, summarise_fidelity,
                           teacher_uri)
+from training.checkpoint import load_model
 
 
 def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
@@ -42,7 +43,7 @@ def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
         if res := step_resources(ctx.cfg, "targets"):
             opts["resources"] = res
         actor_cls = ray.remote(TargetActor).options(**opts)
-        actors = [actor_cls.remote(ctx, model_uri) for _ in range(n_actors)]
+        actors = [actor_cls.remote(ctx, model_uri, load_model) for _ in range(n_actors)]
         actor_info = ray.get([a.ready.remote() for a in actors])
         t0 = time.perf_counter()
         queue = list(todo)

@@ -37,8 +37,9 @@ from amflow.runs import ConservationError, Reject, StepError, rejects_table
 from amflow.storage import Storage, join
 # The OOV check must split and case words exactly as `amflow decode` and `amflow lm` do:
 # pure text functions, no model.
-from decoding.lexicon import LexiconError, read_lexicon, words_of
-from tasks.importers import kaldi, lhotse
+from tasks.speech.lexicon import LexiconError, read_lexicon, words_of
+import tasks.importers.kaldi as kaldi
+import tasks.importers.lhotse as lhotse
 from tasks.importers.audio import Cut, read_recording
 from tasks.importers.entries import Entry, Parsed, read_manifest
 
