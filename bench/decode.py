@@ -52,7 +52,7 @@ def run(ctx: StepContext, args: Any) -> dict[str, Any]:
     from decoding.priors import model_counts
     from decoding.search import Searcher, acoustic_scores, log_priors, oracle_log_posteriors
     from tasks.alignments import read_ctm
-    from training.checkpoint import load_model
+    from training.checkpoint import load_model_card
     from training.loop import dataclass_from_dict
 
     torch.set_num_threads(1)
@@ -61,13 +61,14 @@ def run(ctx: StepContext, args: Any) -> dict[str, Any]:
     model_uri = getattr(args, "model", None) or ctx.other("train", "model.pt")
     if not st.exists(model_uri):
         raise StepError(f"model {model_uri} not found (pass --model)")
-    model, meta = load_model(st, model_uri)
-    phones = list(meta["phones"])
+    model, card = load_model_card(st, model_uri)
+    meta = card.to_meta()
+    phones = list(card.phones)
     lex, lex_text, _ = D.load_lexicon(ctx, corpus)
     arpa, _ = D.load_lm(ctx)
     graph_dir, graph_info = D.ensure_graph(ctx, lex, lex_text, arpa, phones)
     graph = read_graph(graph_dir)
-    counts, _ = model_counts(st, meta, model_uri, len(phones))
+    counts, _ = model_counts(st, card, model_uri, len(phones))
     prior = log_priors(counts)
     run_dir, train_dir = model_uri.rsplit("/", 2)[:2]
     tuned = join(run_dir, train_dir.replace("train", "decode", 1), "result.json")
@@ -95,7 +96,7 @@ def run(ctx: StepContext, args: Any) -> dict[str, Any]:
                      "search_over_forward": search_s / forward_s,
                      "model_wer": wer["wer"], "model_per_condition": wer["per_condition"]})
 
-    fcfg = dataclass_from_dict(FeaturesConfig, meta.get("features") or {})
+    fcfg = dataclass_from_dict(FeaturesConfig, card.features)
     aligns, _ = read_ctm(st.read_text(join(corpus, "alignments.ctm")))
     ids = {p: i for i, p in enumerate(phones)}
     uniform = log_priors(np.ones(len(phones)))

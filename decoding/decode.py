@@ -36,6 +36,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from amflow.model_card import ModelCard
 from amflow.progress import Progress
 from amflow.runs import Reject, StepContext, StepError, rejects_table
 from amflow.storage import join
@@ -344,7 +345,8 @@ def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
     arpa, lm_uri = load_lm(ctx)
     graph_dir, graph_info = ensure_graph(ctx, lex, lex_text, arpa, phones)
     try:
-        counts, prior_source = model_counts(st, meta, model_uri, len(phones))
+        counts, prior_source = model_counts(st, ModelCard.from_meta(meta, model_uri), model_uri,
+                                            len(phones))
     except ValueError as exc:
         raise StepError(str(exc)) from exc
     recs, rejects = split_records(ctx, corpus, split)

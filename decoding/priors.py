@@ -1,58 +1,23 @@
-"""Class priors for hybrid decoding, from the training targets, stored with the model.
+"""Class priors for hybrid decoding, read from the model's card.
 
-    class_counts(storage, partition_uris, num_classes) -> float64 [C]
-        hard labels counted; soft top-k targets added as their softmax mass
-    attach_priors(storage, model_uri, counts)   writes `priors` (counts) into model.pt
-    model_counts(storage, meta, model_uri) -> (counts, source)
-        the model's stored counts; for a model trained before priors were stored, the
-        same count over its run's training partitions (runs/<R>/repartition)
+    model_counts(storage, card, model_uri, num_classes) -> (counts, source)
+        the model's stored counts (training/priors.py wrote them); for a model trained
+        before priors were stored, the same count over its run's training partitions
+        (runs/<R>/repartition)
 """
 from __future__ import annotations
 
-from typing import Sequence
-
 import numpy as np
+
+from amflow.model_card import ModelCard
+from training.data import partition_uris
+from training.priors import class_counts
 
 TRAIN_SPLITS = ("labeled", "unlabeled")
 
 
-def class_counts(storage, uris: Sequence[str], num_classes: int) -> np.ndarray:
-    from training.data import _schema_names
-
-    counts = np.zeros(num_classes, np.float64)
-    for uri in uris:
-        wanted = [c for c in ("labels", "k", "topk_idx", "topk_logit")
-                  if c in _schema_names(storage, uri)]
-        table = storage.read_parquet(uri, columns=wanted)  # not the features
-        names = set(table.column_names)
-        labels = table.column("labels").to_pylist() if "labels" in names else [None] * table.num_rows
-        k = table.column("k").to_pylist() if "k" in names else [None] * table.num_rows
-        ti = table.column("topk_idx").to_pylist() if "topk_idx" in names else [None] * table.num_rows
-        tv = table.column("topk_logit").to_pylist() if "topk_logit" in names else [None] * table.num_rows
-        for lab, kk, idx, val in zip(labels, k, ti, tv):
-            if lab:
-                counts += np.bincount(np.frombuffer(lab, np.int16), minlength=num_classes)[:num_classes]
-            elif idx and kk:
-                i = np.frombuffer(idx, np.int16).reshape(-1, kk).astype(np.int64)
-                v = np.frombuffer(val, np.float16).reshape(-1, kk).astype(np.float64)
-                p = np.exp(v - v.max(1, keepdims=True))
-                p /= p.sum(1, keepdims=True)
-                np.add.at(counts, i.ravel(), p.ravel())
-    return counts
-
-
-def attach_priors(storage, model_uri: str, counts: np.ndarray, source: str) -> None:
-    from training.checkpoint import from_bytes, to_bytes
-
-    payload = from_bytes(storage.read_bytes(model_uri), weights_only=True)
-    payload["priors"] = {"counts": [float(c) for c in counts], "source": source}
-    storage.write_bytes(model_uri, to_bytes(payload))
-
-
 def run_partitions(storage, model_uri: str) -> list[str]:
     """Training partitions of the run a model file lives in (…/runs/<R>/<train>/model.pt)."""
-    from training.data import partition_uris
-
     run = model_uri.rsplit("/", 2)[0]
     uris: list[str] = []
     for split in TRAIN_SPLITS:
@@ -60,8 +25,9 @@ def run_partitions(storage, model_uri: str) -> list[str]:
     return uris
 
 
-def model_counts(storage, meta: dict, model_uri: str, num_classes: int) -> tuple[np.ndarray, str]:
-    stored = meta.get("priors") or {}
+def model_counts(storage, card: ModelCard, model_uri: str, num_classes: int
+                 ) -> tuple[np.ndarray, str]:
+    stored = card.priors or {}
     if stored.get("counts"):
         return np.asarray(stored["counts"], np.float64), stored.get("source", "model")
     uris = run_partitions(storage, model_uri)

@@ -47,22 +47,22 @@ def load_assets(ctx, model_uri: str) -> dict[str, Any]:
     from decoding import decode as D
     from decoding.priors import model_counts
     from decoding.search import log_priors
-    from training.checkpoint import model_from_bytes
+    from training.checkpoint import card_from_bytes
 
     st, cfg = ctx.storage, ctx.cfg
     if not st.exists(model_uri):
         raise StepError(f"model {model_uri} not found")
     data = st.read_bytes(model_uri)
-    _, meta = model_from_bytes(data, model_uri)
-    if meta["spec"]["kind"] != "student":
-        raise StepError(f"{model_uri} is a {meta['spec']['kind']}: only a student "
+    _, card = card_from_bytes(data, model_uri)
+    if card.kind != "student":
+        raise StepError(f"{model_uri} is a {card.kind}: only a student "
                         "(unidirectional LSTM with look-ahead) can stream")
-    phones = list(meta["phones"])
+    phones = list(card.phones)
     lex, lex_text, lex_uri = D.load_lexicon(ctx, cfg.data.corpus)
     D._check_phones(lex, phones, lex_uri, model_uri)
     arpa, _ = D.load_lm(ctx)
     graph_dir, info = D.ensure_graph(ctx, lex, lex_text, arpa, phones)
-    counts, _ = model_counts(st, meta, model_uri, len(phones))
+    counts, _ = model_counts(st, card, model_uri, len(phones))
     sc, dc = cfg.serve, cfg.decode
     acwt, acwt_from = tuned_acwt(ctx)
     graph = {n: Path(graph_dir, n).read_bytes() for n in GRAPH_FILES}

@@ -180,7 +180,7 @@ def test_priors_from_hard_labels_and_soft_targets(tmp_path):
 
     from amflow.config import StorageConfig
     from amflow.storage import Storage
-    from decoding.priors import class_counts
+    from training.priors import class_counts
 
     st = Storage(StorageConfig(root=str(tmp_path)))
     hard = np.array([0, 1, 1, 2], np.int16).tobytes()

@@ -158,8 +158,8 @@ def _clear(ctx: StepContext) -> None:
 
 def _store_priors(ctx: StepContext, plan: dict[str, Any], model_uri: str) -> None:
     """Class priors (for hybrid decoding: posterior / prior) counted over the training
-    targets the model saw, stored in model.pt (decoding/priors.py)."""
-    from decoding.priors import attach_priors, class_counts
+    targets the model saw, stored in model.pt (training/priors.py)."""
+    from training.priors import attach_priors, class_counts
 
     uris = [u for kind, us in plan["splits"].items() if kind != "dev" for u in us]
     counts = class_counts(ctx.storage, uris, int(plan["num_classes"]))
