@@ -8,6 +8,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from amflow.model_card import ModelCard
 from decoding import graph as G
 from decoding import lexicon as L
 from decoding import lm
@@ -159,10 +160,10 @@ def test_espeak_lexicon_splits_groups_and_learns_linking():
 # ----------------------------------------------------------------- the step's inputs
 def test_decode_rejects_a_model_whose_classes_miss_lexicon_phones():
     from amflow.runs import StepError
-    from decoding.decode import _check_phones
+    from decoding.assets import check_phones
 
     with pytest.raises(StepError, match=r"no class for: \['k', 's'\]"):
-        _check_phones(L.read_lexicon(LEXICON), ["a", "b", "t", "sil"], "lex.txt", "m.pt")
+        check_phones(L.read_lexicon(LEXICON), ["a", "b", "t", "sil"], "lex.txt", "m.pt")
 
 
 def test_score_hyps_counts_oov_reference_words():
@@ -259,8 +260,8 @@ def test_featurize_rejects_an_utterance_without_audio(tmp_path):
     missing.unlink()
     st = Storage(StorageConfig(root=str(tmp_path)))
     records, _, _ = read_records(st, str(tmp_path / "corpus"))
-    meta = {"features": {}, "cmvn": None, "spec": {"input_dim": 192}}
-    feats, rejects, audio_s = featurize(st, str(tmp_path / "corpus"), records, meta)
+    card = ModelCard(spec={"input_dim": 192}, features={}, cmvn=None)
+    feats, rejects, audio_s = featurize(st, str(tmp_path / "corpus"), records, card)
     assert [r.utt_id for r in rejects] == ["spk0_00_u01"] and rejects[0].reason
     assert len(feats) == 3 and all(x.shape[1] == 192 for _, x in feats) and audio_s > 0
 
