@@ -832,7 +832,7 @@ def ensure_lexicon(cfg: Config, storage: Storage, out: str, use_ray: bool = True
     """Write lexicon.txt (and its check, lexicon.json) unless the corpus has them."""
     if storage.exists(join(out, LEXICON)) and storage.exists(join(out, LEXICON_REPORT)):
         return storage.read_json(join(out, LEXICON_REPORT))
-    from decoding import lexicon as lx
+    from tasks.speech import lexicon as lx
     from tasks.speech import espeak
 
     t0 = time.time()
@@ -865,7 +865,7 @@ def ensure_lexicon(cfg: Config, storage: Storage, out: str, use_ray: bool = True
 
 
 def _said_groups(cfg: Config, requests: list, use_ray: bool) -> list:
-    from decoding import lexicon as lx
+    from tasks.speech import lexicon as lx
 
     if not use_ray:
         return lx.said_groups_many(requests)
@@ -881,7 +881,7 @@ def _said_groups(cfg: Config, requests: list, use_ray: bool) -> list:
 
 def _lexicon_check(storage: Storage, out: str, lex) -> dict:
     """Per aligned split: the share of utterances whose aligned phones the lexicon spells."""
-    from decoding import lexicon as lx
+    from tasks.speech import lexicon as lx
     from tasks.alignments import read_ctm
     from tasks.select import MetadataError, metadata_files, parse_metadata_line
 
