@@ -1,4 +1,5 @@
-"""`amflow decode`: a model to words on a corpus split; WER per condition.
+"""The decode library behind `amflow decode` (the step: amflow/steps/decode.py; the
+decoder's inputs: decoding/assets.py): a model to words on a corpus split; WER per condition.
 
     amflow decode --model M [--data CORPUS] [--split test] [--out FILE] --run-id R
 
@@ -8,7 +9,7 @@ Reads   --model   model.pt (default: runs/<R>/train[-<decode.tag>]/model.pt): CM
         --data    a corpus in the input format (default data.corpus): transcripts (`text`)
                   and audio of the records of --split and of decode.tune_split
         data.lexicon (default <corpus>/lexicon.txt) and decode.lm (default runs/<R>/lm/
-                  lm.arpa, estimated first with `amflow lm`'s settings when missing)
+                  lm.arpa, written by `amflow lm --run-id R`; a clear error when missing)
 Writes  --out     JSON (default runs/<R>/decode[-<tag>]/result.json): wer, ser, sub/del/ins,
                   per_condition {DP1..: WER}, per_condition_ser, acwt (tuned on
                   decode.tune_split), tuning [{acwt, wer}], rtf, oov, rejected, graph
