@@ -149,19 +149,19 @@ STEPS: dict[str, Step] = {
         writes="--out JSON (frame_accuracy, per_condition, num_frames, per), _SUCCESS.json",
         add_args=_evaluate_args),
     "lm": Step(
-        "decoding.lm:run", "estimate a word n-gram LM (interpolated Kneser-Ney), ARPA",
+        "amflow.steps.lm:run", "estimate a word n-gram LM (interpolated Kneser-Ney), ARPA",
         reads="lm.* (sentences from the text generator), data.lexicon or <corpus>/lexicon.txt "
               "(vocabulary), the corpus's dev/test transcripts (perplexity only)",
         writes="runs/<id>/lm/lm.arpa, _SUCCESS.json (perplexity, OOV rate)"),
     "decode": Step(
-        "decoding.decode:run", "decode a model to words with H o L o G; WER per condition",
+        "amflow.steps.decode:run", "decode a model to words with H o L o G; WER per condition",
         reads="--model checkpoint (priors, CMVN, phones), --data corpus (transcripts, audio), "
               "data.lexicon or <corpus>/lexicon.txt, decode.lm or runs/<id>/lm/lm.arpa",
         writes="--out JSON (wer, per_condition, ser, acwt, rtf), runs/<id>/decode[-<tag>]/"
                "hyps.jsonl, hyps.parquet, tuning.json, _SUCCESS.json; runs/<id>/graph/<key>/",
         add_args=_decode_args),
     "serve": Step(
-        "serving.app:run", "serve a student as a streaming recognizer (Ray Serve, WebSocket)",
+        "amflow.steps.serve:run", "serve a student as a streaming recognizer (Ray Serve, WebSocket)",
         reads="--model student model.pt (CMVN, phones, priors), its run's decoding graph, "
               "lexicon and LM (as `amflow decode`), the acwt decode tuned (decode/result.json)",
         writes="nothing: serves the page at http://<serve.host>:<serve.port>/, the stream "

@@ -19,17 +19,27 @@ import time
 from typing import Any
 
 import numpy as np
-
+# torch is deferred to run(): `amflow bench --help` should not pay for it
+from amflow.config import FeaturesConfig
 from amflow.runs import StepContext, StepError
+from amflow.steps import decode as decode_step
+from amflow.storage import join
+from decoding import decode as D
+from decoding import wer as W
+from decoding.assets import DecoderAssets, tuned_acwt
+from decoding.graph import read_graph
+from decoding.lexicon import words_of
+from decoding.search import Searcher, acoustic_scores, log_priors, oracle_log_posteriors
+from tasks import alignments as al
+from tasks.alignments import read_ctm
+from tasks.fbank import FbankComputer
+from training.loop import dataclass_from_dict
 
 # The narrower search printed beside decode.beam's: the speed/accuracy trade in one run.
 FAST_BEAM, FAST_MAX_ACTIVE = 8.0, 1000
 
 
 def _oracle_rows(rec, aligns, ids, fcfg, num_rows: int) -> np.ndarray | None:
-    from tasks import alignments as al
-    from tasks.fbank import FbankComputer
-
     a = aligns.get(rec.utt_id)
     if a is None:
         return None
@@ -40,44 +50,10 @@ def _oracle_rows(rec, aligns, ids, fcfg, num_rows: int) -> np.ndarray | None:
     return None if fl is None else al.lfr_labels(fl, num_rows, fcfg.stack, fcfg.subsample)
 
 
-def run(ctx: StepContext, args: Any) -> dict[str, Any]:
-    import torch
-
-    from amflow.config import FeaturesConfig
-    from amflow.storage import join
-    from decoding import decode as D
-    from decoding import wer as W
-    from decoding.graph import read_graph
-    from decoding.lexicon import words_of
-    from decoding.priors import model_counts
-    from decoding.search import Searcher, acoustic_scores, log_priors, oracle_log_posteriors
-    from tasks.alignments import read_ctm
-    from training.checkpoint import load_model
-    from training.loop import dataclass_from_dict
-
-    torch.set_num_threads(1)
-    cfg, st = ctx.cfg, ctx.storage
-    corpus = getattr(args, "data", None) or cfg.data.corpus
-    model_uri = getattr(args, "model", None) or ctx.other("train", "model.pt")
-    if not st.exists(model_uri):
-        raise StepError(f"model {model_uri} not found (pass --model)")
-    model, meta = load_model(st, model_uri)
-    phones = list(meta["phones"])
-    lex, lex_text, _ = D.load_lexicon(ctx, corpus)
-    arpa, _ = D.load_lm(ctx)
-    graph_dir, graph_info = D.ensure_graph(ctx, lex, lex_text, arpa, phones)
-    graph = read_graph(graph_dir)
-    counts, _ = model_counts(st, meta, model_uri, len(phones))
-    prior = log_priors(counts)
-    run_dir, train_dir = model_uri.rsplit("/", 2)[:2]
-    tuned = join(run_dir, train_dir.replace("train", "decode", 1), "result.json")
-    acwt = st.read_json(tuned)["acwt"] if st.exists(tuned) else cfg.decode.acwt[0]
-    recs, _ = D.split_records(ctx, corpus, "test")
-    feats, _, audio_s = D.featurize(st, corpus, recs, meta)
-
-    t0 = time.process_time()
-    post = D.log_posteriors(model, [x for _, x in feats])
-    forward_s = time.process_time() - t0
+def _beams(a: DecoderAssets, feats, post, forward_s: float, audio_s: float, acwt: float,
+           cfg) -> tuple[list[dict], list, Searcher]:
+    """forward + search per beam (decode.beam's and the narrower one): speed and WER."""
+    graph, prior = read_graph(a.graph_dir), a.log_prior
     beams = [(cfg.decode.beam, cfg.decode.max_active)]
     if (FAST_BEAM, FAST_MAX_ACTIVE) != beams[0]:
         beams.append((FAST_BEAM, FAST_MAX_ACTIVE))
@@ -94,8 +70,13 @@ def run(ctx: StepContext, args: Any) -> dict[str, Any]:
                      "forward_plus_search_x_real_time": audio_s / (forward_s + search_s),
                      "search_over_forward": search_s / forward_s,
                      "model_wer": wer["wer"], "model_per_condition": wer["per_condition"]})
+    return rows, beams, searcher
 
-    fcfg = dataclass_from_dict(FeaturesConfig, meta.get("features") or {})
+
+def _oracle(st, corpus: str, a: DecoderAssets, feats, searcher: Searcher) -> list:
+    """The reference alignment's phones as posteriors through the same graph."""
+    phones = a.phones
+    fcfg = dataclass_from_dict(FeaturesConfig, a.card.features)
     aligns, _ = read_ctm(st.read_text(join(corpus, "alignments.ctm")))
     ids = {p: i for i, p in enumerate(phones)}
     uniform = log_priors(np.ones(len(phones)))
@@ -106,6 +87,31 @@ def run(ctx: StepContext, args: Any) -> dict[str, Any]:
             lp = oracle_log_posteriors(labels, len(phones))
             words = searcher.best_words(acoustic_scores(lp, uniform, 1.0))[0]
             oracle.append(W.score(words_of(r.text), words, r.condition))
+    return oracle
+
+
+def run(ctx: StepContext, args: Any) -> dict[str, Any]:
+    import torch
+
+    torch.set_num_threads(1)
+    cfg, st = ctx.cfg, ctx.storage
+    corpus = getattr(args, "data", None) or cfg.data.corpus
+    model_uri = getattr(args, "model", None) or ctx.other("train", "model.pt")
+    if not st.exists(model_uri):
+        raise StepError(f"model {model_uri} not found (pass --model)")
+    a = decode_step.load_assets(ctx, model_uri, corpus)
+    graph_info = a.graph_info
+    run_dir, train_dir = model_uri.rsplit("/", 2)[:2]
+    tuned = join(run_dir, train_dir.replace("train", "decode", 1), "result.json")
+    acwt, _ = tuned_acwt(st, tuned, cfg.decode.acwt[0])
+    recs, _ = D.split_records(ctx, corpus, "test")
+    feats, _, audio_s = D.featurize(st, corpus, recs, a.card)
+
+    t0 = time.process_time()
+    post = D.log_posteriors(a.model, [x for _, x in feats])
+    forward_s = time.process_time() - t0
+    rows, beams, searcher = _beams(a, feats, post, forward_s, audio_s, acwt, cfg)
+    oracle = _oracle(st, corpus, a, feats, searcher)
     oracle_wer = W.aggregate(oracle)
     frames = sum(len(p) for p in post)
     result = {

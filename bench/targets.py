@@ -24,6 +24,7 @@ import torch
 from amflow.records import decode_feats, load_cmvn
 from amflow.runs import StepContext, StepError
 from tasks import targets as T
+from training.checkpoint import load_model_card
 
 FRAME_S = 0.03  # one low-frame-rate row
 
@@ -49,8 +50,6 @@ def _parquet_bytes(table: pa.Table) -> int:
 
 
 def run(ctx: StepContext, args: Any) -> dict[str, Any]:
-    from training.checkpoint import load_model
-
     cfg = ctx.cfg
     if not ctx.storage.exists(ctx.other("features", "_SUCCESS.json")):
         raise StepError(f"bench targets needs run '{ctx.run_id}' with features (and a teacher "
@@ -66,8 +65,8 @@ def run(ctx: StepContext, args: Any) -> dict[str, Any]:
         pool32 = T.run(StepContext(cfg32, ctx.run_id, "bench/targets-pool-fp32", force=True))
         pool32_fps = pool32["metrics"]["frames_per_s"]
 
-    model, meta = load_model(ctx.storage, T.teacher_uri(ctx))
-    cmvn = meta.get("cmvn") or ctx.storage.read_json(ctx.other("features", "cmvn.json"))
+    model, card = load_model_card(ctx.storage, T.teacher_uri(ctx))
+    cmvn = card.cmvn or ctx.storage.read_json(ctx.other("features", "cmvn.json"))
     mean, inv_std = load_cmvn(cmvn)
     feats = []
     for shard in T.feature_shards(ctx):

@@ -23,6 +23,12 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
+import numpy as np
+
+from decoding.lexicon import read_lexicon, words_of
+from tasks.select import read_records
+from tasks.speech import text as T
+
 BOS, EOS, UNK = "<s>", "</s>", "<unk>"
 LOG10_ZERO = -99.0
 
@@ -239,11 +245,6 @@ _T_LM = 0x4C4D  # a text-generator key no corpus utterance uses ("LM")
 def generator_sentences(count: int, seed: int) -> list[list[str]]:
     """`count` sentences of the corpus text generator under a key no audio uses, 3-14
     words like the corpus's, as word lists."""
-    import numpy as np
-
-    from decoding.lexicon import words_of
-    from tasks.speech import text as T
-
     lengths = np.random.default_rng([seed & 0xFFFFFFFF, _T_LM]).integers(3, 15, size=count)
     return [words_of(T.sentence_for(seed, _T_LM, i, target_words=int(n)))
             for i, n in enumerate(lengths)]
@@ -251,65 +252,38 @@ def generator_sentences(count: int, seed: int) -> list[list[str]]:
 
 def split_transcripts(storage, corpus: str, split: str, records=None) -> list[list[str]]:
     """The word sequences of one split; `records`: the corpus's, if already read."""
-    from decoding.lexicon import words_of
-    from tasks.select import read_records
-
     if records is None:
         records, _, _ = read_records(storage, corpus)
     return [words_of(r.text) for r in records if r.split == split and r.text]
 
 
-def run(ctx, args=None) -> dict:
-    """`amflow lm`: estimate the word n-gram, write ARPA, report perplexity and OOVs."""
-    import functools
-    import time
-
-    from amflow.storage import join
-    from tasks.select import read_records
-
-    cfg, st = ctx.cfg, ctx.storage
-    lc = cfg.lm
-    if not ctx.force and st.exists(ctx.path("_SUCCESS.json")):
-        done = st.read_json(ctx.path("_SUCCESS.json"))
-        settings = {k: done.get("metrics", {}).get(k) for k in ("order", "min_count")}
-        if settings == {"order": lc.order, "min_count": lc.min_count} and \
-                done.get("metrics", {}).get("sentences_config") == [lc.sentences, lc.seed, lc.text_split]:
-            print(f"lm: {ctx.step_uri} already finished with these settings; --force redoes it")
-            return done
-    t0 = time.time()
-    # the corpus's records, read once for every split that needs them (on S3 each read
-    # is a round trip per metadata file)
-    records = functools.cache(lambda: read_records(st, cfg.data.corpus)[0])
+def lm_text(storage, lc, corpus: str, records=None) -> list[list[str]]:
+    """The LM's training sentences: lm.sentences from the text generator, plus the
+    transcripts of lm.text_split (`records`: a callable giving the corpus's records)."""
     text = generator_sentences(lc.sentences, lc.seed) if lc.sentences else []
     if lc.text_split:
-        text += split_transcripts(st, cfg.data.corpus, lc.text_split, records())
-    lexicon_uri = cfg.data.lexicon or join(cfg.data.corpus, "lexicon.txt")
-    vocab: set[str] = set()
-    if st.exists(lexicon_uri):
-        from decoding.lexicon import read_lexicon
+        text += split_transcripts(storage, corpus, lc.text_split, records() if records else None)
+    return text
 
-        vocab = set(read_lexicon(st.read_text(lexicon_uri)).prons)
-    model = estimate(text, lc.order, vocabulary=vocab, min_count=lc.min_count)
-    arpa_uri = ctx.path("lm.arpa")
-    st.write_text(arpa_uri, model.to_arpa())
+
+def lexicon_vocabulary(storage, lexicon_uri: str) -> set[str]:
+    """The lexicon's words (every one gets unigram mass), or none without a lexicon."""
+    return set(read_lexicon(storage.read_text(lexicon_uri)).prons) if storage.exists(lexicon_uri) else set()
+
+
+def dev_test_metrics(storage, corpus: str, model: NgramModel, text: list[list[str]],
+                     records=None) -> dict:
+    """Perplexity, OOV rate and how often a sentence is in the LM text, on dev and test."""
+    metrics: dict = {}
     seen = {" ".join(s) for s in text}
-    metrics: dict = {"order": lc.order, "min_count": lc.min_count,
-                     "sentences_config": [lc.sentences, lc.seed, lc.text_split], "sentences": len(text),
-                     "tokens": sum(len(s) for s in text), "vocabulary": len(model.vocabulary()),
-                     "ngrams": model.num_ngrams()}
-    has_corpus = st.exists(cfg.data.corpus)
+    has_corpus = storage.exists(corpus)
     for split in ("dev", "test"):
-        sents = split_transcripts(st, cfg.data.corpus, split, records()) if has_corpus else []
+        sents = split_transcripts(storage, corpus, split, records() if records else None) \
+            if has_corpus else []
         if sents:
             ppl = perplexity(model, sents)
             metrics[split] = {"perplexity": round(ppl["perplexity"], 3),
                               "oov_rate": ppl["oov_rate"], "sentences": len(sents),
                               # the generator's grammar repeats short commands: say how often
                               "seen_in_lm_text": sum(" ".join(s) in seen for s in sents) / len(sents)}
-    print(f"lm: {lc.order}-gram, {metrics['sentences']} sentences, n-grams "
-          f"{metrics['ngrams']}; " + "; ".join(
-              f"{s} perplexity {metrics[s]['perplexity']:.2f} OOV {100 * metrics[s]['oov_rate']:.2f} %"
-              for s in ("dev", "test") if s in metrics), flush=True)
-    return ctx.finish(inputs={"corpus": cfg.data.corpus, "lexicon": lexicon_uri},
-                      counts={"in": len(text), "out": len(text), "rejected": 0},
-                      metrics=metrics, extra={"lm": arpa_uri, "wall_s_estimate": round(time.time() - t0, 2)})
+    return metrics

@@ -18,7 +18,6 @@ num_gpus / resources) holds a serving.recognizer.Recognizer and one BatchDispatc
 # (ws: WebSocket) at runtime, and the Serve classes are defined inside build_app.
 
 import asyncio
-import json
 import logging
 import os
 import sys
@@ -27,58 +26,32 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
+from amflow.runs import StepError
+from decoding.assets import DecoderAssets
 from serving import protocol as P
 
 log = logging.getLogger(__name__)
 
 PAGE = Path(__file__).with_name("static") / "index.html"
-GRAPH_FILES = ("HLG.fst", "words.txt", "graph.json")
 SWITCH_INTERVAL_S = 0.001
 INGRESS_ENV = {"RAY_SERVE_ENABLE_DIRECT_INGRESS": "1", "RAY_SERVE_ENABLE_HA_PROXY": "1"}
 
 
 # ----------------------------------------------------------------- what a replica needs
-def load_assets(ctx, model_uri: str) -> dict[str, Any]:
+def replica_assets(decoder: DecoderAssets, serve_cfg, decode_cfg, acwt: float,
+                   acwt_from: str) -> dict[str, Any]:
     """Model bytes, graph files, log priors and search settings (read once by the driver,
-    shipped to every replica, so replicas on other nodes need no shared disk)."""
-    from amflow.runs import StepError
-    from decoding import decode as D
-    from decoding.priors import model_counts
-    from decoding.search import log_priors
-    from training.checkpoint import model_from_bytes
-
-    st, cfg = ctx.storage, ctx.cfg
-    if not st.exists(model_uri):
-        raise StepError(f"model {model_uri} not found")
-    data = st.read_bytes(model_uri)
-    _, meta = model_from_bytes(data, model_uri)
-    if meta["spec"]["kind"] != "student":
-        raise StepError(f"{model_uri} is a {meta['spec']['kind']}: only a student "
+    shipped to every replica, so replicas on other nodes need no shared disk). serve.acwt,
+    when set, wins over `acwt` (decoding.assets.tuned_acwt's)."""
+    if decoder.card.kind != "student":
+        raise StepError(f"{decoder.model_uri} is a {decoder.card.kind}: only a student "
                         "(unidirectional LSTM with look-ahead) can stream")
-    phones = list(meta["phones"])
-    lex, lex_text, lex_uri = D.load_lexicon(ctx, cfg.data.corpus)
-    D._check_phones(lex, phones, lex_uri, model_uri)
-    arpa, _ = D.load_lm(ctx)
-    graph_dir, info = D.ensure_graph(ctx, lex, lex_text, arpa, phones)
-    counts, _ = model_counts(st, meta, model_uri, len(phones))
-    sc, dc = cfg.serve, cfg.decode
-    acwt, acwt_from = tuned_acwt(ctx)
-    graph = {n: Path(graph_dir, n).read_bytes() for n in GRAPH_FILES}
-    return {"model": data, "model_uri": model_uri, "graph": graph, "graph_info": info,
-            "log_prior": log_priors(counts), "acwt": sc.acwt or acwt, "acwt_from":
+    sc, dc = serve_cfg, decode_cfg
+    return {"model": decoder.model_bytes, "model_uri": decoder.model_uri,
+            "graph": decoder.graph_bytes(), "graph_info": decoder.graph_info,
+            "log_prior": decoder.log_prior, "acwt": sc.acwt or acwt, "acwt_from":
             "serve.acwt" if sc.acwt else acwt_from, "beam": sc.beam or dc.beam,
             "max_active": sc.max_active or dc.max_active}
-
-
-def tuned_acwt(ctx) -> tuple[float, str]:
-    """The acwt `amflow decode` chose for this run (its result.json), else decode.acwt[0]."""
-    tag = ctx.cfg.decode.tag
-    uri = ctx.other(f"decode-{tag}" if tag else "decode", "result.json")
-    if ctx.storage.exists(uri):
-        return float(ctx.storage.read_json(uri)["acwt"]), uri
-    return ctx.cfg.decode.acwt[0], "decode.acwt[0]"
 
 
 def make_recognizer(assets: dict, scfg) -> Any:
@@ -278,41 +251,3 @@ def start(cfg, assets: dict) -> str:
     serve.start(http_options={"host": sc.host, "port": sc.port})
     serve.run(build_app(assets, sc), name=sc.app_name, route_prefix="/", blocking=False)
     return f"http://{sc.host}:{sc.port}/"
-
-
-def serve_context(ctx_or_cfg, model: str | None):
-    """A StepContext on the model's run (…/runs/<R>/<train dir>/model.pt), where the
-    graph, LM and tuned acwt live; --run-id wins; a bare config needs --model."""
-    from amflow.runs import StepContext, StepError
-    from training.launch import train_dir_name
-
-    if isinstance(ctx_or_cfg, StepContext):
-        ctx = ctx_or_cfg
-        return ctx, model or ctx.other(train_dir_name(ctx.cfg.decode.tag), "model.pt")
-    if not model:
-        raise StepError("amflow serve needs --model (or --run-id to serve that run's student)")
-    parts = model.replace("\\", "/").split("/")
-    run_id = parts[parts.index("runs") + 1] if "runs" in parts[:-2] else "serve"
-    return StepContext(ctx_or_cfg, run_id, "serve"), model
-
-
-def run(ctx_or_cfg, args) -> dict:
-    """`amflow serve`: deploy, print the URL, keep serving until interrupted."""
-    ctx, model = serve_context(ctx_or_cfg, getattr(args, "model", None))
-    t0 = time.perf_counter()
-    assets = load_assets(ctx, model)
-    url = start(ctx.cfg, assets)
-    print(f"amflow serve: {assets['model_uri']} on {url} (ws {url.replace('http', 'ws')}ws), "
-          f"acwt {assets['acwt']} ({assets['acwt_from']}), beam {assets['beam']}, "
-          f"{ctx.cfg.serve.replicas} replica(s); up in {time.perf_counter() - t0:.1f} s",
-          flush=True)
-    if getattr(args, "detach", False):
-        return {"url": url, "model": assets["model_uri"], "acwt": assets["acwt"]}
-    try:
-        while True:
-            time.sleep(3600)
-    except KeyboardInterrupt:
-        from ray import serve
-
-        serve.shutdown()
-    return {"url": url, "model": assets["model_uri"], "acwt": assets["acwt"]}

@@ -29,8 +29,10 @@ def load(run_id: str, sets: list[str], streams: int, seconds: float):
     """(Recognizer, per-stream utterance PCM lists) for the run's student."""
     from amflow.config import load_config
     from amflow.runs import StepContext
+    # an entry point like amflow.cli: it uses the serve step's run-layout resolution
+    from amflow.steps.serve import load_assets, serve_context
     from bench.serve import load_audio, speaker_sessions
-    from serving.app import load_assets, make_recognizer, serve_context
+    from serving.app import make_recognizer
 
     cfg = load_config(None, sets)
     ctx, model = serve_context(StepContext(cfg, run_id, "serve"), None)

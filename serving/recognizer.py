@@ -170,17 +170,17 @@ class Recognizer:
                  beam: float, max_active: int, dtype: str = "auto", device: str = "cpu"):
         from amflow.config import FeaturesConfig
         from decoding.graph import read_graph
-        from training.checkpoint import model_from_bytes
+        from training.checkpoint import card_from_bytes
         from training.data import Normalizer
         from training.loop import dataclass_from_dict
 
-        model, self.meta = model_from_bytes(model_bytes)
-        if self.meta["spec"]["kind"] != "student":
+        model, self.card = card_from_bytes(model_bytes)
+        if self.card.kind != "student":
             raise ValueError("only a student (unidirectional LSTM) model can stream; "
-                             f"this one is a {self.meta['spec']['kind']}")
+                             f"this one is a {self.card.kind}")
         self.model = StreamModel(model, dtype, device)
-        self.fcfg = dataclass_from_dict(FeaturesConfig, self.meta.get("features") or {})
-        self.norm = Normalizer.from_stats(self.meta["cmvn"], self.model.input_dim)
+        self.fcfg = dataclass_from_dict(FeaturesConfig, self.card.features)
+        self.norm = Normalizer.from_stats(self.card.cmvn, self.model.input_dim)
         self.graph = read_graph(graph_dir)
         self.log_prior = np.asarray(log_prior, np.float32)
         self.acwt, self.beam, self.max_active = float(acwt), float(beam), int(max_active)

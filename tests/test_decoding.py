@@ -8,6 +8,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from amflow.model_card import ModelCard
 from decoding import graph as G
 from decoding import lexicon as L
 from decoding import lm
@@ -159,10 +160,10 @@ def test_espeak_lexicon_splits_groups_and_learns_linking():
 # ----------------------------------------------------------------- the step's inputs
 def test_decode_rejects_a_model_whose_classes_miss_lexicon_phones():
     from amflow.runs import StepError
-    from decoding.decode import _check_phones
+    from decoding.assets import check_phones
 
     with pytest.raises(StepError, match=r"no class for: \['k', 's'\]"):
-        _check_phones(L.read_lexicon(LEXICON), ["a", "b", "t", "sil"], "lex.txt", "m.pt")
+        check_phones(L.read_lexicon(LEXICON), ["a", "b", "t", "sil"], "lex.txt", "m.pt")
 
 
 def test_score_hyps_counts_oov_reference_words():
@@ -180,7 +181,7 @@ def test_priors_from_hard_labels_and_soft_targets(tmp_path):
 
     from amflow.config import StorageConfig
     from amflow.storage import Storage
-    from decoding.priors import class_counts
+    from training.priors import class_counts
 
     st = Storage(StorageConfig(root=str(tmp_path)))
     hard = np.array([0, 1, 1, 2], np.int16).tobytes()
@@ -259,8 +260,8 @@ def test_featurize_rejects_an_utterance_without_audio(tmp_path):
     missing.unlink()
     st = Storage(StorageConfig(root=str(tmp_path)))
     records, _, _ = read_records(st, str(tmp_path / "corpus"))
-    meta = {"features": {}, "cmvn": None, "spec": {"input_dim": 192}}
-    feats, rejects, audio_s = featurize(st, str(tmp_path / "corpus"), records, meta)
+    card = ModelCard(spec={"input_dim": 192}, features={}, cmvn=None)
+    feats, rejects, audio_s = featurize(st, str(tmp_path / "corpus"), records, card)
     assert [r.utt_id for r in rejects] == ["spk0_00_u01"] and rejects[0].reason
     assert len(feats) == 3 and all(x.shape[1] == 192 for _, x in feats) and audio_s > 0
 
@@ -281,3 +282,37 @@ def test_the_decoding_wheels_import_in_any_order(order):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split() == ["True", "[1]"]
+
+
+def test_model_card_round_trips_the_model_file_metadata_key_for_key():
+    """The card is the model file's metadata: to_meta gives back the payload's keys in
+    the file's order (so model.pt bytes do not change), and load_model_card agrees."""
+    import dataclasses
+    import tempfile
+
+    import torch
+
+    from amflow.config import FeaturesConfig, StorageConfig
+    from amflow.storage import Storage
+    from training.checkpoint import from_bytes, load_model_card, model_payload, save_model
+    from training.models import StudentLSTM
+    from training.priors import attach_priors
+
+    torch.manual_seed(0)
+    model = StudentLSTM(8, 4, 1, 3, lookahead=1)
+    kw = dict(cmvn={"count": 2, "sum": [1.0] * 8, "sumsq": [3.0] * 8}, phones=["a", "b", "sil"],
+              features=dataclasses.asdict(FeaturesConfig()), info={"run_id": "r"})
+    payload = model_payload(model, **kw)
+    meta = {k: v for k, v in payload.items() if k != "state_dict"}
+    assert list(payload) == ["format", "spec", "state_dict", "cmvn", "phones", "features", "info"]
+    assert ModelCard.from_meta(meta).to_meta() == meta
+    assert list(ModelCard.from_meta(meta).to_meta()) == list(meta)
+    with tempfile.TemporaryDirectory() as d:
+        st, uri = Storage(StorageConfig(root=d)), f"{d}/model.pt"
+        save_model(st, uri, model, **kw)
+        attach_priors(st, uri, np.array([1.0, 2.0, 3.0]), "training targets")
+        _, card = load_model_card(st, uri)
+        on_disk = {k: v for k, v in from_bytes(st.read_bytes(uri), weights_only=True).items()
+                   if k != "state_dict"}
+    assert card.to_meta() == on_disk and list(card.to_meta()) == list(on_disk)
+    assert card.kind == "student" and card.priors["counts"] == [1.0, 2.0, 3.0]

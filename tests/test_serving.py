@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from amflow.config import FeaturesConfig
+from amflow.model_card import ModelCard
 from serving import protocol as P
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -154,7 +155,7 @@ def tiny_system(tiny_corpus, tmp_path_factory):
     recs, waves = _speaker_waves(tiny_corpus)
     assert len(recs) == 3
     st = Storage(StorageConfig(root=str(tiny_corpus.parent)))
-    feats, _, _ = featurize(st, str(tiny_corpus), recs, meta)
+    feats, _, _ = featurize(st, str(tiny_corpus), recs, ModelCard.from_meta(meta))
     prior = log_priors(np.ones(len(classes)))
     search = Searcher(read := G.read_graph(str(gdir)), beam=10.0, max_active=2000)
     words = [search.best_words(acoustic_scores(lp, prior, 1.0))[0]

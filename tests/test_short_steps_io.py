@@ -34,7 +34,7 @@ def test_read_records_keeps_file_and_line_order_when_reading_concurrently(tmp_pa
 
 def test_lm_reads_the_corpus_metadata_once(tmp_path, local_cfg, monkeypatch):
     from amflow.runs import StepContext
-    from decoding import lm
+    from amflow.steps import lm
     from tasks.select import metadata_files
 
     make_corpus(tmp_path / "corpus", speakers=6, utts=3, labeled=2, dev=2)

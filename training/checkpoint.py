@@ -30,6 +30,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
+from amflow.model_card import ModelCard
 from amflow.storage import Storage, join
 from training.models import model_from_spec, model_spec
 
@@ -98,6 +99,21 @@ def model_from_bytes(data: bytes, name: str = "model", map_location: Any = "cpu"
     model.eval()
     meta = {k: v for k, v in payload.items() if k != "state_dict"}
     return model, meta
+
+
+def load_model_card(storage: Storage, uri: str, map_location: Any = "cpu"
+                    ) -> tuple[nn.Module, ModelCard]:
+    """`load_model` with the metadata as a typed `ModelCard` (load_model keeps returning
+    the plain dict so its other callers work unchanged)."""
+    model, meta = load_model(storage, uri, map_location)
+    return model, ModelCard.from_meta(meta, uri)
+
+
+def card_from_bytes(data: bytes, name: str = "model", map_location: Any = "cpu"
+                    ) -> tuple[nn.Module, ModelCard]:
+    """`model_from_bytes` with the metadata as a `ModelCard`."""
+    model, meta = model_from_bytes(data, name, map_location)
+    return model, ModelCard.from_meta(meta, name)
 
 
 class Checkpointer:

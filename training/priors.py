@@ -1,9 +1,11 @@
-"""Class priors for hybrid decoding, counted over the training targets and stored in the
-model file by the train step (decoding/ reads them back: decoding/priors.py).
+"""Class priors counted over training targets and stored in the model file.
 
     class_counts(storage, partition_uris, num_classes) -> float64 [C]
         hard labels counted; soft top-k targets added as their softmax mass
     attach_priors(storage, model_uri, counts, source)   writes `priors` into model.pt
+
+Training-side (training/launch.py stores them after a train step); decoding/priors.py
+only reads them back (it may import this module, never the other way round).
 """
 from __future__ import annotations
 

@@ -1,0 +1,123 @@
+"""`amflow decode`: a model to words on a corpus split; WER per condition.
+
+Resolves the run-layout inputs (the model of train[-<tag>] or --model, the run's
+lm/lm.arpa or decode.lm, the graph cache runs/<R>/graph/), assembles the decoder with
+`decoding.assets.DecoderAssets`, tunes acwt on decode.tune_split and scores the split
+with a pool of `decoding.decode.DecodeWorker` actors. Outputs: --out (default
+runs/<R>/decode[-<tag>]/result.json), hyps.jsonl, hyps.parquet, rejects, _SUCCESS.json.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from amflow.runs import SUCCESS, StepContext, StepError, rejects_table, step_dir_name
+from amflow.storage import join
+from decoding import decode as D
+from decoding.assets import DecoderAssets
+from training.launch import model_dir_name
+
+log = logging.getLogger(__name__)
+
+
+def _context(ctx: StepContext) -> StepContext:
+    """The context of decode[-<decode.tag>] (the CLI gives the plain step name)."""
+    step = step_dir_name("decode", ctx.cfg.decode.tag)
+    if ctx.step == step:
+        return ctx
+    new = StepContext(ctx.cfg, ctx.run_id, step, force=ctx.force)
+    new.started = ctx.started
+    return new
+
+
+def model_uri(ctx: StepContext, args: Any) -> str:
+    uri = getattr(args, "model", None) or ctx.other(model_dir_name(ctx.cfg.decode.tag), "model.pt")
+    if not ctx.storage.exists(uri):
+        raise StepError(f"model {uri} not found: train one with `amflow train` or pass --model URI")
+    return uri
+
+
+def lm_uri(ctx: StepContext) -> tuple[str, str]:
+    """(the LM's URI, how to make it when missing): decode.lm, else this run's lm step."""
+    if ctx.cfg.decode.lm:
+        return ctx.cfg.decode.lm, "decode.lm does not exist"
+    return ctx.other("lm", "lm.arpa"), (f"run `amflow lm --run-id {ctx.run_id}` first "
+                                        "(or set decode.lm to an ARPA file)")
+
+
+def load_assets(ctx: StepContext, model: str, corpus: str) -> DecoderAssets:
+    """The decoder for `model` with this run's lexicon, LM and graph cache."""
+    lm, hint = lm_uri(ctx)
+    return DecoderAssets.load(
+        ctx.storage, ctx.cfg.decode, model_uri=model,
+        lexicon_uri=ctx.cfg.data.lexicon or join(corpus, "lexicon.txt"), lm_uri=lm,
+        graph_root=ctx.other("graph"), lm_hint=hint, require=("cmvn", "phones"))
+
+
+def _finished(ctx: StepContext, inputs: dict, out_uri: str) -> dict | None:
+    """The earlier summary when this decode already finished on the same inputs (and
+    --force was not given): re-running a DAG reuses it, as the other steps do."""
+    st = ctx.storage
+    if ctx.force or not st.exists(ctx.path(SUCCESS)):
+        return None
+    done = st.read_json(ctx.path(SUCCESS))
+    same = all(done.get("inputs", {}).get(k) == v for k, v in inputs.items())
+    if same and done.get("out") == out_uri and st.exists(out_uri):
+        log.info("%s already finished on these inputs (%s); use --force to decode again",
+                 ctx.step_uri, ctx.path(SUCCESS))
+        return done
+    return None
+
+
+def _decode(ctx: StepContext, a: DecoderAssets, corpus: str, split: str) -> tuple[dict, dict]:
+    """Tune acwt, score and search `split`; (result.json body, step metrics)."""
+    dc = ctx.cfg.decode
+    recs, rejects = D.split_records(ctx, corpus, split)
+    n_in = len(recs) + len(rejects)
+    t0 = time.perf_counter()
+    pool = D.Pool(ctx, a.model_bytes, a.graph_dir, a.log_prior, corpus)
+    tuning, acwt = D.tune_acwt(ctx, pool, corpus, a.lexicon)
+    scored = pool.score(D.shards_of(recs, 2 * dc.workers), f"decode {split}: features+model")
+    hyps, search_s, frames = pool.search(scored, acwt, f"decode {split}: search")
+    wall = time.perf_counter() - t0
+    rejects += [r for s in scored for r in s["rejects"]]
+    result, rows, oov = D.score_hyps(hyps, a.lexicon)
+    audio_s = sum(s["audio_s"] for s in scored)
+    result.update({
+        "model": a.model_uri, "data": corpus, "split": split, "acwt": acwt, "lm_weight": 1 / acwt,
+        "tune_split": dc.tune_split, "tuning": tuning, "lm": a.lm_uri, "lexicon": a.lexicon_uri,
+        "graph": a.graph_info, "priors_from": a.prior_source, "oov": oov,
+        "rejected": D.reasons(rejects), "audio_s": round(audio_s, 2),
+        "rtf": D.rtf(scored, search_s, audio_s, wall, dc.workers),
+        "model_kind": a.card.kind})
+    D.write_hyps(ctx, rows)
+    if rejects:
+        ctx.storage.write_parquet(ctx.path("rejects", "rejects.parquet"), rejects_table(rejects))
+    metrics = {"wer": result["wer"], "ser": result["ser"], "per_condition_wer": result["per_condition"],
+               "per_condition": result["per_condition"], "acwt": acwt,
+               "rtf_per_core": result["rtf"]["total_per_core"], "oov_rate": oov["rate"],
+               "frames": frames, "forward_s": round(sum(s["forward_s"] for s in scored), 2)}
+    counts = {"in": n_in, "out": len(hyps), "rejected": len(rejects)}
+    return result, dict(metrics=metrics, counts=counts)
+
+
+def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
+    ctx = _context(ctx)
+    dc = ctx.cfg.decode
+    corpus = getattr(args, "data", None) or ctx.cfg.data.corpus
+    split = getattr(args, "split", None) or "test"
+    if split == dc.tune_split:
+        raise StepError(f"--split {split} is decode.tune_split: tune on one split, score another")
+    out_uri = getattr(args, "out", None) or ctx.path("result.json")
+    model = model_uri(ctx, args)
+    done = _finished(ctx, {"model": model, "data": corpus, "split": split}, out_uri)
+    if done is not None:
+        return done
+    assets = load_assets(ctx, model, corpus)
+    result, summary = _decode(ctx, assets, corpus, split)
+    ctx.storage.write_json(out_uri, result)
+    print(D.render(result), flush=True)
+    return ctx.finish(inputs={"model": model, "data": corpus, "split": split, "lm": assets.lm_uri,
+                              "lexicon": assets.lexicon_uri},
+                      counts=summary["counts"], metrics=summary["metrics"], extra={"out": out_uri})
