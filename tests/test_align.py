@@ -180,7 +180,7 @@ def test_shard_statistics_sum_to_the_single_job_statistics(tiny_corpus):
 def test_align_step_end_to_end(tiny_corpus, tmp_path):
     from amflow.runs import StepContext
     from amflow.steps import align
-    from tasks import select
+    from amflow.steps import select
 
     cfg = load_config(None, [f"storage.root={tmp_path}", f"data.corpus={tiny_corpus}",
                              "select.splits=[labeled]", "select.hours=0.004",

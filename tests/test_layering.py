@@ -1,0 +1,128 @@
+"""The house rules as a test: layers import downward only, no import cycle, short functions.
+
+Layers, bottom to top (DESIGN.md §1, README "Architecture"):
+    amflow (plumbing) < tasks < alignment < training < decoding < serving
+    < the entry layer: amflow.cli, amflow.steps, amflow.jobs, amflow.orchestration and
+      bench/ (benchmarks are entry points: `amflow bench <what>`, `python -m bench.x`)
+An import from a layer to a higher one is an arrow running back up; an import cycle
+between modules is a circle. Both fail here, whether the import sits at module top or
+inside a function.
+"""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+LAYERS = ["amflow", "tasks", "alignment", "training", "decoding", "serving", "bench"]
+LIBRARY_LAYERS = LAYERS[:-1]
+ENTRY = ("amflow.cli", "amflow.steps", "amflow.jobs", "amflow.orchestration",
+         "amflow.airflow_view", "bench")
+MAX_FUNCTION_LINES = 80
+
+
+def _rank(module: str) -> int:
+    if module.startswith(ENTRY):
+        return len(LIBRARY_LAYERS)
+    return LIBRARY_LAYERS.index(module.split(".")[0])
+
+
+def _modules() -> dict[str, Path]:
+    found = {}
+    for top in LAYERS:
+        for path in (ROOT / top).rglob("*.py"):
+            parts = path.relative_to(ROOT).with_suffix("").parts
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            found[".".join(parts)] = path
+    return found
+
+
+def _imports(path: Path, known: set[str]) -> set[str]:
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        names = []
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+        for name in names:
+            while name and name not in known:
+                name = name.rpartition(".")[0]
+            if name:
+                out.add(name)
+    return out
+
+
+@pytest.fixture(scope="module")
+def graph() -> dict[str, set[str]]:
+    mods = _modules()
+    return {m: _imports(p, set(mods)) - {m} for m, p in mods.items()}
+
+
+def test_no_arrow_runs_back_up(graph):
+    up = sorted(f"{a} -> {b}" for a, deps in graph.items() for b in deps
+                if _rank(b) > _rank(a))
+    assert not up, "imports from a lower layer to a higher one:\n" + "\n".join(up)
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan, iterative)."""
+    index, low, on, stack, out, counter = {}, {}, set(), [], [], [0]
+
+    def visit(root: str) -> None:
+        work = [(root, iter(sorted(graph.get(root, ()))))]
+        index[root] = low[root] = counter[0]; counter[0] += 1
+        stack.append(root); on.add(root)
+        while work:
+            node, it = work[-1]
+            nxt = next(it, None)
+            if nxt is None:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[node])
+                if low[node] == index[node]:
+                    comp = []
+                    while True:
+                        m = stack.pop(); on.discard(m); comp.append(m)
+                        if m == node:
+                            break
+                    if len(comp) > 1:
+                        out.append(sorted(comp))
+            elif nxt not in index:
+                index[nxt] = low[nxt] = counter[0]; counter[0] += 1
+                stack.append(nxt); on.add(nxt)
+                work.append((nxt, iter(sorted(graph.get(nxt, ())))))
+            elif nxt in on:
+                low[node] = min(low[node], index[nxt])
+
+    for m in sorted(graph):
+        if m not in index:
+            visit(m)
+    return out
+
+
+def test_no_import_cycle(graph):
+    cycles = _cycles(graph)
+    assert not cycles, f"import cycles: {cycles}"
+
+
+def test_functions_are_short():
+    long = []
+    for top in LAYERS:
+        if top == "bench":
+            continue
+        for path in (ROOT / top).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    n = node.end_lineno - node.lineno + 1
+                    if n > MAX_FUNCTION_LINES:
+                        long.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name} ({n})")
+    assert not long, f"functions over {MAX_FUNCTION_LINES} lines:\n" + "\n".join(long)
+
+
+def test_cycle_finder_finds_a_cycle():
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert _cycles({"a": {"b"}, "b": set()}) == []
