@@ -1,4 +1,4 @@
-"""`python -m serving.cost_bench --run-id R [--streams 40] [--seconds 10] [--set k=v ...]`:
+"""`python -m bench.serve_cost --run-id R [--streams 40] [--seconds 10] [--set k=v ...]`:
 where a replica's CPU goes per stream per audio second, without Ray or WebSockets.
 
 N sessions (serving.recognizer.Session, the served code) play the bench's test speakers

@@ -1,4 +1,4 @@
-"""`python -m serving.forward_bench [--model model.pt] [--device cuda] [--dtype fp16]`:
+"""`python -m bench.serve_forward [--model model.pt] [--device cuda] [--dtype fp16]`:
 the Batch Dispatch forward alone (serving.recognizer.StreamModel, no Ray, no search), per
 batch size: ms per forward of `--rows` new rows per stream, and how many real-time
 streams one forward loop could carry (33 rows/s each). Runs where Ray is not installed
