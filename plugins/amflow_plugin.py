@@ -17,6 +17,10 @@ from fastapi.responses import HTMLResponse
 from airflow.api_fastapi.auth.managers.models.resource_details import DagAccessEntity
 from airflow.api_fastapi.core_api.security import requires_access_dag
 from airflow.plugins_manager import AirflowPlugin
+from amflow.form_checks import register as register_override_format
+
+# The API server checks trigger params here: the override format must be known to it.
+register_override_format()
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 app = FastAPI(title="amflow", description="amflow run reports inside Airflow")
