@@ -1,0 +1,73 @@
+"""amflow compare on two hand-made runs: WER, CI, delta and its significance, curves."""
+import json
+
+import pytest
+
+from amflow.config import load_config
+from amflow.storage import Storage
+from tasks import compare as C
+
+
+def _rows(errs, words=10):
+    return [{"utt_id": f"u{i}", "condition": "DP1" if i % 2 else "DP2", "ref": "",
+             "hyp": "", "errors": e, "ref_words": words} for i, e in enumerate(errs)]
+
+
+def write_run(root, run_id, decodes, model="s3://b/m.pt", curve=True):
+    run = root / "runs" / run_id
+    for step_dir, rows in decodes.items():
+        d = run / step_dir
+        d.mkdir(parents=True)
+        wer = sum(r["errors"] for r in rows) / sum(r["ref_words"] for r in rows)
+        (d / "result.json").write_text(json.dumps({"wer": wer, "model": model,
+                                                   "per_condition": {"DP1": wer}}))
+        (d / "hyps.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        (d / "_SUCCESS.json").write_text(json.dumps({"out": str(d / "result.json"),
+                                                     "metrics": {"wer": wer}}))
+    if curve:
+        t = run / "train"
+        t.mkdir(parents=True)
+        recs = [{"kind": "dev", "unit": u, "frame_acc": 0.5 + u / 10, "loss": 1.0 - u / 10}
+                for u in range(3)] + [{"kind": "train", "unit": 0, "loss": 2.0}]
+        (t / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+        (t / "_SUCCESS.json").write_text("{}")
+
+
+@pytest.fixture
+def store(tmp_path):
+    cfg = load_config(None, [f"storage.root={tmp_path}"])
+    return Storage(cfg.storage), str(tmp_path)
+
+
+def test_compare_two_runs(store, tmp_path):
+    st, root = store
+    write_run(tmp_path, "base", {"decode": _rows([3] * 40), "decode-sequence": _rows([2, 3] * 20)})
+    write_run(tmp_path, "new", {"decode": _rows([1] * 40), "decode-sequence": _rows([3, 2] * 20)},
+              model="s3://b/new.pt")
+    cmp = C.compare([C.load_run(st, root, "base"), C.load_run(st, root, "new")])
+    rows = {(r["run"], r["decode"]): r for r in cmp["rows"]}
+    assert rows[("base", "decode")]["wer"] == pytest.approx(0.3)
+    assert "vs_base" not in rows[("base", "decode")]
+    better = rows[("new", "decode")]["vs_base"]
+    assert better["delta"] == pytest.approx(-0.2) and better["significant"]
+    tie = rows[("new", "decode-sequence")]["vs_base"]
+    assert tie["delta"] == pytest.approx(0.0) and tie["significant"] is False
+    lo, hi = rows[("new", "decode")]["wer_ci95"]
+    assert lo <= 0.1 <= hi
+    assert cmp["curves"]["new"]["train"][2] == {"unit": 2, "frame_acc": 0.7, "loss": 0.8}
+    md = C.render_markdown(cmp)
+    assert "| new | decode | 10.00 |" in md and "s3://b/new.pt" in md
+    assert "(n.s., p=" in md and "-20.00 (p=" in md
+
+
+def test_unknown_run_is_a_clear_error(store):
+    st, root = store
+    with pytest.raises(FileNotFoundError, match="run 'nope'"):
+        C.load_run(st, root, "nope")
+
+
+def test_pairs_in_report():
+    out = C.pairs_in_report({"baseline": _rows([3] * 30), "ssl": _rows([1] * 30),
+                             "seq_ssl": _rows([1] * 30)})
+    assert [p["comparison"] for p in out] == ["SSL vs baseline", "sequence vs CE: SSL"]
+    assert out[0]["significant"] and out[1]["significant"] is False
