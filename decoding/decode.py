@@ -12,6 +12,9 @@ Reads   --model   model.pt (default: runs/<R>/train[-<decode.tag>]/model.pt): CM
 Writes  --out     JSON (default runs/<R>/decode[-<tag>]/result.json): wer, ser, sub/del/ins,
                   per_condition {DP1..: WER}, per_condition_ser, acwt (tuned on
                   decode.tune_split), tuning [{acwt, wer}], rtf, oov, rejected, graph
+                  wer_ci95 / per_condition_ci95 [lo, hi] (bootstrap over utterances),
+                  errors / per_condition_errors (S/D/I counts), confusions (top pairs)
+        runs/<R>/decode[-<tag>]/errors.txt   sclite-like REF/HYP alignment, S/D/I, confusions
         runs/<R>/decode[-<tag>]/hyps.jsonl and hyps.parquet   1-best words per utterance
         runs/<R>/graph/<key>/  HLG.fst, words.txt, graph.json (built once per lexicon, LM
                   and class set, then reused)
@@ -39,6 +42,7 @@ import numpy as np
 from amflow.progress import Progress
 from amflow.runs import Reject, StepContext, StepError, rejects_table
 from amflow.storage import join
+from decoding import error_analysis
 from decoding import wer as W
 from decoding.lexicon import Lexicon, LexiconError, read_lexicon, words_of
 
@@ -357,6 +361,7 @@ def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
     wall = time.perf_counter() - t0
     rejects += [r for s in scored for r in s["rejects"]]
     result, rows, oov = score_hyps(hyps, lex)
+    result.update(error_analysis.result_fields(rows))  # wer_ci95, S/D/I counts
     audio_s = sum(s["audio_s"] for s in scored)
     forward_s = sum(s["forward_s"] for s in scored)
     result.update({
@@ -368,6 +373,7 @@ def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
         "model_kind": meta["spec"]["kind"]})
     st.write_json(out_uri, result)
     _write_hyps(ctx, rows)
+    st.write_text(ctx.path("errors.txt"), error_analysis.render(rows))  # sclite-like
     if rejects:
         st.write_parquet(ctx.path("rejects", "rejects.parquet"), rejects_table(rejects))
     print(render(result), flush=True)

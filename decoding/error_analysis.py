@@ -6,6 +6,7 @@
     analyse(rows, top=20) -> dict    S/D/I per condition and overall, top confusion pairs,
                                      top deleted / inserted words
     render(rows) -> str              the whole text file written beside hyps.jsonl
+    result_fields(rows) -> dict      CIs and S/D/I counts for the `decode --out` JSON
 """
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ from collections import Counter, defaultdict
 from typing import Iterable, Sequence
 
 import kaldialign
+
+from decoding.significance import bootstrap_ci
 
 EPS = "<eps>"
 
@@ -91,3 +94,21 @@ def render(rows: Sequence[dict], top: int = 20) -> str:
     out += ["", "# per-utterance alignment (errors in upper case)", ""]
     out += [alignment_lines(r) for r in rows]
     return "\n".join(out) + "\n"
+
+
+def result_fields(rows: Sequence[dict], seed: int = 0) -> dict:
+    """What `decode --out` adds from its hyps rows: wer_ci95 (bootstrap over utterances),
+    per_condition_ci95, and S/D/I counts overall (`errors`) and per condition."""
+    rows = list(rows)
+    a = analyse(rows, top=10)
+    by: dict[str, list[dict]] = defaultdict(list)
+    for r in rows:
+        by[r.get("condition", "unknown")].append(r)
+
+    def ci(rs: list[dict]) -> list[float]:
+        return list(bootstrap_ci([r["errors"] for r in rs], [r["ref_words"] for r in rs],
+                                 seed=seed))
+
+    return {"wer_ci95": ci(rows), "per_condition_ci95": {c: ci(by[c]) for c in sorted(by)},
+            "errors": a["errors"], "per_condition_errors": a["per_condition"],
+            "confusions": a["confusions"]}

@@ -20,6 +20,7 @@ from typing import Any
 
 from amflow.runs import SUCCESS, StepContext, StepError
 from amflow.storage import join
+from decoding.compare import significance_section
 
 CONDITIONS = ("DP1", "DP2", "DP3", "DP4", "DP5")
 STEP_ORDER = ("corpus", "select", "features", "targets", "repartition", "lm", "train-teacher",
@@ -261,6 +262,7 @@ def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
                 if any(seq_decoded.values()) else [])
     runs = [teacher_run] if teacher_run == ctx.run_id else [teacher_run, ctx.run_id]
     steps = [s for r in runs for s in _run_steps(ctx, r)]
+    sig_md, significance = significance_section(ctx.storage, decodes, seq_decodes)
 
     parts = ["# amflow report", "",
              f"Runs: teacher/baseline `{teacher_run}`, SSL student `{ctx.run_id}`. "
@@ -281,6 +283,7 @@ def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
                   "gain: relative WER reduction of sequence training over the same model's "
                   "CE / distilled training (Kaldi's usual: ~10 %). The paper's Table II "
                   "compares sMBR-trained models: its WERR column is beside ours.", ""]
+    parts += sig_md  # CIs and paired tests (decoding/compare.py)
     parts += ["## Frame accuracy and phone error rate (cf. Table II)", "",
               render_table_ii(rows), "", "![frame accuracy](accuracy.png)", ""]
     gains = [r["rel_fer_reduction"] for r in rows if r["condition"] in CONDITIONS[1:]]
@@ -309,6 +312,7 @@ def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
                                                      "table_ii_wer_sequence": seq_rows,
                                                      "evaluations": evals, "decodes": decodes,
                                                      "sequence_decodes": seq_decodes,
+                                                     "significance": significance,
                                                      "steps": steps})
     print(md)
     metrics = {"table_ii": rows, "table_ii_wer": wer_rows, "table_ii_wer_sequence": seq_rows,

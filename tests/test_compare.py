@@ -5,7 +5,7 @@ import pytest
 
 from amflow.config import load_config
 from amflow.storage import Storage
-from tasks import compare as C
+from decoding import compare as C
 
 
 def _rows(errs, words=10):
@@ -71,3 +71,32 @@ def test_pairs_in_report():
                              "seq_ssl": _rows([1] * 30)})
     assert [p["comparison"] for p in out] == ["SSL vs baseline", "sequence vs CE: SSL"]
     assert out[0]["significant"] and out[1]["significant"] is False
+
+
+def test_significance_section_for_the_report(store, tmp_path):
+    st, root = store
+    write_run(tmp_path, "t", {"decode-baseline": _rows([3] * 30)}, curve=False)
+    write_run(tmp_path, "s", {"decode": _rows([1] * 30), "decode-sequence": _rows([1] * 30)},
+              curve=False)
+    res = lambda run, d: f"{root}/runs/{run}/{d}/result.json"  # noqa: E731
+    md, data = C.significance_section(
+        st, {"baseline": res("t", "decode-baseline"), "ssl": res("s", "decode"),
+             "teacher": res("t", "decode-teacher")},
+        {"ssl": res("s", "decode-sequence")})
+    assert set(data["wer_ci95"]) == {"baseline", "ssl", "seq_ssl"}
+    names = [t["comparison"] for t in data["tests"]]
+    assert names == ["SSL vs baseline", "sequence vs CE: SSL"]
+    text = "\n".join(md)
+    assert "| SSL vs baseline | 30.00 -> 10.00 |" in text and "| no |" in text
+
+
+def test_cli_compare(store, tmp_path, capsys):
+    from amflow.cli import main
+
+    write_run(tmp_path, "a", {"decode": _rows([3] * 40)})
+    write_run(tmp_path, "b", {"decode": _rows([1] * 40)})
+    assert main(["compare", "a", "b", "--set", f"storage.root={tmp_path}",
+                 "--out", str(tmp_path / "c.json")]) == 0
+    assert "| b | decode | 10.00 |" in capsys.readouterr().out
+    assert json.loads((tmp_path / "c.json").read_text())["base"] == "a"
+    assert main(["compare", "zz", "--set", f"storage.root={tmp_path}"]) == 1

@@ -32,3 +32,13 @@ def test_analyse_counts_and_confusions():
     assert a["deleted"] == [{"word": "ran", "count": 1}]
     assert a["inserted"] == [{"word": "down", "count": 1}]
     assert "cat -> bat: 2" in E.render(ROWS)
+
+
+def test_result_fields_for_decode_out():
+    rows = [dict(r, errors=e, ref_words=n) for r, e, n in zip(ROWS, [2, 2, 0], [3, 4, 1])]
+    f = E.result_fields(rows)
+    lo, hi = f["wer_ci95"]
+    assert lo <= 4 / 8 <= hi
+    assert set(f["per_condition_ci95"]) == {"DP1", "DP2"}
+    assert f["per_condition_ci95"]["DP1"] == [2 / 3, 2 / 3]  # one utterance: no spread
+    assert (f["errors"]["sub"], f["errors"]["del"], f["errors"]["ins"]) == (2, 1, 1)

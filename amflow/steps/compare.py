@@ -1,4 +1,4 @@
-"""`amflow compare RUN [RUN ...]`: runs side by side (tasks/compare.py).
+"""`amflow compare RUN [RUN ...]`: runs side by side (decoding/compare.py).
 
 The first run is the base: every other run's decode of the same name (decode,
 decode-sequence, ...) gets its WER delta and a matched-pairs test against it. Prints the
@@ -12,7 +12,7 @@ from typing import Any
 from amflow.config import Config
 from amflow.runs import StepError
 from amflow.storage import Storage
-from tasks.compare import compare, load_run, render_markdown
+from decoding.compare import compare, load_run, render_markdown
 
 
 def run(cfg: Config, args: Any) -> dict[str, Any]:

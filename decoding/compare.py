@@ -7,7 +7,9 @@ test, dev curves, and the model each result scored.
                                             base each other run's same decode is tested on
     pairs_in_report(decoded) -> list        SSL vs baseline and sequence vs CE, paired
     render_markdown(cmp) -> str             the headline table first
-Pure over `amflow.storage`: the CLI step and the Airflow compare page share it.
+Pure over `amflow.storage`: the CLI step, the report and the Airflow compare page share
+it. It lives in decoding/ (not tasks/) because it reads decode results and the tests in
+decoding/significance.py; tasks/ must not import decoding/.
 """
 from __future__ import annotations
 
@@ -150,3 +152,40 @@ def render_markdown(cmp: dict) -> str:
     lines += ["", f"n.s.: not significant (MAPSSWE, two-sided p >= {cmp['alpha']}), "
                   "utterances matched by utt_id."]
     return "\n".join(lines) + "\n"
+
+
+def _dirname(uri: str) -> str:
+    return uri.rstrip("/").rsplit("/", 1)[0]
+
+
+def significance_section(st: Storage, ce: dict[str, str], seq: dict[str, str],
+                         alpha: float = ALPHA) -> tuple[list[str], dict]:
+    """The report's 'how sure' section from its decode result URIs (`ce` / `seq`: model
+    name -> result.json): each model's WER with its 95 % CI, and the paired tests (SSL vs
+    baseline, sequence vs CE), from the hyps.jsonl beside each result."""
+    named = {**ce, **{f"seq_{k}": v for k, v in seq.items()}}
+    rows, cis = {}, {}
+    for name, uri in named.items():
+        r = read_rows(st, join(_dirname(uri), "hyps.jsonl"))
+        if r:
+            rows[name] = r
+            cis[name] = bootstrap_ci([x["errors"] for x in r], [x["ref_words"] for x in r])
+    tests = pairs_in_report(rows, alpha)
+    if not rows:
+        return [], {"wer_ci95": {}, "tests": []}
+    md = ["## How sure: 95 % confidence intervals and paired tests", "",
+          "| model | WER % | 95 % CI | utterances |", "|---|---:|---|---:|"]
+    for name, r in rows.items():
+        wer = sum(x["errors"] for x in r) / max(1, sum(x["ref_words"] for x in r))
+        md.append(f"| {name} | {_pct(wer)} | {_pct(cis[name][0])}-{_pct(cis[name][1])} | "
+                  f"{len(r)} |")
+    if tests:
+        md += ["", "| comparison | WER % (a -> b) | Δ abs. % | significant |",
+               "|---|---|---|---|"]
+        md += [f"| {t['comparison']} | {_pct(t['wer_a'])} -> {_pct(t['wer_b'])} | {mark(t)} | "
+               f"{'yes' if t['significant'] else 'no'} |" for t in tests]
+    md += ["", f"CI: bootstrap over utterances (1000 resamples). Tests: NIST MAPSSWE on "
+               f"per-utterance errors, utterances matched by utt_id; n.s. where p >= {alpha}. "
+               "A difference inside the CIs' overlap can still be significant: the paired "
+               "test removes the per-utterance difficulty both models share.", ""]
+    return md, {"wer_ci95": {k: list(v) for k, v in cis.items()}, "tests": tests}
