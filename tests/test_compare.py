@@ -100,3 +100,19 @@ def test_cli_compare(store, tmp_path, capsys):
     assert "| b | decode | 10.00 |" in capsys.readouterr().out
     assert json.loads((tmp_path / "c.json").read_text())["base"] == "a"
     assert main(["compare", "zz", "--set", f"storage.root={tmp_path}"]) == 1
+
+
+def test_compare_page_html(store, tmp_path):
+    from amflow.airflow_view import render_compare
+
+    st, root = store
+    write_run(tmp_path, "a", {"decode": _rows([3] * 40), "decode-sequence": _rows([2, 3] * 20)})
+    write_run(tmp_path, "b", {"decode": _rows([1] * 40), "decode-sequence": _rows([3, 2] * 20)},
+              model="s3://bucket/runs/b/train/model.pt")
+    cmp = C.compare([C.load_run(st, root, "a"), C.load_run(st, root, "b")])
+    page = render_compare(cmp, ["a", "b", "c"], ["a", "b"], "configs/local.yaml")
+    # the headline table comes before the per-condition table and the curves
+    assert page.index("id=headline") < page.index("per condition") < page.index("devcurves")
+    assert "s3://bucket/runs/b/train/model.pt" in page
+    assert "<b>n.s.</b>" in page and "class='n sig'>-20.00" in page
+    assert page.count("<polyline") == 2 and "value='c'>" in page
