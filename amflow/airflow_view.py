@@ -173,6 +173,10 @@ COMPARE_CSS = """.wrap{max-width:1240px}td.model{font-size:85%;word-break:break-
 COLOURS = ("#2563eb", "#ea580c", "#059669", "#9333ea", "#dc2626", "#0891b2", "#ca8a04")
 
 
+def p_text(p: float) -> str:
+    return "p<0.001" if p < 0.001 else f"p={p:.2g}"
+
+
 def _delta_cell(test: dict | None) -> str:
     if not test or test.get("delta") is None:
         return "<td></td>"
@@ -181,9 +185,9 @@ def _delta_cell(test: dict | None) -> str:
     if p is None:
         return f"<td class='n ns'>{d:+.2f} (untested: no hyps)</td>"
     if not test["significant"]:
-        return f"<td class='n ns'>{d:+.2f} <b>n.s.</b> (p={p:.2g})</td>"
+        return f"<td class='n ns'>{d:+.2f} <b>n.s.</b> ({p_text(p)})</td>"
     cls = "sig" if d < 0 else "worse"
-    return f"<td class='n {cls}'>{d:+.2f} (p={p:.2g})</td>"
+    return f"<td class='n {cls}'>{d:+.2f} ({p_text(p)})</td>"
 
 
 def compare_table(cmp: dict) -> str:

@@ -127,6 +127,10 @@ def _pct(v: Any) -> str:
     return "-" if v is None else f"{100 * float(v):.2f}"
 
 
+def p_text(p: float) -> str:
+    return "p<0.001" if p < 0.001 else f"p={p:.2g}"
+
+
 def mark(test: dict | None) -> str:
     """Delta text with its significance: '-3.10 (p=0.002)' or '-0.40 (n.s., p=0.41)'."""
     if not test or test.get("delta") is None:
@@ -135,7 +139,7 @@ def mark(test: dict | None) -> str:
     p = test.get("p_mapsswe")
     if p is None:
         return f"{d} (no per-utterance hyps: untested)"
-    return f"{d} (p={p:.3g})" if test["significant"] else f"{d} (n.s., p={p:.2g})"
+    return f"{d} ({p_text(p)})" if test["significant"] else f"{d} (n.s., {p_text(p)})"
 
 
 def render_markdown(cmp: dict) -> str:

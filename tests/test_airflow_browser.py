@@ -240,7 +240,7 @@ def test_compare_page_form_messages_and_port_clash(airflow, tmp_path):
             page.goto(f"{airflow.base}/amflow/compare?config={cfg}&runs=base&runs=new")
             table = page.locator("#headline")
             expect(table.get_by_text("s3://bucket/runs/new/train/model.pt").first).to_be_visible()
-            expect(table.locator("td", has_text="-20.00 (p=")).to_be_visible()
+            expect(table.locator("td", has_text="-20.00 (p<0.001)")).to_be_visible()
             expect(table.get_by_text("n.s.").first).to_be_visible()
             assert table.bounding_box()["width"] <= 1280  # readable without scrolling
             expect(page.locator("#devcurves polyline")).to_have_count(2)

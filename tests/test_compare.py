@@ -57,7 +57,7 @@ def test_compare_two_runs(store, tmp_path):
     assert cmp["curves"]["new"]["train"][2] == {"unit": 2, "frame_acc": 0.7, "loss": 0.8}
     md = C.render_markdown(cmp)
     assert "| new | decode | 10.00 |" in md and "s3://b/new.pt" in md
-    assert "(n.s., p=" in md and "-20.00 (p=" in md
+    assert "(n.s., p=" in md and "-20.00 (p<0.001)" in md
 
 
 def test_unknown_run_is_a_clear_error(store):
