@@ -164,3 +164,111 @@ def render_run(st: Storage, root: str, run_id: str, title: str = "") -> str:
         parts.append("<p>No plot yet.</p>")
     parts.append("</body></html>")
     return "".join(parts)
+
+
+# ------------------------------------------------------------------ the compare page
+COMPARE_CSS = """.wrap{max-width:1240px}td.model{font-size:85%;word-break:break-all;max-width:360px}
+.ns{color:#6b7280}.sig{color:#047857;font-weight:600}.worse{color:#b91c1c}
+.legend span{display:inline-block;margin-right:14px}"""
+COLOURS = ("#2563eb", "#ea580c", "#059669", "#9333ea", "#dc2626", "#0891b2", "#ca8a04")
+
+
+def p_text(p: float) -> str:
+    return "p<0.001" if p < 0.001 else f"p={p:.2g}"
+
+
+def _delta_cell(test: dict | None) -> str:
+    if not test or test.get("delta") is None:
+        return "<td></td>"
+    d = 100 * test["delta"]
+    p = test.get("p_mapsswe")
+    if p is None:
+        return f"<td class='n ns'>{d:+.2f} (untested: no hyps)</td>"
+    if not test["significant"]:
+        return f"<td class='n ns'>{d:+.2f} <b>n.s.</b> ({p_text(p)})</td>"
+    cls = "sig" if d < 0 else "worse"
+    return f"<td class='n {cls}'>{d:+.2f} ({p_text(p)})</td>"
+
+
+def compare_table(cmp: dict) -> str:
+    """The headline: WER, its 95 % CI, the delta against the base run with significance."""
+    head = ("<tr><th>run</th><th>decode</th><th>WER %</th><th>95 % CI</th>"
+            "<th>Δ vs base (abs. %)</th><th>WERR %</th><th>model</th></tr>")
+    rows = []
+    for r in cmp["rows"]:
+        ci = r.get("wer_ci95")
+        ci_s = f"{100 * ci[0]:.1f}–{100 * ci[1]:.1f}" if ci else ""
+        t = r.get("vs_base")
+        werr = _pct(t.get("werr")) if t and t.get("p_mapsswe") is not None else ""
+        rows.append(f"<tr><td>{html.escape(r['run'])}</td><td>{html.escape(r['decode'])}</td>"
+                    f"<td class=n>{_pct(r.get('wer'))}</td><td class=n>{ci_s}</td>"
+                    f"{_delta_cell(t)}<td class=n>{werr}</td>"
+                    f"<td class=model><code>{html.escape(str(r.get('model') or ''))}</code></td>"
+                    "</tr>")
+    return f"<table id=headline>{head}{''.join(rows)}</table>"
+
+
+def compare_conditions(cmp: dict) -> str:
+    conds = sorted({c for r in cmp["rows"] for c in r.get("per_condition") or {}})
+    if not conds:
+        return ""
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in conds)
+    rows = [f"<tr><td>{html.escape(r['run'])}</td><td>{html.escape(r['decode'])}</td>"
+            + "".join(f"<td class=n>{_pct((r.get('per_condition') or {}).get(c))}</td>"
+                      for c in conds) + "</tr>" for r in cmp["rows"]]
+    return (f"<h3>WER % per condition</h3><table><tr><th>run</th><th>decode</th>{head}</tr>"
+            f"{''.join(rows)}</table>")
+
+
+def dev_curves_svg(curves: dict[str, dict[str, list[dict]]], w: int = 640, h: int = 260) -> str:
+    """Dev frame accuracy per training unit, one line per (run, training step)."""
+    lines = [(f"{run} {step}", pts) for run, by in curves.items() for step, pts in by.items()
+             if any(p.get("frame_acc") is not None for p in pts)]
+    if not lines:
+        return "<p>No dev curve in these runs.</p>"
+    xs = [p["unit"] for _, pts in lines for p in pts]
+    ys = [p["frame_acc"] for _, pts in lines for p in pts if p.get("frame_acc") is not None]
+    x0, x1, y0, y1 = min(xs), max(xs) or 1, min(ys), max(ys)
+    sx = lambda x: 40 + (w - 50) * (x - x0) / ((x1 - x0) or 1)  # noqa: E731
+    sy = lambda y: h - 25 - (h - 35) * (y - y0) / ((y1 - y0) or 1)  # noqa: E731
+    svg, legend = [], []
+    for i, (name, pts) in enumerate(lines):
+        c = COLOURS[i % len(COLOURS)]
+        path = " ".join(f"{sx(p['unit']):.1f},{sy(p['frame_acc']):.1f}" for p in pts
+                        if p.get("frame_acc") is not None)
+        svg.append(f"<polyline fill=none stroke='{c}' stroke-width=2 points='{path}'/>")
+        legend.append(f"<span style='color:{c}'>■ {html.escape(name)}</span>")
+    axes = (f"<text x=2 y=14 font-size=11>{100 * y1:.1f} %</text>"
+            f"<text x=2 y={h - 25} font-size=11>{100 * y0:.1f} %</text>"
+            f"<text x={w - 90} y={h - 5} font-size=11>training unit</text>")
+    return (f"<h3>Dev frame accuracy</h3><svg id=devcurves width={w} height={h} "
+            f"role=img aria-label='dev curves'>{axes}{''.join(svg)}</svg>"
+            f"<div class=legend>{''.join(legend)}</div>")
+
+
+def run_picker(available: list[str], selected: list[str], config: str) -> str:
+    boxes = "".join(f"<label><input type=checkbox name=runs value='{html.escape(r)}'"
+                    f"{' checked' if r in selected else ''}> {html.escape(r)}</label> "
+                    for r in available)
+    return (f"<form method=get><input type=hidden name=config value='{html.escape(config)}'>"
+            f"<p>Runs (the first ticked is the base): {boxes or 'none found'} "
+            f"<button type=submit>Compare</button></p></form>")
+
+
+def render_compare(cmp: dict | None, available: list[str], selected: list[str],
+                   config: str, error: str = "") -> str:
+    """The compare page: the run picker, then the headline table, conditions, curves."""
+    parts = ["<!doctype html><html><head><meta charset=utf-8><title>amflow compare</title>"
+             f"<style>{CSS}{COMPARE_CSS}</style></head><body><div class=wrap>",
+             "<h2>amflow: compare runs</h2>", run_picker(available, selected, config)]
+    if error:
+        parts.append(f"<p class=stale>{html.escape(error)}</p>")
+    if cmp:
+        parts += [f"<h3>WER, base <code>{html.escape(cmp['base'])}</code></h3>",
+                  compare_table(cmp),
+                  f"<p>CI: bootstrap over utterances. Δ: matched-pairs test (NIST MAPSSWE, "
+                  f"utterances matched by id); <b>n.s.</b>: not significant, p ≥ "
+                  f"{cmp['alpha']}.</p>",
+                  compare_conditions(cmp), dev_curves_svg(cmp["curves"])]
+    parts.append("</div></body></html>")
+    return "".join(parts)

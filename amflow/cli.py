@@ -65,6 +65,12 @@ def _decode_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", help="JSON file/URI to write (default: <run>/decode/result.json)")
 
 
+def _compare_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("runs", nargs="+", metavar="RUN",
+                   help="run ids; the first is the base the others are tested against")
+    p.add_argument("--out", help="also write the comparison as JSON (file or storage URI)")
+
+
 def _bench_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("what", choices=["features", "targets", "trainers", "train", "gtc", "decode",
                                     "sequence", "serve"],
@@ -176,6 +182,10 @@ STEPS: dict[str, Step] = {
         "amflow.steps.report:run", "the demo report: Table II per condition, curves, timings",
         reads="evaluate results of teacher, baseline and SSL runs, every step's _SUCCESS.json",
         writes="runs/<id>/report/report.md, report.json, accuracy.png, learning_curves.png"),
+    "compare": Step(
+        "amflow.steps.compare:run", "runs side by side: WER with its CI95, deltas with significance",
+        reads="runs/<RUN>/decode*/result.json and hyps.jsonl, train*/sequence* metrics.jsonl",
+        writes="the table on stdout; --out JSON", needs_run=False, add_args=_compare_args),
     "bench": Step(
         "amflow.steps.bench:run", "benchmarks measured side by side, printed as ratios",
         reads="the run's data (or the embedded corpus)",

@@ -22,6 +22,7 @@ class ConfigError(ValueError):
     def __init__(self, key: str, message: str):
         super().__init__(f"config key '{key}': {message}")
         self.key = key
+        self.reason = message
 
 
 def _check(cond: bool, key: str, message: str) -> None:
@@ -1298,6 +1299,48 @@ def parse_override(item: str) -> tuple[str, Any]:
         raise ConfigError(item, "override has an empty key")
     value = yaml.safe_load(raw) if raw.strip() else ""
     return key, value
+
+
+def check_override(item: str) -> str | None:
+    """None when `key=value` is a valid override on its own, else one short line naming
+    the key ("unknown key train.foo", "train.lr: expected a number, got 'abc'"). The
+    trigger form and the CLI share it; cross-key checks still run in load_config."""
+    try:
+        key, value = parse_override(str(item))
+    except ConfigError as e:
+        return f"{e.reason}: {item!r}"
+    except yaml.YAMLError:
+        return f"{str(item).split('=', 1)[0].strip()}: the value is not valid YAML"
+    try:
+        _coerce(value, _field_type(key), key)
+    except ConfigError as e:
+        if e.reason.startswith("unknown key"):
+            return f"unknown key {e.key}"
+        reason = e.reason[5:] if e.reason.startswith("must ") else e.reason
+        reason = "expected " + reason[3:] if reason.startswith("be ") else reason
+        return f"{e.key}: {reason}"
+    return None
+
+
+def _field_type(key: str) -> Any:
+    """The declared type of a dotted key; ConfigError for an unknown one. Only the key's
+    own type: range and cross-key checks depend on the config file it lands in."""
+    tp: Any = Config
+    for i, part in enumerate(key.split(".")):
+        if typing.get_origin(tp) is dict:
+            tp = typing.get_args(tp)[1]
+            continue
+        if tp is Any:
+            return Any
+        if not dataclasses.is_dataclass(tp):
+            raise ConfigError(".".join(key.split(".")[:i + 1]), "unknown key")
+        if tp is TrainConfig and TRAIN_KEYS.get(part):  # a flat train key lives in a section
+            tp = TRAIN_SECTIONS[TRAIN_KEYS[part]]
+        hints = typing.get_type_hints(tp)
+        if part not in hints:
+            raise ConfigError(".".join(key.split(".")[:i + 1]), "unknown key")
+        tp = hints[part]
+    return tp
 
 
 def _nest(key: str, value: Any) -> dict:

@@ -88,13 +88,12 @@ def override_keys() -> list[tuple[str, bool]]:
 def overrides_param() -> Param:
     """key=value items, each with a known key: checked when a run is triggered (form or
     REST), before any task runs."""
-    import re
+    from amflow.form_checks import OVERRIDE_FORMAT, register
 
-    alternatives = [re.escape(key) + (r"(\.[^=\s]+)?" if mapping else "")
-                    for key, mapping in override_keys()]
+    # the format's checker (amflow.config.check_override) names the bad key in the refusal
+    register()
     return Param(None, type=["null", "array"],
-                 items={"type": "string",
-                        "pattern": rf"^\s*({'|'.join(alternatives)})\s*=.*$"},
+                 items={"type": "string", "format": OVERRIDE_FORMAT},
                  title="Config overrides",
                  description="More key=value config overrides for every step, e.g. "
                              "train.lr=0.002 (they win over the fields above). Each must be "

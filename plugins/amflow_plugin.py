@@ -1,4 +1,5 @@
-"""Airflow plugin: an "amflow" tab on every DAG run's page with that run's results.
+"""Airflow plugin: an "amflow" tab on every DAG run's page with that run's results, and an
+"amflow compare" page in the navigation (runs side by side, deltas with significance).
 
 A FastAPI app (mounted at /amflow by the API server) renders the run's report from its
 files (`amflow.airflow_view`); an external view puts it in the DAG run page. FastAPI
@@ -11,12 +12,16 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from fastapi import Depends, FastAPI, HTTPException
+from fastapi import Depends, FastAPI, HTTPException, Query
 from fastapi.responses import HTMLResponse
 
 from airflow.api_fastapi.auth.managers.models.resource_details import DagAccessEntity
 from airflow.api_fastapi.core_api.security import requires_access_dag
 from airflow.plugins_manager import AirflowPlugin
+from amflow.form_checks import register as register_override_format
+
+# The API server checks trigger params here: the override format must be known to it.
+register_override_format()
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 app = FastAPI(title="amflow", description="amflow run reports inside Airflow")
@@ -69,8 +74,43 @@ def run_report(dag_id: str, run_id: str) -> HTMLResponse:
                                    title=f"DAG {dag_id}, run {run_id}."))
 
 
+def _run_ids(storage, root: str) -> list[str]:
+    runs_uri = f"{root.rstrip('/')}/runs"
+    if not storage.exists(runs_uri):
+        return []
+    names = {u[len(runs_uri) + 1:].split("/")[0]
+             for u in storage.list(runs_uri, suffix="_SUCCESS.json", recursive=True)}
+    return sorted(n for n in names if n)
+
+
+@app.get("/compare", response_class=HTMLResponse,
+         dependencies=[Depends(requires_access_dag("GET", DagAccessEntity.RUN))])
+def compare_page(runs: list[str] = Query(default=[]),
+                 config: str = "configs/local.yaml") -> HTMLResponse:
+    """Runs side by side (decoding/compare.py), under the storage of `config`."""
+    from amflow.airflow_view import render_compare
+    from amflow.config import ConfigError
+    from decoding.compare import compare, load_run
+
+    try:
+        storage, root = _storage_root({"config": config})
+    except ConfigError as exc:
+        return HTMLResponse(render_compare(None, [], runs, config, f"config: {exc}"))
+    available = _run_ids(storage, root)
+    if not runs:
+        return HTMLResponse(render_compare(None, available, runs, config,
+                                           "Tick two or more runs and press Compare."))
+    try:
+        cmp = compare([load_run(storage, root, r) for r in runs])
+    except FileNotFoundError as exc:
+        return HTMLResponse(render_compare(None, available, runs, config, str(exc)))
+    return HTMLResponse(render_compare(cmp, available, runs, config))
+
+
 class AmflowPlugin(AirflowPlugin):
     name = "amflow"
     fastapi_apps = [{"app": app, "url_prefix": "/amflow", "name": "amflow run reports"}]
     external_views = [{"name": "amflow", "href": "amflow/runs/{DAG_ID}/{RUN_ID}",
-                       "destination": "dag_run", "url_route": "amflow"}]
+                       "destination": "dag_run", "url_route": "amflow"},
+                      {"name": "amflow compare", "href": "amflow/compare",
+                       "destination": "nav", "url_route": "amflow-compare"}]

@@ -9,12 +9,20 @@ ROOT=$PWD
 PORT="${AIRFLOW_PORT:-8080}"
 source scripts/airflow_env.sh
 
+# A busy port would otherwise surface minutes later as a half-started standalone (the API
+# server dies, the scheduler keeps running): check the API port and the task log server's
+# ports first and stop here, with nothing started.
+python scripts/port_free.py "$PORT" "${AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT:-8793}" \
+  "${AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT:-8794}" || exit 1
+
 stop() {
   echo "stopping airflow standalone ..."
   stop_standalone
   exit 0
 }
 trap stop INT TERM
+# A failed start (set -e) must not leave Airflow components running.
+trap stop_standalone EXIT
 echo "airflow standalone starting (log $AIRFLOW_HOME/standalone.log) ..."
 start_standalone "$AIRFLOW_HOME/standalone.log"
 PASSWORD=$(python -c "import json,sys; print(json.load(open(sys.argv[1]))['admin'])" "$PASSWORDS")

@@ -212,3 +212,58 @@ def _doc_cli() -> list[str]:
     from tests.test_airflow_standalone import _doc_commands
 
     return [line for line in _doc_commands()[0].splitlines() if line.strip()]
+
+
+def test_compare_page_form_messages_and_port_clash(airflow, tmp_path):
+    """The compare page (two fake runs), the trigger form naming a bad override's key,
+    and `make airflow` on a busy port failing at once with the reason."""
+    import os
+    import subprocess
+    import time
+
+    from playwright.sync_api import expect, sync_playwright
+
+    from tests.test_compare import _rows, write_run
+
+    cfg = fake_config(tmp_path / "work")
+    store = tmp_path / "work" / "store"
+    write_run(store, "base", {"decode": _rows([3] * 40), "decode-sequence": _rows([2, 3] * 20)})
+    write_run(store, "new", {"decode": _rows([1] * 40), "decode-sequence": _rows([3, 2] * 20)},
+              model="s3://bucket/runs/new/train/model.pt")
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        page = browser.new_page(viewport={"width": 1280, "height": 900})
+        page.set_default_timeout(60_000)
+        try:
+            _login(page, airflow)
+            page.goto(f"{airflow.base}/amflow/compare?config={cfg}&runs=base&runs=new")
+            table = page.locator("#headline")
+            expect(table.get_by_text("s3://bucket/runs/new/train/model.pt").first).to_be_visible()
+            expect(table.locator("td", has_text="-20.00 (p<0.001)")).to_be_visible()
+            expect(table.get_by_text("n.s.").first).to_be_visible()
+            assert table.bounding_box()["width"] <= 1280  # readable without scrolling
+            expect(page.locator("#devcurves polyline")).to_have_count(2)
+            page.screenshot(path=SHOTS / "10-compare.png", full_page=True)
+
+            page.goto(f"{airflow.base}/dags/ssl_student")
+            page.get_by_test_id("trigger-dag-button").click()
+            field = page.get_by_role("dialog").locator("[name=element_overrides]")
+            for bad, message in (("train.foo=1", "unknown key train.foo"),
+                                 ("train.lr=abc", "train.lr: expected a number, got 'abc'")):
+                field.fill(bad)
+                page.get_by_test_id("trigger-dag-submit").dispatch_event("click")
+                expect(page.get_by_text(message).first).to_be_visible()
+                assert "/runs/" not in page.url
+            page.screenshot(path=SHOTS / "11-override-refused.png", full_page=True)
+        finally:
+            browser.close()
+
+    home = tmp_path / "clash_home"
+    env = {**os.environ, "AIRFLOW_PORT": str(airflow.port), "AIRFLOW_HOME": str(home)}
+    t0 = time.time()
+    out = subprocess.run(["bash", str(ROOT / "scripts" / "airflow.sh")], env=env,
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode != 0 and time.time() - t0 < 15
+    assert f"port {airflow.port} is busy" in out.stderr and "Nothing was started" in out.stderr
+    assert not (home / "standalone.log").exists()  # nothing was launched

@@ -15,6 +15,7 @@ from typing import Any
 from amflow.runs import SUCCESS, StepContext, StepError, rejects_table, step_dir_name
 from amflow.storage import join
 from decoding import decode as D
+from decoding import error_analysis
 from decoding.assets import DecoderAssets
 from training.launch import model_dir_name
 
@@ -83,6 +84,7 @@ def _decode(ctx: StepContext, a: DecoderAssets, corpus: str, split: str) -> tupl
     wall = time.perf_counter() - t0
     rejects += [r for s in scored for r in s["rejects"]]
     result, rows, oov = D.score_hyps(hyps, a.lexicon)
+    result.update(error_analysis.result_fields(rows))  # wer_ci95, S/D/I counts, confusions
     audio_s = sum(s["audio_s"] for s in scored)
     result.update({
         "model": a.model_uri, "data": corpus, "split": split, "acwt": acwt, "lm_weight": 1 / acwt,
@@ -92,6 +94,7 @@ def _decode(ctx: StepContext, a: DecoderAssets, corpus: str, split: str) -> tupl
         "rtf": D.rtf(scored, search_s, audio_s, wall, dc.workers),
         "model_kind": a.card.kind})
     D.write_hyps(ctx, rows)
+    ctx.storage.write_text(ctx.path("errors.txt"), error_analysis.render(rows))  # sclite-like
     if rejects:
         ctx.storage.write_parquet(ctx.path("rejects", "rejects.parquet"), rejects_table(rejects))
     metrics = {"wer": result["wer"], "ser": result["ser"], "per_condition_wer": result["per_condition"],

@@ -9,6 +9,7 @@ from typing import Any
 
 from amflow.runs import StepContext, StepError, step_dir_name
 from amflow.storage import join
+from decoding.compare import significance_section
 from tasks.report import (CONDITIONS, bar_png, curves_png, pct, read_json_or_none, run_steps,
                           render_steps, render_table_ii, sequence_section,
                           sequence_wer_table, table_ii, wer_section, wer_table)
@@ -45,6 +46,7 @@ def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
                 if any(seq_decoded.values()) else [])
     runs = [teacher_run] if teacher_run == ctx.run_id else [teacher_run, ctx.run_id]
     steps = [s for r in runs for s in run_steps(ctx, r)]
+    sig_md, significance = significance_section(ctx.storage, decodes, seq_decodes)
 
     parts = ["# amflow report", "",
              f"Runs: teacher/baseline `{teacher_run}`, SSL student `{ctx.run_id}`. "
@@ -54,6 +56,7 @@ def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
         parts += wer_section(wer_rows, decoded["ssl"])
     if seq_rows:
         parts += sequence_section(seq_rows)
+    parts += sig_md  # CIs and paired tests (decoding/compare.py)
     parts += ["## Frame accuracy and phone error rate (cf. Table II)", "",
               render_table_ii(rows), "", "![frame accuracy](accuracy.png)", ""]
     gains = [r["rel_fer_reduction"] for r in rows if r["condition"] in CONDITIONS[1:]]
@@ -82,6 +85,7 @@ def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
                                                      "table_ii_wer_sequence": seq_rows,
                                                      "evaluations": evals, "decodes": decodes,
                                                      "sequence_decodes": seq_decodes,
+                                                     "significance": significance,
                                                      "steps": steps})
     print(md)
     metrics = {"table_ii": rows, "table_ii_wer": wer_rows, "table_ii_wer_sequence": seq_rows,

@@ -1,0 +1,34 @@
+"""`amflow compare RUN [RUN ...]`: runs side by side (decoding/compare.py).
+
+The first run is the base: every other run's decode of the same name (decode,
+decode-sequence, ...) gets its WER delta and a matched-pairs test against it. Prints the
+table; `--out` also writes the comparison as JSON (a file path or storage URI).
+"""
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from amflow.config import Config
+from amflow.runs import StepError
+from amflow.storage import Storage
+from decoding.compare import compare, load_run, render_markdown
+
+
+def run(cfg: Config, args: Any) -> dict[str, Any]:
+    root = cfg.storage.root
+    if "://" not in root and not os.path.isabs(root):
+        root = os.path.abspath(root)
+    st = Storage(cfg.storage)
+    try:
+        result = compare([load_run(st, root, r) for r in args.runs])
+    except FileNotFoundError as exc:
+        raise StepError(str(exc)) from None
+    print(render_markdown(result), flush=True)
+    if getattr(args, "out", None):
+        st.write_json(args.out, result)
+    heads = [r for r in result["rows"] if r["decode"] == "decode"]
+    return {"base": result["base"], "runs": result["runs"],
+            "wer": {r["run"]: r["wer"] for r in heads},
+            "significant": {r["run"]: r["vs_base"]["significant"] for r in heads
+                            if "vs_base" in r}}
