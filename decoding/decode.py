@@ -165,6 +165,18 @@ def shards_of(records: Sequence, num: int) -> list[list]:
 
 
 # ----------------------------------------------------------------- the pool
+def _workers_that_fit(wanted: int, resources: dict) -> int:
+    """decode.workers capped at the cluster's CPUs: ActorPool hands a shard to every actor
+    at once, and an actor that can never be placed would hold its shard forever."""
+    cpus = int(resources.get("CPU", 0))
+    if cpus < 1:
+        raise StepError("the Ray cluster has no CPU for decode workers (ray.num_cpus / ray.address)")
+    if wanted > cpus:
+        log.warning("decode.workers=%d but the Ray cluster has %d CPUs: using %d workers",
+                    wanted, cpus, cpus)
+    return min(wanted, cpus)
+
+
 class Pool:
     """decode.workers DecodeWorker actors behind ray.util.ActorPool."""
 
@@ -177,10 +189,11 @@ class Pool:
 
         init_ray(ctx.cfg)
         dc = ctx.cfg.decode
+        self.workers = _workers_that_fit(dc.workers, ray.cluster_resources())
         actor = ray.remote(num_cpus=1, **_pool_resources(ctx))(DecodeWorker)
         model_ref = ray.put(model_bytes)
         self.actors = [actor.remote(model_ref, graph_dir, log_prior, corpus, ctx.cfg.storage,
-                                    dc.beam, dc.max_active) for _ in range(dc.workers)]
+                                    dc.beam, dc.max_active) for _ in range(self.workers)]
         self.pool = ActorPool(self.actors)
 
     def score(self, shards: list[list], desc: str) -> list[dict]:

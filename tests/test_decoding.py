@@ -316,3 +316,14 @@ def test_model_card_round_trips_the_model_file_metadata_key_for_key():
                    if k != "state_dict"}
     assert card.to_meta() == on_disk and list(card.to_meta()) == list(on_disk)
     assert card.kind == "student" and card.priors["counts"] == [1.0, 2.0, 3.0]
+
+
+def test_decode_workers_are_capped_at_the_clusters_cpus():
+    # ActorPool gives every actor a shard at once: an actor Ray cannot place would hang it
+    from amflow.runs import StepError
+    from decoding.decode import _workers_that_fit
+
+    assert _workers_that_fit(4, {"CPU": 1.0}) == 1
+    assert _workers_that_fit(2, {"CPU": 8.0}) == 2
+    with pytest.raises(StepError, match="no CPU"):
+        _workers_that_fit(2, {"GPU": 1.0})

@@ -91,7 +91,7 @@ def _decode(ctx: StepContext, a: DecoderAssets, corpus: str, split: str) -> tupl
         "tune_split": dc.tune_split, "tuning": tuning, "lm": a.lm_uri, "lexicon": a.lexicon_uri,
         "graph": a.graph_info, "priors_from": a.prior_source, "oov": oov,
         "rejected": D.reasons(rejects), "audio_s": round(audio_s, 2),
-        "rtf": D.rtf(scored, search_s, audio_s, wall, dc.workers),
+        "rtf": D.rtf(scored, search_s, audio_s, wall, pool.workers),
         "model_kind": a.card.kind})
     D.write_hyps(ctx, rows)
     ctx.storage.write_text(ctx.path("errors.txt"), error_analysis.render(rows))  # sclite-like
