@@ -149,7 +149,7 @@ def test_prefetch_thread_propagates_errors_and_stops(run):
     it = iter(loader)
     next(it)
     it.close()  # stopping early joins the producer
-    assert loader._thread is None
+    assert loader._ahead._thread is None  # the Prefetch under the loader
     broken = SplitIndex.load(st, idx.uris, "labels")
     broken.uris = [u + ".missing" for u in broken.uris]
     with pytest.raises(Exception):

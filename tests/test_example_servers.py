@@ -286,10 +286,10 @@ def test_the_stream_is_bounded_and_stops_with_the_trainer(tone_run):
 
     time.sleep(1.0)
     rendered = src.pass_metrics(p)["examples"]
-    assert stream._q.qsize() <= 1
+    assert stream._ahead._q.qsize() <= 1
     assert rendered <= 3 < len(src.utts)  # a window is one utterance: at most ~2 ahead
     it.close()
-    assert stream._thread is None
+    assert stream._ahead._thread is None
 
 
 def test_sortagrad_orders_the_pass_by_length():

@@ -31,8 +31,6 @@ from __future__ import annotations
 
 import logging
 import math
-import queue
-import threading
 import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Iterator, Sequence
@@ -44,6 +42,7 @@ import pyarrow.parquet as pq
 import torch
 
 from amflow import records
+from amflow.prefetch import Prefetch
 from amflow.runs import StepError
 from amflow.storage import Storage, join
 
@@ -472,14 +471,6 @@ class _Utterances:
         return out
 
 
-class _Error:
-    def __init__(self, exc: BaseException):
-        self.exc = exc
-
-
-_END = object()
-
-
 class BatchLoader:
     """Iterates the minibatches of one pass, produced ahead by a background thread.
 
@@ -499,11 +490,7 @@ class BatchLoader:
         self.limit = self.plan.num_batches
         self.prefetch = max(1, prefetch)
         self.keep_utts = keep_utts
-        self._thread: threading.Thread | None = None
-        self._stop = threading.Event()
-        self._q: queue.Queue = queue.Queue(maxsize=self.prefetch)
-        self.wait_s = 0.0  # time the consumer spent waiting for data
-        self.produce_s = 0.0
+        self._ahead = Prefetch(self.batches, self.prefetch, name="amflow-loader")
 
     @property
     def num_batches(self) -> int:
@@ -529,59 +516,20 @@ class BatchLoader:
             if pos >= self.limit:
                 break
 
-    def _produce(self) -> None:
-        try:
-            t0 = time.perf_counter()
-            for b in self.batches():
-                self.produce_s += time.perf_counter() - t0
-                while not self._stop.is_set():
-                    try:
-                        self._q.put(b, timeout=0.1)
-                        break
-                    except queue.Full:
-                        continue
-                if self._stop.is_set():
-                    return
-                t0 = time.perf_counter()
-            self._put_final(_END)
-        except BaseException as exc:  # noqa: BLE001 - handed to the consumer
-            self._put_final(_Error(exc))
+    @property
+    def wait_s(self) -> float:
+        """Time the consumer spent waiting for data."""
+        return self._ahead.wait_s
 
-    def _put_final(self, item: Any) -> None:
-        while not self._stop.is_set():
-            try:
-                self._q.put(item, timeout=0.1)
-                return
-            except queue.Full:
-                continue
+    @property
+    def produce_s(self) -> float:
+        return self._ahead.produce_s
 
     def __iter__(self) -> Iterator[Batch]:
-        self._stop.clear()
-        self._thread = threading.Thread(target=self._produce, name="amflow-loader", daemon=True)
-        self._thread.start()
-        try:
-            while True:
-                t0 = time.perf_counter()
-                item = self._q.get()
-                self.wait_s += time.perf_counter() - t0
-                if item is _END:
-                    return
-                if isinstance(item, _Error):
-                    raise item.exc
-                yield item
-        finally:
-            self.close()
+        return iter(self._ahead)
 
     def close(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            while True:
-                try:
-                    self._q.get_nowait()
-                except queue.Empty:
-                    break
-            self._thread.join(timeout=10)
-            self._thread = None
+        self._ahead.close()
 
 
 # ----------------------------------------------------------------- augmentation

@@ -48,8 +48,6 @@ import collections
 import json
 import logging
 import math
-import queue
-import threading
 import time
 import zlib
 from dataclasses import dataclass, field, replace
@@ -62,6 +60,7 @@ from scipy import signal
 
 from amflow import records
 from amflow.config import AugmentConfig, FeaturesConfig, TrainConfig
+from amflow.prefetch import Prefetch
 from amflow.storage import Storage, iter_jsonl, join
 from tasks.audio import load_audio_result, resolve_uri
 from tasks.corpus import babble_bank
@@ -542,10 +541,6 @@ def _frame_labels(storage: Storage, index: SplitIndex) -> dict[str, np.ndarray]:
     return out
 
 
-class _End:
-    pass
-
-
 class AugmentedStream:
     """Minibatches [start, limit) of one augmented pass, produced by a background thread
     that keeps the pool busy at most `servers * inflight` streams ahead."""
@@ -555,10 +550,8 @@ class AugmentedStream:
         self.src, self.p, self.index, self.plan, self.recipes = src, p, index, plan, recipes
         self.start, self.limit, self.stats = start, min(limit, plan.num_batches), stats
         self.offset = plan.spec.offset
-        self.wait_s = 0.0
-        self._q: queue.Queue = queue.Queue(maxsize=max(1, src.tc.batches.prefetch))
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._ahead = Prefetch(self._batches, max(1, src.tc.batches.prefetch),
+                               name="amflow-example-servers")
 
     # -- what the windows need
     def _windows(self) -> list[tuple[list[int], list[np.ndarray]]]:
@@ -601,68 +594,40 @@ class AugmentedStream:
                     self.src.warm(self.p)
             yield ray.get(refs.popleft())
 
-    def _produce(self) -> None:
+    def _batches(self) -> Iterator[Batch]:
+        """The pass's minibatches, collated window by window as their streams render."""
         t0 = time.perf_counter()
         try:
             rendered = self._rendered()
             for parts, batches in self._windows():
                 utts = _Utterances(self.src.storage, self.index, self.src.norm, 0, self.src.stack)
                 for _ in parts:
-                    results, cpu = next(rendered)
-                    self.stats.cpu_s += cpu
-                    for r in results:
-                        if r.x is None:
-                            self.stats.rejects[r.reason] = self.stats.rejects.get(r.reason, 0) + 1
-                            log.warning("example servers: %s rejected (%s: %s)",
-                                        self.index.utt_ids[r.pos], r.reason, r.detail)
-                        else:
-                            utts.cache[r.pos] = (r.x, r.labels)
-                            self.stats.examples += 1
+                    self._cache(utts, *next(rendered))
                 for bt in batches:
-                    if not self._put(_collate(utts, bt)):
-                        return
-            self._put(_End())
-        except BaseException as exc:  # noqa: BLE001 - handed to the consumer
-            self._put(exc)
+                    yield _collate(utts, bt)
         finally:
             self.stats.wall_s += time.perf_counter() - t0
 
-    def _put(self, item: Any) -> bool:
-        while not self._stop.is_set():
-            try:
-                self._q.put(item, timeout=0.1)
-                return True
-            except queue.Full:
-                continue
-        return False
+    def _cache(self, utts: _Utterances, results: list[Rendered], cpu: float) -> None:
+        self.stats.cpu_s += cpu
+        for r in results:
+            if r.x is None:
+                self.stats.rejects[r.reason] = self.stats.rejects.get(r.reason, 0) + 1
+                log.warning("example servers: %s rejected (%s: %s)",
+                            self.index.utt_ids[r.pos], r.reason, r.detail)
+            else:
+                utts.cache[r.pos] = (r.x, r.labels)
+                self.stats.examples += 1
+
+    @property
+    def wait_s(self) -> float:
+        return self._ahead.wait_s
 
     def __iter__(self) -> Iterator[Batch]:
-        self._thread = threading.Thread(target=self._produce, name="amflow-example-servers",
-                                        daemon=True)
-        self._thread.start()
-        try:
-            while True:
-                t0 = time.perf_counter()
-                item = self._q.get()
-                self.wait_s += time.perf_counter() - t0
-                if isinstance(item, _End):
-                    return
-                if isinstance(item, BaseException):
-                    raise item
-                yield item
-        finally:
-            self.close()
+        return iter(self._ahead)
 
     def close(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            while True:
-                try:
-                    self._q.get_nowait()
-                except queue.Empty:
-                    break
-            self._thread.join(timeout=30)
-            self._thread = None
+        self._ahead.close()
 
 
 def _collate(utts: _Utterances, pieces: np.ndarray) -> Batch:
