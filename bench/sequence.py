@@ -37,35 +37,12 @@ import torch
 
 from amflow.config import load_config
 from amflow.runs import StepContext
-from amflow.storage import join
-from training.data import (BatchLoader, Normalizer, PassSpec, SplitIndex, make_synthetic_run,
-                           partition_uris)
+from bench.train import labeled_data
+from training.data import BatchLoader, Normalizer, PassSpec, SplitIndex
 from training.losses import ce_loss
 from training.models import build_model, num_parameters
 from training.sequence import (SequenceCriterion, denominator_graph, estimate_phone_ngram,
                                split_label_sequences)
-
-SYNTHETIC_PHONES = 48
-
-
-def _data(ctx: StepContext) -> tuple[SplitIndex, Normalizer, int, str]:
-    st = ctx.storage
-    uris = partition_uris(st, ctx.other("repartition", ctx.cfg.train.batches.labeled_split))
-    cmvn_uri = ctx.other("features", "cmvn.json")
-    if uris and st.exists(cmvn_uri):
-        index = SplitIndex.load(st, uris, "labels")
-        phones = st.read_json(ctx.other("features", "phones.json"))
-        return index, Normalizer.from_stats(st.read_json(cmvn_uri), index.feat_dim), \
-            len(phones), "run"
-    root = ctx.path("synthetic")
-    info = make_synthetic_run(st, root, num_classes=SYNTHETIC_PHONES,
-                              base_dim=ctx.cfg.features.num_mel_bins,
-                              dtype=ctx.cfg.features.storage_dtype,
-                              splits={"labeled": {"utts": 200, "parts": 2, "rows": (60, 300)}})
-    index = SplitIndex.load(st, info["splits"]["labeled"], "labels")
-    norm = Normalizer.from_stats(st.read_json(join(root, "features", "cmvn.json")),
-                                 index.feat_dim)
-    return index, norm, len(info["phones"]), "synthetic"
 
 
 def _graph_sizes(seqs: list[np.ndarray], num_classes: int, min_count: int) -> list[dict]:
@@ -156,7 +133,7 @@ def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
         torch.set_num_threads(1)
     steps = ctx.cfg.bench.seq_steps
     try:
-        index, norm, num_classes, source = _data(ctx)
+        index, norm, num_classes, source = labeled_data(ctx, 200, 2)
         num_classes = ctx.cfg.model.num_classes or num_classes
         seqs = split_label_sequences(ctx.storage, index.uris, ctx.cfg.features.stack)
         graphs = _graph_sizes(seqs, num_classes, tc.sequence.den_min_count)

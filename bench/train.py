@@ -30,7 +30,10 @@ from training.models import build_model, num_parameters
 PAPER_CLASSES = 3183
 
 
-def _data(ctx: StepContext) -> tuple[SplitIndex, Normalizer, int, str]:
+def labeled_data(ctx: StepContext, synthetic_utts: int = 400, synthetic_parts: int = 4
+                 ) -> tuple[SplitIndex, Normalizer, int, str]:
+    """(index, normalizer, classes, source) of the run's labeled split when features and
+    repartition ran, else of a synthetic run of `synthetic_utts` utterances."""
     st = ctx.storage
     uris = partition_uris(st, ctx.other("repartition", ctx.cfg.train.batches.labeled_split))
     cmvn_uri = ctx.other("features", "cmvn.json")
@@ -42,7 +45,8 @@ def _data(ctx: StepContext) -> tuple[SplitIndex, Normalizer, int, str]:
     root = ctx.path("synthetic")
     info = make_synthetic_run(st, root, num_classes=48, base_dim=ctx.cfg.features.num_mel_bins,
                               dtype=ctx.cfg.features.storage_dtype,
-                              splits={"labeled": {"utts": 400, "parts": 4, "rows": (60, 300)}})
+                              splits={"labeled": {"utts": synthetic_utts, "parts": synthetic_parts,
+                                                  "rows": (60, 300)}})
     index = SplitIndex.load(st, info["splits"]["labeled"], "labels")
     norm = Normalizer.from_stats(st.read_json(join(root, "features", "cmvn.json")),
                                  index.feat_dim)
@@ -89,7 +93,7 @@ def run(ctx: StepContext, args: Any) -> dict[str, Any]:
     threads_before = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        index, norm, num_classes, source = _data(ctx)
+        index, norm, num_classes, source = labeled_data(ctx)
         mc, batches = ctx.cfg.model, ctx.cfg.train.batches
         tiny_classes = mc.num_classes or num_classes
         paper = ModelConfig(student=StudentConfig(5, 768, 3), teacher=TeacherConfig(5, 768),

@@ -15,8 +15,9 @@ communication and applies the update through the local optimizer. All state live
 """
 from __future__ import annotations
 
+import contextlib
 import time
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 from torch import nn
@@ -68,17 +69,24 @@ class Algorithm:
                 "bytes_per_step": self.bytes_sent / max(self.steps, 1)}
 
     # -- helpers for subclasses
-    def _timed(self):
-        algo = self
+    @contextlib.contextmanager
+    def _timed(self) -> Iterator[None]:
+        """Times a communication section into the algorithm's counters."""
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self._add_comm_seconds(time.perf_counter() - t0)
 
-        class _T:
-            def __enter__(self_inner):
-                self_inner.t0 = time.perf_counter()
+    def _add_comm_seconds(self, seconds: float) -> None:
+        self.comm_seconds += seconds
 
-            def __exit__(self_inner, *exc):
-                algo.comm_seconds += time.perf_counter() - self_inner.t0
-
-        return _T()
+    def _setup_flat(self, group: Any) -> None:
+        """Every worker starts from rank 0's weights; the parameters as flat buckets on
+        the device the process group communicates on."""
+        dev = comm_device(group, model_device(self.model))
+        self.setup_bytes = broadcast_model_(self.params, group)
+        self.flat = FlatBuckets(self.params, dev)
 
 
 # ---------------------------------------------------------------------------------------

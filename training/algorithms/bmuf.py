@@ -39,9 +39,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from training.algorithms.base import (Algorithm, FlatBuckets, broadcast_model_, comm_device,
-                                      model_device, reset_local_momentum, resolve_group,
-                                      trainable)
+from training.algorithms.base import Algorithm, reset_local_momentum, resolve_group, trainable
 
 
 def derive_eta(zeta: float, n: int, c: float) -> float:
@@ -95,9 +93,7 @@ class BMUF(Algorithm):
         self.blocks = 0
         self.finalized = False
         if self.world > 1:
-            dev = comm_device(group, model_device(model))
-            self.setup_bytes = broadcast_model_(self.params, group)
-            self.flat = FlatBuckets(self.params, dev)
+            self._setup_flat(group)
             eta = derive_eta(zeta, self.world, c) if eta < 0 else eta
             self.filter = BlockFilter(self.flat.flat_weights(), zeta, eta)
 

@@ -21,7 +21,6 @@ per block and the broadcast of the look-ahead model to the group.
 """
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import torch
@@ -137,19 +136,10 @@ class HTM(Algorithm):
         self.bytes_sent = self.gtc.bytes_sent + self.block_bytes
         self.comm_seconds = self.gtc.comm_seconds + self.block_seconds
 
-    def _timed(self):
+    def _add_comm_seconds(self, seconds: float) -> None:
         # time in the upper tier goes to block_seconds; comm_seconds is the total
-        algo = self
-
-        class _T:
-            def __enter__(self_inner):
-                self_inner.t0 = time.perf_counter()
-
-            def __exit__(self_inner, *exc):
-                algo.block_seconds += time.perf_counter() - self_inner.t0
-                algo._sync_counters()
-
-        return _T()
+        self.block_seconds += seconds
+        self._sync_counters()
 
     def step(self, num_frames: int = 0) -> None:
         self.gtc.step(num_frames)

@@ -31,8 +31,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from training.algorithms.base import (Algorithm, FlatBuckets, broadcast_model_, comm_device,
-                                      model_device, resolve_group, trainable)
+from training.algorithms.base import Algorithm, resolve_group, trainable
 from training.natural_gradient import NaturalGradient
 
 # Kaldi nnet3's default per-component max-change per minibatch.
@@ -56,9 +55,7 @@ class ModelAveraging(Algorithm):
         self.clipped = 0
         self.finalized = False
         if self.world > 1:
-            dev = comm_device(group, model_device(model))
-            self.setup_bytes = broadcast_model_(self.params, group)
-            self.flat = FlatBuckets(self.params, dev)
+            self._setup_flat(group)
         self._before = [torch.empty_like(p) for p in self.params] if self.max_change > 0 else []
         # NaturalGradient keyword arguments (rank_in, alpha, ...); None = plain gradients
         self.ng = None if natural_gradient is None else NaturalGradient(model, **natural_gradient)
