@@ -104,6 +104,26 @@ class StepContext:
                             f"`amflow {step} --run-id {self.run_id}`")
         return self.storage.read_json(uri)
 
+    # -- resuming a step whose outputs depend on a plan (inputs + settings)
+    def resume_plan(self, plan: Any, name: str = "_plan.json") -> dict[str, Any] | None:
+        """The earlier summary when this step finished with the same `plan` (and no
+        --force): nothing to do. Otherwise an earlier attempt's outputs and shard markers
+        are kept only for the same plan; with another plan (or --force) the step's folder
+        is cleared first. The plan is then written for the next attempt to compare."""
+        st, plan_uri = self.storage, self.path(name)
+        same = st.exists(plan_uri) and st.read_json(plan_uri) == plan
+        if not self.force and same and st.exists(self.path(SUCCESS)):
+            log.info("%s: %s exists, nothing to do (use --force to redo)", self.step,
+                     self.path(SUCCESS))
+            return st.read_json(self.path(SUCCESS))
+        if self.force or (st.exists(plan_uri) and not same):
+            if not self.force:
+                log.warning("%s: inputs or settings changed since the last attempt; "
+                            "starting over", self.step)
+            st.delete_dir(self.step_uri)
+        st.write_json(plan_uri, plan)
+        return None
+
     # -- per-shard idempotency
     def shard_marker(self, shard_id: str) -> str:
         return self.path("_shards", f"{shard_id}.json")

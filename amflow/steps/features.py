@@ -12,8 +12,8 @@ from typing import Any
 import numpy as np
 
 from amflow.raycluster import map_shards
-from amflow.runs import SUCCESS, StepContext, StepError
-from tasks.features import alignment_payloads, log, process_shard, summarise
+from amflow.runs import StepContext, StepError
+from tasks.features import alignment_payloads, process_shard, summarise
 
 
 def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
@@ -21,23 +21,15 @@ def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
     select = ctx.require("select")
     # Outputs and markers of an earlier attempt are only valid for the same select output
     # and settings; a finished step with the same plan is a no-op.
-    plan_uri = ctx.path("_plan.json")
     plan = {"select_finished_at": select.get("finished_at"),
             "features": {k: v for k, v in dataclasses.asdict(fcfg).items()
                          if k not in ("io_threads", "batch_seconds")}}
-    if not ctx.force and st.exists(ctx.path(SUCCESS)) and st.exists(plan_uri) \
-            and st.read_json(plan_uri) == plan:
-        log.info("features: %s exists, nothing to do (use --force to redo)", ctx.path(SUCCESS))
-        return st.read_json(ctx.path(SUCCESS))
+    done = ctx.resume_plan(plan)
+    if done is not None:
+        return done
     index = st.read_json(ctx.other("select", "shards.json"))["shards"]
     if not index:
         raise StepError("select produced no shards")
-    if ctx.force or (st.exists(plan_uri) and st.read_json(plan_uri) != plan):
-        if not ctx.force:
-            log.warning("features: select output or settings changed since the last "
-                        "attempt; starting over")
-        st.delete_dir(ctx.step_uri)
-    st.write_json(plan_uri, plan)
     aligns, errs, inventory = alignment_payloads(ctx, index)
     # hierarchical shuffle, level 1: the global order of the shard files
     order = np.random.default_rng(fcfg.seed).permutation(len(index))

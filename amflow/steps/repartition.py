@@ -11,7 +11,7 @@ from typing import Any
 from amflow.raycluster import map_shards
 from amflow.runs import SUCCESS, StepContext, StepError
 from tasks.repartition import (BUCKETS, SPLIT_ORDER, forget_lost_buckets, shard_jobs,
-                               plan_fingerprint, plan_reduce_jobs, log, map_shard, plan_window,
+                               plan_fingerprint, plan_reduce_jobs, map_shard, plan_window,
                                reduce_partition, split_indexes)
 
 
@@ -20,19 +20,10 @@ def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
     feat = ctx.require("features")
     tsucc = ctx.other("targets", SUCCESS)
     targets = st.read_json(tsucc) if st.exists(tsucc) else None
-    plan_uri = ctx.path("_plan.json")
     fp = plan_fingerprint(ctx, feat, targets)
-    if not ctx.force and st.exists(ctx.path(SUCCESS)) and st.exists(plan_uri) \
-            and st.read_json(plan_uri) == fp:
-        log.info("repartition: %s exists, nothing to do (use --force to redo)",
-                 ctx.path(SUCCESS))
-        return st.read_json(ctx.path(SUCCESS))
-    if ctx.force or (st.exists(plan_uri) and st.read_json(plan_uri) != fp):
-        if not ctx.force:
-            log.warning("repartition: inputs or settings changed since the last attempt; "
-                        "starting over")
-        st.delete_dir(ctx.step_uri)
-    st.write_json(plan_uri, fp)
+    done = ctx.resume_plan(fp)
+    if done is not None:
+        return done
 
     index = st.read_json(ctx.other("features", "shards.json"))
     order = index["order"]
