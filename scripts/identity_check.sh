@@ -24,5 +24,6 @@ for s in select features repartition train evaluate lm; do run $s --run-id t "${
 run decode --run-id t --split test "${T[@]}"
 for s in select features targets repartition train; do run $s --run-id s "${S[@]}"; done
 run sequence --run-id s "${S[@]}" --set select.splits=labeled,dev --set train.epochs=1
+run lm --run-id s "${S[@]}"
 run decode --run-id s --split test "${S[@]}" --set decode.tag=sequence
 "${AMFLOW%/amflow}/python" scripts/identity_digest.py "$OUT"
