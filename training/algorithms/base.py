@@ -20,6 +20,7 @@ import time
 from typing import Any, Iterator
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 
@@ -81,6 +82,15 @@ class Algorithm:
     def _add_comm_seconds(self, seconds: float) -> None:
         self.comm_seconds += seconds
 
+    def _average_flat_weights(self) -> list[torch.Tensor]:
+        """The workers' mean of the flat weight buckets (all-reduce), bytes counted."""
+        bufs = self.flat.weights()
+        for b in bufs:
+            dist.all_reduce(b, op=dist.ReduceOp.SUM, group=self.group)
+            b.div_(self.world)
+            self.bytes_sent += b.numel() * b.element_size()
+        return bufs
+
     def _setup_flat(self, group: Any) -> None:
         """Every worker starts from rank 0's weights; the parameters as flat buckets on
         the device the process group communicates on."""
@@ -93,7 +103,6 @@ class Algorithm:
 # Shared helpers: process-group resolution, device placement, flat buckets.
 # ---------------------------------------------------------------------------------------
 
-import torch.distributed as dist  # noqa: E402
 
 BUCKET_BYTES = 32 << 20  # flatten tensors into buffers of at most this many bytes
 

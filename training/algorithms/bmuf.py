@@ -36,7 +36,6 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from training.algorithms.base import Algorithm, reset_local_momentum, resolve_group, trainable
@@ -110,11 +109,7 @@ class BMUF(Algorithm):
 
     def _block(self, final: bool = False) -> None:
         with self._timed():
-            bufs = self.flat.weights()
-            for b in bufs:
-                dist.all_reduce(b, op=dist.ReduceOp.SUM, group=self.group)
-                b.div_(self.world)
-                self.bytes_sent += b.numel() * b.element_size()
+            bufs = self._average_flat_weights()
             look = self.filter.update(torch.cat(bufs) if len(bufs) > 1 else bufs[0])
             self.flat.set_flat_weights(self.filter.w_g if final else look)
         if self.reset_momentum:

@@ -28,7 +28,6 @@ import math
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from training.algorithms.base import Algorithm, resolve_group, trainable
@@ -97,12 +96,7 @@ class ModelAveraging(Algorithm):
 
     def _average(self) -> None:
         with self._timed():
-            bufs = self.flat.weights()
-            for b in bufs:
-                dist.all_reduce(b, op=dist.ReduceOp.SUM, group=self.group)
-                b.div_(self.world)
-                self.bytes_sent += b.numel() * b.element_size()
-            self.flat.set_weights(bufs)
+            self.flat.set_weights(self._average_flat_weights())
         self.averages += 1
 
     def step(self, num_frames: int = 0) -> None:
