@@ -78,6 +78,7 @@ class ContainerBackend(LocalBackend):
         self.data_paths = list(data_paths)
         self.step_env = dict(env or {})
         self.pass_env = tuple(pass_env)
+        self._stopping: set[str] = set()
 
     def _mounts(self, argv: list[str]) -> list[str]:
         """-v flags: the working dir read-only, the data paths read-write, and the dir of a
@@ -131,17 +132,28 @@ class ContainerBackend(LocalBackend):
 
     def status(self, jid: str) -> str:
         status = super().status(jid)
-        if status == FAILED and read_json(self._dir(jid) / "rc.json") is None:
+        if status == FAILED and jid not in self._stopping \
+                and read_json(self._dir(jid) / "rc.json") is None:
             # the podman client died without its supervisor's exit record (SIGKILL, OOM):
             # its container may still run, writing outputs nobody follows; once removed, the
             # exit record says so (and the next status check does not remove it again)
             self.remove(jid)
-            write_json(self._dir(jid) / "rc.json", {"rc": None, "lost": True,
-                                                    "finished_at": time.time()})
+            self._record(jid, {"rc": None, "lost": True})
         return status
 
+    def _record(self, jid: str, rc: dict) -> None:
+        write_json(self._dir(jid) / "rc.json", {**rc, "finished_at": time.time()})
+
     def stop(self, jid: str, grace_s: float = 10.0) -> bool:
-        stopped = super().stop(jid, grace_s)
+        self._stopping.add(jid)
+        try:
+            stopped = super().stop(jid, grace_s)
+        finally:
+            self._stopping.discard(jid)
         if stopped:
             self.remove(jid)
+            if read_json(self._dir(jid) / "rc.json") is None:
+                # SIGTERM came before the supervisor could record anything (a stop right
+                # after the submit): the job was still stopped, not failed
+                self._record(jid, {"rc": -15, "stopped": True})
         return stopped

@@ -49,3 +49,4 @@ podman build --layers -f "$here/Containerfile" -t "$tag" "$ctx"
 rm -rf "$ctx"
 size=$(podman image inspect "$tag" --format '{{.Size}}')
 echo "make image: $tag, $((size / 1000000)) MB, built in $((SECONDS - t0)) s"
+podman image prune -f >/dev/null  # the previous build's layers that no tag uses any more
