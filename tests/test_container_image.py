@@ -1,0 +1,125 @@
+"""The image, for real: corpus -> select -> features through the job runner in
+runner.mode=container (podman, the image `make image` builds), against the same chain in
+runner.mode=local. Outputs byte-identical (timings and the host name aside), the steps
+proven to run in the image (its OS and Python, a container's host name), and the per-task
+wall time of both modes kept in test-artifacts/container_overhead.json.
+
+Marked `container`: runs only with `-m container` (`make test-image` builds the image first).
+"""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from amflow.config import load_config
+from amflow.jobs import StepRunner, make_backend, step_command
+from amflow.jobs.container import default_image
+
+pytestmark = [pytest.mark.container, pytest.mark.integration, pytest.mark.slow]
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIG = "configs/local.yaml"
+# the tiny corpus of tests/conftest.py (tiny_corpus), built here by the corpus step itself
+CHAIN = [("corpus", None), ("select", "c"), ("features", "c")]
+SETS = ["corpus.hours=0.05", "select.splits=labeled,unlabeled,dev,test",
+        "select.shard_hours=0.005", "ray.num_cpus=2", "runner.poll_s=0.5"]
+# What differs between two runs of a step anywhere, in its JSON run records only: when, how
+# long, how fast, on which host. Every other byte (audio, Parquet, lexicon, JSON) must match.
+VOLATILE = re.compile(r"(^|_)(wall_s|cpu_s|compute_s|started_at|finished_at|created_at|host)$"
+                      r"|_per_wall_s|^xrt")
+ARTIFACT = ROOT / "test-artifacts" / "container_overhead.json"
+
+
+@pytest.fixture(scope="module")
+def image(request):
+    selected = (request.config.getoption("markexpr") or "").replace("not container", "")
+    if "container" not in selected:
+        pytest.skip("runs with -m container (make test-image): needs podman and the image")
+    img = os.environ.get("AMFLOW_TEST_IMAGE") or default_image()
+    env = dict(os.environ)
+    env.setdefault("CONTAINERS_CONF", str(ROOT / "infra" / "image" / "containers.conf"))
+    if shutil.which("podman") is None:
+        pytest.fail("podman not found: apt-get install -y podman buildah runc mmdebstrap")
+    if subprocess.run(["podman", "image", "exists", img], env=env).returncode != 0:
+        pytest.fail(f"no image {img}: build it with `make image`")
+    return img
+
+
+def _run_chain(base: Path, mode: str, image: str) -> dict:
+    """The chain in one runner mode, outputs under `base`; its log lines and timings."""
+    sets = [f"storage.root={base / 'store'}", f"data.corpus={base / 'corpus'}", *SETS,
+            f"runner.mode={mode}", f"runner.image={image}"]
+    state = base.parent / f"jobs-{mode}"
+    cfg = load_config(ROOT / CONFIG, sets)
+    lines: list[str] = []
+    runner = StepRunner(make_backend(cfg, state), state, poll_s=0.5, emit=lines.append)
+    walls, steps = {}, {}
+    for step, run_id in CHAIN:
+        argv = step_command(cfg.runner.command, step, config=CONFIG, run_id=run_id,
+                            overrides=sets)
+        t0 = time.perf_counter()
+        out = runner.run(f"{mode}-{step}", argv, budget_s=900)
+        walls[step] = round(time.perf_counter() - t0, 2)
+        assert out.ok, f"{mode} {step} ended {out.status}:\n" + "\n".join(out.tail)
+        steps[step] = out.summary.get("wall_s")
+    return {"lines": lines, "task_wall_s": walls, "step_wall_s": steps}
+
+
+def _stable(obj):
+    if isinstance(obj, dict):
+        return {k: _stable(v) for k, v in obj.items() if not VOLATILE.search(k)}
+    if isinstance(obj, list):
+        return [_stable(v) for v in obj]
+    return obj
+
+
+def _tree(root: Path) -> dict[str, Path]:
+    return {str(p.relative_to(root)): p for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def _differences(a: Path, b: Path) -> list[str]:
+    ta, tb = _tree(a), _tree(b)
+    out = [f"only in one: {sorted(set(ta) ^ set(tb))}"] if set(ta) != set(tb) else []
+    for rel in sorted(set(ta) & set(tb)):
+        x, y = ta[rel].read_bytes(), tb[rel].read_bytes()
+        if x == y:
+            continue
+        if rel.endswith(".json") and _stable(json.loads(x)) == _stable(json.loads(y)):
+            continue  # a run record: equal but for its timings and host
+        out.append(rel)
+    return out
+
+
+def test_chain_in_the_image_matches_local_byte_for_byte(image, tmp_path):
+    base = tmp_path / "data"  # both modes write at the same paths: paths inside outputs match
+    local = _run_chain(base, "local", image)
+    base.rename(tmp_path / "data-local")
+    box = _run_chain(base, "container", image)
+
+    banner = [x for x in box["lines"] if x.startswith("[amflow-container] ")]
+    assert len(banner) == len(CHAIN), box["lines"][:5]
+    assert all("Debian GNU/Linux 12" in x and f"image {image}" in x for x in banner)
+    assert not any(x.startswith("[amflow-container] ") for x in local["lines"])
+    if sys.base_prefix != "/usr":  # a host Python not Debian's (pyenv here): not the image's
+        assert f"Python {platform.python_version()}," not in banner[0], banner[0]
+    for step, run_id in CHAIN[1:]:
+        rec = json.loads((base / "store" / "runs" / run_id / step / "_SUCCESS.json").read_text())
+        assert rec["host"] != socket.gethostname()  # the container's own host name
+
+    assert _differences(tmp_path / "data-local", base) == []
+    ARTIFACT.parent.mkdir(exist_ok=True)
+    report = {"local": {k: local[k] for k in ("task_wall_s", "step_wall_s")},
+              "container": {k: box[k] for k in ("task_wall_s", "step_wall_s")},
+              "banner": banner[0], "image": image}
+    ARTIFACT.write_text(json.dumps(report, indent=1, sort_keys=True))
+    print(json.dumps(report, indent=1, sort_keys=True))
