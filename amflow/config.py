@@ -943,12 +943,13 @@ class RunnerConfig:
     # mode=container (amflow.jobs.container): the image a step runs in (empty: the CPU image
     # `make image` builds, localhost/amflow:<project version>), the engine's CLI (podman, or
     # docker: the same `run` flags), the container's network (empty: none when storage and
-    # corpus are local paths, host when one is on S3) and extra `run` options. Ray inside a
-    # container needs shared memory beyond the 64 MB default for its object store.
+    # corpus are local paths, host when one is on S3) and extra `run` options. Without a
+    # --shm-size among them /dev/shm gets half the host's memory (podman's default is 64 MB;
+    # Ray puts its object store, 30 % of memory, there, else on the slower disk).
     image: str = ""
     container_engine: str = "podman"
     container_network: str = ""
-    container_options: list[str] = field(default_factory=lambda: ["--shm-size=2g"])
+    container_options: list[str] = field(default_factory=list)
 
     def validate(self, key: str) -> None:
         _check(self.mode in ("local", "container", "ray_job"), f"{key}.mode",

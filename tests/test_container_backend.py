@@ -50,7 +50,10 @@ def test_step_command_runs_in_the_image_with_data_at_the_same_paths(tmp_path):
     assert cmd[i + 1:] == ["sh", "-c", BANNER, "amflow-step", *argv]
     flags = cmd[:i]
     assert "--name=amflow-job-try1" in flags and "--network=none" in flags
-    assert f"--workdir={ROOT}" in flags and "--shm-size=2g" in flags
+    assert f"--workdir={ROOT}" in flags
+    shm = [f for f in flags if f.startswith("--shm-size=")]  # half the memory: Ray's store fits
+    assert len(shm) == 1 and int(shm[0][11:-1]) * 2**20 > 0.3 * os.sysconf("SC_PAGE_SIZE") \
+        * os.sysconf("SC_PHYS_PAGES")
     mounts = [flags[k + 1] for k, f in enumerate(flags) if f == "-v"]
     assert mounts == [f"{ROOT}:{ROOT}:ro", f"{tmp_path / 'corpus'}:{tmp_path / 'corpus'}:rw",
                       f"{tmp_path / 'store'}:{tmp_path / 'store'}:rw"]
@@ -72,8 +75,10 @@ def test_s3_data_goes_over_the_host_network_with_the_callers_aws_settings(tmp_pa
     monkeypatch.delenv("AWS_SESSION_TOKEN", raising=False)
     backend = J.make_backend(_cfg(tmp_path, "storage.root=s3://bucket/amflow",
                                   "data.corpus=s3://bucket/corpus", "runner.env.X=1",
-                                  "runner.container_engine=docker"))
+                                  "runner.container_engine=docker",
+                                  "runner.container_options=--shm-size=1g,--cpus=2"))
     cmd = backend.run_argv("j", ["amflow", "features"])
+    assert [f for f in cmd if f.startswith("--shm-size")] == ["--shm-size=1g"] and "--cpus=2" in cmd
     assert cmd[0] == "docker" and "--network=host" in cmd
     assert "--env=AWS_ACCESS_KEY_ID" in cmd  # by name: the value stays out of argv and logs
     assert "--env=AWS_SESSION_TOKEN" not in cmd and "--env=X=1" in cmd
@@ -149,3 +154,35 @@ def test_missing_image_fails_the_submit_naming_runner_image(tmp_path, fake_engin
     with pytest.raises(J.RunnerError, match=r"runner.image: .*make image"):
         backend.submit("c-x", ["amflow", "select"])
     assert not backend.exists("c-x")
+
+
+def test_an_airflow_task_runs_its_step_in_a_container(tmp_path, fake_engine, monkeypatch):
+    """The Airflow side (AirflowStep: ids, submit-or-attach, rerun) is mode-blind: a task's
+    step goes through `podman run` named by the try's job id; a cleared task redoes it."""
+    from amflow.orchestration.airflow_step import AirflowStep
+
+    plan = tmp_path / "plan.json"
+    plan.write_text("{}")
+    monkeypatch.setenv("AMFLOW_FAKE_PLAN", str(plan))
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text(json.dumps({
+        "storage": {"root": str(tmp_path / "store")}, "data": {"corpus": str(tmp_path / "c")},
+        "runner": {"mode": "container", "image": IMAGE, "poll_s": 0.2, "max_wait_per_try_s": 30,
+                   "command": [sys.executable, str(ROOT / "tests" / "fake_amflow.py")],
+                   "state_dir": str(tmp_path / "jobs")}}))
+    lines: list[str] = []
+
+    def task(try_number: int) -> AirflowStep:
+        return AirflowStep(step="select", dag_id="dag", airflow_run_id="manual__1",
+                           task_id="select", try_number=try_number, config=str(cfg),
+                           overrides=[], emit=lines.append)
+
+    first = task(1)
+    out = first.poke()
+    assert out.ok and out.submitted and not first.redone
+    runs = [c for c in fake_engine() if c[0] == "run"]
+    assert len(runs) == 1 and f"--name={first.job_id}" in runs[0]
+    assert (tmp_path / "store" / "runs" / first.run_id / "select" / "_SUCCESS.json").exists()
+    again = task(2)  # cleared: the step finished before, so it is redone (--force)
+    assert again.poke().ok and again.redone
+    assert "--force" in [c for c in fake_engine() if c[0] == "run"][-1]

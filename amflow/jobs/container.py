@@ -45,6 +45,15 @@ def default_image() -> str:
     return f"localhost/amflow:{version}"
 
 
+def shm_option(options: list[str]) -> list[str]:
+    """--shm-size of half the host's memory, unless `options` set one: Ray keeps its object
+    store (30 % of memory) in /dev/shm when it fits, else in /tmp (disk: slower)."""
+    if any(o.startswith("--shm-size") for o in options):
+        return []
+    mem_mb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2**20
+    return [f"--shm-size={mem_mb // 2}m"]
+
+
 def is_remote(uri: str) -> bool:
     return "://" in uri and not uri.startswith("file://")
 
@@ -101,7 +110,7 @@ class ContainerBackend(LocalBackend):
         flags += [f"--env={name}" for name in self.pass_env if name in os.environ]
         return [self.engine, "run", "--rm", "--init", f"--name={jid}",
                 f"--network={self.network}", f"--workdir={self.cwd}", *self._mounts(argv),
-                *flags, *self.options, self.image, "sh", "-c", BANNER, "amflow-step", *argv]
+                *flags, *shm_option(self.options), *self.options, self.image, "sh", "-c", BANNER, "amflow-step", *argv]
 
     def _engine(self, *args: str) -> subprocess.CompletedProcess:
         env = dict(os.environ, **self.env)

@@ -45,7 +45,8 @@ cp -al "$build/wheels" "$ctx/wheels"
    training decoding bench serving alignment configs dags infra \
  | while read -r f; do [[ -f "$f" ]] && printf '%s\0' "$f"; done \
  | xargs -0 cp --parents -t "$ctx/src")
-podman build --layers -f "$here/Containerfile" -t "$tag" "$ctx"
+# IMAGE_BUILD_ARGS: more podman build flags (--no-cache: time a build from nothing)
+podman build --layers ${IMAGE_BUILD_ARGS:-} -f "$here/Containerfile" -t "$tag" "$ctx"
 rm -rf "$ctx"
 size=$(podman image inspect "$tag" --format '{{.Size}}')
 echo "make image: $tag, $((size / 1000000)) MB, built in $((SECONDS - t0)) s"
