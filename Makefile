@@ -44,11 +44,12 @@ rehearsal: setup
 
 # The CPU image from Debian packages + PyPI, no registry (infra/image/README.md):
 # localhost/amflow:<version>; inputs cached under build/image, so a rebuild takes seconds.
-image: $(STAMP)
+# Needs no venv (the host's python3 and pip do); podman, buildah, runc, mmdebstrap.
+image:
 	nice -n 10 bash infra/image/build.sh
 
 # Steps run through the job runner in the image (runner.mode container), compared with local.
-test-image: image
+test-image: $(STAMP) image
 	$(VENV)/bin/pytest -q -rs -m container tests
 
 airflow: setup

@@ -186,3 +186,22 @@ def test_an_airflow_task_runs_its_step_in_a_container(tmp_path, fake_engine, mon
     again = task(2)  # cleared: the step finished before, so it is redone (--force)
     assert again.poke().ok and again.redone
     assert "--force" in [c for c in fake_engine() if c[0] == "run"][-1]
+
+
+def test_image_inputs_are_pinned_and_match_pyproject():
+    """The image's inputs are exact: every Debian package `name=version`, every wheel
+    `name==version`, and the lock holds each pyproject pin at its pinned version."""
+    import re
+    import tomllib
+
+    here = ROOT / "infra" / "image"
+    debs = [x for x in (here / "debian-packages.txt").read_text().splitlines()
+            if x.strip() and not x.startswith("#")]
+    assert debs and all(re.fullmatch(r"[a-z0-9.+-]+=[\w.+:~-]+", d) for d in debs), debs
+    lock = dict(x.split("==") for x in (here / "requirements.lock").read_text().splitlines()
+                if x.strip() and not x.startswith("#"))
+    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    for dep in deps:
+        name, version = re.sub(r"\[.*\]", "", dep).split("==")
+        name = re.sub(r"[-_.]+", "-", name).lower()
+        assert lock.get(name, "").split("+")[0] == version, (dep, lock.get(name))

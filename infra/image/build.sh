@@ -12,6 +12,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
 build=${IMAGE_BUILD_DIR:-$root/build/image}
 py=${PYTHON:-$root/.venv/bin/python}
+[[ -x "$py" ]] || py=python3  # no venv: the host's Python 3.11+ and its pip
 export CONTAINERS_CONF=${CONTAINERS_CONF:-$here/containers.conf}
 
 for tool in podman mmdebstrap; do
