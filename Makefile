@@ -48,9 +48,10 @@ rehearsal: setup
 image:
 	nice -n 10 bash infra/image/build.sh
 
-# Steps run through the job runner in the image (runner.mode container), compared with local.
+# Steps run through the job runner in the image (runner.mode container), compared with local
+# (tests marked `container` live in tests/test_container*.py: collecting all tests is slow).
 test-image: $(STAMP) image
-	$(VENV)/bin/pytest -q -rs -m container tests
+	$(VENV)/bin/pytest -q -rs -m container tests/test_container*.py
 
 airflow: setup
 	bash scripts/airflow.sh
