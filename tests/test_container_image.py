@@ -123,3 +123,54 @@ def test_chain_in_the_image_matches_local_byte_for_byte(image, tmp_path):
               "banner": banner[0], "image": image}
     ARTIFACT.write_text(json.dumps(report, indent=1, sort_keys=True))
     print(json.dumps(report, indent=1, sort_keys=True))
+
+
+SLEEPER = ("import signal, sys, time\n"
+           "def term(*_):\n"
+           "    open(sys.argv[1], 'w').write('SIGTERM')\n"
+           "    sys.exit(143)\n"
+           "signal.signal(signal.SIGTERM, term)\n"
+           "print('ready', flush=True)\n"
+           "time.sleep(120)\n")
+
+
+def _container_names(jid: str) -> list[str]:
+    env = dict(os.environ)
+    env.setdefault("CONTAINERS_CONF", str(ROOT / "infra" / "image" / "containers.conf"))
+    out = subprocess.run(["podman", "ps", "-a", "--filter", f"name=^{jid}$", "--format",
+                          "{{.Names}}"], env=env, capture_output=True, text=True, check=True)
+    return out.stdout.split()
+
+
+def _started(backend, jid: str) -> None:
+    t0 = time.monotonic()
+    while "ready" not in backend.logs(jid)[0]:
+        assert time.monotonic() - t0 < 60, backend.logs(jid)[0]
+        time.sleep(0.2)
+    assert _container_names(jid) == [jid]
+
+
+def test_stop_reaches_the_step_and_a_lost_client_leaves_no_container(image, tmp_path):
+    """Stopping the task's job SIGTERMs the step inside (it is not PID 1) and removes the
+    container; a podman client killed outright (SIGKILL) leaves a running container,
+    which the next status check removes."""
+    from amflow.jobs import FAILED, STOPPED
+
+    store = tmp_path / "store"
+    cfg = load_config(ROOT / CONFIG, [f"storage.root={store}", f"data.corpus={store}",
+                                      "runner.mode=container", f"runner.image={image}"])
+    backend = make_backend(cfg, tmp_path / "jobs")
+    assert backend.submit("amflow-stop-me", ["python3", "-c", SLEEPER, str(store / "term")])
+    _started(backend, "amflow-stop-me")
+    assert backend.stop("amflow-stop-me") and backend.status("amflow-stop-me") == STOPPED
+    assert (store / "term").read_text() == "SIGTERM"
+    assert _container_names("amflow-stop-me") == []
+
+    assert backend.submit("amflow-lost", ["python3", "-c", SLEEPER, str(store / "lost")])
+    _started(backend, "amflow-lost")
+    job = json.loads((tmp_path / "jobs" / "amflow-lost" / "job.json").read_text())
+    os.killpg(job["pgid"], 9)  # the supervisor and the podman client, not the container
+    time.sleep(1)
+    assert _container_names("amflow-lost") == ["amflow-lost"]  # still running, unfollowed
+    assert backend.status("amflow-lost") == FAILED
+    assert _container_names("amflow-lost") == [] and backend.status("amflow-lost") == FAILED
