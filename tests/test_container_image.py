@@ -49,7 +49,7 @@ def image(request):
     env = dict(os.environ)
     env.setdefault("CONTAINERS_CONF", str(ROOT / "infra" / "image" / "containers.conf"))
     if shutil.which("podman") is None:
-        pytest.fail("podman not found: apt-get install -y podman buildah runc mmdebstrap")
+        pytest.fail("podman not found: apt-get install -y podman buildah runc catatonit mmdebstrap")
     if subprocess.run(["podman", "image", "exists", img], env=env).returncode != 0:
         pytest.fail(f"no image {img}: build it with `make image`")
     return img

@@ -6,7 +6,7 @@
 #   2. wheels/     the wheels of infra/image/requirements.lock, fetched on the host
 #   3. podman build of infra/image/Containerfile (podman's layer cache: a changed source
 #      tree redoes only the last layer)
-# Needs podman, buildah, runc, mmdebstrap (Debian: apt-get install podman buildah runc mmdebstrap).
+# Needs podman, buildah, runc, catatonit (podman run --init), mmdebstrap (Debian packages).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
@@ -16,7 +16,7 @@ py=${PYTHON:-$root/.venv/bin/python}
 export CONTAINERS_CONF=${CONTAINERS_CONF:-$here/containers.conf}
 
 for tool in podman mmdebstrap; do
-  command -v "$tool" >/dev/null || { echo "make image: $tool not found (apt-get install -y podman buildah runc mmdebstrap)" >&2; exit 1; }
+  command -v "$tool" >/dev/null || { echo "make image: $tool not found (apt-get install -y podman buildah runc catatonit mmdebstrap)" >&2; exit 1; }
 done
 version=$("$py" -c 'import tomllib; print(tomllib.load(open("'"$root"'/pyproject.toml", "rb"))["project"]["version"])')
 tag=${IMAGE_TAG:-localhost/amflow:$version}
