@@ -40,7 +40,8 @@ def _cfg(tmp_path: Path, *sets: str):
                         f"runner.state_dir={tmp_path / 'jobs'}", f"runner.image={IMAGE}", *sets])
 
 
-def test_step_command_runs_in_the_image_with_data_at_the_same_paths(tmp_path):
+def test_step_command_runs_in_the_image_with_data_at_the_same_paths(tmp_path, monkeypatch):
+    monkeypatch.setenv("AMFLOW_CACHE", str(tmp_path / "cache"))
     backend = J.make_backend(_cfg(tmp_path))
     assert isinstance(backend, ContainerBackend) and backend.mode == "container"
     argv = ["amflow", "select", "--config", "configs/local.yaml", "--run-id", "r"]
@@ -56,7 +57,9 @@ def test_step_command_runs_in_the_image_with_data_at_the_same_paths(tmp_path):
         * os.sysconf("SC_PHYS_PAGES")
     mounts = [flags[k + 1] for k, f in enumerate(flags) if f == "-v"]
     assert mounts == [f"{ROOT}:{ROOT}:ro", f"{tmp_path / 'corpus'}:{tmp_path / 'corpus'}:rw",
-                      f"{tmp_path / 'store'}:{tmp_path / 'store'}:rw"]
+                      f"{tmp_path / 'store'}:{tmp_path / 'store'}:rw",
+                      f"{tmp_path / 'cache'}:{tmp_path / 'cache'}:rw"]  # the host's cache
+    assert f"--env=AMFLOW_CACHE={tmp_path / 'cache'}" in flags
     assert "--env=PYTHONUNBUFFERED=1" in flags and f"--env=AMFLOW_IMAGE={IMAGE}" in flags
     assert not any(f.startswith("--env=AWS_") for f in flags)  # local data: no credentials
 
@@ -67,7 +70,7 @@ def test_a_config_outside_the_workdir_is_mounted_read_only(tmp_path):
     cmd = backend.run_argv("j", ["amflow", "select", "--config", str(other)])
     assert f"{other.parent}:{other.parent}:ro" in cmd
     inside = backend.run_argv("j", ["amflow", "select", "--config", "configs/aws.yaml"])
-    assert sum(f == "-v" for f in inside) == 3  # the workdir, data.corpus, storage.root
+    assert sum(f == "-v" for f in inside) == 4  # workdir, corpus, storage.root, cache
 
 
 def test_s3_data_goes_over_the_host_network_with_the_callers_aws_settings(tmp_path, monkeypatch):
@@ -82,7 +85,7 @@ def test_s3_data_goes_over_the_host_network_with_the_callers_aws_settings(tmp_pa
     assert cmd[0] == "docker" and "--network=host" in cmd
     assert "--env=AWS_ACCESS_KEY_ID" in cmd  # by name: the value stays out of argv and logs
     assert "--env=AWS_SESSION_TOKEN" not in cmd and "--env=X=1" in cmd
-    assert [f for f in cmd if f == "-v"] == ["-v"]  # only the working dir
+    assert [f for f in cmd if f == "-v"] == ["-v", "-v"]  # the working dir, the cache
 
 
 def test_nested_and_remote_paths_make_one_mount_each(tmp_path):
@@ -119,6 +122,7 @@ def fake_engine(tmp_path, monkeypatch):
     exe.chmod(0o755)
     log = tmp_path / "engine.jsonl"
     monkeypatch.setenv("FAKE_ENGINE_LOG", str(log))
+    monkeypatch.setenv("AMFLOW_CACHE", str(tmp_path / "cache"))
     monkeypatch.setenv("PATH", f"{exe.parent}{os.pathsep}{os.environ['PATH']}")
     return lambda: [json.loads(x) for x in log.read_text().splitlines()] if log.exists() else []
 

@@ -56,7 +56,10 @@ def image(request):
 
 
 def _run_chain(base: Path, mode: str, image: str) -> dict:
-    """The chain in one runner mode, outputs under `base`; its log lines and timings."""
+    """The chain in one runner mode, outputs under `base`; its log lines and timings.
+    Each mode has its own empty amflow cache: the container computes what it outputs
+    (the lexicon), rather than reading what the local run cached."""
+    os.environ["AMFLOW_CACHE"] = str(base.parent / f"cache-{mode}")
     sets = [f"storage.root={base / 'store'}", f"data.corpus={base / 'corpus'}", *SETS,
             f"runner.mode={mode}", f"runner.image={image}"]
     state = base.parent / f"jobs-{mode}"
@@ -100,7 +103,8 @@ def _differences(a: Path, b: Path) -> list[str]:
     return out
 
 
-def test_chain_in_the_image_matches_local_byte_for_byte(image, tmp_path):
+def test_chain_in_the_image_matches_local_byte_for_byte(image, tmp_path, monkeypatch):
+    monkeypatch.setenv("AMFLOW_CACHE", "")  # restored after; each mode sets its own
     base = tmp_path / "data"  # both modes write at the same paths: paths inside outputs match
     local = _run_chain(base, "local", image)
     base.rename(tmp_path / "data-local")
@@ -117,6 +121,8 @@ def test_chain_in_the_image_matches_local_byte_for_byte(image, tmp_path):
         assert rec["host"] != socket.gethostname()  # the container's own host name
 
     assert _differences(tmp_path / "data-local", base) == []
+    # the container wrote its lexicon into the host's cache (mounted), as a local step does
+    assert list((tmp_path / "cache-container").glob("lexicon-*.txt"))
     ARTIFACT.parent.mkdir(exist_ok=True)
     report = {"local": {k: local[k] for k in ("task_wall_s", "step_wall_s")},
               "container": {k: box[k] for k in ("task_wall_s", "step_wall_s")},
