@@ -84,7 +84,8 @@ def test_s3_data_goes_over_the_host_network_with_the_callers_aws_settings(tmp_pa
     assert [f for f in cmd if f.startswith("--shm-size")] == ["--shm-size=1g"] and "--cpus=2" in cmd
     assert cmd[0] == "docker" and "--network=host" in cmd
     assert "--env=AWS_ACCESS_KEY_ID" in cmd  # by name: the value stays out of argv and logs
-    assert "--env=AWS_SESSION_TOKEN" not in cmd and "--env=X=1" in cmd
+    assert "--env=AWS_SESSION_TOKEN" not in cmd
+    assert "--env=X" in cmd and backend.env["X"] == "1"  # runner.env by name too
     assert [f for f in cmd if f == "-v"] == ["-v", "-v"]  # the working dir, the cache
 
 

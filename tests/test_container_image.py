@@ -131,9 +131,9 @@ def test_chain_in_the_image_matches_local_byte_for_byte(image, tmp_path, monkeyp
     print(json.dumps(report, indent=1, sort_keys=True))
 
 
-SLEEPER = ("import signal, sys, time\n"
+SLEEPER = ("import os, signal, sys, time\n"
            "def term(*_):\n"
-           "    open(sys.argv[1], 'w').write('SIGTERM')\n"
+           "    open(sys.argv[1], 'w').write('SIGTERM ' + os.environ.get('PROBE', '-'))\n"
            "    sys.exit(143)\n"
            "signal.signal(signal.SIGTERM, term)\n"
            "print('ready', flush=True)\n"
@@ -164,12 +164,14 @@ def test_stop_reaches_the_step_and_a_lost_client_leaves_no_container(image, tmp_
 
     store = tmp_path / "store"
     cfg = load_config(ROOT / CONFIG, [f"storage.root={store}", f"data.corpus={store}",
-                                      "runner.mode=container", f"runner.image={image}"])
+                                      "runner.mode=container", f"runner.image={image}",
+                                      "runner.env.PROBE=from-runner-env"])
     backend = make_backend(cfg, tmp_path / "jobs")
     assert backend.submit("amflow-stop-me", ["python3", "-c", SLEEPER, str(store / "term")])
     _started(backend, "amflow-stop-me")
     assert backend.stop("amflow-stop-me") and backend.status("amflow-stop-me") == STOPPED
-    assert (store / "term").read_text() == "SIGTERM"
+    assert (store / "term").read_text() == "SIGTERM from-runner-env"  # runner.env, by name
+    assert "from-runner-env" not in (tmp_path / "jobs" / "amflow-stop-me" / "job.json").read_text()
     assert _container_names("amflow-stop-me") == []
 
     assert backend.submit("amflow-lost", ["python3", "-c", SLEEPER, str(store / "lost")])

@@ -87,8 +87,11 @@ class ContainerBackend(LocalBackend):
                  pass_env: tuple[str, ...] = ()):
         conf = os.environ.get("CONTAINERS_CONF") or (
             str(CONTAINERS_CONF) if CONTAINERS_CONF.exists() else "")
-        # the engine client's environment; the step's goes in with -e
-        super().__init__(state_dir, cwd=cwd, env={"CONTAINERS_CONF": conf} if conf else {})
+        # The engine client's environment: CONTAINERS_CONF, and runner.env, which goes on
+        # into the container by name (--env NAME), so its values (tokens) stay out of the
+        # command line, job.json and `ps`.
+        client_env = {**({"CONTAINERS_CONF": conf} if conf else {}), **(env or {})}
+        super().__init__(state_dir, cwd=cwd, env=client_env)
         self.image = image
         self.engine = engine
         self.network = network
@@ -114,10 +117,11 @@ class ContainerBackend(LocalBackend):
 
     def run_argv(self, jid: str, argv: list[str]) -> list[str]:
         """The engine command that runs `argv` in the image as container `jid`."""
-        env = {"PYTHONUNBUFFERED": "1", "AMFLOW_IMAGE": self.image,
-               "AMFLOW_CACHE": amflow_cache(), **self.step_env}
+        env = {"PYTHONUNBUFFERED": "1", "AMFLOW_IMAGE": self.image, "AMFLOW_CACHE": amflow_cache()}
         flags = [f"--env={k}={v}" for k, v in env.items()]
-        flags += [f"--env={name}" for name in self.pass_env if name in os.environ]
+        flags += [f"--env={name}" for name in self.step_env]  # values: the client's env
+        flags += [f"--env={name}" for name in self.pass_env
+                  if name in os.environ and name not in self.step_env]
         return [self.engine, "run", "--rm", "--init", f"--name={jid}",
                 f"--network={self.network}", f"--workdir={self.cwd}", *self._mounts(argv),
                 *flags, *shm_option(self.options), *self.options, self.image, "sh", "-c", BANNER, "amflow-step", *argv]
