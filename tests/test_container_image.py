@@ -182,3 +182,29 @@ def test_stop_reaches_the_step_and_a_lost_client_leaves_no_container(image, tmp_
     assert _container_names("amflow-lost") == ["amflow-lost"]  # still running, unfollowed
     assert backend.status("amflow-lost") == FAILED
     assert _container_names("amflow-lost") == [] and backend.status("amflow-lost") == FAILED
+
+
+def test_steps_in_the_image_read_and_write_s3(image, tmp_path, s3_bucket):
+    """Storage and corpus on S3 (a moto server on this machine): the container runs on the
+    host's network with the caller's AWS_* variables, and the chain's outputs land in the
+    bucket."""
+    import boto3
+
+    bucket, s3_sets = s3_bucket
+    sets = [*s3_sets, f"storage.root=s3://{bucket}/store", f"data.corpus=s3://{bucket}/corpus",
+            *SETS, "runner.mode=container", f"runner.image={image}"]
+    cfg = load_config(ROOT / CONFIG, sets)
+    lines: list[str] = []
+    runner = StepRunner(make_backend(cfg, tmp_path / "jobs"), tmp_path / "jobs", poll_s=0.5,
+                        emit=lines.append)
+    for step, run_id in CHAIN[:2]:
+        argv = step_command(cfg.runner.command, step, config=CONFIG, run_id=run_id,
+                            overrides=sets)
+        out = runner.run(f"s3-{step}", argv, budget_s=900)
+        assert out.ok, "\n".join(out.tail)
+        job = json.loads((tmp_path / "jobs" / f"s3-{step}" / "job.json").read_text())
+        assert "--network=host" in job["argv"] and "--env=AWS_ACCESS_KEY_ID" in job["argv"]
+    client = boto3.client("s3", endpoint_url=s3_sets[0].split("=", 1)[1], region_name="us-east-1")
+    for key in ("corpus/_SUCCESS.json", "corpus/lexicon.txt", "store/runs/c/select/_SUCCESS.json"):
+        client.head_object(Bucket=bucket, Key=key)  # raises if the step did not write it
+    assert sum(x.startswith("[amflow-container] ") for x in lines) == 2
