@@ -1,8 +1,11 @@
-"""The image, for real: corpus -> select -> features through the job runner in
-runner.mode=container (podman, the image `make image` builds), against the same chain in
-runner.mode=local. Outputs byte-identical (timings and the host name aside), the steps
-proven to run in the image (its OS and Python, a container's host name), and the per-task
-wall time of both modes kept in test-artifacts/container_overhead.json.
+"""The image, for real (podman, the image `make image` builds):
+
+- corpus -> select -> features through the job runner in runner.mode=container, against
+  the same chain in runner.mode=local: outputs byte-identical (timings and the host name
+  aside), the steps proven to run in the image (its OS and Python, a container's host
+  name), the per-task wall time of both modes kept in test-artifacts/container_overhead.json;
+- stop and a lost podman client: no container left running;
+- storage and corpus on S3 (moto), the last step run as a DAG task runs it (AirflowStep).
 
 Marked `container`: runs only with `-m container` (`make test-image` builds the image first).
 """
@@ -204,7 +207,16 @@ def test_steps_in_the_image_read_and_write_s3(image, tmp_path, s3_bucket):
         assert out.ok, "\n".join(out.tail)
         job = json.loads((tmp_path / "jobs" / f"s3-{step}" / "job.json").read_text())
         assert "--network=host" in job["argv"] and "--env=AWS_ACCESS_KEY_ID" in job["argv"]
+    # the features step as a DAG task runs it (AirflowStep: the operator's body, minus Airflow)
+    from amflow.orchestration.airflow_step import AirflowStep
+
+    task = AirflowStep(step="features", dag_id="teacher", airflow_run_id="manual__c",
+                       task_id="features", try_number=1, config=CONFIG, overrides=sets,
+                       run_id="c", emit=lines.append)
+    out = task.poke()
+    assert out.ok and out.summary["counts"]["rejected"] == 0, "\n".join(out.tail)
     client = boto3.client("s3", endpoint_url=s3_sets[0].split("=", 1)[1], region_name="us-east-1")
-    for key in ("corpus/_SUCCESS.json", "corpus/lexicon.txt", "store/runs/c/select/_SUCCESS.json"):
+    for key in ("corpus/_SUCCESS.json", "corpus/lexicon.txt", "store/runs/c/select/_SUCCESS.json",
+                "store/runs/c/features/_SUCCESS.json"):
         client.head_object(Bucket=bucket, Key=key)  # raises if the step did not write it
-    assert sum(x.startswith("[amflow-container] ") for x in lines) == 2
+    assert sum(x.startswith("[amflow-container] ") for x in lines) == 3
