@@ -26,6 +26,7 @@ args = sys.argv[1:]
 with open(os.environ["FAKE_ENGINE_LOG"], "a") as f:
     f.write(json.dumps(args) + "\\n")
 if args[:2] == ["image", "inspect"]:
+    print(json.dumps([{{"Config": {{"Labels": {{"amflow.revision": "deadbee"}}}}}}]))
     sys.exit(0 if args[2] == {IMAGE!r} else 1)
 if args[0] == "run":
     i = args.index({IMAGE!r})
@@ -136,7 +137,9 @@ def test_job_streams_its_output_and_stop_removes_the_container(tmp_path, fake_en
     out = runner.run("c-ok", [sys.executable, "-c", code], budget_s=30)
     assert out.ok and out.summary == {"ok": 1}
     banner = [x for x in lines if x.startswith("[amflow-container] ")]
-    assert len(banner) == 1 and lines.index(banner[0]) < lines.index("hello")
+    # the image (its label) was built from another revision than this checkout's: said first
+    assert len(banner) == 2 and "built from revision deadbee, the working dir is at" in banner[0]
+    assert lines.index(banner[0]) < lines.index(banner[1]) < lines.index("hello")
     assert not runner.submit("c-ok", [sys.executable, "-c", code])  # submitted once per id
     assert (tmp_path / "store").is_dir()  # created before podman mounts it
 

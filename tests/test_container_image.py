@@ -41,6 +41,7 @@ SETS = ["corpus.hours=0.05", "select.splits=labeled,unlabeled,dev,test",
 VOLATILE = re.compile(r"(^|_)(wall_s|cpu_s|compute_s|started_at|finished_at|created_at|host)$"
                       r"|_per_wall_s|^xrt")
 ARTIFACT = ROOT / "test-artifacts" / "container_overhead.json"
+BANNER = "[amflow-container] Debian"  # the first line of a step in the image (not a note)
 
 
 @pytest.fixture(scope="module")
@@ -113,10 +114,10 @@ def test_chain_in_the_image_matches_local_byte_for_byte(image, tmp_path, monkeyp
     base.rename(tmp_path / "data-local")
     box = _run_chain(base, "container", image)
 
-    banner = [x for x in box["lines"] if x.startswith("[amflow-container] ")]
+    banner = [x for x in box["lines"] if x.startswith(BANNER)]
     assert len(banner) == len(CHAIN), box["lines"][:5]
     assert all("Debian GNU/Linux 12" in x and f"image {image}" in x for x in banner)
-    assert not any(x.startswith("[amflow-container] ") for x in local["lines"])
+    assert not any(x.startswith(BANNER) for x in local["lines"])
     if sys.base_prefix != "/usr":  # a host Python not Debian's (pyenv here): not the image's
         assert f"Python {platform.python_version()}," not in banner[0], banner[0]
     for step, run_id in CHAIN[1:]:
@@ -219,4 +220,4 @@ def test_steps_in_the_image_read_and_write_s3(image, tmp_path, s3_bucket):
     for key in ("corpus/_SUCCESS.json", "corpus/lexicon.txt", "store/runs/c/select/_SUCCESS.json",
                 "store/runs/c/features/_SUCCESS.json"):
         client.head_object(Bucket=bucket, Key=key)  # raises if the step did not write it
-    assert sum(x.startswith("[amflow-container] ") for x in lines) == 3
+    assert sum(x.startswith(BANNER) for x in lines) == 3

@@ -13,13 +13,16 @@ and retries are the local backend's, unchanged. What the container adds:
   step's espeak-ng lexicon, 0.2 s from it, 7-16 s without) is mounted and shared, as a
   local step would find it (its entries are keyed by the espeak-ng version, so the
   image's and the host's never mix);
-- a first output line naming the OS, Python and image the step runs in;
+- a first output line naming the OS, Python and image the step runs in, and before it a
+  note when the image was built from another revision of the checkout than the one in the
+  working dir (the step runs the image's code: `make image` brings it up to date);
 - stop: SIGTERM reaches the step through podman's signal proxy (and --init, so the step is
   not PID 1, which ignores SIGTERM); after the grace period the container is removed
   (`rm -f`), also when the podman client itself was killed and left it running.
 """
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import time
@@ -43,6 +46,18 @@ BANNER = ('echo "[amflow-container] $(. /etc/os-release && echo "$PRETTY_NAME"),
 def amflow_cache() -> str:
     """The cache a local step uses (tasks.corpus: $AMFLOW_CACHE or ~/.cache/amflow)."""
     return os.environ.get("AMFLOW_CACHE") or os.path.expanduser("~/.cache/amflow")
+
+
+def checkout_revision(path: str) -> str | None:
+    """`git describe --always --dirty` of the checkout at `path` (None: not a checkout)."""
+    try:
+        done = subprocess.run(["git", "-C", path, "describe", "--always", "--dirty"],
+                              capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if done.returncode != 0:
+        return None
+    return done.stdout.strip() or None
 
 
 def default_image() -> str:
@@ -135,15 +150,33 @@ class ContainerBackend(LocalBackend):
             raise RunnerError(f"runner.container_engine: {self.engine} not found on this "
                               f"machine (runner.mode=container)") from exc
 
-    def check_image(self) -> None:
-        if self._engine("image", "inspect", self.image).returncode != 0:
+    def check_image(self) -> dict[str, str]:
+        """The image's labels; RunnerError naming runner.image when there is no such image."""
+        done = self._engine("image", "inspect", self.image)
+        if done.returncode != 0:
             raise RunnerError(f"runner.image: {self.engine} has no image {self.image!r} "
                               f"(build the CPU one with `make image`, or pull it)")
+        try:
+            info = json.loads(done.stdout)[0]
+        except (ValueError, IndexError, KeyError):
+            return {}
+        return (info.get("Config") or {}).get("Labels") or info.get("Labels") or {}
+
+    def revision_note(self, labels: dict[str, str]) -> str:
+        built, here = labels.get("amflow.revision"), checkout_revision(self.cwd)
+        if not built or not here or built == here:
+            return ""
+        return (f"[amflow-container] note: {self.image} was built from revision {built}, the "
+                f"working dir is at {here}: the step runs the image's code (`make image`)\n")
 
     def submit(self, jid: str, argv: list[str], resources: dict[str, float] | None = None) -> bool:
         if self.exists(jid):
             return False
-        self.check_image()
+        note = self.revision_note(self.check_image())
+        if note:  # into the job's output, ahead of the step's
+            self._dir(jid).mkdir(parents=True, exist_ok=True)
+            with open(self._dir(jid) / "output.log", "a") as f:
+                f.write(note)
         for path in [*self.data_paths, amflow_cache()]:  # a bind mount needs its source
             os.makedirs(path, exist_ok=True)
         return super().submit(jid, self.run_argv(jid, argv), resources)

@@ -47,7 +47,10 @@ cp -al "$build/wheels" "$ctx/wheels"
  | while read -r f; do [[ -f "$f" ]] && printf '%s\0' "$f"; done \
  | xargs -0 cp --parents -t "$ctx/src")
 # IMAGE_BUILD_ARGS: more podman build flags (--no-cache: time a build from nothing)
-podman build --layers ${IMAGE_BUILD_ARGS:-} -f "$here/Containerfile" -t "$tag" "$ctx"
+# the checkout it was built from: container mode notes when a step runs older code
+rev=$(git -C "$root" describe --always --dirty 2>/dev/null || echo unknown)
+podman build --layers ${IMAGE_BUILD_ARGS:-} --label "amflow.revision=$rev" \
+  --label "org.opencontainers.image.version=$version" -f "$here/Containerfile" -t "$tag" "$ctx"
 rm -rf "$ctx"
 size=$(podman image inspect "$tag" --format '{{.Size}}')
 echo "make image: $tag, $((size / 1000000)) MB, built in $((SECONDS - t0)) s"
