@@ -957,7 +957,8 @@ class RunnerConfig:
         _check(self.container_engine in ("podman", "docker"), f"{key}.container_engine",
                "must be podman or docker")
         _check(self.container_network in ("", "none", "host", "bridge", "slirp4netns"),
-               f"{key}.container_network", "must be empty (auto), none, host, bridge or slirp4netns")
+               f"{key}.container_network",
+               "must be empty (auto), none, host, bridge or slirp4netns")
         _check(not self.image or " " not in self.image, f"{key}.image",
                f"must be an image reference without spaces, got {self.image!r}")
         _check(self.wait in ("defer", "reschedule"), f"{key}.wait", "must be defer or reschedule")

@@ -11,8 +11,8 @@ and retries are the local backend's, unchanged. What the container adds:
   with the AWS_* variables of the caller's environment passed through;
 - the host's amflow cache ($AMFLOW_CACHE, default ~/.cache/amflow: e.g. the corpus
   step's espeak-ng lexicon, 0.2 s from it, 7-16 s without) is mounted and shared, as a
-  local step would find it (its entries are keyed by the espeak-ng version, so the
-  image's and the host's never mix);
+  local step would find it (its entries are keyed by the espeak-ng version: the image
+  reuses only what the same espeak-ng made);
 - a first output line naming the OS, Python and image the step runs in, and before it a
   note when the image was built from another revision of the checkout than the one in the
   working dir (the step runs the image's code: `make image` brings it up to date);
@@ -36,8 +36,9 @@ from amflow.jobs.local import LocalBackend
 # CONTAINERS_CONF in the caller's environment wins.
 CONTAINERS_CONF = PROJECT_ROOT / "infra" / "image" / "containers.conf"
 # What reaches S3 from inside: the caller's AWS settings, by name (values stay out of argv).
+# No AWS_PROFILE: ~/.aws is not mounted; keys in the environment or an instance role work.
 AWS_ENV = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_REGION",
-           "AWS_DEFAULT_REGION", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_PROFILE")
+           "AWS_DEFAULT_REGION", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3")
 # The first line of the job's output: where the step really runs.
 BANNER = ('echo "[amflow-container] $(. /etc/os-release && echo "$PRETTY_NAME"), '
           '$(python3 -V 2>&1), image $AMFLOW_IMAGE"; exec "$@"')
@@ -132,14 +133,16 @@ class ContainerBackend(LocalBackend):
 
     def run_argv(self, jid: str, argv: list[str]) -> list[str]:
         """The engine command that runs `argv` in the image as container `jid`."""
-        env = {"PYTHONUNBUFFERED": "1", "AMFLOW_IMAGE": self.image, "AMFLOW_CACHE": amflow_cache()}
+        env = {"PYTHONUNBUFFERED": "1", "AMFLOW_IMAGE": self.image,
+               "AMFLOW_CACHE": amflow_cache()}
         flags = [f"--env={k}={v}" for k, v in env.items()]
         flags += [f"--env={name}" for name in self.step_env]  # values: the client's env
         flags += [f"--env={name}" for name in self.pass_env
                   if name in os.environ and name not in self.step_env]
         return [self.engine, "run", "--rm", "--init", f"--name={jid}",
                 f"--network={self.network}", f"--workdir={self.cwd}", *self._mounts(argv),
-                *flags, *shm_option(self.options), *self.options, self.image, "sh", "-c", BANNER, "amflow-step", *argv]
+                *flags, *shm_option(self.options), *self.options, self.image,
+                "sh", "-c", BANNER, "amflow-step", *argv]
 
     def _engine(self, *args: str) -> subprocess.CompletedProcess:
         env = dict(os.environ, **self.env)
