@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.amflow-installed
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: setup system-deps demo test test-fast airflow bench serve bench-serve rehearsal clean
+.PHONY: setup system-deps demo test test-fast airflow bench serve bench-serve rehearsal clean image test-image
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -41,6 +41,17 @@ rehearsal: setup
 	  if [ $$rc = 75 ]; then echo "bench.lock busy: running unlocked"; $(PY) scripts/rehearsal.py; \
 	  else exit $$rc; fi; \
 	else $(PY) scripts/rehearsal.py; fi
+
+# The CPU image from Debian packages + PyPI, no registry (infra/image/README.md):
+# localhost/amflow:<version>; inputs cached under build/image, so a rebuild takes seconds.
+# Needs no venv (the host's python3 and pip do); podman, buildah, runc, mmdebstrap.
+image:
+	nice -n 10 bash infra/image/build.sh
+
+# Steps run through the job runner in the image (runner.mode container), compared with local
+# (tests marked `container` live in tests/test_container*.py: collecting all tests is slow).
+test-image: $(STAMP) image
+	$(VENV)/bin/pytest -q -rs -m container tests/test_container*.py
 
 airflow: setup
 	bash scripts/airflow.sh

@@ -909,9 +909,9 @@ class SimulateConfig:
 
 @dataclass
 class RunnerConfig:
-    """Where Airflow runs a step: a local subprocess or a Ray job on a cluster."""
+    """Where Airflow runs a step: a local subprocess, a container or a Ray job on a cluster."""
 
-    mode: str = "local"  # local | ray_job
+    mode: str = "local"  # local | container | ray_job
     ray_dashboard: str = "http://127.0.0.1:8265"
     # How an Airflow task waits for its job. defer: hand the wait to Airflow's triggerer
     # (one try from submit to end, so the task's duration is the step's; no worker slot
@@ -941,9 +941,27 @@ class RunnerConfig:
     step_timeout_s: float = 0.0
     # Extra environment variables for the step (a Ray job's runtime_env env_vars).
     env: dict[str, str] = field(default_factory=dict)
+    # mode=container (amflow.jobs.container): the image a step runs in (empty: the CPU image
+    # `make image` builds, localhost/amflow:<project version>), the engine's CLI (podman, or
+    # docker: the same `run` flags), the container's network (empty: none when storage and
+    # corpus are local paths, host when one is on S3) and extra `run` options. Without a
+    # --shm-size among them /dev/shm gets half the host's memory (podman's default is 64 MB;
+    # Ray puts its object store, 30 % of memory, there, else on the slower disk).
+    image: str = ""
+    container_engine: str = "podman"
+    container_network: str = ""
+    container_options: list[str] = field(default_factory=list)
 
     def validate(self, key: str) -> None:
-        _check(self.mode in ("local", "ray_job"), f"{key}.mode", "must be local or ray_job")
+        _check(self.mode in ("local", "container", "ray_job"), f"{key}.mode",
+               "must be local, container or ray_job")
+        _check(self.container_engine in ("podman", "docker"), f"{key}.container_engine",
+               "must be podman or docker")
+        _check(self.container_network in ("", "none", "host", "bridge", "slirp4netns"),
+               f"{key}.container_network",
+               "must be empty (auto), none, host, bridge or slirp4netns")
+        _check(not self.image or " " not in self.image, f"{key}.image",
+               f"must be an image reference without spaces, got {self.image!r}")
         _check(self.wait in ("defer", "reschedule"), f"{key}.wait", "must be defer or reschedule")
         _check(self.defer_after_s >= 0, f"{key}.defer_after_s", "must be >= 0")
         _check(self.poll_s > 0, f"{key}.poll_s", "must be > 0")

@@ -6,6 +6,7 @@ Only where it runs changes:
     base.py      job statuses, RunnerError, the state directory
     naming.py    stable job / run ids, the step command line, the AMFLOW_SUMMARY line
     local.py     `local`: a detached supervised process on this machine
+    container.py `container`: a local job that runs the step in the amflow image (podman)
     ray_job.py   `ray_job`: a Ray job through the dashboard's job-submission API
     follow.py    StepRunner: submit-or-attach, stream output, poll (Outcome)
     __main__.py  `python -m amflow.jobs run|stop|status`: a step in the foreground
@@ -21,6 +22,7 @@ from pathlib import Path
 
 from amflow.jobs.base import (FAILED, PENDING, PROJECT_ROOT, RUNNING, STOPPED, SUCCEEDED,
                               TERMINAL, Emit, RunnerError, default_state_dir)
+from amflow.jobs.container import AWS_ENV, ContainerBackend, default_image, host_paths, is_remote
 from amflow.jobs.follow import FIRST_POLL_S, Outcome, StepRunner, next_poll_s
 from amflow.jobs.local import LocalBackend
 from amflow.jobs.naming import (SUMMARY_PREFIX, amflow_run_id, job_id, job_prefix,
@@ -40,7 +42,20 @@ def _ray_job(cfg, state_dir: Path | None):  # noqa: ARG001 - Ray keeps the state
     return RayJobBackend(r.ray_dashboard, cwd=r.workdir or None, env=dict(r.env))
 
 
-BACKENDS = {"local": _local, "ray_job": _ray_job}
+def _container(cfg, state_dir: Path | None):
+    r = cfg.runner
+    cwd = r.workdir or str(PROJECT_ROOT)
+    # inputs elsewhere (a model URI, a lexicon) must lie under these, the working dir or S3
+    uris = [cfg.storage.root, cfg.data.corpus]
+    network = r.container_network or ("host" if any(map(is_remote, uris)) else "none")
+    return ContainerBackend(state_dir or Path(r.state_dir or default_state_dir()),
+                            r.image or default_image(), engine=r.container_engine,
+                            network=network, options=r.container_options,
+                            data_paths=host_paths(uris, cwd), cwd=cwd, env=dict(r.env),
+                            pass_env=AWS_ENV if network == "host" else ())
+
+
+BACKENDS = {"local": _local, "container": _container, "ray_job": _ray_job}
 
 
 def make_backend(cfg, state_dir: Path | None = None):

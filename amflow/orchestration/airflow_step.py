@@ -86,7 +86,8 @@ class AirflowStep:
     def _already_finished(self) -> bool:
         """Whether this run's step published `_SUCCESS.json` before (a cleared task)."""
         root = self.cfg.storage.root
-        if "://" not in root and not os.path.isabs(root) and self.backend.mode == "local":
+        here = self.backend.mode in ("local", "container")  # steps see this machine's disk
+        if "://" not in root and not os.path.isabs(root) and here:
             root = os.path.join(self.backend.cwd, root)  # relative roots resolve where steps run
         uri = join(root, "runs", self.run_id, step_dir_for(self.step, self.overrides),
                    "_SUCCESS.json")
