@@ -46,6 +46,7 @@ rehearsal: setup
 # localhost/amflow:<version>; inputs cached under build/image, so a rebuild takes seconds.
 # Needs no venv (the host's python3 and pip do); podman, buildah, runc, mmdebstrap.
 image:
+	@bash scripts/system-deps.sh image
 	nice -n 10 bash infra/image/build.sh
 
 # Steps run through the job runner in the image (runner.mode container), compared with local

@@ -5,7 +5,7 @@ Only where it runs changes:
 
     base.py      job statuses, RunnerError, the state directory
     naming.py    stable job / run ids, the step command line, the AMFLOW_SUMMARY line
-    local.py     `local`: a detached supervised process on this machine
+    local.py     `local`: a detached process on this machine, run by supervise.py
     container.py `container`: a local job that runs the step in the amflow image (podman)
     ray_job.py   `ray_job`: a Ray job through the dashboard's job-submission API
     follow.py    StepRunner: submit-or-attach, stream output, poll (Outcome)

@@ -1,7 +1,7 @@
 """`runner.mode: container`: the step runs in the amflow image, through the podman (or
 docker) CLI, supervised like a local job.
 
-The supervised process (amflow.jobs.local) is `podman run --rm --name <job id> ... <image>
+The supervised process (amflow.jobs.supervise) is `podman run --rm --name <job id> ... <image>
 amflow <step> ...`: the job's output, exit code, log streaming, re-attach by id, deferral
 and retries are the local backend's, unchanged. What the container adds:
 

@@ -1,9 +1,8 @@
 """`runner.mode: local`: a detached process on this machine (its own session), supervised
-by `python -m amflow.jobs.local _supervise`, which keeps its exit code and output in a job
+by `python -m amflow.jobs.supervise`, which keeps its exit code and output in a job
 directory under `runner.state_dir`. The job outlives the process that started it."""
 from __future__ import annotations
 
-import argparse
 import os
 import signal
 import subprocess
@@ -47,7 +46,7 @@ class LocalBackend:
         os.close(fd)
         env = dict(os.environ, PYTHONUNBUFFERED="1", **self.env)
         out = open(d / "output.log", "ab")
-        sup = [sys.executable, "-m", "amflow.jobs.local", "_supervise", "--job-dir", str(d), "--",
+        sup = [sys.executable, "-m", "amflow.jobs.supervise", "--job-dir", str(d), "--",
                *argv]
         proc = subprocess.Popen(sup, cwd=self.cwd, env=env, stdout=out, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, start_new_session=True)
@@ -138,40 +137,3 @@ class LocalBackend:
         ids = sorted(d.name for d in self.state_dir.iterdir()
                      if d.name.startswith(prefix) and (d / "job.json").exists())
         return [jid for jid in ids if self.status(jid) not in TERMINAL]
-
-
-
-
-def _supervise(job_dir: Path, argv: list[str]) -> int:
-    """Run argv, keep its exit code in rc.json; SIGTERM stops it and records 'stopped'."""
-    stopping = {"flag": False}
-    child = subprocess.Popen(argv)
-
-    def on_term(signum, frame):  # noqa: ARG001
-        stopping["flag"] = True
-        try:
-            child.send_signal(signal.SIGTERM)
-        except ProcessLookupError:
-            pass
-
-    signal.signal(signal.SIGTERM, on_term)
-    signal.signal(signal.SIGINT, on_term)
-    rc = child.wait()
-    write_json(job_dir / "rc.json", {"rc": rc, "stopped": stopping["flag"],
-                                      "finished_at": time.time()})
-    return 0
-
-
-
-
-def main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="python -m amflow.jobs.local _supervise")
-    p.add_argument("--job-dir", required=True)
-    p.add_argument("cmd", nargs=argparse.REMAINDER)
-    a = p.parse_args(argv[1:] if argv[:1] == ["_supervise"] else argv)
-    cmd = a.cmd[1:] if a.cmd[:1] == ["--"] else a.cmd
-    return _supervise(Path(a.job_dir), cmd)
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
