@@ -16,7 +16,7 @@ from airflow.sdk import Param, dag
 from amflow_common import (DEFAULT_ARGS, PARAM_SETS, RUN_END_CALLBACKS, STUDENT_EVAL,
                            STUDENT_FEATURES, STUDENT_MODEL, STUDENT_SEQ_EVAL, STUDENT_SEQ_WER,
                            STUDENT_TARGETS, STUDENT_WER, TEACHER_MODEL, AmflowStepOperator,
-                           common_params, local_defaults, sequence_chain)
+                           branch_gates, common_params, local_defaults, sequence_chain)
 
 _cfg = local_defaults()
 # `amflow sequence` on the student's model writes sequence/; evaluate / decode it alike.
@@ -71,6 +71,7 @@ def ssl_student():
     select >> features >> targets >> repartition >> train >> evaluate >> decode
     train >> sequence
     select >> lm >> [decode, decode_sequence]
+    branch_gates(select.dag)
 
 
 ssl_student()

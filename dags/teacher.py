@@ -24,8 +24,8 @@ from airflow.sdk import Param, dag
 from amflow_common import (BASELINE_EVAL, BASELINE_SEQ_EVAL, BASELINE_SEQ_WER, BASELINE_WER,
                            DEFAULT_ARGS, PARAM_SETS, RUN_END_CALLBACKS, TEACHER_EVAL,
                            TEACHER_FEATURES, TEACHER_MODEL, TEACHER_SEQ_EVAL, TEACHER_SEQ_WER,
-                           TEACHER_WER, AmflowStepOperator, common_params, local_defaults,
-                           sequence_chain)
+                           TEACHER_WER, AmflowStepOperator, branch_gates, common_params,
+                           local_defaults, sequence_chain)
 
 _cfg = local_defaults()
 TEACHER_SETS = ["select.splits=labeled,dev", "train.model=teacher", "train.recipe=labeled",
@@ -106,6 +106,7 @@ def teacher():
     train_baseline >> seq_baseline
     train >> seq_teacher
     select >> lm >> [decode, decode_baseline, decode_seq_baseline, decode_seq_teacher]
+    branch_gates(select.dag)
 
 
 teacher()
