@@ -47,8 +47,21 @@ def dagbag(tmp_path_factory):
     return DagBag(dag_folder=str(DAGS))
 
 
+# Branch gates (one pool slot, no job): each skips its switch's steps when a param is off.
+STUDENT_GATE_EDGES = [("if_sequence", "sequence")]
+TEACHER_GATE_EDGES = [("if_baseline", "train_baseline"),
+                      ("if_baseline_and_sequence", "sequence_baseline"),
+                      ("if_sequence_teacher", "sequence_teacher")]
+
+
 def _edges(dag) -> set[tuple[str, str]]:
     return {(t.task_id, d) for t in dag.tasks for d in t.downstream_task_ids}
+
+
+def _steps(dag) -> list:
+    from amflow_common import AmflowStepOperator
+
+    return [t for t in dag.tasks if isinstance(t, AmflowStepOperator)]
 
 
 def test_dagbag_loads_without_errors(dagbag):
@@ -97,9 +110,9 @@ def test_pool_slots_give_the_teacher_both_cores_and_light_steps_room_beside(dagb
 
 def test_graphs(dagbag):
     student, teacher = dagbag.dags["ssl_student"], dagbag.dags["teacher"]
-    assert _edges(student) == set(STUDENT_EDGES)
-    assert _edges(teacher) == set(TEACHER_EDGES)
-    assert {t.task_id: t.step for t in student.tasks} == {
+    assert _edges(student) == set(STUDENT_EDGES + STUDENT_GATE_EDGES)
+    assert _edges(teacher) == set(TEACHER_EDGES + TEACHER_GATE_EDGES)
+    assert {t.task_id: t.step for t in _steps(student)} == {
         "select": "select", "features": "features", "targets": "targets",
         "repartition": "repartition", "train": "train", "evaluate": "evaluate",
         "lm": "lm", "decode": "decode", "sequence": "sequence",
