@@ -15,6 +15,14 @@ only (param `baseline`): the model the SSL student has to beat, per condition.
 
 Alignment (CTM) labels stand in for soft targets. The trained model is published as the
 asset `amflow_teacher_model` (its URI in the event's extra), which schedules `ssl_student`.
+
+Re-running (README "Re-running steps"): a retry after a failure resumes its step (finished
+shards kept); a cleared task, or a backfill's, redoes a step that had finished (--force),
+whatever the run's `rerun` param says; `rerun` decides only for a new DAG run that names
+the amflow run id of an earlier one (`run_id`): redo (default) or resume (keep it). Each
+try's log says which applied. A switched-off branch (params `baseline`, `sequence`,
+`sequence_teacher`) is skipped by its gate task (`if_<param>`, one pool slot, no job) before
+its steps ask the pool for slots.
 """
 from __future__ import annotations
 

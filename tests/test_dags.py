@@ -140,6 +140,64 @@ def test_graphs(dagbag):
     assert student.task_dict["decode_sequence"].model_from == "sequence"
 
 
+def _run_gate(dag, task_id: str, **params) -> list[str]:
+    """Execute a branch gate as the task runner would; the task ids it skips."""
+    from unittest import mock
+
+    from airflow.sdk.exceptions import DownstreamTasksSkipped
+
+    gate = dag.task_dict[task_id]
+    context = {"params": {**dict(dag.params), **params}, "ti": mock.Mock(map_index=-1),
+               "task": gate, "dag_run": mock.Mock(), "outlet_events": {}}
+    kwargs = dict(gate.op_kwargs)  # execute() stores its call's kwargs there (a real try
+    # runs on its own copy of the task)
+    try:
+        gate.execute(context)
+    except DownstreamTasksSkipped as exc:
+        return sorted(exc.tasks)
+    finally:
+        gate.op_kwargs = kwargs
+    return []
+
+
+def test_disabled_branches_skip_before_taking_pool_slots(dagbag):
+    """issue 31: sequence_teacher (off) waited for its 8 pool slots only to skip. A gate per
+    switch (one slot, no job, no upstream: it runs as the run starts) skips the switch's
+    steps while they still wait for their upstream, so they never ask the pool for slots."""
+    from airflow.providers.standard.operators.python import ShortCircuitOperator
+
+    from amflow_common import gate_name
+
+    for dag in (dagbag.dags["teacher"], dagbag.dags["ssl_student"]):
+        gates = {t.task_id: t for t in dag.tasks if isinstance(t, ShortCircuitOperator)}
+        switched = [t for t in _steps(dag) if t.enabled_by]
+        assert switched and {gate_name(t.enabled_by) for t in switched} == set(gates)
+        for step in switched:
+            upstream = {u.task_id for u in step.get_flat_relatives(upstream=True)}
+            assert gate_name(step.enabled_by) in upstream, step.task_id
+        for gate in gates.values():
+            assert gate.pool == "default_pool" and gate.pool_slots == 1, gate.task_id
+            assert not gate.upstream_task_ids and not gate.do_xcom_push
+            names = set(gate.op_kwargs["names"])
+            for task in gate.get_flat_relatives(upstream=False):  # what it may skip
+                assert names <= set(task.enabled_by), (gate.task_id, task.task_id)
+    teacher = dagbag.dags["teacher"]
+    assert teacher.params["sequence_teacher"] is False
+    assert teacher.task_dict["sequence_teacher"].pool_slots > 1  # what the gate spares
+    seq_teacher = ["decode_sequence_teacher", "evaluate_sequence_teacher", "sequence_teacher"]
+    assert _run_gate(teacher, "if_sequence_teacher") == seq_teacher
+    assert _run_gate(teacher, "if_sequence_teacher", sequence_teacher=True) == []
+    assert _run_gate(teacher, "if_baseline") == []
+    seq_baseline = ["decode_sequence_baseline", "evaluate_sequence_baseline",
+                    "sequence_baseline"]
+    assert _run_gate(teacher, "if_baseline", baseline=False) == sorted(
+        ["decode_baseline", "evaluate_baseline", "train_baseline", *seq_baseline])
+    assert _run_gate(teacher, "if_baseline_and_sequence", sequence=False) == seq_baseline
+    student = dagbag.dags["ssl_student"]
+    assert _run_gate(student, "if_sequence", sequence=False) == [
+        "decode_sequence", "evaluate_sequence", "sequence"]
+
+
 def test_assets_wire_teacher_to_student(dagbag):
     student, teacher = dagbag.dags["ssl_student"], dagbag.dags["teacher"]
     teacher_model = teacher.task_dict["train"].outlets[0]
