@@ -62,7 +62,7 @@ def test_trigger_log_xcom_long_step_and_clear_one_task(airflow, tmp_path):
     tis = airflow.task_instances("ssl_student", run_id)
     assert {k: v["state"] for k, v in tis.items()} == {t: "success" for t in (
         "select", "features", "targets", "repartition", "train", "evaluate", "lm", "decode",
-        "sequence", "evaluate_sequence", "decode_sequence")}
+        "sequence", "evaluate_sequence", "decode_sequence", "if_sequence")}
 
     # XCom: the step's summary; the amflow run id is derived from the Airflow run.
     feats = _xcom(airflow, run_id, "features")

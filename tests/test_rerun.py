@@ -43,6 +43,8 @@ def test_cleared_tasks_and_backfills_redo_a_finished_step_whatever_rerun_says(re
         assert d.force and not d.keeps, (attempt, d)
     assert "cleared" in decide(rerun, CLEARED, finished=True).reason
     assert "backfill" in decide(rerun, BACKFILL, finished=True).reason
+    for attempt in (CLEARED, BACKFILL):  # what the log says (the browser test looks for it)
+        assert "finished before: redoing it (--force)" in decide(rerun, attempt, True).reason
     # a cleared task whose forced try failed before its job ran: the retry still redoes
     assert decide(rerun, RETRY_AFTER_CLEAR, finished=True).force
     # a task that never ran before its run was cleared (it was upstream_failed) counts as

@@ -17,7 +17,7 @@ from amflow.config import ConfigError, load_config
 from amflow.jobs import FAILED, SUCCEEDED, Emit, Outcome, StepRunner, default_state_dir, job_prefix, make_backend
 from amflow.jobs.base import resolve_config
 from amflow.orchestration.airflow_step import AirflowStep, try_budget_s
-from amflow.orchestration.rerun import attempt_from_context
+from amflow.orchestration.rerun import Decision, attempt_from_context
 
 
 def model_uri(summary: dict[str, Any]) -> str:
@@ -152,8 +152,6 @@ def airflow_execute(op, context) -> dict[str, Any]:
 def airflow_complete(op, context, event: dict[str, Any], redone: bool = False,
                      decision: str = "") -> dict[str, Any]:
     """After the trigger saw the job end: its output into the task log, then finish."""
-    from amflow.orchestration.rerun import Decision
-
     step = _airflow_step(op, context)
     step.job_id = str(event.get("job_id") or step.job_id)
     step.redone = redone

@@ -102,14 +102,16 @@ def decide(rerun: str, attempt: Attempt, finished: bool,
         return Decision(False, "an earlier try of this task finished the step: kept, "
                                "not re-run")
     if attempt.backfill:
-        return Decision(True, "a backfill run: the finished step is redone (--force)")
+        return Decision(True, "a backfill's run, and the step finished before: redoing it "
+                              "(--force)")
     if attempt.cleared:
-        return Decision(True, "the task was cleared: the finished step is redone (--force; "
-                              "the run's rerun param applies to new runs only)")
+        return Decision(True, "the task was cleared, and the step finished before: redoing "
+                              "it (--force; the run's rerun param decides for new DAG runs "
+                              "only)")
     if rerun == REDO:
-        return Decision(True, "an earlier DAG run of this amflow run finished the step; "
-                              "rerun=redo: redone (--force)")
-    return Decision(False, "an earlier DAG run of this amflow run finished the step; "
+        return Decision(True, "an earlier DAG run of this amflow run id, and the step "
+                              "finished before: redoing it (--force), as rerun=redo asks")
+    return Decision(False, "an earlier DAG run of this amflow run id finished the step: "
                            "rerun=resume: kept, not re-run")
 
 
