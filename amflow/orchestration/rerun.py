@@ -106,8 +106,8 @@ def decide(rerun: str, attempt: Attempt, finished: bool,
                               "(--force)")
     if attempt.cleared:
         return Decision(True, "the task was cleared, and the step finished before: redoing "
-                              "it (--force; the run's rerun param decides for new DAG runs "
-                              "only)")
+                              "it (--force), whatever the run's rerun param says (it decides "
+                              "for new DAG runs only)")
     if rerun == REDO:
         return Decision(True, "an earlier DAG run of this amflow run id, and the step "
                               "finished before: redoing it (--force), as rerun=redo asks")
