@@ -1,6 +1,7 @@
 """Shared wiring for the amflow DAGs: assets, trigger-form params, the step operator.
 
-Parse-time cost is kept to `airflow.sdk` and `amflow.config` (PyYAML). Everything that
+Parse-time cost is kept to `airflow.sdk`, the standard provider's ShortCircuitOperator
+(the branch gates) and `amflow.config` (PyYAML). Everything that
 runs a step (subprocess, Ray job client, storage) lives in `amflow.jobs` and `amflow.orchestration` and is
 imported only when a task runs.
 """
@@ -12,6 +13,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from airflow.providers.standard.operators.python import ShortCircuitOperator
 from airflow.sdk import Asset, BaseOperator, Param
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
@@ -201,8 +203,6 @@ def branch_gates(dag) -> list[BaseOperator]:
     skips every task after it before any of them asks the pool for slots; a step that
     checked its switch itself would first wait for its slots (8 for sequence_teacher, all
     of a 2-core machine) only to skip."""
-    from airflow.providers.standard.operators.python import ShortCircuitOperator
-
     switches: dict[tuple[str, ...], list[BaseOperator]] = {}
     for task in dag.tasks:
         if isinstance(task, AmflowStepOperator) and task.enabled_by:

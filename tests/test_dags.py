@@ -338,6 +338,13 @@ def test_dags_test_teacher_then_student_with_fake_steps(tmp_path):
               and "evaluate.tag=sequence-baseline" in c["argv"]][0]
     assert ev_seq["argv"][-2:] == ["--model", str(work / "store" / "runs" / teacher_run /
                                                   "sequence-baseline" / "model.pt")]
+    # sequence_teacher is off: its gate skipped it before it was ever queued, so it never
+    # asked default_pool for its slots (issue 31)
+    tis = {t: (state, queued) for t, state, queued in _db(
+        home, "select task_id, state, queued_dttm from task_instance where dag_id='teacher'")}
+    assert tis["if_sequence_teacher"][0] == "success"
+    for task in ("sequence_teacher", "evaluate_sequence_teacher", "decode_sequence_teacher"):
+        assert tis[task] == ("skipped", None), (task, tis[task])
     xc = _xcoms(home, "teacher")
     assert set(xc) == {"select", "features", "repartition", "train", "evaluate",
                        "train_baseline", "evaluate_baseline", "lm", "decode", "decode_baseline",

@@ -221,3 +221,22 @@ def test_the_corpus_step_is_judged_by_the_corpus_marker(fake_env):
     cleared = _try(cfg, CLEARED, step="corpus", rerun="resume")
     out = cleared.poke()
     assert out.ok and cleared.redone and out.summary["metrics"]["forced"] is True
+
+
+def test_the_asset_event_of_a_kept_step_says_its_wall_time_is_an_earlier_one():
+    if str(ROOT / "dags") not in sys.path:
+        sys.path.insert(0, str(ROOT / "dags"))
+    from amflow_common import TEACHER_EVAL, AmflowStepOperator
+
+    op = AmflowStepOperator(task_id="evaluate", step="evaluate", outlets=[TEACHER_EVAL],
+                            results=True)
+    summary = {"uri": "/s/runs/r/evaluate-teacher", "wall_s": 12.5,
+               "metrics": {"frame_accuracy": 0.7}}
+    for reused in (True, False):
+        events = {TEACHER_EVAL: SimpleNamespace(extra={})}
+        op.emit_asset_events({"outlet_events": events,
+                              "dag_run": SimpleNamespace(run_id="manual__x")},
+                             summary, "r", reused=reused)
+        extra = events[TEACHER_EVAL].extra
+        assert extra["reused"] is reused and extra["wall_s"] == 12.5
+        assert extra["frame_accuracy"] == 0.7
