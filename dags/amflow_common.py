@@ -1,6 +1,7 @@
 """Shared wiring for the amflow DAGs: assets, trigger-form params, the step operator.
 
-Parse-time cost is kept to `airflow.sdk` and `amflow.config` (PyYAML). Everything that
+Parse-time cost is kept to `airflow.sdk`, the standard provider's ShortCircuitOperator
+(the branch gates) and `amflow.config` (PyYAML). Everything that
 runs a step (subprocess, Ray job client, storage) lives in `amflow.jobs` and `amflow.orchestration` and is
 imported only when a task runs.
 """
@@ -12,6 +13,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from airflow.providers.standard.operators.python import ShortCircuitOperator
 from airflow.sdk import Asset, BaseOperator, Param
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
@@ -100,6 +102,20 @@ def overrides_param() -> Param:
                              "key=value with a key of the config schema.")
 
 
+# What a task does when its step has finished before (amflow.orchestration.rerun has the
+# rules; README "Re-running steps" tells them to users).
+RERUN_DOC = ("What a task does when its step had already finished in an earlier DAG run of "
+             "the same amflow run id (the run_id field): redo: run it again from scratch "
+             "(--force); resume: keep it (a second `make demo`). A cleared task or a backfill "
+             "always redoes a finished step; a retry after a failure keeps the shards the "
+             "failed try finished.")
+
+
+def rerun_param(default: str) -> Param:
+    return Param(default, type="string", enum=["redo", "resume"],
+                 title="When the step finished in an earlier DAG run", description=RERUN_DOC)
+
+
 def common_params(cfg) -> dict[str, Param]:
     """Params every pipeline DAG shows in its trigger form."""
     return {
@@ -129,10 +145,7 @@ def common_params(cfg) -> dict[str, Param]:
                         title="Epochs", description="train.epochs; empty: the config's (the "
                         "teacher's from train.teacher_recipe when it sets epochs)."),
         "overrides": overrides_param(),
-        "rerun": Param("redo", type="string", enum=["redo", "resume"],
-                       title="When a cleared task's step had finished",
-                       description="redo: run it again from scratch (--force); resume: keep "
-                                   "finished shards and only fill in what is missing."),
+        "rerun": rerun_param("redo"),
         "run_id": Param(None, type=["null", "string"], title="amflow run id",
                         description="Empty: derived from this DAG run (stable across retries "
                                     "and clears). Set it to reuse another run's outputs."),
@@ -174,6 +187,39 @@ def sequence_chain(suffix: str, who: str, sets: list[str], enabled_by: str | tup
         doc_md=f"Sequence-trained {who.lower()}: WER per condition.")
     seq >> evaluate >> decode
     return seq, evaluate, decode
+
+def params_on(names: list[str], params) -> bool:
+    """A branch gate's condition: every boolean param it names is on."""
+    return all(bool(params.get(name, True)) for name in names)
+
+
+def gate_name(names: tuple[str, ...]) -> str:
+    return "if_" + "_and_".join(names)
+
+
+def branch_gates(dag) -> list[BaseOperator]:
+    """One gate per switch of the DAG's `enabled_by` steps: a short-circuit task (one pool
+    slot, no job) upstream of the first steps of that switch. A gate whose params are off
+    skips every task after it before any of them asks the pool for slots; a step that
+    checked its switch itself would first wait for its slots (8 for sequence_teacher, all
+    of a 2-core machine) only to skip."""
+    switches: dict[tuple[str, ...], list[BaseOperator]] = {}
+    for task in dag.tasks:
+        if isinstance(task, AmflowStepOperator) and task.enabled_by:
+            switches.setdefault(task.enabled_by, []).append(task)
+    gates = []
+    for names, tasks in sorted(switches.items()):
+        gate = ShortCircuitOperator(
+            task_id=gate_name(names), python_callable=params_on,
+            op_kwargs={"names": list(names)}, pool_slots=1, do_xcom_push=False,
+            doc_md=f"Skips the steps after it unless param(s) {', '.join(names)} are on.")
+        ids = {t.task_id for t in tasks}
+        for task in tasks:  # the first steps of the switch; the others follow them
+            if not ids & task.upstream_task_ids:
+                gate >> task
+        gates.append(gate)
+    return gates
+
 
 def stop_orphaned_jobs(context) -> None:
     """DAG callback at the end of a run (success or failure): stop any job of the run that
@@ -266,7 +312,8 @@ class AmflowStepOperator(BaseOperator):
                 return str(uri)
         return ""
 
-    def emit_asset_events(self, context, summary: dict, run_id: str) -> None:
+    def emit_asset_events(self, context, summary: dict, run_id: str,
+                          reused: bool = False) -> None:
         if not self.outlets:
             return
         from amflow.orchestration.operator import flat_results, model_uri
@@ -277,6 +324,8 @@ class AmflowStepOperator(BaseOperator):
                  "airflow_run_id": context["dag_run"].run_id,
                  "counts": summary.get("counts", {}), "bytes": summary.get("bytes", 0),
                  "wall_s": summary.get("wall_s"),
+                 # the step kept an earlier result: wall_s is that execution's, not this run's
+                 "reused": bool(reused),
                  "metrics": {k: v for k, v in metrics.items()
                              if isinstance(v, (int, float, str, bool))}}
         if self.results:  # per-condition results as top-level keys: readable in the UI
@@ -294,11 +343,11 @@ class AmflowStepOperator(BaseOperator):
 
         return airflow_execute(self, context)
 
-    def execute_complete(self, context, event: dict, redone: bool = False):
+    def execute_complete(self, context, event: dict, redone: bool = False, decision: str = ""):
         """Back from the trigger (runner.wait: defer): the job has ended."""
         from amflow.orchestration.operator import airflow_complete
 
-        return airflow_complete(self, context, event, redone=redone)
+        return airflow_complete(self, context, event, redone=redone, decision=decision)
 
     def on_kill(self) -> None:
         from amflow.orchestration.operator import airflow_kill

@@ -1,6 +1,7 @@
 """corpus: synthesise the embedded espeak-ng corpus (`amflow corpus`).
 
 Writes data.corpus (audio, metadata, alignments.ctm) and publishes asset amflow_corpus.
+A new run keeps a finished corpus (param rerun=resume); clearing the task redoes it.
 """
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import pendulum
 from airflow.sdk import Param, dag
 
 from amflow_common import (CORPUS, DEFAULT_ARGS, DEFAULT_CONFIG, RUN_END_CALLBACKS,
-                           AmflowStepOperator, local_defaults, overrides_param)
+                           AmflowStepOperator, local_defaults, overrides_param, rerun_param)
 
 _cfg = local_defaults()
 
@@ -33,8 +34,9 @@ _cfg = local_defaults()
                           title="Speakers", description="corpus.speakers"),
         "seed": Param(_cfg.corpus.seed, type="integer", minimum=0, title="Seed"),
         "overrides": overrides_param(),
-        "rerun": Param("resume", type="string", enum=["redo", "resume"],
-                       title="When a cleared task's step had finished"),
+        # resume: triggering corpus again keeps a finished corpus of the same plan
+        # (clearing the task re-synthesises it)
+        "rerun": rerun_param("resume"),
         "run_id": Param(None, type=["null", "string"], title="amflow run id"),
     },
 )

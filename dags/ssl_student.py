@@ -7,6 +7,13 @@ train -> sequence (sMBR on the labeled split, param) -> evaluate_sequence -> dec
 Runs on a new teacher (the `teacher` DAG's model asset) or from the trigger form. Each
 task runs `amflow <step> --config FILE --run-id <derived from this DAG run>` locally or
 as a Ray job (config `runner.mode`) and returns the step's summary as its XCom.
+
+Re-running (README "Re-running steps"): a retry after a failure resumes its step (finished
+shards kept); a cleared task, or a backfill's, redoes a step that had finished (--force),
+whatever the run's `rerun` param says; `rerun` decides only for a new DAG run that names
+the amflow run id of an earlier one (`run_id`): redo (default) or resume (keep it). Each
+try's log says which applied. With param `sequence` off, its gate task (`if_sequence`, one
+pool slot, no job) skips the sequence branch before its steps ask the pool for slots.
 """
 from __future__ import annotations
 
@@ -16,7 +23,7 @@ from airflow.sdk import Param, dag
 from amflow_common import (DEFAULT_ARGS, PARAM_SETS, RUN_END_CALLBACKS, STUDENT_EVAL,
                            STUDENT_FEATURES, STUDENT_MODEL, STUDENT_SEQ_EVAL, STUDENT_SEQ_WER,
                            STUDENT_TARGETS, STUDENT_WER, TEACHER_MODEL, AmflowStepOperator,
-                           common_params, local_defaults, sequence_chain)
+                           branch_gates, common_params, local_defaults, sequence_chain)
 
 _cfg = local_defaults()
 # `amflow sequence` on the student's model writes sequence/; evaluate / decode it alike.
@@ -71,6 +78,7 @@ def ssl_student():
     select >> features >> targets >> repartition >> train >> evaluate >> decode
     train >> sequence
     select >> lm >> [decode, decode_sequence]
+    branch_gates(select.dag)
 
 
 ssl_student()

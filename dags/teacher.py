@@ -15,6 +15,14 @@ only (param `baseline`): the model the SSL student has to beat, per condition.
 
 Alignment (CTM) labels stand in for soft targets. The trained model is published as the
 asset `amflow_teacher_model` (its URI in the event's extra), which schedules `ssl_student`.
+
+Re-running (README "Re-running steps"): a retry after a failure resumes its step (finished
+shards kept); a cleared task, or a backfill's, redoes a step that had finished (--force),
+whatever the run's `rerun` param says; `rerun` decides only for a new DAG run that names
+the amflow run id of an earlier one (`run_id`): redo (default) or resume (keep it). Each
+try's log says which applied. A switched-off branch (params `baseline`, `sequence`,
+`sequence_teacher`) is skipped by its gate task (`if_<param>`, one pool slot, no job) before
+its steps ask the pool for slots.
 """
 from __future__ import annotations
 
@@ -24,8 +32,8 @@ from airflow.sdk import Param, dag
 from amflow_common import (BASELINE_EVAL, BASELINE_SEQ_EVAL, BASELINE_SEQ_WER, BASELINE_WER,
                            DEFAULT_ARGS, PARAM_SETS, RUN_END_CALLBACKS, TEACHER_EVAL,
                            TEACHER_FEATURES, TEACHER_MODEL, TEACHER_SEQ_EVAL, TEACHER_SEQ_WER,
-                           TEACHER_WER, AmflowStepOperator, common_params, local_defaults,
-                           sequence_chain)
+                           TEACHER_WER, AmflowStepOperator, branch_gates, common_params,
+                           local_defaults, sequence_chain)
 
 _cfg = local_defaults()
 TEACHER_SETS = ["select.splits=labeled,dev", "train.model=teacher", "train.recipe=labeled",
@@ -106,6 +114,7 @@ def teacher():
     train_baseline >> seq_baseline
     train >> seq_teacher
     select >> lm >> [decode, decode_baseline, decode_seq_baseline, decode_seq_teacher]
+    branch_gates(select.dag)
 
 
 teacher()

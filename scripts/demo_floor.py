@@ -31,7 +31,8 @@ def dag_tasks() -> dict[str, tuple[list[tuple[str, str]], dict[str, str]]]:
 
     bag = DagBag(dag_folder=str(ROOT / "dags"))
     return {d: ([(t.task_id, n) for t in bag.dags[d].tasks for n in t.downstream_task_ids],
-                {t.task_id: _step_dir_name(t.step, t.sets) for t in bag.dags[d].tasks})
+                {t.task_id: _step_dir_name(t.step, t.sets) for t in bag.dags[d].tasks
+                 if hasattr(t, "step")})  # not the branch gates: they run no step
             for d in ("teacher", "ssl_student")}
 
 

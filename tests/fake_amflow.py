@@ -6,7 +6,8 @@ on stderr, writes `<root>/runs/<id>/<step>[-<tag>]/_SUCCESS.json` and ends with
 `AMFLOW_SUMMARY <json>` on stdout. What each step does is read from the JSON file named
 by $AMFLOW_FAKE_PLAN: {"<step>": {"seconds": s, "fail_times": n, "lines": k, "error": m}}
 (defaults: 0.5 s, never fails, 3 progress lines; `error` fails every time the way the
-real CLI reports a StepError, `amflow <step>: error: m`). Every call is appended to
+real CLI reports a StepError, `amflow <step>: error: m`; `"keep": true` returns the
+step's existing summary, as the real steps do, unless --force). Every call is appended to
 `<root>/runs/<id>/_calls.jsonl`, so tests can count how often a step ran and with what.
 """
 from __future__ import annotations
@@ -80,6 +81,12 @@ def main() -> int:
         sys.exit(128 + signum)
 
     signal.signal(signal.SIGTERM, on_term)
+    done = step_dir / "_SUCCESS.json"
+    if spec.get("keep") and not args.force and done.exists():
+        # what the real steps do with a finished step and no --force: return its summary
+        print(f"[{args.step}] {done} exists, nothing to do", file=sys.stderr, flush=True)
+        print("AMFLOW_SUMMARY " + done.read_text().strip(), flush=True)
+        return 0
     print(f"[{args.step}] fake amflow {' '.join(sys.argv[1:])}", file=sys.stderr, flush=True)
     t0 = time.time()
     n = max(1, int(spec["lines"]))

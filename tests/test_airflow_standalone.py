@@ -62,7 +62,7 @@ def test_trigger_log_xcom_long_step_and_clear_one_task(airflow, tmp_path):
     tis = airflow.task_instances("ssl_student", run_id)
     assert {k: v["state"] for k, v in tis.items()} == {t: "success" for t in (
         "select", "features", "targets", "repartition", "train", "evaluate", "lm", "decode",
-        "sequence", "evaluate_sequence", "decode_sequence")}
+        "sequence", "evaluate_sequence", "decode_sequence", "if_sequence")}
 
     # XCom: the step's summary; the amflow run id is derived from the Airflow run.
     feats = _xcom(airflow, run_id, "features")
@@ -256,7 +256,8 @@ def test_documented_backfill_commands_do_what_the_text_says(airflow, tmp_path):
     run_id = f"manual__{when.isoformat()}"
     airflow.request("POST", "/api/v2/dags/ssl_student/dagRuns",
                     {"dag_run_id": run_id, "logical_date": when.isoformat(),
-                     "conf": {"config": str(cfg), "teacher": "/models/teacher.pt"}})
+                     "conf": {"config": str(cfg), "teacher": "/models/teacher.pt",
+                              "rerun": "resume"}})  # as `make demo` triggers its runs
     assert airflow.wait_run("ssl_student", run_id) == "success"
     cli, rest = _doc_commands()
     assert "2026-01-01T10:00:00+00:00" in cli and "localhost:8080" in rest
@@ -300,4 +301,9 @@ def test_documented_backfill_commands_do_what_the_text_says(airflow, tmp_path):
     ce_evals = [c for c in calls(work / "store", store_run)
                 if c["step"] == "evaluate" and "evaluate.tag=sequence" not in c["argv"]]
     assert steps.count("train") == 3 and len(ce_evals) == 4
+    # each clear re-ran the finished steps from scratch although the run says resume
+    # (issue 31: the clears reused the outputs and logged the old wall time)
+    assert [c["force"] for c in calls(work / "store", store_run)
+            if c["step"] == "train"] == [False, True, True]
+    assert [c["force"] for c in ce_evals] == [False, True, True, True]
     assert steps.count("select") == 1

@@ -168,6 +168,7 @@ def test_an_airflow_task_runs_its_step_in_a_container(tmp_path, fake_engine, mon
     """The Airflow side (AirflowStep: ids, submit-or-attach, rerun) is mode-blind: a task's
     step goes through `podman run` named by the try's job id; a cleared task redoes it."""
     from amflow.orchestration.airflow_step import AirflowStep
+    from amflow.orchestration.rerun import Attempt
 
     plan = tmp_path / "plan.json"
     plan.write_text("{}")
@@ -180,10 +181,12 @@ def test_an_airflow_task_runs_its_step_in_a_container(tmp_path, fake_engine, mon
                    "state_dir": str(tmp_path / "jobs")}}))
     lines: list[str] = []
 
-    def task(try_number: int) -> AirflowStep:
+    def task(try_number: int, first_try: int = 1) -> AirflowStep:
         return AirflowStep(step="select", dag_id="dag", airflow_run_id="manual__1",
                            task_id="select", try_number=try_number, config=str(cfg),
-                           overrides=[], emit=lines.append)
+                           overrides=[], emit=lines.append,
+                           attempt=Attempt(try_number=try_number, first_try=first_try,
+                                           run_cleared=first_try > 1))
 
     first = task(1)
     out = first.poke()
@@ -191,7 +194,7 @@ def test_an_airflow_task_runs_its_step_in_a_container(tmp_path, fake_engine, mon
     runs = [c for c in fake_engine() if c[0] == "run"]
     assert len(runs) == 1 and f"--name={first.job_id}" in runs[0]
     assert (tmp_path / "store" / "runs" / first.run_id / "select" / "_SUCCESS.json").exists()
-    again = task(2)  # cleared: the step finished before, so it is redone (--force)
+    again = task(2, first_try=2)  # cleared: the step finished before, so it is redone (--force)
     assert again.poke().ok and again.redone
     assert "--force" in [c for c in fake_engine() if c[0] == "run"][-1]
 

@@ -47,8 +47,21 @@ def dagbag(tmp_path_factory):
     return DagBag(dag_folder=str(DAGS))
 
 
+# Branch gates (one pool slot, no job): each skips its switch's steps when a param is off.
+STUDENT_GATE_EDGES = [("if_sequence", "sequence")]
+TEACHER_GATE_EDGES = [("if_baseline", "train_baseline"),
+                      ("if_baseline_and_sequence", "sequence_baseline"),
+                      ("if_sequence_teacher", "sequence_teacher")]
+
+
 def _edges(dag) -> set[tuple[str, str]]:
     return {(t.task_id, d) for t in dag.tasks for d in t.downstream_task_ids}
+
+
+def _steps(dag) -> list:
+    from amflow_common import AmflowStepOperator
+
+    return [t for t in dag.tasks if isinstance(t, AmflowStepOperator)]
 
 
 def test_dagbag_loads_without_errors(dagbag):
@@ -97,9 +110,9 @@ def test_pool_slots_give_the_teacher_both_cores_and_light_steps_room_beside(dagb
 
 def test_graphs(dagbag):
     student, teacher = dagbag.dags["ssl_student"], dagbag.dags["teacher"]
-    assert _edges(student) == set(STUDENT_EDGES)
-    assert _edges(teacher) == set(TEACHER_EDGES)
-    assert {t.task_id: t.step for t in student.tasks} == {
+    assert _edges(student) == set(STUDENT_EDGES + STUDENT_GATE_EDGES)
+    assert _edges(teacher) == set(TEACHER_EDGES + TEACHER_GATE_EDGES)
+    assert {t.task_id: t.step for t in _steps(student)} == {
         "select": "select", "features": "features", "targets": "targets",
         "repartition": "repartition", "train": "train", "evaluate": "evaluate",
         "lm": "lm", "decode": "decode", "sequence": "sequence",
@@ -125,6 +138,64 @@ def test_graphs(dagbag):
     assert teacher.task_dict["sequence_baseline"].enabled_by == ("baseline", "sequence")
     assert "decode.tag=sequence" in student.task_dict["decode_sequence"].sets
     assert student.task_dict["decode_sequence"].model_from == "sequence"
+
+
+def _run_gate(dag, task_id: str, **params) -> list[str]:
+    """Execute a branch gate as the task runner would; the task ids it skips."""
+    from unittest import mock
+
+    from airflow.sdk.exceptions import DownstreamTasksSkipped
+
+    gate = dag.task_dict[task_id]
+    context = {"params": {**dict(dag.params), **params}, "ti": mock.Mock(map_index=-1),
+               "task": gate, "dag_run": mock.Mock(), "outlet_events": {}}
+    kwargs = dict(gate.op_kwargs)  # execute() stores its call's kwargs there (a real try
+    # runs on its own copy of the task)
+    try:
+        gate.execute(context)
+    except DownstreamTasksSkipped as exc:
+        return sorted(exc.tasks)
+    finally:
+        gate.op_kwargs = kwargs
+    return []
+
+
+def test_disabled_branches_skip_before_taking_pool_slots(dagbag):
+    """issue 31: sequence_teacher (off) waited for its 8 pool slots only to skip. A gate per
+    switch (one slot, no job, no upstream: it runs as the run starts) skips the switch's
+    steps while they still wait for their upstream, so they never ask the pool for slots."""
+    from airflow.providers.standard.operators.python import ShortCircuitOperator
+
+    from amflow_common import gate_name
+
+    for dag in (dagbag.dags["teacher"], dagbag.dags["ssl_student"]):
+        gates = {t.task_id: t for t in dag.tasks if isinstance(t, ShortCircuitOperator)}
+        switched = [t for t in _steps(dag) if t.enabled_by]
+        assert switched and {gate_name(t.enabled_by) for t in switched} == set(gates)
+        for step in switched:
+            upstream = {u.task_id for u in step.get_flat_relatives(upstream=True)}
+            assert gate_name(step.enabled_by) in upstream, step.task_id
+        for gate in gates.values():
+            assert gate.pool == "default_pool" and gate.pool_slots == 1, gate.task_id
+            assert not gate.upstream_task_ids and not gate.do_xcom_push
+            names = set(gate.op_kwargs["names"])
+            for task in gate.get_flat_relatives(upstream=False):  # what it may skip
+                assert names <= set(task.enabled_by), (gate.task_id, task.task_id)
+    teacher = dagbag.dags["teacher"]
+    assert teacher.params["sequence_teacher"] is False
+    assert teacher.task_dict["sequence_teacher"].pool_slots > 1  # what the gate spares
+    seq_teacher = ["decode_sequence_teacher", "evaluate_sequence_teacher", "sequence_teacher"]
+    assert _run_gate(teacher, "if_sequence_teacher") == seq_teacher
+    assert _run_gate(teacher, "if_sequence_teacher", sequence_teacher=True) == []
+    assert _run_gate(teacher, "if_baseline") == []
+    seq_baseline = ["decode_sequence_baseline", "evaluate_sequence_baseline",
+                    "sequence_baseline"]
+    assert _run_gate(teacher, "if_baseline", baseline=False) == sorted(
+        ["decode_baseline", "evaluate_baseline", "train_baseline", *seq_baseline])
+    assert _run_gate(teacher, "if_baseline_and_sequence", sequence=False) == seq_baseline
+    student = dagbag.dags["ssl_student"]
+    assert _run_gate(student, "if_sequence", sequence=False) == [
+        "decode_sequence", "evaluate_sequence", "sequence"]
 
 
 def test_assets_wire_teacher_to_student(dagbag):
@@ -267,6 +338,13 @@ def test_dags_test_teacher_then_student_with_fake_steps(tmp_path):
               and "evaluate.tag=sequence-baseline" in c["argv"]][0]
     assert ev_seq["argv"][-2:] == ["--model", str(work / "store" / "runs" / teacher_run /
                                                   "sequence-baseline" / "model.pt")]
+    # sequence_teacher is off: its gate skipped it before it was ever queued, so it never
+    # asked default_pool for its slots (issue 31)
+    tis = {t: (state, queued) for t, state, queued in _db(
+        home, "select task_id, state, queued_dttm from task_instance where dag_id='teacher'")}
+    assert tis["if_sequence_teacher"][0] == "success"
+    for task in ("sequence_teacher", "evaluate_sequence_teacher", "decode_sequence_teacher"):
+        assert tis[task] == ("skipped", None), (task, tis[task])
     xc = _xcoms(home, "teacher")
     assert set(xc) == {"select", "features", "repartition", "train", "evaluate",
                        "train_baseline", "evaluate_baseline", "lm", "decode", "decode_baseline",

@@ -17,6 +17,7 @@ from amflow.jobs import ray_job
 from amflow.orchestration import airflow_step as A
 from amflow.orchestration import operator as O
 from amflow.orchestration import pools as P
+from amflow.orchestration.rerun import Attempt
 
 ROOT = Path(__file__).resolve().parents[1]
 FAKE = ROOT / "tests" / "fake_amflow.py"
@@ -174,11 +175,15 @@ def test_cleared_finished_step_is_redone_and_retry_adopts_a_running_job(fake_env
     s1 = _airflow_step(cfg, 1)
     out = s1.poke()
     assert out.ok and out.summary["metrics"]["forced"] is False
-    # Clearing the task (new try) after it finished: the step is redone with --force ...
-    out = _airflow_step(cfg, 2).poke()
+    # Clearing the task (new try, the first since the clear) after it finished: the step
+    # is redone with --force, also when the run asked to resume (issue 31) ...
+    cleared = Attempt(try_number=2, first_try=2, run_cleared=True)
+    out = _airflow_step(cfg, 2, rerun="resume", attempt=cleared).poke()
     assert out.ok and out.summary["metrics"]["forced"] is True
-    # ... unless the run asked to resume.
-    out = _airflow_step(cfg, 3, rerun="resume").poke()
+    # ... while a new DAG run naming the same amflow run id with rerun=resume keeps it.
+    out = A.AirflowStep(step="repartition", dag_id="ssl_student", airflow_run_id="manual__t2",
+                        task_id="repartition", try_number=1, config=str(cfg), overrides=[],
+                        emit=lambda line: None, rerun="resume", run_id=s1.run_id).poke()
     assert out.ok and out.summary["metrics"]["forced"] is False
     calls = _calls(tmp, s1.run_id)
     assert [c["force"] for c in calls] == [False, True, False]

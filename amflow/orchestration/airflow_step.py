@@ -8,10 +8,11 @@ from pathlib import Path
 from typing import Any
 
 from amflow.config import load_config
-from amflow.jobs import (STOPPED, TERMINAL, Emit, Outcome, RunnerError, StepRunner,
+from amflow.jobs import (STOPPED, SUCCEEDED, TERMINAL, Emit, Outcome, RunnerError, StepRunner,
                          amflow_run_id, default_state_dir, job_id, make_backend, step_command)
 from amflow.jobs.base import resolve_config
-from amflow.runs import step_dir_name
+from amflow.orchestration.rerun import REDO, Attempt, Decision, decide, reused_summary
+from amflow.runs import SUCCESS, step_dir_name
 from amflow.storage import Storage, join
 
 
@@ -68,12 +69,16 @@ class AirflowStep:
     config: str
     overrides: list[str]
     extra_args: list[str] = field(default_factory=list)
-    rerun: str = "redo"  # redo | resume: what a cleared task does with a finished step
+    rerun: str = REDO  # redo | resume: what a new DAG run does with a finished step
     run_id: str = ""
     emit: Emit | None = None
     redone: bool = False  # this try re-ran a step that had finished (--force)
+    attempt: Attempt | None = None  # cleared / retry / backfill (None: try_number only)
+    decision: Decision | None = None  # set when this try submits its job
 
     def __post_init__(self) -> None:
+        if self.attempt is None:
+            self.attempt = Attempt(try_number=self.try_number)
         self.run_id = self.run_id or amflow_run_id(self.dag_id, self.airflow_run_id)
         self.cfg = load_config(resolve_config(self.config), self.overrides)
         r = self.cfg.runner
@@ -83,18 +88,54 @@ class AirflowStep:
         self.runner = StepRunner(self.backend, self.state_dir, poll_s=r.poll_s, emit=self.emit)
         self.job_id = job_id(self.dag_id, self.airflow_run_id, self.task_id, self.try_number)
 
-    def _already_finished(self) -> bool:
-        """Whether this run's step published `_SUCCESS.json` before (a cleared task)."""
-        root = self.cfg.storage.root
+    def _where_steps_run(self, path: str) -> str:
         here = self.backend.mode in ("local", "container")  # steps see this machine's disk
-        if "://" not in root and not os.path.isabs(root) and here:
-            root = os.path.join(self.backend.cwd, root)  # relative roots resolve where steps run
-        uri = join(root, "runs", self.run_id, step_dir_for(self.step, self.overrides),
-                   "_SUCCESS.json")
+        if "://" not in path and not os.path.isabs(path) and here:
+            return os.path.join(self.backend.cwd, path)  # relative paths resolve where steps run
+        return path
+
+    def success_uri(self) -> str:
+        """The step's `_SUCCESS.json`: under its run, or the corpus's own (`amflow corpus`
+        writes data.corpus, or --out, with no run)."""
+        if self.step == "corpus":
+            args = list(self.extra_args)
+            out = args[args.index("--out") + 1] if "--out" in args[:-1] else self.cfg.data.corpus
+            return join(self._where_steps_run(out), SUCCESS)
+        return join(self._where_steps_run(self.cfg.storage.root), "runs", self.run_id,
+                    step_dir_for(self.step, self.overrides), SUCCESS)
+
+    def _already_finished(self) -> bool:
+        """Whether the step published `_SUCCESS.json` before."""
+        uri = self.success_uri()
         try:
             return Storage(self.cfg.storage).exists(uri)
         except Exception:  # noqa: BLE001 - unreadable storage: let the step decide
             return False
+
+    def _finished_by_earlier_try(self) -> bool:
+        """Whether the job of an earlier try since the task was last cleared succeeded."""
+        for n in self.attempt.earlier_tries():
+            jid = job_id(self.dag_id, self.airflow_run_id, self.task_id, n)
+            try:
+                if self.backend.exists(jid) and self.backend.status(jid) == SUCCEEDED:
+                    return True
+            except RunnerError:
+                continue
+        return False
+
+    def decide(self) -> Decision:
+        """Redo or keep the step (amflow.orchestration.rerun.decide)."""
+        finished = self._already_finished()
+        return decide(self.rerun, self.attempt, finished,
+                      finished and self.attempt.retry and self._finished_by_earlier_try())
+
+    def reused(self, summary: dict[str, Any]) -> bool:
+        """Whether the job returned the summary of an earlier execution of the step."""
+        try:
+            submitted = self.backend.submitted_at(self.job_id)
+        except RunnerError:
+            submitted = None
+        return reused_summary(summary, submitted)
 
     def _adopt_running_previous_try(self) -> str | None:
         """A job of an earlier try of this task that still runs (its task died without
@@ -125,10 +166,10 @@ class AirflowStep:
             self.runner.emit(f"[amflow-runner] following job {jid} "
                              f"(status {self.backend.status(jid)})")
             return False
-        self.redone = self.rerun == "redo" and self._already_finished()
-        if self.redone:
-            self.runner.emit(f"[amflow-runner] step {self.step} of run {self.run_id} finished "
-                             f"before: redoing it (--force)")
+        self.decision = self.decide()
+        self.redone = self.decision.force
+        self.runner.emit(f"[amflow-runner] step {self.step} of run {self.run_id}, try "
+                         f"{self.try_number}: {self.decision.reason}")
         argv = step_command(r.command, self.step, config=self.config,
                             run_id=self.run_id if self.step != "corpus" else None,
                             overrides=self.overrides, extra_args=self.extra_args,

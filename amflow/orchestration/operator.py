@@ -17,6 +17,7 @@ from amflow.config import ConfigError, load_config
 from amflow.jobs import FAILED, SUCCEEDED, Emit, Outcome, StepRunner, default_state_dir, job_prefix, make_backend
 from amflow.jobs.base import resolve_config
 from amflow.orchestration.airflow_step import AirflowStep, try_budget_s
+from amflow.orchestration.rerun import Decision, attempt_from_context
 
 
 def model_uri(summary: dict[str, Any]) -> str:
@@ -34,11 +35,16 @@ def model_uri(summary: dict[str, Any]) -> str:
 
 
 
-def metrics_line(step: str, summary: dict[str, Any]) -> str:
+def metrics_line(step: str, summary: dict[str, Any], reused: bool = False) -> str:
+    """The task log's last line: this execution's wall time, or, when the step kept an
+    earlier result, when that one finished and what it took (not this try's time)."""
     counts = summary.get("counts", {})
     metrics = summary.get("metrics", {})
     flat = {k: v for k, v in metrics.items() if isinstance(v, (int, float, str, bool))}
-    return (f"[amflow {step}] done in {summary.get('wall_s', '?')} s: counts "
+    what = (f"kept the result finished at {summary.get('finished_at', '?')} (its wall time "
+            f"{summary.get('wall_s', '?')} s), not re-run" if reused
+            else f"done in {summary.get('wall_s', '?')} s")
+    return (f"[amflow {step}] {what}: counts "
             f"{json.dumps(counts, sort_keys=True)} metrics {json.dumps(flat, sort_keys=True)}")
 
 
@@ -93,8 +99,9 @@ def _airflow_step(op, context) -> AirflowStep:
                            config=str(params.get("config") or "configs/local.yaml"),
                            overrides=list(op.resolved_overrides(context)),
                            extra_args=list(op.resolved_extra_args(context)),
-                           rerun=str(params.get("rerun", "redo")),
+                           rerun=str(params.get("rerun") or "redo"),
                            run_id=str(params.get("run_id") or ""),
+                           attempt=attempt_from_context(context),
                            emit=lambda line: op.log.info("%s", line))
     except ConfigError as exc:  # a retry reads the same config: fail now, with the reason
         op.log.error("amflow %s: %s (not retried: a retry would read the same config)",
@@ -122,48 +129,56 @@ def airflow_execute(op, context) -> dict[str, Any]:
     if r.wait == "defer":
         step.start()
         outcome = step.runner.follow(step.job_id, try_budget_s(r.defer_after_s, r.poll_s))
-        _push_runner_xcom(context, step, outcome.status if outcome.done else "DEFERRED", 1)
         if not outcome.done:
+            _push_runner_xcom(context, step, "DEFERRED", 1)
             from amflow.orchestration.trigger import AmflowJobTrigger  # airflow: task side only
 
             op.defer(trigger=AmflowJobTrigger(**step.trigger_kwargs()),
                      method_name="execute_complete",
-                     kwargs={"redone": step.redone})
-        return _finish(op, context, step, outcome)
+                     kwargs={"redone": step.redone,
+                             "decision": step.decision.reason if step.decision else ""})
+        return _finish(op, context, step, outcome, pokes=1)
     outcome = step.poke()
-    _push_runner_xcom(context, step, outcome.status, outcome.pokes)
     if not outcome.done:
+        _push_runner_xcom(context, step, outcome.status, outcome.pokes)
         when = dt.datetime.now(dt.timezone.utc) + dt.timedelta(
             seconds=step.cfg.runner.reschedule_s)
         op.log.info("[amflow-runner] job %s still %s after poke %d; next poke at %s",
                     outcome.job_id, outcome.status, outcome.pokes, when.isoformat())
         raise AirflowRescheduleException(when)
-    return _finish(op, context, step, outcome)
+    return _finish(op, context, step, outcome, pokes=outcome.pokes)
 
 
-def airflow_complete(op, context, event: dict[str, Any], redone: bool = False) -> dict[str, Any]:
+def airflow_complete(op, context, event: dict[str, Any], redone: bool = False,
+                     decision: str = "") -> dict[str, Any]:
     """After the trigger saw the job end: its output into the task log, then finish."""
     step = _airflow_step(op, context)
     step.job_id = str(event.get("job_id") or step.job_id)
     step.redone = redone
+    step.decision = Decision(redone, decision) if decision else None
     outcome = step.drain()
     if event.get("reason"):
         op.log.info("[amflow-runner] %s", event["reason"])
         outcome.status = str(event.get("status") or outcome.status)
-    _push_runner_xcom(context, step, outcome.status, outcome.pokes)
-    return _finish(op, context, step, outcome)
+    return _finish(op, context, step, outcome, pokes=outcome.pokes)
 
 
-def _push_runner_xcom(context, step: AirflowStep, status: str, pokes: int) -> None:
-    context["ti"].xcom_push(key="runner", value={
-        "job_id": step.job_id, "mode": step.cfg.runner.mode, "wait": step.cfg.runner.wait,
-        "run_id": step.run_id, "pokes": pokes, "status": status})
+def _push_runner_xcom(context, step: AirflowStep, status: str, pokes: int,
+                      reused: bool | None = None) -> None:
+    value = {"job_id": step.job_id, "mode": step.cfg.runner.mode, "wait": step.cfg.runner.wait,
+             "run_id": step.run_id, "pokes": pokes, "status": status, "redone": step.redone}
+    if step.decision is not None:
+        value["decision"] = step.decision.reason
+    if reused is not None:  # known once the job has ended
+        value["reused"] = reused
+    context["ti"].xcom_push(key="runner", value=value)
 
 
-def _finish(op, context, step: AirflowStep, outcome: Outcome) -> dict[str, Any]:
+def _finish(op, context, step: AirflowStep, outcome: Outcome, pokes: int) -> dict[str, Any]:
     from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
     if not outcome.ok:
+        _push_runner_xcom(context, step, outcome.status, pokes)
         last = "\n".join(outcome.tail[-15:])
         reason = permanent_error(op.step, outcome.tail) if outcome.status == FAILED else ""
         what = (f"amflow {op.step} job {outcome.job_id} ended {outcome.status}"
@@ -173,14 +188,16 @@ def _finish(op, context, step: AirflowStep, outcome: Outcome) -> dict[str, Any]:
             raise AirflowFailException(f"{what}, not retried: {reason}\nlast output:\n{last}")
         raise AirflowException(f"{what}; last output:\n{last}")
     summary = outcome.summary
-    op.log.info("%s", metrics_line(op.step, summary))
+    reused = step.reused(summary)
+    op.log.info("%s", metrics_line(op.step, summary, reused))
+    _push_runner_xcom(context, step, outcome.status, pokes, reused)
     if step.redone:
         later = sorted(context["task"].downstream_task_ids)
         if later:
             op.log.warning("[amflow-runner] step %s was redone: %s still show results of the "
                            "previous %s unless they were cleared with it (Clear -> Downstream)",
                            op.step, ", ".join(later), op.step)
-    op.emit_asset_events(context, summary, step.run_id)
+    op.emit_asset_events(context, summary, step.run_id, reused)
     return summary
 
 
