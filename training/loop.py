@@ -44,7 +44,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from amflow.config import TrainConfig, replace_train
+from amflow.config import TrainConfig, features_dict, replace_train
+from amflow.model_card import context_info
 from amflow.progress import Progress
 from amflow.raycluster import init_ray
 from amflow.runs import StepError
@@ -687,10 +688,11 @@ class Trainer:
         model_uri = join(self.train_dir, "model.pt")
         nbytes = save_model(storage, model_uri, self.model, cmvn=self.plan.cmvn,
                             phones=self.plan.phones,
-                            features=dataclasses.asdict(self.cfg.features),
+                            features=features_dict(self.cfg.features),
                             info={"run_id": self.plan.run_id, "train_dir": self.train_dir,
                                   "recipe": tc.recipe, "algorithm": tc.algorithm,
-                                  "workers": self.world, "metrics": summary["metrics"]})
+                                  "workers": self.world, "metrics": summary["metrics"],
+                                  **context_info(self.plan.context)})
         summary["model_uri"] = model_uri
         summary["model_bytes"] = nbytes
         return summary

@@ -1,0 +1,109 @@
+"""Context-dependent network classes: the network tree as plain data, the triphone context
+transducer C, the H o C o L o G graph, labels from `amflow align` in features."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import kaldi_hmm_gmm  # noqa: F401  first: OpenFST import-order trap (alignment/__init__.py)
+import kaldifst
+
+from amflow.config import ConfigError, load_config
+from amflow.senones import ContextTree, fit_frames
+from decoding import lexicon as L
+from decoding import lm
+from decoding.context import build_cd_graph, context_fst_text
+from decoding.search import Searcher, acoustic_scores, log_priors, oracle_log_posteriors
+
+PHONES = ["<eps>", "sil", "a", "b", "k"]
+LEXICON = "ab a b\nba b a\nk k\n"   # a 3-word toy lexicon
+
+
+def _full_tree() -> ContextTree:
+    """Every (left, phone, right) of a, b, k its own leaf; silence one leaf: a tree that
+    tells every context apart, so C's contexts can be read off the leaves."""
+    ctx = [1, 2, 3, 4]
+    count = [1]
+
+    def leaf() -> int:
+        count[0] += 1
+        return count[0] - 1
+
+    def rights(rs: list[int]) -> object:
+        return leaf() if len(rs) == 1 else [2, [rs[0]], leaf(), rights(rs[1:])]
+
+    def lefts(ls: list[int]) -> object:
+        return rights(ctx) if len(ls) == 1 else [0, [ls[0]], rights(ctx), lefts(ls[1:])]
+
+    roots: dict[int, object] = {1: 0}
+    for p in (2, 3, 4):
+        roots[p] = lefts(ctx)
+    return ContextTree(PHONES, roots, count[0])
+
+
+def _decode_leaves(tree: ContextTree, phones: list[str], seq: list[str]) -> list[int]:
+    """C composed with the phone string `seq`: the class sequence it emits."""
+    C = kaldifst.compile(context_fst_text(tree, phones))
+    pid = {p: i + 1 for i, p in enumerate(phones)}
+    lines = [f"{i} {i + 1} {pid[p]} {pid[p]}" for i, p in enumerate(seq)] + [f"{len(seq)}"]
+    A = kaldifst.compile("\n".join(lines) + "\n")
+    kaldifst.arcsort(C, sort_type="olabel")
+    out = kaldifst.compose(C, A)
+    kaldifst.connect(out)
+    assert out.num_states > 0
+    ok, ilabels, _, _ = kaldifst.get_linear_symbol_sequence(out)
+    assert ok
+    return [i - 1 for i in ilabels if i]
+
+
+def test_the_full_tree_tells_every_triphone_apart():
+    t = _full_tree()
+    leaves = {t.leaf(a, p, r) for p in ("a", "b", "k") for a in PHONES[1:] for r in PHONES[1:]}
+    assert len(leaves) == 48 and t.num_leaves == 49 and t.leaf("a", "sil", "b") == 0
+    assert ContextTree.from_dict(t.to_dict()) == t
+    assert t.leaf_phone[0] == "sil" and t.leaf_phone[t.leaf("k", "a", "b")] == "a"
+
+
+def test_context_transducer_path_contexts_right_and_boundaries_silence():
+    t = _full_tree()
+    phones = t.center_phones
+    assert phones == ["sil", "a", "b", "k"]
+    # "ab k" without silence between the words: the context crosses the word boundary
+    got = _decode_leaves(t, phones, ["a", "b", "k"])
+    assert got == [t.leaf("sil", "a", "b"), t.leaf("a", "b", "k"), t.leaf("b", "k", "sil")]
+    got = _decode_leaves(t, phones, ["sil", "b", "a", "sil"])
+    assert got == [0, t.leaf("sil", "b", "a"), t.leaf("b", "a", "sil"), 0]
+
+
+def test_context_transducer_refuses_phones_without_classes():
+    with pytest.raises(ValueError, match="no classes"):
+        context_fst_text(_full_tree(), ["sil", "a", "z"])
+
+
+def test_cd_graph_decodes_toy_posteriors_to_the_words():
+    t = _full_tree()
+    sents = [s.split() for s in ["ab k", "ba ab", "k ba", "ab ba k"] * 3]
+    graph = build_cd_graph(L.read_lexicon(LEXICON), lm.estimate(sents, 2).to_arpa(), t)
+    assert graph.info["classes"] == t.num_leaves and graph.info["context"] == "triphone"
+    seq = [("sil", "sil", "b"), ("sil", "b", "a"), ("b", "a", "a"), ("a", "a", "b"),
+           ("a", "b", "k"), ("b", "k", "sil"), ("k", "sil", "sil")]
+    labels = np.repeat([t.leaf(*c) for c in seq], 2)
+    lp = oracle_log_posteriors(labels, t.num_leaves)
+    words = Searcher(graph, beam=15).best_words(
+        acoustic_scores(lp, log_priors(np.ones(t.num_leaves)), 1.0))[0]
+    assert words == ["ba", "ab", "k"]
+
+
+def test_fit_frames_pads_trims_within_tolerance_and_refuses_beyond():
+    lab = np.array([3, 3, 5, 5, 7], np.int16)
+    assert fit_frames(lab, 6, 2)[0].tolist() == [3, 3, 5, 5, 7, 7]
+    assert fit_frames(lab, 4, 2)[0].tolist() == [3, 3, 5, 5]
+    got, why = fit_frames(lab, 9, 2)
+    assert got is None and "5 frames" in why and "9" in why
+
+
+def test_labels_key_is_validated_by_name():
+    with pytest.raises(ConfigError, match="features.labels"):
+        load_config(None, ["features.labels=senones"])
+    with pytest.raises(ConfigError, match="align.nn_senones"):
+        load_config(None, ["align.nn_senones=-1"])
