@@ -107,3 +107,44 @@ def test_labels_key_is_validated_by_name():
         load_config(None, ["features.labels=senones"])
     with pytest.raises(ConfigError, match="align.nn_senones"):
         load_config(None, ["align.nn_senones=-1"])
+
+
+# ----------------------------------------------------------------- transcripts only, end to end
+TINY_CHAIN = [
+    "select.hours=0.004", "select.splits=labeled,dev,test", "align.splits=labeled,dev",
+    "align.use_ray=false", "align.mono_iters=4", "align.tri_iters=2", "align.num_senones=250",
+    "align.tri_gauss=400", "align.mono_gauss=300", "align.nn_senones=80",
+    "align.min_leaf_count=20", "features.labels=align", "ray.num_cpus=2",
+    "train.model=teacher", "train.recipe=labeled", "train.tag=teacher", "decode.tag=teacher",
+    "train.epochs=1", "train.finetune_epochs=0", "train.threads=1",
+    "train.minibatch_frames=256", "train.chunk_frames=16", "train.teacher_recipe={}",
+    "model.teacher.layers=1", "model.teacher.hidden=16", "lm.sentences=300",
+    "decode.acwt=[0.5]", "decode.tune_split=", "decode.workers=1"]
+
+
+@pytest.mark.slow  # ~3 min on the shared 2 cores: seven CLI processes, four start Ray
+def test_a_corpus_without_alignments_goes_from_transcripts_to_words(tiny_corpus, tmp_path):
+    """alignments.ctm removed: select -> align -> features (labels=align) -> repartition ->
+    teacher -> lm -> decode, with no error and a result.json."""
+    import json
+    import shutil
+    import subprocess
+
+    from tests.conftest import ROOT, amflow_bin
+
+    corpus = tmp_path / "corpus"
+    shutil.copytree(tiny_corpus, corpus)
+    (corpus / "alignments.ctm").unlink()
+    sets = [f"storage.root={tmp_path / 'store'}", f"data.corpus={corpus}", *TINY_CHAIN]
+    for step in ("select", "align", "features", "repartition", "train", "lm", "decode"):
+        cmd = [*amflow_bin().split(), step, "--config", str(ROOT / "configs" / "local.yaml"),
+               "--run-id", "r"] + (["--split", "test"] if step == "decode" else [])
+        for s in sets:
+            cmd += ["--set", s]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT)
+        assert proc.returncode == 0, (step, proc.stderr[-3000:])
+    run = tmp_path / "store" / "runs" / "r"
+    tree = ContextTree.from_dict(json.loads((run / "features" / "context.json").read_text()))
+    assert json.loads((run / "features" / "phones.json").read_text()) == tree.class_names
+    res = json.loads((run / "decode-teacher" / "result.json").read_text())
+    assert res["utterances"] >= 1 and 0 <= res["wer"] <= 1.5

@@ -46,6 +46,7 @@ from torch import nn
 
 from amflow.config import TrainConfig, features_dict, replace_train
 from amflow.model_card import context_info
+from amflow.senones import ContextTree
 from amflow.progress import Progress
 from amflow.raycluster import init_ray
 from amflow.runs import StepError
@@ -419,7 +420,12 @@ class Trainer:
             return None
         t0 = time.perf_counter()
         seqs = split_label_sequences(self.storage, self.plan.splits["labeled"], self.stack)
-        crit = SequenceCriterion.from_labels(seqs, self.plan.num_classes, self.tc.sequence)
+        class_phone = None
+        if self.plan.context:  # context-dependent classes: each class's phone (sMBR)
+            leaf_phone = ContextTree.from_dict(self.plan.context).leaf_phone
+            class_phone = np.array([sorted(set(leaf_phone)).index(p) for p in leaf_phone])
+        crit = SequenceCriterion.from_labels(seqs, self.plan.num_classes, self.tc.sequence,
+                                             class_phone)
         self.graph_info = {**crit.graph_size(), "utterances": len(seqs),
                            "build_s": round(time.perf_counter() - t0, 3)}
         log.info("rank %d: %s denominator graph %s", self.rank, self.tc.sequence.criterion,
