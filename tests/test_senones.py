@@ -109,6 +109,60 @@ def test_labels_key_is_validated_by_name():
         load_config(None, ["align.nn_senones=-1"])
 
 
+# ----------------------------------------------------------------- downstream on the classes
+def test_features_take_align_labels_and_reject_gross_mismatches():
+    from amflow.config import FeaturesConfig
+    from tasks.features import ShardFeaturizer
+
+    lab = (np.arange(30) // 4).astype(np.int16)
+    fz = ShardFeaturizer(FeaturesConfig(labels="align"), "s0", {}, {},
+                         frame_align={"u1": lab, "u2": lab[:20]})
+    ok, rows, frames = fz._labels({"utt_id": "u1", "split": "labeled"}, 31, 10)
+    assert ok and len(frames) == 31 and frames[-1] == lab[-1]      # padded by one frame
+    assert rows.tolist() == frames[[1, 4, 7, 10, 13, 16, 19, 22, 25, 28]].tolist()
+    ok, rows, frames = fz._labels({"utt_id": "u1", "split": "dev"}, 29, 9)
+    assert ok and len(frames) == 29                                 # trimmed by one
+    assert fz._labels({"utt_id": "u2", "split": "labeled"}, 31, 10)[0] is False
+    assert fz._labels({"utt_id": "u3", "split": "labeled"}, 31, 10)[0] is False
+    assert fz._labels({"utt_id": "u3", "split": "dev"}, 31, 10) == (True, None, None)
+    assert [(r.utt_id, r.reason) for r in fz.rejects] == [("u2", "alignment_mismatch"),
+                                                          ("u3", "missing_alignment")]
+    assert "20 frames" in fz.rejects[0].detail and "31" in fz.rejects[0].detail
+
+
+def test_phone_error_rate_of_context_dependent_classes_is_over_phones():
+    from training.evaluate import score_utterance
+
+    to_phone = np.array([0, 1, 1, 2])         # classes 1 and 2 are one phone in two contexts
+    ref = np.array([0, 1, 1, 3, 3])
+    pred = np.array([0, 2, 2, 3, 3])
+    s = score_utterance(pred, ref, "c", silence=0, to_phone=to_phone)
+    assert s.correct == 3 and s.edits == 0 and s.ref_phones == 3
+    assert score_utterance(pred, ref, "c", silence=0).edits == 1
+
+
+def test_smbr_counts_a_class_right_by_its_phone():
+    import torch
+
+    from training.sequence import SequenceCriterion, graph_from_arcs, smbr_loss
+
+    labels = torch.tensor([[1, 1, 0, 2, 2, 2]])
+    logits = torch.randn(1, 6, 3, generator=torch.Generator().manual_seed(5),
+                         dtype=torch.float64)
+    # a one-path denominator through class 2 where the reference has class 1
+    path = [1, 1, 0, 2, 2, 2]
+    path[0] = path[1] = 2
+    chain = graph_from_arcs(7, [(t, t + 1, c, 0.0) for t, c in enumerate(path)],
+                            {0: 0.0}, {6: 0.0})
+    assert abs(smbr_loss(logits, labels, chain, leaky=0.0, ce_weight=0.0).objective
+               - 4 / 6) < 1e-9
+    crit = SequenceCriterion.from_labels([np.array(path)], 3, load_config(None).train.sequence,
+                                         class_phone=np.array([0, 1, 1]))
+    out = smbr_loss(logits, labels, chain, leaky=0.0, ce_weight=0.0,
+                    same_phone=crit.same_phone.double())
+    assert abs(out.objective - 1.0) < 1e-9   # classes 1 and 2 share a phone: all right
+
+
 # ----------------------------------------------------------------- transcripts only, end to end
 TINY_CHAIN = [
     "select.hours=0.004", "select.splits=labeled,dev,test", "align.splits=labeled,dev",
