@@ -36,8 +36,9 @@ def context_fst_text(tree: ContextTree, phones: list[str]) -> str:
         raise GraphError(f"the model's tree has no classes for phones {missing[:20]}")
     sil = tree.sil
     n = len(phones)
-    # state of (a, b): 1 + a * n + b over indices into `phones`; 0 is the start
-    state = lambda a, b: 1 + a * n + b  # noqa: E731
+    def state(a: int, b: int) -> int:  # (a, b) over indices into `phones`; 0 is the start
+        return 1 + a * n + b
+
     final = 1 + n * n
     isil = phones.index(sil)
     ids = [tid[p] for p in phones]
