@@ -59,8 +59,8 @@ import pyarrow as pa
 
 from amflow import records
 from amflow.config import FeaturesConfig
-from amflow.senones import fit_frames
 from amflow.runs import SUCCESS, Reject, StepContext, StepError, rejects_table
+from amflow.senones import fit_frames
 from amflow.storage import join
 from tasks import alignments as al
 from tasks.audio import decode_audio, read_audio_bytes

@@ -4,9 +4,10 @@ Reads  `runs/<R>/select/shards/*.parquet` of the splits in `align.splits`, the a
        point at, the lexicon (`data.lexicon` or `<corpus>/lexicon.txt`) and, for scoring
        only, `<corpus>/alignments.ctm`.
 Writes `runs/<R>/align/alignments/<shard>.parquet`  utt_id, speaker_id, num_frames, phones
-                                                    (phone ids), senones (pdf ids) per 10 ms frame
+                                                    (phone ids), senones (pdf ids) and
+                                                    nn_senones (the network tree's leaf)
+                                                    per 10 ms frame
        `runs/<R>/align/alignments.ctm`              phone CTM (silence included)
-                                                    and nn_senones (the network tree's leaf)
        `runs/<R>/align/tree`                        Kaldi binary ContextDependency
        `runs/<R>/align/nn_tree`, `nn_tree.json`     the network's tree (one pdf class per
                                                     phone, align.nn_senones leaves): Kaldi
@@ -38,8 +39,8 @@ from alignment.train import (RecipeOptions, Stage, failures, frame_classes, netw
                              train)
 from alignment.tree import Tree
 from amflow.config import Config, FeaturesConfig, StorageConfig
-from amflow.senones import ContextTree
 from amflow.runs import SUCCESS, Reject, StepContext, StepError, rejects_table
+from amflow.senones import ContextTree
 from amflow.storage import Storage, join
 from decoding.lexicon import LexiconError, read_lexicon, words_of
 from tasks import alignments as ref_al
