@@ -202,3 +202,15 @@ def test_a_corpus_without_alignments_goes_from_transcripts_to_words(tiny_corpus,
     assert json.loads((run / "features" / "phones.json").read_text()) == tree.class_names
     res = json.loads((run / "decode-teacher" / "result.json").read_text())
     assert res["utterances"] >= 1 and 0 <= res["wer"] <= 1.5
+
+
+def test_model_card_carries_the_tree_only_for_context_dependent_classes():
+    from amflow.model_card import ModelCard, context_info
+
+    t = _full_tree()
+    card = ModelCard.from_meta({"spec": {"kind": "teacher", "num_classes": t.num_leaves},
+                                "phones": t.class_names, "info": context_info(t.to_dict())})
+    assert card.context == t.to_dict() and card.base_phones == ["sil", "a", "b", "k"]
+    plain = ModelCard.from_meta({"spec": {"kind": "teacher"}, "phones": ["a", "sil"],
+                                 "info": context_info(None)})
+    assert plain.context is None and plain.base_phones == ["a", "sil"] and plain.info == {}
