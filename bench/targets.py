@@ -63,7 +63,8 @@ def run(ctx: StepContext, args: Any) -> dict[str, Any]:
     if precision != "float32":
         # the same pool in fp32, to separate batching from bf16 in the ratio
         cfg32 = replace(cfg, targets=replace(cfg.targets, cpu_precision="fp32"))
-        pool32 = targets_step.run(StepContext(cfg32, ctx.run_id, "bench/targets-pool-fp32", force=True))
+        pool32 = targets_step.run(StepContext(cfg32, ctx.run_id, "bench/targets-pool-fp32",
+                                              force=True))
         pool32_fps = pool32["metrics"]["frames_per_s"]
 
     model, card = load_model_card(ctx.storage, T.teacher_uri(ctx))
