@@ -18,7 +18,7 @@ from alignment import gmm
 from alignment import lexicon_graphs as lg
 from alignment.ctm import fold_closures
 from alignment.features import FeatureOptions, mfcc, speaker_cmvn
-from alignment.tree import TreeStats
+from alignment.tree import TreeStats, phone_contexts
 
 
 @dataclass
@@ -133,6 +133,21 @@ class ShardJob:
             right = np.concatenate([seq[1:], [0]])[seg]
             cls = state_of[np.asarray(ali)]
             st.add_frames(np.stack([left, phones, right, cls], 1), self.feats[u])
+        return st
+
+    def context_stats(self, tm: khg.TransitionModel) -> TreeStats:
+        """Statistics for the network's tree: per (left, phone, right) of the current
+        alignments' phones (closures folded, as in the outputs), one pdf class per phone,
+        silence as the context at the utterance's ends."""
+        dim = next(iter(self.feats.values())).shape[1] if self.feats else 0
+        st = TreeStats(dim)
+        sil = self.lang.sil_id
+        for u in self.ids():
+            phones, _, start = gmm.phones_and_pdfs(tm, self.ali[u])
+            phones, start = fold_closures(phones, start, self.lang.closure_ids, sil)
+            left, right = phone_contexts(phones, start, sil)
+            st.add_frames(np.stack([left, phones, right, np.zeros_like(phones)], 1),
+                          self.feats[u])
         return st
 
     def results(self, tm: khg.TransitionModel) -> list[dict]:

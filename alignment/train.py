@@ -16,7 +16,8 @@ import numpy as np
 from alignment import gmm
 from alignment import lexicon_graphs as lg
 from alignment.jobs import run_jobs
-from alignment.tree import Tree, TreeStats, build_tree
+from alignment.tree import Tree, TreeStats, build_tree, phone_contexts
+from amflow.senones import ContextTree
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +49,7 @@ class Stage:
 class History:
     iters: list[dict] = field(default_factory=list)  # stage, iter, loglike/frame, gauss, realigned
     realignments: dict[str, int] = field(default_factory=dict)
+    nn_senones: int | None = None   # leaves of the network's tree (network_tree)
 
 
 def _sum(items: list) -> Any:
@@ -130,6 +132,25 @@ def triphone(jobs: list, lang: lg.Lang, mono: Stage, opts: RecipeOptions,
     run_jobs(jobs, "align", st.tm, st.am, opts.beam, opts.retry_beam)
     hist.realignments["tri"] = hist.realignments.get("tri", 0) + 1
     return st
+
+
+def network_tree(jobs: list, lang: lg.Lang, final: Stage, num_leaves: int,
+                 min_count: float) -> Tree:
+    """The network's tree (one pdf class per phone, Kaldi's chain build_tree.sh idea): the
+    final alignments' (left, phone, right) statistics clustered to `num_leaves` leaves;
+    silence stays one class, closure phones (folded into the phone before) get none."""
+    stats: TreeStats = _sum(run_jobs(jobs, "context_stats", final.tm))
+    classes = {p: 1 for p in [lang.sil_id, *lang.nonsil_ids]}
+    return build_tree(stats, classes, num_leaves, {lang.sil_id}, min_count)
+
+
+def frame_classes(ct: ContextTree, phones: np.ndarray, start: np.ndarray, sil: int
+                  ) -> np.ndarray:
+    """The network tree's leaf of every frame of one utterance's (folded) alignment."""
+    left, right = phone_contexts(phones, start, sil)
+    seg_first = np.flatnonzero(start)
+    per_seg = [ct.leaf_ids(int(left[a]), int(phones[a]), int(right[a])) for a in seg_first]
+    return np.asarray(per_seg, np.int32)[np.cumsum(start) - 1]
 
 
 def train(jobs: list, lang: lg.Lang, opts: RecipeOptions,

@@ -26,6 +26,8 @@ from dataclasses import dataclass, field
 import kaldi_hmm_gmm as khg  # first: see alignment/__init__.py
 import numpy as np
 
+from amflow.senones import CONTEXT_KIND
+
 PDF_CLASS_KEY = -1  # Kaldi's kPdfClass
 VAR_FLOOR = 1e-2    # features are CMVN'd (unit variance)
 
@@ -51,6 +53,17 @@ class TreeStats:
             cur = self.table.get(k)
             self.table[k] = row.copy() if cur is None else cur + row
         return self
+
+
+def phone_contexts(phones: np.ndarray, start: np.ndarray, boundary: int
+                   ) -> tuple[np.ndarray, np.ndarray]:
+    """Per frame: the phone before and after the frame's phone segment (`start` marks each
+    segment's first frame); `boundary` at the utterance's ends."""
+    seg = np.cumsum(start) - 1
+    seq = phones[start]
+    left = np.concatenate([[boundary], seq[:-1]])[seg]
+    right = np.concatenate([seq[1:], [boundary]])[seg]
+    return left, right
 
 
 def _objf(n: np.ndarray, s: np.ndarray, ss: np.ndarray) -> np.ndarray:
@@ -136,6 +149,17 @@ class Tree:
         body += _tok(")")
         return (_tok("ContextDependency") + _i32(3) + _i32(1) + _tok("ToPdf") + body
                 + _tok("EndContextDependency"))
+
+    def to_plain(self, phone_names: list[str], sil: str) -> dict:
+        """A one-pdf-class tree (the network's) as amflow.senones.ContextTree's JSON form."""
+        def plain(node: object) -> object:
+            if isinstance(node, _Leaf):
+                return node.pdf
+            return [node.key, sorted(node.yes_set), plain(node.yes), plain(node.no)]
+
+        roots = {str(p): plain(per[0]) for p, per in sorted(self.roots.items())}
+        return {"kind": CONTEXT_KIND, "phones": list(phone_names), "sil": sil,
+                "num_leaves": self.num_leaves, "roots": roots}
 
     def context_dependency(self) -> khg.ContextDependency:
         """The tree as kaldi-hmm-gmm's ContextDependency (read by Kaldi's own reader)."""

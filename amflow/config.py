@@ -204,8 +204,17 @@ class FeaturesConfig:
     batch_seconds: float = 60.0
     io_threads: int = 4
     seed: int = 0
+    # Where the labels come from: ctm (the corpus's alignments.ctm, its phones as classes) or
+    # align (`amflow align`'s outputs of this run: the network tree's context-dependent
+    # classes, so records with only a transcript are labeled data).
+    labels: str = "ctm"
+    # labels=align: the aligner's MFCC frames may differ from the fbank frames by this many
+    # (trimmed, or padded with the last label); more is an alignment_mismatch reject.
+    label_frame_tolerance: int = 2
 
     def validate(self, key: str) -> None:
+        _check(self.labels in ("ctm", "align"), f"{key}.labels", "must be ctm or align")
+        _check(self.label_frame_tolerance >= 0, f"{key}.label_frame_tolerance", "must be >= 0")
         _check(self.backend in ("numpy", "kaldi"), f"{key}.backend", "must be numpy or kaldi")
         _check(self.sample_rate > 0, f"{key}.sample_rate", "must be > 0")
         _check(self.num_mel_bins > 0, f"{key}.num_mel_bins", "must be > 0")
@@ -228,6 +237,20 @@ class FeaturesConfig:
                "must be auto, torch or scipy")
         _check(self.batch_seconds > 0, f"{key}.batch_seconds", "must be > 0")
         _check(self.io_threads >= 1, f"{key}.io_threads", "must be >= 1")
+
+
+LABEL_KEYS = ("labels", "label_frame_tolerance")
+
+
+def features_dict(fcfg: FeaturesConfig) -> dict[str, Any]:
+    """The features section as recorded in plans and model cards. With the default
+    labels=ctm the label keys are left out, so those records stay as they were before
+    the keys existed (byte-identical outputs on the default path)."""
+    d = dataclasses.asdict(fcfg)
+    if fcfg.labels == "ctm":
+        for k in LABEL_KEYS:
+            d.pop(k)
+    return d
 
 
 @dataclass
@@ -1101,6 +1124,9 @@ class AlignConfig:
     # Corpus splits (of the select manifests) to align; they need transcripts.
     splits: list[str] = field(default_factory=lambda: ["labeled"])
     num_senones: int = 500          # decision-tree leaves of the context-dependent model
+    # Leaves of the network's tree (one HMM state per phone, for the low-frame-rate network's
+    # targets with features.labels=align); 0: num_senones.
+    nn_senones: int = 0
     mono_iters: int = 25
     tri_iters: int = 15
     realign_every: int = 2          # realign before every n-th accumulation pass
@@ -1127,6 +1153,7 @@ class AlignConfig:
                                          for s in self.splits), f"{key}.splits",
                "must be a non-empty list of labeled, unlabeled, dev, test")
         _check(self.num_senones >= 1, f"{key}.num_senones", "must be >= 1")
+        _check(self.nn_senones >= 0, f"{key}.nn_senones", "must be >= 0 (0: align.num_senones)")
         _check(self.mono_iters >= 1, f"{key}.mono_iters", "must be >= 1")
         _check(self.tri_iters >= 1, f"{key}.tri_iters", "must be >= 1")
         _check(self.realign_every >= 1, f"{key}.realign_every", "must be >= 1")

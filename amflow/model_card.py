@@ -32,6 +32,20 @@ class ModelCard:
     priors: dict[str, Any] | None = None  # {"counts": [...], "source": ...} (decoding/priors.py)
 
     @property
+    def context(self) -> dict[str, Any] | None:
+        """The network tree (amflow.senones.ContextTree's JSON form) when the classes are
+        its context-dependent leaves (features.labels=align); None: one class per phone."""
+        return self.info.get("context")
+
+    @property
+    def base_phones(self) -> list[str]:
+        """The phones the classes stand for: the tree's phones with classes, else `phones`."""
+        ctx = self.context
+        if not ctx:
+            return list(self.phones)
+        return [ctx["phones"][int(p)] for p in sorted(ctx["roots"], key=int)]
+
+    @property
     def kind(self) -> str:
         return str(self.spec["kind"])
 
@@ -67,3 +81,9 @@ class ModelCard:
         if missing:
             raise ModelCardError(f"{name} stores no {', '.join(missing)}: retrain it with this "
                                  f"version of amflow")
+
+
+def context_info(context: dict[str, Any] | None) -> dict[str, Any]:
+    """The `info` entry of a model with context-dependent classes (ModelCard.context);
+    nothing for phone classes, so their model files stay as they were."""
+    return {"context": context} if context else {}

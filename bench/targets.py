@@ -23,6 +23,7 @@ import torch
 
 from amflow.records import decode_feats, load_cmvn
 from amflow.runs import StepContext, StepError
+from amflow.steps import targets as targets_step
 from tasks import targets as T
 from training.checkpoint import load_model_card
 
@@ -55,14 +56,15 @@ def run(ctx: StepContext, args: Any) -> dict[str, Any]:
         raise StepError(f"bench targets needs run '{ctx.run_id}' with features (and a teacher "
                         "at targets.teacher or runs/<id>/train/model.pt)")
     pool_ctx = StepContext(cfg, ctx.run_id, "bench/targets-pool", force=True)
-    pool = T.run(pool_ctx)
+    pool = targets_step.run(pool_ctx)
     pool_fps = pool["metrics"]["frames_per_s"]
     precision = pool["metrics"]["actors"][0].get("precision", "float32")
     pool32_fps = pool_fps
     if precision != "float32":
         # the same pool in fp32, to separate batching from bf16 in the ratio
         cfg32 = replace(cfg, targets=replace(cfg.targets, cpu_precision="fp32"))
-        pool32 = T.run(StepContext(cfg32, ctx.run_id, "bench/targets-pool-fp32", force=True))
+        pool32 = targets_step.run(StepContext(cfg32, ctx.run_id, "bench/targets-pool-fp32",
+                                              force=True))
         pool32_fps = pool32["metrics"]["frames_per_s"]
 
     model, card = load_model_card(ctx.storage, T.teacher_uri(ctx))

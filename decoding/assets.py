@@ -3,7 +3,8 @@
     DecoderAssets.load(storage, decode_cfg, model_uri=..., lexicon_uri=..., lm_uri=...,
                        graph_root=...) -> DecoderAssets
         model (eval mode), its bytes and `ModelCard`; the lexicon; the LM's ARPA text; the
-        H o L o G graph in a local directory (cached under graph_root/<key>/, i.e.
+        H o L o G graph (H o C o L o G when the card's classes are context-dependent:
+        ModelCard.context) in a local directory (cached under graph_root/<key>/, i.e.
         runs/<R>/graph/<key>/); the class priors (log, for posterior / prior scores)
 
 Used by `amflow decode`, `amflow serve` and `amflow bench decode`, so the three assemble
@@ -16,6 +17,7 @@ still lets serve.acwt override it: a user key.)
 """
 from __future__ import annotations
 
+import json
 import logging
 import os
 import tempfile
@@ -26,8 +28,10 @@ import numpy as np
 
 from amflow.model_card import ModelCard
 from amflow.runs import StepError
+from amflow.senones import ContextTree, ContextTreeError
 from amflow.storage import join
 from decoding import graph as G
+from decoding.context import build_cd_graph
 from decoding.lexicon import Lexicon, LexiconError, read_lexicon
 from decoding.priors import model_counts
 from decoding.search import log_priors
@@ -71,10 +75,21 @@ def _copy_graph(storage, remote: str, local: str) -> None:
             f.write(storage.read_bytes(join(remote, n)))
 
 
+def _build(lex: Lexicon, arpa: str, classes: Sequence[str], sil_prob: float,
+           context: dict | None) -> G.DecodingGraph:
+    if context:
+        return build_cd_graph(lex, arpa, ContextTree.from_dict(context), sil_prob)
+    return G.build_graph(lex, arpa, classes, sil_prob)
+
+
 def ensure_graph(storage, graph_root: str, lex: Lexicon, lex_text: str, arpa: str,
-                 classes: Sequence[str], sil_prob: float) -> tuple[str, dict]:
-    """A local directory holding HLG for (lexicon, LM, classes): cached under graph_root."""
-    key = G.graph_key(lex_text, arpa, classes, sil_prob)
+                 classes: Sequence[str], sil_prob: float,
+                 context: dict | None = None) -> tuple[str, dict]:
+    """A local directory holding HLG for (lexicon, LM, classes): cached under graph_root.
+    With `context` (ModelCard.context) the classes are the network tree's leaves and the
+    graph is H o C o L o G (decoding/context.py)."""
+    key_classes = list(classes) + ([json.dumps(context, sort_keys=True)] if context else [])
+    key = G.graph_key(lex_text, arpa, key_classes, sil_prob)
     remote = join(graph_root, key)
     local = storage.local_path(remote) or os.path.join(tempfile.gettempdir(), "amflow-graph", key)
     if all(os.path.exists(os.path.join(local, n)) for n in GRAPH_FILES):
@@ -83,8 +98,8 @@ def ensure_graph(storage, graph_root: str, lex: Lexicon, lex_text: str, arpa: st
         _copy_graph(storage, remote, local)
         return local, G.read_graph(local).info
     try:
-        graph = G.build_graph(lex, arpa, classes, sil_prob)
-    except G.GraphError as exc:
+        graph = _build(lex, arpa, classes, sil_prob, context)
+    except (G.GraphError, ContextTreeError) as exc:
         raise StepError(f"cannot build the decoding graph: {exc}") from exc
     tmp = tempfile.mkdtemp(prefix="amflow-graph-")
     graph.write(tmp)
@@ -143,10 +158,10 @@ class DecoderAssets:
                 raise StepError(f"{model_uri} carries no {key}: decode needs a self-describing "
                                 "model.pt")
         lex, lex_text = load_lexicon(storage, lexicon_uri)
-        check_phones(lex, card.phones, lexicon_uri, model_uri)
+        check_phones(lex, card.base_phones, lexicon_uri, model_uri)
         arpa = load_lm(storage, lm_uri, lm_hint or "set decode.lm to an ARPA file")
         graph_dir, info = ensure_graph(storage, graph_root, lex, lex_text, arpa, card.phones,
-                                       decode_cfg.sil_prob)
+                                       decode_cfg.sil_prob, card.context)
         try:
             counts, source = model_counts(storage, card, model_uri, len(card.phones))
         except ValueError as exc:

@@ -149,12 +149,13 @@ def _remove_disambig(lg_text: str, first_disambig: int) -> str:
 
 
 # ----------------------------------------------------------------- HLG
-def build_graph(lex: Lexicon, arpa_text: str, classes: Sequence[str],
-                sil_prob: float = 0.5) -> DecodingGraph:
+def build_lg(lex: Lexicon, arpa_text: str, classes: Sequence[str], sil_prob: float
+             ) -> tuple[str, list[str], dict]:
+    """det(L o G) with the disambiguators removed, as FST text whose input labels are
+    phone ids (index in `classes` + 1); its word list; sizes for the graph's info."""
     import kaldifst
     import kaldilm
 
-    t0 = time.time()
     missing = sorted(lex.phones() - set(classes))
     if missing:
         raise GraphError(f"the lexicon uses phones the model has no class for: {missing}")
@@ -186,12 +187,27 @@ def build_graph(lex: Lexicon, arpa_text: str, classes: Sequence[str],
         raise GraphError("determinisation of L o G stopped early")
     kaldifst.minimize_encoded(LG)
     lg_text = _remove_disambig(LG.to_str(show_weight_one=True), disambig_id[0])
-    hlg = kaldifst.compile(_add_self_loops(lg_text, len(classes)))
-    kaldifst.arcsort(hlg, sort_type="ilabel")
-    info = {"classes": len(classes), "words": len(words) - 4, "prons": lex.num_prons,
+    info = {"words": len(words) - 4, "prons": lex.num_prons,
             "disambig_symbols": max_disambig, "sil_prob": sil_prob,
-            "G_states": G.num_states, "LG_states": LG.num_states,
-            "HLG_states": hlg.num_states,
+            "G_states": G.num_states, "LG_states": LG.num_states}
+    return lg_text, words, info
+
+
+def finish_graph(text: str, num_classes: int, words: list[str], info: dict,
+                 t0: float) -> DecodingGraph:
+    """H: self-loops on every class arc of `text`, compiled and arc-sorted."""
+    import kaldifst
+
+    hlg = kaldifst.compile(_add_self_loops(text, num_classes))
+    kaldifst.arcsort(hlg, sort_type="ilabel")
+    info = {"classes": num_classes, **info, "HLG_states": hlg.num_states,
             "HLG_arcs": sum(hlg.num_arcs(s) for s in range(hlg.num_states)),
             "build_s": round(time.time() - t0, 2)}
     return DecodingGraph(hlg, words, info)
+
+
+def build_graph(lex: Lexicon, arpa_text: str, classes: Sequence[str],
+                sil_prob: float = 0.5) -> DecodingGraph:
+    t0 = time.time()
+    lg_text, words, info = build_lg(lex, arpa_text, classes, sil_prob)
+    return finish_graph(lg_text, len(classes), words, info, t0)

@@ -27,6 +27,9 @@ Public functions (also used by `amflow evaluate`):
     frame_labels_ids(starts, ends, ids, num_frames, fcfg) -> the same with phones already ids.
     lfr_labels(frame_labels, num_rows, stack, subsample) -> int16 labels of the low-frame-rate
         rows at offset 0 (the centre source frame of each stacked row).
+    read_align_labels(storage, align_dir) -> (ContextTree, {utt_id: int16 per-frame classes})
+        features.labels=align: `amflow align`'s network-tree leaves per 10 ms frame
+        (alignments/*.parquet, column nn_senones) and its tree (nn_tree.json).
 """
 from __future__ import annotations
 
@@ -36,6 +39,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from amflow.config import FeaturesConfig
+from amflow.senones import ContextTree
 from amflow.storage import Storage, join
 
 UNK = "<unk>"
@@ -186,3 +190,22 @@ def lfr_labels(frame_labels: np.ndarray, num_rows: int, stack: int,
     step = subsample or stack
     idx = np.minimum(np.arange(num_rows) * step + stack // 2, len(frame_labels) - 1)
     return frame_labels[idx].astype(np.int16)
+
+
+class AlignOutputsError(ValueError):
+    pass
+
+
+def read_align_labels(storage: Storage, align_dir: str
+                      ) -> tuple[ContextTree, dict[str, np.ndarray]]:
+    tree_uri = join(align_dir, "nn_tree.json")
+    if not storage.exists(tree_uri):
+        raise AlignOutputsError(f"{tree_uri} not found: features.labels=align needs "
+                                "`amflow align` (this version) run first")
+    tree = ContextTree.from_dict(storage.read_json(tree_uri))
+    labels: dict[str, np.ndarray] = {}
+    for uri in storage.list(join(align_dir, "alignments"), suffix=".parquet"):
+        t = storage.read_parquet(uri, columns=["utt_id", "nn_senones"])
+        for u, lab in zip(t.column("utt_id").to_pylist(), t.column("nn_senones").to_pylist()):
+            labels[u] = np.asarray(lab, np.int16)
+    return tree, labels

@@ -36,7 +36,9 @@ Low frame rate: frames are stacked `stack` at a time with step `subsample` (3 an
 holds frames 3r, 3r+1, 3r+2 (so a T-frame utterance has floor(T/3) rows, 192-d @ 33 Hz).
 Only offset 0 is stored; records.shift_offset derives offsets 1 and 2.
 Labels: `frame_labels` are the 100 Hz phone ids (tasks.alignments.frame_labels); `labels`
-the id of each row's centre frame (3r + 1).
+the id of each row's centre frame (3r + 1). With features.labels=align the 100 Hz labels
+are `amflow align`'s network-tree leaves instead (runs/<R>/align/, amflow.senones), the
+classes are those leaves (phones.json: "<phone>/<leaf>"), context.json holds the tree.
 
 Hierarchical shuffle: the shard order is a seeded permutation (features.seed), recorded in
 `shards.json` and used to dispatch shards; within a shard the rows are written in a
@@ -58,6 +60,7 @@ import pyarrow as pa
 from amflow import records
 from amflow.config import FeaturesConfig
 from amflow.runs import SUCCESS, Reject, StepContext, StepError, rejects_table
+from amflow.senones import fit_frames
 from amflow.storage import join
 from tasks import alignments as al
 from tasks.audio import decode_audio, read_audio_bytes
@@ -256,11 +259,12 @@ class ShardFeaturizer:
     """
 
     def __init__(self, fcfg: FeaturesConfig, shard_id: str, align: dict[str, tuple],
-                 ctm_errors: dict[str, str]):
+                 ctm_errors: dict[str, str], frame_align: dict[str, np.ndarray] | None = None):
         self.fcfg = fcfg
         self.shard_id = shard_id
         self.align = align
         self.ctm_errors = ctm_errors
+        self.frame_align = frame_align  # features.labels=align: per-frame classes per utt
         self.computer = FbankComputer(fcfg)  # also counts frames for the kaldi backend
         dim = fcfg.num_mel_bins * fcfg.stack
         self.rejects: list[Reject] = []
@@ -333,6 +337,8 @@ class ShardFeaturizer:
                 ) -> tuple[bool, np.ndarray | None, np.ndarray | None]:
         """(ok, LFR labels, frame labels) of an utterance; rejects it when not ok."""
         fcfg = self.fcfg
+        if self.frame_align is not None:
+            return self._align_labels(rec, n_frames, n_rows)
         a = self.align.get(rec["utt_id"])
         if rec["split"] in LABELED_SPLITS and a is not None:
             fl, reason, detail = al.frame_labels_ids(a[0], a[1], a[2], n_frames, fcfg)
@@ -344,6 +350,24 @@ class ShardFeaturizer:
             msg = self.ctm_errors.get(rec["utt_id"],
                                       "no lines for this utterance in alignments.ctm")
             self.reject(rec, "missing_alignment", msg)
+            return False, None, None
+        return True, None, None
+
+    def _align_labels(self, rec: dict, n_frames: int, n_rows: int
+                      ) -> tuple[bool, np.ndarray | None, np.ndarray | None]:
+        """_labels with features.labels=align: `amflow align`'s per-frame classes, fitted
+        to the fbank frame count (features.label_frame_tolerance)."""
+        fcfg = self.fcfg
+        lab = self.frame_align.get(rec["utt_id"])
+        if rec["split"] in LABELED_SPLITS and lab is not None:
+            fl, detail = fit_frames(lab, n_frames, fcfg.label_frame_tolerance)
+            if fl is None:
+                self.reject(rec, "alignment_mismatch", detail)
+                return False, None, None
+            return True, al.lfr_labels(fl, n_rows, fcfg.stack, fcfg.subsample), fl
+        if rec["split"] == "labeled":
+            self.reject(rec, "missing_alignment", "amflow align has no alignment for it "
+                        "(see runs/<R>/align/rejects/align.parquet)")
             return False, None, None
         return True, None, None
 
@@ -387,7 +411,7 @@ def process_shard(ctx: StepContext, shard_id: str, payload: dict[str, Any]) -> d
     man = st.read_parquet(payload["manifest"]).to_pylist()
     man.sort(key=lambda r: (r["speaker_id"], r["created_ts"], r["utt_id"]))
     fz = ShardFeaturizer(fcfg, shard_id, payload.get("align") or {},
-                         payload.get("ctm_errors") or {})
+                         payload.get("ctm_errors") or {}, payload.get("frame_align"))
     uris = [r["audio_uri"] for r in man]
     for rec, (data, reason, detail) in zip(man, _prefetch(st, uris, fcfg.io_threads)):
         if data is None:
@@ -445,6 +469,28 @@ def alignment_payloads(ctx: StepContext, index: list[dict]) -> tuple[dict, dict,
                                  for u in utts if u in alignments}
         per_shard_err[e["shard"]] = {u: err_by_utt[u] for u in utts if u in err_by_utt}
     return per_shard, per_shard_err, inventory
+
+
+def align_label_payloads(ctx: StepContext, index: list[dict]) -> tuple[dict, list[str]]:
+    """features.labels=align: (per-shard {utt_id: per-frame classes}, class names); writes
+    phones.json (the classes) and context.json (the network tree, for the model card)."""
+    st = ctx.storage
+    try:
+        tree, labels = al.read_align_labels(st, ctx.other("align"))
+    except (al.AlignOutputsError, ValueError) as exc:
+        raise StepError(f"features.labels=align: {exc}") from exc
+    inventory = tree.class_names
+    st.write_json(ctx.path("phones.json"), inventory)
+    st.write_json(ctx.path("context.json"), tree.to_dict())
+    per_shard: dict[str, dict] = {}
+    for e in index:
+        if e["split"] not in LABELED_SPLITS:
+            per_shard[e["shard"]] = {}
+            continue
+        utts = st.read_parquet(ctx.other("select", "shards", f"{e['shard']}.parquet"),
+                               columns=["utt_id"]).column("utt_id").to_pylist()
+        per_shard[e["shard"]] = {u: labels[u] for u in utts if u in labels}
+    return per_shard, inventory
 
 
 def summarise(ctx: StepContext, select: dict, stats: list[dict], inventory: list[str],

@@ -16,6 +16,7 @@ from alignment.jobs import ShardJob, Utterance, run_jobs
 from alignment.train import History, RecipeOptions, monophone
 from alignment.tree import TreeStats, build_tree
 from amflow.config import ConfigError, load_config
+from amflow.senones import ContextTree
 
 
 def _synthetic_tree_stats(rng: np.random.Generator) -> tuple[TreeStats, dict[int, int]]:
@@ -193,9 +194,18 @@ def test_align_step_end_to_end(tiny_corpus, tmp_path):
     assert c["in"] == c["out"] + c["rejected"] and c["out"] >= 3
     d = tmp_path / "runs" / "r" / "align"
     table = pq.read_table(list((d / "alignments").glob("*.parquet"))[0])
-    for n, ph, sen in zip(*(table.column(k).to_pylist() for k in
-                            ("num_frames", "phones", "senones"))):
+    for n, ph, sen, nn in zip(*(table.column(k).to_pylist() for k in
+                                ("num_frames", "phones", "senones", "nn_senones"))):
         assert n == len(ph) == len(sen) and max(sen) < out["metrics"]["num_senones"]
+        assert len(nn) == n and max(nn) < out["metrics"]["nn_senones"]
+    # the network's tree: one class per (phone in context), each frame's class's phone
+    # is the frame's aligned phone
+    tree = ContextTree.from_dict(json.loads((d / "nn_tree.json").read_text()))
+    names = [p.split()[0] for p in (d / "phones.txt").read_text().splitlines()]
+    leaf_phone = tree.leaf_phone
+    for ph, nn in zip(table.column("phones").to_pylist(), table.column("nn_senones").to_pylist()):
+        assert [leaf_phone[c] for c in nn] == [names[p] for p in ph]
+    assert (d / "nn_tree").read_bytes().startswith(b"\0BContextDependency ")
     assert (d / "tree").read_bytes().startswith(b"\0BContextDependency ")
     assert (d / "final.mdl").read_text().startswith("<TransitionModel>")
     ctm = (d / "alignments.ctm").read_text().splitlines()

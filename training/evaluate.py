@@ -39,6 +39,7 @@ from amflow.config import EvaluateConfig, FeaturesConfig
 from amflow.model_card import ModelCard
 from amflow.progress import Progress
 from amflow.runs import Reject, StepError
+from amflow.senones import ContextTree, fit_frames
 from amflow.storage import Storage, join
 from tasks import alignments as al
 from tasks.corpus import SIL
@@ -96,12 +97,15 @@ class UttScore:
 
 
 def score_utterance(pred: np.ndarray, ref: np.ndarray, condition: str,
-                    silence: int = -1) -> UttScore:
+                    silence: int = -1, to_phone: np.ndarray | None = None) -> UttScore:
+    """Frame accuracy over the classes; PER over phones: with context-dependent classes
+    `to_phone` maps each class to its phone (and `silence` is a phone id) first."""
     pred = np.asarray(pred)
     ref = np.asarray(ref)
     if pred.shape != ref.shape:
         raise ValueError(f"prediction {pred.shape} and reference {ref.shape} differ")
-    cref, chyp = collapse(ref), collapse(pred)
+    pp, pr = (pred, ref) if to_phone is None else (to_phone[pred], to_phone[ref])
+    cref, chyp = collapse(pr), collapse(pp)
     sref, shyp = cref[cref != silence], chyp[chyp != silence]
     return UttScore(condition, int(len(ref)), int((pred == ref).sum()), int(len(cref)),
                     edit_distance(chyp, cref), int(len(sref)), edit_distance(shyp, sref))
@@ -158,15 +162,19 @@ def _phone_ids(phones: Sequence[str]) -> tuple[dict[str, int], int]:
 
 
 def load_split(st: Storage, corpus: str, split: str, fcfg: FeaturesConfig,
-               phones: Sequence[str], norm: Normalizer, audio: str = "stored"
+               phones: Sequence[str], norm: Normalizer, audio: str = "stored",
+               frame_labels: dict[str, np.ndarray] | None = None
                ) -> tuple[list[EvalUtt], list[Reject], int]:
     """Featurise the corpus records of `split` (audio: stored, or clean = the dry
-    renderings): (utterances, rejects, records in)."""
+    renderings): (utterances, rejects, records in). References: the corpus CTM's phones,
+    or with `frame_labels` (context-dependent classes) `amflow align`'s per-frame classes."""
     # the input format's split rule: a record without `split` is labeled when aligned
     recs, rejects = records_of_split(st, corpus, split)
     n_in = len(recs) + len(rejects)
     if audio == "clean":
         recs = clean_renderings(st, corpus, recs, rejects)
+    if frame_labels is not None:
+        return _load_aligned(st, corpus, recs, rejects, fcfg, norm, frame_labels), rejects, n_in
     ctm_uri = join(corpus, "alignments.ctm")
     if not st.exists(ctm_uri):
         raise StepError(f"{ctm_uri} not found: evaluation needs alignments")
@@ -202,6 +210,31 @@ def load_split(st: Storage, corpus: str, split: str, fcfg: FeaturesConfig,
         out.append(EvalUtt(r.utt_id, r.condition or "unknown", norm(x).astype(np.float32), lab))
     prog.close()
     return out, rejects, n_in
+
+
+def _load_aligned(st: Storage, corpus: str, recs: list[Any], rejects: list[Reject],
+                  fcfg: FeaturesConfig, norm: Normalizer, frame_labels: dict[str, np.ndarray]
+                  ) -> list[EvalUtt]:
+    """load_split's utterances labelled from `amflow align` (features.labels=align)."""
+    def aligned(r) -> bool:
+        if r.utt_id in frame_labels:
+            return True
+        rejects.append(Reject(r.utt_id, "missing_alignment", "amflow align has no alignment "
+                              "for it (align.splits must hold the split evaluated)"))
+        return False
+
+    computer = FbankComputer(fcfg)
+    out: list[EvalUtt] = []
+    for r, wave, x in featurize_records(st, corpus, recs, fcfg, computer, rejects,
+                                        accept=aligned):
+        fl, detail = fit_frames(frame_labels[r.utt_id], computer.num_frames(len(wave)),
+                                fcfg.label_frame_tolerance)
+        if fl is None:
+            rejects.append(Reject(r.utt_id, "alignment_mismatch", detail))
+            continue
+        lab = al.lfr_labels(fl, x.shape[0], fcfg.stack, fcfg.subsample).astype(np.int64)
+        out.append(EvalUtt(r.utt_id, r.condition or "unknown", norm(x).astype(np.float32), lab))
+    return out
 
 
 def clean_renderings(st: Any, corpus: str, recs: list[Any], rejects: list[Reject]
@@ -254,9 +287,10 @@ def predict(model: torch.nn.Module, utts: Sequence[EvalUtt], batch_frames: int =
 
 
 def evaluate_model(model: torch.nn.Module, utts: Sequence[EvalUtt], batch_frames: int = 20000,
-                   device: str = "cpu", silence: int = -1) -> dict[str, Any]:
+                   device: str = "cpu", silence: int = -1,
+                   to_phone: np.ndarray | None = None) -> dict[str, Any]:
     preds = predict(model, utts, batch_frames, device)
-    return aggregate(score_utterance(p, u.labels, u.condition, silence)
+    return aggregate(score_utterance(p, u.labels, u.condition, silence, to_phone)
                      for p, u in zip(preds, utts))
 
 
@@ -278,12 +312,18 @@ class Evaluation:
 
 def evaluate_split(st: Storage, model: torch.nn.Module, card: ModelCard, model_uri: str,
                    cmvn: dict[str, Any], phones: Sequence[str], corpus: str, split: str,
-                   ecfg: EvaluateConfig, fallback_features: FeaturesConfig) -> Evaluation:
+                   ecfg: EvaluateConfig, fallback_features: FeaturesConfig,
+                   frame_labels: dict[str, np.ndarray] | None = None) -> Evaluation:
     """Score `model` (its metadata: `card`; CMVN and phones resolved by the caller) on the
-    corpus split, with `evaluate.baseline` beside it when set."""
+    corpus split, with `evaluate.baseline` beside it when set. A model with context-
+    dependent classes (card.context) needs `frame_labels` (`amflow align`'s)."""
     fcfg = features_config(card, fallback_features)
     norm = Normalizer.from_stats(cmvn, model.input_dim)
-    utts, rejects, n_in = load_split(st, corpus, split, fcfg, phones, norm, ecfg.audio)
+    if card.context and frame_labels is None:
+        raise StepError(f"{model_uri} has context-dependent classes: evaluating it needs "
+                        "this run's `amflow align` outputs for the split")
+    utts, rejects, n_in = load_split(st, corpus, split, fcfg, phones, norm, ecfg.audio,
+                                     frame_labels if card.context else None)
     if not utts:
         reasons = sorted({r.reason for r in rejects})
         raise StepError(f"no utterance of split '{split}' could be scored (rejects: {reasons})")
@@ -291,26 +331,38 @@ def evaluate_split(st: Storage, model: torch.nn.Module, card: ModelCard, model_u
     if dim != model.input_dim:
         raise StepError(f"features have {dim} dims, the model expects {model.input_dim}")
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    silence = list(phones).index(SIL) if SIL in phones else -1
-    result = evaluate_model(model, utts, ecfg.batch_frames, device, silence)
+    silence, to_phone = _phone_map(card, phones)
+    result = evaluate_model(model, utts, ecfg.batch_frames, device, silence, to_phone)
     reasons: dict[str, int] = {}
     for r in rejects:
         reasons[r.reason] = reasons.get(r.reason, 0) + 1
     result.update({"model": model_uri, "model_kind": card.kind, "data": corpus,
                    "split": split, "rejected": reasons,
-                   "train_info": {k: v for k, v in card.info.items() if k != "metrics"}})
+                   "train_info": {k: v for k, v in card.info.items()
+                                  if k not in ("metrics", "context")}})
     if ecfg.baseline:
         base_model, base_meta = load_model(st, ecfg.baseline)
         base_card = ModelCard.from_meta(base_meta, ecfg.baseline)
         if base_card.phones and list(base_card.phones) != list(phones):
             raise StepError("evaluate.baseline has a different phone inventory than --model")
-        base = evaluate_model(base_model, utts, ecfg.batch_frames, device, silence)
+        base = evaluate_model(base_model, utts, ecfg.batch_frames, device, silence, to_phone)
         base["model"] = ecfg.baseline
         result["baseline"] = base
         result["rel_frame_error_reduction"] = relative_error_reduction(
             {**base["per_condition"], "all": base["frame_accuracy"]},
             {**result["per_condition"], "all": result["frame_accuracy"]})
     return Evaluation(result, rejects, n_in, len(utts))
+
+
+def _phone_map(card: ModelCard, phones: Sequence[str]) -> tuple[int, np.ndarray | None]:
+    """(silence id, class -> phone id map or None) for PER: phone classes score as they
+    are; context-dependent ones through their tree's leaf -> phone map."""
+    if not card.context:
+        return (list(phones).index(SIL) if SIL in phones else -1), None
+    base = card.base_phones
+    leaf_phone = ContextTree.from_dict(card.context).leaf_phone
+    to_phone = np.array([base.index(p) for p in leaf_phone], np.int64)
+    return (base.index(SIL) if SIL in base else -1), to_phone
 
 
 def print_table(result: dict[str, Any]) -> None:

@@ -88,6 +88,8 @@ def build_plan(ctx: StepContext, train_dir: str) -> tuple[WorkerPlan, dict[str, 
         raise StepError(f"{cmvn_uri} not found: the features step writes the global CMVN "
                         "stats the trainer normalises with")
     phones = storage.read_json(phones_uri) if storage.exists(phones_uri) else []
+    context_uri = ctx.other("features", "context.json")
+    context = storage.read_json(context_uri) if storage.exists(context_uri) else None
     try:
         num_classes = resolve_num_classes(cfg.model, phones)
     except ValueError as exc:
@@ -123,6 +125,7 @@ def build_plan(ctx: StepContext, train_dir: str) -> tuple[WorkerPlan, dict[str, 
         cfg=cfg, run_id=ctx.run_id, train_dir=train_dir, kind=tc.model, splits=splits,
         cmvn=cmvn, phones=list(phones), num_classes=int(num_classes), feat_dim=int(feat_dim),
         stack=cfg.features.stack, init_model=_init_model(ctx, int(num_classes), int(feat_dim)),
+        context=context,
         launch=LaunchSpec(storage_path=join(train_dir, "ray"),
                           name=f"{ctx.run_id}-{train_dir_name(tc.tag, tc.recipe)}-"
                                f"{tc.algorithm}"))

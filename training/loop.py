@@ -44,7 +44,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from amflow.config import TrainConfig, replace_train
+from amflow.config import TrainConfig, features_dict, replace_train
+from amflow.model_card import context_info
+from amflow.senones import ContextTree
 from amflow.progress import Progress
 from amflow.raycluster import init_ray
 from amflow.runs import StepError
@@ -418,7 +420,12 @@ class Trainer:
             return None
         t0 = time.perf_counter()
         seqs = split_label_sequences(self.storage, self.plan.splits["labeled"], self.stack)
-        crit = SequenceCriterion.from_labels(seqs, self.plan.num_classes, self.tc.sequence)
+        class_phone = None
+        if self.plan.context:  # context-dependent classes: each class's phone (sMBR)
+            leaf_phone = ContextTree.from_dict(self.plan.context).leaf_phone
+            class_phone = np.array([sorted(set(leaf_phone)).index(p) for p in leaf_phone])
+        crit = SequenceCriterion.from_labels(seqs, self.plan.num_classes, self.tc.sequence,
+                                             class_phone)
         self.graph_info = {**crit.graph_size(), "utterances": len(seqs),
                            "build_s": round(time.perf_counter() - t0, 3)}
         log.info("rank %d: %s denominator graph %s", self.rank, self.tc.sequence.criterion,
@@ -687,10 +694,11 @@ class Trainer:
         model_uri = join(self.train_dir, "model.pt")
         nbytes = save_model(storage, model_uri, self.model, cmvn=self.plan.cmvn,
                             phones=self.plan.phones,
-                            features=dataclasses.asdict(self.cfg.features),
+                            features=features_dict(self.cfg.features),
                             info={"run_id": self.plan.run_id, "train_dir": self.train_dir,
                                   "recipe": tc.recipe, "algorithm": tc.algorithm,
-                                  "workers": self.world, "metrics": summary["metrics"]})
+                                  "workers": self.world, "metrics": summary["metrics"],
+                                  **context_info(self.plan.context)})
         summary["model_uri"] = model_uri
         summary["model_bytes"] = nbytes
         return summary

@@ -45,6 +45,9 @@ class WorkerPlan:
     feat_dim: int  # input feature dim (192 for 64 mel bins stacked 3)
     stack: int  # features.stack (frame offsets rotate over 0..stack-1)
     init_model: str | None = None  # model.pt URI to start from (the sequence recipe)
+    # features/context.json (features.labels=align): the network tree the classes are the
+    # leaves of; the model card carries it (ModelCard.context). None: phone classes.
+    context: dict[str, Any] | None = None
     progress: bool = True  # print progress on rank 0
     launch: LaunchSpec = field(default_factory=LaunchSpec)
 

@@ -816,13 +816,17 @@ def smbr_loss(logits: torch.Tensor, labels: torch.Tensor, den: Graph, *,
               leaky: float = 0.1, ce_weight: float = 0.1, l2: float = 0.0,
               log_priors: torch.Tensor | None = None, prior_scale: float = 0.0,
               am_scale: float = 1.0, utt_ids: Sequence[str] | None = None,
-              where: str = "minibatch") -> SequenceOut:
+              where: str = "minibatch", same_phone: torch.Tensor | None = None
+              ) -> SequenceOut:
     """Lattice-free sMBR (Kanda et al. 2018): maximise the expected frame accuracy over all
     paths of the denominator graph. A frame's reward for class c is 1 when c is the
     aligned class (numerator alignment) or the numerator's occupation posterior of c
     (numerator flexible, Kanda's soft reference; a target like CE's labels, so no
     gradient flows through it). Objective per scored frame: E[accuracy]
-    / frames, in [0, 1]; same inputs and regularisers as `mmi_loss`."""
+    / frames, in [0, 1]; same inputs and regularisers as `mmi_loss`.
+    `same_phone` [C, C] (context-dependent classes): 1 where two classes are the same
+    phone; the reward is then the phone accuracy (a class of the reference's phone in
+    another context is right, as Kaldi's sMBR counts a state correct by its phone)."""
     packed, x, lab, lengths, valid = _prepare(logits, labels, log_priors, prior_scale,
                                               am_scale, utt_ids, where)
     frames = int(lengths.sum())
@@ -830,6 +834,8 @@ def smbr_loss(logits: torch.Tensor, labels: torch.Tensor, den: Graph, *,
         return SequenceOut(logits.sum() * 0.0, 0, 0)
     has = lengths > 0
     reward = _reward(x.detach(), lab, lengths, numerator, loop_logprob)
+    if same_phone is not None:
+        reward = reward @ same_phone.to(reward.device, reward.dtype)
     _check_finite(reward[has], "numerator log-likelihood", _subset(utt_ids, has), where)
     logz, acc = expected_accuracy(x, lengths, den, reward, leaky)
     _check_finite(logz.detach()[has], "denominator log-likelihood",
@@ -869,8 +875,13 @@ class SequenceCriterion:
     """
 
     def __init__(self, lm: PhoneNgram, sc: SequenceConfig,
-                 log_priors: torch.Tensor | None = None):
+                 log_priors: torch.Tensor | None = None,
+                 class_phone: np.ndarray | None = None):
         self.lm = lm
+        # context-dependent classes: sMBR's accuracy is the phone's (smbr_loss same_phone)
+        self.same_phone = (None if class_phone is None else torch.from_numpy(
+            (np.asarray(class_phone)[:, None] == np.asarray(class_phone)[None, :])
+            .astype(np.float32)))
         self.sc = sc
         self.full = denominator_graph(lm)
         self.chunk = chunk_graph(self.full)
@@ -882,10 +893,14 @@ class SequenceCriterion:
 
     @classmethod
     def from_labels(cls, label_seqs: Sequence[np.ndarray], num_classes: int,
-                    sc: SequenceConfig) -> "SequenceCriterion":
+                    sc: SequenceConfig, class_phone: np.ndarray | None = None
+                    ) -> "SequenceCriterion":
+        """The denominator is an n-gram over the classes as they follow each other in the
+        labels: with context-dependent classes (`class_phone`: each class's phone) that is
+        over the tree's leaves, whose sequences in the data are context-consistent."""
         seqs = list(label_seqs)
         lm = estimate_phone_ngram(seqs, num_classes, sc.den_ngram_order, sc.den_min_count)
-        return cls(lm, sc, class_log_priors(seqs, num_classes))
+        return cls(lm, sc, class_log_priors(seqs, num_classes), class_phone)
 
     def graph_size(self) -> dict[str, int]:
         return {"states": self.full.num_states, "arcs": self.full.num_arcs,
@@ -903,8 +918,9 @@ class SequenceCriterion:
         whole utterances (the full graph, with its start and final weights)."""
         sc = self.sc
         full, chunk = self._graphs(logits.device, logits.dtype)
+        extra = {"same_phone": self.same_phone} if sc.criterion == "smbr" else {}
         loss = smbr_loss if sc.criterion == "smbr" else mmi_loss
-        return loss(logits, labels, chunk if chunked else full,
+        return loss(logits, labels, chunk if chunked else full, **extra,
                     numerator=sc.sequence_numerator,
                     loop_logprob=self.loop_logprob.to(logits.device, logits.dtype),
                     leaky=sc.leaky_hmm, ce_weight=sc.sequence_ce_weight, l2=sc.sequence_l2,

@@ -4,9 +4,14 @@ Reads  `runs/<R>/select/shards/*.parquet` of the splits in `align.splits`, the a
        point at, the lexicon (`data.lexicon` or `<corpus>/lexicon.txt`) and, for scoring
        only, `<corpus>/alignments.ctm`.
 Writes `runs/<R>/align/alignments/<shard>.parquet`  utt_id, speaker_id, num_frames, phones
-                                                    (phone ids), senones (pdf ids) per 10 ms frame
+                                                    (phone ids), senones (pdf ids) and
+                                                    nn_senones (the network tree's leaf)
+                                                    per 10 ms frame
        `runs/<R>/align/alignments.ctm`              phone CTM (silence included)
        `runs/<R>/align/tree`                        Kaldi binary ContextDependency
+       `runs/<R>/align/nn_tree`, `nn_tree.json`     the network's tree (one pdf class per
+                                                    phone, align.nn_senones leaves): Kaldi
+                                                    binary and amflow.senones JSON
        `runs/<R>/align/final.mdl`, `mono.mdl`       Kaldi text models (TransitionModel + AmDiagGmm)
        `runs/<R>/align/topo`, `phones.txt`, `model.pkl` (kaldi-hmm-gmm objects, pickled)
        `runs/<R>/align/rejects/align.parquet`, `_SUCCESS.json`
@@ -30,9 +35,12 @@ from alignment import lexicon_graphs as lg
 from alignment import model_io
 from alignment.features import FeatureOptions
 from alignment.jobs import ShardJob, Utterance, run_jobs
-from alignment.train import RecipeOptions, Stage, failures, train
+from alignment.train import (RecipeOptions, Stage, failures, frame_classes, network_tree,
+                             train)
+from alignment.tree import Tree
 from amflow.config import Config, FeaturesConfig, StorageConfig
 from amflow.runs import SUCCESS, Reject, StepContext, StepError, rejects_table
+from amflow.senones import ContextTree
 from amflow.storage import Storage, join
 from decoding.lexicon import LexiconError, read_lexicon, words_of
 from tasks import alignments as ref_al
@@ -44,6 +52,7 @@ ALIGN_SCHEMA = pa.schema([
     ("utt_id", pa.string()), ("speaker_id", pa.string()), ("shard", pa.string()),
     ("num_frames", pa.int32()), ("frame_shift_ms", pa.float32()),
     ("phones", pa.list_(pa.int16())), ("senones", pa.list_(pa.int32())),
+    ("nn_senones", pa.list_(pa.int32())),
 ])
 
 
@@ -138,9 +147,11 @@ def _score(results: list[list[dict]], lang: lg.Lang, ref: dict) -> dict | None:
 
 
 def _write(ctx: StepContext, results: list[list[dict]], shards: list[dict], lang: lg.Lang,
-           final: Stage, mono: Stage) -> int:
+           final: Stage, mono: Stage, nn_tree: Tree) -> int:
     st = ctx.storage
     written, lines = 0, []
+    plain = nn_tree.to_plain(lang.phones, lang.phones[lang.sil_id])
+    ct = ContextTree.from_dict(plain)
     for e, rows in zip(shards, results):
         table = pa.table({
             "utt_id": [r["utt_id"] for r in rows], "speaker_id": [r["speaker_id"] for r in rows],
@@ -148,7 +159,9 @@ def _write(ctx: StepContext, results: list[list[dict]], shards: list[dict], lang
             "num_frames": [len(r["phones"]) for r in rows],
             "frame_shift_ms": [10.0] * len(rows),
             "phones": [r["phones"].astype(np.int16).tolist() for r in rows],
-            "senones": [r["senones"].astype(np.int32).tolist() for r in rows]},
+            "senones": [r["senones"].astype(np.int32).tolist() for r in rows],
+            "nn_senones": [frame_classes(ct, r["phones"], r["starts"], lang.sil_id).tolist()
+                           for r in rows]},
             schema=ALIGN_SCHEMA)
         written += st.write_parquet(ctx.path("alignments", f"{e['shard']}.parquet"), table)
         for r in rows:
@@ -157,6 +170,9 @@ def _write(ctx: StepContext, results: list[list[dict]], shards: list[dict], lang
     st.write_text(ctx.path("phones.txt"), "".join(f"{p} {i}\n" for i, p in
                                                    enumerate(lang.phones)))
     st.write_bytes(ctx.path("tree"), model_io.tree_bytes(final.tree))
+    # the network's tree (one pdf class per phone; amflow.senones reads the JSON form)
+    st.write_bytes(ctx.path("nn_tree"), model_io.tree_bytes(nn_tree.context_dependency()))
+    st.write_json(ctx.path("nn_tree.json"), plain)
     st.write_text(ctx.path("topo"), str(final.tm.topo))
     st.write_text(ctx.path("final.mdl"), model_io.model_text(final.tm, final.am))
     st.write_text(ctx.path("mono.mdl"), model_io.model_text(mono.tm, mono.am))
@@ -197,7 +213,13 @@ def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
     except (RuntimeError, ValueError) as exc:
         raise StepError(f"align: {exc}") from exc
     results = run_jobs(jobs, "results", final.tm)
-    written = _write(ctx, results, shards, lang, final, stages["mono"])
+    try:
+        nn_tree = network_tree(jobs, lang, final, acfg.nn_senones or acfg.num_senones,
+                               acfg.min_leaf_count)
+    except ValueError as exc:
+        raise StepError(f"align.nn_senones: {exc}") from exc
+    written = _write(ctx, results, shards, lang, final, stages["mono"], nn_tree)
+    hist.nn_senones = nn_tree.num_leaves
     return _finish(ctx, select, jobs, shards, results, final, hist, scores, written)
 
 
@@ -215,6 +237,7 @@ def _finish(ctx: StepContext, select: dict, jobs: list, shards: list[dict], resu
         reasons[r.reason] = reasons.get(r.reason, 0) + 1
     metrics = {
         "num_senones": final.built.num_leaves if final.built else None,
+        "nn_senones": hist.nn_senones,
         "gaussians": final.am.num_gauss, "phones": len(lang_phones(final)),
         "iterations": hist.iters, "realignments": hist.realignments,
         "frames": sum(len(r["phones"]) for rows in results for r in rows),

@@ -13,6 +13,7 @@ from typing import Any
 
 from amflow.model_card import ModelCard
 from amflow.runs import StepContext, StepError, rejects_table, step_dir_name
+from tasks.alignments import AlignOutputsError, read_align_labels
 from training.checkpoint import load_model
 from training.evaluate import evaluate_split, print_table
 from training.launch import model_dir_name
@@ -48,8 +49,14 @@ def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
     card = ModelCard.from_meta(meta, model_uri)
     cmvn = _from_run(ctx, card.cmvn, "cmvn.json", model_uri, "CMVN stats")
     phones = _from_run(ctx, card.phones, "phones.json", model_uri, "phone list")
+    frame_labels = None
+    if card.context:  # context-dependent classes: references from this run's align step
+        try:
+            frame_labels = read_align_labels(st, ctx.other("align"))[1]
+        except AlignOutputsError as exc:
+            raise StepError(f"{model_uri} has context-dependent classes: {exc}") from exc
     ev = evaluate_split(st, model, card, model_uri, cmvn, phones, corpus, split,
-                        cfg.evaluate, cfg.features)
+                        cfg.evaluate, cfg.features, frame_labels)
     result = ev.result
     st.write_json(out_uri, result)
     if ev.rejects:

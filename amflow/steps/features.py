@@ -1,11 +1,12 @@
 """`amflow features`: log-mel fbank, causal CMN, global CMVN, low frame rate for the run.
 
 Resolves select's shards through the run layout, fans `tasks.features.process_shard` out
-over Ray, then publishes cmvn.json, phones.json and shards.json.
+over Ray, then publishes cmvn.json, phones.json and shards.json. With features.labels=align
+the labels are this run's `amflow align` outputs (network-tree leaves; context.json holds
+the tree) instead of the corpus CTM's phones.
 """
 from __future__ import annotations
 
-import dataclasses
 import time
 from typing import Any
 
@@ -13,7 +14,8 @@ import numpy as np
 
 from amflow.raycluster import map_shards
 from amflow.runs import StepContext, StepError
-from tasks.features import alignment_payloads, process_shard, summarise
+from amflow.config import features_dict
+from tasks.features import align_label_payloads, alignment_payloads, process_shard, summarise
 
 
 def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
@@ -22,15 +24,22 @@ def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
     # Outputs and markers of an earlier attempt are only valid for the same select output
     # and settings; a finished step with the same plan is a no-op.
     plan = {"select_finished_at": select.get("finished_at"),
-            "features": {k: v for k, v in dataclasses.asdict(fcfg).items()
+            "features": {k: v for k, v in features_dict(fcfg).items()
                          if k not in ("io_threads", "batch_seconds")}}
+    if fcfg.labels == "align":  # labels from this run's align step: redo when it reran
+        plan["align_finished_at"] = ctx.require("align").get("finished_at")
     done = ctx.resume_plan(plan)
     if done is not None:
         return done
     index = st.read_json(ctx.other("select", "shards.json"))["shards"]
     if not index:
         raise StepError("select produced no shards")
-    aligns, errs, inventory = alignment_payloads(ctx, index)
+    frames: dict[str, dict] | None = None
+    if fcfg.labels == "align":
+        aligns, errs = {}, {}
+        frames, inventory = align_label_payloads(ctx, index)
+    else:
+        aligns, errs, inventory = alignment_payloads(ctx, index)
     # hierarchical shuffle, level 1: the global order of the shard files
     order = np.random.default_rng(fcfg.seed).permutation(len(index))
     shards = []
@@ -40,6 +49,8 @@ def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
         shards.append((sid, {"manifest": ctx.other("select", "shards", f"{sid}.parquet"),
                              "split": e["split"], "align": aligns.get(sid),
                              "ctm_errors": errs.get(sid)}))
+        if frames is not None:
+            shards[-1][1]["frame_align"] = frames.get(sid, {})
     t0 = time.time()
 
     def postfix(done: list[dict]) -> dict:
