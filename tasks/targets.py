@@ -18,7 +18,6 @@ from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 import pyarrow as pa
-import ray
 import torch
 
 from amflow.model_card import ModelCard
@@ -232,6 +231,8 @@ class TargetActor:
                                     batch_frames=tc.batch_frames, max_frames=tc.max_frames)
 
     def ready(self) -> dict[str, Any]:
+        import ray  # deferred: importing ray fixes its client settings (auth token) for the process
+
         return {"device": self.device, "fp16": self.fp16, "precision": self.precision,
                 "gpu_ids": ray.get_gpu_ids()}
 

@@ -126,3 +126,19 @@ def test_functions_are_short():
 def test_cycle_finder_finds_a_cycle():
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert _cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_importing_the_steps_does_not_import_ray():
+    """Ray fixes its client settings (the auth token of RAY_AUTH_TOKEN) when first imported,
+    and costs seconds of start-up: the CLI and the step modules import it where they use it."""
+    import subprocess
+    import sys
+
+    steps = sorted(p.stem for p in (ROOT / "amflow" / "steps").glob("*.py") if p.stem != "__init__")
+    code = ("import sys, importlib; import amflow.cli\n"
+            f"for s in {steps!r}: importlib.import_module('amflow.steps.' + s)\n"
+            "print('ray' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "False"

@@ -8,8 +8,6 @@ from __future__ import annotations
 import time
 from typing import Any
 
-import ray
-
 from amflow.placement import gpus_per_actor
 from amflow.progress import Progress
 from amflow.raycluster import init_ray, step_resources
@@ -34,6 +32,8 @@ def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
     t_start = time.perf_counter()
     t0 = t_start  # scoring starts once the actors hold the teacher
     if todo:
+        import ray  # deferred: importing ray fixes its client settings (auth token) for the process
+
         init_ray(ctx.cfg)
         n_actors = max(1, min(tc.actors, len(todo)))
         opts: dict[str, Any] = {"num_cpus": tc.threads_per_actor, "max_restarts": 2,
