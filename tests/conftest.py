@@ -1,6 +1,7 @@
 """Shared fixtures: configs on a temp storage root, a local S3 (moto server over HTTP)."""
 from __future__ import annotations
 
+import json
 import os
 import socket
 import sys
@@ -110,3 +111,25 @@ def tiny_corpus(tmp_path_factory):
     corpus = root / "corpus"
     build_corpus(cfg, str(corpus), use_ray=False)
     return corpus
+
+
+@pytest.fixture()
+def fake_env(tmp_path, monkeypatch):
+    """A config whose runner runs tests/fake_amflow.py locally, and `set_plan(step={...})`
+    to say what each fake step does (seconds, lines, failures; fake_amflow.py)."""
+    plan = tmp_path / "plan.json"
+    plan.write_text("{}")
+    monkeypatch.setenv("AMFLOW_FAKE_PLAN", str(plan))
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text(json.dumps({
+        "storage": {"root": str(tmp_path / "store")},
+        "data": {"corpus": str(tmp_path / "store" / "corpus")},
+        "runner": {"mode": "local",
+                   "command": [sys.executable, str(ROOT / "tests" / "fake_amflow.py")],
+                   "poll_s": 0.2, "max_wait_per_try_s": 30, "state_dir": str(tmp_path / "jobs")},
+    }))
+
+    def set_plan(**steps):
+        plan.write_text(json.dumps(steps))
+
+    return cfg, set_plan, tmp_path

@@ -109,19 +109,6 @@ def test_a_summary_older_than_its_job_is_a_kept_one():
 
 # ------------------------------------------------------------------ through the runner
 
-@pytest.fixture()
-def fake_env(tmp_path, monkeypatch):
-    plan = tmp_path / "plan.json"
-    plan.write_text("{}")
-    monkeypatch.setenv("AMFLOW_FAKE_PLAN", str(plan))
-    cfg = tmp_path / "cfg.yaml"
-    cfg.write_text(json.dumps({
-        "storage": {"root": str(tmp_path / "store")},
-        "data": {"corpus": str(tmp_path / "store" / "corpus")},
-        "runner": {"mode": "local", "command": [sys.executable, str(FAKE)], "poll_s": 0.2,
-                   "max_wait_per_try_s": 30, "state_dir": str(tmp_path / "jobs")}}))
-    return cfg, plan, tmp_path
-
 
 def _try(cfg, attempt: Attempt, airflow_run="manual__a", rerun="redo", run_id="",
          step="features", lines=None):
@@ -138,9 +125,8 @@ def _success(tmp: Path, run_id: str, step="features") -> dict:
 def test_cleared_and_backfilled_tasks_rerun_with_a_fresh_wall_time(fake_env):
     """The issue's case: runs triggered with rerun=resume (as `make demo` does); clearing
     a task re-runs its step, the log and _SUCCESS.json carry the new execution's times."""
-    cfg, plan, tmp = fake_env
-    plan.write_text(json.dumps({"features": {"seconds": 0.3, "keep": True,
-                                             "fail_times": 1}}))
+    cfg, set_plan, tmp = fake_env
+    set_plan(features={"seconds": 0.3, "keep": True, "fail_times": 1})
     first = _try(cfg, FIRST, rerun="resume")
     assert first.poke().status == "FAILED"  # try 1 fails ...
     lines: list[str] = []
@@ -174,8 +160,8 @@ def test_cleared_and_backfilled_tasks_rerun_with_a_fresh_wall_time(fake_env):
 
 
 def test_a_new_run_with_resume_keeps_the_step_and_says_so(fake_env):
-    cfg, plan, tmp = fake_env
-    plan.write_text(json.dumps({"features": {"seconds": 0.2, "keep": True}}))
+    cfg, set_plan, tmp = fake_env
+    set_plan(features={"seconds": 0.2, "keep": True})
     done = _try(cfg, FIRST).poke()
     assert done.ok
     run_id = done.summary["run_id"]
@@ -200,8 +186,8 @@ def test_a_new_run_with_resume_keeps_the_step_and_says_so(fake_env):
 def test_a_retry_after_the_step_succeeded_keeps_it(fake_env):
     """The job succeeded but the task failed after it (e.g. publishing its asset event):
     the retry keeps the step's result instead of redoing it."""
-    cfg, plan, tmp = fake_env
-    plan.write_text(json.dumps({"features": {"seconds": 0.2, "keep": True}}))
+    cfg, set_plan, tmp = fake_env
+    set_plan(features={"seconds": 0.2, "keep": True})
     assert _try(cfg, FIRST).poke().ok
     lines: list[str] = []
     retry = _try(cfg, RETRY, lines=lines)
@@ -213,8 +199,8 @@ def test_a_retry_after_the_step_succeeded_keeps_it(fake_env):
 def test_the_corpus_step_is_judged_by_the_corpus_marker(fake_env):
     """`amflow corpus` has no run: its _SUCCESS.json is data.corpus's; a cleared corpus
     task redoes it (--force) instead of keeping the corpus silently."""
-    cfg, plan, tmp = fake_env
-    plan.write_text(json.dumps({"corpus": {"seconds": 0.1}}))
+    cfg, set_plan, tmp = fake_env
+    set_plan(corpus={"seconds": 0.1})
     first = _try(cfg, FIRST, step="corpus", rerun="resume")
     assert first.success_uri() == str(tmp / "store" / "corpus" / "_SUCCESS.json")
     assert first.poke().ok and not first.redone

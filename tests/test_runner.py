@@ -30,26 +30,6 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture()
-def fake_env(tmp_path, monkeypatch):
-    """A config whose runner runs tests/fake_amflow.py, and a plan file for its steps."""
-    plan = tmp_path / "plan.json"
-    plan.write_text("{}")
-    monkeypatch.setenv("AMFLOW_FAKE_PLAN", str(plan))
-    cfg = tmp_path / "cfg.yaml"
-    cfg.write_text(json.dumps({
-        "storage": {"root": str(tmp_path / "store")},
-        "data": {"corpus": str(tmp_path / "store" / "corpus")},
-        "runner": {"mode": "local", "command": [PY, str(FAKE)], "poll_s": 0.2,
-                   "max_wait_per_try_s": 30, "state_dir": str(tmp_path / "jobs")},
-    }))
-
-    def set_plan(**steps):
-        plan.write_text(json.dumps(steps))
-
-    return cfg, set_plan, tmp_path
-
-
 def _calls(tmp_path: Path, run_id: str) -> list[dict]:
     path = tmp_path / "store" / "runs" / run_id / "_calls.jsonl"
     return [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
