@@ -92,6 +92,18 @@ def _rounds(jobs: list, st: Stage, iters: int, target_gauss: int, opts: RecipeOp
                  " (realigned)" if realign else "")
 
 
+def _train(jobs: list, st: Stage, iters: int, target_gauss: int, opts: RecipeOptions,
+           hist: History, flat_start: bool) -> None:
+    """Compile the training graphs of `st`, train it (from equal alignments when
+    `flat_start`, else from the alignments the jobs hold) and leave the jobs aligned by it."""
+    run_jobs(jobs, "compile", st.tm, st.tree)
+    if flat_start:
+        run_jobs(jobs, "equal_align")
+    _rounds(jobs, st, iters, target_gauss, opts, hist, aligned=flat_start)
+    run_jobs(jobs, "align", st.tm, st.am, opts.beam, opts.retry_beam)
+    hist.realignments[st.name] = hist.realignments.get(st.name, 0) + 1
+
+
 def monophone(jobs: list, lang: lg.Lang, opts: RecipeOptions, hist: History) -> Stage:
     topo = lg.topology(lang)
     tree = gmm.monophone_tree(topo)
@@ -103,11 +115,7 @@ def monophone(jobs: list, lang: lg.Lang, opts: RecipeOptions, hist: History) -> 
     var = sum(f[2] for f in fs) / n - mean ** 2
     tm, am = gmm.init_flat(tree, topo, mean, var)
     st = Stage("mono", tree, tm, am)
-    run_jobs(jobs, "compile", tm, tree)
-    run_jobs(jobs, "equal_align")
-    _rounds(jobs, st, opts.mono_iters, opts.mono_gauss, opts, hist, aligned=True)
-    run_jobs(jobs, "align", st.tm, st.am, opts.beam, opts.retry_beam)
-    hist.realignments["mono"] = hist.realignments.get("mono", 0) + 1
+    _train(jobs, st, opts.mono_iters, opts.mono_gauss, opts, hist, flat_start=True)
     return st
 
 
@@ -127,10 +135,7 @@ def triphone(jobs: list, lang: lg.Lang, mono: Stage, opts: RecipeOptions,
         mean = src[1:1 + d] / src[0]
         am.add_pdf(gmm.single_gaussian(mean, src[1 + d:] / src[0] - mean ** 2))
     st = Stage("tri", tree, tm, am, built)
-    run_jobs(jobs, "compile", tm, tree)
-    _rounds(jobs, st, opts.tri_iters, opts.tri_gauss, opts, hist, aligned=False)
-    run_jobs(jobs, "align", st.tm, st.am, opts.beam, opts.retry_beam)
-    hist.realignments["tri"] = hist.realignments.get("tri", 0) + 1
+    _train(jobs, st, opts.tri_iters, opts.tri_gauss, opts, hist, flat_start=False)
     return st
 
 
