@@ -213,6 +213,14 @@ def test_align_step_end_to_end(tiny_corpus, tmp_path):
     m = out["metrics"]
     assert m["score_tri"]["frames"] > 0 and 0 <= m["score_tri"]["frame_phone_accuracy"] <= 1
     assert json.loads((d / "_SUCCESS.json").read_text())["counts"] == c
+    # a re-run is a no-op; another setting starts over
+    assert align.run(StepContext(cfg, "r", "align"))["finished_at"] == out["finished_at"]
+    cfg2 = load_config(None, [f"storage.root={tmp_path}", f"data.corpus={tiny_corpus}",
+                              "select.splits=[labeled]", "select.hours=0.004",
+                              "align.use_ray=false", "align.mono_iters=3", "align.tri_iters=2",
+                              "align.num_senones=250", "align.tri_gauss=400",
+                              "align.mono_gauss=300"])
+    assert align.run(StepContext(cfg2, "r", "align"))["finished_at"] != out["finished_at"]
 
 
 @pytest.mark.integration

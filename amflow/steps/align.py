@@ -22,6 +22,7 @@ features and alignments; the driver sums their statistics and updates the model
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 from typing import Any
@@ -189,9 +190,13 @@ def _options(cfg: Config) -> RecipeOptions:
 def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
     st, acfg = ctx.storage, ctx.cfg.align
     select = ctx.require("select")
-    if not ctx.force and st.exists(ctx.path(SUCCESS)):
-        log.info("align: %s exists, nothing to do (use --force to redo)", ctx.path(SUCCESS))
-        return st.read_json(ctx.path(SUCCESS))
+    # A finished align is reused only for the same select output and settings (use_ray is
+    # where it runs, not what it computes)
+    done = ctx.resume_plan({"select_finished_at": select.get("finished_at"),
+                            "align": {k: v for k, v in dataclasses.asdict(acfg).items()
+                                      if k != "use_ray"}})
+    if done is not None:
+        return done
     shards = [e for e in st.read_json(ctx.other("select", "shards.json"))["shards"]
               if e["split"] in acfg.splits]
     if not shards:
