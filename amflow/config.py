@@ -400,8 +400,9 @@ class AugmentConfig:
 
 # The sequence stage's defaults: sMBR over whole utterances (the full graph), 3 epochs
 # (the paper's), at rates below the end of CE training.
+# Sequence training reads the stored rendering: a teacher recipe's example servers are off.
 SEQUENCE_RECIPE = {"criterion": "smbr", "epochs": 3, "finetune_epochs": 3, "lr": 1.0e-4,
-                   "final_lr": 3.0e-5}
+                   "final_lr": 3.0e-5, "augment": {"enabled": False}}
 
 # `train.*` is split into typed sections below, but the sections are internal: users keep
 # writing the flat keys (`train.lr`, `train.gtc_tau`, ...) in YAML, `--set`, the DAGs and
@@ -1127,6 +1128,10 @@ class AlignConfig:
     # Leaves of the network's tree (one HMM state per phone, for the low-frame-rate network's
     # targets with features.labels=align); 0: num_senones.
     nn_senones: int = 0
+    # The network's tree taken instead of grown: a model.pt whose card carries one, or an
+    # nn_tree.json. "": the teacher's (targets.teacher) in a student's run, so that the
+    # student's classes are the teacher's by construction; else grown from this alignment.
+    network_tree: str = ""
     mono_iters: int = 25
     tri_iters: int = 15
     realign_every: int = 2          # realign before every n-th accumulation pass
@@ -1443,8 +1448,14 @@ def _apply_recipes(data: dict[str, Any], explicit: set[str]) -> None:
         recipe = _recipe_keys(train, name)
         if applies:
             for k, v in recipe.items():
-                if f"train.{k}" not in explicit:
-                    train[k] = v
+                if f"train.{k}" in explicit:
+                    continue
+                # a mapping (augment) merges: `--set train.augment.enabled=false` still wins
+                mine = {sub.split(".", 2)[2] for sub in explicit
+                        if sub.startswith(f"train.{k}.")}
+                if isinstance(v, dict) and mine and isinstance(train.get(k), dict):
+                    v = {**v, **{m: train[k][m] for m in mine if m in train[k]}}
+                train[k] = v
 
 
 def _recipe_keys(train: dict[str, Any], name: str) -> dict[str, Any]:

@@ -96,8 +96,23 @@ class ContextTree:
         return out
 
     @property
+    def context_free(self) -> bool:
+        """No question asked: one leaf per phone, whatever its neighbours (the demo's tree
+        at 27 labeled minutes); such classes are phone classes under other names."""
+        return all(isinstance(node, int) for node in self.roots.values())
+
+    @property
     def class_names(self) -> list[str]:
         return [f"{p}/{i}" for i, p in enumerate(self.leaf_phone)]
+
+
+def silence_class(class_names: list[str], sil: str = SIL) -> int:
+    """The silence class's id among class names: phone classes ("sil") or a network tree's
+    leaves ("sil/<leaf>": silence is one leaf); -1 when there is none."""
+    for i, name in enumerate(class_names):
+        if name == sil or name.startswith(sil + "/"):
+            return i
+    return -1
 
 
 def fit_frames(labels: np.ndarray, num_frames: int, tolerance: int

@@ -11,7 +11,7 @@ import functools
 import os
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from airflow.providers.standard.operators.python import ShortCircuitOperator
 from airflow.sdk import Asset, BaseOperator, Param
@@ -193,6 +193,23 @@ def params_on(names: list[str], params) -> bool:
     return all(bool(params.get(name, True)) for name in names)
 
 
+def unless_align_labels(cfg) -> str:
+    """align's skip reason: it labels the frames only with features.labels=align."""
+    if cfg.features.labels == "align":
+        return ""
+    return (f"features.labels={cfg.features.labels}: the corpus's alignments.ctm labels the "
+            "frames, nothing to align")
+
+
+def align_task(**kwargs: Any) -> "AmflowStepOperator":
+    """`amflow align` between select and features: the transcripts -> frame labels (the
+    network tree's leaves). Skipped with features.labels=ctm; features runs either way."""
+    return AmflowStepOperator(
+        task_id="align", step="align", skip_when=unless_align_labels,
+        doc_md="Transcripts -> frame labels: GMM-HMM flat start, realignment, decision "
+               "trees (alignment/). Skipped when features.labels=ctm.", **kwargs)
+
+
 def gate_name(names: tuple[str, ...]) -> str:
     return "if_" + "_and_".join(names)
 
@@ -256,7 +273,7 @@ class AmflowStepOperator(BaseOperator):
                  param_sets: dict[str, str] | None = None, model_from: str | None = None,
                  teacher_asset: Asset | None = None, model_output: bool = False,
                  enabled_by: str | tuple[str, ...] | None = None, results: bool = False,
-                 **kwargs: Any) -> None:
+                 skip_when: Callable[[Any], str] | None = None, **kwargs: Any) -> None:
         if "pool_slots" not in kwargs:  # the cores its step uses (amflow.orchestration.pools.pool_slots)
             kwargs["pool_slots"] = default_pool_slots(step, tuple(sets or ()))
         super().__init__(**kwargs)
@@ -269,6 +286,11 @@ class AmflowStepOperator(BaseOperator):
         # boolean params that must all be true, else the task skips
         self.enabled_by = (enabled_by,) if isinstance(enabled_by, str) else tuple(enabled_by or ())
         self.results = results  # put the step's per-condition results in its asset events
+        # the run's resolved Config -> a reason to skip the step ("" : run it)
+        self.skip_when = skip_when
+
+    def skip_reason(self, cfg) -> str:
+        return self.skip_when(cfg) if self.skip_when else ""
 
     # -- what the runner asks of the wiring
     def resolved_overrides(self, context) -> list[str]:

@@ -1,10 +1,12 @@
 """ssl_student: the semi-supervised student pipeline.
 
-select -> features -> targets -> repartition -> train (student, recipe ssl) -> evaluate
+select -> align -> features -> targets -> repartition -> train (student, recipe ssl) -> evaluate
        -> decode;  select -> lm (word 3-gram for decoding) -> decode
 train -> sequence (sMBR on the labeled split, param) -> evaluate_sequence -> decode_sequence
 
-Runs on a new teacher (the `teacher` DAG's model asset) or from the trigger form. Each
+With features.labels=align, `align` labels the labeled split with the teacher's network
+tree (its model card), so the student's classes are the teacher's; it is skipped with
+features.labels=ctm. Runs on a new teacher (the `teacher` DAG's model asset) or from the trigger form. Each
 task runs `amflow <step> --config FILE --run-id <derived from this DAG run>` locally or
 as a Ray job (config `runner.mode`) and returns the step's summary as its XCom.
 
@@ -23,7 +25,7 @@ from airflow.sdk import Param, dag
 from amflow_common import (DEFAULT_ARGS, PARAM_SETS, RUN_END_CALLBACKS, STUDENT_EVAL,
                            STUDENT_FEATURES, STUDENT_MODEL, STUDENT_SEQ_EVAL, STUDENT_SEQ_WER,
                            STUDENT_TARGETS, STUDENT_WER, TEACHER_MODEL, AmflowStepOperator,
-                           branch_gates, common_params, local_defaults, sequence_chain)
+                           align_task, branch_gates, common_params, local_defaults, sequence_chain)
 
 _cfg = local_defaults()
 # `amflow sequence` on the student's model writes sequence/; evaluate / decode it alike.
@@ -55,7 +57,9 @@ SEQ_SETS = ["train.model=student", "evaluate.tag=sequence", "decode.tag=sequence
 def ssl_student():
     select = AmflowStepOperator(task_id="select", step="select",
                                 doc_md="Sample `hours` of labeled + unlabeled audio, shard by speaker.")
+    align = align_task(inlets=[TEACHER_MODEL], teacher_asset=TEACHER_MODEL)
     features = AmflowStepOperator(task_id="features", step="features", outlets=[STUDENT_FEATURES],
+                                  trigger_rule="none_failed",  # align may be skipped
                                   doc_md="Log-mel fbank, causal CMN, global CMVN, LFR.")
     targets = AmflowStepOperator(task_id="targets", step="targets", outlets=[STUDENT_TARGETS],
                                  inlets=[TEACHER_MODEL], teacher_asset=TEACHER_MODEL,
@@ -75,7 +79,7 @@ def ssl_student():
                                 doc_md="WER per condition DP1..DP5 (H o L o G, tuned on dev).")
     sequence, _, decode_sequence = sequence_chain("", "Student", SEQ_SETS, "sequence",
                                                   STUDENT_SEQ_EVAL, STUDENT_SEQ_WER)
-    select >> features >> targets >> repartition >> train >> evaluate >> decode
+    select >> align >> features >> targets >> repartition >> train >> evaluate >> decode
     train >> sequence
     select >> lm >> [decode, decode_sequence]
     branch_gates(select.dag)

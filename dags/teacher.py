@@ -1,6 +1,6 @@
 r"""teacher: train the teacher on labeled data and publish it.
 
-select (labeled + dev) -> features -> repartition -> train (teacher) -> evaluate -> decode
+select (labeled + dev) -> align -> features -> repartition -> train (teacher) -> evaluate -> decode
                                                  \-> train_baseline -> evaluate_baseline
                                                                      -> decode_baseline
 train_baseline -> sequence_baseline -> evaluate_sequence_baseline -> decode_sequence_baseline
@@ -13,7 +13,9 @@ petabyte recipe's last stage; the CE rows stay beside the sequence-trained ones.
 The supervised baseline is the student architecture trained on the same labeled data
 only (param `baseline`): the model the SSL student has to beat, per condition.
 
-Alignment (CTM) labels stand in for soft targets. The trained model is published as the
+The frame labels come from the transcripts (`align`, features.labels=align: the network
+tree's leaves), or from the corpus's alignments.ctm with features.labels=ctm (`align` is
+then skipped). Hard labels stand in for soft targets. The trained model is published as the
 asset `amflow_teacher_model` (its URI in the event's extra), which schedules `ssl_student`.
 
 Re-running (README "Re-running steps"): a retry after a failure resumes its step (finished
@@ -32,8 +34,8 @@ from airflow.sdk import Param, dag
 from amflow_common import (BASELINE_EVAL, BASELINE_SEQ_EVAL, BASELINE_SEQ_WER, BASELINE_WER,
                            DEFAULT_ARGS, PARAM_SETS, RUN_END_CALLBACKS, TEACHER_EVAL,
                            TEACHER_FEATURES, TEACHER_MODEL, TEACHER_SEQ_EVAL, TEACHER_SEQ_WER,
-                           TEACHER_WER, AmflowStepOperator, branch_gates, common_params,
-                           local_defaults, sequence_chain)
+                           TEACHER_WER, AmflowStepOperator, align_task, branch_gates,
+                           common_params, local_defaults, sequence_chain)
 
 _cfg = local_defaults()
 TEACHER_SETS = ["select.splits=labeled,dev", "train.model=teacher", "train.recipe=labeled",
@@ -72,8 +74,10 @@ SEQ_BASELINE_SETS = ["select.splits=labeled,dev", "train.model=student", "train.
 def teacher():
     select = AmflowStepOperator(task_id="select", step="select",
                                 doc_md="Sample `hours` of labeled audio (and dev), by speaker.")
+    align = align_task()
     features = AmflowStepOperator(task_id="features", step="features", outlets=[TEACHER_FEATURES],
-                                  doc_md="Features and frame labels from alignments.ctm.")
+                                  trigger_rule="none_failed",  # align may be skipped
+                                  doc_md="Features; frame labels from align (or the CTM).")
     repartition = AmflowStepOperator(task_id="repartition", step="repartition",
                                      doc_md="Equal training partitions.")
     # The teacher first: it is the longest step and the student waits for it. On one
@@ -109,7 +113,7 @@ def teacher():
     seq_teacher, _, decode_seq_teacher = sequence_chain(
         "_teacher", "Teacher", SEQ_TEACHER_SETS, "sequence_teacher", TEACHER_SEQ_EVAL,
         TEACHER_SEQ_WER)
-    select >> features >> repartition >> train >> evaluate >> decode
+    select >> align >> features >> repartition >> train >> evaluate >> decode
     repartition >> train_baseline >> evaluate_baseline >> decode_baseline
     train_baseline >> seq_baseline
     train >> seq_teacher

@@ -78,7 +78,11 @@ def _copy_graph(storage, remote: str, local: str) -> None:
 def _build(lex: Lexicon, arpa: str, classes: Sequence[str], sil_prob: float,
            context: dict | None) -> G.DecodingGraph:
     if context:
-        return build_cd_graph(lex, arpa, ContextTree.from_dict(context), sil_prob)
+        tree = ContextTree.from_dict(context)
+        if not tree.context_free:
+            return build_cd_graph(lex, arpa, tree, sil_prob)
+        # one leaf per phone: H o L o G over the leaves' phones, no C (half the states)
+        classes = tree.leaf_phone
     return G.build_graph(lex, arpa, classes, sil_prob)
 
 

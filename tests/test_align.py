@@ -220,7 +220,37 @@ def test_align_step_end_to_end(tiny_corpus, tmp_path):
                               "align.use_ray=false", "align.mono_iters=3", "align.tri_iters=2",
                               "align.num_senones=250", "align.tri_gauss=400",
                               "align.mono_gauss=300"])
-    assert align.run(StepContext(cfg2, "r", "align"))["finished_at"] != out["finished_at"]
+    redone = align.run(StepContext(cfg2, "r", "align"))  # (finished_at has 1 s resolution)
+    assert redone["metrics"]["iterations"] != out["metrics"]["iterations"]
+    _a_student_run_takes_the_teachers_tree(tiny_corpus, tmp_path, d / "nn_tree.json")
+
+
+def _a_student_run_takes_the_teachers_tree(tiny_corpus, tmp_path, tree_uri):
+    """align.network_tree (a student's run: targets.teacher): the network's classes are the
+    given tree's, not grown again; a tree of other phones fails before any training."""
+    from amflow.runs import StepContext, StepError
+    from amflow.steps import align
+    from amflow.steps import select
+
+    sets = [f"storage.root={tmp_path}", f"data.corpus={tiny_corpus}", "select.splits=[labeled]",
+            "select.hours=0.004", "align.use_ray=false", "align.mono_iters=2",
+            "align.tri_iters=1", "align.num_senones=250", "align.tri_gauss=300",
+            "align.mono_gauss=250", "align.nn_senones=80"]
+    tree = ContextTree.from_dict(json.loads(tree_uri.read_text()))
+    cfg = load_config(None, [*sets, f"align.network_tree={tree_uri}"])
+    select.run(StepContext(cfg, "s", "select"))
+    out = align.run(StepContext(cfg, "s", "align"))
+    d = tmp_path / "runs" / "s" / "align"
+    assert ContextTree.from_dict(json.loads((d / "nn_tree.json").read_text())) == tree
+    assert out["metrics"]["nn_senones"] == tree.num_leaves != 80
+    assert out["metrics"]["network_tree_from"] == str(tree_uri)
+    assert not (d / "nn_tree").exists()  # a taken tree exists as JSON only
+    other = tree.to_dict()
+    other["phones"] = [*other["phones"], "zz"]
+    (tmp_path / "other.json").write_text(json.dumps(other))
+    cfg = load_config(None, [*sets, f"targets.teacher={tmp_path / 'other.json'}"])
+    with pytest.raises(StepError, match="targets.teacher: .* same phone set"):
+        align.run(StepContext(cfg, "s", "align"))
 
 
 @pytest.mark.integration

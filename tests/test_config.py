@@ -140,6 +140,22 @@ def test_sequence_recipe_wins_over_the_teacher_recipe_and_set_wins_over_both():
     assert err.value.key == "train.sequence_recipe.recipe"
 
 
+def test_a_recipe_mapping_merges_with_set_keys_inside_it():
+    """local.yaml's teacher recipe turns the example servers on; `--set
+    train.augment.enabled=false` still turns them off, and the sequence recipe reads the
+    stored rendering."""
+    local = ROOT / "configs/local.yaml"
+    on = load_config(local, ["train.model=teacher"]).train.augment
+    assert on.enabled and on.servers == 1
+    off = load_config(local, ["train.model=teacher", "train.augment.enabled=false"]).train.augment
+    assert not off.enabled and off.stored_prob == on.stored_prob
+    more = load_config(local, ["train.model=teacher", "train.augment.servers=2"]).train.augment
+    assert more.enabled and more.servers == 2
+    assert not load_config(local, ["train.model=student"]).train.augment.enabled
+    seq = load_config(local, ["train.model=teacher", "train.recipe=sequence"])
+    assert not seq.train.augment.enabled
+
+
 def test_teacher_recipe_applies_to_the_teacher_only_and_set_wins():
     recipe = "train.teacher_recipe={epochs: 21, freq_masks: 2}"
     student = load_config(None, [recipe, "train.epochs=5"])

@@ -12,15 +12,16 @@ from pathlib import Path
 
 import pytest
 
+from amflow.config import load_config
 from tests.airflow_env import ROOT, airflow_env, calls, fake_config
 
 DAGS = ROOT / "dags"
-STUDENT_EDGES = [("select", "features"), ("features", "targets"), ("targets", "repartition"),
+STUDENT_EDGES = [("select", "align"), ("align", "features"), ("features", "targets"), ("targets", "repartition"),
                  ("repartition", "train"), ("train", "evaluate"), ("evaluate", "decode"),
                  ("select", "lm"), ("lm", "decode"),
                  ("train", "sequence"), ("sequence", "evaluate_sequence"),
                  ("evaluate_sequence", "decode_sequence"), ("lm", "decode_sequence")]
-TEACHER_EDGES = [("select", "features"), ("features", "repartition"), ("repartition", "train"),
+TEACHER_EDGES = [("select", "align"), ("align", "features"), ("features", "repartition"), ("repartition", "train"),
                  ("train", "evaluate"), ("repartition", "train_baseline"),
                  ("train_baseline", "evaluate_baseline"), ("evaluate", "decode"),
                  ("evaluate_baseline", "decode_baseline"), ("select", "lm"), ("lm", "decode"),
@@ -113,10 +114,18 @@ def test_graphs(dagbag):
     assert _edges(student) == set(STUDENT_EDGES + STUDENT_GATE_EDGES)
     assert _edges(teacher) == set(TEACHER_EDGES + TEACHER_GATE_EDGES)
     assert {t.task_id: t.step for t in _steps(student)} == {
-        "select": "select", "features": "features", "targets": "targets",
+        "select": "select", "align": "align", "features": "features", "targets": "targets",
         "repartition": "repartition", "train": "train", "evaluate": "evaluate",
         "lm": "lm", "decode": "decode", "sequence": "sequence",
         "evaluate_sequence": "evaluate", "decode_sequence": "decode"}
+    # align labels the frames only with features.labels=align, else it skips and features
+    # runs anyway; the student's align labels with its teacher's tree (targets.teacher)
+    for dag in (student, teacher):
+        align, features = dag.task_dict["align"], dag.task_dict["features"]
+        assert features.trigger_rule == "none_failed"
+        assert align.skip_reason(load_config(None, ["features.labels=align"])) == ""
+        assert "features.labels=ctm" in align.skip_reason(load_config(None, []))
+    assert student.task_dict["align"].teacher_asset is not None
     # Student trains with the SSL recipe; the teacher on labels, in its own output dir.
     assert {"train.model=student", "train.recipe=ssl"} <= set(student.task_dict["train"].sets)
     tsets = set(teacher.task_dict["train"].sets)
@@ -425,7 +434,7 @@ def test_dags_test_real_steps_on_a_tiny_corpus(tmp_path):
     _dags_test(env, "ssl_student", {"config": str(cfg), "overrides": common, "hours": 0.03,
                                     "epochs": 1}, timeout=900)
     xc = _xcoms(home, "ssl_student")
-    assert set(xc) == {"select", "features", "targets", "repartition", "train", "evaluate",
+    assert set(xc) == {"select", "align", "features", "targets", "repartition", "train", "evaluate",
                        "lm", "decode", "sequence", "evaluate_sequence", "decode_sequence"}
     assert xc["sequence"]["metrics"]["criterion"] == "smbr"
     assert xc["sequence"]["uri"].endswith("/sequence")

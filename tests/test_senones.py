@@ -94,6 +94,24 @@ def test_cd_graph_decodes_toy_posteriors_to_the_words():
     assert words == ["ba", "ab", "k"]
 
 
+def test_a_tree_without_questions_decodes_on_the_phone_graph():
+    """One leaf per phone (the demo's tree): no C, H o L o G over the leaves' phones, and
+    the leaves' posteriors decode to the words."""
+    from decoding.assets import _build
+
+    t = ContextTree(PHONES, {1: 0, 2: 2, 3: 1, 4: 3}, 4)     # leaf ids need not follow phones
+    assert t.context_free and not _full_tree().context_free
+    sents = [s.split() for s in ["ab k", "ba ab", "k ba", "ab ba k"] * 3]
+    graph = _build(L.read_lexicon(LEXICON), lm.estimate(sents, 2).to_arpa(), t.class_names,
+                   0.5, t.to_dict())
+    assert graph.info["classes"] == 4 and graph.info.get("context") != "triphone"
+    labels = np.repeat([t.leaf_ids(0, p, 0) for p in (1, 3, 2, 2, 3, 4, 1)], 2)
+    lp = oracle_log_posteriors(labels, 4)
+    words = Searcher(graph, beam=15).best_words(acoustic_scores(lp, log_priors(np.ones(4)),
+                                                                1.0))[0]
+    assert words == ["ba", "ab", "k"]
+
+
 def test_fit_frames_pads_trims_within_tolerance_and_refuses_beyond():
     lab = np.array([3, 3, 5, 5, 7], np.int16)
     assert fit_frames(lab, 6, 2)[0].tolist() == [3, 3, 5, 5, 7, 7]
@@ -139,6 +157,28 @@ def test_phone_error_rate_of_context_dependent_classes_is_over_phones():
     s = score_utterance(pred, ref, "c", silence=0, to_phone=to_phone)
     assert s.correct == 3 and s.edits == 0 and s.ref_phones == 3
     assert score_utterance(pred, ref, "c", silence=0).edits == 1
+
+
+def test_leaf_classes_score_against_ctm_phones_through_the_leaf_map():
+    """evaluate_model(phone_refs=True): references are phone ids (the corpus CTM's), each
+    predicted leaf is read as its phone, so a leaf model and a phone model share a scale."""
+    import torch
+
+    from training.evaluate import EvalUtt, evaluate_model
+
+    class Fixed(torch.nn.Module):  # scores class `target[t]` highest at row t
+        input_dim = 1
+
+        def forward(self, x, lengths=None):
+            return torch.nn.functional.one_hot(x[..., 0].long(), 4).float()
+
+    to_phone = np.array([0, 1, 1, 2])          # leaves 1 and 2: one phone, two contexts
+    leaves = np.array([0, 2, 1, 3, 3])
+    utt = EvalUtt("u", "DP1", leaves[:, None].astype(np.float32), np.array([0, 1, 1, 2, 2]))
+    res = evaluate_model(Fixed(), [utt], silence=0, to_phone=to_phone, phone_refs=True)
+    assert res["frame_accuracy"] == 1.0 and res["per"] == 0.0
+    res = evaluate_model(Fixed(), [utt], silence=0)          # the leaves read as phone ids
+    assert res["frame_accuracy"] < 1.0
 
 
 def test_smbr_counts_a_class_right_by_its_phone():

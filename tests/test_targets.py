@@ -124,3 +124,16 @@ def test_missing_teacher_is_a_clear_error(local_cfg):
     _make_run(cfg, "r3")
     with pytest.raises(StepError, match="teacher checkpoint not found"):
         targets_step.run(StepContext(cfg, "r3", "targets"))
+
+
+def test_a_teacher_of_other_classes_is_a_clear_error(local_cfg):
+    """The student learns from the targets and from its labeled split's labels: a teacher
+    whose classes are not the run's features' classes stops the step before any scoring."""
+    from amflow.runs import StepError
+
+    cfg = local_cfg()
+    ctx = _make_run(cfg, "r4")
+    ctx.storage.write_json(ctx.path("phones.json"), [f"p{i}/{i}" for i in range(CLASSES)])
+    with pytest.raises(StepError, match=r"teacher .* 9 classes, this run's features 9 .* "
+                                        r"differ from class 0"):
+        targets_step.run(StepContext(cfg, "r4", "targets"))

@@ -288,8 +288,14 @@ def predict(model: torch.nn.Module, utts: Sequence[EvalUtt], batch_frames: int =
 
 def evaluate_model(model: torch.nn.Module, utts: Sequence[EvalUtt], batch_frames: int = 20000,
                    device: str = "cpu", silence: int = -1,
-                   to_phone: np.ndarray | None = None) -> dict[str, Any]:
+                   to_phone: np.ndarray | None = None,
+                   phone_refs: bool = False) -> dict[str, Any]:
+    """Scores over the model's classes; with `phone_refs` the references are phones (the
+    corpus CTM's) and each predicted class is first mapped to its phone by `to_phone`."""
     preds = predict(model, utts, batch_frames, device)
+    if phone_refs and to_phone is not None:
+        preds = [to_phone[p] for p in preds]
+        to_phone = None
     return aggregate(score_utterance(p, u.labels, u.condition, silence, to_phone)
                      for p, u in zip(preds, utts))
 
@@ -315,14 +321,15 @@ def evaluate_split(st: Storage, model: torch.nn.Module, card: ModelCard, model_u
                    ecfg: EvaluateConfig, fallback_features: FeaturesConfig,
                    frame_labels: dict[str, np.ndarray] | None = None) -> Evaluation:
     """Score `model` (its metadata: `card`; CMVN and phones resolved by the caller) on the
-    corpus split, with `evaluate.baseline` beside it when set. A model with context-
-    dependent classes (card.context) needs `frame_labels` (`amflow align`'s)."""
+    corpus split, with `evaluate.baseline` beside it when set. A model whose classes are a
+    network tree's leaves (card.context) is scored against `amflow align`'s classes when
+    `frame_labels` are given, else against the corpus CTM's phones (each predicted leaf
+    read as its phone: the same reference as a phone-class model's)."""
     fcfg = features_config(card, fallback_features)
     norm = Normalizer.from_stats(cmvn, model.input_dim)
-    if card.context and frame_labels is None:
-        raise StepError(f"{model_uri} has context-dependent classes: evaluating it needs "
-                        "this run's `amflow align` outputs for the split")
-    utts, rejects, n_in = load_split(st, corpus, split, fcfg, phones, norm, ecfg.audio,
+    phone_refs = bool(card.context) and frame_labels is None
+    ref_classes = card.base_phones if phone_refs else phones
+    utts, rejects, n_in = load_split(st, corpus, split, fcfg, ref_classes, norm, ecfg.audio,
                                      frame_labels if card.context else None)
     if not utts:
         reasons = sorted({r.reason for r in rejects})
@@ -332,7 +339,9 @@ def evaluate_split(st: Storage, model: torch.nn.Module, card: ModelCard, model_u
         raise StepError(f"features have {dim} dims, the model expects {model.input_dim}")
     device = "cuda" if torch.cuda.is_available() else "cpu"
     silence, to_phone = _phone_map(card, phones)
-    result = evaluate_model(model, utts, ecfg.batch_frames, device, silence, to_phone)
+    result = evaluate_model(model, utts, ecfg.batch_frames, device, silence, to_phone,
+                            phone_refs)
+    result["reference"] = "align" if card.context and not phone_refs else "ctm"
     reasons: dict[str, int] = {}
     for r in rejects:
         reasons[r.reason] = reasons.get(r.reason, 0) + 1
@@ -345,7 +354,8 @@ def evaluate_split(st: Storage, model: torch.nn.Module, card: ModelCard, model_u
         base_card = ModelCard.from_meta(base_meta, ecfg.baseline)
         if base_card.phones and list(base_card.phones) != list(phones):
             raise StepError("evaluate.baseline has a different phone inventory than --model")
-        base = evaluate_model(base_model, utts, ecfg.batch_frames, device, silence, to_phone)
+        base = evaluate_model(base_model, utts, ecfg.batch_frames, device, silence, to_phone,
+                              phone_refs)
         base["model"] = ecfg.baseline
         result["baseline"] = base
         result["rel_frame_error_reduction"] = relative_error_reduction(

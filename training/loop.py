@@ -46,7 +46,7 @@ from torch import nn
 
 from amflow.config import TrainConfig, features_dict, replace_train
 from amflow.model_card import context_info
-from amflow.senones import ContextTree
+from amflow.senones import ContextTree, silence_class
 from amflow.progress import Progress
 from amflow.raycluster import init_ray
 from amflow.runs import StepError
@@ -411,8 +411,11 @@ class Trainer:
         self.counts = [int(c) for c in allreduce([float(c) for c in local_counts], "min")]
         self.totals = allreduce([float(v) for v in self.input.totals()], "sum")
         if sum(self.counts) == 0:
+            hint = (" (train.augment.enabled: the example servers render from clean "
+                    "sources; `--set train.augment.enabled=false` trains on the stored audio)"
+                    if "no_clean_source" in str(self.input.rejected()) else "")
             raise StepError("no minibatches to train on: every worker's share of the data is "
-                            f"empty (rejected: {self.input.rejected()})")
+                            f"empty (rejected: {self.input.rejected()}){hint}")
 
     def _build_criterion(self) -> Any:
         """The sequence criterion (train.criterion mmi | smbr), or None for CE."""
@@ -744,10 +747,9 @@ def build_input(trainer: Trainer, right: int) -> InputSource:
         init_ray(cfg)
     cc = cfg.corpus
     babble = {"seed": cc.seed, "banks": cc.babble_banks, "language": cc.language}
-    phones = list(t.plan.phones)
     return ExampleServers(t.storage, t.tc, cfg.features, stored.indexes["labeled"], sources,
                           t.rank, t.stack, right, t.norm, storage_cfg=cfg.storage,
-                          babble=babble, sil_id=phones.index("sil") if "sil" in phones else -1,
+                          babble=babble, sil_id=silence_class(list(t.plan.phones)),
                           passes=t.passes)
 
 

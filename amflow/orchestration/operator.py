@@ -123,6 +123,11 @@ def airflow_execute(op, context) -> dict[str, Any]:
     from airflow.sdk.exceptions import AirflowRescheduleException
 
     step = _airflow_step(op, context)
+    skip = op.skip_reason(step.cfg) if hasattr(op, "skip_reason") else ""
+    if skip:  # e.g. align when the corpus's CTM labels the frames (features.labels=ctm)
+        from airflow.sdk.exceptions import AirflowSkipException
+
+        raise AirflowSkipException(skip)
     op.log.info("amflow run id %s, job %s, mode %s, wait %s", step.run_id, step.job_id,
                 step.cfg.runner.mode, step.cfg.runner.wait)
     r = step.cfg.runner

@@ -41,7 +41,7 @@ from alignment.train import (RecipeOptions, Stage, failures, frame_classes, netw
 from alignment.tree import Tree
 from amflow.config import Config, FeaturesConfig, StorageConfig
 from amflow.runs import SUCCESS, Reject, StepContext, StepError, rejects_table
-from amflow.senones import ContextTree
+from amflow.senones import ContextTree, ContextTreeError
 from amflow.storage import Storage, join
 from decoding.lexicon import LexiconError, read_lexicon, words_of
 from tasks import alignments as ref_al
@@ -148,10 +148,9 @@ def _score(results: list[list[dict]], lang: lg.Lang, ref: dict) -> dict | None:
 
 
 def _write(ctx: StepContext, results: list[list[dict]], shards: list[dict], lang: lg.Lang,
-           final: Stage, mono: Stage, nn_tree: Tree) -> int:
+           final: Stage, mono: Stage, plain: dict, nn_tree: Tree | None) -> int:
     st = ctx.storage
     written, lines = 0, []
-    plain = nn_tree.to_plain(lang.phones, lang.phones[lang.sil_id])
     ct = ContextTree.from_dict(plain)
     for e, rows in zip(shards, results):
         table = pa.table({
@@ -171,8 +170,10 @@ def _write(ctx: StepContext, results: list[list[dict]], shards: list[dict], lang
     st.write_text(ctx.path("phones.txt"), "".join(f"{p} {i}\n" for i, p in
                                                    enumerate(lang.phones)))
     st.write_bytes(ctx.path("tree"), model_io.tree_bytes(final.tree))
-    # the network's tree (one pdf class per phone; amflow.senones reads the JSON form)
-    st.write_bytes(ctx.path("nn_tree"), model_io.tree_bytes(nn_tree.context_dependency()))
+    # the network's tree (one pdf class per phone; amflow.senones reads the JSON form); a
+    # tree taken from a teacher exists as JSON only
+    if nn_tree is not None:
+        st.write_bytes(ctx.path("nn_tree"), model_io.tree_bytes(nn_tree.context_dependency()))
     st.write_json(ctx.path("nn_tree.json"), plain)
     st.write_text(ctx.path("topo"), str(final.tm.topo))
     st.write_text(ctx.path("final.mdl"), model_io.model_text(final.tm, final.am))
@@ -194,7 +195,8 @@ def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
     # where it runs, not what it computes)
     done = ctx.resume_plan({"select_finished_at": select.get("finished_at"),
                             "align": {k: v for k, v in dataclasses.asdict(acfg).items()
-                                      if k != "use_ray"}})
+                                      if k != "use_ray"},
+                            "network_tree_from": tree_source(ctx.cfg)})
     if done is not None:
         return done
     shards = [e for e in st.read_json(ctx.other("select", "shards.json"))["shards"]
@@ -202,6 +204,8 @@ def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
     if not shards:
         raise StepError(f"select has no shards of splits {acfg.splits} (align.splits)")
     lang = _lexicon(ctx)
+    src = tree_source(ctx.cfg)  # checked before the GMMs train, not after
+    taken = _taken_tree(ctx, src, lang) if src else None
     ctm_uri = join(ctx.cfg.data.corpus.rstrip("/"), "alignments.ctm")
     ref = ref_al.read_ctm(st.read_text(ctm_uri))[0] if st.exists(ctm_uri) else {}
     jobs = _jobs(ctx, shards, lang)
@@ -218,14 +222,55 @@ def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
     except (RuntimeError, ValueError) as exc:
         raise StepError(f"align: {exc}") from exc
     results = run_jobs(jobs, "results", final.tm)
+    plain, nn_tree = (taken, None) if taken else _network_tree(ctx, jobs, lang, final)
+    written = _write(ctx, results, shards, lang, final, stages["mono"], plain, nn_tree)
+    hist.nn_senones = int(plain["num_leaves"])
+    return _finish(ctx, select, jobs, shards, results, final, hist, scores, written)
+
+
+def tree_source(cfg: Config) -> str:
+    """Where the network's tree comes from: align.network_tree, else a student run's
+    teacher (targets.teacher), else "" (grown here)."""
+    return cfg.align.network_tree or cfg.targets.teacher
+
+
+def _network_tree(ctx: StepContext, jobs: list, lang: lg.Lang, final: Stage
+                  ) -> tuple[dict, Tree]:
+    """The network's tree grown from the final alignment: amflow.senones JSON and Tree."""
+    acfg = ctx.cfg.align
     try:
-        nn_tree = network_tree(jobs, lang, final, acfg.nn_senones or acfg.num_senones,
-                               acfg.min_leaf_count)
+        tree = network_tree(jobs, lang, final, acfg.nn_senones or acfg.num_senones,
+                            acfg.min_leaf_count)
     except ValueError as exc:
         raise StepError(f"align.nn_senones: {exc}") from exc
-    written = _write(ctx, results, shards, lang, final, stages["mono"], nn_tree)
-    hist.nn_senones = nn_tree.num_leaves
-    return _finish(ctx, select, jobs, shards, results, final, hist, scores, written)
+    return tree.to_plain(lang.phones, lang.phones[lang.sil_id]), tree
+
+
+def _taken_tree(ctx: StepContext, src: str, lang: lg.Lang) -> dict:
+    """The tree of a model card (model.pt) or an nn_tree.json, checked against this
+    lexicon's phones: a student's classes must be its teacher's."""
+    key = "align.network_tree" if ctx.cfg.align.network_tree else "targets.teacher"
+    if not ctx.storage.exists(src):
+        raise StepError(f"{key}: {src} not found (the network tree to label with)")
+    if src.endswith(".json"):
+        plain = ctx.storage.read_json(src)
+    else:  # deferred: torch, which only this path needs
+        from training.checkpoint import load_model_card
+
+        plain = load_model_card(ctx.storage, src)[1].context
+        if not plain:
+            raise StepError(f"{key}: the model {src} has phone classes (it was trained with "
+                            "features.labels=ctm), no network tree: a student of it needs "
+                            "features.labels=ctm too")
+    try:
+        tree = ContextTree.from_dict(plain)
+    except (ContextTreeError, KeyError, TypeError) as exc:
+        raise StepError(f"{key}: {src}: {exc}") from exc
+    if list(tree.phones) != list(lang.phones):
+        raise StepError(f"{key}: the tree of {src} has {len(tree.phones)} phones, this "
+                        f"lexicon {len(lang.phones)}: they must be the same phone set")
+    log.info("align: the network's tree (%d leaves) from %s", tree.num_leaves, src)
+    return tree.to_dict()
 
 
 def _finish(ctx: StepContext, select: dict, jobs: list, shards: list[dict], results: list,
@@ -242,7 +287,7 @@ def _finish(ctx: StepContext, select: dict, jobs: list, shards: list[dict], resu
         reasons[r.reason] = reasons.get(r.reason, 0) + 1
     metrics = {
         "num_senones": final.built.num_leaves if final.built else None,
-        "nn_senones": hist.nn_senones,
+        "nn_senones": hist.nn_senones, "network_tree_from": tree_source(ctx.cfg) or None,
         "gaussians": final.am.num_gauss, "phones": len(lang_phones(final)),
         "iterations": hist.iters, "realignments": hist.realignments,
         "frames": sum(len(r["phones"]) for rows in results for r in rows),

@@ -13,6 +13,7 @@ from typing import Any
 
 from amflow.model_card import ModelCard
 from amflow.runs import StepContext, StepError, rejects_table, step_dir_name
+from amflow.storage import join
 from tasks.alignments import AlignOutputsError, read_align_labels
 from training.checkpoint import load_model
 from training.evaluate import evaluate_split, print_table
@@ -50,7 +51,9 @@ def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
     cmvn = _from_run(ctx, card.cmvn, "cmvn.json", model_uri, "CMVN stats")
     phones = _from_run(ctx, card.phones, "phones.json", model_uri, "phone list")
     frame_labels = None
-    if card.context:  # context-dependent classes: references from this run's align step
+    # Leaf classes score against the corpus CTM's phones when the corpus has one (the
+    # reference the aligner is measured on); without one, against this run's align step.
+    if card.context and not st.exists(join(corpus.rstrip("/"), "alignments.ctm")):
         try:
             frame_labels = read_align_labels(st, ctx.other("align"))[1]
         except AlignOutputsError as exc:

@@ -14,7 +14,7 @@ from amflow.raycluster import init_ray, step_resources
 from amflow.runs import StepContext, StepError
 from tasks.targets import (TargetActor, feature_shards, print_fidelity, summarise_fidelity,
                           teacher_uri)
-from training.checkpoint import load_model
+from training.checkpoint import load_model, load_model_card
 
 
 def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
@@ -23,6 +23,7 @@ def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
     if not ctx.storage.exists(model_uri):
         raise StepError(f"teacher checkpoint not found at {model_uri}: set targets.teacher "
                         "to a model.pt URI (e.g. from the teacher DAG)")
+    check_classes(ctx, model_uri)
     shards = feature_shards(ctx)
     done = {s: d for s in shards if (d := ctx.shard_done(s)) is not None}
     todo = [s for s in shards if s not in done]
@@ -89,3 +90,21 @@ def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
               "rejected": sum(s["rejected"] for s in stats)}
     return ctx.finish(inputs={"features": feats_summary["uri"], "teacher": model_uri},
                       counts=counts, metrics=metrics, bytes_written=nbytes)
+
+
+def check_classes(ctx: StepContext, model_uri: str) -> None:
+    """The teacher's classes must be this run's labels' classes (features/phones.json): the
+    student learns both from the targets and from the labeled split's labels."""
+    phones_uri = ctx.other("features", "phones.json")
+    if not ctx.storage.exists(phones_uri):
+        return
+    ours = list(ctx.storage.read_json(phones_uri))
+    theirs = list(load_model_card(ctx.storage, model_uri)[1].phones)
+    if theirs and ours != theirs:
+        diff = next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b),
+                    min(len(ours), len(theirs)))
+        raise StepError(
+            f"the teacher {model_uri} has {len(theirs)} classes, this run's features "
+            f"{len(ours)} ({phones_uri}); they differ from class {diff}. With "
+            "features.labels=align, align takes the teacher's tree (targets.teacher) when "
+            "align runs with it set; with labels=ctm both need the same phones.txt")
