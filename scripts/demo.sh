@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # `make demo`: the whole SSL recipe on the embedded default, through the Airflow DAGs.
 #   1. amflow corpus        synthesise the espeak-ng corpus (labeled, unlabeled, dev, test; DP1..DP5)
-#   2. DAG teacher          BLSTM teacher + supervised baseline student on the labeled split
-#                           (the baseline then sMBR-trained: sequence_baseline), WER of each
+#   2. DAG teacher          the transcripts aligned (align: frame labels; the corpus CTM only
+#                           measures), BLSTM teacher on augmented renderings + supervised
+#                           baseline student on the labeled split (the baseline then
+#                           sMBR-trained: sequence_baseline), WER of each
 #   3. DAG ssl_student      teacher top-k targets over the unlabeled split, scheduled learning,
 #                           then sMBR on the labeled split (sequence), WER of each
 #      (both triggered on an `airflow standalone` this script starts and stops: scheduled
