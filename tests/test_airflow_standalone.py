@@ -60,9 +60,12 @@ def test_trigger_log_xcom_long_step_and_clear_one_task(airflow, tmp_path):
     assert airflow.wait_run("ssl_student", run_id, timeout=300) == "success"
     elapsed = time.time() - t0
     tis = airflow.task_instances("ssl_student", run_id)
-    assert {k: v["state"] for k, v in tis.items()} == {t: "success" for t in (
-        "select", "features", "targets", "repartition", "train", "evaluate", "lm", "decode",
-        "sequence", "evaluate_sequence", "decode_sequence", "if_sequence")}
+    # align labels frames only with features.labels=align (this config: ctm): skipped,
+    # and features runs anyway
+    assert {k: v["state"] for k, v in tis.items()} == {"align": "skipped", **{
+        t: "success" for t in ("select", "features", "targets", "repartition", "train",
+                               "evaluate", "lm", "decode", "sequence", "evaluate_sequence",
+                               "decode_sequence", "if_sequence")}}
 
     # XCom: the step's summary; the amflow run id is derived from the Airflow run.
     feats = _xcom(airflow, run_id, "features")
@@ -276,7 +279,7 @@ def test_documented_backfill_commands_do_what_the_text_says(airflow, tmp_path):
         def reached():
             tis = airflow.task_instances("ssl_student", run_id)
             tries = {t: tis[t]["try_number"] for t in expected}
-            done = all(tis[t]["state"] == "success" for t in tis)
+            done = all(tis[t]["state"] in ("success", "skipped") for t in tis)  # align: ctm
             return done and tries == expected
         airflow.wait(reached, 240, f"tries {expected}")
         others = {t: ti["try_number"] for t, ti in
