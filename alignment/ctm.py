@@ -64,6 +64,10 @@ class Score:
     matched_phones: int = 0
     utterances: int = 0
     same_sequence: int = 0
+    # frames of the utterances whose phone sequence equals the reference's: where the
+    # lexicon's pronunciation is what was spoken, only boundary placement can be wrong
+    same_sequence_frames: int = 0
+    same_sequence_frames_right: int = 0
 
     def add(self, o: "Score") -> "Score":
         for k in self.__dataclass_fields__:
@@ -78,6 +82,8 @@ class Score:
                 "matched_phone_share": round(self.matched_phones / max(1, self.ref_phones), 4),
                 "same_phone_sequence_share": round(self.same_sequence /
                                                    max(1, self.utterances), 4),
+                "frame_phone_accuracy_same_sequence": round(
+                    self.same_sequence_frames_right / max(1, self.same_sequence_frames), 4),
                 "utterances": self.utterances}
 
 
@@ -100,6 +106,8 @@ def score(hyp: list[tuple[str, float, float]], ref: list[tuple[str, float, float
     rs = [x for x in ref if x[0] != SIL]
     sc.ref_phones = len(rs)
     sc.same_sequence = int([p for p, _, _ in hs] == [p for p, _, _ in rs])
+    sc.same_sequence_frames = sc.frames * sc.same_sequence
+    sc.same_sequence_frames_right = sc.frames_right * sc.same_sequence
     m = difflib.SequenceMatcher(None, [p for p, _, _ in hs], [p for p, _, _ in rs],
                                 autojunk=False)
     for blk in m.get_matching_blocks():

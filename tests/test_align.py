@@ -83,6 +83,12 @@ def test_ctm_score_counts_frames_and_boundaries():
     # a: start 20 ms off (within), end 50 ms off; b: start 50 ms off, end exact
     assert (sc.boundaries, sc.boundaries_within) == (4, 2)
     assert sc.same_sequence == 1
+    assert sc.summary()["frame_phone_accuracy_same_sequence"] == round(43 / 50, 4)
+    other = C.score([("sil", 0.0, 0.1), ("a", 0.1, 0.5)], ref, 50)  # b not spoken
+    assert other.same_sequence == other.same_sequence_frames == 0
+    both = C.Score().add(sc).add(other).summary()
+    assert both["frame_phone_accuracy_same_sequence"] == round(43 / 50, 4)
+    assert both["frame_phone_accuracy"] == round((43 + 30) / 100, 4)
     segs = C.segments(np.array([1, 1, 2, 2, 2, 2]), np.array([1, 0, 1, 0, 1, 0], bool))
     assert segs == [(1, 0, 2), (2, 2, 2), (2, 4, 2)]
     assert C.ctm_lines("u", segs, ["<eps>", "sil", "a"])[1] == "u 1 0.02 0.02 a"
