@@ -61,6 +61,12 @@ def s3_bucket(s3_server, request):
     return name, overrides
 
 
+# The embedded default labels frames with `amflow align` (features.labels=align). Tests of
+# the features / repartition mechanics on corpora that carry an alignments.ctm label from
+# it instead; the transcripts-only chain is tests/test_senones.py and tests/test_align.py.
+CTM_LABELS = "features.labels=ctm"
+
+
 @pytest.fixture()
 def local_cfg(tmp_path):
     """The embedded default with storage under a temp dir."""

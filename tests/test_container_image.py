@@ -27,13 +27,15 @@ import pytest
 from amflow.config import load_config
 from amflow.jobs import StepRunner, make_backend, step_command
 from amflow.jobs.container import default_image
+from tests.conftest import CTM_LABELS
 
 pytestmark = [pytest.mark.container, pytest.mark.integration, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = "configs/local.yaml"
-# the tiny corpus of tests/conftest.py (tiny_corpus), built here by the corpus step itself
-CHAIN = [("corpus", None), ("select", "c"), ("features", "c")]
+# the tiny corpus of tests/conftest.py (tiny_corpus), built here by the corpus step itself;
+# align labels the frames from the transcripts (the default features.labels=align)
+CHAIN = [("corpus", None), ("select", "c"), ("align", "c"), ("features", "c")]
 SETS = ["corpus.hours=0.05", "select.splits=labeled,unlabeled,dev,test",
         "select.shard_hours=0.005", "ray.num_cpus=2", "runner.poll_s=0.5"]
 # What differs between two runs of a step anywhere, in its JSON run records only: when, how
@@ -197,12 +199,13 @@ def test_steps_in_the_image_read_and_write_s3(image, tmp_path, s3_bucket):
     bucket, s3_sets = s3_bucket
     sets = [*s3_sets, f"storage.root=s3://{bucket}/store", f"data.corpus=s3://{bucket}/corpus",
             *SETS, "runner.mode=container", f"runner.image={image}",
-            f"runner.state_dir={tmp_path / 'jobs'}"]  # job ids are stable: a fresh state
+            f"runner.state_dir={tmp_path / 'jobs'}",  # job ids are stable: a fresh state
+            CTM_LABELS]  # features straight after select: S3 I/O is this test's subject
     cfg = load_config(ROOT / CONFIG, sets)
     lines: list[str] = []
     runner = StepRunner(make_backend(cfg, tmp_path / "jobs"), tmp_path / "jobs", poll_s=0.5,
                         emit=lines.append)
-    for step, run_id in CHAIN[:2]:
+    for step, run_id in CHAIN[:2]:  # corpus, select
         argv = step_command(cfg.runner.command, step, config=CONFIG, run_id=run_id,
                             overrides=sets)
         out = runner.run(f"s3-{step}", argv, budget_s=900)

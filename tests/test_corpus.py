@@ -295,16 +295,20 @@ def test_rerun_is_a_noop_and_resumes_missing_batches(tiny_corpus, tmp_path):
 
 
 def test_labeled_utterances_keep_their_clean_source(tiny_corpus):
-    """The labeled split's dry rendering (what the example servers re-render): listed as
-    clean_audio_uri, same length as the far-field file, and aligned with it (the speech's
-    cross-correlation peaks at the direct path's delay of at most a few ms, not at 0)."""
+    """The dry rendering of the splits in corpus.clean_splits (local.yaml: labeled, which
+    the example servers re-render, and dev, which align reads): listed as clean_audio_uri,
+    same length as the far-field file, and aligned with it (the speech's cross-correlation
+    peaks at the direct path's delay of at most a few ms, not at 0)."""
+    kept = set(_cfg().corpus.clean_splits)
+    assert kept == {"labeled", "dev"}
     recs = _records(tiny_corpus)
     labeled = [r for r in recs if r["split"] == "labeled"]
-    assert labeled and all("clean_audio_uri" in r for r in labeled)
-    assert not any("clean_audio_uri" in r for r in recs if r["split"] != "labeled")
+    dry = [r for r in recs if r["split"] in kept]
+    assert labeled and all("clean_audio_uri" in r for r in dry)
+    assert not any("clean_audio_uri" in r for r in recs if r["split"] not in kept)
     clean_files = {p.relative_to(tiny_corpus).as_posix()
                    for p in (tiny_corpus / "audio_clean").rglob("*.wav")}
-    assert clean_files == {r["clean_audio_uri"] for r in labeled}
+    assert clean_files == {r["clean_audio_uri"] for r in dry}
     for r in labeled[:4]:
         far, fs = sf.read(str(tiny_corpus / r["audio_uri"]))
         dry, fs2 = sf.read(str(tiny_corpus / r["clean_audio_uri"]))

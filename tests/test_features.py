@@ -9,6 +9,7 @@ import pytest
 import soundfile as sf
 
 from amflow import records
+from tests.conftest import CTM_LABELS
 from tests.test_select import make_corpus
 
 
@@ -34,7 +35,7 @@ def corpus(tmp_path):
 
 def test_features_step(corpus, local_cfg, ray_local, tmp_path):
     root, info = corpus
-    cfg = local_cfg(f"data.corpus={root}", "select.shard_hours=0.0005",
+    cfg = local_cfg(CTM_LABELS, f"data.corpus={root}", "select.shard_hours=0.0005",
                     "select.splits=labeled,unlabeled,dev", "features.resample=false",
                     "features.downmix=false")
     sel, feat = _steps(cfg, "f1", "select", "features")
@@ -103,7 +104,7 @@ def test_decode_resamples_and_downmixes(tmp_path):
 def test_killed_features_rerun_matches_clean_run(tmp_path, local_cfg, ray_local):
     root = tmp_path / "corpus"
     make_corpus(root, speakers=6, utts=2, labeled=2, seconds=(0.6, 1.2))
-    cfg = local_cfg(f"data.corpus={root}", "select.shard_hours=0.0003")
+    cfg = local_cfg(CTM_LABELS, f"data.corpus={root}", "select.shard_hours=0.0003")
     _steps(cfg, "clean", "select", "features")
     _steps(cfg, "crash", "select", "features")
     clean = _feature_rows(tmp_path / "store", "clean")
@@ -135,7 +136,7 @@ def test_resampled_and_downmixed_audio_survive_a_poisoned_stream(corpus, local_c
     """b_rate (8 kHz) and b_stereo share a speaker stream with b_huge (inf fbank): they are
     resampled/downmixed and featurised, and the inf utterance does not poison their CMN."""
     root, info = corpus
-    cfg = local_cfg(f"data.corpus={root}", "select.shard_hours=0.0005")
+    cfg = local_cfg(CTM_LABELS, f"data.corpus={root}", "select.shard_hours=0.0005")
     _, feat = _steps(cfg, "f2", "select", "features")
     reasons = feat["metrics"]["reject_reasons"]
     assert reasons["nonfinite_features"] == 1
@@ -150,7 +151,7 @@ def test_resampled_and_downmixed_audio_survive_a_poisoned_stream(corpus, local_c
 def test_pipeline_on_tiny_espeak_corpus(tiny_corpus, local_cfg, ray_local, tmp_path):
     """The embedded corpus goes through clean: every utterance featurised, its alignments
     cover the (reverberant) audio, labels use the corpus inventory, partitions balance."""
-    cfg = local_cfg(f"data.corpus={tiny_corpus}", "select.splits=labeled,unlabeled,dev,test",
+    cfg = local_cfg(CTM_LABELS, f"data.corpus={tiny_corpus}", "select.splits=labeled,unlabeled,dev,test",
                     "select.shard_hours=0.005", "train.workers=2",
                     "repartition.partition_hours=0.005")
     sel, feat, rep = _steps(cfg, "tiny", "select", "features", "repartition")

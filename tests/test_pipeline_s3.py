@@ -6,6 +6,7 @@ import json
 import pytest
 
 from amflow import records
+from tests.conftest import CTM_LABELS
 from tests.test_features import _steps
 from tests.test_select import make_corpus
 
@@ -26,7 +27,7 @@ def test_pipeline_on_s3(tmp_path, s3_bucket, s3_server, local_cfg, ray_local):
     info = make_corpus(root, speakers=4, utts=2, labeled=2, bad=True, seconds=(0.6, 1.2))
     client = boto3.client("s3", endpoint_url=s3_server, region_name="us-east-1")
     _upload(client, bucket, root, "corpus")
-    cfg = local_cfg(*overrides, f"data.corpus=s3://{bucket}/corpus",
+    cfg = local_cfg(CTM_LABELS, *overrides, f"data.corpus=s3://{bucket}/corpus",
                     f"storage.root=s3://{bucket}/store", "select.shard_hours=0.0004",
                     "train.workers=2", "features.resample=false", "features.downmix=false")
     sel, feat, rep = _steps(cfg, "s3run", "select", "features", "repartition")

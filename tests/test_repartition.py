@@ -8,6 +8,7 @@ import pytest
 import pyarrow.parquet as pq
 
 from amflow import records
+from tests.conftest import CTM_LABELS
 from tests.test_features import _steps
 from tests.test_select import make_corpus
 
@@ -35,7 +36,7 @@ def _read_split(store, run, split):
 def test_repartition_hard_then_soft_targets(tmp_path, local_cfg, ray_local):
     root = tmp_path / "corpus"
     make_corpus(root, speakers=6, utts=4, labeled=2, dev=1, seconds=(0.6, 1.5))
-    cfg = local_cfg(f"data.corpus={root}", "select.shard_hours=0.0005",
+    cfg = local_cfg(CTM_LABELS, f"data.corpus={root}", "select.shard_hours=0.0005",
                     "select.splits=labeled,unlabeled,dev", "train.workers=2",
                     "repartition.partition_hours=0.0005")
     sel, feat, rep = _steps(cfg, "r", "select", "features", "repartition")
@@ -159,7 +160,7 @@ def _snapshot(store, run):
 def _feature_setup(tmp_path, local_cfg, ray_local, parts_hours="0.0002", *extra):
     root = tmp_path / "corpus"
     make_corpus(root, speakers=6, utts=4, labeled=2, dev=1, seconds=(0.6, 1.5))
-    cfg = local_cfg(f"data.corpus={root}", "select.shard_hours=0.0005",
+    cfg = local_cfg(CTM_LABELS, f"data.corpus={root}", "select.shard_hours=0.0005",
                     "select.splits=labeled,unlabeled,dev", "train.workers=2",
                     f"repartition.partition_hours={parts_hours}", *extra)
     _steps(cfg, "m", "select", "features")
