@@ -303,12 +303,12 @@ def test_labeled_utterances_keep_their_clean_source(tiny_corpus):
     assert kept == {"labeled", "dev"}
     recs = _records(tiny_corpus)
     labeled = [r for r in recs if r["split"] == "labeled"]
-    dry = [r for r in recs if r["split"] in kept]
-    assert labeled and all("clean_audio_uri" in r for r in dry)
+    kept_recs = [r for r in recs if r["split"] in kept]
+    assert labeled and all("clean_audio_uri" in r for r in kept_recs)
     assert not any("clean_audio_uri" in r for r in recs if r["split"] not in kept)
     clean_files = {p.relative_to(tiny_corpus).as_posix()
                    for p in (tiny_corpus / "audio_clean").rglob("*.wav")}
-    assert clean_files == {r["clean_audio_uri"] for r in dry}
+    assert clean_files == {r["clean_audio_uri"] for r in kept_recs}
     for r in labeled[:4]:
         far, fs = sf.read(str(tiny_corpus / r["audio_uri"]))
         dry, fs2 = sf.read(str(tiny_corpus / r["clean_audio_uri"]))

@@ -151,7 +151,8 @@ def test_resampled_and_downmixed_audio_survive_a_poisoned_stream(corpus, local_c
 def test_pipeline_on_tiny_espeak_corpus(tiny_corpus, local_cfg, ray_local, tmp_path):
     """The embedded corpus goes through clean: every utterance featurised, its alignments
     cover the (reverberant) audio, labels use the corpus inventory, partitions balance."""
-    cfg = local_cfg(CTM_LABELS, f"data.corpus={tiny_corpus}", "select.splits=labeled,unlabeled,dev,test",
+    cfg = local_cfg(CTM_LABELS, f"data.corpus={tiny_corpus}",
+                    "select.splits=labeled,unlabeled,dev,test",
                     "select.shard_hours=0.005", "train.workers=2",
                     "repartition.partition_hours=0.005")
     sel, feat, rep = _steps(cfg, "tiny", "select", "features", "repartition")
