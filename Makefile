@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.amflow-installed
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: setup system-deps demo test test-fast airflow bench serve bench-serve rehearsal clean image test-image
+.PHONY: setup system-deps demo test test-fast test-exhaustive airflow bench serve bench-serve rehearsal clean image test-image
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -24,12 +24,16 @@ demo: setup
 
 # Tests marked `isolated` need a process in which no in-process Ray ever ran.
 # Tests marked `cluster` (the rehearsal, ~20 min) run with `make rehearsal` only.
+# Tests marked `exhaustive` sweep a whole input space (minutes): make test-exhaustive.
 test: setup
-	$(VENV)/bin/pytest -q -rs -m "not isolated and not cluster" tests
-	$(VENV)/bin/pytest -q -rs -m "isolated and not cluster" tests
+	$(VENV)/bin/pytest -q -rs -m "not isolated and not cluster and not exhaustive" tests
+	$(VENV)/bin/pytest -q -rs -m "isolated and not cluster and not exhaustive" tests
+
+test-exhaustive: setup
+	$(VENV)/bin/pytest -q -rs -m exhaustive tests
 
 test-fast: setup
-	$(VENV)/bin/pytest -q -rs -m "not slow and not isolated and not cluster" tests
+	$(VENV)/bin/pytest -q -rs -m "not slow and not isolated and not cluster and not exhaustive" tests
 
 # Both DAGs the cluster way on this machine: local S3 (moto) with injected faults, a Ray
 # head + pool nodes, Ray jobs, nodes killed mid-step; checks and per-step overhead vs local

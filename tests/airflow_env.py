@@ -168,8 +168,15 @@ class Standalone:
             if value:
                 return value
             time.sleep(every)
-        raise AssertionError(f"timed out waiting for {what}; log tail:\n"
-                             + self.log.read_text()[-3000:])
+        raise AssertionError(f"timed out waiting for {what}; scheduler log tail:\n"
+                             + self.scheduler_tail())
+
+    def scheduler_tail(self, chars: int = 4000) -> str:
+        """The log's last scheduler lines: the API server's access lines and the DAG
+        processor's re-parsing otherwise fill any tail."""
+        lines = [ln for ln in self.log.read_text().splitlines()
+                 if not ln.startswith(("api-server", "dag-processor"))]
+        return "\n".join(lines)[-chars:]
 
     def run_state(self, dag_id: str, run_id: str) -> str:
         return self.get(f"/api/v2/dags/{dag_id}/dagRuns/{_q(run_id)}")["state"]

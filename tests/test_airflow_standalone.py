@@ -94,14 +94,26 @@ def test_trigger_log_xcom_long_step_and_clear_one_task(airflow, tmp_path):
     # Clear one task of the finished run: that step alone runs again, same run id, redone.
     from tests.airflow_env import _q
 
-    airflow.request("POST", "/api/v2/dags/ssl_student/clearTaskInstances",
-                    {"dag_run_id": run_id, "task_ids": ["repartition"], "dry_run": False,
-                     "only_failed": False, "include_downstream": False,
-                     "reset_dag_runs": True})
+    cleared = airflow.request("POST", "/api/v2/dags/ssl_student/clearTaskInstances",
+                              {"dag_run_id": run_id, "task_ids": ["repartition"],
+                               "dry_run": False, "only_failed": False,
+                               "include_downstream": False, "reset_dag_runs": True})
+    assert [t["task_id"] for t in cleared["task_instances"]] == ["repartition"], cleared
+
+    # Wait on the task's second try first: a run-state poll right after the clear can
+    # still read the old "success". On a timeout, say where the run and the task stood.
+    def repartition_redone():
+        ti = airflow.task_instances("ssl_student", run_id)["repartition"]
+        return ti["try_number"] == 2 and ti["state"] == "success"
+
+    try:
+        airflow.wait(repartition_redone, 180, "repartition try 2")
+    except AssertionError as e:
+        tis = airflow.task_instances("ssl_student", run_id)
+        raise AssertionError(f"run {airflow.run_state('ssl_student', run_id)}, repartition "
+                             f"{ {k: tis['repartition'][k] for k in ('state', 'try_number')} }"
+                             f"\n{e}") from None
     assert airflow.wait_run("ssl_student", run_id, timeout=180) == "success"
-    # The run is "success" again only once the cleared task finished.
-    airflow.wait(lambda: airflow.task_instances("ssl_student", run_id)["repartition"]
-                 ["try_number"] == 2, 60, "repartition try 2")
     steps = [c["step"] for c in calls(work / "store", amflow_run)]
     assert steps.count("repartition") == 2 and steps.count("train") == 1
     assert steps.count("select") == 1 and steps.count("evaluate") == 2  # CE and sequence
