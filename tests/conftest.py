@@ -1,10 +1,16 @@
 """Shared fixtures: configs on a temp storage root, a local S3 (moto server over HTTP)."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import shutil
+import signal
 import socket
+import subprocess
 import sys
+import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -89,6 +95,72 @@ def ray_local():
                  runtime_env={"env_vars": {"OMP_NUM_THREADS": "1"}})
     yield ray
     ray.shutdown()
+
+
+@contextlib.contextmanager
+def start_ray_head(tmp: Path, *, num_cpus: int, resources: dict | None = None,
+                   timeout: float = 240):
+    """A `ray start` head on free ports (dashboard and job API included), in its own
+    process group. Yields (gcs address, dashboard URL, auth env): clients need its token
+    (Ray >= 2.59 wants token auth on local clusters). While it runs, this process's
+    environment carries the token too, for job clients made here."""
+    import secrets
+    import urllib.request
+
+    port, dash = _free_port(), _free_port()
+    session_dir = tempfile.mkdtemp(prefix="ray-", dir="/tmp")
+    auth = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(16)}
+    env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0", OMP_NUM_THREADS="1", **auth)
+    # --block keeps `ray start` in the foreground: its process group is ours to end.
+    argv = ["ray", "start", "--head", "--block", f"--port={port}",
+            "--dashboard-host=127.0.0.1", f"--dashboard-port={dash}",
+            "--include-dashboard=true", f"--num-cpus={num_cpus}", "--num-gpus=0",
+            # Ray's session sockets need a short path (AF_UNIX: 107 bytes at most)
+            f"--temp-dir={session_dir}",
+            "--node-ip-address=127.0.0.1", f"--dashboard-agent-listen-port={_free_port()}",
+            "--disable-usage-stats"]
+    if resources:
+        argv.append(f"--resources={json.dumps(resources)}")
+    proc = subprocess.Popen(argv, env=env, stdout=open(tmp / "ray.log", "w"),
+                            stderr=subprocess.STDOUT, start_new_session=True)
+    dashboard = f"http://127.0.0.1:{dash}"
+    probe = urllib.request.Request(f"{dashboard}/api/jobs/", headers={
+        "Authorization": f"Bearer {auth['RAY_AUTH_TOKEN']}"})
+    saved = {k: os.environ.get(k) for k in auth}
+    os.environ.update(auth)
+    try:
+        deadline = time.time() + timeout  # a loaded 2-core machine can be slow
+        while True:
+            try:
+                with urllib.request.urlopen(probe, timeout=10):
+                    break  # the job API answers: GCS and dashboard are up
+            except OSError:
+                if proc.poll() is not None or time.time() > deadline:
+                    pytest.fail("ray head did not come up:\n"
+                                + (tmp / "ray.log").read_text()[-3000:])
+                time.sleep(1)
+        yield f"127.0.0.1:{port}", dashboard, auth
+    finally:
+        _stop_group(proc)
+        shutil.rmtree(session_dir, ignore_errors=True)
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def _stop_group(proc: subprocess.Popen) -> None:
+    """SIGTERM the head's process group, then SIGKILL what is left of it (raylets, workers)."""
+    os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        pass
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
 
 
 def amflow_bin() -> str:

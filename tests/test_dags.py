@@ -14,6 +14,7 @@ import pytest
 
 from amflow.config import load_config
 from tests.airflow_env import ROOT, airflow_env, calls, fake_config
+from tests.conftest import start_ray_head
 
 DAGS = ROOT / "dags"
 STUDENT_EDGES = [("select", "align"), ("align", "features"), ("features", "targets"), ("targets", "repartition"),
@@ -412,21 +413,35 @@ def _pipeline_missing() -> list[str]:
 @pytest.mark.skipif(bool(_pipeline_missing()), reason=f"pipeline steps not there yet: "
                                                       f"{_pipeline_missing()}")
 def test_dags_test_real_steps_on_a_tiny_corpus(tmp_path):
-    """corpus -> teacher -> ssl_student with the real `amflow` steps, tiny sizes."""
+    """corpus -> teacher -> ssl_student with the real `amflow` steps, tiny sizes.
+
+    The steps join one Ray head (`ray.address`, as on a cluster): a local Ray per step
+    would cost ~8 s of start and stop each, ~20 times."""
+    ray_dir = tmp_path / "ray"
+    ray_dir.mkdir()
+    with start_ray_head(ray_dir, num_cpus=2) as (address, _, auth):
+        _tiny_corpus_teacher_student(tmp_path, address, auth)
+
+
+def _tiny_corpus_teacher_student(tmp_path: Path, ray_address: str, auth: dict) -> None:
     home = tmp_path / "airflow"
-    env = airflow_env(home)
+    env = airflow_env(home, **auth)
     _migrate(env)
     store = tmp_path / "store"
     cfg = tmp_path / "tiny.yaml"
     cfg.write_text((ROOT / "configs" / "local.yaml").read_text())
     common = [f"storage.root={store}", f"data.corpus={store / 'corpus'}",
+              f"ray.address={ray_address}",
               f"runner.state_dir={tmp_path / 'jobs'}", "runner.poll_s=1",
               "corpus.hours=0.04", "corpus.speakers=8", "corpus.test_speakers=2",
               "select.shard_hours=0.01", "repartition.partition_hours=0.01",
               "train.minibatch_frames=256", "train.sub_epochs=1", "train.finetune_epochs=0",
               "model.student.hidden=32", "model.teacher.hidden=32", "model.student.layers=1",
-              "model.teacher.layers=1", "targets.actors=1", "lm.sentences=2000",
-              "decode.workers=1", "decode.acwt=0.5"]
+              "model.teacher.layers=1", "targets.actors=1", "lm.sentences=300",
+              "decode.workers=1", "decode.acwt=0.5",
+              # align's recipe at a few utterances' size (as test_senones.TINY_CHAIN)
+              "align.mono_iters=4", "align.tri_iters=2", "align.num_senones=250",
+              "align.tri_gauss=400", "align.mono_gauss=300", "align.min_leaf_count=20"]
     _dags_test(env, "corpus", {"config": str(cfg), "overrides": common, "hours": 0.04,
                                "speakers": 8})
     _dags_test(env, "teacher", {"config": str(cfg), "overrides": common, "hours": 0.03,

@@ -18,6 +18,7 @@ from amflow.orchestration import airflow_step as A
 from amflow.orchestration import operator as O
 from amflow.orchestration import pools as P
 from amflow.orchestration.rerun import Attempt
+from tests.conftest import start_ray_head
 
 ROOT = Path(__file__).resolve().parents[1]
 FAKE = ROOT / "tests" / "fake_amflow.py"
@@ -249,56 +250,9 @@ def test_runner_cli_runs_a_step_and_sigterm_stops_its_job(fake_env):
 @pytest.fixture(scope="module")
 def ray_head(tmp_path_factory):
     """A local Ray head with the dashboard (job API) on a free port, and pool_c4 = 1."""
-    import secrets
-
-    tmp = tmp_path_factory.mktemp("ray")
-    port, dash = _free_port(), _free_port()
-    # Ray >= 2.59 wants token auth on local clusters: one token for the head and clients.
-    auth = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(16)}
-    saved = {k: os.environ.get(k) for k in auth}
-    os.environ.update(auth)
-    env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0", OMP_NUM_THREADS="1")
-    # --block keeps `ray start` in the foreground: its process group is ours to end.
-    proc = subprocess.Popen(
-        ["ray", "start", "--head", "--block", f"--port={port}", "--dashboard-host=127.0.0.1",
-         f"--dashboard-port={dash}", "--include-dashboard=true", "--num-cpus=1",
-         "--num-gpus=0", '--resources={"pool_c4": 1}', f"--temp-dir={tmp}",
-         f"--dashboard-agent-listen-port={_free_port()}", "--disable-usage-stats"],
-        env=env, stdout=open(tmp / "ray.log", "w"), stderr=subprocess.STDOUT,
-        start_new_session=True)
-    address = f"http://127.0.0.1:{dash}"
-    from ray.job_submission import JobSubmissionClient
-
-    deadline = time.time() + 240  # a loaded 2-core machine can be slow
-    client = None
-    while time.time() < deadline:
-        try:
-            client = JobSubmissionClient(address)
-            client.list_jobs()
-            break
-        except Exception:  # noqa: BLE001 - not up yet
-            client = None
-            if proc.poll() is not None:
-                break
-            time.sleep(1)
-    if client is None:
-        os.killpg(proc.pid, signal.SIGTERM)
-        pytest.fail("ray head did not come up:\n" + (tmp / "ray.log").read_text()[-3000:])
-    yield address
-    os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        pass
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    for k, v in saved.items():
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = v
+    with start_ray_head(tmp_path_factory.mktemp("ray"), num_cpus=1,
+                        resources={"pool_c4": 1}) as (_, dashboard, _auth):
+        yield dashboard
 
 
 @pytest.mark.integration
