@@ -140,7 +140,7 @@ def _score(results: list[list[dict]], lang: lg.Lang, ref: dict) -> dict | None:
             a = ref.get(r["utt_id"])
             if a is None:
                 continue
-            hyp = [(lang.phones[p], s * 0.01, (s + n) * 0.01)
+            hyp = [(lang.phones[p], s * C.FRAME_SHIFT_S, (s + n) * C.FRAME_SHIFT_S)
                    for p, s, n in C.segments(r["phones"], r["starts"])]
             refs = list(zip(a.phones, a.starts.tolist(), a.ends.tolist()))
             total.add(C.score(hyp, refs, len(r["phones"])))
