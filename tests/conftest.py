@@ -121,8 +121,9 @@ def start_ray_head(tmp: Path, *, num_cpus: int, resources: dict | None = None,
             "--disable-usage-stats"]
     if resources:
         argv.append(f"--resources={json.dumps(resources)}")
-    proc = subprocess.Popen(argv, env=env, stdout=open(tmp / "ray.log", "w"),
-                            stderr=subprocess.STDOUT, start_new_session=True)
+    log = open(tmp / "ray.log", "w")
+    proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT,
+                            start_new_session=True)
     dashboard = f"http://127.0.0.1:{dash}"
     probe = urllib.request.Request(f"{dashboard}/api/jobs/", headers={
         "Authorization": f"Bearer {auth['RAY_AUTH_TOKEN']}"})
@@ -142,6 +143,7 @@ def start_ray_head(tmp: Path, *, num_cpus: int, resources: dict | None = None,
         yield f"127.0.0.1:{port}", dashboard, auth
     finally:
         _stop_group(proc)
+        log.close()
         shutil.rmtree(session_dir, ignore_errors=True)
         for k, v in saved.items():
             if v is None:

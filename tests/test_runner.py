@@ -4,7 +4,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -23,12 +22,6 @@ from tests.conftest import start_ray_head
 ROOT = Path(__file__).resolve().parents[1]
 FAKE = ROOT / "tests" / "fake_amflow.py"
 PY = sys.executable
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _calls(tmp_path: Path, run_id: str) -> list[dict]:

@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
-import socket
 import time
 import urllib.request
 from pathlib import Path
@@ -17,6 +16,7 @@ import numpy as np
 import pytest
 
 from serving import protocol as P
+from tests.conftest import _free_port
 from tests.test_serving import SHOTS, tiny_system  # noqa: F401  (the module fixture)
 
 pytestmark = [pytest.mark.integration]
@@ -24,12 +24,6 @@ pytestmark = [pytest.mark.integration]
 CHROMIUM = "/usr/bin/chromium"
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
         "--disable-component-update", "--disable-sync", "--no-first-run"]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
