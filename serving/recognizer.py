@@ -57,6 +57,7 @@ class StreamModel:
         self.dtype = torch_dtype(dtype, device)
         self.lstm = model.lstm.to(device=device, dtype=self.dtype).eval()
         self.output = model.output.to(device=device, dtype=self.dtype).eval()
+        self.lstm.flatten_parameters()  # moved alone: see training.models._LSTMBody._apply
         self.lookahead = int(getattr(model, "lookahead", 0))
         self.input_dim = self.lstm.input_size
         self.state_shape = (self.lstm.num_layers, self.lstm.hidden_size)

@@ -5,7 +5,9 @@ long utterances, top-k selection, rebuilding a distribution from top-k logits, a
 fidelity measures (probability mass kept, KL(full || rebuilt)).
 
 Shell: a pool of Ray actors, each holding the teacher once. On GPUs an actor takes
-`num_gpus=1` and runs the model in fp16; on CPUs each actor has its own thread count.
+`num_gpus=1`, runs the model in fp16 (`targets.fp16`) and takes the top-k on the GPU, so
+only k values per frame cross to the host (bench/GPU.md); on CPUs each actor has its own
+thread count.
 Actors take whole feature shards (the unit of parallelism), write
 `targets/shards/<shard>.parquet` aligned row for row with the feature shard, then the
 shard's done-marker, so a re-run skips finished shards.
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
@@ -75,7 +78,8 @@ def chunk_spans(num_frames: int, max_frames: int, overlap: int) -> list[tuple[in
 
 
 def topk(logits: torch.Tensor, k: int) -> tuple[np.ndarray, np.ndarray]:
-    """[T, C] logits -> (int16 indices, fp16 values) of the k largest per frame."""
+    """[..., C] logits -> (int16 indices, fp16 values) of the k largest per frame, on the
+    host (taken where the logits are)."""
     k = min(k, logits.shape[-1])
     vals, idx = torch.topk(logits.float(), k, dim=-1)
     return idx.to(torch.int16).cpu().numpy(), vals.to(torch.float16).cpu().numpy()
@@ -151,25 +155,71 @@ class TeacherScorer:
         t = torch.from_numpy(x).to(self.device)
         return ((t - self.mean) * self.inv_std).to(self.dtype)
 
-    @torch.inference_mode()
-    def score(self, feats: Sequence[np.ndarray]) -> list[torch.Tensor]:
-        """Full-rate logits (float32, on CPU) for each utterance, in input order."""
+    def _batches(self, feats: Sequence[np.ndarray]):
+        """Yields (logits on the device [B, T, C], [(utt, start, keep_s, keep_e) per row])
+        over length-sorted padded batches of every utterance's pieces."""
         pieces: list[tuple[int, int, int, int, int]] = []  # (utt, start, end, keep_s, keep_e)
         for u, x in enumerate(feats):
             for span in chunk_spans(len(x), self.max_frames, self.overlap):
                 pieces.append((u, *span))
         lengths = [p[2] - p[1] for p in pieces]
-        outputs: list[list[tuple[int, torch.Tensor]]] = [[] for _ in feats]
         for batch in length_batches(lengths, self.batch_frames):
             xs = [self._normalise(feats[pieces[i][0]][pieces[i][1]:pieces[i][2]]) for i in batch]
             lens = torch.tensor([len(x) for x in xs])
             padded = torch.nn.utils.rnn.pad_sequence(xs, batch_first=True)
-            logits = self.model(padded, lens).float().cpu()
-            for row, i in enumerate(batch):
-                u, start, _, keep_s, keep_e = pieces[i]
+            rows = [(pieces[i][0], pieces[i][1], pieces[i][3], pieces[i][4]) for i in batch]
+            yield self.model(padded, lens), rows
+
+    @staticmethod
+    def _stitch(outputs: list[list[tuple[int, Any]]], join: Callable) -> list:
+        return [join([t for _, t in sorted(o, key=lambda z: z[0])]) if o else None
+                for o in outputs]
+
+    @torch.inference_mode()
+    def score(self, feats: Sequence[np.ndarray]) -> list[torch.Tensor]:
+        """Full-rate logits (float32, on CPU) for each utterance, in input order."""
+        outputs: list[list[tuple[int, torch.Tensor]]] = [[] for _ in feats]
+        for logits, rows in self._batches(feats):
+            logits = logits.float().cpu()
+            for row, (u, start, keep_s, keep_e) in enumerate(rows):
                 outputs[u].append((keep_s, logits[row, keep_s - start:keep_e - start]))
-        return [torch.cat([t for _, t in sorted(o, key=lambda z: z[0])]) if o
-                else torch.zeros(0, 1) for o in outputs]
+        return [torch.zeros(0, 1) if t is None else t
+                for t in self._stitch(outputs, torch.cat)]
+
+    @torch.inference_mode()
+    def score_topk(self, feats: Sequence[np.ndarray], k: int, full: Iterable[int] = ()
+                   ) -> list["Scored"]:
+        """Per utterance: the top-k (int16 indices, fp16 logits) per frame, whether every
+        logit was finite, and the full float32 logits for the utterances in `full` only.
+
+        The top-k are taken where the model ran: on a GPU only k of C values per frame
+        cross to the host (at 3,183 classes a 32k-frame batch is 400 MB of logits)."""
+        full = set(full)
+        parts: dict[str, list[list[tuple[int, Any]]]] = {
+            n: [[] for _ in feats] for n in ("idx", "val", "finite", "full")}
+        for logits, rows in self._batches(feats):
+            idx, val = topk(logits, k)
+            host = {"idx": idx, "val": val, "finite": torch.isfinite(logits).all(-1).cpu().numpy()}
+            for row, (u, start, keep_s, keep_e) in enumerate(rows):
+                cut = slice(keep_s - start, keep_e - start)
+                for n, a in host.items():
+                    parts[n][u].append((keep_s, a[row, cut]))
+                if u in full:
+                    parts["full"][u].append((keep_s, logits[row, cut].float().cpu()))
+        idx, val, fin = (self._stitch(parts[n], np.concatenate) for n in ("idx", "val", "finite"))
+        logits_of = self._stitch(parts["full"], torch.cat)
+        empty = np.zeros((0, k), np.int16), np.zeros((0, k), np.float16)
+        return [Scored(idx[u], val[u], bool(fin[u].all()), logits_of[u]) if idx[u] is not None
+                else Scored(*empty, True, None) for u in range(len(feats))]
+
+
+@dataclass
+class Scored:
+    """One utterance's teacher output as `targets` stores it (see TeacherScorer.score_topk)."""
+    topk_idx: np.ndarray  # [T, k] int16
+    topk_logit: np.ndarray  # [T, k] fp16
+    finite: bool
+    logits: torch.Tensor | None  # [T, C] float32, only where asked for
 
 
 # ---------------------------------------------------------------- shell
@@ -253,20 +303,18 @@ class TargetActor:
                 continue
             feats.append(x)
             keep.append(r)
-        logits = self.scorer.score(feats)
-        out_rows, frames = [], 0
+        scored = self.scorer.score_topk(feats, tc.k, fidelity_sample(feats, fidelity_frames))
+        out_rows, frames, fid_parts = [], 0, []
         sample_budget = fidelity_frames
-        fid_parts = []
-        for r, lg in zip(keep, logits):
-            if not torch.isfinite(lg).all():
+        for r, sc in zip(keep, scored):
+            if not sc.finite:
                 rejects.append(Reject(r["utt_id"], "non_finite_teacher_output", "", shard_id))
                 continue
-            idx, val = topk(lg, tc.k)
-            out_rows.append({"utt_id": r["utt_id"], **encode_topk(idx, val)})
-            frames += len(lg)
-            if sample_budget > 0:
-                fid_parts.append(fidelity(lg[:sample_budget]))
-                sample_budget -= len(lg)
+            out_rows.append({"utt_id": r["utt_id"], **encode_topk(sc.topk_idx, sc.topk_logit)})
+            frames += len(sc.topk_idx)
+            if sample_budget > 0 and sc.logits is not None:
+                fid_parts.append(fidelity(sc.logits[:sample_budget]))
+                sample_budget -= len(sc.logits)
         out = pa.Table.from_pylist(out_rows, schema=TARGET_SCHEMA)
         nbytes = ctx.storage.write_parquet(ctx.path("shards", f"{shard_id}.parquet"), out)
         ctx.storage.write_parquet(ctx.path("rejects", f"{shard_id}.parquet"),
@@ -276,6 +324,18 @@ class TargetActor:
                  "seconds": time.perf_counter() - t0, "fidelity": fid_parts}
         ctx.storage.write_json(ctx.shard_marker(shard_id), stats)
         return stats
+
+
+def fidelity_sample(feats: Sequence[np.ndarray], frames: int) -> list[int]:
+    """The utterances whose full logits the fidelity measure reads: the first ones, in
+    shard order, until `frames` frames."""
+    out = []
+    for u, x in enumerate(feats):
+        if frames <= 0:
+            break
+        out.append(u)
+        frames -= len(x)
+    return out
 
 
 def feature_shards(ctx: StepContext) -> list[str]:

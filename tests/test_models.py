@@ -41,6 +41,8 @@ def test_teacher_padded_batch_matches_packed_sequences_with_gradients():
     packed = pack_padded_sequence(x, lens, batch_first=True, enforce_sorted=False)
     ref = m.output(pad_packed_sequence(m.lstm(packed)[0], batch_first=True, total_length=17)[0])
     assert torch.allclose(y[mask], ref[mask], atol=1e-6)
+    # the GPU's path (cuDNN on packed sequences) is that same reference
+    assert torch.equal(m.output(m._run_packed(x, lens))[mask], ref[mask])
     grads = torch.autograd.grad(y[mask].square().sum(), list(m.parameters()))
     ref_grads = torch.autograd.grad(ref[mask].square().sum(), list(m.parameters()))
     for g, r in zip(grads, ref_grads):

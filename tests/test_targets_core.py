@@ -115,3 +115,30 @@ def test_fidelity_is_monotone_and_exact_at_full_k():
     # KL(rebuilt || full) of renormalised top-k is -log(mass kept), per frame
     one = fidelity(logits[:1], ks=(5,))[5]
     assert one["kl_sum"] == pytest.approx(-np.log(one["mass_sum"]), abs=2e-3)
+
+
+def test_topk_scoring_equals_full_scoring_then_topk():
+    """score_topk (top-k where the model ran) stores what score() + topk() stored,
+    across batches and split pieces, and returns full logits only where asked."""
+    torch.manual_seed(0)
+    model = TeacherBLSTM(12, 16, 2, 30)
+    rng = np.random.default_rng(5)
+    feats = [rng.standard_normal((n, 12)).astype(np.float32) for n in (3, 40, 250, 17, 9)]
+    mean, inv = np.zeros(12, np.float32), np.ones(12, np.float32)
+    scorer = TeacherScorer(model, mean, inv, batch_frames=100, max_frames=120, overlap=20)
+    full = scorer.score(feats)
+    scored = scorer.score_topk(feats, 5, full=[1, 2])
+    for u, (lg, sc) in enumerate(zip(full, scored)):
+        idx, val = topk(lg, 5)
+        assert np.array_equal(sc.topk_idx, idx) and np.array_equal(sc.topk_logit, val)
+        assert sc.finite
+        assert (sc.logits is not None) == (u in (1, 2))
+    torch.testing.assert_close(scored[2].logits, full[2])
+
+
+def test_fidelity_sample_takes_the_first_utterances_up_to_the_budget():
+    from tasks.targets import fidelity_sample
+    feats = [np.zeros((n, 2)) for n in (10, 5, 20, 7)]
+    assert fidelity_sample(feats, 12) == [0, 1]
+    assert fidelity_sample(feats, 0) == []
+    assert fidelity_sample(feats, 1000) == [0, 1, 2, 3]
