@@ -6,7 +6,9 @@
     jobs.py            one shard's utterances as a job (Kaldi's JOB): accumulate, align, stats;
                        run locally or as Ray actors, statistics summed on the driver
     tree.py            the phonetic decision tree, written by hand (kaldi-hmm-gmm has none)
-    train.py           the recipe: flat start, monophone rounds, tree, triphone rounds
+    lda_mllt.py        splicing, LDA and MLLT feature transforms, written by hand
+    train.py           the recipe: flat start, monophone rounds, tree, triphone rounds,
+                       optionally LDA + MLLT and a third tree and model
     ctm.py             frames -> phone CTM; closures folded back; scoring against a reference
     model_io.py        Kaldi files: binary tree, text final.mdl; pickles for Python reuse
 

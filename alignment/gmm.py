@@ -106,8 +106,34 @@ def update(tm: khg.TransitionModel, am: khg.AmDiagGmm, st: GmmStats, target_gaus
     tm.mle_update(st.trans, khg.MleTransitionUpdateConfig())
     if target_gauss > am.num_gauss:
         occs = np.array([o.sum() for o in st.occ], np.float32)
-        am.split_by_count(state_occs=occs, target_components=target_gauss,
-                          perturb_factor=0.01, power=power, min_count=20.0)
+        mix_up(am, occs, target_gauss, power, seed=am.num_gauss)
+
+
+def mix_up(am: khg.AmDiagGmm, occs: np.ndarray, target_gauss: int, power: float,
+           seed: int, perturb: float = 0.01, min_count: float = 20.0) -> None:
+    """gmm-mixup, reproducibly. kaldi-hmm-gmm's split perturbs the new means with a random
+    source that srand does not reach (the same model and statistics mixed up twice give
+    different models), so splits are taken unperturbed and perturbed here from a seeded
+    generator: each new Gaussian moves +perturb x N(0, var) from its parent, the parent as
+    much the other way, as Kaldi's DiagGmm::Split does."""
+    plan = khg.AmDiagGmm()  # Kaldi's allocation (occupancy^power, min_count), on a copy
+    plan.copy_from_am_diag_gmm(am)
+    plan.split_by_count(state_occs=occs, target_components=target_gauss, perturb_factor=0.0,
+                        power=power, min_count=min_count)
+    rng = np.random.default_rng(seed)
+    for j in range(am.num_pdfs):
+        pdf = am.get_pdf(j)  # a reference: split in place
+        first_new = pdf.num_gauss
+        if plan.num_gauss_in_pdf(j) <= first_new:
+            continue
+        parents = pdf.split(plan.num_gauss_in_pdf(j), 0.0)  # new Gaussian i copies parents[i]
+        means, sd = np.array(pdf.means, np.float64), np.sqrt(np.array(pdf.vars, np.float64))
+        for i, parent in enumerate(parents):
+            step = perturb * rng.standard_normal(means.shape[1]) * sd[parent]
+            means[first_new + i] += step
+            means[parent] -= step
+        pdf.set_means(means.astype(np.float32))
+        pdf.compute_gconsts()
 
 
 def equal_align(graph: kaldifst.StdVectorFst, num_frames: int) -> list[int] | None:

@@ -18,6 +18,7 @@ from alignment import gmm
 from alignment import lexicon_graphs as lg
 from alignment.ctm import fold_closures
 from alignment.features import FeatureOptions, mfcc, speaker_cmvn
+from alignment.lda_mllt import ClassStats, splice
 from alignment.tree import TreeStats, phone_contexts
 
 
@@ -71,6 +72,7 @@ class ShardJob:
             for u, f in zip(us, speaker_cmvn(raw)):
                 self.utts[u.utt_id] = Utterance(u.utt_id, spk, u.words)
                 self.feats[u.utt_id] = f
+        self.num_static = fopts.num_ceps  # the first columns: normalised static MFCCs
 
     def ids(self) -> list[str]:
         return [u for u in self.feats if u not in self.failed]
@@ -119,8 +121,34 @@ class ShardJob:
     def accumulate(self, tm: khg.TransitionModel, am: khg.AmDiagGmm) -> gmm.GmmStats:
         return gmm.accumulate(tm, am, [(self.feats[u], self.ali[u]) for u in self.ids()])
 
+    def class_stats(self, tm: khg.TransitionModel, per_class: bool) -> ClassStats:
+        """LDA / MLLT statistics of the current features, classes = the alignment's pdfs,
+        silence frames left out (Kaldi: weight-silence-post 0)."""
+        feats, classes = [], []
+        for u in self.ids():
+            phones, pdfs, _ = gmm.phones_and_pdfs(tm, self.ali[u])
+            speech = phones != self.lang.sil_id
+            feats.append(self.feats[u][speech])
+            classes.append(pdfs[speech])
+        dim = next(iter(self.feats.values())).shape[1] if self.feats else 0
+        x = np.concatenate(feats) if feats else np.zeros((0, dim), np.float32)
+        c = np.concatenate(classes) if classes else np.zeros(0, np.int64)
+        return ClassStats.of(x, c, tm.num_pdfs, per_class)
+
+    def set_transform(self, matrix: np.ndarray | None, context: int) -> JobReport:
+        """Features := the static MFCCs spliced over +-context frames, times `matrix`
+        ([out, in]; None: spliced only). The delta features are not kept."""
+        if not hasattr(self, "static"):
+            self.static = {u: f[:, :self.num_static].copy() for u, f in self.feats.items()}
+        for u, x in self.static.items():
+            spliced = splice(x, context)
+            self.feats[u] = (spliced if matrix is None
+                             else (spliced @ np.asarray(matrix, np.float32).T).astype(np.float32))
+        return self._report()
+
     def tree_stats(self, tm: khg.TransitionModel) -> TreeStats:
-        """acc-tree-stats on the current (monophone) alignments."""
+        """acc-tree-stats on the current alignments (monophone, or the triphone model's
+        before LDA + MLLT)."""
         dim = next(iter(self.feats.values())).shape[1] if self.feats else 0
         st = TreeStats(dim)
         state_of = gmm.hmm_states(tm)

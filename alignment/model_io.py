@@ -4,6 +4,7 @@
     model_text(tm, am)    Kaldi text `final.mdl`: TransitionModel then AmDiagGmm
                           (`gmm-copy --binary=true` makes it binary; kaldi-hmm-gmm writes only
                           the TransitionModel's text form, the AmDiagGmm part is written here)
+    matrix_text(m)        Kaldi text matrix (the LDA + MLLT `final.mat`)
     pickled(...)          the objects through kaldi-hmm-gmm's own pickle hooks, for Python use
 """
 from __future__ import annotations
@@ -36,6 +37,11 @@ def am_text(am: khg.AmDiagGmm) -> str:
                    + "<MEANS_INVVARS> " + _mat(g.means_invvars) + "<INV_VARS> "
                    + _mat(g.inv_vars) + "</DiagGMM> \n")
     return "".join(out)
+
+
+def matrix_text(m: np.ndarray) -> str:
+    """A Kaldi text matrix (`copy-matrix` reads it)."""
+    return _mat(m).lstrip()
 
 
 def model_text(tm: khg.TransitionModel, am: khg.AmDiagGmm) -> str:

@@ -1,4 +1,5 @@
-"""The alignment recipe (Kaldi's train_mono.sh then train_deltas.sh, one process, JOBs as
+"""The alignment recipe (Kaldi's train_mono.sh, train_deltas.sh and, with `lda_mllt`,
+train_lda_mllt.sh; one process, JOBs as
 `ShardJob`s): flat start from equal alignments, monophone rounds of accumulate / update /
 mix-up with realignment every `realign_every` iterations, tree statistics on the final
 monophone alignments, a decision tree to `num_senones` leaves, a context-dependent model
@@ -6,6 +7,7 @@ initialised from the tree's leaf statistics, and its own rounds of realignment.
 """
 from __future__ import annotations
 
+import functools
 import logging
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -16,6 +18,7 @@ import numpy as np
 from alignment import gmm
 from alignment import lexicon_graphs as lg
 from alignment.jobs import run_jobs
+from alignment.lda_mllt import ClassStats, lda, mllt
 from alignment.tree import Tree, TreeStats, build_tree, phone_contexts
 from amflow.senones import ContextTree
 
@@ -33,6 +36,9 @@ class RecipeOptions:
     beam: float = 10.0
     retry_beam: float = 40.0
     min_leaf_count: float = 50.0
+    lda_mllt: bool = False     # a third stage on LDA + MLLT features (Kaldi's tri2b)
+    splice_context: int = 3    # +-frames of static MFCCs the LDA sees
+    lda_dim: int = 40
 
 
 @dataclass
@@ -42,7 +48,8 @@ class Stage:
     tree: Any                        # khg.ContextDependency
     tm: Any                          # khg.TransitionModel
     am: Any                          # khg.AmDiagGmm
-    built: Tree | None = None        # the hand-built tree (triphone stage)
+    built: Tree | None = None        # the hand-built tree (triphone stages)
+    transform: np.ndarray | None = None  # LDA + MLLT [dim, 13 x splice] (lda_mllt stage)
 
 
 @dataclass
@@ -60,6 +67,8 @@ def _sum(items: list) -> Any:
         for x in items:
             total.add(x)
         return total
+    if isinstance(items[0], ClassStats):
+        return functools.reduce(ClassStats.add, items)
     tree_total = TreeStats(items[0].dim)
     for x in items:
         tree_total.merge(x)
@@ -119,10 +128,12 @@ def monophone(jobs: list, lang: lg.Lang, opts: RecipeOptions, hist: History) -> 
     return st
 
 
-def triphone(jobs: list, lang: lg.Lang, mono: Stage, opts: RecipeOptions,
-             hist: History) -> Stage:
+def triphone(jobs: list, lang: lg.Lang, prev: Stage, opts: RecipeOptions,
+             hist: History, name: str = "tri") -> Stage:
+    """A tree grown on `prev`'s alignments in the current features, a model initialised
+    from its leaves' statistics, and its rounds."""
     topo = lg.topology(lang)
-    stats: TreeStats = _sum(run_jobs(jobs, "tree_stats", mono.tm))
+    stats: TreeStats = _sum(run_jobs(jobs, "tree_stats", prev.tm))
     classes = {p: topo.num_pdf_classes(p) for p in topo.phones}
     built = build_tree(stats, classes, opts.num_senones, {lang.sil_id}, opts.min_leaf_count)
     tree = built.context_dependency()
@@ -134,8 +145,23 @@ def triphone(jobs: list, lang: lg.Lang, mono: Stage, opts: RecipeOptions,
         src = row if row[0] >= 1.0 else glob   # a leaf no frame reached: global stats
         mean = src[1:1 + d] / src[0]
         am.add_pdf(gmm.single_gaussian(mean, src[1 + d:] / src[0] - mean ** 2))
-    st = Stage("tri", tree, tm, am, built)
+    st = Stage(name, tree, tm, am, built)
     _train(jobs, st, opts.tri_iters, opts.tri_gauss, opts, hist, flat_start=False)
+    return st
+
+
+def lda_mllt(jobs: list, lang: lg.Lang, prev: Stage, opts: RecipeOptions,
+             hist: History) -> Stage:
+    """Kaldi's train_lda_mllt.sh: LDA on spliced static MFCCs with `prev`'s pdfs as classes,
+    an MLLT on top (lda_mllt.py), then a new tree and triphone model in that space."""
+    ctx = opts.splice_context
+    run_jobs(jobs, "set_transform", None, ctx)
+    a = lda(_sum(run_jobs(jobs, "class_stats", prev.tm, False)), opts.lda_dim)
+    run_jobs(jobs, "set_transform", a, ctx)
+    transform = mllt(_sum(run_jobs(jobs, "class_stats", prev.tm, True))) @ a
+    run_jobs(jobs, "set_transform", transform, ctx)
+    st = triphone(jobs, lang, prev, opts, hist, name="lda_mllt")
+    st.transform = transform
     return st
 
 
@@ -165,10 +191,14 @@ def train(jobs: list, lang: lg.Lang, opts: RecipeOptions,
     mono = monophone(jobs, lang, opts, hist)
     if on_stage:
         on_stage(mono, jobs)
-    tri = triphone(jobs, lang, mono, opts, hist)
+    final = triphone(jobs, lang, mono, opts, hist)
     if on_stage:
-        on_stage(tri, jobs)
-    return tri, hist
+        on_stage(final, jobs)
+    if opts.lda_mllt:
+        final = lda_mllt(jobs, lang, final, opts, hist)
+        if on_stage:
+            on_stage(final, jobs)
+    return final, hist
 
 
 def failures(jobs: list) -> dict[str, str]:

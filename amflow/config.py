@@ -1150,6 +1150,11 @@ class AlignConfig:
     # the outputs give closure frames to the preceding phone, as espeak-ng's phone events
     # do. Empty: none.
     closure_stops: list[str] = field(default_factory=lambda: ["p", "t", "k"])
+    # A third stage on LDA + MLLT features (Kaldi's train_lda_mllt.sh): static MFCCs spliced
+    # over +-splice_context frames, projected to lda_dim (alignment/lda_mllt.py).
+    lda_mllt: bool = False
+    splice_context: int = 3
+    lda_dim: int = 40
     # One Ray actor per select shard (Kaldi's JOBs); false: every shard in this process.
     use_ray: bool = True
 
@@ -1170,6 +1175,9 @@ class AlignConfig:
         _check(0 < self.sil_prob < 1, f"{key}.sil_prob", "must be in (0, 1)")
         _check(self.min_leaf_count > 0, f"{key}.min_leaf_count", "must be > 0")
         _check(self.audio in ("stored", "clean"), f"{key}.audio", "must be stored or clean")
+        _check(0 <= self.splice_context <= 10, f"{key}.splice_context", "must be in [0, 10]")
+        _check(1 <= self.lda_dim <= 13 * (2 * self.splice_context + 1), f"{key}.lda_dim",
+               "must be in [1, 13 x (2 align.splice_context + 1)]")
 
 
 @dataclass

@@ -112,11 +112,45 @@ def test_closures_get_their_own_phone_and_fold_into_the_phone_before():
                                   (pid["t"], 6, 1)]
 
 
+def _three_pdfs() -> "gmm.khg.AmDiagGmm":
+    am = gmm.khg.AmDiagGmm()
+    for j in range(3):
+        am.add_pdf(gmm.single_gaussian(np.full(4, float(j)), np.full(4, 0.5 + j)))
+    return am
+
+
+def test_mix_up_is_reproducible_and_splits_as_kaldi_allocates():
+    # kaldi-hmm-gmm's own split perturbs from a random source srand does not reach: the
+    # same model mixed up twice differed. gmm.mix_up takes the same allocation, seeded.
+    occs = np.array([100, 400, 900], np.float32)
+    a, b = _three_pdfs(), _three_pdfs()
+    for am in (a, b):
+        gmm.mix_up(am, occs, 10, power=0.2, seed=5)
+    kaldi = _three_pdfs()
+    kaldi.split_by_count(state_occs=occs, target_components=10, perturb_factor=0.01,
+                         power=0.2, min_count=20.0)
+    assert a.num_gauss == 10
+    for j in range(3):
+        assert a.num_gauss_in_pdf(j) == kaldi.num_gauss_in_pdf(j)
+        pa, pb = a.get_pdf(j), b.get_pdf(j)
+        np.testing.assert_array_equal(pa.means, pb.means)
+        np.testing.assert_array_equal(pa.weights, pb.weights)
+        assert len({tuple(m) for m in pa.means}) == pa.num_gauss  # split apart
+        # the perturbation is small against the parent's spread, and the weights still sum to 1
+        assert np.abs(pa.means - j).max() < 0.2 * np.sqrt(0.5 + j)
+        assert float(np.sum(pa.weights)) == pytest.approx(1.0, abs=1e-6)
+    other = _three_pdfs()
+    gmm.mix_up(other, occs, 10, power=0.2, seed=6)
+    assert not np.array_equal(other.get_pdf(2).means, a.get_pdf(2).means)
+
+
 def test_align_config_errors_name_the_key():
     with pytest.raises(ConfigError, match="align.retry_beam"):
         load_config(None, ["align.beam=20", "align.retry_beam=10"])
     with pytest.raises(ConfigError, match="align.splits"):
         load_config(None, ["align.splits=[bogus]"])
+    with pytest.raises(ConfigError, match="align.lda_dim"):
+        load_config(None, ["align.splice_context=1", "align.lda_dim=40"])  # 39 spliced dims
     assert load_config(None, ["align.num_senones=800"]).align.num_senones == 800
 
 
@@ -225,9 +259,17 @@ def test_align_step_end_to_end(tiny_corpus, tmp_path):
                               "select.splits=[labeled]", "select.hours=0.004",
                               "align.use_ray=false", "align.mono_iters=3", "align.tri_iters=2",
                               "align.num_senones=250", "align.tri_gauss=400",
-                              "align.mono_gauss=300"])
+                              "align.mono_gauss=300", "align.lda_mllt=true",
+                              "align.splice_context=2", "align.lda_dim=20"])
     redone = align.run(StepContext(cfg2, "r", "align"))  # (finished_at has 1 s resolution)
     assert redone["metrics"]["iterations"] != out["metrics"]["iterations"]
+    # with LDA + MLLT, a third stage on 20-dimensional features, its transform written
+    stages = {it["stage"] for it in redone["metrics"]["iterations"]}
+    assert stages == {"mono", "tri", "lda_mllt"}
+    assert redone["metrics"]["score_lda_mllt"]["frames"] > 0
+    mat = (d / "final.mat").read_text().split("]")[0].strip(" [\n").splitlines()
+    assert len(mat) == 20 and all(len(r.split()) == 13 * 5 for r in mat)
+    assert "<DIMENSION> 20 " in (d / "final.mdl").read_text()
     _a_student_run_takes_the_teachers_tree(tiny_corpus, tmp_path, d / "nn_tree.json")
 
 

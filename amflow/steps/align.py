@@ -177,6 +177,8 @@ def _write(ctx: StepContext, results: list[list[dict]], shards: list[dict], lang
     st.write_json(ctx.path("nn_tree.json"), plain)
     st.write_text(ctx.path("topo"), str(final.tm.topo))
     st.write_text(ctx.path("final.mdl"), model_io.model_text(final.tm, final.am))
+    if final.transform is not None:  # Kaldi's final.mat: the LDA + MLLT feature transform
+        st.write_text(ctx.path("final.mat"), model_io.matrix_text(final.transform))
     st.write_text(ctx.path("mono.mdl"), model_io.model_text(mono.tm, mono.am))
     st.write_bytes(ctx.path("model.pkl"), model_io.pickled(final.tree, final.tm, final.am))
     return written
@@ -185,7 +187,8 @@ def _write(ctx: StepContext, results: list[list[dict]], shards: list[dict], lang
 def _options(cfg: Config) -> RecipeOptions:
     a = cfg.align
     return RecipeOptions(a.num_senones, a.mono_iters, a.tri_iters, a.realign_every,
-                         a.mono_gauss, a.tri_gauss, a.beam, a.retry_beam, a.min_leaf_count)
+                         a.mono_gauss, a.tri_gauss, a.beam, a.retry_beam, a.min_leaf_count,
+                         a.lda_mllt, a.splice_context, a.lda_dim)
 
 
 def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
@@ -292,6 +295,7 @@ def _finish(ctx: StepContext, select: dict, jobs: list, shards: list[dict], resu
         "iterations": hist.iters, "realignments": hist.realignments,
         "frames": sum(len(r["phones"]) for rows in results for r in rows),
         "score_mono": scores.get("mono"), "score_tri": scores.get("tri"),
+        "score_lda_mllt": scores.get("lda_mllt"),
         "reject_reasons": reasons,
     }
     return ctx.finish(
