@@ -150,17 +150,38 @@ def align(tm: khg.TransitionModel, am: khg.AmDiagGmm, graph: kaldifst.StdVectorF
           acoustic_scale: float = 0.1) -> tuple[list[int] | None, float]:
     """gmm-align-compiled: Viterbi transition ids (None when no path survives the retry
     beam) and the alignment's acoustic log-likelihood."""
+    dec = khg.DecodableAmDiagGmmScaled(am=am, tm=tm, feats=feats, scale=acoustic_scale)
+    return _viterbi(tm, graph, dec, len(feats), beam, retry_beam, acoustic_scale)
+
+
+def align_loglikes(tm: khg.TransitionModel, graph: kaldifst.StdVectorFst,
+                   scaled: np.ndarray, beam: float, retry_beam: float,
+                   acoustic_scale: float = 0.1) -> tuple[list[int] | None, float]:
+    """The same search on given scaled log-likelihoods [T, num transition ids] (column
+    i - 1 for transition id i, e.g. alignment/nnet.py's): DecodableCtc reads them as is."""
+    dec = khg.DecodableCtc(np.ascontiguousarray(scaled, np.float32))
+    return _viterbi(tm, graph, dec, len(scaled), beam, retry_beam, acoustic_scale)
+
+
+def _viterbi(tm: khg.TransitionModel, graph: kaldifst.StdVectorFst, dec, num_frames: int,
+             beam: float, retry_beam: float, acoustic_scale: float
+             ) -> tuple[list[int] | None, float]:
     fst = graph.copy()
     khg.add_transition_probs(trans_model=tm, transition_scale=1.0, self_loop_scale=0.1,
                              fst=fst)
-    dec = khg.DecodableAmDiagGmmScaled(am=am, tm=tm, feats=feats, scale=acoustic_scale)
     cfg = khg.AlignConfig(beam=beam, retry_beam=retry_beam, careful=False)
     _, err, _, like, _, ali, _ = khg.align_utterance_wrapper(
         config=cfg, utt="u", acoustic_scale=acoustic_scale, fst=fst, decodable=dec,
         num_done=0, num_error=0, num_retried=0, tot_like=0.0, frame_count=0)
-    if err or len(ali) != len(feats):
+    if err or len(ali) != num_frames:
         return None, 0.0
     return list(ali), float(like)
+
+
+def pdf_of_transitions(tm: khg.TransitionModel) -> np.ndarray:
+    """pdf of every transition id (index 0 unused)."""
+    return np.array([0] + [tm.transition_id_to_pdf(t)
+                           for t in range(1, tm.num_transition_ids + 1)], np.int64)
 
 
 def phones_and_pdfs(tm: khg.TransitionModel, ali: list[int]) -> tuple[np.ndarray, np.ndarray,

@@ -118,6 +118,42 @@ class ShardJob:
         rep.aligned, rep.failed = len(self.ali), dict(self.failed)
         return rep
 
+    def nnet_examples(self, tm: khg.TransitionModel, folds: int
+                      ) -> tuple[list[np.ndarray], list[np.ndarray], list[int]]:
+        """(features, pdf per frame, fold) of every aligned utterance: the alignment
+        network's training data."""
+        from alignment import nnet
+
+        ids = [u for u in self.ids() if u in self.ali]
+        return ([self.feats[u] for u in ids],
+                [gmm.phones_and_pdfs(tm, self.ali[u])[1] for u in ids],
+                [nnet.fold_of(u, folds) for u in ids])
+
+    def align_nnet(self, tm: khg.TransitionModel, nets: list, log_priors: list[np.ndarray],
+                   scale: float, beam: float, retry_beam: float) -> JobReport:
+        """Realign with the alignment networks' scaled likelihoods (alignment/nnet.py),
+        each utterance with the network that did not train on it (its fold's)."""
+        import torch
+
+        from alignment import nnet
+
+        torch.set_num_threads(1)  # one actor per core
+        pdf_of = gmm.pdf_of_transitions(tm)
+        rep = JobReport()
+        for u in self.ids():
+            k = nnet.fold_of(u, len(nets))
+            scaled = nnet.scaled_loglikes(nets[k], self.feats[u], log_priors[k], pdf_of, scale)
+            ali, like = gmm.align_loglikes(tm, self.graphs[u], scaled, beam, retry_beam, scale)
+            if ali is None:
+                self.failed[u] = f"align_failed: no path within retry beam {retry_beam} (network)"
+                self.ali.pop(u, None)
+                continue
+            self.ali[u] = ali
+            rep.loglike += like
+            rep.frames += len(ali)
+        rep.aligned, rep.failed = len(self.ali), dict(self.failed)
+        return rep
+
     def accumulate(self, tm: khg.TransitionModel, am: khg.AmDiagGmm) -> gmm.GmmStats:
         return gmm.accumulate(tm, am, [(self.feats[u], self.ali[u]) for u in self.ids()])
 

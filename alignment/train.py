@@ -7,18 +7,21 @@ initialised from the tree's leaf statistics, and its own rounds of realignment.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import kaldi_hmm_gmm as khg  # first: see alignment/__init__.py
 import numpy as np
 
-from alignment import gmm
+from alignment import gmm, nnet
 from alignment import lexicon_graphs as lg
 from alignment.jobs import run_jobs
 from alignment.lda_mllt import ClassStats, lda, mllt
+from alignment.nnet import NnetOptions
 from alignment.tree import Tree, TreeStats, build_tree, phone_contexts
 from amflow.senones import ContextTree
 
@@ -39,6 +42,7 @@ class RecipeOptions:
     lda_mllt: bool = False     # a third stage on LDA + MLLT features (Kaldi's tri2b)
     splice_context: int = 3    # +-frames of static MFCCs the LDA sees
     lda_dim: int = 40
+    nnet: NnetOptions = field(default_factory=NnetOptions)  # realignment by a network
 
 
 @dataclass
@@ -57,6 +61,7 @@ class History:
     iters: list[dict] = field(default_factory=list)  # stage, iter, loglike/frame, gauss, realigned
     realignments: dict[str, int] = field(default_factory=dict)
     nn_senones: int | None = None   # leaves of the network's tree (network_tree)
+    nnet: list[dict] = field(default_factory=list)  # alignment-network rounds
 
 
 def _sum(items: list) -> Any:
@@ -165,6 +170,37 @@ def lda_mllt(jobs: list, lang: lg.Lang, prev: Stage, opts: RecipeOptions,
     return st
 
 
+def nnet_realign(jobs: list, prev: Stage, opts: RecipeOptions, hist: History) -> Stage:
+    """Rounds of: train the alignment network (alignment/nnet.py) on the current
+    alignments, realign with it. The model files stay `prev`'s; the alignments change."""
+    no = opts.nnet
+    folds = max(no.folds, 1)
+    for r in range(no.rounds):
+        t0 = time.perf_counter()
+        parts = run_jobs(jobs, "nnet_examples", prev.tm, folds)
+        feats, labels, fold = ([x for p in parts for x in p[i]] for i in range(3))
+        nets, priors, losses = [], [], []
+        for k in range(folds):
+            keep = [i for i, f in enumerate(fold) if f != k or folds == 1]
+            if not keep:
+                raise RuntimeError(f"nnet realignment: fold {k} leaves nothing to train on")
+            net, log_priors, xent = nnet.train([feats[i] for i in keep],
+                                               [labels[i] for i in keep], prev.tm.num_pdfs, no)
+            nets.append(net)
+            priors.append(log_priors)
+            losses.append([round(x, 4) for x in xent])
+        reps = run_jobs(jobs, "align_nnet", prev.tm, nets, priors, no.acoustic_scale,
+                        opts.beam, opts.retry_beam)
+        hist.realignments["nnet"] = hist.realignments.get("nnet", 0) + 1
+        hist.nnet.append({"round": r, "frames": int(sum(len(y) for y in labels)),
+                          "folds": folds, "xent_per_epoch": losses,
+                          "aligned": sum(x.aligned for x in reps),
+                          "seconds": round(time.perf_counter() - t0, 1)})
+        log.info("align nnet round %d: cross-entropy per fold and epoch %s over %d frames, "
+                 "%d aligned", r, losses, hist.nnet[-1]["frames"], hist.nnet[-1]["aligned"])
+    return dataclasses.replace(prev, name="nnet")
+
+
 def network_tree(jobs: list, lang: lg.Lang, final: Stage, num_leaves: int,
                  min_count: float) -> Tree:
     """The network's tree (one pdf class per phone, Kaldi's chain build_tree.sh idea): the
@@ -196,6 +232,10 @@ def train(jobs: list, lang: lg.Lang, opts: RecipeOptions,
         on_stage(final, jobs)
     if opts.lda_mllt:
         final = lda_mllt(jobs, lang, final, opts, hist)
+        if on_stage:
+            on_stage(final, jobs)
+    if opts.nnet.rounds:
+        final = nnet_realign(jobs, final, opts, hist)
         if on_stage:
             on_stage(final, jobs)
     return final, hist

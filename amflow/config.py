@@ -1155,6 +1155,13 @@ class AlignConfig:
     lda_mllt: bool = False
     splice_context: int = 3
     lda_dim: int = 40
+    # Rounds of realignment by a full-rate alignment network (alignment/nnet.py: an MLP on
+    # +-nnet_context frames of the final features, trained on the current alignments,
+    # nnet_epochs each; its scaled likelihoods replace the GMMs'); 0: off.
+    nnet_rounds: int = 0
+    nnet_context: int = 5
+    nnet_epochs: int = 4
+    nnet_acoustic_scale: float = 0.1
     # One Ray actor per select shard (Kaldi's JOBs); false: every shard in this process.
     use_ray: bool = True
 
@@ -1178,6 +1185,10 @@ class AlignConfig:
         _check(0 <= self.splice_context <= 10, f"{key}.splice_context", "must be in [0, 10]")
         _check(1 <= self.lda_dim <= 13 * (2 * self.splice_context + 1), f"{key}.lda_dim",
                "must be in [1, 13 x (2 align.splice_context + 1)]")
+        _check(self.nnet_rounds >= 0, f"{key}.nnet_rounds", "must be >= 0")
+        _check(0 <= self.nnet_context <= 20, f"{key}.nnet_context", "must be in [0, 20]")
+        _check(self.nnet_epochs >= 1, f"{key}.nnet_epochs", "must be >= 1")
+        _check(self.nnet_acoustic_scale > 0, f"{key}.nnet_acoustic_scale", "must be > 0")
 
 
 @dataclass

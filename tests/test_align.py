@@ -260,13 +260,19 @@ def test_align_step_end_to_end(tiny_corpus, tmp_path):
                               "align.use_ray=false", "align.mono_iters=3", "align.tri_iters=2",
                               "align.num_senones=250", "align.tri_gauss=400",
                               "align.mono_gauss=300", "align.lda_mllt=true",
-                              "align.splice_context=2", "align.lda_dim=20"])
+                              "align.splice_context=2", "align.lda_dim=20",
+                              "align.nnet_rounds=1", "align.nnet_epochs=1"])
     redone = align.run(StepContext(cfg2, "r", "align"))  # (finished_at has 1 s resolution)
     assert redone["metrics"]["iterations"] != out["metrics"]["iterations"]
     # with LDA + MLLT, a third stage on 20-dimensional features, its transform written
     stages = {it["stage"] for it in redone["metrics"]["iterations"]}
     assert stages == {"mono", "tri", "lda_mllt"}
     assert redone["metrics"]["score_lda_mllt"]["frames"] > 0
+    # then a round of realignment by the alignment network (alignment/nnet.py)
+    rounds = redone["metrics"]["nnet_rounds"]
+    assert len(rounds) == 1 and rounds[0]["aligned"] > 0 and rounds[0]["frames"] > 0
+    assert redone["metrics"]["score_nnet"]["frames"] > 0
+    assert redone["metrics"]["realignments"]["nnet"] == 1
     mat = (d / "final.mat").read_text().split("]")[0].strip(" [\n").splitlines()
     assert len(mat) == 20 and all(len(r.split()) == 13 * 5 for r in mat)
     assert "<DIMENSION> 20 " in (d / "final.mdl").read_text()

@@ -35,6 +35,7 @@ from alignment import ctm as C
 from alignment import lexicon_graphs as lg
 from alignment import model_io
 from alignment.features import FeatureOptions
+from alignment.nnet import NnetOptions
 from alignment.jobs import ShardJob, Utterance, run_jobs
 from alignment.train import (RecipeOptions, Stage, failures, frame_classes, network_tree,
                              train)
@@ -188,7 +189,9 @@ def _options(cfg: Config) -> RecipeOptions:
     a = cfg.align
     return RecipeOptions(a.num_senones, a.mono_iters, a.tri_iters, a.realign_every,
                          a.mono_gauss, a.tri_gauss, a.beam, a.retry_beam, a.min_leaf_count,
-                         a.lda_mllt, a.splice_context, a.lda_dim)
+                         a.lda_mllt, a.splice_context, a.lda_dim,
+                         NnetOptions(a.nnet_rounds, a.nnet_context, epochs=a.nnet_epochs,
+                                     acoustic_scale=a.nnet_acoustic_scale))
 
 
 def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
@@ -295,7 +298,8 @@ def _finish(ctx: StepContext, select: dict, jobs: list, shards: list[dict], resu
         "iterations": hist.iters, "realignments": hist.realignments,
         "frames": sum(len(r["phones"]) for rows in results for r in rows),
         "score_mono": scores.get("mono"), "score_tri": scores.get("tri"),
-        "score_lda_mllt": scores.get("lda_mllt"),
+        "score_lda_mllt": scores.get("lda_mllt"), "score_nnet": scores.get("nnet"),
+        "nnet_rounds": hist.nnet,
         "reject_reasons": reasons,
     }
     return ctx.finish(
