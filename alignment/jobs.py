@@ -105,11 +105,18 @@ class ShardJob:
 
     def align(self, tm: khg.TransitionModel, am: khg.AmDiagGmm, beam: float,
               retry_beam: float) -> JobReport:
+        return self._realign(
+            lambda u: gmm.align(tm, am, self.graphs[u], self.feats[u], beam, retry_beam),
+            f"no path within retry beam {retry_beam}")
+
+    def _realign(self, search: Callable[[str], tuple[list[int] | None, float]],
+                 why: str) -> JobReport:
+        """Every utterance's alignment := search(utt); one that finds no path fails."""
         rep = JobReport()
         for u in self.ids():
-            ali, like = gmm.align(tm, am, self.graphs[u], self.feats[u], beam, retry_beam)
+            ali, like = search(u)
             if ali is None:
-                self.failed[u] = f"align_failed: no path within retry beam {retry_beam}"
+                self.failed[u] = f"align_failed: {why}"
                 self.ali.pop(u, None)
                 continue
             self.ali[u] = ali
@@ -139,20 +146,12 @@ class ShardJob:
 
         torch.set_num_threads(1)  # one actor per core
         pdf_of = gmm.pdf_of_transitions(tm)
-        rep = JobReport()
-        for u in self.ids():
+
+        def search(u: str) -> tuple[list[int] | None, float]:
             k = nnet.fold_of(u, len(nets))
             scaled = nnet.scaled_loglikes(nets[k], self.feats[u], log_priors[k], pdf_of, scale)
-            ali, like = gmm.align_loglikes(tm, self.graphs[u], scaled, beam, retry_beam, scale)
-            if ali is None:
-                self.failed[u] = f"align_failed: no path within retry beam {retry_beam} (network)"
-                self.ali.pop(u, None)
-                continue
-            self.ali[u] = ali
-            rep.loglike += like
-            rep.frames += len(ali)
-        rep.aligned, rep.failed = len(self.ali), dict(self.failed)
-        return rep
+            return gmm.align_loglikes(tm, self.graphs[u], scaled, beam, retry_beam, scale)
+        return self._realign(search, f"no path within retry beam {retry_beam} (network)")
 
     def accumulate(self, tm: khg.TransitionModel, am: khg.AmDiagGmm) -> gmm.GmmStats:
         return gmm.accumulate(tm, am, [(self.feats[u], self.ali[u]) for u in self.ids()])
