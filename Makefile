@@ -25,8 +25,9 @@ demo: setup
 # Tests marked `isolated` need a process in which no in-process Ray ever ran.
 # Tests marked `cluster` (the rehearsal, ~20 min) run with `make rehearsal` only.
 # Tests marked `exhaustive` sweep a whole input space (minutes): make test-exhaustive.
+# The main pass lists its 25 slowest tests (where make test's time goes).
 test: setup
-	$(VENV)/bin/pytest -q -rs -m "not isolated and not cluster and not exhaustive" tests
+	$(VENV)/bin/pytest -q -rs --durations=25 -m "not isolated and not cluster and not exhaustive" tests
 	$(VENV)/bin/pytest -q -rs -m "isolated and not cluster and not exhaustive" tests
 
 test-exhaustive: setup
