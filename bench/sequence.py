@@ -81,7 +81,7 @@ def _steps(ctx: StepContext, index: SplitIndex, norm: Normalizer, num_classes: i
     losses = {"ce": lambda logits, b: ce_loss(logits, b.labels)}
     for name, crit in crits.items():
         losses[name] = lambda logits, b, crit=crit: crit(logits, b.labels, chunked=True)
-    models = {k: copy.deepcopy(base) for k in losses}
+    models = {k: copy.deepcopy(base).to(device) for k in losses}  # .to: cuDNN flat weights
     opts = {k: torch.optim.Adam(m.parameters(), lr=1e-4) for k, m in models.items()}
     spec = PassSpec(mode="chunk", chunk_frames=tc.batches.chunk_frames,
                     left_context=tc.batches.chunk_left_context, right_context=mc.student.lookahead,
