@@ -187,6 +187,29 @@ class Standalone:
             return state if state in ("success", "failed") else None
         return self.wait(finished, timeout, f"{dag_id} {run_id} to finish")
 
+    def settle(self, dag_id: str, run_id: str, quiet_s: float = 8.0,
+               timeout: float = 240) -> str:
+        """The run's final state, once it has been final for `quiet_s`. A task's state
+        turns success (execution API) a few seconds before its worker exits and the
+        scheduler takes the executor event; Airflow 3.3 can lose a clear issued in that
+        window or while the scheduler is marking the run finished: the run stays
+        "success" and nothing re-runs (two CI failures, 2026-11-25 and 2026-11-26: the
+        scheduler logged the run successful 40 ms before the clear request and the last
+        task's executor event 4 s after it)."""
+        state = self.wait_run(dag_id, run_id, timeout)
+        time.sleep(quiet_s)
+        return state
+
+    def clear_taken(self, issue, took, within: float = 45.0) -> None:
+        """Run `issue()` (a clear) and wait until `took()`; a clear that shows no effect
+        after `within` seconds (the race `settle` avoids) is issued once more, as a user
+        would who sees nothing happen."""
+        issue()
+        try:
+            self.wait(took, within, "the clear to take effect")
+        except AssertionError:
+            issue()
+
     def task_instances(self, dag_id: str, run_id: str) -> dict[str, dict]:
         data = self.get(f"/api/v2/dags/{dag_id}/dagRuns/{_q(run_id)}/taskInstances")
         return {t["task_id"]: t for t in data["task_instances"]}

@@ -94,10 +94,21 @@ def test_trigger_log_xcom_long_step_and_clear_one_task(airflow, tmp_path):
     # Clear one task of the finished run: that step alone runs again, same run id, redone.
     from tests.airflow_env import _q
 
-    cleared = airflow.request("POST", "/api/v2/dags/ssl_student/clearTaskInstances",
-                              {"dag_run_id": run_id, "task_ids": ["repartition"],
-                               "dry_run": False, "only_failed": False,
-                               "include_downstream": False, "reset_dag_runs": True})
+    airflow.settle("ssl_student", run_id)
+    responses = []
+
+    def clear():
+        responses.append(airflow.request(
+            "POST", "/api/v2/dags/ssl_student/clearTaskInstances",
+            {"dag_run_id": run_id, "task_ids": ["repartition"], "dry_run": False,
+             "only_failed": False, "include_downstream": False, "reset_dag_runs": True}))
+
+    def repartition_moved():
+        ti = airflow.task_instances("ssl_student", run_id)["repartition"]
+        return ti["try_number"] >= 2 or ti["state"] != "success"
+
+    airflow.clear_taken(clear, repartition_moved)
+    cleared = responses[0]
     assert [t["task_id"] for t in cleared["task_instances"]] == ["repartition"], cleared
 
     # Wait on the task's second try first: a run-state poll right after the clear can
@@ -294,22 +305,32 @@ def test_documented_backfill_commands_do_what_the_text_says(airflow, tmp_path):
             done = all(tis[t]["state"] in ("success", "skipped") for t in tis)  # align: ctm
             return done and tries == expected
         airflow.wait(reached, 240, f"tries {expected}")
+        airflow.settle("ssl_student", run_id)  # before the next clear (see settle)
         others = {t: ti["try_number"] for t, ti in
                   airflow.task_instances("ssl_student", run_id).items() if t not in expected}
         assert set(others.values()) == {1}, others  # nothing else re-ran
+
+    def run_clear(block: str, task: str) -> None:
+        before = airflow.task_instances("ssl_student", run_id)[task]["try_number"]
+
+        def moved():
+            ti = airflow.task_instances("ssl_student", run_id)[task]
+            return ti["try_number"] > before or ti["state"] != "success"
+        airflow.clear_taken(lambda: run_doc(block), moved)
 
     after_train = _downstream(airflow, "train")
     assert "evaluate" in after_train
     lines = [x for x in cli.splitlines() if x.strip()]
     listed, clear_train, clear_evaluate = lines
     assert run_id in run_doc(listed)
-    run_doc(clear_train)  # train and what follows it (evaluate)
+    airflow.settle("ssl_student", run_id)
+    run_clear(clear_train, "train")  # train and what follows it (evaluate)
     tries_become({"train": 2, **{t: 2 for t in after_train}})
-    run_doc(clear_evaluate)  # evaluate and evaluate_sequence (-t is a substring), no more
+    run_clear(clear_evaluate, "evaluate")  # evaluate and evaluate_sequence (-t: a substring)
     evals = {t for t in after_train if "evaluate" in t}
     assert evals == {"evaluate", "evaluate_sequence"}
     tries_become({"train": 2, **{t: 2 for t in after_train}, **{t: 3 for t in evals}})
-    run_doc(rest)  # REST: train with what follows it
+    run_clear(rest, "train")  # REST: train with what follows it
     tries_become({"train": 3, **{t: 3 for t in after_train}, **{t: 4 for t in evals}})
     store_run = _xcom(airflow, run_id, "train")["run_id"]
     steps = [c["step"] for c in calls(work / "store", store_run)]
