@@ -281,6 +281,9 @@ def toy_worker(plan: dict) -> dict:
         if (plan.get("crash_at") == step and rank == plan.get("crash_rank", 1)
                 and not os.path.exists(plan["crash_marker"])):
             Path(plan["crash_marker"]).write_text(f"killed rank {rank} at step {step}\n")
+            # let the reports already sent reach the controller: on a loaded machine the
+            # group once died before even step 2's was registered, and restarted from 0
+            time.sleep(2.0)
             os._exit(1)
         g = torch.Generator().manual_seed(1000 * step + rank)
         x = torch.randn(4, 6, 5, generator=g)
