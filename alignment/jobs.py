@@ -55,6 +55,7 @@ class ShardJob:
         self._features(utts, fopts)
         self.graphs: dict[str, Any] = {}
         self.ali: dict[str, list[int]] = {}
+        self.static: dict[str, np.ndarray] | None = None  # kept by the first set_transform
 
     def _features(self, utts: list[Utterance], fopts: FeatureOptions) -> None:
         by_spk: dict[str, list[Utterance]] = {}
@@ -173,12 +174,12 @@ class ShardJob:
     def set_transform(self, matrix: np.ndarray | None, context: int) -> JobReport:
         """Features := the static MFCCs spliced over +-context frames, times `matrix`
         ([out, in]; None: spliced only). The delta features are not kept."""
-        if not hasattr(self, "static"):
+        if self.static is None:
             self.static = {u: f[:, :self.num_static].copy() for u, f in self.feats.items()}
+        project = None if matrix is None else np.asarray(matrix, np.float32).T
         for u, x in self.static.items():
             spliced = splice(x, context)
-            self.feats[u] = (spliced if matrix is None
-                             else (spliced @ np.asarray(matrix, np.float32).T).astype(np.float32))
+            self.feats[u] = spliced if project is None else (spliced @ project).astype(np.float32)
         return self._report()
 
     def tree_stats(self, tm: khg.TransitionModel) -> TreeStats:

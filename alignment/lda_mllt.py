@@ -16,11 +16,16 @@ import numpy as np
 import scipy.linalg
 
 
+def edge_pad(x: np.ndarray, context: int) -> np.ndarray:
+    """[T, D] -> [T + 2 context, D]: the first and last frames repeated `context` times."""
+    return np.concatenate([np.repeat(x[:1], context, 0), x, np.repeat(x[-1:], context, 0)])
+
+
 def splice(x: np.ndarray, context: int) -> np.ndarray:
     """[T, D] -> [T, D * (2 context + 1)]: each frame with its neighbours, edges repeated."""
     if context == 0 or len(x) == 0:
         return x
-    padded = np.concatenate([np.repeat(x[:1], context, 0), x, np.repeat(x[-1:], context, 0)])
+    padded = edge_pad(x, context)
     return np.concatenate([padded[i:i + len(x)] for i in range(2 * context + 1)], axis=1)
 
 
@@ -69,13 +74,19 @@ def lda(stats: ClassStats, dim: int) -> np.ndarray:
     return vectors[:, top].T
 
 
-def mllt(stats: ClassStats, iters: int = 10) -> np.ndarray:
-    """[D, D] square transform H maximising the likelihood of diagonal Gaussians (one per
-    class) on H x: Gales' row-by-row semi-tied covariance update."""
+def _covariances(stats: ClassStats) -> tuple[np.ndarray, np.ndarray]:
+    """(frames [C'], full covariance [C', D, D]) of the classes seen more than once
+    (per-class statistics)."""
     seen = stats.count > 1
     n = stats.count[seen]
     means = stats.total[seen] / n[:, None]
-    cov = stats.scatter[seen] / n[:, None, None] - means[:, :, None] * means[:, None, :]
+    return n, stats.scatter[seen] / n[:, None, None] - means[:, :, None] * means[:, None, :]
+
+
+def mllt(stats: ClassStats, iters: int = 10) -> np.ndarray:
+    """[D, D] square transform H maximising the likelihood of diagonal Gaussians (one per
+    class) on H x: Gales' row-by-row semi-tied covariance update."""
+    n, cov = _covariances(stats)
     beta = n.sum()
     d = cov.shape[1]
     h = np.eye(d)
@@ -92,9 +103,6 @@ def mllt(stats: ClassStats, iters: int = 10) -> np.ndarray:
 def objective(stats: ClassStats, h: np.ndarray) -> float:
     """Average log-likelihood gain terms of diagonal Gaussians on H x (up to a constant):
     log |det H| - 0.5 sum_c n_c log prod diag(H C_c H^T) / N."""
-    seen = stats.count > 1
-    n = stats.count[seen]
-    means = stats.total[seen] / n[:, None]
-    cov = stats.scatter[seen] / n[:, None, None] - means[:, :, None] * means[:, None, :]
+    n, cov = _covariances(stats)
     diag = np.einsum("ij,cjk,ik->ci", h, cov, h)
     return float(np.log(abs(np.linalg.det(h))) - 0.5 * (n[:, None] * np.log(diag)).sum() / n.sum())

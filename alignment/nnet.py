@@ -20,6 +20,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from alignment.lda_mllt import edge_pad
+
 
 @dataclass
 class NnetOptions:
@@ -43,8 +45,7 @@ class FrameNet(nn.Module):
 
     def __init__(self, dim: int, context: int, hidden: int, layers: int, num_pdfs: int):
         super().__init__()
-        self.spec = {"dim": dim, "context": context, "hidden": hidden, "layers": layers,
-                     "num_pdfs": num_pdfs}
+        self.context = context
         sizes = [dim * (2 * context + 1)] + [hidden] * layers
         body: list[nn.Module] = []
         for a, b in zip(sizes, sizes[1:]):
@@ -60,8 +61,7 @@ class Frames:
     spliced frames is one gather (no copy of every frame's neighbours)."""
 
     def __init__(self, feats: list[np.ndarray], context: int):
-        pad = [np.concatenate([np.repeat(f[:1], context, 0), f, np.repeat(f[-1:], context, 0)])
-               for f in feats]
+        pad = [edge_pad(f, context) for f in feats]
         starts = np.cumsum([0] + [len(p) for p in pad[:-1]])
         self.x = torch.from_numpy(np.concatenate(pad).astype(np.float32))
         self.centre = torch.from_numpy(np.concatenate(
@@ -106,6 +106,6 @@ def scaled_loglikes(net: FrameNet, feats: np.ndarray, log_priors: np.ndarray,
                     pdf_of_tid: np.ndarray, scale: float) -> np.ndarray:
     """[T, num transition ids] float32: scale x (log p(pdf | x) - log p(pdf)) of each
     transition id's pdf, column i - 1 for transition id i (DecodableCtc's layout)."""
-    frames = Frames([feats], net.spec["context"])
+    frames = Frames([feats], net.context)
     logp = torch.log_softmax(net(frames.batch(torch.arange(len(frames)))), -1).numpy()
     return (scale * (logp - log_priors)[:, pdf_of_tid[1:]]).astype(np.float32)
