@@ -17,9 +17,11 @@ still lets serve.acwt override it: a user key.)
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
+import shutil
 import tempfile
 from dataclasses import dataclass
 from typing import Any, Sequence
@@ -111,7 +113,13 @@ def ensure_graph(storage, graph_root: str, lex: Lexicon, lex_text: str, arpa: st
         with open(os.path.join(tmp, n), "rb") as f:
             storage.write_bytes(join(remote, n), f.read())
     log.info("graph %s: %s", key, graph.info)
-    return (local if storage.local_path(remote) else tmp), graph.info
+    if not storage.local_path(remote):
+        # publish into this machine's cache, where the next decode looks first
+        os.makedirs(os.path.dirname(local), exist_ok=True)
+        with contextlib.suppress(OSError):  # another process published it first
+            os.replace(tmp, local)
+    shutil.rmtree(tmp, ignore_errors=True)
+    return local, graph.info
 
 
 def tuned_acwt(storage, decode_result_uri: str, default: float) -> tuple[float, str]:

@@ -17,7 +17,7 @@ from tests.airflow_env import ROOT, _q, calls, fake_config, shared_standalone
 
 EMPTY_CHOICE = "(empty: the config file's)"  # dags/amflow_common.py
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.waits]
 
 CHROMIUM = "/usr/bin/chromium"
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",

@@ -14,7 +14,7 @@ import pytest
 
 from tests.airflow_env import TOKEN_LIFETIME_S, Standalone, calls, fake_config, shared_standalone
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.waits]
 
 
 @pytest.fixture(scope="module")

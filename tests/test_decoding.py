@@ -327,3 +327,31 @@ def test_decode_workers_are_capped_at_the_clusters_cpus():
     assert _workers_that_fit(2, {"CPU": 8.0}) == 2
     with pytest.raises(StepError, match="no CPU"):
         _workers_that_fit(2, {"GPU": 1.0})
+
+
+@pytest.mark.parametrize("where", ["local", "s3"])
+def test_a_built_graph_is_kept_once_and_leaves_no_temp_dir(where, tmp_path, monkeypatch, request):
+    """The graph cache: one copy under graph_root (and, for S3, one in this machine's
+    cache, where the next decode finds it); the build's temp dir is gone either way."""
+    import os
+    import tempfile
+
+    from amflow.config import load_config
+    from amflow.storage import Storage
+    from decoding.assets import GRAPH_FILES, ensure_graph
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    if where == "s3":
+        bucket, overrides = request.getfixturevalue("s3_bucket")
+        storage, root = Storage(load_config(None, overrides).storage), f"s3://{bucket}/graphs"
+    else:
+        storage, root = Storage(), str(tmp_path / "graphs")
+    arpa = lm.estimate(_sentences(), 3).to_arpa()
+    args = (storage, root, L.read_lexicon(LEXICON), LEXICON, arpa, CLASSES, 0.5)
+    local, _ = ensure_graph(*args)
+    assert set(os.listdir(local)) == set(GRAPH_FILES)
+    cache = root if where == "local" else str(tmp_path / "tmp" / "amflow-graph")
+    assert local.startswith(cache)
+    assert [d for d in os.listdir(tmp_path / "tmp") if d.startswith("amflow-graph-")] == []
+    assert ensure_graph(*args)[0] == local
