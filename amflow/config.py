@@ -264,7 +264,9 @@ class TargetsConfig:
     max_frames: int = 20000  # longer utterances are split into pieces of this size
     device: str = "auto"  # auto | cpu | cuda (resolved inside each actor)
     num_gpus_per_actor: float = -1.0  # -1: 1 when the cluster has GPUs and device allows
-    fp16: bool = True  # half precision on GPU
+    # Half precision on GPU: true | false | auto (fp16 on GPUs before Ampere, where it is
+    # faster; fp32 from Ampere on, where TF32 is: amflow/precision.py, bench/GPU.md).
+    fp16: Any = "auto"
     fp16_on_cpu: bool = False  # run the fp16 GPU path on CPU (tests, debugging)
     # CPU actors: auto = bf16 when the CPU has native bf16 (AMX / AVX512-BF16), else fp32.
     cpu_precision: str = "auto"  # auto | fp32 | bf16
@@ -273,6 +275,8 @@ class TargetsConfig:
     def validate(self, key: str) -> None:
         _check(self.k >= 1, f"{key}.k", "must be >= 1")
         _check(self.actors >= 1, f"{key}.actors", "must be >= 1")
+        _check(isinstance(self.fp16, bool) or self.fp16 == "auto", f"{key}.fp16",
+               f"must be true, false or auto, got {self.fp16!r}")
         _check(self.device in ("auto", "cpu", "cuda"), f"{key}.device", "must be auto, cpu or cuda")
         _check(self.cpu_precision in ("auto", "fp32", "bf16"), f"{key}.cpu_precision",
                "must be auto, fp32 or bf16")
@@ -850,7 +854,8 @@ class ServeConfig:
     # CPU a forward of 1 stream costs about what one of 8 does (serving/dispatch.py).
     max_wait_ms: float = 50.0
     search_threads: int = 1
-    # Model precision: auto = fp16 on a GPU, fp32 on a CPU; fp16 | bf16 | fp32.
+    # Model precision: auto = fp16 on GPUs before Ampere, else fp32 (amflow/precision.py);
+    # fp16 | bf16 | fp32.
     dtype: str = "auto"
     device: str = "auto"  # auto | cpu | cuda
     threads: int = 1  # torch threads per replica

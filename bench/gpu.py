@@ -265,8 +265,13 @@ def _environment() -> dict[str, Any]:
     env = {"torch": torch.__version__, "cpu_threads": torch.get_num_threads(),
            "cuda": torch.cuda.is_available()}
     if env["cuda"]:
+        from amflow.precision import gpu_fp16_pays
+
         env["gpu"] = torch.cuda.get_device_name(0)
         env["cuda_version"] = torch.version.cuda
+        env["compute_capability"] = ".".join(map(str, torch.cuda.get_device_capability(0)))
+        # what `targets.fp16: auto` and `serve.dtype: auto` run on this GPU
+        env["auto_precision"] = "fp16" if gpu_fp16_pays(0) else "fp32"
     return env
 
 

@@ -40,12 +40,16 @@ ONEDNN_MIN_BATCH = 16
 
 
 def torch_dtype(name: str, device: str):
-    """serve.dtype -> torch dtype: auto is fp16 on a GPU, fp32 on a CPU (where half
-    precision is slower without AMX and would move the transcript off the offline one)."""
+    """serve.dtype -> torch dtype: auto is fp16 on GPUs where it pays (before Ampere), else
+    fp32 (on a CPU half precision is slower without AMX, and it moves the transcript off
+    the offline one)."""
     import torch
 
     if name == "auto":
-        return torch.float16 if device.startswith("cuda") else torch.float32
+        from amflow.precision import gpu_fp16_pays
+
+        half = device.startswith("cuda") and gpu_fp16_pays(device)
+        return torch.float16 if half else torch.float32
     return {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[name]
 
 

@@ -5,7 +5,7 @@ long utterances, top-k selection, rebuilding a distribution from top-k logits, a
 fidelity measures (probability mass kept, KL(full || rebuilt)).
 
 Shell: a pool of Ray actors, each holding the teacher once. On GPUs an actor takes
-`num_gpus=1`, runs the model in fp16 (`targets.fp16`) and takes the top-k on the GPU, so
+`num_gpus=1`, runs the model in fp16 where that pays (`targets.fp16`) and takes the top-k on the GPU, so
 only k values per frame cross to the host (bench/GPU.md); on CPUs each actor has its own
 thread count.
 Actors take whole feature shards (the unit of parallelism), write
@@ -23,6 +23,7 @@ import numpy as np
 import pyarrow as pa
 import torch
 
+from amflow import precision
 from amflow.model_card import ModelCard
 from amflow.records import TARGET_SCHEMA, decode_feats, encode_topk, load_cmvn
 from amflow.runs import Reject, StepContext, StepError, rejects_table
@@ -230,21 +231,17 @@ def resolve_device(requested: str) -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def cpu_has_native_bf16() -> bool:
-    """AMX or AVX512-BF16: bf16 matmuls run at several times the fp32 rate."""
-    cpu = torch.cpu
-    checks = ("_is_amx_tile_supported", "_is_avx512_bf16_supported")
-    return any(getattr(cpu, name, lambda: False)() for name in checks)
-
-
 def inference_dtype(tc: Any, device: str) -> torch.dtype:
-    """fp16 on GPUs; on CPUs bf16 where the CPU computes it natively (cpu_precision auto),
-    else fp32. `fp16_on_cpu` forces the GPU path onto the CPU (tests, debugging)."""
+    """On GPUs fp16 where it pays (`targets.fp16: auto`: GPUs before Ampere) or where
+    asked; on CPUs bf16 where the CPU computes it natively (cpu_precision auto), else
+    fp32. `fp16_on_cpu` forces the GPU path onto the CPU (tests, debugging)."""
     if device == "cuda":
-        return torch.float16 if tc.fp16 else torch.float32
-    if tc.fp16 and tc.fp16_on_cpu:
+        half = precision.gpu_fp16_pays() if tc.fp16 == "auto" else tc.fp16
+        return torch.float16 if half else torch.float32
+    if tc.fp16 is not False and tc.fp16_on_cpu:
         return torch.float16
-    if tc.cpu_precision == "bf16" or (tc.cpu_precision == "auto" and cpu_has_native_bf16()):
+    if tc.cpu_precision == "bf16" or (tc.cpu_precision == "auto"
+                                      and precision.cpu_has_native_bf16()):
         return torch.bfloat16
     return torch.float32
 

@@ -46,6 +46,8 @@ def test_override_types_and_nesting():
     ("bench.workers=0", "bench.workers"),
     ("bench.lr_rule=cubic", "bench.lr_rule"),
     ("bench.gtc_steps=many", "bench.gtc_steps"),
+    ("targets.fp16=maybe", "targets.fp16"),
+    ("targets.fp16=1", "targets.fp16"),
 ])
 def test_bad_values_name_the_key(override, key):
     with pytest.raises(ConfigError) as err:

@@ -87,9 +87,26 @@ def test_bf16_cpu_path_on_padded_batches_agrees_with_fp32():
         torch.testing.assert_close(b, a, atol=5e-2, rtol=5e-2)
     assert inference_dtype(TargetsConfig(cpu_precision="fp32"), "cpu") == torch.float32
     assert inference_dtype(TargetsConfig(cpu_precision="bf16"), "cpu") == torch.bfloat16
-    assert inference_dtype(TargetsConfig(cpu_precision="bf16"), "cuda") == torch.float16
     forced = TargetsConfig(fp16_on_cpu=True, cpu_precision="bf16")
     assert inference_dtype(forced, "cpu") == torch.float16
+    assert inference_dtype(TargetsConfig(fp16=False, fp16_on_cpu=True), "cpu") == torch.float32
+
+
+@pytest.mark.parametrize("capability, auto", [((7, 0), torch.float16), ((8, 0), torch.float32),
+                                              ((9, 0), torch.float32)])
+def test_gpu_precision_auto_takes_fp16_only_before_ampere(capability, auto, monkeypatch):
+    """V100s (7.0) get fp16; from Ampere on TF32 makes fp32 the faster choice (bench/GPU.md).
+    An explicit true/false is obeyed on any GPU; serving's `auto` follows the same rule."""
+    from amflow.config import TargetsConfig
+    from serving.recognizer import torch_dtype
+    from tasks.targets import inference_dtype
+
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    assert inference_dtype(TargetsConfig(), "cuda") == auto
+    assert inference_dtype(TargetsConfig(fp16=True), "cuda") == torch.float16
+    assert inference_dtype(TargetsConfig(fp16=False), "cuda") == torch.float32
+    assert torch_dtype("auto", "cuda") == auto and torch_dtype("auto", "cpu") == torch.float32
+    assert torch_dtype("fp16", "cuda") == torch.float16
 
 
 def test_topk_and_rebuild_keep_the_argmax():
