@@ -25,12 +25,11 @@ demo: setup
 # Tests marked `isolated` need a process in which no in-process Ray ever ran.
 # Tests marked `cluster` (the rehearsal, ~20 min) run with `make rehearsal` only.
 # Tests marked `exhaustive` sweep a whole input space (minutes): make test-exhaustive.
-# The main pass lists its 25 slowest tests (where make test's time goes). Its two workers
-# run the tests marked `waits` (Airflow runs, mostly idle) beside the others
-# (tests/conftest.py): ~9 min of waiting no longer adds to the time.
+# Tests marked `waits` (Airflow runs, mostly idle) run beside the others, which run at
+# nice 10 (scripts/test.sh): ~9 min of waiting no longer adds to the time. Each pass
+# lists its slowest tests (where make test's time goes).
 test: setup
-	$(VENV)/bin/pytest -q -rs --durations=25 -n 2 --dist loadgroup -m "not isolated and not cluster and not exhaustive" tests
-	$(VENV)/bin/pytest -q -rs -m "isolated and not cluster and not exhaustive" tests
+	bash scripts/test.sh
 
 test-exhaustive: setup
 	$(VENV)/bin/pytest -q -rs -m exhaustive tests

@@ -7,9 +7,10 @@
                        run locally or as Ray actors, statistics summed on the driver
     tree.py            the phonetic decision tree, written by hand (kaldi-hmm-gmm has none)
     lda_mllt.py        splicing, LDA and MLLT feature transforms, written by hand
+    fmllr.py           per-speaker fMLLR transforms (speaker-adaptive training), by hand
     nnet.py            a full-rate alignment network (hybrid realignment), optional
     train.py           the recipe: flat start, monophone rounds, tree, triphone rounds,
-                       optionally LDA + MLLT and a third tree and model
+                       optionally LDA + MLLT and a third tree and model, and SAT
     ctm.py             frames -> phone CTM; closures folded back; scoring against a reference
     model_io.py        Kaldi files: binary tree, text final.mdl; pickles for Python reuse
 

@@ -14,7 +14,7 @@ from typing import Any, Callable
 import kaldi_hmm_gmm as khg  # first: see alignment/__init__.py
 import numpy as np
 
-from alignment import gmm
+from alignment import fmllr, gmm
 from alignment import lexicon_graphs as lg
 from alignment.ctm import fold_closures
 from alignment.features import FeatureOptions, mfcc, speaker_cmvn
@@ -56,6 +56,7 @@ class ShardJob:
         self.graphs: dict[str, Any] = {}
         self.ali: dict[str, list[int]] = {}
         self.static: dict[str, np.ndarray] | None = None  # kept by the first set_transform
+        self.unadapted: dict[str, np.ndarray] | None = None  # kept by the first fmllr_stats
 
     def _features(self, utts: list[Utterance], fopts: FeatureOptions) -> None:
         by_spk: dict[str, list[Utterance]] = {}
@@ -176,10 +177,44 @@ class ShardJob:
         ([out, in]; None: spliced only). The delta features are not kept."""
         if self.static is None:
             self.static = {u: f[:, :self.num_static].copy() for u, f in self.feats.items()}
+        self.unadapted = None  # speaker transforms live in the space this replaces
         project = None if matrix is None else np.asarray(matrix, np.float32).T
         for u, x in self.static.items():
             spliced = splice(x, context)
             self.feats[u] = spliced if project is None else (spliced @ project).astype(np.float32)
+        return self._report()
+
+    def fmllr_stats(self, tm: khg.TransitionModel, am: khg.AmDiagGmm
+                    ) -> dict[str, fmllr.FmllrStats]:
+        """Per speaker: fMLLR statistics of its aligned speech frames (silence left out, as
+        train_sat.sh's silence weight 0) over the features before any speaker transform,
+        with posteriors of the model on the features it sees now."""
+        if self.unadapted is None:
+            self.unadapted = dict(self.feats)
+        by_spk: dict[str, list[str]] = {}
+        for u in self.ids():
+            if u in self.ali:
+                by_spk.setdefault(self.utts[u].speaker_id, []).append(u)
+        gaussians = [fmllr.PdfGaussians.of(am.get_pdf(j)) for j in range(am.num_pdfs)]
+        out = {}
+        for spk, utts in by_spk.items():
+            raw, seen, pdfs = [], [], []
+            for u in utts:
+                phones, pdf, _ = gmm.phones_and_pdfs(tm, self.ali[u])
+                speech = phones != self.lang.sil_id
+                raw.append(self.unadapted[u][speech])
+                seen.append(self.feats[u][speech])
+                pdfs.append(pdf[speech])
+            out[spk] = fmllr.accumulate(np.concatenate(raw), np.concatenate(seen),
+                                        np.concatenate(pdfs), gaussians)
+        return out
+
+    def set_fmllr(self, transforms: dict[str, np.ndarray]) -> JobReport:
+        """Features := each speaker's transform of its unadapted features (a speaker with
+        no transform keeps them)."""
+        for u, x in (self.unadapted or {}).items():
+            w = transforms.get(self.utts[u].speaker_id)
+            self.feats[u] = x if w is None else fmllr.apply(w, x)
         return self._report()
 
     def tree_stats(self, tm: khg.TransitionModel) -> TreeStats:

@@ -5,6 +5,7 @@
                           (`gmm-copy --binary=true` makes it binary; kaldi-hmm-gmm writes only
                           the TransitionModel's text form, the AmDiagGmm part is written here)
     matrix_text(m)        Kaldi text matrix (the LDA + MLLT `final.mat`)
+    matrix_archive(ms)    Kaldi text archive of matrices (the per-speaker fMLLR `trans.ark`)
     pickled(...)          the objects through kaldi-hmm-gmm's own pickle hooks, for Python use
 """
 from __future__ import annotations
@@ -42,6 +43,11 @@ def am_text(am: khg.AmDiagGmm) -> str:
 def matrix_text(m: np.ndarray) -> str:
     """A Kaldi text matrix (`copy-matrix` reads it)."""
     return _mat(m).lstrip()
+
+
+def matrix_archive(matrices: dict[str, np.ndarray]) -> str:
+    """A Kaldi text archive of matrices, one per key (`copy-matrix ark:- ark,t:-` form)."""
+    return "".join(f"{key}  {_mat(m).lstrip()}" for key, m in sorted(matrices.items()))
 
 
 def model_text(tm: khg.TransitionModel, am: khg.AmDiagGmm) -> str:

@@ -1,5 +1,5 @@
 """The alignment recipe (Kaldi's train_mono.sh, train_deltas.sh and, with `lda_mllt`,
-train_lda_mllt.sh; one process, JOBs as
+train_lda_mllt.sh, with `sat` train_sat.sh; one process, JOBs as
 `ShardJob`s): flat start from equal alignments, monophone rounds of accumulate / update /
 mix-up with realignment every `realign_every` iterations, tree statistics on the final
 monophone alignments, a decision tree to `num_senones` leaves, a context-dependent model
@@ -17,7 +17,7 @@ from typing import Any, Callable
 import kaldi_hmm_gmm as khg  # first: see alignment/__init__.py
 import numpy as np
 
-from alignment import gmm, nnet
+from alignment import fmllr, gmm, nnet
 from alignment import lexicon_graphs as lg
 from alignment.jobs import run_jobs
 from alignment.lda_mllt import ClassStats, lda, mllt
@@ -42,6 +42,9 @@ class RecipeOptions:
     lda_mllt: bool = False     # a third stage on LDA + MLLT features (Kaldi's tri2b)
     splice_context: int = 3    # +-frames of static MFCCs the LDA sees
     lda_dim: int = 40
+    sat: bool = False          # speaker-adaptive training on fMLLR features (Kaldi's tri3b)
+    fmllr_iters: tuple[int, ...] = (2, 4, 8)  # SAT passes that re-estimate the transforms
+    fmllr_min_frames: float = 200.0  # a speaker with fewer speech frames keeps no transform
     nnet: NnetOptions = field(default_factory=NnetOptions)  # realignment by a network
 
 
@@ -54,6 +57,7 @@ class Stage:
     am: Any                          # khg.AmDiagGmm
     built: Tree | None = None        # the hand-built tree (triphone stages)
     transform: np.ndarray | None = None  # LDA + MLLT [dim, 13 x splice] (lda_mllt stage)
+    speaker_transforms: dict[str, np.ndarray] | None = None  # fMLLR [dim, dim+1] (sat)
 
 
 @dataclass
@@ -62,6 +66,7 @@ class History:
     realignments: dict[str, int] = field(default_factory=dict)
     nn_senones: int | None = None   # leaves of the network's tree (network_tree)
     nnet: list[dict] = field(default_factory=list)  # alignment-network rounds
+    fmllr: list[dict] = field(default_factory=list)  # fMLLR estimations (sat)
 
 
 def _sum(items: list) -> Any:
@@ -80,10 +85,13 @@ def _sum(items: list) -> Any:
     return tree_total
 
 
+OnIter = Callable[[Stage, int], None]
+
+
 def _rounds(jobs: list, st: Stage, iters: int, target_gauss: int, opts: RecipeOptions,
-            hist: History, aligned: bool) -> None:
+            hist: History, aligned: bool, on_iter: OnIter | None = None) -> None:
     """`iters` passes of accumulate + update; realign first whenever the pass index is a
-    multiple of realign_every (pass 0 only when `aligned` is False)."""
+    multiple of realign_every (pass 0 only when `aligned` is False), then `on_iter`."""
     gauss0 = st.am.num_gauss
     grow = max(1, int(iters * 0.75))
     for it in range(iters):
@@ -91,6 +99,8 @@ def _rounds(jobs: list, st: Stage, iters: int, target_gauss: int, opts: RecipeOp
         if realign:
             run_jobs(jobs, "align", st.tm, st.am, opts.beam, opts.retry_beam)
             hist.realignments[st.name] = hist.realignments.get(st.name, 0) + 1
+        if on_iter:
+            on_iter(st, it)
         stats = _sum(run_jobs(jobs, "accumulate", st.tm, st.am))
         if stats.frames == 0:
             why = sorted({v.split(":")[0] for v in failures(jobs).values()})
@@ -107,13 +117,13 @@ def _rounds(jobs: list, st: Stage, iters: int, target_gauss: int, opts: RecipeOp
 
 
 def _train(jobs: list, st: Stage, iters: int, target_gauss: int, opts: RecipeOptions,
-           hist: History, flat_start: bool) -> None:
+           hist: History, flat_start: bool, on_iter: OnIter | None = None) -> None:
     """Compile the training graphs of `st`, train it (from equal alignments when
     `flat_start`, else from the alignments the jobs hold) and leave the jobs aligned by it."""
     run_jobs(jobs, "compile", st.tm, st.tree)
     if flat_start:
         run_jobs(jobs, "equal_align")
-    _rounds(jobs, st, iters, target_gauss, opts, hist, aligned=flat_start)
+    _rounds(jobs, st, iters, target_gauss, opts, hist, aligned=flat_start, on_iter=on_iter)
     run_jobs(jobs, "align", st.tm, st.am, opts.beam, opts.retry_beam)
     hist.realignments[st.name] = hist.realignments.get(st.name, 0) + 1
 
@@ -134,7 +144,7 @@ def monophone(jobs: list, lang: lg.Lang, opts: RecipeOptions, hist: History) -> 
 
 
 def triphone(jobs: list, lang: lg.Lang, prev: Stage, opts: RecipeOptions,
-             hist: History, name: str = "tri") -> Stage:
+             hist: History, name: str = "tri", on_iter: OnIter | None = None) -> Stage:
     """A tree grown on `prev`'s alignments in the current features, a model initialised
     from its leaves' statistics, and its rounds."""
     topo = lg.topology(lang)
@@ -150,8 +160,10 @@ def triphone(jobs: list, lang: lg.Lang, prev: Stage, opts: RecipeOptions,
         src = row if row[0] >= 1.0 else glob   # a leaf no frame reached: global stats
         mean = src[1:1 + d] / src[0]
         am.add_pdf(gmm.single_gaussian(mean, src[1 + d:] / src[0] - mean ** 2))
-    st = Stage(name, tree, tm, am, built)
-    _train(jobs, st, opts.tri_iters, opts.tri_gauss, opts, hist, flat_start=False)
+    st = Stage(name, tree, tm, am, built, transform=prev.transform,
+               speaker_transforms=prev.speaker_transforms)
+    _train(jobs, st, opts.tri_iters, opts.tri_gauss, opts, hist, flat_start=False,
+           on_iter=on_iter)
     return st
 
 
@@ -168,6 +180,49 @@ def lda_mllt(jobs: list, lang: lg.Lang, prev: Stage, opts: RecipeOptions,
     st = triphone(jobs, lang, prev, opts, hist, name="lda_mllt")
     st.transform = transform
     return st
+
+
+def sat(jobs: list, lang: lg.Lang, prev: Stage, opts: RecipeOptions, hist: History) -> Stage:
+    """Kaldi's train_sat.sh: per-speaker fMLLR transforms (fmllr.py) estimated with
+    `prev`'s model on its alignments, a new tree and triphone model on the transformed
+    features, the transforms re-estimated with that model at `fmllr_iters`."""
+    transforms = _fmllr(jobs, prev, {}, opts, hist)
+
+    def reestimate(st: Stage, it: int) -> None:
+        nonlocal transforms
+        if it in opts.fmllr_iters:
+            transforms = _fmllr(jobs, st, transforms, opts, hist)
+            st.speaker_transforms = transforms
+
+    return triphone(jobs, lang, dataclasses.replace(prev, speaker_transforms=transforms),
+                    opts, hist, name="sat", on_iter=reestimate)
+
+
+def _fmllr(jobs: list, st: Stage, current: dict[str, np.ndarray], opts: RecipeOptions,
+           hist: History) -> dict[str, np.ndarray]:
+    """Every speaker's transform re-estimated from `current` under `st`'s model and
+    alignments (statistics summed over the jobs), and applied in the jobs."""
+    total: dict[str, fmllr.FmllrStats] = {}
+    for per_speaker in run_jobs(jobs, "fmllr_stats", st.tm, st.am):
+        for spk, s in per_speaker.items():
+            total[spk] = total[spk].add(s) if spk in total else s
+    new, gain, frames = {}, 0.0, 0.0
+    for spk, s in sorted(total.items()):
+        if s.beta < opts.fmllr_min_frames:  # keeps what it had (none, or a transform from
+            if spk in current:              # more frames before some failed to align)
+                new[spk] = current[spk]
+            continue
+        w0 = current.get(spk, fmllr.identity(len(s.k)))
+        new[spk] = fmllr.estimate(s, w0)
+        gain += s.beta * (fmllr.objective(s, new[spk]) - fmllr.objective(s, w0))
+        frames += s.beta
+    run_jobs(jobs, "set_fmllr", new)
+    few = sum(s.beta < opts.fmllr_min_frames for s in total.values())
+    hist.fmllr.append({"stage": st.name, "speakers": len(total) - few, "too_few_frames": few,
+                       "gain_per_frame": round(gain / max(frames, 1.0), 4)})
+    log.info("align %s: fMLLR for %d speakers (%d with too few frames), objective +%.4f "
+             "per frame", st.name, len(total) - few, few, gain / max(frames, 1.0))
+    return new
 
 
 def nnet_realign(jobs: list, prev: Stage, opts: RecipeOptions, hist: History) -> Stage:
@@ -232,6 +287,10 @@ def train(jobs: list, lang: lg.Lang, opts: RecipeOptions,
         on_stage(final, jobs)
     if opts.lda_mllt:
         final = lda_mllt(jobs, lang, final, opts, hist)
+        if on_stage:
+            on_stage(final, jobs)
+    if opts.sat:
+        final = sat(jobs, lang, final, opts, hist)
         if on_stage:
             on_stage(final, jobs)
     if opts.nnet.rounds:

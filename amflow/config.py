@@ -1160,6 +1160,13 @@ class AlignConfig:
     lda_mllt: bool = False
     splice_context: int = 3
     lda_dim: int = 40
+    # Speaker-adaptive training after the last GMM stage (Kaldi's train_sat.sh):
+    # per-speaker fMLLR transforms (alignment/fmllr.py), a new tree and model on the
+    # transformed features, the transforms re-estimated at the passes listed (those past
+    # align.tri_iters never come: the first estimate, from the stage before, always does).
+    sat: bool = False
+    fmllr_iters: list[int] = field(default_factory=lambda: [2, 4, 8])
+    fmllr_min_frames: float = 200.0  # a speaker with fewer speech frames keeps no transform
     # Rounds of realignment by a full-rate alignment network (alignment/nnet.py: an MLP on
     # +-nnet_context frames of the final features, trained on the current alignments,
     # nnet_epochs each; its scaled likelihoods replace the GMMs'); 0: off.
@@ -1190,6 +1197,9 @@ class AlignConfig:
         _check(0 <= self.splice_context <= 10, f"{key}.splice_context", "must be in [0, 10]")
         _check(1 <= self.lda_dim <= 13 * (2 * self.splice_context + 1), f"{key}.lda_dim",
                "must be in [1, 13 x (2 align.splice_context + 1)]")
+        _check(all(i >= 0 for i in self.fmllr_iters), f"{key}.fmllr_iters",
+               "must be pass numbers (>= 0) of the triphone rounds")
+        _check(self.fmllr_min_frames > 0, f"{key}.fmllr_min_frames", "must be > 0")
         _check(self.nnet_rounds >= 0, f"{key}.nnet_rounds", "must be >= 0")
         _check(0 <= self.nnet_context <= 20, f"{key}.nnet_context", "must be in [0, 20]")
         _check(self.nnet_epochs >= 1, f"{key}.nnet_epochs", "must be >= 1")

@@ -213,13 +213,3 @@ def fake_env(tmp_path, monkeypatch):
         plan.write_text(json.dumps(steps))
 
     return cfg, set_plan, tmp_path
-
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(config, items):
-    """Two streams for `pytest -n 2 --dist loadgroup` (make test): the tests marked
-    `waits` (Airflow runs: ~10 % of a core over ~10 min) in one worker, everything else
-    in the other. Only that pair overlaps, so no two CPU-bound tests share the 2 cores."""
-    for item in items:
-        group = "waits" if item.get_closest_marker("waits") else "computes"
-        item.add_marker(pytest.mark.xdist_group(group))

@@ -151,6 +151,8 @@ def test_align_config_errors_name_the_key():
         load_config(None, ["align.splits=[bogus]"])
     with pytest.raises(ConfigError, match="align.lda_dim"):
         load_config(None, ["align.splice_context=1", "align.lda_dim=40"])  # 39 spliced dims
+    with pytest.raises(ConfigError, match="align.fmllr_iters"):
+        load_config(None, ["align.sat=true", "align.fmllr_iters=[2,-1]"])
     assert load_config(None, ["align.num_senones=800"]).align.num_senones == 800
 
 
@@ -261,13 +263,22 @@ def test_align_step_end_to_end(tiny_corpus, tmp_path):
                               "align.num_senones=250", "align.tri_gauss=400",
                               "align.mono_gauss=300", "align.lda_mllt=true",
                               "align.splice_context=2", "align.lda_dim=20",
+                              "align.sat=true", "align.fmllr_iters=[1]",
+                              "align.fmllr_min_frames=50",
                               "align.nnet_rounds=1", "align.nnet_epochs=1"])
     redone = align.run(StepContext(cfg2, "r", "align"))  # (finished_at has 1 s resolution)
     assert redone["metrics"]["iterations"] != out["metrics"]["iterations"]
     # with LDA + MLLT, a third stage on 20-dimensional features, its transform written
     stages = {it["stage"] for it in redone["metrics"]["iterations"]}
-    assert stages == {"mono", "tri", "lda_mllt"}
+    assert stages == {"mono", "tri", "lda_mllt", "sat"}
     assert redone["metrics"]["score_lda_mllt"]["frames"] > 0
+    # then SAT: per-speaker fMLLR from the LDA + MLLT model, re-estimated at pass 1 of its own
+    fm = redone["metrics"]["fmllr"]
+    assert [f["stage"] for f in fm] == ["lda_mllt", "sat"] and fm[0]["speakers"] >= 1
+    assert fm[0]["gain_per_frame"] > 0 and redone["metrics"]["score_sat"]["frames"] > 0
+    trans = (d / "trans.ark").read_text()
+    first = trans.split("]")[0].splitlines()
+    assert first[0].endswith("  [") and len(first) == 21 and len(first[1].split()) == 21
     # then a round of realignment by the alignment network (alignment/nnet.py)
     rounds = redone["metrics"]["nnet_rounds"]
     assert len(rounds) == 1 and rounds[0]["aligned"] > 0 and rounds[0]["frames"] > 0

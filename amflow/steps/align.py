@@ -180,6 +180,8 @@ def _write(ctx: StepContext, results: list[list[dict]], shards: list[dict], lang
     st.write_text(ctx.path("final.mdl"), model_io.model_text(final.tm, final.am))
     if final.transform is not None:  # Kaldi's final.mat: the LDA + MLLT feature transform
         st.write_text(ctx.path("final.mat"), model_io.matrix_text(final.transform))
+    if final.speaker_transforms:  # Kaldi's trans.*: per-speaker fMLLR, a text archive
+        st.write_text(ctx.path("trans.ark"), model_io.matrix_archive(final.speaker_transforms))
     st.write_text(ctx.path("mono.mdl"), model_io.model_text(mono.tm, mono.am))
     st.write_bytes(ctx.path("model.pkl"), model_io.pickled(final.tree, final.tm, final.am))
     return written
@@ -189,8 +191,8 @@ def _options(cfg: Config) -> RecipeOptions:
     a = cfg.align
     return RecipeOptions(a.num_senones, a.mono_iters, a.tri_iters, a.realign_every,
                          a.mono_gauss, a.tri_gauss, a.beam, a.retry_beam, a.min_leaf_count,
-                         a.lda_mllt, a.splice_context, a.lda_dim,
-                         NnetOptions(a.nnet_rounds, a.nnet_context, epochs=a.nnet_epochs,
+                         a.lda_mllt, a.splice_context, a.lda_dim, a.sat, tuple(a.fmllr_iters),
+                         a.fmllr_min_frames,                          nnet=NnetOptions(a.nnet_rounds, a.nnet_context, epochs=a.nnet_epochs,
                                      acoustic_scale=a.nnet_acoustic_scale))
 
 
@@ -298,8 +300,8 @@ def _finish(ctx: StepContext, select: dict, jobs: list, shards: list[dict], resu
         "iterations": hist.iters, "realignments": hist.realignments,
         "frames": sum(len(r["phones"]) for rows in results for r in rows),
         "score_mono": scores.get("mono"), "score_tri": scores.get("tri"),
-        "score_lda_mllt": scores.get("lda_mllt"), "score_nnet": scores.get("nnet"),
-        "nnet_rounds": hist.nnet,
+        "score_lda_mllt": scores.get("lda_mllt"), "score_sat": scores.get("sat"),
+        "score_nnet": scores.get("nnet"), "nnet_rounds": hist.nnet, "fmllr": hist.fmllr,
         "reject_reasons": reasons,
     }
     return ctx.finish(
