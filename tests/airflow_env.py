@@ -77,24 +77,41 @@ class Standalone:
 
     def __init__(self, home: Path, **extra_env: str):
         self.home = home
-        self.port = free_port()
-        self.base = f"http://localhost:{self.port}"
         self.password = secrets.token_urlsafe(12)
-        pw_file = home / "passwords.json"
+        self.pw_file = home / "passwords.json"
         home.mkdir(parents=True, exist_ok=True)
-        pw_file.write_text(json.dumps({"admin": self.password}))
-        self.env = airflow_env(home, self.port, **{
-            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": "admin:admin",
-            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(pw_file),
-            "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False",
-            "AIRFLOW__SCHEDULER__SCHEDULER_HEARTBEAT_SEC": "2",
-            "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5",
-            **extra_env})
+        self.pw_file.write_text(json.dumps({"admin": self.password}))
+        self.extra_env = extra_env
+        self._use_port(free_port())
         self.log = home / "standalone.log"
         self.proc: subprocess.Popen | None = None
         self._token: str | None = None
 
-    def start(self, timeout: float = 180) -> "Standalone":
+    def _use_port(self, port: int) -> None:
+        self.port = port
+        self.base = f"http://localhost:{port}"
+        self.env = airflow_env(self.home, port, **{
+            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": "admin:admin",
+            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(self.pw_file),
+            "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False",
+            "AIRFLOW__SCHEDULER__SCHEDULER_HEARTBEAT_SEC": "2",
+            "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5",
+            **self.extra_env})
+
+    def start(self, timeout: float = 180, tries: int = 3) -> "Standalone":
+        """Start and wait until the API answers and the DAGs are parsed. The API server
+        binds its port ~20 s after start: a port another process took meanwhile (make
+        test runs a second pytest beside this one) means a new port and a new start."""
+        for _ in range(tries):
+            if self._start(timeout):
+                return self
+            self.stop()
+            self._use_port(free_port())
+        raise RuntimeError(f"airflow standalone found its port taken {tries} times:\n"
+                           + self.log.read_text()[-4000:])
+
+    def _start(self, timeout: float) -> bool:
+        """True once up; False when the API server could not bind its port."""
         self.proc = subprocess.Popen(["airflow", "standalone"], env=self.env, cwd=ROOT,
                                      stdout=open(self.log, "w"), stderr=subprocess.STDOUT,
                                      start_new_session=True)
@@ -102,6 +119,8 @@ class Standalone:
         while time.time() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError("airflow standalone exited:\n" + self.log.read_text()[-4000:])
+            if "error while attempting to bind" in self.log.read_text():
+                return False
             try:
                 urllib.request.urlopen(f"{self.base}/api/v2/version", timeout=2)
                 break
@@ -113,7 +132,7 @@ class Standalone:
         # The DAGs are parsed by the dag-processor shortly after start.
         self.wait(lambda: self.get("/api/v2/dags/ssl_student", ok=(200, 404)).get("dag_id"),
                   timeout=timeout, what="ssl_student parsed")
-        return self
+        return True
 
     def stop(self) -> None:
         if self.proc is None:
