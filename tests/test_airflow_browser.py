@@ -25,6 +25,18 @@ ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-net
 SHOTS = ROOT / "test-artifacts" / "airflow"
 
 
+@pytest.fixture(scope="module", autouse=True)
+def patient_expect():
+    """`expect` gives up after 5 s by default, the pages (set_default_timeout) after 60 s:
+    a task's log can take longer than 5 s to load on a busy machine (CI, 2026-11-26: try
+    2's log still loading when the check gave up). The checks wait as long as a page."""
+    from playwright.sync_api import expect
+
+    expect.set_options(timeout=60_000)
+    yield
+    expect.set_options(timeout=5_000)
+
+
 @pytest.fixture(scope="module")
 def airflow(tmp_path_factory):
     if not Path(CHROMIUM).exists():
