@@ -26,10 +26,6 @@ class FmllrStats:
     k: np.ndarray   # [D, D+1]
     g: np.ndarray   # [D, D+1, D+1]
 
-    @classmethod
-    def zeros(cls, dim: int) -> "FmllrStats":
-        return cls(0.0, np.zeros((dim, dim + 1)), np.zeros((dim, dim + 1, dim + 1)))
-
     def add(self, other: "FmllrStats") -> "FmllrStats":
         """Sums into fresh arrays (another shard's may be read-only: Ray's object store)."""
         return FmllrStats(self.beta + other.beta, self.k + other.k, self.g + other.g)

@@ -206,10 +206,11 @@ def _fmllr(jobs: list, st: Stage, current: dict[str, np.ndarray], opts: RecipeOp
     for per_speaker in run_jobs(jobs, "fmllr_stats", st.tm, st.am):
         for spk, s in per_speaker.items():
             total[spk] = total[spk].add(s) if spk in total else s
-    new, gain, frames = {}, 0.0, 0.0
+    new, gain, frames, few = {}, 0.0, 0.0, 0
     for spk, s in sorted(total.items()):
         if s.beta < opts.fmllr_min_frames:  # keeps what it had (none, or a transform from
-            if spk in current:              # more frames before some failed to align)
+            few += 1                        # more frames before some failed to align)
+            if spk in current:
                 new[spk] = current[spk]
             continue
         w0 = current.get(spk, fmllr.identity(len(s.k)))
@@ -217,7 +218,6 @@ def _fmllr(jobs: list, st: Stage, current: dict[str, np.ndarray], opts: RecipeOp
         gain += s.beta * (fmllr.objective(s, new[spk]) - fmllr.objective(s, w0))
         frames += s.beta
     run_jobs(jobs, "set_fmllr", new)
-    few = sum(s.beta < opts.fmllr_min_frames for s in total.values())
     hist.fmllr.append({"stage": st.name, "speakers": len(total) - few, "too_few_frames": few,
                        "gain_per_frame": round(gain / max(frames, 1.0), 4)})
     log.info("align %s: fMLLR for %d speakers (%d with too few frames), objective +%.4f "

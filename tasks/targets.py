@@ -5,8 +5,8 @@ long utterances, top-k selection, rebuilding a distribution from top-k logits, a
 fidelity measures (probability mass kept, KL(full || rebuilt)).
 
 Shell: a pool of Ray actors, each holding the teacher once. On GPUs an actor takes
-`num_gpus=1`, runs the model in fp16 where that pays (`targets.fp16`) and takes the top-k on the GPU, so
-only k values per frame cross to the host (bench/GPU.md); on CPUs each actor has its own
+`num_gpus=1`, runs the model in fp16 where that pays (`targets.fp16`) and takes the top-k
+on the GPU, so only k values per frame cross to the host (bench/GPU.md); on CPUs each actor has its own
 thread count.
 Actors take whole feature shards (the unit of parallelism), write
 `targets/shards/<shard>.parquet` aligned row for row with the feature shard, then the

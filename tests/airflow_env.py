@@ -128,7 +128,8 @@ class Standalone:
                 time.sleep(1)
         else:
             self.stop()
-            raise RuntimeError("airflow standalone did not answer:\n" + self.log.read_text()[-4000:])
+            raise RuntimeError("airflow standalone did not answer:\n"
+                               + self.log.read_text()[-4000:])
         # The DAGs are parsed by the dag-processor shortly after start.
         self.wait(lambda: self.get("/api/v2/dags/ssl_student", ok=(200, 404)).get("dag_id"),
                   timeout=timeout, what="ssl_student parsed")
@@ -219,13 +220,19 @@ class Standalone:
         time.sleep(quiet_s)
         return state
 
-    def clear_taken(self, issue, took, within: float = 45.0) -> None:
-        """Run `issue()` (a clear) and wait until `took()`; a clear that shows no effect
-        after `within` seconds (the race `settle` avoids) is issued once more, as a user
-        would who sees nothing happen."""
+    def clear_taken(self, issue, dag_id: str, run_id: str, task: str,
+                    within: float = 45.0) -> None:
+        """Run `issue()` (a clear of `task`) and wait until the task moves (a new try, or
+        no longer success); a clear that shows no effect after `within` seconds (the race
+        `settle` avoids) is issued once more, as a user would who sees nothing happen."""
+        before = self.task_instances(dag_id, run_id)[task]["try_number"]
+
+        def moved() -> bool:
+            ti = self.task_instances(dag_id, run_id)[task]
+            return ti["try_number"] > before or ti["state"] != "success"
         issue()
         try:
-            self.wait(took, within, "the clear to take effect")
+            self.wait(moved, within, f"the clear of {task} to take effect")
         except AssertionError:
             issue()
 

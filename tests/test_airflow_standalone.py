@@ -103,11 +103,7 @@ def test_trigger_log_xcom_long_step_and_clear_one_task(airflow, tmp_path):
             {"dag_run_id": run_id, "task_ids": ["repartition"], "dry_run": False,
              "only_failed": False, "include_downstream": False, "reset_dag_runs": True}))
 
-    def repartition_moved():
-        ti = airflow.task_instances("ssl_student", run_id)["repartition"]
-        return ti["try_number"] >= 2 or ti["state"] != "success"
-
-    airflow.clear_taken(clear, repartition_moved)
+    airflow.clear_taken(clear, "ssl_student", run_id, "repartition")
     cleared = responses[0]
     assert [t["task_id"] for t in cleared["task_instances"]] == ["repartition"], cleared
 
@@ -311,12 +307,7 @@ def test_documented_backfill_commands_do_what_the_text_says(airflow, tmp_path):
         assert set(others.values()) == {1}, others  # nothing else re-ran
 
     def run_clear(block: str, task: str) -> None:
-        before = airflow.task_instances("ssl_student", run_id)[task]["try_number"]
-
-        def moved():
-            ti = airflow.task_instances("ssl_student", run_id)[task]
-            return ti["try_number"] > before or ti["state"] != "success"
-        airflow.clear_taken(lambda: run_doc(block), moved)
+        airflow.clear_taken(lambda: run_doc(block), "ssl_student", run_id, task)
 
     after_train = _downstream(airflow, "train")
     assert "evaluate" in after_train

@@ -192,7 +192,8 @@ def _options(cfg: Config) -> RecipeOptions:
     return RecipeOptions(a.num_senones, a.mono_iters, a.tri_iters, a.realign_every,
                          a.mono_gauss, a.tri_gauss, a.beam, a.retry_beam, a.min_leaf_count,
                          a.lda_mllt, a.splice_context, a.lda_dim, a.sat, tuple(a.fmllr_iters),
-                         a.fmllr_min_frames,                          nnet=NnetOptions(a.nnet_rounds, a.nnet_context, epochs=a.nnet_epochs,
+                         a.fmllr_min_frames,
+                         NnetOptions(a.nnet_rounds, a.nnet_context, epochs=a.nnet_epochs,
                                      acoustic_scale=a.nnet_acoustic_scale))
 
 
