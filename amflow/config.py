@@ -257,6 +257,10 @@ def features_dict(fcfg: FeaturesConfig) -> dict[str, Any]:
 class TargetsConfig:
     teacher: str = ""  # URI of a teacher checkpoint; empty = the run's own teacher step output
     k: int = 20
+    # Per frame, keep only the fewest of the top-k whose teacher probability reaches this
+    # share (1.0: all k, the paper's layout). A confident frame then stores 1-2 entries,
+    # not k: amflow/records.py's `topk_len`, tasks/targets.entries_for_mass.
+    mass: float = 1.0
     temperature: float = 1.0
     actors: int = 2
     threads_per_actor: int = 1
@@ -274,6 +278,9 @@ class TargetsConfig:
 
     def validate(self, key: str) -> None:
         _check(self.k >= 1, f"{key}.k", "must be >= 1")
+        _check(0.0 < self.mass <= 1.0, f"{key}.mass", f"must be in (0, 1], got {self.mass}")
+        _check(self.mass == 1.0 or self.k <= 255, f"{key}.k",
+               f"must be <= 255 with {key}.mass < 1 (one byte counts each frame's entries)")
         _check(self.actors >= 1, f"{key}.actors", "must be >= 1")
         _check(isinstance(self.fp16, bool) or self.fp16 == "auto", f"{key}.fp16",
                f"must be true, false or auto, got {self.fp16!r}")

@@ -21,6 +21,13 @@ Target rows (targets step) are aligned row for row with the features of the same
 
     utt_id : string, num_frames : int32, k : int16,
     topk_idx : binary int16[num_frames x k], topk_logit : binary float16[num_frames x k]
+    topk_len : binary uint8[num_frames] or null
+
+With `topk_len` (targets.mass < 1) frame t keeps only its first topk_len[t] <= k entries
+(the fewest whose teacher probability reaches the mass) and topk_idx / topk_logit hold
+sum(topk_len) entries, frame after frame, as Kaldi stores pruned posteriors. decode_topk
+gives every row the [num_frames x k] layout back: a dropped entry is a class the frame
+does not keep, at logit PAD_LOGIT, i.e. no mass, as a class outside the top-k.
 """
 from __future__ import annotations
 
@@ -39,8 +46,12 @@ FEATURE_SCHEMA = pa.schema([
 
 TARGET_SCHEMA = pa.schema([
     ("utt_id", pa.string()), ("num_frames", pa.int32()), ("k", pa.int16()),
-    ("topk_idx", pa.binary()), ("topk_logit", pa.binary()),
+    ("topk_idx", pa.binary()), ("topk_logit", pa.binary()), ("topk_len", pa.binary()),
 ])
+TARGET_COLUMNS = ("k", "topk_idx", "topk_logit", "topk_len")
+# The logit of a dropped entry: distillation's default fill (train.distill.topk_fill), so a
+# pruned class weighs what a class outside the top-k weighs.
+PAD_LOGIT = -1.0e4
 
 
 def encode_feats(x: np.ndarray, dtype: str) -> dict[str, Any]:
@@ -105,17 +116,58 @@ def offset_labels(frame_labels: np.ndarray, offset: int, stack: int, num_rows: i
     return frame_labels[idx]
 
 
-def encode_topk(idx: np.ndarray, logit: np.ndarray) -> dict[str, Any]:
-    return {"num_frames": int(idx.shape[0]), "k": int(idx.shape[1]),
-            "topk_idx": np.ascontiguousarray(idx, dtype=np.int16).tobytes(),
-            "topk_logit": np.ascontiguousarray(logit, dtype=np.float16).tobytes()}
+def encode_topk(idx: np.ndarray, logit: np.ndarray,
+                lens: np.ndarray | None = None) -> dict[str, Any]:
+    """[T, k] top-k indices and logits (and, pruned, the entries kept per frame) -> the
+    target columns of one row."""
+    t, k = idx.shape
+    out = {"num_frames": int(t), "k": int(k), "topk_len": None}
+    if lens is not None:
+        lens = np.asarray(lens)
+        if len(lens) != t or (t and (lens.min() < 1 or lens.max() > k)):
+            raise ValueError(f"topk_len must give 1..{k} entries for each of {t} frames")
+        keep = np.arange(k) < lens[:, None]
+        idx, logit = idx[keep], logit[keep]
+        out["topk_len"] = lens.astype(np.uint8).tobytes()
+    out["topk_idx"] = np.ascontiguousarray(idx, dtype=np.int16).tobytes()
+    out["topk_logit"] = np.ascontiguousarray(logit, dtype=np.float16).tobytes()
+    return out
 
 
 def decode_topk(row: Mapping[str, Any]) -> tuple[np.ndarray, np.ndarray]:
-    t, k = int(row["num_frames"]), int(row["k"])
-    idx = np.frombuffer(row["topk_idx"], dtype=np.int16).reshape(t, k).astype(np.int64)
-    logit = np.frombuffer(row["topk_logit"], dtype=np.float16).reshape(t, k).astype(np.float32)
-    return idx, logit
+    """One row's targets as int64 indices and float32 logits, [frames, k]."""
+    k = int(row["k"])
+    idx = np.frombuffer(row["topk_idx"], dtype=np.int16).astype(np.int64)
+    logit = np.frombuffer(row["topk_logit"], dtype=np.float16).astype(np.float32)
+    lens = None if row.get("topk_len") is None else \
+        np.frombuffer(row["topk_len"], dtype=np.uint8).astype(np.int64)
+    held = len(idx) if lens is None else int(lens.sum())
+    if len(logit) != len(idx) or held != len(idx) or (lens is None and len(idx) % k):
+        raise ValueError(f"utterance {row.get('utt_id')}: {len(idx)} top-k indices and "
+                         f"{len(logit)} logits for k={k}"
+                         + ("" if lens is None else f" and {held} entries in topk_len"))
+    if lens is None:
+        return idx.reshape(-1, k), logit.reshape(-1, k)
+    t = len(lens)
+    keep = np.arange(k) < lens[:, None]
+    out_idx = _unkept_classes(idx, lens, k)
+    out_idx[keep] = idx
+    out_logit = np.full((t, k), PAD_LOGIT, np.float32)
+    out_logit[keep] = logit
+    return out_idx, out_logit
+
+
+def _unkept_classes(idx: np.ndarray, lens: np.ndarray, k: int) -> np.ndarray:
+    """[T, k]: in each frame's dropped slots, the smallest classes that frame does not
+    keep (all < k), so no class appears twice in a frame."""
+    t = len(lens)
+    frame = np.repeat(np.arange(t), lens)
+    kept = np.zeros((t, k), bool)
+    small = idx < k
+    kept[frame[small], idx[small]] = True
+    free = np.argsort(kept, axis=1, kind="stable")  # the unkept classes first, ascending
+    slot = np.clip(np.arange(k)[None, :] - lens[:, None], 0, k - 1)
+    return np.take_along_axis(free, slot, axis=1)
 
 
 def load_cmvn(stats: Mapping[str, Any]) -> tuple[np.ndarray, np.ndarray]:

@@ -21,7 +21,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
-from amflow.records import decode_feats, load_cmvn
+from amflow.records import decode_feats, encode_topk, load_cmvn
 from amflow.runs import StepContext, StepError
 from amflow.steps import targets as targets_step
 from tasks import targets as T
@@ -88,7 +88,11 @@ def run(ctx: StepContext, args: Any) -> dict[str, Any]:
     n = logits.shape[0]
     c = logits.shape[1]
     idx, val = T.topk(logits, cfg.targets.k)
-    topk_tbl = pa.table({"topk_idx": [idx.tobytes()], "topk_logit": [val.tobytes()]})
+    tc = cfg.targets
+    lens = T.entries_for_mass(logits, tc.k, tc.mass).numpy() if tc.mass < 1.0 else None
+    stored = encode_topk(idx, val, lens)  # as the step writes it (pruned with targets.mass < 1)
+    topk_tbl = pa.table({c: pa.array([stored[c]], pa.binary())
+                         for c in ("topk_idx", "topk_logit", "topk_len")})
     full = torch.softmax(logits, -1).to(torch.float16).numpy()
     full_tbl = pa.table({"posterior": [full.tobytes()]})
     per_hour = 3600.0 / FRAME_S
@@ -107,7 +111,8 @@ def run(ctx: StepContext, args: Any) -> dict[str, Any]:
         "speedup_pool_over_naive_1thread_x_cores": round(pool_fps / (naive_1t * threads), 2)
         if naive_1t else None,
         "cores": threads,
-        "num_classes": c, "k": cfg.targets.k,
+        "num_classes": c, "k": cfg.targets.k, "mass": tc.mass,
+        "entries_per_frame": round(float(lens.mean()) if lens is not None else idx.shape[1], 2),
         "topk_bytes_per_audio_hour": round(topk_b),
         "full_fp16_bytes_per_audio_hour": round(full_b),
         "full_over_topk_measured": round(full_b / topk_b, 1),
@@ -122,7 +127,8 @@ def run(ctx: StepContext, args: Any) -> dict[str, Any]:
           f"{result['speedup_pool_fp32_over_naive']}x); vs a 1-thread naive loop "
           f"({naive_1t:.0f} frames/s) scaled to {threads} cores -> "
           f"{result['speedup_pool_over_naive_1thread_x_cores']}x")
-    print(f"targets: top-k {topk_b / 1e6:.2f} MB/h vs full fp16 posteriors {full_b / 1e6:.2f} MB/h "
+    print(f"targets: top-k {topk_b / 1e6:.2f} MB/h ({result['entries_per_frame']} entries per "
+          f"frame, k={tc.k}, mass {tc.mass}) vs full fp16 posteriors {full_b / 1e6:.2f} MB/h "
           f"({c} classes, measured) -> {result['full_over_topk_measured']}x; raw at {paper_c} "
           f"classes: {result['full_over_topk_raw_at_paper_classes']}x")
     return result

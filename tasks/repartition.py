@@ -9,7 +9,7 @@ Writes `runs/<R>/repartition/<split>/part-<i>.parquet`  rows in PARTITION_SCHEMA
        `runs/<R>/repartition/rejects/<part>.parquet`, `_shards/<part>.json`, `_SUCCESS.json`
 
 Rows are the feature rows (records.FEATURE_SCHEMA, hard `labels` for labeled data) plus
-the soft-target columns `k`, `topk_idx`, `topk_logit` (null without targets).
+the soft-target columns `k`, `topk_idx`, `topk_logit`, `topk_len` (null without targets).
 
 Per split (all splits the features step produced, or `repartition.splits`):
 - partition count P = ceil(split audio hours / partition_hours), rounded up to a multiple
@@ -62,8 +62,7 @@ ASSIGN_SCHEMA = pa.schema([pa.field("utt_id", pa.string()), pa.field("part", pa.
                           pa.field("pos", pa.int64())])
 SPLIT_ORDER = ("labeled", "unlabeled", "dev", "test")
 PARTITION_SCHEMA = pa.schema(list(records.FEATURE_SCHEMA) + [
-    pa.field("k", pa.int16()), pa.field("topk_idx", pa.binary()),
-    pa.field("topk_logit", pa.binary())])
+    records.TARGET_SCHEMA.field(name) for name in records.TARGET_COLUMNS])
 
 
 def partition_count(audio_hours: float, partition_hours: float, workers: int) -> int:
@@ -204,9 +203,10 @@ def _join_targets(feats: pa.Table, targets: pa.Table | None, shard: str, split: 
                        f"no row in targets/shards/{shard}.parquet", shard)
                 for i in np.flatnonzero(missing)]
     mask = pa.array(has)
-    for name in ("k", "topk_idx", "topk_logit"):
+    for name in records.TARGET_COLUMNS:
+        # targets written before `topk_len` existed have no such column: all unpruned
         taken = targets.column(name).combine_chunks().take(pa.array(idx)) \
-            if targets.num_rows else \
+            if targets.num_rows and name in targets.column_names else \
             pa.nulls(n, PARTITION_SCHEMA.field(name).type)
         cols[name] = pc.if_else(mask, taken, pa.nulls(n, PARTITION_SCHEMA.field(name).type))
     keep = ~(mismatch | missing)

@@ -86,9 +86,21 @@ def topk(logits: torch.Tensor, k: int) -> tuple[np.ndarray, np.ndarray]:
     return idx.to(torch.int16).cpu().numpy(), vals.to(torch.float16).cpu().numpy()
 
 
+def entries_for_mass(logits: torch.Tensor, k: int, mass: float) -> torch.Tensor:
+    """[..., C] logits -> per frame, the fewest of the top-k whose softmax probability sums
+    to `mass` (k when the top-k hold less): a confident frame keeps 1 or 2 entries, an
+    uncertain one up to k (targets.mass; Kaldi's pruned posteriors)."""
+    logits = logits.float()
+    k = min(k, logits.shape[-1])
+    top = torch.topk(logits, k, dim=-1).values
+    cum = torch.exp(top - torch.logsumexp(logits, -1, keepdim=True)).cumsum(-1)
+    return 1 + (cum[..., :-1] < mass).sum(-1)
+
+
 def fidelity(logits: torch.Tensor, ks: Iterable[int] = FIDELITY_KS,
-             fill: float = -1.0e4) -> dict[int, dict[str, float]]:
-    """Per k: probability mass the top-k keep, KL divergences and argmax agreement.
+             fill: float = -1.0e4, mass: float = 1.0) -> dict[int, dict[str, float]]:
+    """Per k: probability mass the top-k keep, KL divergences, argmax agreement and the
+    entries kept per frame (k, or fewer with `mass` < 1: entries_for_mass).
 
     The rebuilt distribution q is the softmax of the stored (fp16) top-k logits with
     every other logit set to `fill`, i.e. the teacher's top-k renormalised. Two KLs:
@@ -109,15 +121,20 @@ def fidelity(logits: torch.Tensor, ks: Iterable[int] = FIDELITY_KS,
         vals, idx = torch.topk(logits, k, dim=-1)
         # Stored logits are fp16: measure what the student will actually see.
         vals = vals.to(torch.float16).float()
+        kept = torch.ones_like(vals, dtype=torch.bool)
+        if mass < 1.0:  # dropped entries weigh what a class outside the top-k weighs
+            kept = torch.arange(k, device=logits.device) < entries_for_mass(logits, k, mass)[:, None]
+            vals = vals.masked_fill(~kept, fill)
         q_log = teacher_log_probs(idx, vals, logits.shape[-1], fill)
         q = q_log.exp()
-        mass = p.gather(-1, idx).sum(-1)
+        kept_mass = (p.gather(-1, idx) * kept).sum(-1)
         kl_q_p = (q * (q_log - logp)).sum(-1)
         kl_p_q = (p * (logp - q_log)).sum(-1)
         agree = (q_log.argmax(-1) == logits.argmax(-1)).float()
-        out[k] = {"frames": float(logits.shape[0]), "mass_sum": float(mass.sum()),
+        out[k] = {"frames": float(logits.shape[0]), "mass_sum": float(kept_mass.sum()),
                   "kl_sum": float(kl_q_p.sum()), "kl_full_sum": float(kl_p_q.sum()),
-                  "argmax_agree_sum": float(agree.sum())}
+                  "argmax_agree_sum": float(agree.sum()),
+                  "entries_sum": float(kept.sum())}
     return out
 
 
@@ -126,14 +143,16 @@ def summarise_fidelity(parts: Iterable[dict]) -> dict[str, dict[str, float]]:
     for part in parts:
         for k, d in part.items():
             a = acc.setdefault(str(k), {"frames": 0.0, "mass_sum": 0.0, "kl_sum": 0.0,
-                                        "kl_full_sum": 0.0, "argmax_agree_sum": 0.0})
+                                        "kl_full_sum": 0.0, "argmax_agree_sum": 0.0,
+                                        "entries_sum": 0.0})
             for key in a:
                 a[key] += d[key]
     return {k: {"frames": int(a["frames"]),
                 "mass_kept": a["mass_sum"] / max(a["frames"], 1),
                 "kl_nats": a["kl_sum"] / max(a["frames"], 1),
                 "kl_full_nats": a["kl_full_sum"] / max(a["frames"], 1),
-                "argmax_agreement": a["argmax_agree_sum"] / max(a["frames"], 1)}
+                "argmax_agreement": a["argmax_agree_sum"] / max(a["frames"], 1),
+                "entries_per_frame": a["entries_sum"] / max(a["frames"], 1)}
             for k, a in sorted(acc.items(), key=lambda kv: int(kv[0]))}
 
 
@@ -188,30 +207,36 @@ class TeacherScorer:
                 for t in self._stitch(outputs, torch.cat)]
 
     @torch.inference_mode()
-    def score_topk(self, feats: Sequence[np.ndarray], k: int, full: Iterable[int] = ()
-                   ) -> list["Scored"]:
-        """Per utterance: the top-k (int16 indices, fp16 logits) per frame, whether every
-        logit was finite, and the full float32 logits for the utterances in `full` only.
+    def score_topk(self, feats: Sequence[np.ndarray], k: int, full: Iterable[int] = (),
+                   mass: float = 1.0) -> list["Scored"]:
+        """Per utterance: the top-k (int16 indices, fp16 logits) per frame, with `mass` < 1
+        the entries each frame keeps (entries_for_mass), whether every logit was finite,
+        and the full float32 logits for the utterances in `full` only.
 
         The top-k are taken where the model ran: on a GPU only k of C values per frame
         cross to the host (at 3,183 classes a 32k-frame batch is 400 MB of logits)."""
         full = set(full)
         parts: dict[str, list[list[tuple[int, Any]]]] = {
-            n: [[] for _ in feats] for n in ("idx", "val", "finite", "full")}
+            n: [[] for _ in feats] for n in ("idx", "val", "len", "finite", "full")}
         for logits, rows in self._batches(feats):
             idx, val = topk(logits, k)
             host = {"idx": idx, "val": val, "finite": torch.isfinite(logits).all(-1).cpu().numpy()}
+            if mass < 1.0:
+                host["len"] = entries_for_mass(logits, k, mass).to(torch.uint8).cpu().numpy()
             for row, (u, start, keep_s, keep_e) in enumerate(rows):
                 cut = slice(keep_s - start, keep_e - start)
                 for n, a in host.items():
                     parts[n][u].append((keep_s, a[row, cut]))
                 if u in full:
                     parts["full"][u].append((keep_s, logits[row, cut].float().cpu()))
-        idx, val, fin = (self._stitch(parts[n], np.concatenate) for n in ("idx", "val", "finite"))
+        idx, val, lens, fin = (self._stitch(parts[n], np.concatenate)
+                               for n in ("idx", "val", "len", "finite"))
         logits_of = self._stitch(parts["full"], torch.cat)
         empty = np.zeros((0, k), np.int16), np.zeros((0, k), np.float16)
-        return [Scored(idx[u], val[u], bool(fin[u].all()), logits_of[u]) if idx[u] is not None
-                else Scored(*empty, True, None) for u in range(len(feats))]
+        pruned_empty = np.zeros(0, np.uint8) if mass < 1.0 else None
+        return [Scored(idx[u], val[u], bool(fin[u].all()), logits_of[u], lens[u])
+                if idx[u] is not None else Scored(*empty, True, None, pruned_empty)
+                for u in range(len(feats))]
 
 
 @dataclass
@@ -221,6 +246,7 @@ class Scored:
     topk_logit: np.ndarray  # [T, k] fp16
     finite: bool
     logits: torch.Tensor | None  # [T, C] float32, only where asked for
+    topk_len: np.ndarray | None = None  # [T] uint8 entries kept per frame (targets.mass < 1)
 
 
 # ---------------------------------------------------------------- shell
@@ -300,24 +326,29 @@ class TargetActor:
                 continue
             feats.append(x)
             keep.append(r)
-        scored = self.scorer.score_topk(feats, tc.k, fidelity_sample(feats, fidelity_frames))
-        out_rows, frames, fid_parts = [], 0, []
+        scored = self.scorer.score_topk(feats, tc.k, fidelity_sample(feats, fidelity_frames),
+                                        tc.mass)
+        out_rows, frames, entries, fid_parts = [], 0, 0, []
         sample_budget = fidelity_frames
         for r, sc in zip(keep, scored):
             if not sc.finite:
                 rejects.append(Reject(r["utt_id"], "non_finite_teacher_output", "", shard_id))
                 continue
-            out_rows.append({"utt_id": r["utt_id"], **encode_topk(sc.topk_idx, sc.topk_logit)})
+            out_rows.append({"utt_id": r["utt_id"],
+                             **encode_topk(sc.topk_idx, sc.topk_logit, sc.topk_len)})
             frames += len(sc.topk_idx)
+            entries += len(sc.topk_idx) * sc.topk_idx.shape[1] if sc.topk_len is None \
+                else int(sc.topk_len.sum())
             if sample_budget > 0 and sc.logits is not None:
-                fid_parts.append(fidelity(sc.logits[:sample_budget]))
+                fid_parts.append(fidelity(sc.logits[:sample_budget], mass=tc.mass))
                 sample_budget -= len(sc.logits)
         out = pa.Table.from_pylist(out_rows, schema=TARGET_SCHEMA)
         nbytes = ctx.storage.write_parquet(ctx.path("shards", f"{shard_id}.parquet"), out)
         ctx.storage.write_parquet(ctx.path("rejects", f"{shard_id}.parquet"),
                                   rejects_table(rejects))
         stats = {"shard": shard_id, "in": len(rows), "out": len(out_rows),
-                 "rejected": len(rejects), "frames": frames, "bytes": nbytes,
+                 "rejected": len(rejects), "frames": frames, "entries": entries,
+                 "bytes": nbytes,
                  "seconds": time.perf_counter() - t0, "fidelity": fid_parts}
         ctx.storage.write_json(ctx.shard_marker(shard_id), stats)
         return stats
@@ -341,12 +372,13 @@ def feature_shards(ctx: StepContext) -> list[str]:
 
 
 def print_fidelity(fid: dict[str, dict[str, float]], k: int) -> None:
-    print("top-k fidelity (sampled frames):\n    k  mass_kept  KL(rebuilt||full)  "
+    print("top-k fidelity (sampled frames):\n    k  entries  mass_kept  KL(rebuilt||full)  "
           "KL(full||rebuilt)  argmax_agree")
     for key, d in fid.items():
         mark = "  <- stored" if int(key) == k else ""
-        print(f"  {int(key):>3}  {d['mass_kept']:9.4f}  {d['kl_nats']:17.4f}  "
-              f"{d['kl_full_nats']:17.1f}  {d['argmax_agreement']:12.4f}{mark}")
+        print(f"  {int(key):>3}  {d['entries_per_frame']:7.2f}  {d['mass_kept']:9.4f}  "
+              f"{d['kl_nats']:17.4f}  {d['kl_full_nats']:17.1f}  "
+              f"{d['argmax_agreement']:12.4f}{mark}")
 
 
 def full_posterior_bytes_per_frame(num_classes: int) -> int:

@@ -48,6 +48,8 @@ def test_override_types_and_nesting():
     ("bench.gtc_steps=many", "bench.gtc_steps"),
     ("targets.fp16=maybe", "targets.fp16"),
     ("targets.fp16=1", "targets.fp16"),
+    ("targets.mass=0", "targets.mass"),
+    ("targets.mass=1.5", "targets.mass"),
 ])
 def test_bad_values_name_the_key(override, key):
     with pytest.raises(ConfigError) as err:

@@ -142,6 +142,29 @@ def test_bad_rows_are_rejected_with_reasons(tmp_path):
     assert len(soft) == 0 and soft.rejected["missing_soft_targets"] == 4
 
 
+def test_pruned_soft_targets_load_padded_and_malformed_ones_are_rejected(tmp_path):
+    """targets.mass < 1 rows (topk_len) load as [T, k] like full ones; a row whose
+    topk_len does not count its frames is a reject, not a crash."""
+    st = Storage()
+    means = np.random.default_rng(0).standard_normal((6, 4)).astype(np.float32)
+    rows = synthetic_rows(4, means, 3, 0, "unlabeled", soft_k=4)
+    rng = np.random.default_rng(1)
+    lens = []
+    for r in rows[:3]:
+        idx, logit = records.decode_topk(r)
+        lens.append(rng.integers(1, 5, len(idx)))
+        r.update(records.encode_topk(idx, logit, lens[-1]))
+    rows[2]["topk_len"] = rows[2]["topk_len"][:-1]
+    uri = str(tmp_path / "part-00000.parquet")
+    st.write_parquet(uri, rows_table(rows))
+    idx = SplitIndex.load(st, [uri], "topk")
+    assert len(idx) == 3 and idx.rejected == {"missing_soft_targets": 1}
+    norm = Normalizer.from_stats(None, idx.feat_dim)
+    batches = list(BatchLoader(st, idx, PassSpec(mode="full", minibatch_frames=10_000), norm))
+    kept = sum(int((b.topk_logit[b.mask] > records.PAD_LOGIT).sum()) for b in batches)
+    assert kept == int(sum(x.sum() for x in lens[:2])) + rows[3]["num_frames"] * 4
+
+
 def test_prefetch_thread_propagates_errors_and_stops(run):
     st, idx, norm = _index(run)
     loader = BatchLoader(st, idx, PassSpec(chunk_frames=8, minibatch_frames=16), norm,

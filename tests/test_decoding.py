@@ -192,6 +192,14 @@ def test_priors_from_hard_labels_and_soft_targets(tmp_path):
          "topk_logit": [None, logit]}))
     counts = class_counts(st, [str(tmp_path / "part-0.parquet")], 3)
     assert counts == pytest.approx([1.5, 2.75, 1.75], abs=1e-3)
+    # pruned (targets.mass < 1): the first frame kept class 1 only, so all its mass
+    from amflow import records
+    pruned = records.encode_topk(np.frombuffer(idx, np.int16).reshape(2, 2),
+                                 np.frombuffer(logit, np.float16).reshape(2, 2), [1, 2])
+    st.write_parquet(str(tmp_path / "part-1.parquet"), pa.table(
+        {"labels": [hard, None], **{c: [None, pruned[c]] for c in records.TARGET_COLUMNS}}))
+    counts = class_counts(st, [str(tmp_path / "part-1.parquet")], 3)
+    assert counts == pytest.approx([1.5, 3.0, 1.5], abs=1e-3)
     assert np.exp(log_priors(counts)).sum() == pytest.approx(1.0, abs=1e-5)
 
 

@@ -70,3 +70,22 @@ def test_distillation_fits_a_linear_student():
         opt.step()
     assert out.correct / out.frames > 0.9
     assert math.isfinite(float(out.loss.detach()))
+
+
+def test_distill_on_pruned_targets_is_cross_entropy_with_the_kept_entries_renormalised():
+    """targets.mass < 1: decode_topk's dropped slots weigh nothing in the loss."""
+    from amflow import records
+    from tasks.targets import entries_for_mass
+
+    torch.manual_seed(3)
+    teacher, student = torch.randn(64, 30) * 3, torch.randn(64, 30)
+    vals, idx = teacher.topk(8, dim=-1)
+    lens = entries_for_mass(teacher, 8, 0.9).numpy()
+    got_idx, got_val = records.decode_topk(records.encode_topk(idx.numpy(), vals.numpy(), lens))
+    out = distill_loss(student[None], torch.from_numpy(got_idx)[None],
+                       torch.from_numpy(got_val)[None], torch.ones(1, 64, dtype=torch.bool),
+                       fill=-1e4)
+    keep = torch.arange(8)[None] < torch.from_numpy(lens)[:, None]
+    kept = vals.half().float().masked_fill(~keep, float("-inf")).softmax(-1)
+    want = -(kept * student.log_softmax(-1).gather(-1, idx)).sum(-1).mean()
+    torch.testing.assert_close(out.loss, want, rtol=1e-5, atol=1e-5)

@@ -59,23 +59,29 @@ def test_repartition_hard_then_soft_targets(tmp_path, local_cfg, ray_local):
     # targets appear: soft top-k rows aligned with the feature shards, one mismatched
     fidx = json.loads((store / "runs" / "r" / "features" / "shards.json").read_text())
     rng = np.random.default_rng(0)
-    bad = None
+    bad, shards_written = None, 0
     for s in fidx["shards"]:
         if s["split"] != "unlabeled":
             continue
         frows = pq.read_table(store / "runs" / "r" / "features" / "shards" /
                               f"{s['shard']}.parquet").to_pylist()
-        trows = []
+        trows, old_layout = [], shards_written % 2 == 1
         for r in frows:
             n = r["num_frames"] + (1 if bad is None else 0)
             bad = bad or r["utt_id"]
+            # targets.mass < 1: every other row in the shards that have topk_len
+            pruned = rng.integers(1, 4, n) if len(trows) % 2 and not old_layout else None
             trows.append({"utt_id": r["utt_id"], **records.encode_topk(
-                rng.integers(0, 10, (n, 3)), rng.standard_normal((n, 3)))})
+                rng.permuted(np.tile(np.arange(10), (n, 1)), axis=1)[:, :3],
+                rng.standard_normal((n, 3)), pruned)})
         import pyarrow as pa
         tdir = store / "runs" / "r" / "targets" / "shards"
         tdir.mkdir(parents=True, exist_ok=True)
-        pq.write_table(pa.Table.from_pylist(trows, schema=records.TARGET_SCHEMA),
-                       tdir / f"{s['shard']}.parquet")
+        table = pa.Table.from_pylist(trows, schema=records.TARGET_SCHEMA)
+        if old_layout:  # written before topk_len existed: still reads
+            table = table.drop_columns(["topk_len"])
+        pq.write_table(table, tdir / f"{s['shard']}.parquet")
+        shards_written += 1
     (store / "runs" / "r" / "targets" / "_SUCCESS.json").write_text(
         json.dumps({"finished_at": "t1"}))
     (rep2,) = _steps(cfg, "r", "repartition")  # inputs changed: redone without --force
@@ -83,11 +89,14 @@ def test_repartition_hard_then_soft_targets(tmp_path, local_cfg, ray_local):
     assert rep2["metrics"]["reject_reasons"] == {"target_mismatch": 1}
     index, parts = _read_split(store, "r", "unlabeled")
     assert index["targets"] and index["with_targets"] == index["rows"]
+    pruned_rows = 0
     for rows in parts.values():
         for r in rows:
             assert r["utt_id"] != bad
             idx, logit = records.decode_topk(r)
             assert idx.shape == (r["num_frames"], 3)
+            pruned_rows += r["topk_len"] is not None
+    assert pruned_rows
     _, lab_parts = _read_split(store, "r", "labeled")
     assert all(r["topk_idx"] is None and r["labels"] for rows in lab_parts.values()
                for r in rows)

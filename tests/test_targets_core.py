@@ -4,8 +4,9 @@ import numpy as np
 import pytest
 import torch
 
-from tasks.targets import (TeacherScorer, chunk_spans, fidelity, length_batches,
-                           summarise_fidelity, topk)
+from amflow import records
+from tasks.targets import (TeacherScorer, chunk_spans, entries_for_mass, fidelity,
+                           length_batches, summarise_fidelity, topk)
 from training.losses import teacher_log_probs
 from training.models import StudentLSTM, TeacherBLSTM
 
@@ -151,6 +152,48 @@ def test_topk_scoring_equals_full_scoring_then_topk():
         assert sc.finite
         assert (sc.logits is not None) == (u in (1, 2))
     torch.testing.assert_close(scored[2].logits, full[2])
+    pruned = scorer.score_topk(feats, 5, mass=0.5)
+    for lg, sc in zip(full, pruned):
+        assert np.array_equal(sc.topk_len, entries_for_mass(lg, 5, 0.5).numpy())
+    assert all(sc.topk_len is None for sc in scored)
+
+
+def test_pruned_targets_keep_the_fewest_entries_that_hold_the_mass():
+    torch.manual_seed(1)
+    logits = torch.randn(400, 67) * 3
+    lens = entries_for_mass(logits, 20, 0.95)
+    cum = logits.softmax(-1).sort(-1, descending=True).values.cumsum(-1)
+    for t, n in enumerate(lens.tolist()):
+        assert n == 20 or cum[t, n - 1] >= 0.95  # enough ...
+        assert n == 1 or cum[t, n - 2] < 0.95  # ... and no more
+    assert 1 < lens.float().mean() < 20
+
+    idx, val = topk(logits, 20)
+    row = records.encode_topk(idx, val, lens.numpy())
+    assert len(row["topk_idx"]) == 2 * int(lens.sum())
+    got_idx, got_val = records.decode_topk(row)
+    keep = np.arange(20) < lens.numpy()[:, None]
+    assert np.array_equal(got_idx[keep], idx[keep])
+    assert np.array_equal(got_val[keep], val[keep].astype(np.float32))
+    # a dropped slot names a class the frame does not keep, at no mass
+    assert (got_val[~keep] == records.PAD_LOGIT).all()
+    assert all(len(set(r)) == 20 for r in got_idx.tolist())
+
+    # what the student sees is the kept entries renormalised; fidelity reports exactly that
+    q = teacher_log_probs(torch.from_numpy(got_idx), torch.from_numpy(got_val), 67,
+                          fill=-1e4).exp()
+    p = logits.softmax(-1)
+    kept_mass = (p.gather(-1, torch.from_numpy(idx).long()) * torch.from_numpy(keep)).sum(-1)
+    f = fidelity(logits, ks=(20,), mass=0.95)[20]
+    assert f["entries_sum"] == int(lens.sum())
+    assert f["mass_sum"] == pytest.approx(float(kept_mass.sum()), rel=1e-5)
+    assert f["kl_sum"] == pytest.approx(float(-kept_mass.log().sum()), rel=2e-2)
+    best = torch.from_numpy(idx[:, :1]).long()  # the teacher's best keeps the most
+    assert torch.equal(q.gather(-1, best).squeeze(-1), q.max(-1).values)
+
+    bad = dict(row, topk_len=row["topk_len"][:-1])
+    with pytest.raises(ValueError, match="entries in topk_len"):
+        records.decode_topk(bad)
 
 
 def test_fidelity_sample_takes_the_first_utterances_up_to_the_budget():

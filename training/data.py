@@ -125,7 +125,7 @@ class SplitIndex:
         for i, uri in enumerate(uris):
             names = set(_schema_names(storage, uri))
             cols = [c for c in ("utt_id", "condition", "num_frames", "feat_dim", "labels",
-                                "frame_labels", "k", "topk_idx") if c in names]
+                                "frame_labels", "k", "topk_idx", "topk_len") if c in names]
             t = storage.read_parquet(uri, columns=cols)
             n = t.num_rows
 
@@ -148,7 +148,7 @@ class SplitIndex:
                 "labels_len": blen("labels"), "flabels_len": blen("frame_labels"),
                 "k": np.nan_to_num(col("k", np.nan).astype(np.float64), nan=-1).astype(np.int64)
                 if "k" in t.column_names else np.full(n, -1, np.int64),
-                "topk_len": blen("topk_idx"),
+                "topk_bytes": blen("topk_idx"), "pruned_len": blen("topk_len"),
             })
         if not metas:
             return cls(list(uris), "labels" if target == "auto" else target,
@@ -159,7 +159,11 @@ class SplitIndex:
         frames = m["frames"]
         has_labels = m["labels_len"] == 2 * frames
         has_flabels = m["flabels_len"] >= 2 * frames  # 100 Hz: at least one per stacked row
-        has_topk = (m["k"] > 0) & (m["topk_len"] == 2 * frames * np.maximum(m["k"], 0))
+        full_topk = 2 * frames * np.maximum(m["k"], 0)
+        pruned = m["pruned_len"] == frames  # one uint8 count per frame; decode checks the sum
+        has_topk = (m["k"] > 0) & np.where(
+            pruned, (m["topk_bytes"] >= 2 * frames) & (m["topk_bytes"] <= full_topk),
+            (m["pruned_len"] == -1) & (m["topk_bytes"] == full_topk))
         if target == "auto":
             target = "labels" if bool((has_labels | has_flabels).any()) else "topk"
         if target not in ("labels", "topk"):
@@ -395,7 +399,7 @@ class _Utterances:
         self.cache.clear()
         self.tables.clear()
         want = FEATURE_COLUMNS + (["labels", "frame_labels"] if self.index.target == "labels"
-                                  else ["k", "topk_idx", "topk_logit"])
+                                  else list(records.TARGET_COLUMNS))
         for p in parts:
             uri = self.index.uris[p]
             names = set(_schema_names(self.storage, uri))
@@ -427,9 +431,12 @@ class _Utterances:
             if fl is None or len(fl) == 0:
                 raise StepError(f"utterance {idx.utt_ids[u]}: no usable labels")
             return x, records.offset_labels(fl, o, self.stack, n)
-        k = int(row["k"])
-        ti = np.frombuffer(row["topk_idx"], np.int16).reshape(-1, k)[:n].astype(np.int64)
-        tv = np.frombuffer(row["topk_logit"], np.float16).reshape(-1, k)[:n].astype(np.float32)
+        row["utt_id"] = idx.utt_ids[u]
+        try:
+            ti, tv = records.decode_topk(row)
+        except ValueError as e:
+            raise StepError(str(e)) from e
+        ti, tv = ti[:n], tv[:n]  # offsets 1 and 2 lose the last row
         if ti.shape[0] != n:
             raise StepError(f"utterance {idx.utt_ids[u]}: {ti.shape[0]} target frames for "
                             f"{n} feature frames")
@@ -623,8 +630,8 @@ def synthetic_rows(n_utts: int, means: np.ndarray, stack: int, seed: int, split:
 def rows_table(rows: list[dict[str, Any]]) -> pa.Table:
     schema = records.FEATURE_SCHEMA
     if rows and "k" in rows[0]:
-        schema = schema.append(pa.field("k", pa.int16())) \
-            .append(pa.field("topk_idx", pa.binary())).append(pa.field("topk_logit", pa.binary()))
+        for name in records.TARGET_COLUMNS:
+            schema = schema.append(records.TARGET_SCHEMA.field(name))
     cols = {f.name: [r.get(f.name) for r in rows] for f in schema}
     return pa.table(cols, schema=schema)
 

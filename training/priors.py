@@ -13,6 +13,7 @@ from typing import Sequence
 
 import numpy as np
 
+from amflow import records
 from training.checkpoint import from_bytes, to_bytes
 from training.data import _schema_names
 
@@ -20,20 +21,14 @@ from training.data import _schema_names
 def class_counts(storage, uris: Sequence[str], num_classes: int) -> np.ndarray:
     counts = np.zeros(num_classes, np.float64)
     for uri in uris:
-        wanted = [c for c in ("labels", "k", "topk_idx", "topk_logit")
+        wanted = [c for c in ("labels", *records.TARGET_COLUMNS)
                   if c in _schema_names(storage, uri)]
-        table = storage.read_parquet(uri, columns=wanted)  # not the features
-        names = set(table.column_names)
-        labels = table.column("labels").to_pylist() if "labels" in names else [None] * table.num_rows
-        k = table.column("k").to_pylist() if "k" in names else [None] * table.num_rows
-        ti = table.column("topk_idx").to_pylist() if "topk_idx" in names else [None] * table.num_rows
-        tv = table.column("topk_logit").to_pylist() if "topk_logit" in names else [None] * table.num_rows
-        for lab, kk, idx, val in zip(labels, k, ti, tv):
-            if lab:
-                counts += np.bincount(np.frombuffer(lab, np.int16), minlength=num_classes)[:num_classes]
-            elif idx and kk:
-                i = np.frombuffer(idx, np.int16).reshape(-1, kk).astype(np.int64)
-                v = np.frombuffer(val, np.float16).reshape(-1, kk).astype(np.float64)
+        for row in storage.read_parquet(uri, columns=wanted).to_pylist():  # not the features
+            if row.get("labels"):
+                lab = np.frombuffer(row["labels"], np.int16)
+                counts += np.bincount(lab, minlength=num_classes)[:num_classes]
+            elif row.get("topk_idx") and row.get("k"):
+                i, v = records.decode_topk(row)
                 p = np.exp(v - v.max(1, keepdims=True))
                 p /= p.sum(1, keepdims=True)
                 np.add.at(counts, i.ravel(), p.ravel())

@@ -78,7 +78,10 @@ def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
     nbytes = sum(s["bytes"] for s in stats)
     print_fidelity(fid, tc.k)
     metrics = {
-        "frames": total_frames, "k": tc.k, "actors": actor_info,
+        "frames": total_frames, "k": tc.k, "mass": tc.mass, "actors": actor_info,
+        # entries stored per frame: k, or fewer with targets.mass < 1
+        "entries_per_frame": round(sum(s.get("entries", s["frames"] * tc.k) for s in stats)
+                                   / total_frames, 3) if total_frames else None,
         # steady-state throughput; Ray and actor start-up (a fixed cost) is reported apart
         "frames_per_s": round(fresh_frames / wall, 1) if todo and wall > 0 else None,
         "scoring_s": round(wall, 2), "startup_s": round(startup, 2),
