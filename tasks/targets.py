@@ -8,6 +8,8 @@ Shell: a pool of Ray actors, each holding the teacher once. On GPUs an actor tak
 `num_gpus=1`, runs the model in fp16 where that pays (`targets.fp16`) and takes the top-k
 on the GPU, so only k values per frame cross to the host (bench/GPU.md); on CPUs each actor has its own
 thread count.
+With `targets.mass` < 1 a frame keeps only the fewest of its top-k whose probability
+reaches that share (entries_for_mass), stored packed (amflow/records.py, `topk_len`).
 Actors take whole feature shards (the unit of parallelism), write
 `targets/shards/<shard>.parquet` aligned row for row with the feature shard, then the
 shard's done-marker, so a re-run skips finished shards.
