@@ -202,3 +202,16 @@ def test_fidelity_sample_takes_the_first_utterances_up_to_the_budget():
     assert fidelity_sample(feats, 12) == [0, 1]
     assert fidelity_sample(feats, 0) == []
     assert fidelity_sample(feats, 1000) == [0, 1, 2, 3]
+
+
+def test_bench_targets_mass_sweep_stores_fewer_bytes_as_the_mass_drops():
+    from bench.targets import _stored
+
+    torch.manual_seed(2)
+    logits = torch.randn(300, 67) * 3
+    rows = [_stored(logits, 20, m) for m in (1.0, 0.99, 0.9)]
+    assert rows[0]["entries_per_frame"] == 20
+    for a, b in zip(rows, rows[1:]):
+        assert b["entries_per_frame"] < a["entries_per_frame"]
+        assert b["bytes_per_frame"] < a["bytes_per_frame"]
+        assert b["mass_kept"] < a["mass_kept"]
