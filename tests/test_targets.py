@@ -7,7 +7,7 @@ import pyarrow as pa
 import pytest
 import torch
 
-from amflow.records import FEATURE_SCHEMA, decode_topk, encode_feats
+from amflow.records import FEATURE_SCHEMA, PAD_LOGIT, decode_topk, encode_feats
 from amflow.runs import StepContext
 from amflow.steps import targets as targets_step
 from tasks import targets as T
@@ -79,6 +79,26 @@ def test_targets_cover_every_row_and_rerun_is_noop(local_cfg, ray_local):
     assert again["metrics"]["shards_skipped"] == 3 and again["counts"] == summary["counts"]
     assert feats.storage.read_bytes(
         feats.other("targets", "shards", "unlabeled-00000.parquet")) == before
+
+
+@pytest.mark.integration
+def test_pruned_targets_keep_fewer_entries_and_read_back_whole(local_cfg, ray_local):
+    """targets.mass < 1: each frame stores only the entries that hold the mass."""
+    cfg = local_cfg("targets.k=6", "targets.mass=0.3", "targets.fidelity_sample_frames=500")
+    feats = _make_run(cfg, "r3", shards=2)
+    metrics = targets_step.run(StepContext(cfg, "r3", "targets"))["metrics"]
+    assert metrics["mass"] == 0.3 and 1 <= metrics["entries_per_frame"] < 6
+    assert metrics["fidelity"]["5"]["entries_per_frame"] < 5
+    entries = frames = 0
+    for shard in T.feature_shards(feats):
+        for tr in feats.storage.read_parquet(
+                feats.other("targets", "shards", f"{shard}.parquet")).to_pylist():
+            lens = np.frombuffer(tr["topk_len"], np.uint8)
+            idx, logit = decode_topk(tr)
+            assert idx.shape == (tr["num_frames"], 6) == (len(lens), 6)
+            assert ((logit > PAD_LOGIT).sum(1) == lens).all()
+            entries, frames = entries + int(lens.sum()), frames + len(lens)
+    assert metrics["entries_per_frame"] == pytest.approx(entries / frames, abs=1e-3)
 
 
 @pytest.mark.integration
