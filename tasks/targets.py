@@ -147,6 +147,8 @@ def summarise_fidelity(parts: Iterable[dict]) -> dict[str, dict[str, float]]:
             a = acc.setdefault(str(k), {"frames": 0.0, "mass_sum": 0.0, "kl_sum": 0.0,
                                         "kl_full_sum": 0.0, "argmax_agree_sum": 0.0,
                                         "entries_sum": 0.0})
+            # shard markers written before targets.mass kept every entry: frames x k
+            d = {"entries_sum": d["frames"] * int(k), **d}
             for key in a:
                 a[key] += d[key]
     return {k: {"frames": int(a["frames"]),

@@ -133,6 +133,9 @@ def test_fidelity_is_monotone_and_exact_at_full_k():
     # KL(rebuilt || full) of renormalised top-k is -log(mass kept), per frame
     one = fidelity(logits[:1], ks=(5,))[5]
     assert one["kl_sum"] == pytest.approx(-np.log(one["mass_sum"]), abs=2e-3)
+    # a shard marker from before targets.mass (no entries_sum) kept all k per frame
+    old = {5: {key: v for key, v in one.items() if key != "entries_sum"}}
+    assert summarise_fidelity([old])["5"]["entries_per_frame"] == 5
 
 
 def test_topk_scoring_equals_full_scoring_then_topk():
