@@ -69,7 +69,8 @@ def run(ctx: StepContext, args: Any) -> dict[str, Any]:
                                               force=True))
         pool32_fps = pool32["metrics"]["frames_per_s"]
 
-    model, card = load_model_card(ctx.storage, T.teacher_uri(ctx))
+    teacher = T.teacher_uri(ctx)  # targets.teacher, else this run's own train/model.pt
+    model, card = load_model_card(ctx.storage, teacher)
     cmvn = card.cmvn or ctx.storage.read_json(ctx.other("features", "cmvn.json"))
     mean, inv_std = load_cmvn(cmvn)
     feats = []
@@ -100,6 +101,7 @@ def run(ctx: StepContext, args: Any) -> dict[str, Any]:
     per_hour = 3600.0 / FRAME_S
     paper_c = 3183
     result = {
+        "teacher": teacher,
         "frames": pool["metrics"]["frames"],
         "pool_frames_per_s": pool_fps,
         "pool_precision": precision,
@@ -123,6 +125,7 @@ def run(ctx: StepContext, args: Any) -> dict[str, Any]:
             T.full_posterior_bytes_per_frame(paper_c) / T.topk_bytes_per_frame(cfg.targets.k), 1),
         "fidelity": pool["metrics"]["fidelity"],
     }
+    print(f"targets: scoring with {teacher} (targets.teacher)")
     print(f"targets: pool ({precision}) {pool_fps:.0f} frames/s vs naive fp32 loop "
           f"{naive_fps:.0f} frames/s on {threads} cores -> {result['speedup_pool_over_naive']}x "
           f"(pool in fp32: {pool32_fps:.0f} frames/s -> "
