@@ -28,8 +28,8 @@ from tasks import targets as T
 from training.checkpoint import load_model_card
 
 FRAME_S = 0.03  # one low-frame-rate row
-MASSES = (1.0, 0.99, 0.98, 0.95)
-STORAGE_SAMPLE = 200  # utterances the storage measure scores, spread over all shards  # targets.mass values measured beside the configured one
+MASSES = (1.0, 0.99, 0.98, 0.95)  # targets.mass values measured beside the configured one
+STORAGE_SAMPLE = 200  # utterances the storage measure scores, spread over all shards
 
 
 def _naive_frames_per_s(model, feats, mean, inv_std, threads: int, budget_s: float) -> float:
