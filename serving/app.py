@@ -57,16 +57,17 @@ def replica_assets(decoder: DecoderAssets, serve_cfg, decode_cfg, acwt: float,
 def make_recognizer(assets: dict, scfg) -> Any:
     from serving.recognizer import Recognizer
 
-    graph_dir = tempfile.mkdtemp(prefix="amflow-serve-graph-")
-    for name, data in assets["graph"].items():
-        Path(graph_dir, name).write_bytes(data)
     device = scfg.device
     if device == "auto":
         import torch
 
         device = "cuda" if torch.cuda.is_available() else "cpu"
-    return Recognizer(assets["model"], graph_dir, assets["log_prior"], assets["acwt"],
-                      assets["beam"], assets["max_active"], scfg.dtype, device)
+    # the graph is read into memory whole: its files need to live only while it is read
+    with tempfile.TemporaryDirectory(prefix="amflow-serve-graph-") as graph_dir:
+        for name, data in assets["graph"].items():
+            Path(graph_dir, name).write_bytes(data)
+        return Recognizer(assets["model"], graph_dir, assets["log_prior"], assets["acwt"],
+                          assets["beam"], assets["max_active"], scfg.dtype, device)
 
 
 # ----------------------------------------------------------------- one WebSocket stream

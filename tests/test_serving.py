@@ -177,6 +177,22 @@ def _recognizer(sysm):
                       a["max_active"])
 
 
+def test_a_replica_keeps_no_graph_files_once_its_recognizer_is_built(tiny_system, tmp_path,
+                                                                      monkeypatch):
+    """make_recognizer writes the shipped graph to disk only to read it (each replica start
+    used to leave an amflow-serve-graph-* directory in /tmp)."""
+    import tempfile
+
+    from amflow.config import ServeConfig
+    from serving.app import make_recognizer
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    rec = make_recognizer(tiny_system["assets"], ServeConfig(device="cpu", dtype="fp32"))
+    assert list(tmp_path.iterdir()) == []
+    assert rec.graph.words == tiny_system["graph"].words
+    assert rec.graph.fst.num_states == tiny_system["graph"].fst.num_states
+
+
 class _Slow:
     """The model with a forward as slow as a loaded server's: audio arrives meanwhile."""
 
