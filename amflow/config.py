@@ -1183,8 +1183,16 @@ class AlignConfig:
     nnet_acoustic_scale: float = 0.1
     # One Ray actor per select shard (Kaldi's JOBs); false: every shard in this process.
     use_ray: bool = True
+    # Alignments taken from an earlier `amflow align` instead of trained again (as a Kaldi
+    # recipe points a later stage at exp/tri*_ali): "teacher" (a student's run takes its
+    # teacher run's, when that run aligned every utterance here with the same settings,
+    # lexicon, corpus and network tree; else it trains, and its log says why), "never", or
+    # the URI of an align output (runs/<R>/align), which must match.
+    reuse: str = "teacher"
 
     def validate(self, key: str) -> None:
+        _check(bool(self.reuse), f"{key}.reuse",
+               "must be teacher, never or the URI of an align output (runs/<R>/align)")
         _check(bool(self.splits) and all(s in ("labeled", "unlabeled", "dev", "test")
                                          for s in self.splits), f"{key}.splits",
                "must be a non-empty list of labeled, unlabeled, dev, test")

@@ -5,8 +5,8 @@ select -> align -> features -> targets -> repartition -> train (student, recipe 
 train -> sequence (sMBR on the labeled split, param) -> evaluate_sequence -> decode_sequence
 
 With features.labels=align, `align` labels the labeled split with the teacher's network
-tree (its model card), so the student's classes are the teacher's; it is skipped with
-features.labels=ctm. Runs on a new teacher (the `teacher` DAG's model asset) or from the trigger form. Each
+tree (its model card), so the student's classes are the teacher's, taking the teacher
+run's alignments when they cover it (align.reuse); it is skipped with features.labels=ctm. Runs on a new teacher (the `teacher` DAG's model asset) or from the trigger form. Each
 task runs `amflow <step> --config FILE --run-id <derived from this DAG run>` locally or
 as a Ray job (config `runner.mode`) and returns the step's summary as its XCom.
 

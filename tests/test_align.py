@@ -257,15 +257,14 @@ def test_align_step_end_to_end(tiny_corpus, tmp_path):
     assert json.loads((d / "_SUCCESS.json").read_text())["counts"] == c
     # a re-run is a no-op; another setting starts over
     assert align.run(StepContext(cfg, "r", "align"))["finished_at"] == out["finished_at"]
-    cfg2 = load_config(None, [f"storage.root={tmp_path}", f"data.corpus={tiny_corpus}",
-                              "select.splits=[labeled]", "select.hours=0.004",
-                              "align.use_ray=false", "align.mono_iters=3", "align.tri_iters=2",
-                              "align.num_senones=250", "align.tri_gauss=400",
-                              "align.mono_gauss=300", "align.lda_mllt=true",
-                              "align.splice_context=2", "align.lda_dim=20",
-                              "align.sat=true", "align.fmllr_iters=[1]",
-                              "align.fmllr_min_frames=50",
-                              "align.nnet_rounds=1", "align.nnet_epochs=1"])
+    sets2 = [f"storage.root={tmp_path}", f"data.corpus={tiny_corpus}",
+             "select.splits=[labeled]", "select.hours=0.004", "align.use_ray=false",
+             "align.mono_iters=3", "align.tri_iters=2", "align.num_senones=250",
+             "align.tri_gauss=400", "align.mono_gauss=300", "align.lda_mllt=true",
+             "align.splice_context=2", "align.lda_dim=20", "align.sat=true",
+             "align.fmllr_iters=[1]", "align.fmllr_min_frames=50", "align.nnet_rounds=1",
+             "align.nnet_epochs=1"]
+    cfg2 = load_config(None, sets2)
     redone = align.run(StepContext(cfg2, "r", "align"))  # (finished_at has 1 s resolution)
     assert redone["metrics"]["iterations"] != out["metrics"]["iterations"]
     # with LDA + MLLT, a third stage on 20-dimensional features, its transform written
@@ -288,6 +287,35 @@ def test_align_step_end_to_end(tiny_corpus, tmp_path):
     assert len(mat) == 20 and all(len(r.split()) == 13 * 5 for r in mat)
     assert "<DIMENSION> 20 " in (d / "final.mdl").read_text()
     _a_student_run_takes_the_teachers_tree(tiny_corpus, tmp_path, d / "nn_tree.json")
+    _a_run_takes_another_runs_alignments(sets2, redone, d)
+
+
+def _a_run_takes_another_runs_alignments(sets, first, d):
+    """align.reuse=<an align output>: the same utterances, settings, lexicon and corpus give
+    that output's alignments, rejects and models, with no GMM trained; another setting is
+    an error naming the key."""
+    from amflow.runs import StepContext, StepError
+    from amflow.steps import align
+    from amflow.steps import select
+
+    cfg = load_config(None, [*sets, f"align.reuse={d}", "align.use_ray=true"])
+    select.run(StepContext(cfg, "u", "select"))
+    out = align.run(StepContext(cfg, "u", "align"))
+    assert out["metrics"]["alignments_from"] == str(d)
+    assert out["counts"] == first["counts"] and out["metrics"]["frames"] == \
+        first["metrics"]["frames"]
+    assert out["metrics"]["score_sat"] == first["metrics"]["score_sat"]
+    u = d.parent.parent / "u" / "align"
+    mine = sorted(r for f in (u / "alignments").glob("*.parquet")
+                  for r in map(str, pq.read_table(f).to_pylist()))
+    theirs = sorted(r for f in (d / "alignments").glob("*.parquet")
+                    for r in map(str, pq.read_table(f).to_pylist()))
+    assert mine == theirs and len(mine) == first["counts"]["out"]
+    for name in ("alignments.ctm", "final.mdl", "final.mat", "trans.ark", "nn_tree.json"):
+        assert (u / name).read_bytes() == (d / name).read_bytes(), name
+    cfg = load_config(None, [*sets, f"align.reuse={d}", "align.beam=11"])
+    with pytest.raises(StepError, match=r"align.reuse: .* other align settings: align.beam"):
+        align.run(StepContext(cfg, "u", "align"))
 
 
 def _a_student_run_takes_the_teachers_tree(tiny_corpus, tmp_path, tree_uri):

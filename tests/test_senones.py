@@ -243,6 +243,16 @@ def test_a_corpus_without_alignments_goes_from_transcripts_to_words(tiny_corpus,
     assert json.loads((run / "features" / "phones.json").read_text()) == tree.class_names
     res = json.loads((run / "decode-teacher" / "result.json").read_text())
     assert res["utterances"] >= 1 and 0 <= res["wer"] <= 1.5
+    # a student's run (targets.teacher) takes its teacher run's alignments: no GMM trains
+    student = [f"targets.teacher={run / 'train-teacher' / 'model.pt'}"]
+    for step in ("select", "align"):
+        argv = [step, "--config", str(ROOT / "configs" / "local.yaml"), "--run-id", "s"]
+        for s in [*sets, *student]:
+            argv += ["--set", s]
+        assert main(argv) == 0, step
+    took = json.loads((run.parent / "s" / "align" / "_SUCCESS.json").read_text())
+    assert took["metrics"]["alignments_from"] == str(run / "align")
+    assert took["counts"] == json.loads((run / "align" / "_SUCCESS.json").read_text())["counts"]
 
 
 def test_model_card_carries_the_tree_only_for_context_dependent_classes():

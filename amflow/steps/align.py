@@ -19,12 +19,19 @@ Writes `runs/<R>/align/alignments/<shard>.parquet`  utt_id, speaker_id, num_fram
 One `ShardJob` per select shard (a Ray actor unless `align.use_ray` is false) keeps its
 features and alignments; the driver sums their statistics and updates the model
 (alignment/train.py has the recipe).
+
+With `align.reuse` (default `teacher`), a student's run whose teacher's run aligned the
+same utterances with the same settings, lexicon, corpus and network tree takes those
+alignments and models instead of training (alignment/reuse.py); metrics say
+`alignments_from`.
 """
 from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
 import logging
+from collections import Counter
 from typing import Any
 
 import kaldi_hmm_gmm  # noqa: F401  first: OpenFST import-order trap (alignment/__init__.py)
@@ -34,6 +41,7 @@ import pyarrow as pa
 from alignment import ctm as C
 from alignment import lexicon_graphs as lg
 from alignment import model_io
+from alignment import reuse
 from alignment.features import FeatureOptions
 from alignment.nnet import NnetOptions
 from alignment.jobs import ShardJob, Utterance, run_jobs
@@ -82,16 +90,19 @@ def load_shard(storage_cfg: StorageConfig, fcfg: FeaturesConfig, manifest: str,
     return utts, rejects
 
 
-def _lexicon(ctx: StepContext) -> lg.Lang:
+def _lexicon(ctx: StepContext) -> tuple[lg.Lang, str]:
+    """The lexicon's Lang and the sha256 of its text (part of what align's result is of)."""
     uri = ctx.cfg.data.lexicon or join(ctx.cfg.data.corpus.rstrip("/"), "lexicon.txt")
     if not ctx.storage.exists(uri):
         raise StepError(f"align needs a lexicon: {uri} not found (set data.lexicon, or run "
                         f"`amflow corpus`, which writes <corpus>/lexicon.txt)")
+    text = ctx.storage.read_text(uri)
     try:
-        lex = read_lexicon(ctx.storage.read_text(uri))
+        lex = read_lexicon(text)
     except LexiconError as exc:
         raise StepError(f"{uri}: {exc}") from exc
-    return lg.make_lang(lex.prons, ctx.cfg.align.sil_prob, set(ctx.cfg.align.closure_stops))
+    return (lg.make_lang(lex.prons, ctx.cfg.align.sil_prob, set(ctx.cfg.align.closure_stops)),
+            hashlib.sha256(text.encode()).hexdigest())
 
 
 def _clean_uris(ctx: StepContext) -> dict[str, str] | None:
@@ -148,23 +159,25 @@ def _score(results: list[list[dict]], lang: lg.Lang, ref: dict) -> dict | None:
     return total.summary()
 
 
+def _write_rows(ctx: StepContext, shard: str, rows: list[dict]) -> int:
+    """One shard's alignments (rows as ALIGN_SCHEMA's columns)."""
+    table = pa.Table.from_pylist(rows, schema=ALIGN_SCHEMA)
+    return ctx.storage.write_parquet(ctx.path("alignments", f"{shard}.parquet"), table)
+
+
 def _write(ctx: StepContext, results: list[list[dict]], shards: list[dict], lang: lg.Lang,
            final: Stage, mono: Stage, plain: dict, nn_tree: Tree | None) -> int:
     st = ctx.storage
     written, lines = 0, []
     ct = ContextTree.from_dict(plain)
     for e, rows in zip(shards, results):
-        table = pa.table({
-            "utt_id": [r["utt_id"] for r in rows], "speaker_id": [r["speaker_id"] for r in rows],
-            "shard": [e["shard"]] * len(rows),
-            "num_frames": [len(r["phones"]) for r in rows],
-            "frame_shift_ms": [10.0] * len(rows),
-            "phones": [r["phones"].astype(np.int16).tolist() for r in rows],
-            "senones": [r["senones"].astype(np.int32).tolist() for r in rows],
-            "nn_senones": [frame_classes(ct, r["phones"], r["starts"], lang.sil_id).tolist()
-                           for r in rows]},
-            schema=ALIGN_SCHEMA)
-        written += st.write_parquet(ctx.path("alignments", f"{e['shard']}.parquet"), table)
+        written += _write_rows(ctx, e["shard"], [{
+            "utt_id": r["utt_id"], "speaker_id": r["speaker_id"], "shard": e["shard"],
+            "num_frames": len(r["phones"]), "frame_shift_ms": 10.0,
+            "phones": r["phones"].astype(np.int16).tolist(),
+            "senones": r["senones"].astype(np.int32).tolist(),
+            "nn_senones": frame_classes(ct, r["phones"], r["starts"], lang.sil_id).tolist()}
+            for r in rows])
         for r in rows:
             lines += C.ctm_lines(r["utt_id"], C.segments(r["phones"], r["starts"]), lang.phones)
     st.write_text(ctx.path("alignments.ctm"), "\n".join(lines) + "\n")
@@ -200,21 +213,29 @@ def _options(cfg: Config) -> RecipeOptions:
 def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
     st, acfg = ctx.storage, ctx.cfg.align
     select = ctx.require("select")
-    # A finished align is reused only for the same select output and settings (use_ray is
-    # where it runs, not what it computes)
-    done = ctx.resume_plan({"select_finished_at": select.get("finished_at"),
-                            "align": {k: v for k, v in dataclasses.asdict(acfg).items()
-                                      if k != "use_ray"},
-                            "network_tree_from": tree_source(ctx.cfg)})
-    if done is not None:
-        return done
     shards = [e for e in st.read_json(ctx.other("select", "shards.json"))["shards"]
               if e["split"] in acfg.splits]
     if not shards:
         raise StepError(f"select has no shards of splits {acfg.splits} (align.splits)")
-    lang = _lexicon(ctx)
+    lang, lexicon = _lexicon(ctx)
     src = tree_source(ctx.cfg)  # checked before the GMMs train, not after
-    taken = _taken_tree(ctx, src, lang) if src else None
+    taken, card_info = _taken_tree(ctx, src, lang) if src else (None, {})
+    utts = _shard_utts(ctx, shards)
+    from_dir = _reuse_source(ctx, utts, lexicon, taken, card_info)
+    # A finished align is reused only for the same select output, settings and lexicon
+    # (use_ray is where it runs, not what it computes)
+    done = ctx.resume_plan({"select_finished_at": select.get("finished_at"),
+                            "align": {k: v for k, v in dataclasses.asdict(acfg).items()
+                                      if k != "use_ray"},
+                            "network_tree_from": src, "lexicon": lexicon,
+                            "alignments_from": from_dir and {
+                                "dir": from_dir,
+                                "finished_at": st.read_json(join(from_dir, SUCCESS))
+                                .get("finished_at")}})
+    if done is not None:
+        return done
+    if from_dir:
+        return _take(ctx, select, utts, from_dir, taken)
     ctm_uri = join(ctx.cfg.data.corpus.rstrip("/"), "alignments.ctm")
     ref = ref_al.read_ctm(st.read_text(ctm_uri))[0] if st.exists(ctm_uri) else {}
     jobs = _jobs(ctx, shards, lang)
@@ -255,18 +276,21 @@ def _network_tree(ctx: StepContext, jobs: list, lang: lg.Lang, final: Stage
     return tree.to_plain(lang.phones, lang.phones[lang.sil_id]), tree
 
 
-def _taken_tree(ctx: StepContext, src: str, lang: lg.Lang) -> dict:
+def _taken_tree(ctx: StepContext, src: str, lang: lg.Lang) -> tuple[dict, dict]:
     """The tree of a model card (model.pt) or an nn_tree.json, checked against this
-    lexicon's phones: a student's classes must be its teacher's."""
+    lexicon's phones: a student's classes must be its teacher's. With the card's `info`
+    (where the model was trained; {} for a JSON tree)."""
     key = "align.network_tree" if ctx.cfg.align.network_tree else "targets.teacher"
     if not ctx.storage.exists(src):
         raise StepError(f"{key}: {src} not found (the network tree to label with)")
+    info: dict = {}
     if src.endswith(".json"):
         plain = ctx.storage.read_json(src)
     else:  # deferred: torch, which only this path needs
         from training.checkpoint import load_model_card
 
-        plain = load_model_card(ctx.storage, src)[1].context
+        card = load_model_card(ctx.storage, src)[1]
+        plain, info = card.context, card.info
         if not plain:
             raise StepError(f"{key}: the model {src} has phone classes (it was trained with "
                             "features.labels=ctm), no network tree: a student of it needs "
@@ -279,7 +303,65 @@ def _taken_tree(ctx: StepContext, src: str, lang: lg.Lang) -> dict:
         raise StepError(f"{key}: the tree of {src} has {len(tree.phones)} phones, this "
                         f"lexicon {len(lang.phones)}: they must be the same phone set")
     log.info("align: the network's tree (%d leaves) from %s", tree.num_leaves, src)
-    return tree.to_dict()
+    return tree.to_dict(), info
+
+
+def _shard_utts(ctx: StepContext, shards: list[dict]) -> dict[str, list[str]]:
+    """shard -> the utterance ids of its select manifest."""
+    return {e["shard"]: ctx.storage.read_parquet(
+        ctx.other("select", "shards", f"{e['shard']}.parquet"), columns=["utt_id"]
+    ).column("utt_id").to_pylist() for e in shards}
+
+
+def _reuse_source(ctx: StepContext, utts: dict[str, list[str]], lexicon: str,
+                  taken: dict | None, card_info: dict) -> str:
+    """The align output to take this run's alignments from (align.reuse), "" to train.
+    An explicit URI that does not fit is an error; the teacher's run is only a candidate."""
+    mode = ctx.cfg.align.reuse
+    if mode == "never":
+        return ""
+    src = reuse.teacher_align_dir(card_info) if mode == "teacher" else mode
+    if not src:
+        return ""
+    why = reuse.problem(ctx.storage, src, reuse.compared(dataclasses.asdict(ctx.cfg.align)),
+                        lexicon, ctx.cfg.data.corpus, taken,
+                        {u for us in utts.values() for u in us})
+    if why and mode != "teacher":
+        raise StepError(f"align.reuse: {src} cannot give this run's alignments: {why}")
+    if why:
+        log.warning("align: training here, not taking the teacher run's alignments (%s): %s",
+                    src, why)
+        return ""
+    log.info("align: taking the alignments of %s (align.reuse=%s)", src, mode)
+    return src
+
+
+def _take(ctx: StepContext, select: dict, utts: dict[str, list[str]], src: str,
+          taken: dict | None) -> dict[str, Any]:
+    """align's outputs from the earlier align output `src` (_reuse_source accepted it)."""
+    st = ctx.storage
+    got = reuse.take(st, src, utts)
+    written = sum(_write_rows(ctx, shard, rows) for shard, rows in got.rows.items())
+    st.write_text(ctx.path("alignments.ctm"), "\n".join(got.ctm) + "\n")
+    for name in reuse.MODEL_FILES:
+        if st.exists(join(src, name)):
+            data = st.read_bytes(join(src, name))
+            st.write_bytes(ctx.path(name), data)
+            written += len(data)
+    st.write_json(ctx.path("nn_tree.json"), taken or st.read_json(join(src, "nn_tree.json")))
+    st.write_parquet(ctx.path("rejects", "align.parquet"), rejects_table(got.rejects))
+    reasons = dict(Counter(r.reason for r in got.rejects))
+    n_out = sum(len(rows) for rows in got.rows.values())
+    metrics = {**got.summary.get("metrics", {}), "alignments_from": src,
+               "network_tree_from": tree_source(ctx.cfg) or None, "reject_reasons": reasons,
+               "frames": sum(r["num_frames"] for rows in got.rows.values() for r in rows)}
+    return ctx.finish(
+        inputs={"select": ctx.other("select", SUCCESS), "corpus": ctx.cfg.data.corpus,
+                "select_finished_at": select.get("finished_at"), "splits": ctx.cfg.align.splits,
+                "alignments_from": join(src, SUCCESS)},
+        counts={"in": sum(len(u) for u in utts.values()), "out": n_out,
+                "rejected": len(got.rejects)},
+        metrics=metrics, bytes_written=written)
 
 
 def _finish(ctx: StepContext, select: dict, jobs: list, shards: list[dict], results: list,
@@ -291,9 +373,7 @@ def _finish(ctx: StepContext, select: dict, jobs: list, shards: list[dict], resu
         rejects.append(Reject(utt, reason, detail, shard_of.get(utt, "")))
     ctx.storage.write_parquet(ctx.path("rejects", "align.parquet"), rejects_table(rejects))
     n_out = sum(len(rows) for rows in results)
-    reasons: dict[str, int] = {}
-    for r in rejects:
-        reasons[r.reason] = reasons.get(r.reason, 0) + 1
+    reasons = dict(Counter(r.reason for r in rejects))
     metrics = {
         "num_senones": final.built.num_leaves if final.built else None,
         "nn_senones": hist.nn_senones, "network_tree_from": tree_source(ctx.cfg) or None,
