@@ -143,6 +143,31 @@ def _jobs(ctx: StepContext, shards: list[dict], lang: lg.Lang) -> list[Any]:
     return [actor.remote(sid, load, lang, fopts) for sid, load in loaders]
 
 
+def _score_ctm(ctx: StepContext, got: reuse.Taken) -> dict | None:
+    """A taken alignment (its CTM lines) against the corpus CTM, over this run's utterances."""
+    ref = _reference(ctx)
+    if not ref:
+        return None
+    frames = {r["utt_id"]: r["num_frames"] for rows in got.rows.values() for r in rows}
+    hyps: dict[str, list[tuple[str, float, float]]] = {}
+    for line in got.ctm:
+        utt, _, start, dur, phone = line.split()[:5]
+        hyps.setdefault(utt, []).append((phone, float(start), float(start) + float(dur)))
+    total = C.Score()
+    for utt, hyp in hyps.items():
+        a = ref.get(utt)
+        if a is not None:
+            total.add(C.score(hyp, list(zip(a.phones, a.starts.tolist(), a.ends.tolist())),
+                              frames[utt]))
+    return total.summary()
+
+
+def _reference(ctx: StepContext) -> dict:
+    """The corpus's alignments.ctm (utt_id -> Alignment), which only measures; {} if none."""
+    uri = join(ctx.cfg.data.corpus.rstrip("/"), "alignments.ctm")
+    return ref_al.read_ctm(ctx.storage.read_text(uri))[0] if ctx.storage.exists(uri) else {}
+
+
 def _score(results: list[list[dict]], lang: lg.Lang, ref: dict) -> dict | None:
     if not ref:
         return None
@@ -236,8 +261,7 @@ def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
         return done
     if from_dir:
         return _take(ctx, select, utts, from_dir, taken)
-    ctm_uri = join(ctx.cfg.data.corpus.rstrip("/"), "alignments.ctm")
-    ref = ref_al.read_ctm(st.read_text(ctm_uri))[0] if st.exists(ctm_uri) else {}
+    ref = _reference(ctx)
     jobs = _jobs(ctx, shards, lang)
     scores: dict[str, Any] = {}
     stages: dict[str, Stage] = {}
@@ -352,7 +376,12 @@ def _take(ctx: StepContext, select: dict, utts: dict[str, list[str]], src: str,
     st.write_parquet(ctx.path("rejects", "align.parquet"), rejects_table(got.rejects))
     reasons = dict(Counter(r.reason for r in got.rejects))
     n_out = sum(len(rows) for rows in got.rows.values())
-    metrics = {**got.summary.get("metrics", {}), "alignments_from": src,
+    # the source's stage scores are over its utterances: kept apart, and the taken
+    # alignment scored over this run's
+    source = got.summary.get("metrics", {})
+    metrics = {**{k: v for k, v in source.items() if not k.startswith("score_")},
+               "source_scores": {k: v for k, v in source.items() if k.startswith("score_")},
+               "score_taken": _score_ctm(ctx, got), "alignments_from": src,
                "network_tree_from": tree_source(ctx.cfg) or None, "reject_reasons": reasons,
                "frames": sum(r["num_frames"] for rows in got.rows.values() for r in rows)}
     return ctx.finish(
