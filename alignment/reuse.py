@@ -2,10 +2,11 @@
 
 A student's run labels its labeled split with its teacher's network tree, and the
 teacher's run has aligned those utterances already, with the same settings. Training the
-GMMs again costs minutes of CPU, and its alignment parts from the labels the teacher and
-the baseline learned: on the demo's corpus a second run in another process changed 47 %
-of the CTM's phone segments, at the same score. Kaldi's recipes do the same: a later stage
-is pointed at an earlier stage's alignment directory (`exp/tri3b_ali`).
+GMMs again costs minutes of CPU, and nothing guarantees the same labels the teacher and the
+baseline learned: on the demo's corpus a quiet re-run gave them bit for bit, but one run
+under heavy CPU load parted from pass 1 on and changed 47 % of the CTM's phone segments, at
+the same score (alignment/README.md). Kaldi's recipes do the same: a later stage is
+pointed at an earlier stage's alignment directory (`exp/tri3b_ali`).
 
 `problem` says why an align output cannot stand in for this run's (None: it can); `take`
 reads what this run needs from it: its utterances' rows and rejects, grouped by this run's
