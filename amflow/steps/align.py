@@ -145,21 +145,10 @@ def _jobs(ctx: StepContext, shards: list[dict], lang: lg.Lang) -> list[Any]:
 
 def _score_ctm(ctx: StepContext, got: reuse.Taken) -> dict | None:
     """A taken alignment (its CTM lines) against the corpus CTM, over this run's utterances."""
-    ref = _reference(ctx)
-    if not ref:
-        return None
     frames = {r["utt_id"]: r["num_frames"] for rows in got.rows.values() for r in rows}
-    hyps: dict[str, list[tuple[str, float, float]]] = {}
-    for line in got.ctm:
-        utt, _, start, dur, phone = line.split()[:5]
-        hyps.setdefault(utt, []).append((phone, float(start), float(start) + float(dur)))
-    total = C.Score()
-    for utt, hyp in hyps.items():
-        a = ref.get(utt)
-        if a is not None:
-            total.add(C.score(hyp, list(zip(a.phones, a.starts.tolist(), a.ends.tolist())),
-                              frames[utt]))
-    return total.summary()
+    hyps = ref_al.read_ctm("\n".join(got.ctm))[0]
+    return _total_score(((u, list(zip(h.phones, h.starts.tolist(), h.ends.tolist())),
+                          frames[u]) for u, h in hyps.items()), _reference(ctx))
 
 
 def _reference(ctx: StepContext) -> dict:
@@ -169,18 +158,23 @@ def _reference(ctx: StepContext) -> dict:
 
 
 def _score(results: list[list[dict]], lang: lg.Lang, ref: dict) -> dict | None:
+    return _total_score(((r["utt_id"], [(lang.phones[p], s * C.FRAME_SHIFT_S,
+                                         (s + n) * C.FRAME_SHIFT_S)
+                                        for p, s, n in C.segments(r["phones"], r["starts"])],
+                          len(r["phones"])) for rows in results for r in rows), ref)
+
+
+def _total_score(hyps: Any, ref: dict) -> dict | None:
+    """(utt_id, [(phone, start s, end s)], frames) per utterance against the reference
+    CTM; None without one."""
     if not ref:
         return None
     total = C.Score()
-    for rows in results:
-        for r in rows:
-            a = ref.get(r["utt_id"])
-            if a is None:
-                continue
-            hyp = [(lang.phones[p], s * C.FRAME_SHIFT_S, (s + n) * C.FRAME_SHIFT_S)
-                   for p, s, n in C.segments(r["phones"], r["starts"])]
-            refs = list(zip(a.phones, a.starts.tolist(), a.ends.tolist()))
-            total.add(C.score(hyp, refs, len(r["phones"])))
+    for utt, hyp, num_frames in hyps:
+        a = ref.get(utt)
+        if a is not None:
+            total.add(C.score(hyp, list(zip(a.phones, a.starts.tolist(), a.ends.tolist())),
+                              num_frames))
     return total.summary()
 
 
@@ -373,8 +367,7 @@ def _take(ctx: StepContext, select: dict, utts: dict[str, list[str]], src: str,
             st.write_bytes(ctx.path(name), data)
             written += len(data)
     st.write_json(ctx.path("nn_tree.json"), taken or st.read_json(join(src, "nn_tree.json")))
-    st.write_parquet(ctx.path("rejects", "align.parquet"), rejects_table(got.rejects))
-    reasons = dict(Counter(r.reason for r in got.rejects))
+    reasons = _write_rejects(ctx, got.rejects)
     n_out = sum(len(rows) for rows in got.rows.values())
     # the source's stage scores are over its utterances: kept apart, and the taken
     # alignment scored over this run's
@@ -385,9 +378,7 @@ def _take(ctx: StepContext, select: dict, utts: dict[str, list[str]], src: str,
                "network_tree_from": tree_source(ctx.cfg) or None, "reject_reasons": reasons,
                "frames": sum(r["num_frames"] for rows in got.rows.values() for r in rows)}
     return ctx.finish(
-        inputs={"select": ctx.other("select", SUCCESS), "corpus": ctx.cfg.data.corpus,
-                "select_finished_at": select.get("finished_at"), "splits": ctx.cfg.align.splits,
-                "alignments_from": join(src, SUCCESS)},
+        inputs={**_inputs(ctx, select), "alignments_from": join(src, SUCCESS)},
         counts={"in": sum(len(u) for u in utts.values()), "out": n_out,
                 "rejected": len(got.rejects)},
         metrics=metrics, bytes_written=written)
@@ -400,9 +391,8 @@ def _finish(ctx: StepContext, select: dict, jobs: list, shards: list[dict], resu
     for utt, why in failures(jobs).items():
         reason, _, detail = why.partition(": ")
         rejects.append(Reject(utt, reason, detail, shard_of.get(utt, "")))
-    ctx.storage.write_parquet(ctx.path("rejects", "align.parquet"), rejects_table(rejects))
     n_out = sum(len(rows) for rows in results)
-    reasons = dict(Counter(r.reason for r in rejects))
+    reasons = _write_rejects(ctx, rejects)
     metrics = {
         "num_senones": final.built.num_leaves if final.built else None,
         "nn_senones": hist.nn_senones, "network_tree_from": tree_source(ctx.cfg) or None,
@@ -415,10 +405,21 @@ def _finish(ctx: StepContext, select: dict, jobs: list, shards: list[dict], resu
         "reject_reasons": reasons,
     }
     return ctx.finish(
-        inputs={"select": ctx.other("select", SUCCESS), "corpus": ctx.cfg.data.corpus,
-                "select_finished_at": select.get("finished_at"), "splits": ctx.cfg.align.splits},
+        inputs=_inputs(ctx, select),
         counts={"in": sum(e["utts"] for e in shards), "out": n_out, "rejected": len(rejects)},
         metrics=metrics, bytes_written=written)
+
+
+def _write_rejects(ctx: StepContext, rejects: list[Reject]) -> dict[str, int]:
+    """rejects/align.parquet; the count per reason, for the metrics."""
+    ctx.storage.write_parquet(ctx.path("rejects", "align.parquet"), rejects_table(rejects))
+    return dict(Counter(r.reason for r in rejects))
+
+
+def _inputs(ctx: StepContext, select: dict) -> dict[str, Any]:
+    """What an align output was made from (its summary's `inputs`)."""
+    return {"select": ctx.other("select", SUCCESS), "corpus": ctx.cfg.data.corpus,
+            "select_finished_at": select.get("finished_at"), "splits": ctx.cfg.align.splits}
 
 
 def lang_phones(stage: Stage) -> list[int]:
