@@ -315,6 +315,7 @@ def _a_run_takes_another_runs_alignments(sets, first, d):
     assert mine == theirs and len(mine) == first["counts"]["out"]
     for name in ("alignments.ctm", "final.mdl", "final.mat", "trans.ark", "nn_tree.json"):
         assert (u / name).read_bytes() == (d / name).read_bytes(), name
+    assert align.run(StepContext(cfg, "u", "align"))["finished_at"] == out["finished_at"]
     cfg = load_config(None, [*sets, f"align.reuse={d}", "align.beam=11"])
     with pytest.raises(StepError, match=r"align.reuse: .* other align settings: align.beam"):
         align.run(StepContext(cfg, "u", "align"))
