@@ -136,13 +136,79 @@ def mix_up(am: khg.AmDiagGmm, occs: np.ndarray, target_gauss: int, power: float,
         pdf.compute_gconsts()
 
 
-def equal_align(graph: kaldifst.StdVectorFst, num_frames: int) -> list[int] | None:
-    """align-equal-compiled: a path of the graph with its frames spread equally."""
-    ok, fst = kaldifst.equal_align(ifst=graph, length=num_frames, rand_seed=3, num_retries=10)
-    if not ok:
+def equal_align(graph: kaldifst.StdVectorFst, num_frames: int, seed: int = 3,
+                retries: int = 10) -> list[int] | None:
+    """align-equal-compiled: a random path of the graph with its frames spread equally over
+    the self-loops of the states it visits (Kaldi's fst::EqualAlign, which this follows
+    step for step), or None when no path up to `retries` fits in `num_frames`.
+
+    Written here because kaldifst.equal_align draws from the C library's process-wide
+    rand(): srand(seed) does not make it reproducible in a process with other native
+    threads that call rand(), as every Ray actor has (measured: two quiet actors calling
+    it on one graph for a minute got another path 17 times), and one other path at the
+    flat start moves the whole recipe's result. Here the draws come from `seed` alone."""
+    arcs, loops = _arcs_and_self_loops(graph)
+    rng = np.random.default_rng(seed)
+    for _ in range(retries):
+        path = _random_path(graph, arcs, rng, num_frames)
+        if path is not None:
+            return _spread(path, loops, num_frames)
+    return None
+
+
+def _arcs_and_self_loops(graph: kaldifst.StdVectorFst
+                         ) -> tuple[list[list[tuple[int, int]]], list[int]]:
+    """Per state: its arcs as (input label, next state), and its first self-loop's input
+    label (0: none)."""
+    arcs, loops = [], []
+    for s in range(graph.num_states):
+        out = [(a.ilabel, a.nextstate) for a in kaldifst.ArcIterator(graph, s)]
+        arcs.append(out)
+        loops.append(next((il for il, nxt in out if nxt == s and il != 0), 0))
+    return arcs, loops
+
+
+def _random_path(graph: kaldifst.StdVectorFst, arcs: list[list[tuple[int, int]]],
+                 rng: np.random.Generator, num_frames: int
+                 ) -> list[tuple[int, int]] | None:
+    """[(state, input label of the arc that leaves it; -1 for the final state)]: at each
+    state one of its arcs or its final weight, uniformly, a drawn self-loop drawn again;
+    None once the path has more labelled arcs than frames."""
+    s, path, labelled = graph.start, [], 0
+    while True:
+        n = len(arcs[s]) + (1 if graph.final(s).value != float("inf") else 0)
+        k = int(rng.integers(n))
+        if k == len(arcs[s]):
+            path.append((s, -1))
+            return path
+        ilabel, nxt = arcs[s][k]
+        if nxt == s:
+            continue
+        path.append((s, ilabel))
+        labelled += ilabel != 0
+        if labelled > num_frames:
+            return None
+        s = nxt
+
+
+def _spread(path: list[tuple[int, int]], loops: list[int], num_frames: int
+            ) -> list[int] | None:
+    """The path's input labels with its states' self-loops repeated to `num_frames`: each
+    state with a self-loop repeats it equally often, the first ones once more."""
+    labelled = sum(il > 0 for _, il in path)
+    with_loop = [s for s, _ in path if loops[s]]
+    extra = num_frames - labelled
+    if extra and not with_loop:
         return None
-    ok, ali, _, _ = kaldifst.get_linear_symbol_sequence(fst)
-    return list(ali) if ok and len(ali) == num_frames else None
+    each, more = divmod(extra, len(with_loop)) if with_loop else (0, 0)
+    out, nth = [], 0
+    for s, ilabel in path:
+        if loops[s]:
+            out += [loops[s]] * (each + (nth < more))
+            nth += 1
+        if ilabel > 0:
+            out.append(ilabel)
+    return out
 
 
 def align(tm: khg.TransitionModel, am: khg.AmDiagGmm, graph: kaldifst.StdVectorFst,

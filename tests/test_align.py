@@ -144,6 +144,63 @@ def test_mix_up_is_reproducible_and_splits_as_kaldi_allocates():
     assert not np.array_equal(other.get_pdf(2).means, a.get_pdf(2).means)
 
 
+def _training_graph(words: list[str]):
+    prons = {"a": [("ah", "b")], "bee": [("b", "iy")], "cat": [("k", "ah", "t")],
+             "the": [("dh", "ah"), ("dh", "iy")]}
+    lang = lg.make_lang(prons)
+    topo = lg.topology(lang)
+    tree = gmm.monophone_tree(topo)
+    tm = gmm.khg.TransitionModel(ctx_dep=tree, hmm_topo=topo)
+    gc = lg.graph_compiler(lang, tm, tree, lg.lexicon_fst(lang))
+    return gc.compile_graph_from_text(lg.word_ids(lang, words)[0]), tm, lang
+
+
+def test_equal_align_is_a_path_of_the_graph_spread_over_every_frame():
+    words = ["the", "cat", "a", "bee"]
+    g, tm, lang = _training_graph(words)
+    ali = gmm.equal_align(g, 120)
+    assert len(ali) == 120 and ali == gmm.equal_align(g, 120)
+    phones, _, start = gmm.phones_and_pdfs(tm, ali)
+    spoken = [lang.phones[p] for p in phones[start] if p != lang.sil_id]
+    assert spoken in (["dh", v, "k", "ah", "t", "ah", "b", "b", "iy"] for v in ("ah", "iy"))
+    # frames spread equally: every phone's 3 states hold 120 / (phones x 3) frames or so
+    seg = np.diff(np.flatnonzero(np.append(start, True)))
+    assert seg.max() <= 2 * seg[phones[start] != lang.sil_id].min() + 3
+    assert gmm.equal_align(g, 26) is None  # 9 phones x 3 states > 26 frames
+    paths = {tuple(gmm.equal_align(g, 120, seed=s)) for s in range(8)}
+    assert len(paths) > 1  # the seed draws the path (silences, pronunciations)
+
+
+def test_equal_align_ignores_other_threads_drawing_from_rand(tmp_path):
+    # kaldifst.equal_align draws from the C library's rand(), which Ray's own threads draw
+    # from too: in actors the same graph got another path now and then, and the flat start
+    # then gave another model. A native thread calling rand() in a loop shows it here.
+    import ctypes
+    import shutil
+    import subprocess
+
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no C compiler to build the rand() thread")
+    src = tmp_path / "spin.c"
+    src.write_text("#include <pthread.h>\n#include <stdlib.h>\n"
+                   "static volatile int halt; static pthread_t th;\n"
+                   "static void *spin(void *a) { while (!halt) rand(); return a; }\n"
+                   "void begin(void) { pthread_create(&th, 0, spin, 0); }\n"
+                   "void end(void) { halt = 1; pthread_join(th, 0); }\n")
+    subprocess.run([cc, "-O2", "-shared", "-fPIC", "-o", str(tmp_path / "spin.so"), str(src),
+                    "-lpthread"], check=True)
+    spin = ctypes.CDLL(str(tmp_path / "spin.so"))
+    g, _, _ = _training_graph(["the", "cat", "a", "bee", "the", "cat"])
+    quiet = gmm.equal_align(g, 150)
+    spin.begin()
+    try:
+        busy = [gmm.equal_align(g, 150) for _ in range(100)]
+    finally:
+        spin.end()
+    assert all(b == quiet for b in busy)
+
+
 def test_align_config_errors_name_the_key():
     with pytest.raises(ConfigError, match="align.retry_beam"):
         load_config(None, ["align.beam=20", "align.retry_beam=10"])
