@@ -112,11 +112,13 @@ def table_ii(teacher: dict, baseline: dict, ssl: dict) -> list[dict[str, Any]]:
             return ev.get("per") if cond == "all" else ev.get("per_condition_per", {}).get(cond)
 
         t, b, s = fa(teacher), fa(baseline), fa(ssl)
-        if b is None or s is None:
+        framed = b is not None and s is not None  # none where scored by transcripts alone
+        if not framed and (per(baseline) is None or per(ssl) is None):
             continue
         rows.append({"condition": cond, "teacher_fa": t, "baseline_fa": b, "ssl_fa": s,
                      "teacher_per": per(teacher), "baseline_per": per(baseline),
-                     "ssl_per": per(ssl), "rel_fer_reduction": relative_error_reduction(b, s)})
+                     "ssl_per": per(ssl),
+                     "rel_fer_reduction": relative_error_reduction(b, s) if framed else None})
     return rows
 
 
@@ -215,13 +217,17 @@ def bar_png(rows: list[dict[str, Any]]) -> bytes:
 
     conds = [r["condition"] for r in rows]
     x = np.arange(len(conds))
+    # PER where the evaluations had no frame reference (scored by transcripts alone)
+    framed = any(r["baseline_fa"] is not None for r in rows)
+    metric, ylabel = ("fa", "frame accuracy %") if framed else ("per", "phone error rate %")
     fig, ax = plt.subplots(figsize=(7, 4))
-    for i, (key, label) in enumerate([("teacher_fa", "teacher (BLSTM)"),
-                                      ("baseline_fa", "baseline student"),
-                                      ("ssl_fa", "SSL student")]):
-        ax.bar(x + (i - 1) * 0.27, [100 * (r[key] or 0) for r in rows], 0.27, label=label)
+    for i, (model, label) in enumerate([("teacher", "teacher (BLSTM)"),
+                                        ("baseline", "baseline student"),
+                                        ("ssl", "SSL student")]):
+        ax.bar(x + (i - 1) * 0.27, [100 * (r[f"{model}_{metric}"] or 0) for r in rows], 0.27,
+               label=label)
     ax.set_xticks(x, conds)
-    ax.set_ylabel("frame accuracy %")
+    ax.set_ylabel(ylabel)
     ax.legend()
     ax.grid(axis="y", alpha=0.3)
     buf = io.BytesIO()

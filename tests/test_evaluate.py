@@ -16,7 +16,8 @@ from amflow.storage import Storage, join
 from amflow.steps import train as train_step
 from training.data import cmvn_stats, rows_table
 from training.evaluate import (UttScore, aggregate, collapse, edit_distance,
-                               relative_error_reduction, score_utterance)
+                               edit_distance_variants, relative_error_reduction,
+                               score_transcript, score_utterance)
 from tests.conftest import ROOT
 
 torch.set_num_threads(1)
@@ -39,6 +40,40 @@ def test_collapse_and_edit_distance():
         a = [rng.randrange(4) for _ in range(rng.randrange(0, 12))]
         b = [rng.randrange(4) for _ in range(rng.randrange(0, 12))]
         assert edit_distance(a, b) == _levenshtein(a, b)
+
+
+def test_edit_distance_over_pronunciation_variants():
+    rng = random.Random(1)
+    for _ in range(200):  # one variant per word: the plain distance to their concatenation
+        words = [[tuple(rng.randrange(4) for _ in range(rng.randrange(1, 4)))]
+                 for _ in range(rng.randrange(0, 5))]
+        hyp = [rng.randrange(4) for _ in range(rng.randrange(0, 12))]
+        ref = [p for w in words for p in w[0]]
+        assert edit_distance_variants(hyp, words) == (_levenshtein(hyp, ref), len(ref))
+    for _ in range(200):  # several: the best choice per word, and that choice's length
+        words = [[tuple(rng.randrange(4) for _ in range(rng.randrange(1, 4)))
+                  for _ in range(rng.randrange(1, 3))] for _ in range(rng.randrange(1, 4))]
+        hyp = [rng.randrange(4) for _ in range(rng.randrange(0, 10))]
+        spellings = [[p for v in choice for p in v] for choice in _choices(words)]
+        best = min((_levenshtein(hyp, r), len(r)) for r in spellings)
+        assert edit_distance_variants(hyp, words) == best
+
+
+def _choices(words):
+    if not words:
+        return [[]]
+    return [[v] + rest for v in words[0] for rest in _choices(words[1:])]
+
+
+def test_score_transcript_is_per_without_silence_and_no_frames():
+    sil = 9
+    words = [[(0, 1)], [(2,), (3, 3)]]  # "0 1" then "2" or "3 3"
+    s = score_transcript(np.array([sil, 0, 0, 1, sil, 3, 3, 1, sil]), words, "DP2", sil)
+    # hyp "0 1 3 1" (collapsed, silence out) vs "0 1 3 3": 1 edit; vs "0 1 2": 2
+    assert (s.frames, s.ref_phones, s.edits, s.ref_speech, s.edits_speech) == (0, 4, 1, 4, 1)
+    r = aggregate([s])
+    assert r["frame_accuracy"] is None and r["per_condition"] == {"DP2": None}
+    assert r["per"] == r["per_speech"] == pytest.approx(0.25)
 
 
 def test_score_utterance_frames_and_collapsed_phones():
@@ -114,13 +149,15 @@ def _write_corpus(root, rng):
             sf.write(str(root / "audio" / f"{utt}.wav"), x, SR, subtype="PCM_16")
             meta.append({"utt_id": utt, "speaker_id": spk, "duration": len(x) / SR,
                          "created_at": f"2024-01-01T00:{i:02d}:00", "locale": "en-US",
-                         "audio_uri": f"audio/{utt}.wav", "condition": cond, "split": split})
+                         "audio_uri": f"audio/{utt}.wav", "condition": cond, "split": split,
+                         "text": " ".join(f"w{p}" for _, _, p in segs)})  # word wX: phone X
             ctm += [f"{utt} 1 {s:.3f} {d:.3f} {p}" for s, d, p in segs]
             if split == "labeled":
                 train.append((spk, x, segs, cond, utt))
     meta.append({"utt_id": "t9-missing-audio", "speaker_id": "t9", "duration": 1.0,
                  "created_at": "2024-01-01T00:00:00", "locale": "en-US",
-                 "audio_uri": "audio/nope.wav", "condition": "DP1", "split": "test"})
+                 "audio_uri": "audio/nope.wav", "condition": "DP1", "split": "test",
+                 "text": "wa"})
     ctm.append("t9-missing-audio 1 0.000 0.500 a")
     meta.append(dict(meta[-2], utt_id="t0-no-ctm"))  # same audio, no alignment lines
     (root / "metadata.jsonl").write_text("".join(json.dumps(m) + "\n" for m in meta))
@@ -200,3 +237,31 @@ def test_evaluate_a_trained_teacher_on_a_corpus(tmp_path, local_cfg, capsys):
                              "--model", str(store / "runs" / "r" / "train" / "model.pt")]) == 0
     again = json.loads((store / "runs" / "r" / "evaluate-x" / "result.json").read_text())
     assert again["frame_accuracy"] == res["frame_accuracy"]
+    _evaluate_by_transcripts(tmp_path, corpus, argv, res)
+
+
+def _evaluate_by_transcripts(tmp_path, corpus, argv, with_ctm):
+    """The same test split in a corpus with no alignments.ctm (real transcribed speech):
+    PER against the transcripts through the lexicon, no frame accuracy, bad records
+    rejected with their reasons."""
+    import shutil
+
+    bare = tmp_path / "bare"
+    shutil.copytree(corpus, bare)
+    (bare / "alignments.ctm").unlink()
+    (bare / "lexicon.txt").write_text("".join(f"w{p} {p}\n" for p in PHONES))
+    meta = [json.loads(line) for line in (bare / "metadata.jsonl").read_text().splitlines()]
+    meta += [dict(meta[-1], utt_id="t0-oov", text="wa wzz"),
+             dict(meta[-1], utt_id="t0-silent", text="")]
+    (bare / "metadata.jsonl").write_text("".join(json.dumps(m) + "\n" for m in meta))
+    out = tmp_path / "bare.json"
+    assert main(argv[:5] + ["--data", str(bare), "--split", "test", "--out", str(out)]
+                + argv[-2:]) == 0
+    res = json.loads(out.read_text())
+    assert res["reference"] == "transcript" and res["frame_accuracy"] is None
+    assert res["num_frames"] == 0 and set(res["per_condition_per"]) == {"DP1", "DP3"}
+    assert res["num_utterances"] == 13  # t0-no-ctm has a transcript
+    assert res["rejected"] == {"missing_audio": 1, "oov_word": 1, "no_transcript": 1}
+    # the transcripts spell what the CTM holds: the same PER, give or take the one more
+    # utterance (and its share of the speaker's running CMN)
+    assert res["per_speech"] == pytest.approx(with_ctm["per_speech"], abs=0.05)

@@ -25,6 +25,20 @@ def test_table_ii_rows():
     assert dp2["rel_fer_reduction"] == pytest.approx(0.05 / 0.3)
 
 
+def test_table_ii_by_transcripts_alone_keeps_per():
+    # evaluations of a corpus with no frame reference: PER only, no frame-error reduction
+    def by_text(per: float) -> dict:
+        return {"frame_accuracy": None, "per": per, "per_condition": {"DP1": None},
+                "per_condition_per": {"DP1": per}}
+
+    rows = table_ii(by_text(0.2), by_text(0.3), by_text(0.25))
+    assert [r["condition"] for r in rows] == ["DP1", "all"]
+    assert rows[0]["ssl_per"] == 0.25 and rows[0]["rel_fer_reduction"] is None
+    from tasks.report import bar_png, render_table_ii
+    assert "| DP1 | – | – | – | 20.0 | 30.0 | 25.0 | – |" in render_table_ii(rows)
+    assert bar_png(rows)[:4] == b"\x89PNG"
+
+
 def test_report_writes_markdown_and_pngs(local_cfg):
     cfg = local_cfg("report.teacher_run=t1")
     teacher = StepContext(cfg, "t1", "evaluate-teacher")

@@ -10,8 +10,9 @@ Writes  --out    JSON (default: runs/<R>/evaluate[-<tag>]/result.json):
           frame_accuracy, num_frames, num_utterances, per (phone error rate), per_speech
           (the same without silence), per_condition {DP1..DP5: frame accuracy},
           per_condition_per, per_condition_per_speech, per_condition_frames,
-          rejected {reason: count}; with evaluate.baseline also `baseline` (the same
-          numbers for that model) and rel_frame_error_reduction per condition
+          rejected {reason: count}, reference (ctm | align | transcript); with
+          evaluate.baseline also `baseline` (the same numbers for that model) and
+          rel_frame_error_reduction per condition
         runs/<R>/evaluate[-<tag>]/_SUCCESS.json, rejects/rejects.parquet
 
 Features are computed on the fly exactly as the features step does
@@ -24,6 +25,14 @@ one phone) and compared with the collapsed reference by edit distance; PER = tot
 / total reference phones. Silence is a class like any other there; `per_speech` removes
 the silence symbols from both collapsed sequences first, the usual way phone error rates
 are reported (silence is a third of the frames and easy).
+
+A corpus of real transcribed speech has no frame reference for its test split (no
+alignments.ctm, and `amflow align` aligns the training splits). Such a split is scored by
+its transcripts (`reference: transcript`): each word's pronunciations from the lexicon,
+the variant closest to the collapsed output chosen per word (as a forced alignment would
+choose by the audio), PER against that spelling without silence; frame accuracy is None
+(`per` equals `per_speech`). Records without words or with a word not in the lexicon are
+rejects (no_transcript, oov_word).
 """
 from __future__ import annotations
 
@@ -46,6 +55,7 @@ from tasks.corpus import SIL
 from tasks.fbank import FbankComputer
 from tasks.features import featurize_records
 from tasks.select import records_of_split
+from tasks.speech.lexicon import words_of
 from training.checkpoint import load_model
 from training.data import Normalizer
 from training.example_servers import load_clean_sources
@@ -85,6 +95,41 @@ def edit_distance(hyp: Sequence[int] | np.ndarray, ref: Sequence[int] | np.ndarr
     return int(prev[-1])
 
 
+def edit_distance_variants(hyp: Sequence[int] | np.ndarray,
+                           words: Sequence[Sequence[Sequence[int]]]) -> tuple[int, int]:
+    """(edits, reference length) of `hyp` against the closest spelling of a transcript
+    whose words each have pronunciation variants: per word the variant that fits `hyp`
+    best (of equally close ones, the shortest), as a forced alignment picks the one that
+    fits the audio best."""
+    h = np.asarray(hyp)
+    # one integer per path: edits x _KEY + reference length, so that the smallest is the
+    # fewest edits, then the shortest reference (each step adds to both)
+    key = np.arange(len(h) + 1, dtype=np.int64) * _KEY  # hyp[:j] all inserted
+    for variants in words:
+        ends = []
+        for phones in variants:
+            k = key
+            for p in phones:
+                k = _ref_row(k, p, h)
+            ends.append(k)
+        if ends:
+            key = np.minimum.reduce(ends)
+    edits, length = divmod(int(key[-1]), _KEY)
+    return edits, length
+
+
+_KEY = 1 << 24
+
+
+def _ref_row(key: np.ndarray, ref: int, h: np.ndarray) -> np.ndarray:
+    """One reference symbol more (deletion or substitution / match consume it), then
+    insertions along the row: key[j] = min over k <= j of key[k] + (j - k) insertions."""
+    cur = key + _KEY + 1  # deletion
+    cur[1:] = np.minimum(cur[1:], key[:-1] + (h != ref) * _KEY + 1)
+    steps = np.arange(len(cur), dtype=np.int64) * _KEY
+    return np.minimum.accumulate(cur - steps) + steps
+
+
 @dataclasses.dataclass
 class UttScore:
     condition: str
@@ -111,15 +156,24 @@ def score_utterance(pred: np.ndarray, ref: np.ndarray, condition: str,
                     edit_distance(chyp, cref), int(len(sref)), edit_distance(shyp, sref))
 
 
+def score_transcript(pred: np.ndarray, words: Sequence[Sequence[Sequence[int]]],
+                     condition: str, silence: int = -1) -> UttScore:
+    """An utterance with no frame reference: PER of its collapsed prediction without
+    silence against its transcript's pronunciation (edit_distance_variants); no frames."""
+    hyp = collapse(pred)
+    edits, n = edit_distance_variants(hyp[hyp != silence], words)
+    return UttScore(condition, 0, 0, n, edits, n, edits)
+
+
 def aggregate(scores: Iterable[UttScore]) -> dict[str, Any]:
     scores = list(scores)
     by: dict[str, list[UttScore]] = defaultdict(list)
     for s in scores:
         by[s.condition].append(s)
 
-    def acc(xs: list[UttScore]) -> float:
+    def acc(xs: list[UttScore]) -> float | None:  # None: scored by transcripts alone
         f = sum(s.frames for s in xs)
-        return sum(s.correct for s in xs) / f if f else 0.0
+        return sum(s.correct for s in xs) / f if f else None
 
     def per(xs: list[UttScore], speech_only: bool = False) -> float:
         n = sum(s.ref_speech if speech_only else s.ref_phones for s in xs)
@@ -153,7 +207,8 @@ class EvalUtt:
     utt_id: str
     condition: str
     feats: np.ndarray  # [rows, D] normalised
-    labels: np.ndarray  # [rows] class ids
+    labels: np.ndarray | None  # [rows] class ids; None: scored by `words` alone
+    words: list[list[tuple[int, ...]]] | None = None  # per word its variants' phone ids
 
 
 def _phone_ids(phones: Sequence[str]) -> tuple[dict[str, int], int]:
@@ -163,21 +218,32 @@ def _phone_ids(phones: Sequence[str]) -> tuple[dict[str, int], int]:
 
 def load_split(st: Storage, corpus: str, split: str, fcfg: FeaturesConfig,
                phones: Sequence[str], norm: Normalizer, audio: str = "stored",
-               frame_labels: dict[str, np.ndarray] | None = None
-               ) -> tuple[list[EvalUtt], list[Reject], int]:
+               frame_labels: dict[str, np.ndarray] | None = None,
+               prons: dict[str, list[tuple[str, ...]]] | None = None
+               ) -> tuple[list[EvalUtt], list[Reject], int, str]:
     """Featurise the corpus records of `split` (audio: stored, or clean = the dry
-    renderings): (utterances, rejects, records in). References: the corpus CTM's phones,
-    or with `frame_labels` (context-dependent classes) `amflow align`'s per-frame classes."""
+    renderings): (utterances, rejects, records in, reference). The reference: "align"
+    (`frame_labels`, `amflow align`'s per-frame classes) when they cover a record of the
+    split or no lexicon is given, else "ctm" (the corpus CTM's phones) when the corpus has
+    one, else "transcript": the records' words through the lexicon `prons`, scored by PER
+    alone (`phones` are the phone names the reference ids index)."""
     # the input format's split rule: a record without `split` is labeled when aligned
     recs, rejects = records_of_split(st, corpus, split)
     n_in = len(recs) + len(rejects)
     if audio == "clean":
         recs = clean_renderings(st, corpus, recs, rejects)
-    if frame_labels is not None:
-        return _load_aligned(st, corpus, recs, rejects, fcfg, norm, frame_labels), rejects, n_in
+    if frame_labels is not None and (prons is None or any(r.utt_id in frame_labels
+                                                          for r in recs)):
+        return (_load_aligned(st, corpus, recs, rejects, fcfg, norm, frame_labels), rejects,
+                n_in, "align")
     ctm_uri = join(corpus, "alignments.ctm")
     if not st.exists(ctm_uri):
-        raise StepError(f"{ctm_uri} not found: evaluation needs alignments")
+        if prons is None:
+            raise StepError(f"{ctm_uri} not found and no lexicon: evaluation needs frame "
+                            "references (the CTM, or `amflow align` of the split) or the "
+                            "transcripts with a lexicon (data.lexicon)")
+        return (_load_transcribed(st, corpus, recs, rejects, fcfg, norm, phones, prons),
+                rejects, n_in, "transcript")
     aligns, ctm_errors = al.read_ctm(st.read_text(ctm_uri))
     bad_ctm = {utt: msg for _, utt, msg in ctm_errors}
     ids, unk = _phone_ids(phones)
@@ -209,7 +275,7 @@ def load_split(st: Storage, corpus: str, split: str, fcfg: FeaturesConfig,
         lab = al.lfr_labels(fl, x.shape[0], fcfg.stack, fcfg.subsample).astype(np.int64)
         out.append(EvalUtt(r.utt_id, r.condition or "unknown", norm(x).astype(np.float32), lab))
     prog.close()
-    return out, rejects, n_in
+    return out, rejects, n_in, "ctm"
 
 
 def _load_aligned(st: Storage, corpus: str, recs: list[Any], rejects: list[Reject],
@@ -234,6 +300,41 @@ def _load_aligned(st: Storage, corpus: str, recs: list[Any], rejects: list[Rejec
             continue
         lab = al.lfr_labels(fl, x.shape[0], fcfg.stack, fcfg.subsample).astype(np.int64)
         out.append(EvalUtt(r.utt_id, r.condition or "unknown", norm(x).astype(np.float32), lab))
+    return out
+
+
+def _load_transcribed(st: Storage, corpus: str, recs: list[Any], rejects: list[Reject],
+                      fcfg: FeaturesConfig, norm: Normalizer, phones: Sequence[str],
+                      prons: dict[str, list[tuple[str, ...]]]) -> list[EvalUtt]:
+    """load_split's utterances with their transcripts' pronunciations as the reference (no
+    frame labels): a record without words, with a word not in the lexicon or a phone not
+    in the model's inventory is a reject."""
+    ids = {p: i for i, p in enumerate(phones)}
+    words: dict[str, list[list[tuple[int, ...]]]] = {}
+
+    def transcribed(r) -> bool:
+        said = words_of(r.text or "")
+        oov = sorted({w for w in said if w not in prons})
+        unknown = sorted({p for w in said if w in prons for v in prons[w] for p in v
+                          if p not in ids})
+        if not said:
+            rejects.append(Reject(r.utt_id, "no_transcript", "the record has no words"))
+        elif oov:
+            rejects.append(Reject(r.utt_id, "oov_word", f"not in the lexicon: {oov[:10]}"))
+        elif unknown:
+            rejects.append(Reject(r.utt_id, "unknown_phone",
+                                  f"phones not in the model's inventory: {unknown[:5]}"))
+        else:
+            words[r.utt_id] = [[tuple(ids[p] for p in v) for v in prons[w]] for w in said]
+            return True
+        return False
+
+    computer = FbankComputer(fcfg)
+    out: list[EvalUtt] = []
+    for r, _, x in featurize_records(st, corpus, recs, fcfg, computer, rejects,
+                                     accept=transcribed):
+        out.append(EvalUtt(r.utt_id, r.condition or "unknown", norm(x).astype(np.float32),
+                           None, words[r.utt_id]))
     return out
 
 
@@ -297,6 +398,9 @@ def evaluate_model(model: torch.nn.Module, utts: Sequence[EvalUtt], batch_frames
         preds = [to_phone[p] for p in preds]
         to_phone = None
     return aggregate(score_utterance(p, u.labels, u.condition, silence, to_phone)
+                     if u.labels is not None else
+                     score_transcript(p if to_phone is None else to_phone[p], u.words or [],
+                                      u.condition, silence)
                      for p, u in zip(preds, utts))
 
 
@@ -319,18 +423,19 @@ class Evaluation:
 def evaluate_split(st: Storage, model: torch.nn.Module, card: ModelCard, model_uri: str,
                    cmvn: dict[str, Any], phones: Sequence[str], corpus: str, split: str,
                    ecfg: EvaluateConfig, fallback_features: FeaturesConfig,
-                   frame_labels: dict[str, np.ndarray] | None = None) -> Evaluation:
+                   frame_labels: dict[str, np.ndarray] | None = None,
+                   prons: dict[str, list[tuple[str, ...]]] | None = None) -> Evaluation:
     """Score `model` (its metadata: `card`; CMVN and phones resolved by the caller) on the
     corpus split, with `evaluate.baseline` beside it when set. A model whose classes are a
     network tree's leaves (card.context) is scored against `amflow align`'s classes when
-    `frame_labels` are given, else against the corpus CTM's phones (each predicted leaf
-    read as its phone: the same reference as a phone-class model's)."""
+    `frame_labels` cover the split, else against phones (each predicted leaf read as its
+    phone: the same reference as a phone-class model's): the corpus CTM's, or without one
+    the transcripts' through the lexicon `prons` (PER only; `frame_accuracy` None)."""
     fcfg = features_config(card, fallback_features)
     norm = Normalizer.from_stats(cmvn, model.input_dim)
-    phone_refs = bool(card.context) and frame_labels is None
-    ref_classes = card.base_phones if phone_refs else phones
-    utts, rejects, n_in = load_split(st, corpus, split, fcfg, ref_classes, norm, ecfg.audio,
-                                     frame_labels if card.context else None)
+    utts, rejects, n_in, reference = load_split(
+        st, corpus, split, fcfg, card.base_phones if card.context else phones, norm,
+        ecfg.audio, frame_labels if card.context else None, prons)
     if not utts:
         reasons = sorted({r.reason for r in rejects})
         raise StepError(f"no utterance of split '{split}' could be scored (rejects: {reasons})")
@@ -339,9 +444,10 @@ def evaluate_split(st: Storage, model: torch.nn.Module, card: ModelCard, model_u
         raise StepError(f"features have {dim} dims, the model expects {model.input_dim}")
     device = "cuda" if torch.cuda.is_available() else "cpu"
     silence, to_phone = _phone_map(card, phones)
+    phone_refs = reference != "align"
     result = evaluate_model(model, utts, ecfg.batch_frames, device, silence, to_phone,
                             phone_refs)
-    result["reference"] = "align" if card.context and not phone_refs else "ctm"
+    result["reference"] = reference
     reasons: dict[str, int] = {}
     for r in rejects:
         reasons[r.reason] = reasons.get(r.reason, 0) + 1
@@ -358,9 +464,10 @@ def evaluate_split(st: Storage, model: torch.nn.Module, card: ModelCard, model_u
                               phone_refs)
         base["model"] = ecfg.baseline
         result["baseline"] = base
-        result["rel_frame_error_reduction"] = relative_error_reduction(
-            {**base["per_condition"], "all": base["frame_accuracy"]},
-            {**result["per_condition"], "all": result["frame_accuracy"]})
+        if result["frame_accuracy"] is not None:  # none by transcripts alone
+            result["rel_frame_error_reduction"] = relative_error_reduction(
+                {**base["per_condition"], "all": base["frame_accuracy"]},
+                {**result["per_condition"], "all": result["frame_accuracy"]})
     return Evaluation(result, rejects, n_in, len(utts))
 
 
@@ -376,13 +483,18 @@ def _phone_map(card: ModelCard, phones: Sequence[str]) -> tuple[int, np.ndarray 
 
 
 def print_table(result: dict[str, Any]) -> None:
-    """The per-condition table of a result, on stdout."""
+    """The per-condition table of a result, on stdout ("-": no frame reference)."""
+    def pct(v: float | None, width: int) -> str:
+        return f"{'-':>{width}}" if v is None else f"{100 * v:>{width}.2f}"
+
     lines = [f"{'condition':<10} {'frames':>8} {'frame acc %':>12} {'PER %':>8} "
              f"{'PER-sil %':>10}"]
     for c, a in result["per_condition"].items():
-        lines.append(f"{c:<10} {result['per_condition_frames'][c]:>8} {100 * a:>12.2f} "
-                     f"{100 * result['per_condition_per'][c]:>8.2f} "
-                     f"{100 * result['per_condition_per_speech'][c]:>10.2f}")
-    lines.append(f"{'all':<10} {result['num_frames']:>8} {100 * result['frame_accuracy']:>12.2f} "
-                 f"{100 * result['per']:>8.2f} {100 * result['per_speech']:>10.2f}")
+        lines.append(f"{c:<10} {result['per_condition_frames'][c]:>8} {pct(a, 12)} "
+                     f"{pct(result['per_condition_per'][c], 8)} "
+                     f"{pct(result['per_condition_per_speech'][c], 10)}")
+    lines.append(f"{'all':<10} {result['num_frames']:>8} {pct(result['frame_accuracy'], 12)} "
+                 f"{pct(result['per'], 8)} {pct(result['per_speech'], 10)}")
+    if result.get("reference") == "transcript":
+        lines.append("(no frame reference: PER against the transcripts' pronunciations)")
     print("\n".join(lines), flush=True)

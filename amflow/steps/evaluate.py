@@ -15,6 +15,7 @@ from amflow.model_card import ModelCard
 from amflow.runs import StepContext, StepError, rejects_table, step_dir_name
 from amflow.storage import join
 from tasks.alignments import AlignOutputsError, read_align_labels
+from tasks.speech.lexicon import LexiconError, read_lexicon
 from training.checkpoint import load_model
 from training.evaluate import evaluate_split, print_table
 from training.launch import model_dir_name
@@ -28,6 +29,18 @@ def _from_run(ctx: StepContext, value: Any, name: str, model_uri: str, what: str
     if not ctx.storage.exists(uri):
         raise StepError(f"{model_uri} carries no {what} and {uri} does not exist")
     return ctx.storage.read_json(uri)
+
+
+def _pronunciations(ctx: StepContext, corpus: str) -> dict[str, list[tuple[str, ...]]] | None:
+    """The lexicon's pronunciations (data.lexicon, else <corpus>/lexicon.txt), None when
+    there is none."""
+    uri = ctx.cfg.data.lexicon or join(corpus.rstrip("/"), "lexicon.txt")
+    if not ctx.storage.exists(uri):
+        return None
+    try:
+        return read_lexicon(ctx.storage.read_text(uri)).prons
+    except LexiconError as exc:
+        raise StepError(f"{uri}: {exc}") from exc
 
 
 def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
@@ -50,23 +63,29 @@ def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
     card = ModelCard.from_meta(meta, model_uri)
     cmvn = _from_run(ctx, card.cmvn, "cmvn.json", model_uri, "CMVN stats")
     phones = _from_run(ctx, card.phones, "phones.json", model_uri, "phone list")
-    frame_labels = None
-    # Leaf classes score against the corpus CTM's phones when the corpus has one (the
-    # reference the aligner is measured on); without one, against this run's align step.
-    if card.context and not st.exists(join(corpus.rstrip("/"), "alignments.ctm")):
-        try:
-            frame_labels = read_align_labels(st, ctx.other("align"))[1]
-        except AlignOutputsError as exc:
-            raise StepError(f"{model_uri} has context-dependent classes: {exc}") from exc
+    frame_labels, prons = None, None
+    # The corpus CTM's phones are the reference when the corpus has one (what the aligner
+    # is measured on). Without one: leaf classes against this run's align step where it
+    # aligned the split, else every model by PER against the transcripts (the lexicon's
+    # pronunciations), as a corpus of real transcribed speech has no frame reference.
+    if not st.exists(join(corpus.rstrip("/"), "alignments.ctm")):
+        prons = _pronunciations(ctx, corpus)
+        if card.context:
+            try:
+                frame_labels = read_align_labels(st, ctx.other("align"))[1]
+            except AlignOutputsError as exc:
+                if prons is None:
+                    raise StepError(f"{model_uri} has context-dependent classes: {exc}") from exc
     ev = evaluate_split(st, model, card, model_uri, cmvn, phones, corpus, split,
-                        cfg.evaluate, cfg.features, frame_labels)
+                        cfg.evaluate, cfg.features, frame_labels, prons)
     result = ev.result
     st.write_json(out_uri, result)
     if ev.rejects:
         st.write_parquet(ctx.path("rejects", "rejects.parquet"), rejects_table(ev.rejects))
     print_table(result)
     metrics = {k: result[k] for k in ("frame_accuracy", "per", "per_speech", "num_frames",
-                                      "num_utterances", "per_condition", "per_condition_per")}
+                                      "num_utterances", "per_condition", "per_condition_per",
+                                      "reference")}
     if "rel_frame_error_reduction" in result:
         metrics["rel_frame_error_reduction"] = result["rel_frame_error_reduction"]
     return ctx.finish(inputs={"model": model_uri, "data": corpus, "split": split},

@@ -59,7 +59,8 @@ def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
     parts += sig_md  # CIs and paired tests (decoding/compare.py)
     parts += ["## Frame accuracy and phone error rate (cf. Table II)", "",
               render_table_ii(rows), "", "![frame accuracy](accuracy.png)", ""]
-    gains = [r["rel_fer_reduction"] for r in rows if r["condition"] in CONDITIONS[1:]]
+    gains = [r["rel_fer_reduction"] for r in rows
+             if r["condition"] in CONDITIONS[1:] and r["rel_fer_reduction"] is not None]
     if gains:
         parts += [f"SSL relative frame-error reduction in DP2..DP5: min {pct(min(gains))} %, "
                   f"max {pct(max(gains))} %.", ""]
