@@ -210,6 +210,7 @@ TINY_CHAIN = [
     "align.tri_gauss=400", "align.mono_gauss=300", "align.nn_senones=80",
     "align.min_leaf_count=20", "features.labels=align", "ray.num_cpus=2",
     "train.model=teacher", "train.recipe=labeled", "train.tag=teacher", "decode.tag=teacher",
+    "evaluate.tag=teacher",
     "train.epochs=1", "train.finetune_epochs=0", "train.threads=1",
     "train.minibatch_frames=256", "train.chunk_frames=16", "train.teacher_recipe={}",
     "model.teacher.layers=1", "model.teacher.hidden=16", "lm.sentences=300",
@@ -220,8 +221,8 @@ TINY_CHAIN = [
 def test_a_corpus_without_alignments_goes_from_transcripts_to_words(tiny_corpus, tmp_path,
                                                                   ray_local):
     """alignments.ctm removed: select -> align -> features (labels=align) -> repartition ->
-    teacher -> lm -> decode, with no error and a result.json (the CLI, in this process,
-    on the session's Ray)."""
+    teacher -> evaluate -> lm -> decode (the teacher DAG's chain), with no error and a
+    result.json (the CLI, in this process, on the session's Ray)."""
     import json
     import shutil
 
@@ -232,7 +233,8 @@ def test_a_corpus_without_alignments_goes_from_transcripts_to_words(tiny_corpus,
     shutil.copytree(tiny_corpus, corpus)
     (corpus / "alignments.ctm").unlink()
     sets = [f"storage.root={tmp_path / 'store'}", f"data.corpus={corpus}", *TINY_CHAIN]
-    for step in ("select", "align", "features", "repartition", "train", "lm", "decode"):
+    for step in ("select", "align", "features", "repartition", "train", "evaluate", "lm",
+                 "decode"):
         argv = [step, "--config", str(ROOT / "configs" / "local.yaml"), "--run-id", "r"]
         argv += (["--split", "test"] if step == "decode" else [])
         for s in sets:
@@ -243,6 +245,11 @@ def test_a_corpus_without_alignments_goes_from_transcripts_to_words(tiny_corpus,
     assert json.loads((run / "features" / "phones.json").read_text()) == tree.class_names
     res = json.loads((run / "decode-teacher" / "result.json").read_text())
     assert res["utterances"] >= 1 and 0 <= res["wer"] <= 1.5
+    # the test split has no frame reference (no CTM, not aligned): PER by its transcripts
+    ev = json.loads((run / "evaluate-teacher" / "result.json").read_text())
+    assert ev["reference"] == "transcript" and ev["frame_accuracy"] is None
+    # (a one-epoch model with 16 cells inserts phones freely: PER can pass 100 %)
+    assert ev["num_utterances"] >= 1 and ev["ref_phones"] > 0 and np.isfinite(ev["per"])
     # a student's run (targets.teacher) takes its teacher run's alignments: no GMM trains
     student = [f"targets.teacher={run / 'train-teacher' / 'model.pt'}"]
     for step in ("select", "align"):
