@@ -8,6 +8,7 @@ on Ray actors when the jobs are actors (one per shard), in-process otherwise (te
 """
 from __future__ import annotations
 
+import zlib
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -97,7 +98,11 @@ class ShardJob:
 
     def equal_align(self) -> JobReport:
         for u in self.ids():
-            ali = gmm.equal_align(self.graphs[u], len(self.feats[u]))
+            # each utterance its own draws. With one seed for all (Kaldi's srand(3) per
+            # call) every path makes the same first choice: with seed 3 no utterance's
+            # leading silence went to silence, and the demo's aligner fell to 86.5 % of
+            # frames / 83.7 % of boundaries within 20 ms (a seed per utterance: 87.0 / 86.6)
+            ali = gmm.equal_align(self.graphs[u], len(self.feats[u]), seed=zlib.crc32(u.encode()))
             if ali is None:
                 self.failed[u] = (f"too_short: {len(self.feats[u])} frames cannot hold the "
                                   f"transcript's HMM states")

@@ -171,6 +171,26 @@ def test_equal_align_is_a_path_of_the_graph_spread_over_every_frame():
     assert len(paths) > 1  # the seed draws the path (silences, pronunciations)
 
 
+def test_flat_start_draws_each_utterance_its_own_path_and_repeats_it():
+    # one seed for every utterance (Kaldi's srand(3) per call) gave every path the same
+    # first choice: no utterance's leading silence went to silence
+    _, tm, lang = _training_graph(["the"])
+    tree = gmm.monophone_tree(lg.topology(lang))
+    noise = np.random.default_rng(0).standard_normal(16000).astype(np.float32) * 0.1
+    utts = [Utterance(f"u{i}", "spk", ["the", "cat", "a", "bee"], noise) for i in range(8)]
+
+    def flat_start() -> dict:
+        job = ShardJob("s", lambda: (utts, []), lang, FeatureOptions())
+        job.compile(tm, tree)
+        job.equal_align()
+        return job.ali
+
+    first, again = flat_start(), flat_start()
+    assert first == again
+    starts_silent = {u: tm.transition_id_to_phone(a[0]) == lang.sil_id for u, a in first.items()}
+    assert len(set(starts_silent.values())) == 2, starts_silent
+
+
 def test_equal_align_ignores_other_threads_drawing_from_rand(tmp_path):
     # kaldifst.equal_align draws from the C library's rand(), which Ray's own threads draw
     # from too: in actors the same graph got another path now and then, and the flat start
