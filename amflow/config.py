@@ -61,6 +61,10 @@ class DataConfig:
     # which `amflow corpus` writes for the embedded corpus.
     lexicon: str = ""
 
+    def lexicon_uri(self, corpus: str | None = None) -> str:
+        """The lexicon to read: `lexicon`, else <corpus>/lexicon.txt (default: `corpus`)."""
+        return self.lexicon or (corpus or self.corpus).rstrip("/") + "/lexicon.txt"
+
     def validate(self, key: str) -> None:
         _check(bool(self.corpus.strip()), f"{key}.corpus", "must be a non-empty URI")
 

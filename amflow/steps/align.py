@@ -92,7 +92,7 @@ def load_shard(storage_cfg: StorageConfig, fcfg: FeaturesConfig, manifest: str,
 
 def _lexicon(ctx: StepContext) -> tuple[lg.Lang, str]:
     """The lexicon's Lang and the sha256 of its text (part of what align's result is of)."""
-    uri = ctx.cfg.data.lexicon or join(ctx.cfg.data.corpus.rstrip("/"), "lexicon.txt")
+    uri = ctx.cfg.data.lexicon_uri()
     if not ctx.storage.exists(uri):
         raise StepError(f"align needs a lexicon: {uri} not found (set data.lexicon, or run "
                         f"`amflow corpus`, which writes <corpus>/lexicon.txt)")

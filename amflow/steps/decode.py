@@ -13,7 +13,6 @@ import time
 from typing import Any
 
 from amflow.runs import SUCCESS, StepContext, StepError, rejects_table, step_dir_name
-from amflow.storage import join
 from decoding import decode as D
 from decoding import error_analysis
 from decoding.assets import DecoderAssets
@@ -52,7 +51,7 @@ def load_assets(ctx: StepContext, model: str, corpus: str) -> DecoderAssets:
     lm, hint = lm_uri(ctx)
     return DecoderAssets.load(
         ctx.storage, ctx.cfg.decode, model_uri=model,
-        lexicon_uri=ctx.cfg.data.lexicon or join(corpus, "lexicon.txt"), lm_uri=lm,
+        lexicon_uri=ctx.cfg.data.lexicon_uri(corpus), lm_uri=lm,
         graph_root=ctx.other("graph"), lm_hint=hint, require=("cmvn", "phones"))
 
 

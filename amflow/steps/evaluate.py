@@ -34,7 +34,7 @@ def _from_run(ctx: StepContext, value: Any, name: str, model_uri: str, what: str
 def _pronunciations(ctx: StepContext, corpus: str) -> dict[str, list[tuple[str, ...]]] | None:
     """The lexicon's pronunciations (data.lexicon, else <corpus>/lexicon.txt), None when
     there is none."""
-    uri = ctx.cfg.data.lexicon or join(corpus.rstrip("/"), "lexicon.txt")
+    uri = ctx.cfg.data.lexicon_uri(corpus)
     if not ctx.storage.exists(uri):
         return None
     try:

@@ -7,7 +7,6 @@ import time
 from typing import Any
 
 from amflow.runs import StepContext
-from amflow.storage import join
 from decoding.lm import dev_test_metrics, estimate, lexicon_vocabulary, lm_text
 from tasks.select import read_records
 
@@ -38,7 +37,7 @@ def run(ctx: StepContext, args: Any = None) -> dict:
     # is a round trip per metadata file)
     records = functools.cache(lambda: read_records(st, cfg.data.corpus)[0])
     text = lm_text(st, lc, cfg.data.corpus, records)
-    lexicon_uri = cfg.data.lexicon or join(cfg.data.corpus, "lexicon.txt")
+    lexicon_uri = cfg.data.lexicon_uri()
     model = estimate(text, lc.order, vocabulary=lexicon_vocabulary(st, lexicon_uri),
                      min_count=lc.min_count)
     arpa_uri = ctx.path("lm.arpa")
