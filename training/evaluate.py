@@ -76,23 +76,9 @@ def collapse(seq: Sequence[int] | np.ndarray) -> np.ndarray:
 
 
 def edit_distance(hyp: Sequence[int] | np.ndarray, ref: Sequence[int] | np.ndarray) -> int:
-    """Levenshtein distance (substitutions, insertions, deletions all cost 1)."""
-    h, r = np.asarray(hyp), np.asarray(ref)
-    if len(r) == 0:
-        return int(len(h))
-    if len(h) == 0:
-        return int(len(r))
-    cols = np.arange(len(r) + 1)
-    prev = cols.copy()
-    for i in range(1, len(h) + 1):
-        sub = prev[:-1] + (r != h[i - 1])
-        cur = np.empty_like(prev)
-        cur[0] = i
-        cur[1:] = np.minimum(prev[1:] + 1, sub)
-        # insertions within the row: cur[j] = min_k<=j cur[k] + (j - k)
-        cur = np.minimum.accumulate(cur - cols) + cols
-        prev = cur
-    return int(prev[-1])
+    """Levenshtein distance (substitutions, insertions, deletions all cost 1): a transcript
+    of one word with one pronunciation."""
+    return edit_distance_variants(hyp, [[ref]])[0]
 
 
 def edit_distance_variants(hyp: Sequence[int] | np.ndarray,
