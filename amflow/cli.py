@@ -132,7 +132,7 @@ STEPS: dict[str, Step] = {
         "amflow.steps.targets:run", "teacher inference on a Ray actor pool, top-k soft targets",
         reads="runs/<id>/features shards, teacher checkpoint (targets.teacher)",
         writes="runs/<id>/targets/shards/*.parquet (topk_idx int16, topk_logit fp16, topk_len uint8 "
-               "with targets.mass < 1), "
+               "with targets.mass < 1; one byte each under targets.codec=sqrt<L>), "
                "_SUCCESS.json with the top-k fidelity report"),
     "repartition": Step(
         "amflow.steps.repartition:run", "join features and targets into equal training partitions",

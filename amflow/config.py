@@ -265,6 +265,12 @@ class TargetsConfig:
     # share (1.0: all k, the paper's layout). A confident frame then stores 1-2 entries,
     # not k: amflow/records.py's `topk_len`, tasks/targets.entries_for_mass.
     mass: float = 1.0
+    # How each entry is stored (amflow/records.py): fp16 = int16 index + fp16 logit (the
+    # paper's layout); sqrt<L> = one-byte index (<= 256 classes) + one byte for the
+    # probability, round(L * sqrt(p)): with mass 0.99 ~10x smaller than full fp16
+    # posteriors at 67 classes (README, bench targets).
+    codec: str = "fp16"
+    zstd_level: int = 9  # of the target shards' Parquet; the sqrt codes gain from 19
     temperature: float = 1.0
     actors: int = 2
     threads_per_actor: int = 1
@@ -292,6 +298,15 @@ class TargetsConfig:
         _check(self.cpu_precision in ("auto", "fp32", "bf16"), f"{key}.cpu_precision",
                "must be auto, fp32 or bf16")
         _check(self.temperature > 0, f"{key}.temperature", "must be > 0")
+        if self.codec != "fp16":
+            from amflow.records import sqrt_levels  # deferred: numpy/pyarrow, rarely needed
+
+            try:
+                sqrt_levels(self.codec)
+            except ValueError:
+                _check(False, f"{key}.codec",
+                       f"must be fp16 or sqrt<L> with 2 <= L <= 255, got {self.codec!r}")
+        _check(1 <= self.zstd_level <= 22, f"{key}.zstd_level", "must be in 1..22")
 
 
 @dataclass

@@ -28,9 +28,20 @@ With `topk_len` (targets.mass < 1) frame t keeps only its first topk_len[t] <= k
 sum(topk_len) entries, frame after frame, as Kaldi stores pruned posteriors. decode_topk
 gives every row the [num_frames x k] layout back: a dropped entry is a class the frame
 does not keep, at logit PAD_LOGIT, i.e. no mass, as a class outside the top-k.
+
+`topk_code` (targets.codec) says how the entries are coded; null is the layout above
+(int16 index, fp16 logit, the frame's entries by rank: the paper's). `sqrt<L>-u8` /
+`sqrt<L>-u16` store each frame's entries in class order (neighbouring frames then repeat
+their index runs, which zstd finds) with uint8 / uint16 indices, and for each entry the
+teacher's probability p as one byte q = round(L * sqrt(p)) in 1..L. A rounding step in
+sqrt(p) is a relative error in p of ~1/(L sqrt(p)), so each entry adds about the same KL
+whatever its size: a 0.7-probability class is kept to ~2 %, a 0.01 one to ~20 %, where
+the fp16 bits of a small entry are wasted on a class that barely weighs. decode_topk
+gives log p back as the logit (a constant shift per frame: the same softmax).
 """
 from __future__ import annotations
 
+import re
 from typing import Any, Mapping
 
 import numpy as np
@@ -47,8 +58,11 @@ FEATURE_SCHEMA = pa.schema([
 TARGET_SCHEMA = pa.schema([
     ("utt_id", pa.string()), ("num_frames", pa.int32()), ("k", pa.int16()),
     ("topk_idx", pa.binary()), ("topk_logit", pa.binary()), ("topk_len", pa.binary()),
+    ("topk_code", pa.string()),
 ])
-TARGET_COLUMNS = ("k", "topk_idx", "topk_logit", "topk_len")
+TARGET_COLUMNS = ("k", "topk_idx", "topk_logit", "topk_len", "topk_code")
+FP16_CODE = "fp16"  # targets.codec of the paper's layout: stored as a null topk_code
+_SQRT_CODE = re.compile(r"sqrt(\d+)(?:-u(8|16))?")
 # The logit of a dropped entry: distillation's default fill (train.distill.topk_fill), so a
 # pruned class weighs what a class outside the top-k weighs.
 PAD_LOGIT = -1.0e4
@@ -116,29 +130,98 @@ def offset_labels(frame_labels: np.ndarray, offset: int, stack: int, num_rows: i
     return frame_labels[idx]
 
 
-def encode_topk(idx: np.ndarray, logit: np.ndarray,
-                lens: np.ndarray | None = None) -> dict[str, Any]:
+def sqrt_levels(code: str) -> int:
+    """`sqrt<L>` or `sqrt<L>-u8|u16` -> L; ValueError for anything else."""
+    m = _SQRT_CODE.fullmatch(code)
+    if not m or not 2 <= int(m.group(1)) <= 255:
+        raise ValueError(f"unknown top-k code {code!r}: fp16 or sqrt<L> with 2 <= L <= 255")
+    return int(m.group(1))
+
+
+def index_bytes(code: str | None) -> int:
+    """Bytes per stored class index under a row's `topk_code`."""
+    return 1 if code and code.endswith("-u8") else 2
+
+
+def quantize_sqrt(logp: np.ndarray, levels: int) -> np.ndarray:
+    """log-probabilities -> uint8 round(levels * sqrt(p)), at least 1 (a kept class keeps
+    some mass)."""
+    q = np.rint(levels * np.exp(0.5 * np.asarray(logp, np.float64)))
+    return np.clip(q, 1, levels).astype(np.uint8)
+
+
+def quantize_ranked(logp: np.ndarray, keep: np.ndarray, levels: int) -> np.ndarray:
+    """[T, k] log-probabilities of each frame's top k, best first, and which are kept ->
+    uint8 levels, with each frame's best class strictly above its other kept entries: two
+    classes within a level would otherwise tie, and the rebuilt distribution's argmax
+    (the student's frame accuracy against its teacher) would be the lower class id on ~2 %
+    of the demo teacher's frames. The best class is raised one level above the others
+    (or they are lowered under the top level); it costs a little KL on those frames."""
+    q = quantize_sqrt(logp, levels)
+    if q.shape[1] < 2:
+        return q
+    others = np.where(keep[:, 1:], q[:, 1:], 0).max(1)
+    clash = others >= q[:, 0]
+    q[clash, 0] = np.minimum(others[clash] + 1, levels)
+    at_top = clash & (others >= levels)
+    q[at_top, 1:] = np.minimum(q[at_top, 1:], levels - 1)
+    return q
+
+
+def dequantize_sqrt(q: np.ndarray, levels: int) -> np.ndarray:
+    """uint8 levels -> float32 log-probabilities."""
+    return (2.0 * np.log(np.asarray(q, np.float64) / levels)).astype(np.float32)
+
+
+def encode_topk(idx: np.ndarray, logit: np.ndarray, lens: np.ndarray | None = None,
+                code: str = FP16_CODE, num_classes: int | None = None) -> dict[str, Any]:
     """[T, k] top-k indices and logits (and, pruned, the entries kept per frame) -> the
-    target columns of one row."""
+    target columns of one row, each frame's entries best first (as tasks.targets.topk
+    gives them). With a `sqrt<L>` code `logit` must be the teacher's log-probabilities
+    (log_softmax over every class) and `num_classes` picks the index width."""
     t, k = idx.shape
-    out = {"num_frames": int(t), "k": int(k), "topk_len": None}
+    out = {"num_frames": int(t), "k": int(k), "topk_len": None, "topk_code": None}
+    keep = np.ones((t, k), bool)
     if lens is not None:
         lens = np.asarray(lens)
         if len(lens) != t or (t and (lens.min() < 1 or lens.max() > k)):
             raise ValueError(f"topk_len must give 1..{k} entries for each of {t} frames")
         keep = np.arange(k) < lens[:, None]
-        idx, logit = idx[keep], logit[keep]
         out["topk_len"] = lens.astype(np.uint8).tobytes()
-    out["topk_idx"] = np.ascontiguousarray(idx, dtype=np.int16).tobytes()
-    out["topk_logit"] = np.ascontiguousarray(logit, dtype=np.float16).tobytes()
+    if code == FP16_CODE:
+        out["topk_idx"] = np.ascontiguousarray(idx[keep], dtype=np.int16).tobytes()
+        out["topk_logit"] = np.ascontiguousarray(logit[keep], dtype=np.float16).tobytes()
+        return out
+    levels = sqrt_levels(code)
+    wide = num_classes is None or num_classes > 256
+    frame = np.broadcast_to(np.arange(t)[:, None], (t, k))[keep]
+    cls, q = idx[keep].astype(np.int64), quantize_ranked(logit, keep, levels)[keep]
+    order = np.lexsort((cls, frame))  # by frame, then class: runs repeat frame to frame
+    out["topk_code"] = f"sqrt{levels}-u{16 if wide else 8}"
+    out["topk_idx"] = cls[order].astype(np.uint16 if wide else np.uint8).tobytes()
+    out["topk_logit"] = q[order].tobytes()
     return out
+
+
+def _decode_entries(row: Mapping[str, Any]) -> tuple[np.ndarray, np.ndarray]:
+    """One row's stored entries, flat: int64 classes and float32 logits."""
+    code = row.get("topk_code")
+    if not code:
+        return (np.frombuffer(row["topk_idx"], dtype=np.int16).astype(np.int64),
+                np.frombuffer(row["topk_logit"], dtype=np.float16).astype(np.float32))
+    levels = sqrt_levels(code)
+    width = np.uint8 if index_bytes(code) == 1 else np.uint16
+    q = np.frombuffer(row["topk_logit"], dtype=np.uint8)
+    if len(q) and q.min() < 1:
+        raise ValueError(f"utterance {row.get('utt_id')}: a level 0 in {code} targets")
+    return (np.frombuffer(row["topk_idx"], dtype=width).astype(np.int64),
+            dequantize_sqrt(q, levels))
 
 
 def decode_topk(row: Mapping[str, Any]) -> tuple[np.ndarray, np.ndarray]:
     """One row's targets as int64 indices and float32 logits, [frames, k]."""
     k = int(row["k"])
-    idx = np.frombuffer(row["topk_idx"], dtype=np.int16).astype(np.int64)
-    logit = np.frombuffer(row["topk_logit"], dtype=np.float16).astype(np.float32)
+    idx, logit = _decode_entries(row)
     lens = None if row.get("topk_len") is None else \
         np.frombuffer(row["topk_len"], dtype=np.uint8).astype(np.int64)
     held = len(idx) if lens is None else int(lens.sum())

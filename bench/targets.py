@@ -8,7 +8,9 @@ Both score the same feature shards of run R with the same teacher on the same co
   utterance at a time, no batching.
 It prints frames/s of both and their ratio, and the bytes per audio hour of top-k
 targets against full fp16 posteriors (measured on this teacher, and raw at the paper's
-3,183 classes), and what pruning each frame to a share of its mass (`targets.mass`) stores.
+3,183 classes), and what pruning each frame to a share of its mass (`targets.mass`) and
+coding each entry (`targets.codec`) store, with the KL the student pays for it. Both sides
+are zstd Parquet at `targets.zstd_level`.
 """
 from __future__ import annotations
 
@@ -29,6 +31,7 @@ from training.checkpoint import load_model_card
 
 FRAME_S = 0.03  # one low-frame-rate row
 MASSES = (1.0, 0.99, 0.98, 0.95)  # targets.mass values measured beside the configured one
+CODECS = ("fp16", "sqrt31", "sqrt15")  # targets.codec values measured beside the configured one
 STORAGE_SAMPLE = 200  # utterances the storage measure scores, spread over all shards
 
 
@@ -46,9 +49,9 @@ def _naive_frames_per_s(model, feats, mean, inv_std, threads: int, budget_s: flo
     return frames / (time.perf_counter() - t0)
 
 
-def _parquet_bytes(table: pa.Table) -> int:
+def _parquet_bytes(table: pa.Table, level: int) -> int:
     buf = io.BytesIO()
-    pq.write_table(table, buf, compression="zstd")
+    pq.write_table(table, buf, compression="zstd", compression_level=level)
     return len(buf.getvalue())
 
 
@@ -94,10 +97,12 @@ def run(ctx: StepContext, args: Any) -> dict[str, Any]:
     c = logits.shape[1]
     tc = cfg.targets
     full = torch.softmax(logits, -1).to(torch.float16).numpy()
-    full_b = _parquet_bytes(pa.table({"posterior": [full.tobytes()]})) / n
-    # the configured layout, and targets.mass values beside it, as the step would store them
-    sweep = {m: _stored(logits, tc.k, m) for m in sorted({tc.mass, *MASSES}, reverse=True)}
-    topk_b = sweep[tc.mass]["bytes_per_frame"]
+    full_b = _parquet_bytes(pa.table({"posterior": [full.tobytes()]}), tc.zstd_level) / n
+    # the configured layout, and targets.mass / codec values beside it, as the step stores them
+    sweep = {(m, code): _stored(logits, tc.k, m, code, tc.zstd_level)
+             for code in dict.fromkeys((tc.codec, *CODECS))
+             for m in sorted({tc.mass, *MASSES}, reverse=True)}
+    topk_b = sweep[tc.mass, tc.codec]["bytes_per_frame"]
     per_hour = 3600.0 / FRAME_S
     paper_c = 3183
     result = {
@@ -113,10 +118,12 @@ def run(ctx: StepContext, args: Any) -> dict[str, Any]:
         "speedup_pool_over_naive_1thread_x_cores": round(pool_fps / (naive_1t * threads), 2)
         if naive_1t else None,
         "cores": threads,
-        "num_classes": c, "k": cfg.targets.k, "mass": tc.mass,
-        "entries_per_frame": sweep[tc.mass]["entries_per_frame"],
-        "mass_sweep": [{"mass": m, **v, "full_over_stored": round(full_b / v["bytes_per_frame"], 1)}
-                       for m, v in sweep.items()],
+        "num_classes": c, "k": cfg.targets.k, "mass": tc.mass, "codec": tc.codec,
+        "zstd_level": tc.zstd_level,
+        "entries_per_frame": sweep[tc.mass, tc.codec]["entries_per_frame"],
+        "mass_sweep": [{"mass": m, "codec": code, **v,
+                        "full_over_stored": round(full_b / v["bytes_per_frame"], 1)}
+                       for (m, code), v in sweep.items()],
         "topk_bytes_per_audio_hour": round(topk_b * per_hour),
         "full_fp16_bytes_per_audio_hour": round(full_b * per_hour),
         "full_over_topk_measured": round(full_b / topk_b, 1),
@@ -137,23 +144,29 @@ def run(ctx: StepContext, args: Any) -> dict[str, Any]:
           f"{full_b * per_hour / 1e6:.2f} MB/h "
           f"({c} classes, measured) -> {result['full_over_topk_measured']}x; raw at {paper_c} "
           f"classes: {result['full_over_topk_raw_at_paper_classes']}x")
-    print(f"targets.mass  entries/frame  mass kept  bytes/frame  full fp16 / stored  (k={tc.k})")
+    print(f"targets.mass  codec   entries/frame  mass kept  KL(stored||full)  bytes/frame  "
+          f"full fp16 / stored  (k={tc.k}, zstd level {tc.zstd_level}, full fp16 "
+          f"{full_b:.1f} B/frame)")
     for row in result["mass_sweep"]:
-        print(f"  {row['mass']:<11} {row['entries_per_frame']:>13} {row['mass_kept']:>10} "
-              f"{row['bytes_per_frame']:>12} {row['full_over_stored']:>17}x")
+        print(f"  {row['mass']:<11} {row['codec']:<7} {row['entries_per_frame']:>13} "
+              f"{row['mass_kept']:>10} {row['kl_nats']:>16} {row['bytes_per_frame']:>12} "
+              f"{row['full_over_stored']:>17}x")
     return result
 
 
-def _stored(logits: torch.Tensor, k: int, mass: float) -> dict[str, float]:
-    """Bytes per frame of the top-k targets as the step stores them at `mass` (zstd
-    Parquet), with the entries and the share of the teacher's probability they keep."""
-    idx, val = T.topk(logits, k)
+def _stored(logits: torch.Tensor, k: int, mass: float, code: str, level: int
+            ) -> dict[str, float]:
+    """Bytes per frame of the top-k targets as the step stores them at `mass` and `code`
+    (zstd Parquet at `level`), with the entries, the share of the teacher's probability
+    they keep and KL(stored || teacher) in nats per frame."""
+    idx, val = T.topk(logits, k, code)
     lens = T.entries_for_mass(logits, k, mass).numpy() if mass < 1.0 else None
-    row = encode_topk(idx, val, lens)
+    row = encode_topk(idx, val, lens, code, logits.shape[-1])
     table = pa.table({col: pa.array([row[col]], pa.binary())
                       for col in ("topk_idx", "topk_logit", "topk_len")})
-    fid = T.fidelity(logits, ks=(idx.shape[1],), mass=mass)[idx.shape[1]]
+    fid = T.fidelity(logits, ks=(idx.shape[1],), mass=mass, code=code)[idx.shape[1]]
     n = logits.shape[0]
     return {"entries_per_frame": round(fid["entries_sum"] / n, 2),
             "mass_kept": round(fid["mass_sum"] / n, 4),
-            "bytes_per_frame": round(_parquet_bytes(table) / n, 1)}
+            "kl_nats": round(fid["kl_sum"] / n, 4),
+            "bytes_per_frame": round(_parquet_bytes(table, level) / n, 1)}

@@ -9,7 +9,8 @@ Shell: a pool of Ray actors, each holding the teacher once. On GPUs an actor tak
 on the GPU, so only k values per frame cross to the host (bench/GPU.md); on CPUs each actor has its own
 thread count.
 With `targets.mass` < 1 a frame keeps only the fewest of its top-k whose probability
-reaches that share (entries_for_mass), stored packed (amflow/records.py, `topk_len`).
+reaches that share (entries_for_mass), stored packed (amflow/records.py, `topk_len`);
+`targets.codec` sqrt<L> stores each entry in two bytes (records.encode_topk).
 Actors take whole feature shards (the unit of parallelism), write
 `targets/shards/<shard>.parquet` aligned row for row with the feature shard, then the
 shard's done-marker, so a re-run skips finished shards.
@@ -27,7 +28,8 @@ import torch
 
 from amflow import precision
 from amflow.model_card import ModelCard
-from amflow.records import TARGET_SCHEMA, decode_feats, encode_topk, load_cmvn
+from amflow.records import (FP16_CODE, TARGET_SCHEMA, decode_feats, dequantize_sqrt,
+                            encode_topk, load_cmvn, quantize_ranked, sqrt_levels)
 from amflow.runs import Reject, StepContext, StepError, rejects_table
 from amflow.soft_targets import teacher_log_probs
 
@@ -80,12 +82,30 @@ def chunk_spans(num_frames: int, max_frames: int, overlap: int) -> list[tuple[in
     return spans
 
 
-def topk(logits: torch.Tensor, k: int) -> tuple[np.ndarray, np.ndarray]:
-    """[..., C] logits -> (int16 indices, fp16 values) of the k largest per frame, on the
-    host (taken where the logits are)."""
+def topk(logits: torch.Tensor, k: int, code: str = FP16_CODE) -> tuple[np.ndarray, np.ndarray]:
+    """[..., C] logits -> (int16 indices, values) of the k largest per frame, on the host
+    (taken where the logits are). Values: fp16 logits for the fp16 code, float32
+    log-probabilities for the sqrt<L> codes (which store probabilities)."""
     k = min(k, logits.shape[-1])
-    vals, idx = torch.topk(logits.float(), k, dim=-1)
+    logits = logits.float()
+    if code != FP16_CODE:
+        vals, idx = torch.topk(torch.log_softmax(logits, -1), k, dim=-1)
+        return idx.to(torch.int16).cpu().numpy(), vals.cpu().numpy()
+    vals, idx = torch.topk(logits, k, dim=-1)
     return idx.to(torch.int16).cpu().numpy(), vals.to(torch.float16).cpu().numpy()
+
+
+def stored_values(logits: torch.Tensor, idx: torch.Tensor, keep: torch.Tensor,
+                  code: str) -> torch.Tensor:
+    """The values the student will read for the top-k classes `idx` (best first) of
+    `logits`, of which `keep` are stored, under `code`: fp16 logits, or the sqrt<L> code's
+    levels as log-probabilities (records.quantize_ranked)."""
+    if code == FP16_CODE:
+        return logits.gather(-1, idx).to(torch.float16).float()
+    levels = sqrt_levels(code)
+    logp = torch.log_softmax(logits.float(), -1).gather(-1, idx).cpu().numpy()
+    q = quantize_ranked(logp, keep.cpu().numpy(), levels)
+    return torch.from_numpy(dequantize_sqrt(q, levels)).to(logits.device)
 
 
 def entries_for_mass(logits: torch.Tensor, k: int, mass: float) -> torch.Tensor:
@@ -100,12 +120,14 @@ def entries_for_mass(logits: torch.Tensor, k: int, mass: float) -> torch.Tensor:
 
 
 def fidelity(logits: torch.Tensor, ks: Iterable[int] = FIDELITY_KS,
-             fill: float = -1.0e4, mass: float = 1.0) -> dict[int, dict[str, float]]:
+             fill: float = -1.0e4, mass: float = 1.0,
+             code: str = FP16_CODE) -> dict[int, dict[str, float]]:
     """Per k: probability mass the top-k keep, KL divergences, argmax agreement and the
     entries kept per frame (k, or fewer with `mass` < 1: entries_for_mass).
 
     The rebuilt distribution q is the softmax of the stored (fp16) top-k logits with
-    every other logit set to `fill`, i.e. the teacher's top-k renormalised. Two KLs:
+    every other logit set to `fill`, i.e. the teacher's top-k renormalised (the values as
+    `code` stores them: stored_values). Two KLs:
     - `kl_nats` = KL(q || p): what the student learns instead of p; for renormalised
       top-k it equals -log(mass kept), so it is small exactly when the top-k hold the mass;
     - `kl_full_nats` = KL(p || q): it charges every bit of dropped mass |fill| nats,
@@ -120,13 +142,12 @@ def fidelity(logits: torch.Tensor, ks: Iterable[int] = FIDELITY_KS,
     for k in ks:
         if k > logits.shape[-1]:
             continue
-        vals, idx = torch.topk(logits, k, dim=-1)
-        # Stored logits are fp16: measure what the student will actually see.
-        vals = vals.to(torch.float16).float()
-        kept = torch.ones_like(vals, dtype=torch.bool)
+        idx = torch.topk(logits, k, dim=-1).indices
+        kept = torch.ones(idx.shape, dtype=torch.bool, device=logits.device)
         if mass < 1.0:  # dropped entries weigh what a class outside the top-k weighs
             kept = torch.arange(k, device=logits.device) < entries_for_mass(logits, k, mass)[:, None]
-            vals = vals.masked_fill(~kept, fill)
+        # what the student will actually see
+        vals = stored_values(logits, idx, kept, code).masked_fill(~kept, fill)
         q_log = teacher_log_probs(idx, vals, logits.shape[-1], fill)
         q = q_log.exp()
         kept_mass = (p.gather(-1, idx) * kept).sum(-1)
@@ -212,8 +233,9 @@ class TeacherScorer:
 
     @torch.inference_mode()
     def score_topk(self, feats: Sequence[np.ndarray], k: int, full: Iterable[int] = (),
-                   mass: float = 1.0) -> list["Scored"]:
-        """Per utterance: the top-k (int16 indices, fp16 logits) per frame, with `mass` < 1
+                   mass: float = 1.0, code: str = FP16_CODE) -> list["Scored"]:
+        """Per utterance: the top-k (int16 indices, values as `topk` gives them for `code`)
+        per frame, with `mass` < 1
         the entries each frame keeps (entries_for_mass), whether every logit was finite,
         and the full float32 logits for the utterances in `full` only.
 
@@ -223,7 +245,7 @@ class TeacherScorer:
         parts: dict[str, list[list[tuple[int, Any]]]] = {
             n: [[] for _ in feats] for n in ("idx", "val", "len", "finite", "full")}
         for logits, rows in self._batches(feats):
-            idx, val = topk(logits, k)
+            idx, val = topk(logits, k, code)
             host = {"idx": idx, "val": val, "finite": torch.isfinite(logits).all(-1).cpu().numpy()}
             if mass < 1.0:
                 host["len"] = entries_for_mass(logits, k, mass).to(torch.uint8).cpu().numpy()
@@ -236,7 +258,7 @@ class TeacherScorer:
         idx, val, lens, fin = (self._stitch(parts[n], np.concatenate)
                                for n in ("idx", "val", "len", "finite"))
         logits_of = self._stitch(parts["full"], torch.cat)
-        empty = np.zeros((0, k), np.int16), np.zeros((0, k), np.float16)
+        empty = np.zeros((0, k), np.int16), np.zeros((0, k), np.float32)
         pruned_empty = np.zeros(0, np.uint8) if mass < 1.0 else None
         return [Scored(idx[u], val[u], bool(fin[u].all()), logits_of[u], lens[u])
                 if idx[u] is not None else Scored(*empty, True, None, pruned_empty)
@@ -247,7 +269,7 @@ class TeacherScorer:
 class Scored:
     """One utterance's teacher output as `targets` stores it (see TeacherScorer.score_topk)."""
     topk_idx: np.ndarray  # [T, k] int16
-    topk_logit: np.ndarray  # [T, k] fp16
+    topk_logit: np.ndarray  # [T, k] fp16 logits, or float32 log-probabilities (sqrt codes)
     finite: bool
     logits: torch.Tensor | None  # [T, C] float32, only where asked for
     topk_len: np.ndarray | None = None  # [T] uint8 entries kept per frame (targets.mass < 1)
@@ -331,7 +353,7 @@ class TargetActor:
             feats.append(x)
             keep.append(r)
         scored = self.scorer.score_topk(feats, tc.k, fidelity_sample(feats, fidelity_frames),
-                                        tc.mass)
+                                        tc.mass, tc.codec)
         out_rows, frames, entries, fid_parts = [], 0, 0, []
         sample_budget = fidelity_frames
         for r, sc in zip(keep, scored):
@@ -339,15 +361,18 @@ class TargetActor:
                 rejects.append(Reject(r["utt_id"], "non_finite_teacher_output", "", shard_id))
                 continue
             out_rows.append({"utt_id": r["utt_id"],
-                             **encode_topk(sc.topk_idx, sc.topk_logit, sc.topk_len)})
+                             **encode_topk(sc.topk_idx, sc.topk_logit, sc.topk_len,
+                                           tc.codec, self.num_classes)})
             frames += len(sc.topk_idx)
             entries += len(sc.topk_idx) * sc.topk_idx.shape[1] if sc.topk_len is None \
                 else int(sc.topk_len.sum())
             if sample_budget > 0 and sc.logits is not None:
-                fid_parts.append(fidelity(sc.logits[:sample_budget], mass=tc.mass))
+                fid_parts.append(fidelity(sc.logits[:sample_budget], mass=tc.mass,
+                                          code=tc.codec))
                 sample_budget -= len(sc.logits)
         out = pa.Table.from_pylist(out_rows, schema=TARGET_SCHEMA)
-        nbytes = ctx.storage.write_parquet(ctx.path("shards", f"{shard_id}.parquet"), out)
+        nbytes = ctx.storage.write_parquet(ctx.path("shards", f"{shard_id}.parquet"), out,
+                                           compression_level=tc.zstd_level)
         ctx.storage.write_parquet(ctx.path("rejects", f"{shard_id}.parquet"),
                                   rejects_table(rejects))
         stats = {"shard": shard_id, "in": len(rows), "out": len(out_rows),

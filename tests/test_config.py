@@ -50,6 +50,10 @@ def test_override_types_and_nesting():
     ("targets.fp16=1", "targets.fp16"),
     ("targets.mass=0", "targets.mass"),
     ("targets.mass=1.5", "targets.mass"),
+    ("targets.codec=int8", "targets.codec"),
+    ("targets.codec=sqrt1", "targets.codec"),
+    ("targets.codec=sqrt256", "targets.codec"),
+    ("targets.zstd_level=0", "targets.zstd_level"),
 ])
 def test_bad_values_name_the_key(override, key):
     with pytest.raises(ConfigError) as err:

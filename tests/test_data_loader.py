@@ -142,9 +142,10 @@ def test_bad_rows_are_rejected_with_reasons(tmp_path):
     assert len(soft) == 0 and soft.rejected["missing_soft_targets"] == 4
 
 
-def test_pruned_soft_targets_load_padded_and_malformed_ones_are_rejected(tmp_path):
-    """targets.mass < 1 rows (topk_len) load as [T, k] like full ones; a row whose
-    topk_len does not count its frames is a reject, not a crash."""
+@pytest.mark.parametrize("code", ["fp16", "sqrt31"])
+def test_pruned_soft_targets_load_padded_and_malformed_ones_are_rejected(tmp_path, code):
+    """targets.mass < 1 rows (topk_len) load as [T, k] like full ones, in either codec; a
+    row whose topk_len does not count its frames is a reject, not a crash."""
     st = Storage()
     means = np.random.default_rng(0).standard_normal((6, 4)).astype(np.float32)
     rows = synthetic_rows(4, means, 3, 0, "unlabeled", soft_k=4)
@@ -153,7 +154,8 @@ def test_pruned_soft_targets_load_padded_and_malformed_ones_are_rejected(tmp_pat
     for r in rows[:3]:
         idx, logit = records.decode_topk(r)
         lens.append(rng.integers(1, 5, len(idx)))
-        r.update(records.encode_topk(idx, logit, lens[-1]))
+        logp = logit - np.log(np.exp(logit).sum(1, keepdims=True))  # the sqrt codes' input
+        r.update(records.encode_topk(idx, logp, lens[-1], code, 6))
     rows[2]["topk_len"] = rows[2]["topk_len"][:-1]
     uri = str(tmp_path / "part-00000.parquet")
     st.write_parquet(uri, rows_table(rows))

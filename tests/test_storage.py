@@ -103,3 +103,22 @@ def test_s3_write_from_a_ray_task(s3_bucket, ray_local):
 
     uris = ray_local.get([write.remote(st, i) for i in range(3)])
     assert [st.read_json(u)["i"] for u in uris] == [0, 1, 2]
+
+
+def test_parquet_keeps_statistics_for_scalar_columns_only(tmp_path):
+    """A blob column's min / max would be two whole blobs per row group (~9 % of a target
+    shard); scalar columns keep theirs."""
+    import pyarrow.parquet as pq
+
+    st = Storage()
+    uri = str(tmp_path / "t.parquet")
+    blobs = [os.urandom(4000) for _ in range(20)]
+    n = st.write_parquet(uri, pa.table({"utt_id": [f"u{i}" for i in range(20)],
+                                        "num_frames": list(range(20)), "blob": blobs}))
+    rg = pq.ParquetFile(uri).metadata.row_group(0)
+    stats = {rg.column(i).path_in_schema: rg.column(i).statistics for i in range(3)}
+    assert stats["num_frames"].has_min_max and stats["num_frames"].max == 19
+    assert stats["utt_id"].has_min_max
+    assert stats["blob"] is None or not stats["blob"].has_min_max
+    assert n < 20 * 4000 + 4000  # random blobs do not compress: no second copy of two
+    assert st.read_parquet(uri).column("blob").to_pylist() == blobs

@@ -47,7 +47,9 @@ def _make_run(cfg, run_id: str, shards: int = 3, utts: int = 6) -> StepContext:
 
 @pytest.mark.integration
 def test_targets_cover_every_row_and_rerun_is_noop(local_cfg, ray_local):
-    cfg = local_cfg("targets.k=4", "targets.actors=2", "targets.fidelity_sample_frames=500")
+    # the paper's layout: every frame's k entries, fp16, best first
+    cfg = local_cfg("targets.k=4", "targets.actors=2", "targets.fidelity_sample_frames=500",
+                    "targets.mass=1.0", "targets.codec=fp16")
     feats = _make_run(cfg, "r1")
     summary = targets_step.run(StepContext(cfg, "r1", "targets"))
     assert summary["counts"] == {"in": 18, "out": 18, "rejected": 0}
@@ -83,17 +85,21 @@ def test_targets_cover_every_row_and_rerun_is_noop(local_cfg, ray_local):
 
 @pytest.mark.integration
 def test_pruned_targets_keep_fewer_entries_and_read_back_whole(local_cfg, ray_local):
-    """targets.mass < 1: each frame stores only the entries that hold the mass."""
-    cfg = local_cfg("targets.k=6", "targets.mass=0.3", "targets.fidelity_sample_frames=500")
+    """targets.mass < 1: each frame stores only the entries that hold the mass; with
+    targets.codec=sqrt15 in two bytes each (the fp16 layout's pruning: test_targets_core)."""
+    cfg = local_cfg("targets.k=6", "targets.mass=0.3", "targets.fidelity_sample_frames=500",
+                    "targets.codec=sqrt15")
     feats = _make_run(cfg, "r3", shards=2)
     metrics = targets_step.run(StepContext(cfg, "r3", "targets"))["metrics"]
     assert metrics["mass"] == 0.3 and 1 <= metrics["entries_per_frame"] < 6
+    assert metrics["codec"] == "sqrt15" and metrics["bytes_per_frame"] > 0
     assert metrics["fidelity"]["5"]["entries_per_frame"] < 5
     entries = frames = 0
     for shard in T.feature_shards(feats):
         for tr in feats.storage.read_parquet(
                 feats.other("targets", "shards", f"{shard}.parquet")).to_pylist():
             lens = np.frombuffer(tr["topk_len"], np.uint8)
+            assert tr["topk_code"] == "sqrt15-u8" and len(tr["topk_idx"]) == lens.sum()
             idx, logit = decode_topk(tr)
             assert idx.shape == (tr["num_frames"], 6) == (len(lens), 6)
             assert ((logit > PAD_LOGIT).sum(1) == lens).all()

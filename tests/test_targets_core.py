@@ -212,9 +212,81 @@ def test_bench_targets_mass_sweep_stores_fewer_bytes_as_the_mass_drops():
 
     torch.manual_seed(2)
     logits = torch.randn(300, 67) * 3
-    rows = [_stored(logits, 20, m) for m in (1.0, 0.99, 0.9)]
+    rows = [_stored(logits, 20, m, "fp16", 9) for m in (1.0, 0.99, 0.9)]
     assert rows[0]["entries_per_frame"] == 20
     for a, b in zip(rows, rows[1:]):
         assert b["entries_per_frame"] < a["entries_per_frame"]
         assert b["bytes_per_frame"] < a["bytes_per_frame"]
         assert b["mass_kept"] < a["mass_kept"]
+        assert b["kl_nats"] > a["kl_nats"]
+    # the sqrt code keeps the same entries in about half the bytes (2 of 4 per entry; on
+    # random logits zstd finds no runs), for a little KL
+    sq = _stored(logits, 20, 0.99, "sqrt31", 9)
+    assert sq["entries_per_frame"] == rows[1]["entries_per_frame"]
+    assert sq["mass_kept"] == rows[1]["mass_kept"]
+    assert sq["bytes_per_frame"] <= 0.55 * rows[1]["bytes_per_frame"]
+    assert rows[1]["kl_nats"] < sq["kl_nats"] < rows[1]["kl_nats"] + 0.02
+
+
+@pytest.mark.parametrize("num_classes,width", [(67, 1), (300, 2)])
+def test_sqrt_code_stores_two_bytes_per_entry_in_class_order_and_reads_back(num_classes, width):
+    """targets.codec=sqrt<L>: one index byte (<= 256 classes, else two) and one byte of
+    sqrt(p) per entry; each frame's entries in class order; the student reads back the
+    teacher's probabilities to within a level, and fidelity reports exactly what it reads."""
+    torch.manual_seed(2)
+    logits = torch.randn(300, num_classes) * 3
+    lens = entries_for_mass(logits, 20, 0.95)
+    idx, logp = topk(logits, 20, "sqrt31")
+    assert logp.dtype == np.float32 and np.allclose(
+        logp, torch.log_softmax(logits, -1).gather(-1, torch.from_numpy(idx).long()).numpy())
+    row = records.encode_topk(idx, logp, lens.numpy(), "sqrt31", num_classes)
+    n = int(lens.sum())
+    assert row["topk_code"] == f"sqrt31-u{8 * width}"
+    assert len(row["topk_idx"]) == width * n and len(row["topk_logit"]) == n
+    flat = np.frombuffer(row["topk_idx"], np.uint8 if width == 1 else np.uint16)
+    starts = np.concatenate([[0], np.cumsum(lens.numpy())])
+    for t in range(len(lens)):
+        assert (np.diff(flat[starts[t]:starts[t + 1]].astype(int)) > 0).all()
+
+    got_idx, got_val = records.decode_topk(row)
+    keep = got_val > records.PAD_LOGIT
+    assert (keep.sum(1) == lens.numpy()).all()
+    p = logits.softmax(-1)
+    raised = 0
+    for t in range(len(lens)):  # the same classes, each probability within half a level ...
+        kept = sorted(idx[t, :lens[t]].tolist())
+        assert sorted(got_idx[t][keep[t]].tolist()) == kept
+        s_got = np.sqrt(np.exp(got_val[t][keep[t]]))
+        s_true = np.sqrt(p[t, got_idx[t][keep[t]]].numpy())
+        off = np.abs(s_got - np.maximum(s_true, 1 / 31)) > 0.5 / 31 + 1e-6
+        # ... but where the best class would tie another: it is raised one level above
+        best = got_idx[t][keep[t]] == idx[t, 0]
+        assert not off[~best].any() and s_got[best] > s_got[~best].max(initial=0)
+        raised += int(off.any())
+    assert raised < 0.1 * len(lens)
+    # so the rebuilt argmax is always the teacher's
+    assert np.array_equal(got_idx[np.arange(len(lens)), got_val.argmax(1)],
+                          logits.argmax(-1).numpy())
+    q = teacher_log_probs(torch.from_numpy(got_idx), torch.from_numpy(got_val), num_classes,
+                          fill=-1e4)
+    kl = float((q.exp() * (q - torch.log_softmax(logits, -1))).sum(-1).sum())
+    f = fidelity(logits, ks=(20,), mass=0.95, code="sqrt31")[20]
+    assert f["kl_sum"] == pytest.approx(kl, rel=1e-4)
+    assert f["argmax_agree_sum"] == len(lens)
+    # coarser levels cost KL; the fp16 layout costs only the dropped mass
+    coarse = fidelity(logits, ks=(20,), mass=0.95, code="sqrt3")[20]["kl_sum"]
+    fp16 = fidelity(logits, ks=(20,), mass=0.95)[20]["kl_sum"]
+    assert fp16 < f["kl_sum"] < coarse
+
+
+def test_sqrt_code_rows_are_checked():
+    logits = torch.randn(4, 10)
+    row = records.encode_topk(*topk(logits, 3, "sqrt7"), None, "sqrt7", 10)
+    assert records.decode_topk(row)[0].shape == (4, 3)
+    with pytest.raises(ValueError, match="level 0"):
+        records.decode_topk(dict(row, topk_logit=b"\0" + row["topk_logit"][1:]))
+    for bad_code in ("sqrt300-u8", "sqrt1", "int8"):
+        with pytest.raises(ValueError, match="unknown top-k code"):
+            records.decode_topk(dict(row, topk_code=bad_code))
+    with pytest.raises(ValueError, match="top-k indices"):
+        records.decode_topk(dict(row, topk_idx=row["topk_idx"][:-1]))

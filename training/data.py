@@ -125,7 +125,8 @@ class SplitIndex:
         for i, uri in enumerate(uris):
             names = set(_schema_names(storage, uri))
             cols = [c for c in ("utt_id", "condition", "num_frames", "feat_dim", "labels",
-                                "frame_labels", "k", "topk_idx", "topk_len") if c in names]
+                                "frame_labels", "k", "topk_idx", "topk_len", "topk_code")
+                    if c in names]
             t = storage.read_parquet(uri, columns=cols)
             n = t.num_rows
 
@@ -149,6 +150,8 @@ class SplitIndex:
                 "k": np.nan_to_num(col("k", np.nan).astype(np.float64), nan=-1).astype(np.int64)
                 if "k" in t.column_names else np.full(n, -1, np.int64),
                 "topk_bytes": blen("topk_idx"), "pruned_len": blen("topk_len"),
+                "index_bytes": np.array([records.index_bytes(c) for c in col("topk_code", None)],
+                                        np.int64),
             })
         if not metas:
             return cls(list(uris), "labels" if target == "auto" else target,
@@ -159,10 +162,11 @@ class SplitIndex:
         frames = m["frames"]
         has_labels = m["labels_len"] == 2 * frames
         has_flabels = m["flabels_len"] >= 2 * frames  # 100 Hz: at least one per stacked row
-        full_topk = 2 * frames * np.maximum(m["k"], 0)
+        width = m["index_bytes"]  # 2 (int16) or 1 (uint8 under a sqrt<L>-u8 code)
+        full_topk = width * frames * np.maximum(m["k"], 0)
         pruned = m["pruned_len"] == frames  # one uint8 count per frame; decode checks the sum
         has_topk = (m["k"] > 0) & np.where(
-            pruned, (m["topk_bytes"] >= 2 * frames) & (m["topk_bytes"] <= full_topk),
+            pruned, (m["topk_bytes"] >= width * frames) & (m["topk_bytes"] <= full_topk),
             (m["pruned_len"] == -1) & (m["topk_bytes"] == full_topk))
         if target == "auto":
             target = "labels" if bool((has_labels | has_flabels).any()) else "topk"

@@ -78,7 +78,8 @@ def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
     nbytes = sum(s["bytes"] for s in stats)
     print_fidelity(fid, tc.k)
     metrics = {
-        "frames": total_frames, "k": tc.k, "mass": tc.mass, "actors": actor_info,
+        "frames": total_frames, "k": tc.k, "mass": tc.mass, "codec": tc.codec,
+        "actors": actor_info,
         # entries stored per frame: k, or fewer with targets.mass < 1
         "entries_per_frame": round(sum(s.get("entries", s["frames"] * tc.k) for s in stats)
                                    / total_frames, 3) if total_frames else None,
@@ -87,6 +88,7 @@ def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
         "scoring_s": round(wall, 2), "startup_s": round(startup, 2),
         "shards": len(shards), "shards_skipped": len(done),
         "bytes_per_audio_hour": round(nbytes / audio_hours) if audio_hours else None,
+        "bytes_per_frame": round(nbytes / total_frames, 2) if total_frames else None,
         "fidelity": fid,
     }
     counts = {"in": sum(s["in"] for s in stats), "out": sum(s["out"] for s in stats),
