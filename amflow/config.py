@@ -15,6 +15,8 @@ from typing import Any
 
 import yaml
 
+from amflow.target_codes import sqrt_levels
+
 
 class ConfigError(ValueError):
     """A bad config key or value; the message starts with the dotted key."""
@@ -299,8 +301,6 @@ class TargetsConfig:
                "must be auto, fp32 or bf16")
         _check(self.temperature > 0, f"{key}.temperature", "must be > 0")
         if self.codec != "fp16":
-            from amflow.records import sqrt_levels  # deferred: numpy/pyarrow, rarely needed
-
             try:
                 sqrt_levels(self.codec)
             except ValueError:

@@ -35,17 +35,20 @@ does not keep, at logit PAD_LOGIT, i.e. no mass, as a class outside the top-k.
 their index runs, which zstd finds) with uint8 / uint16 indices, and for each entry the
 teacher's probability p as one byte q = round(L * sqrt(p)) in 1..L. A rounding step in
 sqrt(p) is a relative error in p of ~1/(L sqrt(p)), so each entry adds about the same KL
-whatever its size: a 0.7-probability class is kept to ~2 %, a 0.01 one to ~20 %, where
+whatever its size: a 0.7-probability class is kept to within ~2 %, a 0.01 one ~16 %, where
 the fp16 bits of a small entry are wasted on a class that barely weighs. decode_topk
-gives log p back as the logit (a constant shift per frame: the same softmax).
+gives log p back as the logit (a constant shift per frame: the same softmax). Where the
+best class would share a level with another, it is raised above it (quantize_ranked),
+so the rebuilt argmax is the teacher's. The code's names: amflow/target_codes.py.
 """
 from __future__ import annotations
 
-import re
 from typing import Any, Mapping
 
 import numpy as np
 import pyarrow as pa
+
+from amflow.target_codes import FP16_CODE, index_bytes, sqrt_levels
 
 FEATURE_SCHEMA = pa.schema([
     ("utt_id", pa.string()), ("speaker_id", pa.string()), ("split", pa.string()),
@@ -61,8 +64,7 @@ TARGET_SCHEMA = pa.schema([
     ("topk_code", pa.string()),
 ])
 TARGET_COLUMNS = ("k", "topk_idx", "topk_logit", "topk_len", "topk_code")
-FP16_CODE = "fp16"  # targets.codec of the paper's layout: stored as a null topk_code
-_SQRT_CODE = re.compile(r"sqrt(\d+)(?:-u(8|16))?")
+
 # The logit of a dropped entry: distillation's default fill (train.distill.topk_fill), so a
 # pruned class weighs what a class outside the top-k weighs.
 PAD_LOGIT = -1.0e4
@@ -128,19 +130,6 @@ def offset_labels(frame_labels: np.ndarray, offset: int, stack: int, num_rows: i
     idx = np.arange(num_rows) * stack + offset + stack // 2
     idx = np.minimum(idx, len(frame_labels) - 1)
     return frame_labels[idx]
-
-
-def sqrt_levels(code: str) -> int:
-    """`sqrt<L>` or `sqrt<L>-u8|u16` -> L; ValueError for anything else."""
-    m = _SQRT_CODE.fullmatch(code)
-    if not m or not 2 <= int(m.group(1)) <= 255:
-        raise ValueError(f"unknown top-k code {code!r}: fp16 or sqrt<L> with 2 <= L <= 255")
-    return int(m.group(1))
-
-
-def index_bytes(code: str | None) -> int:
-    """Bytes per stored class index under a row's `topk_code`."""
-    return 1 if code and code.endswith("-u8") else 2
 
 
 def quantize_sqrt(logp: np.ndarray, levels: int) -> np.ndarray:

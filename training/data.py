@@ -45,6 +45,7 @@ from amflow import records
 from amflow.prefetch import Prefetch
 from amflow.runs import StepError
 from amflow.storage import Storage, join
+from amflow.target_codes import index_bytes
 
 from training.losses import IGNORE
 
@@ -150,7 +151,7 @@ class SplitIndex:
                 "k": np.nan_to_num(col("k", np.nan).astype(np.float64), nan=-1).astype(np.int64)
                 if "k" in t.column_names else np.full(n, -1, np.int64),
                 "topk_bytes": blen("topk_idx"), "pruned_len": blen("topk_len"),
-                "index_bytes": np.array([records.index_bytes(c) for c in col("topk_code", None)],
+                "index_bytes": np.array([index_bytes(c) for c in col("topk_code", None)],
                                         np.int64),
             })
         if not metas:
