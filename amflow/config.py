@@ -15,7 +15,7 @@ from typing import Any
 
 import yaml
 
-from amflow.target_codes import sqrt_levels
+from amflow.target_codes import FP16_CODE, sqrt_levels
 
 
 class ConfigError(ValueError):
@@ -271,7 +271,7 @@ class TargetsConfig:
     # paper's layout); sqrt<L> = one-byte index (<= 256 classes) + one byte for the
     # probability, round(L * sqrt(p)): with mass 0.99 ~10x smaller than full fp16
     # posteriors at 67 classes (README, bench targets).
-    codec: str = "fp16"
+    codec: str = FP16_CODE
     zstd_level: int = 9  # of the target shards' Parquet; the sqrt codes gain from 19
     temperature: float = 1.0
     actors: int = 2
@@ -300,7 +300,7 @@ class TargetsConfig:
         _check(self.cpu_precision in ("auto", "fp32", "bf16"), f"{key}.cpu_precision",
                "must be auto, fp32 or bf16")
         _check(self.temperature > 0, f"{key}.temperature", "must be > 0")
-        if self.codec != "fp16":
+        if self.codec != FP16_CODE:
             try:
                 sqrt_levels(self.codec)
             except ValueError:

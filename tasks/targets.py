@@ -96,16 +96,15 @@ def topk(logits: torch.Tensor, k: int, code: str = FP16_CODE) -> tuple[np.ndarra
     return idx.to(torch.int16).cpu().numpy(), vals.to(torch.float16).cpu().numpy()
 
 
-def stored_values(logits: torch.Tensor, idx: torch.Tensor, keep: torch.Tensor,
-                  code: str) -> torch.Tensor:
+def stored_values(logits: torch.Tensor, logp: torch.Tensor, idx: torch.Tensor,
+                  keep: torch.Tensor, code: str) -> torch.Tensor:
     """The values the student will read for the top-k classes `idx` (best first) of
-    `logits`, of which `keep` are stored, under `code`: fp16 logits, or the sqrt<L> code's
-    levels as log-probabilities (records.quantize_ranked)."""
+    `logits` (`logp`: their log_softmax), of which `keep` are stored, under `code`: fp16
+    logits, or the sqrt<L> code's levels as log-probabilities (records.quantize_ranked)."""
     if code == FP16_CODE:
         return logits.gather(-1, idx).to(torch.float16).float()
     levels = sqrt_levels(code)
-    logp = torch.log_softmax(logits.float(), -1).gather(-1, idx).cpu().numpy()
-    q = quantize_ranked(logp, keep.cpu().numpy(), levels)
+    q = quantize_ranked(logp.gather(-1, idx).cpu().numpy(), keep.cpu().numpy(), levels)
     return torch.from_numpy(dequantize_sqrt(q, levels)).to(logits.device)
 
 
@@ -148,7 +147,7 @@ def fidelity(logits: torch.Tensor, ks: Iterable[int] = FIDELITY_KS,
         if mass < 1.0:  # dropped entries weigh what a class outside the top-k weighs
             kept = torch.arange(k, device=logits.device) < entries_for_mass(logits, k, mass)[:, None]
         # what the student will actually see
-        vals = stored_values(logits, idx, kept, code).masked_fill(~kept, fill)
+        vals = stored_values(logits, logp, idx, kept, code).masked_fill(~kept, fill)
         q_log = teacher_log_probs(idx, vals, logits.shape[-1], fill)
         q = q_log.exp()
         kept_mass = (p.gather(-1, idx) * kept).sum(-1)
