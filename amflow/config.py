@@ -265,7 +265,7 @@ class TargetsConfig:
     k: int = 20
     # Per frame, keep only the fewest of the top-k whose teacher probability reaches this
     # share (1.0: all k, the paper's layout). A confident frame then stores 1-2 entries,
-    # not k: amflow/records.py's `topk_len`, tasks/targets.entries_for_mass.
+    # not k: amflow/records.py's `topk_len`, tasks/targets.kept_for_mass.
     mass: float = 1.0
     # How each entry is stored (amflow/records.py): fp16 = int16 index + fp16 logit (the
     # paper's layout); sqrt<L> = one-byte index (<= 256 classes) + one byte for the

@@ -159,8 +159,7 @@ def _stored(logits: torch.Tensor, k: int, mass: float, code: str, level: int
     """Bytes per frame of the top-k targets as the step stores them at `mass` and `code`
     (zstd Parquet at `level`), with the entries, the share of the teacher's probability
     they keep and KL(stored || teacher) in nats per frame."""
-    idx, val = T.topk(logits, k, code)
-    lens = T.entries_for_mass(logits, k, mass).numpy() if mass < 1.0 else None
+    idx, val, lens = T.top_entries(logits, k, code, mass)
     row = encode_topk(idx, val, lens, code, logits.shape[-1])
     table = pa.table({col: pa.array([row[col]], pa.binary())
                       for col in ("topk_idx", "topk_logit", "topk_len")})

@@ -9,7 +9,7 @@ Shell: a pool of Ray actors, each holding the teacher once. On GPUs an actor tak
 on the GPU, so only k values per frame cross to the host (bench/GPU.md); on CPUs each actor has its own
 thread count.
 With `targets.mass` < 1 a frame keeps only the fewest of its top-k whose probability
-reaches that share (entries_for_mass), stored packed (amflow/records.py, `topk_len`);
+reaches that share (kept_for_mass), stored packed (amflow/records.py, `topk_len`);
 `targets.codec` sqrt<L> stores each entry in two bytes (records.encode_topk).
 Actors take whole feature shards (the unit of parallelism), write
 `targets/shards/<shard>.parquet` aligned row for row with the feature shard, then the
@@ -83,17 +83,28 @@ def chunk_spans(num_frames: int, max_frames: int, overlap: int) -> list[tuple[in
     return spans
 
 
-def topk(logits: torch.Tensor, k: int, code: str = FP16_CODE) -> tuple[np.ndarray, np.ndarray]:
-    """[..., C] logits -> (int16 indices, values) of the k largest per frame, on the host
-    (taken where the logits are). Values: fp16 logits for the fp16 code, float32
-    log-probabilities for the sqrt<L> codes (which store probabilities)."""
+def top_entries(logits: torch.Tensor, k: int, code: str = FP16_CODE, mass: float = 1.0
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """[..., C] logits -> the k largest per frame, on the host (taken where the logits
+    are): int16 indices, values (fp16 logits for the fp16 code, float32 log-probabilities
+    for the sqrt<L> codes, which store probabilities) and, with `mass` < 1, the uint8
+    count each frame keeps (kept_for_mass), else None. One top-k serves all three."""
     k = min(k, logits.shape[-1])
     logits = logits.float()
-    if code != FP16_CODE:
-        vals, idx = torch.topk(torch.log_softmax(logits, -1), k, dim=-1)
-        return idx.to(torch.int16).cpu().numpy(), vals.cpu().numpy()
-    vals, idx = torch.topk(logits, k, dim=-1)
-    return idx.to(torch.int16).cpu().numpy(), vals.to(torch.float16).cpu().numpy()
+    top, idx = torch.topk(logits, k, dim=-1)
+    lens = None
+    if code != FP16_CODE or mass < 1.0:
+        top_logp = top - torch.logsumexp(logits, -1, keepdim=True)
+        if mass < 1.0:
+            lens = kept_for_mass(top_logp, mass).to(torch.uint8).cpu().numpy()
+    vals = top.to(torch.float16) if code == FP16_CODE else top_logp
+    return idx.to(torch.int16).cpu().numpy(), vals.cpu().numpy(), lens
+
+
+def topk(logits: torch.Tensor, k: int, code: str = FP16_CODE) -> tuple[np.ndarray, np.ndarray]:
+    """top_entries' indices and values, every entry kept."""
+    idx, vals, _ = top_entries(logits, k, code)
+    return idx, vals
 
 
 def stored_values(logits: torch.Tensor, logp: torch.Tensor, idx: torch.Tensor,
@@ -108,14 +119,11 @@ def stored_values(logits: torch.Tensor, logp: torch.Tensor, idx: torch.Tensor,
     return torch.from_numpy(dequantize_sqrt(q, levels)).to(logits.device)
 
 
-def entries_for_mass(logits: torch.Tensor, k: int, mass: float) -> torch.Tensor:
-    """[..., C] logits -> per frame, the fewest of the top-k whose softmax probability sums
-    to `mass` (k when the top-k hold less): a confident frame keeps 1 or 2 entries, an
-    uncertain one up to k (targets.mass; Kaldi's pruned posteriors)."""
-    logits = logits.float()
-    k = min(k, logits.shape[-1])
-    top = torch.topk(logits, k, dim=-1).values
-    cum = torch.exp(top - torch.logsumexp(logits, -1, keepdim=True)).cumsum(-1)
+def kept_for_mass(top_logp: torch.Tensor, mass: float) -> torch.Tensor:
+    """[..., k] log-probabilities of a frame's top-k, best first -> the fewest entries whose
+    probability sums to `mass` (k when the top-k hold less): a confident frame keeps 1 or
+    2 entries, an uncertain one up to k (targets.mass; Kaldi's pruned posteriors)."""
+    cum = top_logp.exp().cumsum(-1)
     return 1 + (cum[..., :-1] < mass).sum(-1)
 
 
@@ -123,7 +131,7 @@ def fidelity(logits: torch.Tensor, ks: Iterable[int] = FIDELITY_KS,
              fill: float = -1.0e4, mass: float = 1.0,
              code: str = FP16_CODE) -> dict[int, dict[str, float]]:
     """Per k: probability mass the top-k keep, KL divergences, argmax agreement and the
-    entries kept per frame (k, or fewer with `mass` < 1: entries_for_mass).
+    entries kept per frame (k, or fewer with `mass` < 1: kept_for_mass).
 
     The rebuilt distribution q is the softmax of the stored (fp16) top-k logits with
     every other logit set to `fill`, i.e. the teacher's top-k renormalised (the values as
@@ -145,7 +153,8 @@ def fidelity(logits: torch.Tensor, ks: Iterable[int] = FIDELITY_KS,
         idx = torch.topk(logits, k, dim=-1).indices
         kept = torch.ones(idx.shape, dtype=torch.bool, device=logits.device)
         if mass < 1.0:  # dropped entries weigh what a class outside the top-k weighs
-            kept = torch.arange(k, device=logits.device) < entries_for_mass(logits, k, mass)[:, None]
+            kept = (torch.arange(k, device=logits.device)
+                    < kept_for_mass(logp.gather(-1, idx), mass)[:, None])
         # what the student will actually see
         vals = stored_values(logits, logp, idx, kept, code).masked_fill(~kept, fill)
         q_log = teacher_log_probs(idx, vals, logits.shape[-1], fill)
@@ -236,7 +245,7 @@ class TeacherScorer:
                    mass: float = 1.0, code: str = FP16_CODE) -> list["Scored"]:
         """Per utterance: the top-k (int16 indices, values as `topk` gives them for `code`)
         per frame, with `mass` < 1
-        the entries each frame keeps (entries_for_mass), whether every logit was finite,
+        the entries each frame keeps (kept_for_mass), whether every logit was finite,
         and the full float32 logits for the utterances in `full` only.
 
         The top-k are taken where the model ran: on a GPU only k of C values per frame
@@ -245,10 +254,10 @@ class TeacherScorer:
         parts: dict[str, list[list[tuple[int, Any]]]] = {
             n: [[] for _ in feats] for n in ("idx", "val", "len", "finite", "full")}
         for logits, rows in self._batches(feats):
-            idx, val = topk(logits, k, code)
+            idx, val, lens = top_entries(logits, k, code, mass)
             host = {"idx": idx, "val": val, "finite": torch.isfinite(logits).all(-1).cpu().numpy()}
-            if mass < 1.0:
-                host["len"] = entries_for_mass(logits, k, mass).to(torch.uint8).cpu().numpy()
+            if lens is not None:
+                host["len"] = lens
             for row, (u, start, keep_s, keep_e) in enumerate(rows):
                 cut = slice(keep_s - start, keep_e - start)
                 for n, a in host.items():

@@ -75,12 +75,12 @@ def test_distillation_fits_a_linear_student():
 def test_distill_on_pruned_targets_is_cross_entropy_with_the_kept_entries_renormalised():
     """targets.mass < 1: decode_topk's dropped slots weigh nothing in the loss."""
     from amflow import records
-    from tasks.targets import entries_for_mass
+    from tasks.targets import top_entries
 
     torch.manual_seed(3)
     teacher, student = torch.randn(64, 30) * 3, torch.randn(64, 30)
     vals, idx = teacher.topk(8, dim=-1)
-    lens = entries_for_mass(teacher, 8, 0.9).numpy()
+    lens = top_entries(teacher, 8, mass=0.9)[2]
     got_idx, got_val = records.decode_topk(records.encode_topk(idx.numpy(), vals.numpy(), lens))
     out = distill_loss(student[None], torch.from_numpy(got_idx)[None],
                        torch.from_numpy(got_val)[None], torch.ones(1, 64, dtype=torch.bool),

@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from amflow import records
-from tasks.targets import (TeacherScorer, chunk_spans, entries_for_mass, fidelity,
-                           length_batches, summarise_fidelity, topk)
+from tasks.targets import (TeacherScorer, chunk_spans, fidelity,
+                           length_batches, summarise_fidelity, top_entries, topk)
 from training.losses import teacher_log_probs
 from training.models import StudentLSTM, TeacherBLSTM
 
@@ -90,7 +90,13 @@ def test_bf16_cpu_path_on_padded_batches_agrees_with_fp32():
     assert inference_dtype(TargetsConfig(cpu_precision="bf16"), "cpu") == torch.bfloat16
     forced = TargetsConfig(fp16_on_cpu=True, cpu_precision="bf16")
     assert inference_dtype(forced, "cpu") == torch.float16
-    assert inference_dtype(TargetsConfig(fp16=False, fp16_on_cpu=True), "cpu") == torch.float32
+    # fp16: false wins over fp16_on_cpu; cpu_precision then decides (auto: the CPU's bf16)
+    off = TargetsConfig(fp16=False, fp16_on_cpu=True, cpu_precision="fp32")
+    assert inference_dtype(off, "cpu") == torch.float32
+    from amflow import precision
+    auto = TargetsConfig(fp16=False, fp16_on_cpu=True)
+    assert inference_dtype(auto, "cpu") == (
+        torch.bfloat16 if precision.cpu_has_native_bf16() else torch.float32)
 
 
 @pytest.mark.parametrize("capability, auto", [((7, 0), torch.float16), ((8, 0), torch.float32),
@@ -157,14 +163,14 @@ def test_topk_scoring_equals_full_scoring_then_topk():
     torch.testing.assert_close(scored[2].logits, full[2])
     pruned = scorer.score_topk(feats, 5, mass=0.5)
     for lg, sc in zip(full, pruned):
-        assert np.array_equal(sc.topk_len, entries_for_mass(lg, 5, 0.5).numpy())
+        assert np.array_equal(sc.topk_len, top_entries(lg, 5, mass=0.5)[2])
     assert all(sc.topk_len is None for sc in scored)
 
 
 def test_pruned_targets_keep_the_fewest_entries_that_hold_the_mass():
     torch.manual_seed(1)
     logits = torch.randn(400, 67) * 3
-    lens = entries_for_mass(logits, 20, 0.95)
+    lens = torch.from_numpy(top_entries(logits, 20, mass=0.95)[2]).long()
     cum = logits.softmax(-1).sort(-1, descending=True).values.cumsum(-1)
     for t, n in enumerate(lens.tolist()):
         assert n == 20 or cum[t, n - 1] >= 0.95  # enough ...
@@ -235,10 +241,12 @@ def test_sqrt_code_stores_two_bytes_per_entry_in_class_order_and_reads_back(num_
     teacher's probabilities to within a level, and fidelity reports exactly what it reads."""
     torch.manual_seed(2)
     logits = torch.randn(300, num_classes) * 3
-    lens = entries_for_mass(logits, 20, 0.95)
-    idx, logp = topk(logits, 20, "sqrt31")
+    idx, logp, lens = top_entries(logits, 20, "sqrt31", mass=0.95)
+    lens = torch.from_numpy(lens).long()
+    # the log-probabilities (top - logsumexp: log_softmax's values to float rounding)
     assert logp.dtype == np.float32 and np.allclose(
-        logp, torch.log_softmax(logits, -1).gather(-1, torch.from_numpy(idx).long()).numpy())
+        logp, torch.log_softmax(logits, -1).gather(-1, torch.from_numpy(idx).long()).numpy(),
+        atol=1e-5)
     row = records.encode_topk(idx, logp, lens.numpy(), "sqrt31", num_classes)
     n = int(lens.sum())
     assert row["topk_code"] == f"sqrt31-u{8 * width}"
