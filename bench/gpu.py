@@ -1,4 +1,4 @@
-"""`python -m bench.gpu [--out result.json] [--quick] [--only scorer,train,gtc,serve]`:
+"""`python -m bench.gpu [--out result.json] [--quick] [--only scorer,stored,train,gtc,serve]`:
 the GPU paths run for real, each beside its CPU version in the same run, without Ray or a
 pipeline run (a GPU box with torch, numpy and PyYAML is enough). Random weights and
 inputs: these are speeds and numerical agreement, not accuracies.
@@ -17,7 +17,14 @@ inputs: these are speeds and numerical agreement, not accuracies.
 3. gtc     the GTC codec (training/algorithms/gtc.py) on the papers' student's real
            gradients, one CPU core against the GPU in lockstep: GB/s of gradient encoded
            + decoded, and whether the GPU's codes and residual equal the CPU's bit for bit.
-4. serve   the Batch Dispatch forward (serving.recognizer.StreamModel), per batch size:
+4. stored  what `targets` stores under the demo's config (`targets.codec: sqrt31`,
+           `targets.mass: 0.99`: two bytes per kept entry) beside the fp16 top-20, on the
+           CPU and the GPU: frames per second of scoring + encoding, bytes per frame,
+           entries kept, and the share of frames whose stored entries (count, classes,
+           levels) are identical to the CPU's, and how far the distributions the student
+           rebuilds from them are apart (total variation). The random teacher's output
+           layer is sharpened so that it keeps about as many entries as the demo's.
+5. serve   the Batch Dispatch forward (serving.recognizer.StreamModel), per batch size:
            the CPU in fp32 on one thread (a CPU replica), the GPU in fp32 / fp16 / bf16.
 
 The sequence criteria (LF-MMI, LF-sMBR) on the GPU: `python -m bench.sequence`, which
@@ -36,7 +43,10 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
+from amflow.records import decode_topk, encode_topk, quantize_ranked
+from amflow.target_codes import sqrt_levels
 from tasks.targets import TeacherScorer, topk
+from training.losses import teacher_probs
 from training.models import StudentLSTM, TeacherBLSTM, num_parameters
 
 INPUT_DIM = 192  # 64 mel bins stacked 3 (features.stack)
@@ -74,14 +84,24 @@ def _agreement(ref: torch.Tensor, got: torch.Tensor) -> dict[str, float]:
 
 
 # ------------------------------------------------------------------------------- scorer
-def scorer_section(devices: list[str], quick: bool) -> list[dict[str, Any]]:
-    rng = np.random.default_rng(0)
+def _utterances(seed: int, quick: bool) -> list[np.ndarray]:
+    """Random features of 16 (quick) or 256 utterances of 100-600 frames."""
+    rng = np.random.default_rng(seed)
     lens = rng.integers(100, 600, size=16 if quick else 256)
-    feats = [rng.standard_normal((int(n), INPUT_DIM)).astype(np.float32) for n in lens]
-    rows = []
+    return [rng.standard_normal((int(n), INPUT_DIM)).astype(np.float32) for n in lens]
+
+
+def _teachers(quick: bool):
+    """(classes, the demo's 3 x 256 BLSTM with random weights) at 68 and 3,183 classes."""
     for classes in ((68,) if quick else (68, 3183)):
         torch.manual_seed(0)
-        net = TeacherBLSTM(INPUT_DIM, 256, 3, classes).eval()
+        yield classes, TeacherBLSTM(INPUT_DIM, 256, 3, classes).eval()
+
+
+def scorer_section(devices: list[str], quick: bool) -> list[dict[str, Any]]:
+    feats = _utterances(0, quick)
+    rows = []
+    for classes, net in _teachers(quick):
         ref = None
         for device, dtype, today, batch in _scorer_variants(devices):
             row = {"classes": classes, "device": device, "dtype": str(dtype),
@@ -127,6 +147,92 @@ def _score(net: torch.nn.Module, feats: list[np.ndarray], device: str, dtype: to
         work = lambda: [topk(lg, TOPK) for lg in scorer.score(feats)]  # noqa: E731
     s = _median_s(device, work, 1 if device == "cpu" else 3)
     return torch.cat(scorer.score(feats)), round(sum(len(f) for f in feats) / s)
+
+# ------------------------------------------------------------------------------- stored
+CODECS = (("fp16", 1.0), ("sqrt31", 0.99))  # (targets.codec, targets.mass): before / demo
+SHARPEN = 70.0  # x the random output layer: 10.6 of 68 entries hold 99 % (the demo's ~11)
+TOPK_FILL = -1.0e4  # train.topk_fill: what a class outside a frame's entries weighs
+
+
+def stored_section(devices: list[str], quick: bool) -> list[dict[str, Any]]:
+    feats = _utterances(1, quick)
+    rows = []
+    for classes, net in _teachers(quick):
+        with torch.no_grad():
+            for p in net.output.parameters():
+                p.mul_(SHARPEN)
+        for code, mass in CODECS:
+            ref = None
+            for device, batch in [(d, b) for d in devices
+                                  for b in ((8000,) if d == "cpu" else (8000, 32000))]:
+                stored, row = _stored(net, feats, device, batch, code, mass, classes)
+                row.update({"classes": classes, "codec": code, "mass": mass,
+                            "device": device, "batch_frames": batch})
+                if ref is None:
+                    ref = stored
+                else:
+                    row.update(_stored_agreement(ref, stored, code, classes))
+                rows.append(row)
+    return rows
+
+
+def _stored(net: torch.nn.Module, feats: list[np.ndarray], device: str, batch: int,
+            code: str, mass: float, classes: int) -> tuple[list, dict[str, Any]]:
+    """What `targets` stores for `feats` (score_topk + encode_topk, as the actor does):
+    each utterance's top-k and encoded row, and the rate, bytes and entries per frame."""
+    dim = feats[0].shape[1]
+    scorer = TeacherScorer(copy.deepcopy(net), np.zeros(dim, np.float32),
+                           np.ones(dim, np.float32), device, torch.float32, batch)
+    out: list = []
+
+    def work() -> None:
+        out[:] = [(sc, encode_topk(sc.topk_idx, sc.topk_logit, sc.topk_len, code, classes))
+                  for sc in scorer.score_topk(feats, TOPK, mass=mass, code=code)]
+    s = _median_s(device, work, 1 if device == "cpu" else 3)
+    frames = sum(len(f) for f in feats)
+    stored = sum(len(v) for _, enc in out for v in enc.values() if isinstance(v, bytes))
+    kept = sum(sc.topk_idx.size if sc.topk_len is None else int(sc.topk_len.sum())
+               for sc, _ in out)
+    row = {"frames_per_s": round(frames / s), "bytes_per_frame": round(stored / frames, 2),
+           "entries_per_frame": round(kept / frames, 2)}
+    return list(out), row
+
+
+def _stored_agreement(ref: list, got: list, code: str, classes: int) -> dict[str, float]:
+    """How far `got`'s stored targets are from the CPU's (`ref`): the share of frames
+    stored identically (count, classes, values), and the total variation between the
+    distributions the student rebuilds from them (training.losses.teacher_probs), mean
+    over frames and the largest."""
+    same = frames = 0
+    tv_sum, tv_max = 0.0, 0.0
+    for (sc0, enc0), (sc1, enc1) in zip(ref, got):
+        same += _frames_alike(_entries(sc0, code), _entries(sc1, code))
+        frames += len(sc0.topk_idx)
+        p0, p1 = (teacher_probs(*map(torch.from_numpy, decode_topk(enc)), classes, TOPK_FILL)
+                  for enc in (enc0, enc1))
+        tv = 0.5 * (p0 - p1).abs().sum(-1)
+        tv_sum += float(tv.sum())
+        tv_max = max(tv_max, float(tv.max())) if len(tv) else tv_max
+    return {"frames_stored_identical": round(same / max(frames, 1), 5),
+            "target_tv_mean": round(tv_sum / max(frames, 1), 6),
+            "target_tv_max": round(tv_max, 6)}
+
+
+def _entries(sc: Any, code: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """[T] kept counts and [T, k] classes and stored values (fp16 bits or sqrt levels),
+    zero past each frame's count: what the stored row holds, frame by frame."""
+    t, k = sc.topk_idx.shape
+    n = np.full(t, k) if sc.topk_len is None else sc.topk_len.astype(np.int64)
+    keep = np.arange(k)[None, :] < n[:, None]
+    vals = (sc.topk_logit.view(np.uint16) if code == "fp16"
+            else quantize_ranked(sc.topk_logit, keep, sqrt_levels(code)))
+    return n, np.where(keep, sc.topk_idx, 0), np.where(keep, vals, 0)
+
+
+def _frames_alike(a: tuple, b: tuple) -> int:
+    """How many frames two utterances' `_entries` store identically."""
+    (n0, i0, v0), (n1, i1, v1) = a, b
+    return int(((n0 == n1) & (i0 == i1).all(1) & (v0 == v1).all(1)).sum())
 
 
 # -------------------------------------------------------------------------------- train
@@ -257,8 +363,8 @@ def serve_section(devices: list[str], quick: bool) -> list[dict[str, Any]]:
     return rows
 
 
-SECTIONS = {"scorer": scorer_section, "train": train_section, "gtc": gtc_section,
-            "serve": serve_section}
+SECTIONS = {"scorer": scorer_section, "stored": stored_section, "train": train_section,
+            "gtc": gtc_section, "serve": serve_section}
 
 
 def _environment() -> dict[str, Any]:

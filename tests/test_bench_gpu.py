@@ -1,6 +1,7 @@
 """bench/gpu.py: the GPU bench's own logic, checked on the CPU (a GPU box runs it for real)."""
 import json
 
+import numpy as np
 import torch
 
 from bench import gpu
@@ -35,7 +36,34 @@ def test_quick_run_writes_every_section(tmp_path):
     out = tmp_path / "gpu.json"
     r = gpu.main(["--quick", "--devices", "cpu", "--out", str(out)])
     stored = json.loads(out.read_text())
-    assert set(stored["section_s"]) == {"scorer", "train", "gtc", "serve"}
+    assert set(stored["section_s"]) == {"scorer", "stored", "train", "gtc", "serve"}
     assert r["gtc"] == {"skipped": "no GPU"}
     assert r["scorer"][0]["frames_per_s"] > 0 and r["train"][0]["frames_per_s"] > 0
     assert [row["batch"] for row in r["serve"]] == [1, 8, 32]
+
+
+def test_stored_section_counts_bytes_entries_and_identical_frames():
+    rows = {(r["codec"]): r for r in gpu.stored_section(["cpu", "cpu"], quick=True)
+            if r.get("frames_stored_identical") is not None}
+    # the same device twice stores the same bytes, and the student rebuilds the same targets
+    for r in rows.values():
+        assert r["frames_stored_identical"] == 1.0 and r["target_tv_max"] == 0.0
+    assert rows["fp16"]["bytes_per_frame"] == 80.0 and rows["fp16"]["entries_per_frame"] == 20
+    # mass 0.99 keeps fewer entries, two bytes each, plus the count byte
+    sq = rows["sqrt31"]
+    assert 3 < sq["entries_per_frame"] < 20
+    assert abs(sq["bytes_per_frame"] - (2 * sq["entries_per_frame"] + 1)) < 0.01
+
+
+def test_frames_alike_sees_a_changed_level_count_or_class():
+    n = np.array([2, 3, 1])
+    idx = np.array([[4, 7, 0], [1, 2, 3], [9, 0, 0]])
+    val = np.array([[30, 3, 0], [20, 9, 2], [31, 0, 0]])
+    ref = (n, idx, val)
+    assert gpu._frames_alike(ref, (n, idx, val)) == 3
+    level, count, cls = val.copy(), n.copy(), idx.copy()
+    level[1, 2] = 3
+    count[0] = 3
+    cls[2, 0] = 8
+    for changed in ((n, idx, level), (count, idx, val), (n, cls, val)):
+        assert gpu._frames_alike(ref, changed) == 2
