@@ -147,10 +147,11 @@ def fidelity(logits: torch.Tensor, ks: Iterable[int] = FIDELITY_KS,
     logp = torch.log_softmax(logits, dim=-1)
     p = logp.exp()
     out: dict[int, dict[str, float]] = {}
+    ks = [k for k in ks if k <= logits.shape[-1]]
+    # one top-k of the largest k, best first: each smaller k's top-k is its prefix
+    ranked = torch.topk(logits, max(ks), dim=-1).indices if ks else None
     for k in ks:
-        if k > logits.shape[-1]:
-            continue
-        idx = torch.topk(logits, k, dim=-1).indices
+        idx = ranked[..., :k]
         kept = torch.ones(idx.shape, dtype=torch.bool, device=logits.device)
         if mass < 1.0:  # dropped entries weigh what a class outside the top-k weighs
             kept = (torch.arange(k, device=logits.device)
