@@ -43,8 +43,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from amflow.records import decode_topk, encode_topk, quantize_ranked
-from amflow.target_codes import sqrt_levels
+from amflow.records import decode_topk, encode_topk
 from tasks.targets import TeacherScorer, topk
 from training.losses import teacher_probs
 from training.models import StudentLSTM, TeacherBLSTM, num_parameters
@@ -148,6 +147,7 @@ def _score(net: torch.nn.Module, feats: list[np.ndarray], device: str, dtype: to
     s = _median_s(device, work, 1 if device == "cpu" else 3)
     return torch.cat(scorer.score(feats)), round(sum(len(f) for f in feats) / s)
 
+
 # ------------------------------------------------------------------------------- stored
 CODECS = (("fp16", 1.0), ("sqrt31", 0.99))  # (targets.codec, targets.mass): before / demo
 SHARPEN = 70.0  # x the random output layer: 10.6 of 68 entries hold 99 % (the demo's ~11)
@@ -171,7 +171,7 @@ def stored_section(devices: list[str], quick: bool) -> list[dict[str, Any]]:
                 if ref is None:
                     ref = stored
                 else:
-                    row.update(_stored_agreement(ref, stored, code, classes))
+                    row.update(_stored_agreement(ref, stored, classes))
                 rows.append(row)
     return rows
 
@@ -198,18 +198,20 @@ def _stored(net: torch.nn.Module, feats: list[np.ndarray], device: str, batch: i
     return list(out), row
 
 
-def _stored_agreement(ref: list, got: list, code: str, classes: int) -> dict[str, float]:
-    """How far `got`'s stored targets are from the CPU's (`ref`): the share of frames
-    stored identically (count, classes, values), and the total variation between the
-    distributions the student rebuilds from them (training.losses.teacher_probs), mean
-    over frames and the largest."""
+def _stored_agreement(ref: list, got: list, classes: int) -> dict[str, float]:
+    """How far `got`'s stored targets are from the CPU's (`ref`), each row read back as the
+    student reads it (records.decode_topk): the share of frames stored identically (the
+    same classes and values, dropped entries included), and the total variation between
+    the distributions the student rebuilds (training.losses.teacher_probs), mean over
+    frames and the largest."""
     same = frames = 0
     tv_sum, tv_max = 0.0, 0.0
-    for (sc0, enc0), (sc1, enc1) in zip(ref, got):
-        same += _frames_alike(_entries(sc0, code), _entries(sc1, code))
-        frames += len(sc0.topk_idx)
-        p0, p1 = (teacher_probs(*map(torch.from_numpy, decode_topk(enc)), classes, TOPK_FILL)
-                  for enc in (enc0, enc1))
+    for (_, enc0), (_, enc1) in zip(ref, got):
+        (i0, v0), (i1, v1) = decode_topk(enc0), decode_topk(enc1)
+        same += _frames_alike((i0, v0), (i1, v1))
+        frames += len(i0)
+        p0, p1 = (teacher_probs(torch.from_numpy(i), torch.from_numpy(v), classes, TOPK_FILL)
+                  for i, v in ((i0, v0), (i1, v1)))
         tv = 0.5 * (p0 - p1).abs().sum(-1)
         tv_sum += float(tv.sum())
         tv_max = max(tv_max, float(tv.max())) if len(tv) else tv_max
@@ -218,21 +220,11 @@ def _stored_agreement(ref: list, got: list, code: str, classes: int) -> dict[str
             "target_tv_max": round(tv_max, 6)}
 
 
-def _entries(sc: Any, code: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """[T] kept counts and [T, k] classes and stored values (fp16 bits or sqrt levels),
-    zero past each frame's count: what the stored row holds, frame by frame."""
-    t, k = sc.topk_idx.shape
-    n = np.full(t, k) if sc.topk_len is None else sc.topk_len.astype(np.int64)
-    keep = np.arange(k)[None, :] < n[:, None]
-    vals = (sc.topk_logit.view(np.uint16) if code == "fp16"
-            else quantize_ranked(sc.topk_logit, keep, sqrt_levels(code)))
-    return n, np.where(keep, sc.topk_idx, 0), np.where(keep, vals, 0)
-
-
 def _frames_alike(a: tuple, b: tuple) -> int:
-    """How many frames two utterances' `_entries` store identically."""
-    (n0, i0, v0), (n1, i1, v1) = a, b
-    return int(((n0 == n1) & (i0 == i1).all(1) & (v0 == v1).all(1)).sum())
+    """How many frames two decoded rows ([T, k] classes, [T, k] values; a dropped entry
+    reads PAD_LOGIT) hold identically: same count, classes and values."""
+    (i0, v0), (i1, v1) = a, b
+    return int(((i0 == i1).all(1) & (v0 == v1).all(1)).sum())
 
 
 # -------------------------------------------------------------------------------- train

@@ -56,14 +56,15 @@ def test_stored_section_counts_bytes_entries_and_identical_frames():
 
 
 def test_frames_alike_sees_a_changed_level_count_or_class():
-    n = np.array([2, 3, 1])
-    idx = np.array([[4, 7, 0], [1, 2, 3], [9, 0, 0]])
-    val = np.array([[30, 3, 0], [20, 9, 2], [31, 0, 0]])
-    ref = (n, idx, val)
-    assert gpu._frames_alike(ref, (n, idx, val)) == 3
-    level, count, cls = val.copy(), n.copy(), idx.copy()
-    level[1, 2] = 3
-    count[0] = 3
+    from amflow.records import PAD_LOGIT, dequantize_sqrt
+    idx = np.array([[4, 7, 0], [1, 2, 3], [9, 0, 1]])
+    val = dequantize_sqrt(np.array([[30, 3, 1], [20, 9, 2], [31, 1, 1]]), 31)
+    val[0, 2] = val[2, 1:] = PAD_LOGIT  # frames keep 2, 3 and 1 entries
+    ref = (idx, val)
+    assert gpu._frames_alike(ref, (idx, val)) == 3
+    level, count, cls = val.copy(), val.copy(), idx.copy()
+    level[1, 2] = dequantize_sqrt(np.array([3]), 31)[0]
+    count[0, 2] = dequantize_sqrt(np.array([1]), 31)[0]  # a third entry kept
     cls[2, 0] = 8
-    for changed in ((n, idx, level), (count, idx, val), (n, cls, val)):
+    for changed in ((idx, level), (idx, count), (cls, val)):
         assert gpu._frames_alike(ref, changed) == 2
