@@ -9,6 +9,8 @@
     lda_mllt.py        splicing, LDA and MLLT feature transforms, written by hand
     fmllr.py           per-speaker fMLLR transforms (speaker-adaptive training), by hand
     nnet.py            a full-rate alignment network (hybrid realignment), optional
+    guide.py           alignment kept to a reference CTM (align.guide=ctm): training from
+                       it, and the bound on how close this model class can come to it
     train.py           the recipe: flat start, monophone rounds, tree, triphone rounds,
                        optionally LDA + MLLT and a third tree and model, and SAT
     ctm.py             frames -> phone CTM; closures folded back; scoring against a reference

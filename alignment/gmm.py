@@ -136,6 +136,19 @@ def mix_up(am: khg.AmDiagGmm, occs: np.ndarray, target_gauss: int, power: float,
         pdf.compute_gconsts()
 
 
+def boost_silence(am: khg.AmDiagGmm, pdfs: list[int], boost: float) -> khg.AmDiagGmm:
+    """gmm-boost-silence: a copy whose `pdfs` (silence's) have every Gaussian weight times
+    `boost` (not renormalised: their log-likelihoods rise by log(boost)), for aligning
+    only; statistics are still accumulated with the model itself."""
+    out = khg.AmDiagGmm()
+    out.copy_from_am_diag_gmm(am)
+    for j in pdfs:
+        pdf = out.get_pdf(j)  # a reference
+        pdf.set_weights(np.asarray(pdf.weights, np.float32) * np.float32(boost))
+        pdf.compute_gconsts()
+    return out
+
+
 def equal_align(graph: kaldifst.StdVectorFst, num_frames: int, seed: int = 3,
                 retries: int = 10) -> list[int] | None:
     """align-equal-compiled: a random path of the graph with its frames spread equally over
@@ -244,9 +257,43 @@ def _viterbi(tm: khg.TransitionModel, graph: kaldifst.StdVectorFst, dec, num_fra
     return list(ali), float(like)
 
 
+@dataclass
+class PdfScorer:
+    """Every pdf's log-likelihood of every frame at once (what DecodableAmDiagGmm gives one
+    (frame, pdf) at a time): the model's Gaussians stacked, one matrix product per
+    utterance, a log-sum-exp over each pdf's Gaussians."""
+    gconsts: np.ndarray        # [G] log weight + normaliser (Kaldi's gconsts)
+    means_invvars: np.ndarray  # [G, D]
+    inv_vars: np.ndarray       # [G, D]
+    first: np.ndarray          # [P] index of each pdf's first Gaussian
+
+    @classmethod
+    def of(cls, am: khg.AmDiagGmm) -> "PdfScorer":
+        pdfs = [am.get_pdf(j) for j in range(am.num_pdfs)]
+        sizes = [p.num_gauss for p in pdfs]
+        return cls(np.concatenate([np.asarray(p.gconsts, np.float64) for p in pdfs]),
+                   np.concatenate([np.asarray(p.means_invvars, np.float64) for p in pdfs]),
+                   np.concatenate([np.asarray(p.inv_vars, np.float64) for p in pdfs]),
+                   np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64))
+
+    def __call__(self, feats: np.ndarray) -> np.ndarray:
+        """[T, P] log-likelihoods of feats [T, D]."""
+        x = np.asarray(feats, np.float64)
+        comp = self.gconsts + x @ self.means_invvars.T - 0.5 * (x * x) @ self.inv_vars.T
+        top = np.maximum.reduceat(comp, self.first, axis=1)
+        spread = np.repeat(top, np.diff(np.append(self.first, comp.shape[1])), axis=1)
+        return top + np.log(np.add.reduceat(np.exp(comp - spread), self.first, axis=1))
+
+
 def pdf_of_transitions(tm: khg.TransitionModel) -> np.ndarray:
     """pdf of every transition id (index 0 unused)."""
     return np.array([0] + [tm.transition_id_to_pdf(t)
+                           for t in range(1, tm.num_transition_ids + 1)], np.int64)
+
+
+def phone_of_transitions(tm: khg.TransitionModel) -> np.ndarray:
+    """phone id of every transition id (index 0 unused)."""
+    return np.array([0] + [tm.transition_id_to_phone(t)
                            for t in range(1, tm.num_transition_ids + 1)], np.int64)
 
 

@@ -15,7 +15,7 @@ from typing import Any, Callable
 import kaldi_hmm_gmm as khg  # first: see alignment/__init__.py
 import numpy as np
 
-from alignment import fmllr, gmm
+from alignment import fmllr, gmm, guide
 from alignment import lexicon_graphs as lg
 from alignment.ctm import fold_closures
 from alignment.features import FeatureOptions, mfcc, speaker_cmvn
@@ -58,6 +58,7 @@ class ShardJob:
         self.ali: dict[str, list[int]] = {}
         self.static: dict[str, np.ndarray] | None = None  # kept by the first set_transform
         self.unadapted: dict[str, np.ndarray] | None = None  # kept by the first fmllr_stats
+        self.allowed: dict[str, np.ndarray] = {}  # guide.allowed_phones (set_guide)
 
     def _features(self, utts: list[Utterance], fopts: FeatureOptions) -> None:
         by_spk: dict[str, list[Utterance]] = {}
@@ -115,6 +116,38 @@ class ShardJob:
         return self._realign(
             lambda u: gmm.align(tm, am, self.graphs[u], self.feats[u], beam, retry_beam),
             f"no path within retry beam {retry_beam}")
+
+    def set_guide(self, refs: dict[str, list[tuple[str, float, float]]]) -> JobReport:
+        """The reference CTM segments (phone, start s, end s) that align_guided keeps each
+        utterance to; an utterance the reference lacks fails (nothing to keep to)."""
+        for u in self.ids():
+            if u in refs:
+                self.allowed[u] = guide.allowed_phones(refs[u], len(self.feats[u]), self.lang)
+            else:
+                self.failed[u] = "no_reference: the reference CTM has no line for it"
+        return self._report()
+
+    def align_guided(self, tm: khg.TransitionModel, am: khg.AmDiagGmm, beam: float,
+                     retry_beam: float) -> JobReport:
+        """Viterbi alignment kept to the reference's phones (alignment/guide.py)."""
+        scorer = gmm.PdfScorer.of(am)
+        pdf_of, phone_of = gmm.pdf_of_transitions(tm), gmm.phone_of_transitions(tm)
+        scale = 0.1  # gmm.align's acoustic scale
+
+        def search(u: str) -> tuple[list[int] | None, float]:
+            scaled = guide.guided_loglikes(scorer(self.feats[u]), pdf_of, phone_of,
+                                           self.allowed[u], scale)
+            return gmm.align_loglikes(tm, self.graphs[u], scaled, beam, retry_beam, scale)
+        return self._realign(search, f"no path within retry beam {retry_beam} (guided)")
+
+    def guided_results(self, tm: khg.TransitionModel, am: khg.AmDiagGmm, beam: float,
+                       retry_beam: float) -> list[dict]:
+        """`results` of a guided alignment; the job's own alignments stay as they were."""
+        kept, failed = dict(self.ali), dict(self.failed)
+        self.align_guided(tm, am, beam, retry_beam)
+        out = self.results(tm)
+        self.ali, self.failed = kept, failed
+        return out
 
     def _realign(self, search: Callable[[str], tuple[list[int] | None, float]],
                  why: str) -> JobReport:

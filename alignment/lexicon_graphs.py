@@ -19,6 +19,7 @@ import kaldi_hmm_gmm as khg  # first: see alignment/__init__.py
 import kaldifst
 
 SIL = "sil"
+SIL_ID = 1  # phones[1]: make_lang puts silence first after <eps>
 
 
 class LangError(ValueError):
@@ -31,6 +32,7 @@ class Lang:
     words: list[str]                   # index = word id; words[0] = "<eps>"
     prons: dict[str, list[tuple[str, ...]]] = field(default_factory=dict)
     sil_prob: float = 0.5
+    closure_of: dict[str, str] = field(default_factory=dict)  # stop -> its closure phone
 
     @property
     def phone_id(self) -> dict[str, int]:
@@ -42,7 +44,7 @@ class Lang:
 
     @property
     def sil_id(self) -> int:
-        return 1
+        return SIL_ID
 
     @property
     def nonsil_ids(self) -> list[int]:
@@ -56,29 +58,36 @@ class Lang:
 CLOSURE = "_cl"
 
 
-def with_closures(prons: dict[str, list[tuple[str, ...]]], stops: set[str]
+def closure_phones(stops: set[str], shared: bool) -> dict[str, str]:
+    """stop -> its closure phone: `<stop>_cl` each (TIMIT's tcl, kcl, pcl), or one
+    closure shared by all (`<stops>_cl`, as TIMIT's 39-phone folding merges them)."""
+    one = "".join(sorted(stops)) + CLOSURE
+    return {p: one if shared else p + CLOSURE for p in stops}
+
+
+def with_closures(prons: dict[str, list[tuple[str, ...]]], closure_of: dict[str, str]
                   ) -> dict[str, list[tuple[str, ...]]]:
-    """Every phone in `stops` preceded by its own closure phone `<stop>_cl` (TIMIT's tcl,
-    kcl, pcl): the silent closure of an unvoiced stop gets a model of its own instead of
-    stretching the stop's first state; ctm.fold_closures gives its frames back to the
-    preceding phone, where espeak-ng's phone events put them."""
-    return {w: [tuple(q for p in v for q in ((p + CLOSURE, p) if p in stops else (p,)))
+    """Every stop of `closure_of` preceded by its closure phone: the silent closure of an
+    unvoiced stop gets a model of its own instead of stretching the stop's first state;
+    ctm.fold_closures gives its frames back to the preceding phone, where espeak-ng's
+    phone events put them."""
+    return {w: [tuple(q for p in v for q in ((closure_of[p], p) if p in closure_of else (p,)))
                 for v in vs] for w, vs in prons.items()}
 
 
 def make_lang(prons: dict[str, list[tuple[str, ...]]], sil_prob: float = 0.5,
-              stops: set[str] | None = None) -> Lang:
+              stops: set[str] | None = None, shared_closure: bool = False) -> Lang:
     """A Lang from a lexicon (word -> pronunciation variants); `stops`: phones that get
-    a closure phone (with_closures)."""
+    a closure phone (with_closures), one for all with `shared_closure`."""
     if not prons:
         raise LangError("the lexicon has no entries")
-    if stops:
-        prons = with_closures(prons, stops)
+    closure_of = closure_phones(stops, shared_closure) if stops else {}
+    prons = with_closures(prons, closure_of)
     phones = sorted({p for vs in prons.values() for v in vs for p in v} - {SIL})
     if not phones:
         raise LangError("the lexicon has no phones other than silence")
     return Lang(["<eps>", SIL, *phones], ["<eps>", *sorted(prons)],
-                {w: list(v) for w, v in prons.items()}, sil_prob)
+                {w: list(v) for w, v in prons.items()}, sil_prob, closure_of)
 
 
 def topology(lang: Lang, nonsil_states: int = 3, sil_states: int = 5) -> khg.HmmTopology:

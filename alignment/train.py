@@ -46,6 +46,11 @@ class RecipeOptions:
     fmllr_iters: tuple[int, ...] = (2, 4, 8)  # SAT passes that re-estimate the transforms
     fmllr_min_frames: float = 200.0  # a speaker with fewer speech frames keeps no transform
     nnet: NnetOptions = field(default_factory=NnetOptions)  # realignment by a network
+    # every realignment while training kept to the reference CTM the jobs hold (set_guide;
+    # alignment/guide.py), the flat start included; each stage's final alignment is free
+    guided: bool = False
+    # silence's log-likelihoods + log(boost) when aligning (Kaldi's --boost-silence)
+    boost_silence: float = 1.0
 
 
 @dataclass
@@ -88,6 +93,17 @@ def _sum(items: list) -> Any:
 OnIter = Callable[[Stage, int], None]
 
 
+def _align(jobs: list, st: Stage, opts: RecipeOptions, guided: bool = False) -> None:
+    """Realign every job with `st` (kept to the reference when `guided`), silence boosted
+    by opts.boost_silence as Kaldi's recipes align with gmm-boost-silence's copy."""
+    am = st.am
+    if opts.boost_silence != 1.0:
+        sil = [st.tm.transition_id_to_pdf(t) for t in range(1, st.tm.num_transition_ids + 1)
+               if st.tm.transition_id_to_phone(t) == lg.SIL_ID]
+        am = gmm.boost_silence(st.am, sorted(set(sil)), opts.boost_silence)
+    run_jobs(jobs, "align_guided" if guided else "align", st.tm, am, opts.beam, opts.retry_beam)
+
+
 def _rounds(jobs: list, st: Stage, iters: int, target_gauss: int, opts: RecipeOptions,
             hist: History, aligned: bool, on_iter: OnIter | None = None) -> None:
     """`iters` passes of accumulate + update; realign first whenever the pass index is a
@@ -97,7 +113,7 @@ def _rounds(jobs: list, st: Stage, iters: int, target_gauss: int, opts: RecipeOp
     for it in range(iters):
         realign = (it > 0 or not aligned) and it % opts.realign_every == 0
         if realign:
-            run_jobs(jobs, "align", st.tm, st.am, opts.beam, opts.retry_beam)
+            _align(jobs, st, opts, guided=opts.guided)
             hist.realignments[st.name] = hist.realignments.get(st.name, 0) + 1
         if on_iter:
             on_iter(st, it)
@@ -121,10 +137,12 @@ def _train(jobs: list, st: Stage, iters: int, target_gauss: int, opts: RecipeOpt
     """Compile the training graphs of `st`, train it (from equal alignments when
     `flat_start`, else from the alignments the jobs hold) and leave the jobs aligned by it."""
     run_jobs(jobs, "compile", st.tm, st.tree)
-    if flat_start:
+    if flat_start and opts.guided:  # the flat model's path that keeps to the reference
+        _align(jobs, st, opts, guided=True)
+    elif flat_start:
         run_jobs(jobs, "equal_align")
     _rounds(jobs, st, iters, target_gauss, opts, hist, aligned=flat_start, on_iter=on_iter)
-    run_jobs(jobs, "align", st.tm, st.am, opts.beam, opts.retry_beam)
+    _align(jobs, st, opts)
     hist.realignments[st.name] = hist.realignments.get(st.name, 0) + 1
 
 
@@ -279,24 +297,24 @@ def train(jobs: list, lang: lg.Lang, opts: RecipeOptions,
           on_stage: Callable[[Stage, list], None] | None = None) -> tuple[Stage, History]:
     """Both stages; `on_stage(stage, jobs)` after each (e.g. to score its alignments)."""
     hist = History()
-    mono = monophone(jobs, lang, opts, hist)
-    if on_stage:
-        on_stage(mono, jobs)
-    final = triphone(jobs, lang, mono, opts, hist)
-    if on_stage:
-        on_stage(final, jobs)
+
+    def done(st: Stage) -> Stage:
+        if on_stage:
+            on_stage(st, jobs)
+        if opts.guided:  # the next stage's tree and transforms learn the guided alignment
+            _align(jobs, st, opts, guided=True)
+        return st
+
+    mono = done(monophone(jobs, lang, opts, hist))
+    final = done(triphone(jobs, lang, mono, opts, hist))
     if opts.lda_mllt:
-        final = lda_mllt(jobs, lang, final, opts, hist)
-        if on_stage:
-            on_stage(final, jobs)
+        final = done(lda_mllt(jobs, lang, final, opts, hist))
     if opts.sat:
-        final = sat(jobs, lang, final, opts, hist)
-        if on_stage:
-            on_stage(final, jobs)
+        final = done(sat(jobs, lang, final, opts, hist))
     if opts.nnet.rounds:
-        final = nnet_realign(jobs, final, opts, hist)
-        if on_stage:
-            on_stage(final, jobs)
+        final = done(nnet_realign(jobs, final, opts, hist))
+    if opts.guided:  # the outputs are the final model's free alignment
+        _align(jobs, final, opts)
     return final, hist
 
 

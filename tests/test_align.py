@@ -110,6 +110,13 @@ def test_closures_get_their_own_phone_and_fold_into_the_phone_before():
     assert [lang.phones[p] for p in ph] == ["sil", "k", "a", "a", "a", "a", "t"]
     assert C.segments(ph, st) == [(lang.sil_id, 0, 1), (pid["k"], 1, 1), (pid["a"], 2, 4),
                                   (pid["t"], 6, 1)]
+    # align.shared_closure: one closure phone before every stop, a one-state model
+    shared = lg.make_lang({"cat": [("k", "a", "t")]}, stops={"t", "k"},
+                          shared_closure=True)
+    assert shared.prons["cat"] == [("kt_cl", "k", "a", "kt_cl", "t")]
+    assert shared.closure_of == {"k": "kt_cl", "t": "kt_cl"}
+    assert [shared.phones[i] for i in shared.closure_ids] == ["kt_cl"]
+    assert lg.topology(shared).num_pdf_classes(shared.phone_id["kt_cl"]) == 1
 
 
 def _three_pdfs() -> "gmm.khg.AmDiagGmm":
@@ -142,6 +149,18 @@ def test_mix_up_is_reproducible_and_splits_as_kaldi_allocates():
     other = _three_pdfs()
     gmm.mix_up(other, occs, 10, power=0.2, seed=6)
     assert not np.array_equal(other.get_pdf(2).means, a.get_pdf(2).means)
+
+
+def test_boost_silence_raises_only_the_silence_pdfs_log_likelihood_by_log_boost():
+    am = _three_pdfs()
+    gmm.mix_up(am, np.array([100, 400, 900], np.float32), 7, power=0.2, seed=5)
+    boosted = gmm.boost_silence(am, [1], 1.25)
+    x = np.linspace(-1, 2, 4).astype(np.float32)
+    assert boosted.log_likelihood(1, x) == pytest.approx(am.log_likelihood(1, x) + np.log(1.25),
+                                                         abs=1e-4)
+    for j in (0, 2):
+        assert boosted.log_likelihood(j, x) == pytest.approx(am.log_likelihood(j, x), abs=1e-6)
+    assert float(np.sum(am.get_pdf(1).weights)) == pytest.approx(1.0, abs=1e-6)  # a copy
 
 
 def _training_graph(words: list[str]):
@@ -228,6 +247,8 @@ def test_align_config_errors_name_the_key():
         load_config(None, ["align.splits=[bogus]"])
     with pytest.raises(ConfigError, match="align.lda_dim"):
         load_config(None, ["align.splice_context=1", "align.lda_dim=40"])  # 39 spliced dims
+    with pytest.raises(ConfigError, match="align.boost_silence"):
+        load_config(None, ["align.boost_silence=0"])
     with pytest.raises(ConfigError, match="align.fmllr_iters"):
         load_config(None, ["align.sat=true", "align.fmllr_iters=[2,-1]"])
     assert load_config(None, ["align.num_senones=800"]).align.num_senones == 800

@@ -101,7 +101,8 @@ def _lexicon(ctx: StepContext) -> tuple[lg.Lang, str]:
         lex = read_lexicon(text)
     except LexiconError as exc:
         raise StepError(f"{uri}: {exc}") from exc
-    return (lg.make_lang(lex.prons, ctx.cfg.align.sil_prob, set(ctx.cfg.align.closure_stops)),
+    a = ctx.cfg.align
+    return (lg.make_lang(lex.prons, a.sil_prob, set(a.closure_stops), a.shared_closure),
             hashlib.sha256(text.encode()).hexdigest())
 
 
@@ -226,7 +227,8 @@ def _options(cfg: Config) -> RecipeOptions:
                          a.lda_mllt, a.splice_context, a.lda_dim, a.sat, tuple(a.fmllr_iters),
                          a.fmllr_min_frames,
                          NnetOptions(a.nnet_rounds, a.nnet_context, epochs=a.nnet_epochs,
-                                     acoustic_scale=a.nnet_acoustic_scale))
+                                     acoustic_scale=a.nnet_acoustic_scale),
+                         guided=a.guide == "ctm", boost_silence=a.boost_silence)
 
 
 def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
@@ -257,6 +259,9 @@ def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
         return _take(ctx, select, utts, from_dir, taken)
     ref = _reference(ctx)
     jobs = _jobs(ctx, shards, lang)
+    opts = _options(ctx.cfg)
+    if opts.guided:
+        _set_guide(ctx, jobs, ref)
     scores: dict[str, Any] = {}
     stages: dict[str, Stage] = {}
 
@@ -264,9 +269,14 @@ def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
         stages[stage.name] = stage
         scores[stage.name] = _score(run_jobs(js, "results", stage.tm), lang, ref)
         log.info("align: %s stage vs the reference CTM: %s", stage.name, scores[stage.name])
+        if opts.guided:
+            name = f"{stage.name}_guided"
+            scores[name] = _score(run_jobs(js, "guided_results", stage.tm, stage.am, opts.beam,
+                                           opts.retry_beam), lang, ref)
+            log.info("align: %s stage kept to the reference CTM: %s", stage.name, scores[name])
 
     try:
-        final, hist = train(jobs, lang, _options(ctx.cfg), on_stage)
+        final, hist = train(jobs, lang, opts, on_stage)
     except (RuntimeError, ValueError) as exc:
         raise StepError(f"align: {exc}") from exc
     results = run_jobs(jobs, "results", final.tm)
@@ -274,6 +284,15 @@ def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
     written = _write(ctx, results, shards, lang, final, stages["mono"], plain, nn_tree)
     hist.nn_senones = int(plain["num_leaves"])
     return _finish(ctx, select, jobs, shards, results, final, hist, scores, written)
+
+
+def _set_guide(ctx: StepContext, jobs: list, ref: dict) -> None:
+    """align.guide=ctm: every job keeps its utterances to the corpus CTM."""
+    if not ref:
+        raise StepError(f"align.guide=ctm needs the corpus's reference CTM: "
+                        f"{join(ctx.cfg.data.corpus.rstrip('/'), 'alignments.ctm')} not found")
+    segs = {u: list(zip(a.phones, a.starts.tolist(), a.ends.tolist())) for u, a in ref.items()}
+    run_jobs(jobs, "set_guide", segs)
 
 
 def tree_source(cfg: Config) -> str:
@@ -402,6 +421,8 @@ def _finish(ctx: StepContext, select: dict, jobs: list, shards: list[dict], resu
         "score_mono": scores.get("mono"), "score_tri": scores.get("tri"),
         "score_lda_mllt": scores.get("lda_mllt"), "score_sat": scores.get("sat"),
         "score_nnet": scores.get("nnet"), "nnet_rounds": hist.nnet, "fmllr": hist.fmllr,
+        "guide": ctx.cfg.align.guide,
+        **{f"score_{k}": v for k, v in scores.items() if k.endswith("_guided")},
         "reject_reasons": reasons,
     }
     return ctx.finish(
