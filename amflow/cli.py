@@ -120,7 +120,8 @@ STEPS: dict[str, Step] = {
     "align": Step(
         "amflow.steps.align:run", "GMM-HMM forced alignment: monophone, tree, triphone senones",
         reads="runs/<id>/select shard manifests (align.splits), the audio, data.lexicon or "
-              "<corpus>/lexicon.txt, <corpus>/alignments.ctm (scoring only, when present)",
+              "<corpus>/lexicon.txt, <corpus>/alignments.ctm (scoring, when present; "
+              "training too with align.guide=ctm)",
         writes="runs/<id>/align/alignments/*.parquet (phones, senones per 10 ms frame), "
                "alignments.ctm, tree, final.mdl, mono.mdl, phones.txt, rejects/, _SUCCESS.json"),
     "features": Step(

@@ -2,7 +2,8 @@
 
 Reads  `runs/<R>/select/shards/*.parquet` of the splits in `align.splits`, the audio they
        point at, the lexicon (`data.lexicon` or `<corpus>/lexicon.txt`) and, for scoring
-       only, `<corpus>/alignments.ctm`.
+       (and, with `align.guide=ctm`, to train from: alignment/guide.py),
+       `<corpus>/alignments.ctm`.
 Writes `runs/<R>/align/alignments/<shard>.parquet`  utt_id, speaker_id, num_frames, phones
                                                     (phone ids), senones (pdf ids) and
                                                     nn_senones (the network tree's leaf)
