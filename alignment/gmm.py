@@ -7,11 +7,15 @@ and gmm-sum-accs / gmm-est.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable
 
 import kaldi_hmm_gmm as khg  # first: see alignment/__init__.py
 import _kaldi_hmm_gmm as _khg  # mle_diag_gmm_update is not re-exported by the package
 import kaldifst
 import numpy as np
+
+
+ACOUSTIC_SCALE = 0.1  # gmm-align-compiled's --acoustic-scale
 
 
 @dataclass
@@ -226,7 +230,7 @@ def _spread(path: list[tuple[int, int]], loops: list[int], num_frames: int
 
 def align(tm: khg.TransitionModel, am: khg.AmDiagGmm, graph: kaldifst.StdVectorFst,
           feats: np.ndarray, beam: float, retry_beam: float,
-          acoustic_scale: float = 0.1) -> tuple[list[int] | None, float]:
+          acoustic_scale: float = ACOUSTIC_SCALE) -> tuple[list[int] | None, float]:
     """gmm-align-compiled: Viterbi transition ids (None when no path survives the retry
     beam) and the alignment's acoustic log-likelihood."""
     dec = khg.DecodableAmDiagGmmScaled(am=am, tm=tm, feats=feats, scale=acoustic_scale)
@@ -235,7 +239,7 @@ def align(tm: khg.TransitionModel, am: khg.AmDiagGmm, graph: kaldifst.StdVectorF
 
 def align_loglikes(tm: khg.TransitionModel, graph: kaldifst.StdVectorFst,
                    scaled: np.ndarray, beam: float, retry_beam: float,
-                   acoustic_scale: float = 0.1) -> tuple[list[int] | None, float]:
+                   acoustic_scale: float = ACOUSTIC_SCALE) -> tuple[list[int] | None, float]:
     """The same search on given scaled log-likelihoods [T, num transition ids] (column
     i - 1 for transition id i, e.g. alignment/nnet.py's): DecodableCtc reads them as is."""
     dec = khg.DecodableCtc(np.ascontiguousarray(scaled, np.float32))
@@ -287,14 +291,16 @@ class PdfScorer:
 
 def pdf_of_transitions(tm: khg.TransitionModel) -> np.ndarray:
     """pdf of every transition id (index 0 unused)."""
-    return np.array([0] + [tm.transition_id_to_pdf(t)
-                           for t in range(1, tm.num_transition_ids + 1)], np.int64)
+    return _per_transition(tm, tm.transition_id_to_pdf)
 
 
 def phone_of_transitions(tm: khg.TransitionModel) -> np.ndarray:
     """phone id of every transition id (index 0 unused)."""
-    return np.array([0] + [tm.transition_id_to_phone(t)
-                           for t in range(1, tm.num_transition_ids + 1)], np.int64)
+    return _per_transition(tm, tm.transition_id_to_phone)
+
+
+def _per_transition(tm: khg.TransitionModel, of: Callable[[int], int]) -> np.ndarray:
+    return np.array([0] + [of(t) for t in range(1, tm.num_transition_ids + 1)], np.int64)
 
 
 def phones_and_pdfs(tm: khg.TransitionModel, ali: list[int]) -> tuple[np.ndarray, np.ndarray,

@@ -132,22 +132,12 @@ class ShardJob:
         """Viterbi alignment kept to the reference's phones (alignment/guide.py)."""
         scorer = gmm.PdfScorer.of(am)
         pdf_of, phone_of = gmm.pdf_of_transitions(tm), gmm.phone_of_transitions(tm)
-        scale = 0.1  # gmm.align's acoustic scale
 
         def search(u: str) -> tuple[list[int] | None, float]:
             scaled = guide.guided_loglikes(scorer(self.feats[u]), pdf_of, phone_of,
-                                           self.allowed[u], scale)
-            return gmm.align_loglikes(tm, self.graphs[u], scaled, beam, retry_beam, scale)
+                                           self.allowed[u], gmm.ACOUSTIC_SCALE)
+            return gmm.align_loglikes(tm, self.graphs[u], scaled, beam, retry_beam)
         return self._realign(search, f"no path within retry beam {retry_beam} (guided)")
-
-    def guided_results(self, tm: khg.TransitionModel, am: khg.AmDiagGmm, beam: float,
-                       retry_beam: float) -> list[dict]:
-        """`results` of a guided alignment; the job's own alignments stay as they were."""
-        kept, failed = dict(self.ali), dict(self.failed)
-        self.align_guided(tm, am, beam, retry_beam)
-        out = self.results(tm)
-        self.ali, self.failed = kept, failed
-        return out
 
     def _realign(self, search: Callable[[str], tuple[list[int] | None, float]],
                  why: str) -> JobReport:

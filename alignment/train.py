@@ -98,9 +98,8 @@ def _align(jobs: list, st: Stage, opts: RecipeOptions, guided: bool = False) -> 
     by opts.boost_silence as Kaldi's recipes align with gmm-boost-silence's copy."""
     am = st.am
     if opts.boost_silence != 1.0:
-        sil = [st.tm.transition_id_to_pdf(t) for t in range(1, st.tm.num_transition_ids + 1)
-               if st.tm.transition_id_to_phone(t) == lg.SIL_ID]
-        am = gmm.boost_silence(st.am, sorted(set(sil)), opts.boost_silence)
+        sil = gmm.pdf_of_transitions(st.tm)[gmm.phone_of_transitions(st.tm) == lg.SIL_ID]
+        am = gmm.boost_silence(st.am, np.unique(sil).tolist(), opts.boost_silence)
     run_jobs(jobs, "align_guided" if guided else "align", st.tm, am, opts.beam, opts.retry_beam)
 
 
@@ -295,7 +294,9 @@ def frame_classes(ct: ContextTree, phones: np.ndarray, start: np.ndarray, sil: i
 
 def train(jobs: list, lang: lg.Lang, opts: RecipeOptions,
           on_stage: Callable[[Stage, list], None] | None = None) -> tuple[Stage, History]:
-    """Both stages; `on_stage(stage, jobs)` after each (e.g. to score its alignments)."""
+    """Both stages; `on_stage(stage, jobs)` after each (e.g. to score its alignments).
+    With `opts.guided`, each stage's guided alignment follows its free one, and is passed
+    to `on_stage` too, as the stage `<name>_guided`."""
     hist = History()
 
     def done(st: Stage) -> Stage:
@@ -303,6 +304,8 @@ def train(jobs: list, lang: lg.Lang, opts: RecipeOptions,
             on_stage(st, jobs)
         if opts.guided:  # the next stage's tree and transforms learn the guided alignment
             _align(jobs, st, opts, guided=True)
+            if on_stage:
+                on_stage(dataclasses.replace(st, name=f"{st.name}_guided"), jobs)
         return st
 
     mono = done(monophone(jobs, lang, opts, hist))

@@ -46,18 +46,14 @@ def test_pdf_scorer_is_kaldis_log_likelihood_of_every_pdf():
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4)
 
 
-def _frames_right_rows(rows: list[dict], ref: dict, lang) -> float:
-    """Share of frames whose aligned phone is the reference's (ctm.score)."""
+def _frames_right(job, tm, ref: dict, lang) -> float:
+    """Share of the job's frames whose aligned phone is the reference's (ctm.score)."""
     score = C.Score()
-    for r in rows:
+    for r in job.results(tm):
         hyp = [(lang.phones[p], s * 0.01, (s + n) * 0.01)
                for p, s, n in C.segments(r["phones"], r["starts"])]
         score.add(C.score(hyp, ref[r["utt_id"]], len(r["phones"])))
     return score.frames_right / score.frames
-
-
-def _frames_right(job, tm, ref: dict, lang) -> float:
-    return _frames_right_rows(job.results(tm), ref, lang)
 
 
 def test_guided_alignment_keeps_to_a_reference_the_acoustics_disagree_with(tiny_corpus):
@@ -80,29 +76,31 @@ def test_guided_alignment_keeps_to_a_reference_the_acoustics_disagree_with(tiny_
                             for (p, _, _), a, b in zip(segs, starts, ends)]
     assert _frames_right(job, mono.tm, ref, lang) < 0.97   # the free path is elsewhere
     run_jobs(jobs, "set_guide", ref)
-    rows = job.guided_results(mono.tm, mono.am, 10.0, 40.0)
-    assert _frames_right(job, mono.tm, ref, lang) < 0.97   # guided_results left it as it was
     job.align_guided(mono.tm, mono.am, 10.0, 40.0)
     assert _frames_right(job, mono.tm, ref, lang) == 1.0
-    assert [r["phones"].tolist() for r in rows] == \
-        [r["phones"].tolist() for r in job.results(mono.tm)]
 
 
 def test_recipe_trained_from_the_reference_ctm_agrees_with_it(tiny_corpus):
     ref = {u: list(zip(a.phones, a.starts.tolist(), a.ends.tolist()))
            for u, a in read_ctm((tiny_corpus / "alignments.ctm").read_text())[0].items()}
     opts = dict(mono_iters=4, tri_iters=2, num_senones=250, mono_gauss=300, tri_gauss=400)
-    scores = {}
+    scores, seen = {}, {}
     for guided in (False, True):
         jobs, lang, _ = _tiny_jobs(tiny_corpus, 2)
         if guided:
             run_jobs(jobs, "set_guide", ref)
-        final, hist = train(jobs, lang, RecipeOptions(**opts, guided=guided))
+
+        def on_stage(st, js, guided=guided):
+            seen[(guided, st.name)] = np.mean([_frames_right(j, st.tm, ref, lang) for j in js])
+        final, hist = train(jobs, lang, RecipeOptions(**opts, guided=guided), on_stage)
         assert {it["stage"] for it in hist.iters} == {"mono", "tri"}
         scores[guided] = np.mean([_frames_right(j, final.tm, ref, lang) for j in jobs])
-        if guided:
-            kept = np.mean([_frames_right_rows(j.guided_results(final.tm, final.am, 10.0, 40.0),
-                                               ref, lang) for j in jobs])
+    # each stage's free alignment is passed on, and with guided its guided one after it;
+    # the outputs are the last stage's free alignment
+    assert sorted(seen) == [(False, "mono"), (False, "tri"), (True, "mono"),
+                            (True, "mono_guided"), (True, "tri"), (True, "tri_guided")]
+    assert scores[True] == seen[(True, "tri")]
+    kept = seen[(True, "tri_guided")]
     # four utterances: the flat start barely learns; the reference's own segmentation does
     assert scores[True] > scores[False] + 0.05, scores
     assert kept > 0.9 and kept >= scores[True], (kept, scores)

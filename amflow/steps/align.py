@@ -149,12 +149,13 @@ def _score_ctm(ctx: StepContext, got: reuse.Taken) -> dict | None:
     """A taken alignment (its CTM lines) against the corpus CTM, over this run's utterances."""
     frames = {r["utt_id"]: r["num_frames"] for rows in got.rows.values() for r in rows}
     hyps = ref_al.read_ctm("\n".join(got.ctm))[0]
-    return _total_score(((u, list(zip(h.phones, h.starts.tolist(), h.ends.tolist())),
-                          frames[u]) for u, h in hyps.items()), _reference(ctx))
+    return _total_score(((u, _segments(h), frames[u]) for u, h in hyps.items()),
+                        _reference(ctx))
 
 
 def _reference(ctx: StepContext) -> dict:
-    """The corpus's alignments.ctm (utt_id -> Alignment), which only measures; {} if none."""
+    """The corpus's alignments.ctm (utt_id -> Alignment): it measures, and with
+    align.guide=ctm it is trained from; {} if none."""
     uri = join(ctx.cfg.data.corpus.rstrip("/"), "alignments.ctm")
     return ref_al.read_ctm(ctx.storage.read_text(uri))[0] if ctx.storage.exists(uri) else {}
 
@@ -175,7 +176,7 @@ def _total_score(hyps: Any, ref: dict) -> dict | None:
     for utt, hyp, num_frames in hyps:
         a = ref.get(utt)
         if a is not None:
-            total.add(C.score(hyp, list(zip(a.phones, a.starts.tolist(), a.ends.tolist())),
+            total.add(C.score(hyp, _segments(a),
                               num_frames))
     return total.summary()
 
@@ -270,11 +271,6 @@ def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
         stages[stage.name] = stage
         scores[stage.name] = _score(run_jobs(js, "results", stage.tm), lang, ref)
         log.info("align: %s stage vs the reference CTM: %s", stage.name, scores[stage.name])
-        if opts.guided:
-            name = f"{stage.name}_guided"
-            scores[name] = _score(run_jobs(js, "guided_results", stage.tm, stage.am, opts.beam,
-                                           opts.retry_beam), lang, ref)
-            log.info("align: %s stage kept to the reference CTM: %s", stage.name, scores[name])
 
     try:
         final, hist = train(jobs, lang, opts, on_stage)
@@ -292,8 +288,12 @@ def _set_guide(ctx: StepContext, jobs: list, ref: dict) -> None:
     if not ref:
         raise StepError(f"align.guide=ctm needs the corpus's reference CTM: "
                         f"{join(ctx.cfg.data.corpus.rstrip('/'), 'alignments.ctm')} not found")
-    segs = {u: list(zip(a.phones, a.starts.tolist(), a.ends.tolist())) for u, a in ref.items()}
-    run_jobs(jobs, "set_guide", segs)
+    run_jobs(jobs, "set_guide", {u: _segments(a) for u, a in ref.items()})
+
+
+def _segments(a: ref_al.Alignment) -> list[tuple[str, float, float]]:
+    """A CTM's alignment as (phone, start s, end s) rows, as ctm.score and guide read them."""
+    return list(zip(a.phones, a.starts.tolist(), a.ends.tolist()))
 
 
 def tree_source(cfg: Config) -> str:
