@@ -154,10 +154,13 @@ def boost_silence(am: khg.AmDiagGmm, pdfs: list[int], boost: float) -> khg.AmDia
 
 
 def equal_align(graph: kaldifst.StdVectorFst, num_frames: int, seed: int = 3,
-                retries: int = 10) -> list[int] | None:
+                retries: int = 10, edges: SilenceEdges | None = None) -> list[int] | None:
     """align-equal-compiled: a random path of the graph with its frames spread equally over
     the self-loops of the states it visits (Kaldi's fst::EqualAlign, which this follows
-    step for step), or None when no path up to `retries` fits in `num_frames`.
+    step for step), or None when no path up to `retries` fits in `num_frames`. With
+    `edges`, the path starts (ends) in silence exactly when edges.lead (edges.trail) > 0,
+    and its leading and trailing silence get those many frames, the rest of the path the
+    rest (a path that fits after `retries` x 20 draws, else the plain equal alignment).
 
     Written here because kaldifst.equal_align draws from the C library's process-wide
     rand(): srand(seed) does not make it reproducible in a process with other native
@@ -166,11 +169,69 @@ def equal_align(graph: kaldifst.StdVectorFst, num_frames: int, seed: int = 3,
     flat start moves the whole recipe's result. Here the draws come from `seed` alone."""
     arcs, loops = _arcs_and_self_loops(graph)
     rng = np.random.default_rng(seed)
+    if edges is not None:
+        for _ in range(retries * 20):
+            path = _random_path(graph, arcs, rng, num_frames)
+            parts = edges.split(path) if path is not None else None
+            ali = parts and _spread_parts(parts, loops, edges, num_frames)
+            if ali:
+                return ali
     for _ in range(retries):
         path = _random_path(graph, arcs, rng, num_frames)
         if path is not None:
             return _spread(path, loops, num_frames)
     return None
+
+
+@dataclass
+class SilenceEdges:
+    """An utterance's leading and trailing silence in frames (0: none), as the flat start's
+    equal alignment is to place them, and which transition ids are silence's."""
+    lead: int
+    trail: int
+    is_sil: np.ndarray   # [num transition ids + 1] bool
+
+    def split(self, path: list[tuple[int, int]]) -> list[list[tuple[int, int]]] | None:
+        """The path as [leading silence, the rest, trailing silence] (entries cut after
+        the last silence label of the lead / before the first of the trail), or None when
+        its silences at the edges are not the ones wanted."""
+        labels = [k for k, (_, il) in enumerate(path) if il > 0]
+        if not labels:
+            return None
+        sil = [bool(self.is_sil[path[k][1]]) for k in labels]
+        if sil[0] != (self.lead > 0) or sil[-1] != (self.trail > 0) or all(sil):
+            return None
+        a = labels[sil.index(False) - 1] + 1 if self.lead else 0
+        b = labels[len(sil) - sil[::-1].index(False)] if self.trail else len(path)
+        return [path[:a], path[a:b], path[b:]]
+
+
+def _spread_parts(parts: list[list[tuple[int, int]]], loops: list[int], edges: SilenceEdges,
+                  num_frames: int) -> list[int] | None:
+    out = []
+    for part, frames in zip(parts, (edges.lead, num_frames - edges.lead - edges.trail,
+                                    edges.trail)):
+        ali = _spread(part, loops, frames) if part else []
+        if ali is None or len(ali) != frames:
+            return None
+        out += ali
+    return out
+
+
+def quiet_edges(log_energy: np.ndarray, db: float, min_frames: int = 3
+                ) -> tuple[int, int] | None:
+    """(leading, trailing) frames of an utterance more than `db` dB below its loudest
+    frame (log_energy: natural log of frame energy, MFCC's C0), each 0 when under
+    `min_frames` (silence's HMM needs 3); None when no frame is that quiet (noise or
+    reverberation fills the recording: nothing to tell)."""
+    if len(log_energy) == 0:
+        return None
+    loud = log_energy >= log_energy.max() - db / (10.0 * np.log10(np.e))
+    if loud.all():
+        return None
+    first, last = int(np.argmax(loud)), int(len(loud) - 1 - np.argmax(loud[::-1]))
+    trail = len(loud) - 1 - last
+    return (first if first >= min_frames else 0, trail if trail >= min_frames else 0)
 
 
 def _arcs_and_self_loops(graph: kaldifst.StdVectorFst

@@ -51,6 +51,9 @@ class RecipeOptions:
     guided: bool = False
     # silence's log-likelihoods + log(boost) when aligning (Kaldi's --boost-silence)
     boost_silence: float = 1.0
+    # the flat start gives an utterance's leading / trailing frames this many dB below its
+    # loudest to silence (ShardJob.equal_align); 0: Kaldi's plain equal alignment
+    flat_start_silence_db: float = 30.0
 
 
 @dataclass
@@ -72,6 +75,7 @@ class History:
     nn_senones: int | None = None   # leaves of the network's tree (network_tree)
     nnet: list[dict] = field(default_factory=list)  # alignment-network rounds
     fmllr: list[dict] = field(default_factory=list)  # fMLLR estimations (sat)
+    flat_start: dict = field(default_factory=dict)   # utterances, quiet_edges, silence_db
 
 
 def _sum(items: list) -> Any:
@@ -139,7 +143,10 @@ def _train(jobs: list, st: Stage, iters: int, target_gauss: int, opts: RecipeOpt
     if flat_start and opts.guided:  # the flat model's path that keeps to the reference
         _align(jobs, st, opts, guided=True)
     elif flat_start:
-        run_jobs(jobs, "equal_align")
+        reps = run_jobs(jobs, "equal_align", st.tm, opts.flat_start_silence_db)
+        hist.flat_start = {"utterances": sum(r.aligned for r in reps),
+                           "quiet_edges": sum(r.quiet_edges for r in reps),
+                           "silence_db": opts.flat_start_silence_db}
     _rounds(jobs, st, iters, target_gauss, opts, hist, aligned=flat_start, on_iter=on_iter)
     _align(jobs, st, opts)
     hist.realignments[st.name] = hist.realignments.get(st.name, 0) + 1

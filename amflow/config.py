@@ -1183,6 +1183,12 @@ class AlignConfig:
     shared_closure: bool = True
     # Silence's likelihood times this when aligning (Kaldi's --boost-silence; 1: none).
     boost_silence: float = 1.0
+    # The flat start's equal alignment gives an utterance's leading and trailing frames
+    # more than this many dB below its loudest frame to silence and spreads the phones
+    # over the rest (an utterance with no frame that quiet: Kaldi's plain equal alignment).
+    # Plain equal alignment taught the phone models the first frames of silence: the
+    # demo's last phones ended 35 ms after espeak-ng's (alignment/README.md). 0: off.
+    flat_start_silence_db: float = 30.0
     # A third stage on LDA + MLLT features (Kaldi's train_lda_mllt.sh): static MFCCs spliced
     # over +-splice_context frames, projected to lda_dim (alignment/lda_mllt.py).
     lda_mllt: bool = False
@@ -1249,6 +1255,8 @@ class AlignConfig:
         _check(self.nnet_acoustic_scale > 0, f"{key}.nnet_acoustic_scale", "must be > 0")
         _check(self.guide in ("none", "ctm"), f"{key}.guide", "must be none or ctm")
         _check(self.boost_silence > 0, f"{key}.boost_silence", "must be > 0")
+        _check(self.flat_start_silence_db >= 0, f"{key}.flat_start_silence_db",
+               "must be >= 0 (0: off)")
         _check(self.guide == "none" or self.nnet_rounds == 0, f"{key}.guide",
                "ctm trains the GMMs from the reference; align.nnet_rounds must then be 0")
 

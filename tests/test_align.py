@@ -210,6 +210,48 @@ def test_flat_start_draws_each_utterance_its_own_path_and_repeats_it():
     assert len(set(starts_silent.values())) == 2, starts_silent
 
 
+def test_equal_align_gives_the_quiet_edges_to_silence_and_spreads_the_rest():
+    g, tm, lang = _training_graph(["the", "cat", "a", "bee"])
+    is_sil = gmm.phone_of_transitions(tm) == lang.sil_id
+    for lead, trail in [(20, 15), (0, 30), (7, 0), (0, 0)]:
+        for seed in range(4):
+            ali = gmm.equal_align(g, 120, seed=seed, edges=gmm.SilenceEdges(lead, trail, is_sil))
+            sil = np.array([is_sil[t] for t in ali])
+            assert len(ali) == 120
+            assert sil[:lead].all() and not sil[lead], (lead, trail, seed)
+            assert sil[120 - trail:].all() and not sil[119 - trail], (lead, trail, seed)
+            phones, _, start = gmm.phones_and_pdfs(tm, ali)
+            seg = np.diff(np.flatnonzero(np.append(start, True)))
+            speech = seg[phones[start] != lang.sil_id]
+            assert speech.max() <= 2 * speech.min() + 3  # the phones still share equally
+
+
+def test_quiet_edges_are_frames_far_below_the_loudest():
+    nats = 10 * np.log10(np.e)  # dB per nat of log energy
+    e = np.concatenate([np.full(10, -60.0), np.full(50, -10.0), np.full(5, -60.0)]) / nats
+    assert gmm.quiet_edges(e, 30.0) == (10, 5)
+    assert gmm.quiet_edges(e, 60.0) is None      # nothing 60 dB down: nothing to tell
+    short = np.concatenate([np.full(2, -60.0), np.full(50, -10.0), np.full(4, -60.0)]) / nats
+    assert gmm.quiet_edges(short, 30.0) == (0, 4)  # under silence's 3 states: none
+
+
+def test_flat_start_puts_the_recordings_silent_edges_in_silence():
+    _, tm, lang = _training_graph(["the"])
+    tree = gmm.monophone_tree(lg.topology(lang))
+    rng = np.random.default_rng(0)
+    speech = rng.standard_normal(8000).astype(np.float32) * 0.1
+    samples = np.concatenate([np.zeros(4000, np.float32), speech, np.zeros(2400, np.float32)])
+    utts = [Utterance(f"u{i}", "spk", ["the", "cat", "a", "bee"], samples) for i in range(4)]
+    job = ShardJob("s", lambda: (utts, []), lang, FeatureOptions())
+    job.compile(tm, tree)
+    rep = job.equal_align(tm, 30.0)
+    assert rep.quiet_edges == 4
+    for a in job.ali.values():  # 0.25 s of zeros, then 0.5 s of noise, then 0.15 s
+        sil = np.array([tm.transition_id_to_phone(t) == lang.sil_id for t in a])
+        first, last = np.flatnonzero(~sil)[[0, -1]]  # (between words, silence as drawn)
+        assert 23 <= first <= 25 and 74 <= last <= 76, (first, last)
+
+
 def test_equal_align_ignores_other_threads_drawing_from_rand(tmp_path):
     # kaldifst.equal_align draws from the C library's rand(), which Ray's own threads draw
     # from too: in actors the same graph got another path now and then, and the flat start

@@ -230,7 +230,8 @@ def _options(cfg: Config) -> RecipeOptions:
                          a.fmllr_min_frames,
                          NnetOptions(a.nnet_rounds, a.nnet_context, epochs=a.nnet_epochs,
                                      acoustic_scale=a.nnet_acoustic_scale),
-                         guided=a.guide == "ctm", boost_silence=a.boost_silence)
+                         guided=a.guide == "ctm", boost_silence=a.boost_silence,
+                         flat_start_silence_db=a.flat_start_silence_db)
 
 
 def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
@@ -422,7 +423,7 @@ def _finish(ctx: StepContext, select: dict, jobs: list, shards: list[dict], resu
         "score_mono": scores.get("mono"), "score_tri": scores.get("tri"),
         "score_lda_mllt": scores.get("lda_mllt"), "score_sat": scores.get("sat"),
         "score_nnet": scores.get("nnet"), "nnet_rounds": hist.nnet, "fmllr": hist.fmllr,
-        "guide": ctx.cfg.align.guide,
+        "guide": ctx.cfg.align.guide, "flat_start": hist.flat_start,
         **{f"score_{k}": v for k, v in scores.items() if k.endswith("_guided")},
         "reject_reasons": reasons,
     }
