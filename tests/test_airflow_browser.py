@@ -163,9 +163,15 @@ def test_demo_style_run_log_duration_amflow_tab_and_documented_cli_clear(airflow
     run_id = _demo_style_run(airflow, cfg)
     base = f"/api/v2/dags/ssl_student/dagRuns/{_q(run_id)}"
     train = airflow.task_instances("ssl_student", run_id)["train"]
+    # Usually try 1. Under load Airflow 3.3 can fail a deferred try whose trigger fired
+    # before the scheduler drained the executor's event from the deferral ("reported
+    # that the task instance ... finished with state success, but the task instance's
+    # state attribute is queued": apache/airflow#67287, seen in CI on 2026-11-27); the
+    # retry is then the try that ran the step, and the one the checks below are about.
+    tries = train["try_number"]
     summary = json_value(
         airflow.get(f"{base}/taskInstances/train/xcomEntries/return_value")["value"])
-    log = airflow.get(f"{base}/taskInstances/train/logs/1?full_content=true")["content"]
+    log = airflow.get(f"{base}/taskInstances/train/logs/{tries}?full_content=true")["content"]
     fired = [x["timestamp"] for x in log if x.get("event") == "Trigger fired event"]
     assert len(fired) == 1, [x.get("event") for x in log]  # it deferred: the path under test
     _assert_duration_is_the_steps(train, summary, fired[0])
@@ -192,12 +198,14 @@ def test_demo_style_run_log_duration_amflow_tab_and_documented_cli_clear(airflow
 
             # infra/README.md §4's CLI clear, as written, on this run's logical date
             logical = airflow.get(base)["logical_date"]
+            evaluated = airflow.task_instances("ssl_student", run_id)["evaluate"]["try_number"]
             cli = next(line for line in _doc_cli() if "-t train -d" in line)
             cli = cli.replace("2026-01-01T10:00:00+00:00", logical)
             out = subprocess.run(["bash", "-c", cli], env=airflow.env, cwd=ROOT,
                                  capture_output=True, text=True, timeout=300)
             assert out.returncode == 0, out.stderr[-3000:]
-            airflow.wait(lambda: (lambda t: t["try_number"] == 2 and t["state"] == "success")(
+            airflow.wait(lambda: (lambda t: t["try_number"] == evaluated + 1
+                                  and t["state"] == "success")(
                 airflow.task_instances("ssl_student", run_id)["evaluate"]), 240,
                 "train and evaluate re-run")
             page.goto(f"{airflow.base}/dags/ssl_student/runs/{run_id}/tasks/train")
@@ -206,7 +214,7 @@ def test_demo_style_run_log_duration_amflow_tab_and_documented_cli_clear(airflow
         finally:
             page.screenshot(path=SHOTS / "99-last-demo.png")
             browser.close()
-    assert airflow.task_instances("ssl_student", run_id)["train"]["try_number"] == 2
+    assert airflow.task_instances("ssl_student", run_id)["train"]["try_number"] == tries + 1
 
 
 def _assert_duration_is_the_steps(ti: dict, summary: dict, fired: str) -> None:
