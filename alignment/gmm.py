@@ -229,9 +229,8 @@ def quiet_edges(log_energy: np.ndarray, db: float, min_frames: int = 3
     loud = log_energy >= log_energy.max() - db / (10.0 * np.log10(np.e))
     if loud.all():
         return None
-    first, last = int(np.argmax(loud)), int(len(loud) - 1 - np.argmax(loud[::-1]))
-    trail = len(loud) - 1 - last
-    return (first if first >= min_frames else 0, trail if trail >= min_frames else 0)
+    lead, trail = int(np.argmax(loud)), int(np.argmax(loud[::-1]))
+    return (lead if lead >= min_frames else 0, trail if trail >= min_frames else 0)
 
 
 def _arcs_and_self_loops(graph: kaldifst.StdVectorFst

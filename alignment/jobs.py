@@ -39,7 +39,7 @@ class JobReport:
     failed: dict[str, str] = field(default_factory=dict)   # utt_id -> reason
     loglike: float = 0.0
     frames: int = 0
-    quiet_edges: int = 0     # equal_align: utterances whose edges' silence energy placed
+    quiet_edges: int = 0     # equal_align: utterances whose edge silences energy placed
 
 
 class ShardJob:
