@@ -340,13 +340,26 @@ class PdfScorer:
                    np.concatenate([np.asarray(p.inv_vars, np.float64) for p in pdfs]),
                    np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64))
 
+    def restricted(self, pdfs: np.ndarray) -> tuple["PdfScorer", np.ndarray]:
+        """A scorer of only `pdfs` (its pdf i is pdfs[i]) and the indices of its Gaussians
+        among this one's."""
+        sizes = np.diff(np.append(self.first, len(self.gconsts)))[pdfs]
+        first = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
+        idx = np.arange(sizes.sum()) + np.repeat(self.first[pdfs] - first, sizes)
+        return PdfScorer(self.gconsts[idx], self.means_invvars[idx], self.inv_vars[idx],
+                         first), idx
+
     def __call__(self, feats: np.ndarray) -> np.ndarray:
         """[T, P] log-likelihoods of feats [T, D]."""
+        return self.components(feats)[1]
+
+    def components(self, feats: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Every Gaussian's weighted log-likelihood [T, G] and every pdf's [T, P]."""
         x = np.asarray(feats, np.float64)
         comp = self.gconsts + x @ self.means_invvars.T - 0.5 * (x * x) @ self.inv_vars.T
         top = np.maximum.reduceat(comp, self.first, axis=1)
         spread = np.repeat(top, np.diff(np.append(self.first, comp.shape[1])), axis=1)
-        return top + np.log(np.add.reduceat(np.exp(comp - spread), self.first, axis=1))
+        return comp, top + np.log(np.add.reduceat(np.exp(comp - spread), self.first, axis=1))
 
 
 def pdf_of_transitions(tm: khg.TransitionModel) -> np.ndarray:

@@ -16,7 +16,7 @@ from typing import Any, Callable
 import kaldi_hmm_gmm as khg  # first: see alignment/__init__.py
 import numpy as np
 
-from alignment import fmllr, gmm, guide
+from alignment import fmllr, forward_backward, gmm, guide
 from alignment import lexicon_graphs as lg
 from alignment.ctm import fold_closures
 from alignment.features import FeatureOptions, mfcc, speaker_cmvn
@@ -58,6 +58,7 @@ class ShardJob:
         self.failed: dict[str, str] = {}
         self._features(utts, fopts)
         self.graphs: dict[str, Any] = {}
+        self.arc_graphs: dict[str, forward_backward.ArcGraph] = {}  # accumulate_soft's
         self.ali: dict[str, list[int]] = {}
         self.static: dict[str, np.ndarray] | None = None  # kept by the first set_transform
         self.unadapted: dict[str, np.ndarray] | None = None  # kept by the first fmllr_stats
@@ -93,7 +94,7 @@ class ShardJob:
     def compile(self, tm: khg.TransitionModel, tree: khg.ContextDependency) -> JobReport:
         """Training graphs for the current tree (monophone, then the triphone tree)."""
         gc = lg.graph_compiler(self.lang, tm, tree, lg.lexicon_fst(self.lang))
-        self.graphs = {}
+        self.graphs, self.arc_graphs = {}, {}
         for u in self.ids():
             try:
                 self.graphs[u] = gc.compile_graph_from_text(self.word_ids[u])
@@ -200,6 +201,19 @@ class ShardJob:
 
     def accumulate(self, tm: khg.TransitionModel, am: khg.AmDiagGmm) -> gmm.GmmStats:
         return gmm.accumulate(tm, am, [(self.feats[u], self.ali[u]) for u in self.ids()])
+
+    def accumulate_soft(self, tm: khg.TransitionModel, am: khg.AmDiagGmm,
+                        acoustic_scale: float) -> gmm.GmmStats:
+        """Baum-Welch statistics over the training graphs (forward_backward.py)."""
+        ids = [u for u in self.ids() if u in self.graphs]
+        for u in ids:  # the same graphs every pass: their arrays once
+            if u not in self.arc_graphs:
+                self.arc_graphs[u] = forward_backward.ArcGraph.of(self.graphs[u])
+        stats, failed = forward_backward.accumulate(
+            tm, am, [(self.feats[u], self.arc_graphs[u]) for u in ids], acoustic_scale)
+        for i in failed:
+            self.failed[ids[i]] = "no_path: no path of the training graph fits its frames"
+        return stats
 
     def class_stats(self, tm: khg.TransitionModel, per_class: bool) -> ClassStats:
         """LDA / MLLT statistics of the current features, classes = the alignment's pdfs,

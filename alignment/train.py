@@ -54,6 +54,11 @@ class RecipeOptions:
     # the flat start gives an utterance's leading / trailing frames this many dB below its
     # loudest to silence (ShardJob.equal_align); 0: Kaldi's plain equal alignment
     flat_start_silence_db: float = 30.0
+    # the flat start's passes after its first accumulate Baum-Welch statistics (every
+    # frame shared among the states by posterior, HTK's HERest) instead of a Viterbi
+    # alignment's, at this acoustic scale (alignment/forward_backward.py)
+    baum_welch_passes: int = 0
+    baum_welch_scale: float = 1.0
 
 
 @dataclass
@@ -108,26 +113,33 @@ def _align(jobs: list, st: Stage, opts: RecipeOptions, guided: bool = False) -> 
 
 
 def _rounds(jobs: list, st: Stage, iters: int, target_gauss: int, opts: RecipeOptions,
-            hist: History, aligned: bool, on_iter: OnIter | None = None) -> None:
-    """`iters` passes of accumulate + update; realign first whenever the pass index is a
-    multiple of realign_every (pass 0 only when `aligned` is False), then `on_iter`."""
+            hist: History, aligned: bool, on_iter: OnIter | None = None,
+            soft_passes: int = 0) -> None:
+    """`iters` passes of accumulate + update; passes 1..soft_passes accumulate Baum-Welch
+    statistics; a Viterbi pass realigns first after the soft ones and whenever its index
+    is a multiple of realign_every (pass 0 only when `aligned` is False); then `on_iter`."""
     gauss0 = st.am.num_gauss
     grow = max(1, int(iters * 0.75))
     for it in range(iters):
-        realign = (it > 0 or not aligned) and it % opts.realign_every == 0
+        soft = 0 < it <= soft_passes
+        realign = not soft and ((it > 0 or not aligned) and it % opts.realign_every == 0
+                                or soft_passes > 0 and it == soft_passes + 1)
         if realign:
             _align(jobs, st, opts, guided=opts.guided)
             hist.realignments[st.name] = hist.realignments.get(st.name, 0) + 1
         if on_iter:
             on_iter(st, it)
-        stats = _sum(run_jobs(jobs, "accumulate", st.tm, st.am))
+        if soft:
+            stats = _sum(run_jobs(jobs, "accumulate_soft", st.tm, st.am, opts.baum_welch_scale))
+        else:
+            stats = _sum(run_jobs(jobs, "accumulate", st.tm, st.am))
         if stats.frames == 0:
             why = sorted({v.split(":")[0] for v in failures(jobs).values()})
             raise RuntimeError(f"{st.name} iteration {it}: every utterance failed to align "
                                f"(reasons: {', '.join(why) or 'none recorded'})")
         goal = gauss0 + (target_gauss - gauss0) * min(it + 1, grow) // grow
         gmm.update(st.tm, st.am, stats, goal)
-        hist.iters.append({"stage": st.name, "iter": it, "realigned": realign,
+        hist.iters.append({"stage": st.name, "iter": it, "realigned": realign, "soft": soft,
                            "loglike_per_frame": round(stats.loglike / stats.frames, 4),
                            "frames": stats.frames, "gaussians": st.am.num_gauss})
         log.info("align %s iter %d: loglike/frame %.3f over %d frames, %d Gaussians%s",
@@ -147,7 +159,8 @@ def _train(jobs: list, st: Stage, iters: int, target_gauss: int, opts: RecipeOpt
         hist.flat_start = {"utterances": sum(r.aligned for r in reps),
                            "quiet_edges": sum(r.quiet_edges for r in reps),
                            "silence_db": opts.flat_start_silence_db}
-    _rounds(jobs, st, iters, target_gauss, opts, hist, aligned=flat_start, on_iter=on_iter)
+    _rounds(jobs, st, iters, target_gauss, opts, hist, aligned=flat_start, on_iter=on_iter,
+            soft_passes=opts.baum_welch_passes if flat_start and not opts.guided else 0)
     _align(jobs, st, opts)
     hist.realignments[st.name] = hist.realignments.get(st.name, 0) + 1
 

@@ -1189,6 +1189,14 @@ class AlignConfig:
     # Plain equal alignment taught the phone models the first frames of silence: the
     # demo's last phones ended 35 ms after espeak-ng's (alignment/README.md). 0: off.
     flat_start_silence_db: float = 30.0
+    # The monophone passes after the flat start's first accumulate Baum-Welch statistics
+    # (every frame shared among the states by its forward-backward posterior, as HTK's
+    # HERest trains a flat start) instead of one Viterbi alignment's, at this acoustic
+    # scale (alignment/forward_backward.py); the passes after them realign as before.
+    # Viterbi training from the equal alignment locks boundaries in early
+    # (alignment/README.md). 0: Viterbi only (Kaldi's train_mono.sh).
+    baum_welch_passes: int = 0
+    baum_welch_scale: float = 1.0
     # A third stage on LDA + MLLT features (Kaldi's train_lda_mllt.sh): static MFCCs spliced
     # over +-splice_context frames, projected to lda_dim (alignment/lda_mllt.py).
     lda_mllt: bool = False
@@ -1257,6 +1265,10 @@ class AlignConfig:
         _check(self.boost_silence > 0, f"{key}.boost_silence", "must be > 0")
         _check(self.flat_start_silence_db >= 0, f"{key}.flat_start_silence_db",
                "must be >= 0 (0: off)")
+        _check(0 <= self.baum_welch_passes < self.mono_iters, f"{key}.baum_welch_passes",
+               "must be in [0, align.mono_iters - 1] (the first pass accumulates from the "
+               "equal alignment)")
+        _check(0 < self.baum_welch_scale <= 1, f"{key}.baum_welch_scale", "must be in (0, 1]")
         _check(self.guide == "none" or self.nnet_rounds == 0, f"{key}.guide",
                "ctm trains the GMMs from the reference; align.nnet_rounds must then be 0")
 

@@ -293,6 +293,10 @@ def test_align_config_errors_name_the_key():
         load_config(None, ["align.boost_silence=0"])
     with pytest.raises(ConfigError, match="align.fmllr_iters"):
         load_config(None, ["align.sat=true", "align.fmllr_iters=[2,-1]"])
+    with pytest.raises(ConfigError, match="align.baum_welch_passes"):
+        load_config(None, ["align.mono_iters=10", "align.baum_welch_passes=10"])
+    with pytest.raises(ConfigError, match="align.baum_welch_scale"):
+        load_config(None, ["align.baum_welch_scale=0"])
     assert load_config(None, ["align.num_senones=800"]).align.num_senones == 800
 
 
@@ -338,6 +342,20 @@ def test_flat_start_converges_and_alignments_cover_every_frame(tiny_corpus):
             assert (r["senones"] < mono.tm.num_pdfs).all()
 
 
+def test_baum_welch_passes_train_the_flat_start_then_viterbi_realigns(tiny_corpus):
+    jobs, lang, _ = _tiny_jobs(tiny_corpus, 1)
+    hist = History()
+    opts = RecipeOptions(mono_iters=5, realign_every=2, mono_gauss=200, baum_welch_passes=2,
+                         baum_welch_scale=0.3)
+    mono = monophone(jobs, lang, opts, hist)
+    assert [(it["soft"], it["realigned"]) for it in hist.iters] == [
+        (False, False), (True, False), (True, False), (False, True), (False, True)]
+    ll = [it["loglike_per_frame"] for it in hist.iters]
+    assert ll[2] > ll[1]  # EM: the soft passes raise the (scaled) likelihood
+    for r in jobs[0].results(mono.tm):
+        assert len(r["phones"]) == len(jobs[0].feats[r["utt_id"]])
+
+
 def test_shard_statistics_sum_to_the_single_job_statistics(tiny_corpus):
     one, lang, _ = _tiny_jobs(tiny_corpus, 1)
     two, _, _ = _tiny_jobs(tiny_corpus, 2)
@@ -357,6 +375,15 @@ def test_shard_statistics_sum_to_the_single_job_statistics(tiny_corpus):
     assert a.frames == b.frames and a.loglike == pytest.approx(b.loglike, rel=1e-6)
     for j in range(len(a.occ)):
         np.testing.assert_allclose(a.x[j], b.x[j], rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(a.trans, b.trans)
+    # Baum-Welch statistics reduce the same way
+    a = run_jobs(one, "accumulate_soft", tm, am, 0.3)[0]
+    parts = run_jobs(two, "accumulate_soft", tm, am, 0.3)
+    b = parts[0].add(parts[1])
+    assert a.frames == b.frames == n and a.loglike == pytest.approx(b.loglike, rel=1e-9)
+    assert sum(o.sum() for o in a.occ) == pytest.approx(n)
+    for j in range(len(a.occ)):
+        np.testing.assert_allclose(a.x2[j], b.x2[j], rtol=1e-9, atol=1e-6)
     np.testing.assert_allclose(a.trans, b.trans)
 
 

@@ -231,7 +231,9 @@ def _options(cfg: Config) -> RecipeOptions:
                          NnetOptions(a.nnet_rounds, a.nnet_context, epochs=a.nnet_epochs,
                                      acoustic_scale=a.nnet_acoustic_scale),
                          guided=a.guide == "ctm", boost_silence=a.boost_silence,
-                         flat_start_silence_db=a.flat_start_silence_db)
+                         flat_start_silence_db=a.flat_start_silence_db,
+                         baum_welch_passes=a.baum_welch_passes,
+                         baum_welch_scale=a.baum_welch_scale)
 
 
 def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
