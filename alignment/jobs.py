@@ -205,7 +205,7 @@ class ShardJob:
     def accumulate_soft(self, tm: khg.TransitionModel, am: khg.AmDiagGmm,
                         acoustic_scale: float) -> gmm.GmmStats:
         """Baum-Welch statistics over the training graphs (forward_backward.py)."""
-        ids = [u for u in self.ids() if u in self.graphs]
+        ids = self.ids()
         for u in ids:  # the same graphs every pass: their arrays once
             if u not in self.arc_graphs:
                 self.arc_graphs[u] = forward_backward.ArcGraph.of(self.graphs[u])

@@ -122,8 +122,7 @@ def _rounds(jobs: list, st: Stage, iters: int, target_gauss: int, opts: RecipeOp
     grow = max(1, int(iters * 0.75))
     for it in range(iters):
         soft = 0 < it <= soft_passes
-        realign = not soft and ((it > 0 or not aligned) and it % opts.realign_every == 0
-                                or soft_passes > 0 and it == soft_passes + 1)
+        realign = _realigns(it, aligned, opts.realign_every, soft_passes)
         if realign:
             _align(jobs, st, opts, guided=opts.guided)
             hist.realignments[st.name] = hist.realignments.get(st.name, 0) + 1
@@ -144,7 +143,17 @@ def _rounds(jobs: list, st: Stage, iters: int, target_gauss: int, opts: RecipeOp
                            "frames": stats.frames, "gaussians": st.am.num_gauss})
         log.info("align %s iter %d: loglike/frame %.3f over %d frames, %d Gaussians%s",
                  st.name, it, stats.loglike / stats.frames, stats.frames, st.am.num_gauss,
-                 " (realigned)" if realign else "")
+                 " (realigned)" if realign else " (Baum-Welch)" if soft else "")
+
+
+def _realigns(it: int, aligned: bool, every: int, soft_passes: int) -> bool:
+    """Whether pass `it` realigns first: never a soft pass; the first pass after the soft
+    ones; else every `every`-th (pass 0 only when the jobs hold no alignment)."""
+    if 0 < it <= soft_passes:
+        return False
+    if soft_passes and it == soft_passes + 1:
+        return True
+    return (it > 0 or not aligned) and it % every == 0
 
 
 def _train(jobs: list, st: Stage, iters: int, target_gauss: int, opts: RecipeOptions,
