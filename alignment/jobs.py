@@ -63,6 +63,7 @@ class ShardJob:
         self.static: dict[str, np.ndarray] | None = None  # kept by the first set_transform
         self.unadapted: dict[str, np.ndarray] | None = None  # kept by the first fmllr_stats
         self.allowed: dict[str, np.ndarray] = {}  # guide.allowed_phones (set_guide)
+        self.subset: set[str] | None = None  # use_subset: the utterances a stage trains on
 
     def _features(self, utts: list[Utterance], fopts: FeatureOptions) -> None:
         by_spk: dict[str, list[Utterance]] = {}
@@ -84,7 +85,18 @@ class ShardJob:
         self.num_static = fopts.num_ceps  # the first columns: normalised static MFCCs
 
     def ids(self) -> list[str]:
-        return [u for u in self.feats if u not in self.failed]
+        return [u for u in self.feats if u not in self.failed
+                and (self.subset is None or u in self.subset)]
+
+    def lengths(self) -> dict[str, int]:
+        """Frames of every utterance that can still be aligned, whatever the subset."""
+        return {u: len(f) for u, f in self.feats.items() if u not in self.failed}
+
+    def use_subset(self, keep: list[str] | None) -> JobReport:
+        """Every pass from now on works on the utterances of `keep` that this shard holds
+        (None: all of them again; their graphs then need `compile`)."""
+        self.subset = None if keep is None else set(keep) & set(self.feats)
+        return self._report()
 
     def feature_stats(self) -> tuple[int, np.ndarray, np.ndarray]:
         x = [self.feats[u] for u in self.ids()]

@@ -59,6 +59,9 @@ class RecipeOptions:
     # alignment's, at this acoustic scale (alignment/forward_backward.py)
     baum_welch_passes: int = 0
     baum_welch_scale: float = 1.0
+    # the monophone stage trains on this many of the shortest utterances (Kaldi's
+    # subset_data_dir.sh --shortest), then aligns them all for the tree; 0: all
+    mono_subset: int = 0
 
 
 @dataclass
@@ -175,8 +178,11 @@ def _train(jobs: list, st: Stage, iters: int, target_gauss: int, opts: RecipeOpt
 
 
 def monophone(jobs: list, lang: lg.Lang, opts: RecipeOptions, hist: History) -> Stage:
+    """The flat start and its rounds (on the opts.mono_subset shortest utterances when
+    set); the jobs are left holding every utterance's monophone alignment."""
     topo = lg.topology(lang)
     tree = gmm.monophone_tree(topo)
+    subset = _shortest(jobs, opts.mono_subset)
     fs = run_jobs(jobs, "feature_stats")
     n = sum(f[0] for f in fs)
     if n == 0:
@@ -186,7 +192,31 @@ def monophone(jobs: list, lang: lg.Lang, opts: RecipeOptions, hist: History) -> 
     tm, am = gmm.init_flat(tree, topo, mean, var)
     st = Stage("mono", tree, tm, am)
     _train(jobs, st, opts.mono_iters, opts.mono_gauss, opts, hist, flat_start=True)
+    if subset:  # the tree learns from every utterance's monophone alignment
+        run_jobs(jobs, "use_subset", None)
+        run_jobs(jobs, "compile", st.tm, st.tree)
+        _align(jobs, st, opts)
+        hist.realignments[st.name] += 1
+        hist.flat_start["subset"] = subset
     return st
+
+
+def _shortest(jobs: list, n: int) -> dict:
+    """Restrict the jobs to the `n` shortest utterances of all (ties by id); a summary
+    of the subset, {} when `n` is 0 or covers every utterance."""
+    lengths: dict[str, int] = {}
+    for part in run_jobs(jobs, "lengths"):
+        lengths.update(part)
+    if n <= 0 or n >= len(lengths):
+        return {}
+    keep = sorted(lengths, key=lambda u: (lengths[u], u))[:n]
+    run_jobs(jobs, "use_subset", keep)
+    frames = sum(lengths[u] for u in keep)
+    log.info("align mono: training on the %d shortest of %d utterances (%d of %d frames, "
+             "up to %d each)", n, len(lengths), frames, sum(lengths.values()),
+             lengths[keep[-1]])
+    return {"utterances": n, "of": len(lengths), "frames": frames,
+            "max_frames": lengths[keep[-1]]}
 
 
 def triphone(jobs: list, lang: lg.Lang, prev: Stage, opts: RecipeOptions,

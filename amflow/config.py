@@ -1199,6 +1199,11 @@ class AlignConfig:
     # configs/aws.yaml (stored recordings), off in configs/local.yaml's dry alignment.
     baum_welch_passes: int = 0
     baum_welch_scale: float = 1.0
+    # The monophone stage trains on this many of the shortest utterances (Kaldi's recipes
+    # train mono on `subset_data_dir.sh --shortest`: an equal alignment is least wrong on
+    # few words, and the stage's passes then cost a fraction), and its model aligns every
+    # utterance for the tree and the triphone stage. 0: all of them.
+    mono_subset: int = 0
     # A third stage on LDA + MLLT features (Kaldi's train_lda_mllt.sh): static MFCCs spliced
     # over +-splice_context frames, projected to lda_dim (alignment/lda_mllt.py).
     lda_mllt: bool = False
@@ -1271,6 +1276,8 @@ class AlignConfig:
                "must be in [0, align.mono_iters - 1] (the first pass accumulates from the "
                "equal alignment)")
         _check(0 < self.baum_welch_scale <= 1, f"{key}.baum_welch_scale", "must be in (0, 1]")
+        _check(self.mono_subset >= 0, f"{key}.mono_subset",
+               "must be >= 0 (shortest utterances the monophone stage trains on; 0: all)")
         _check(self.guide == "none" or self.nnet_rounds == 0, f"{key}.guide",
                "ctm trains the GMMs from the reference; align.nnet_rounds must then be 0")
 

@@ -297,6 +297,8 @@ def test_align_config_errors_name_the_key():
         load_config(None, ["align.mono_iters=10", "align.baum_welch_passes=10"])
     with pytest.raises(ConfigError, match="align.baum_welch_scale"):
         load_config(None, ["align.baum_welch_scale=0"])
+    with pytest.raises(ConfigError, match="align.mono_subset"):
+        load_config(None, ["align.mono_subset=-1"])
     assert load_config(None, ["align.num_senones=800"]).align.num_senones == 800
 
 
@@ -354,6 +356,26 @@ def test_baum_welch_passes_train_the_flat_start_then_viterbi_realigns(tiny_corpu
     assert ll[2] > ll[1]  # EM: the soft passes raise the (scaled) likelihood
     for r in jobs[0].results(mono.tm):
         assert len(r["phones"]) == len(jobs[0].feats[r["utt_id"]])
+
+
+def test_mono_subset_trains_on_the_shortest_then_aligns_every_utterance(tiny_corpus):
+    jobs, lang, utts = _tiny_jobs(tiny_corpus, 2)
+    frames = {u: len(f) for j in jobs for u, f in j.feats.items()}
+    shortest = sorted(frames, key=lambda u: (frames[u], u))[:2]
+    hist = History()
+    opts = RecipeOptions(mono_iters=4, realign_every=2, mono_gauss=200, mono_subset=2)
+    mono = monophone(jobs, lang, opts, hist)
+    # every pass trained on the two shortest utterances' frames only
+    assert {it["frames"] for it in hist.iters} == {sum(frames[u] for u in shortest)}
+    assert hist.flat_start["utterances"] == 2
+    assert hist.flat_start["subset"] == {
+        "utterances": 2, "of": 4, "frames": sum(frames[u] for u in shortest),
+        "max_frames": frames[shortest[-1]]}
+    # then the subset's model aligned all four (the tree's statistics need them)
+    rows = [r for rs in run_jobs(jobs, "results", mono.tm) for r in rs]
+    assert sorted(r["utt_id"] for r in rows) == sorted(u.utt_id for u in utts)
+    assert all(len(r["phones"]) == frames[r["utt_id"]] for r in rows)
+    assert hist.realignments["mono"] == 3  # pass 2, the stage's end, then all four
 
 
 def test_shard_statistics_sum_to_the_single_job_statistics(tiny_corpus):

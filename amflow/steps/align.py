@@ -233,7 +233,7 @@ def _options(cfg: Config) -> RecipeOptions:
                          guided=a.guide == "ctm", boost_silence=a.boost_silence,
                          flat_start_silence_db=a.flat_start_silence_db,
                          baum_welch_passes=a.baum_welch_passes,
-                         baum_welch_scale=a.baum_welch_scale)
+                         baum_welch_scale=a.baum_welch_scale, mono_subset=a.mono_subset)
 
 
 def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
