@@ -6,6 +6,8 @@ trains its flat start with Baum-Welch instead (HERest): every frame is shared am
 states by its posterior. kaldi-hmm-gmm aligns but gives no forward-backward from Python,
 so it is written here on the graph's arcs in NumPy, one vectorised step per frame
 (`align.baum_welch_passes`; what it does to the flat start: alignment/README.md).
+training/sequence.py's torch forward-backward gives the same occupancies (a test checks
+it) but took 2.7x these recursions' time at its best batch size, so both stay.
 """
 from __future__ import annotations
 

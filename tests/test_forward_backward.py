@@ -92,3 +92,36 @@ def test_soft_statistics_count_each_frame_once_and_are_viterbis_on_a_sharp_model
     # too few frames for any path: reported, not raised
     _, failed = fb.accumulate(tm, am, [(feats[:5], arcs), (feats, arcs)])
     assert failed == [0]
+
+
+def test_the_sequence_criterions_forward_backward_gives_the_same_occupancies():
+    """training/sequence.py's torch recursions (sMBR / MMI) and these NumPy ones are two
+    pieces for one computation (kept apart for speed: alignment/README.md); they agree,
+    batched with padding too."""
+    import torch
+
+    from training import sequence
+
+    g = fb.ArcGraph(start=0, src=np.array([0, 0, 1, 1, 2, 0]), dst=np.array([0, 1, 1, 2, 2, 2]),
+                    tid=np.array([1, 2, 3, 4, 5, 6]),
+                    cost=-np.log([0.5, 0.3, 0.6, 0.4, 0.9, 0.2]),
+                    final=np.array([np.inf, 1.5, 0.1]))
+    rng = np.random.default_rng(2)
+    lengths = [7, 4]
+    x = torch.zeros(2, 7, 7, dtype=torch.float64)  # per frame, a log-likelihood per tid
+    for b, n in enumerate(lengths):
+        x[b, :n, 1:] = torch.from_numpy(rng.normal(size=(n, 6)) * 3)
+    x.requires_grad_(True)
+    one = sequence.Graph(3, *(torch.from_numpy(a)[None] for a in (g.src, g.dst, g.tid)),
+                         torch.from_numpy(-g.cost)[None],
+                         torch.tensor([[0.0, -np.inf, -np.inf]], dtype=torch.float64),
+                         torch.from_numpy(-g.final)[None])
+    logz = sequence.log_partition(x, torch.tensor(lengths), one, method="arcs")
+    logz.sum().backward()
+    for b, n in enumerate(lengths):
+        post, total = fb.arc_posteriors(g, x[b, :n].detach().numpy()[:, g.tid])
+        per_tid = np.zeros((n, 7))
+        np.add.at(per_tid, (slice(None), g.tid), post)
+        assert float(logz[b].detach()) == pytest.approx(total, abs=1e-9)
+        np.testing.assert_allclose(x.grad[b, :n].numpy(), per_tid, atol=1e-9)
+        assert float(x.grad[b, n:].abs().sum()) == 0.0  # the padding takes no mass
