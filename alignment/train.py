@@ -84,6 +84,7 @@ class History:
     nnet: list[dict] = field(default_factory=list)  # alignment-network rounds
     fmllr: list[dict] = field(default_factory=list)  # fMLLR estimations (sat)
     flat_start: dict = field(default_factory=dict)   # utterances, quiet_edges, silence_db
+    seconds: dict[str, float] = field(default_factory=dict)  # stage -> wall time training it
 
 
 def _sum(items: list) -> Any:
@@ -124,6 +125,7 @@ def _rounds(jobs: list, st: Stage, iters: int, target_gauss: int, opts: RecipeOp
     gauss0 = st.am.num_gauss
     grow = max(1, int(iters * 0.75))
     for it in range(iters):
+        t0 = time.perf_counter()
         soft = 0 < it <= soft_passes
         realign = _realigns(it, aligned, opts.realign_every, soft_passes)
         if realign:
@@ -143,7 +145,8 @@ def _rounds(jobs: list, st: Stage, iters: int, target_gauss: int, opts: RecipeOp
         gmm.update(st.tm, st.am, stats, goal)
         hist.iters.append({"stage": st.name, "iter": it, "realigned": realign, "soft": soft,
                            "loglike_per_frame": round(stats.loglike / stats.frames, 4),
-                           "frames": stats.frames, "gaussians": st.am.num_gauss})
+                           "frames": stats.frames, "gaussians": st.am.num_gauss,
+                           "seconds": round(time.perf_counter() - t0, 2)})
         log.info("align %s iter %d: loglike/frame %.3f over %d frames, %d Gaussians%s",
                  st.name, it, stats.loglike / stats.frames, stats.frames, st.am.num_gauss,
                  " (realigned)" if realign else " (Baum-Welch)" if soft else "")
@@ -359,6 +362,7 @@ def train(jobs: list, lang: lg.Lang, opts: RecipeOptions,
     hist = History()
 
     def done(st: Stage) -> Stage:
+        log.info("align %s stage trained in %.1f s", st.name, hist.seconds[st.name])
         if on_stage:
             on_stage(st, jobs)
         if opts.guided:  # the next stage's tree and transforms learn the guided alignment
@@ -367,14 +371,20 @@ def train(jobs: list, lang: lg.Lang, opts: RecipeOptions,
                 on_stage(dataclasses.replace(st, name=f"{st.name}_guided"), jobs)
         return st
 
-    mono = done(monophone(jobs, lang, opts, hist))
-    final = done(triphone(jobs, lang, mono, opts, hist))
+    def timed(make: Callable[[], Stage]) -> Stage:
+        t0 = time.perf_counter()
+        st = make()
+        hist.seconds[st.name] = round(time.perf_counter() - t0, 1)
+        return done(st)
+
+    mono = timed(lambda: monophone(jobs, lang, opts, hist))
+    final = timed(lambda: triphone(jobs, lang, mono, opts, hist))
     if opts.lda_mllt:
-        final = done(lda_mllt(jobs, lang, final, opts, hist))
+        final = timed(lambda: lda_mllt(jobs, lang, final, opts, hist))
     if opts.sat:
-        final = done(sat(jobs, lang, final, opts, hist))
+        final = timed(lambda: sat(jobs, lang, final, opts, hist))
     if opts.nnet.rounds:
-        final = done(nnet_realign(jobs, final, opts, hist))
+        final = timed(lambda: nnet_realign(jobs, final, opts, hist))
     if opts.guided:  # the outputs are the final model's free alignment
         _align(jobs, final, opts)
     return final, hist

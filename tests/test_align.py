@@ -443,6 +443,10 @@ def test_align_step_end_to_end(tiny_corpus, tmp_path):
     assert {ln.split()[0] for ln in ctm} == set(table.column("utt_id").to_pylist())
     m = out["metrics"]
     assert m["score_tri"]["frames"] > 0 and 0 <= m["score_tri"]["frame_phone_accuracy"] <= 1
+    assert set(m["stage_seconds"]) == {"mono", "tri"}  # what each stage cost, and each pass
+    assert all(it["seconds"] >= 0 for it in m["iterations"])
+    passes = sum(it["seconds"] for it in m["iterations"])  # (both rounded)
+    assert passes <= sum(m["stage_seconds"].values()) + 0.1
     assert json.loads((d / "_SUCCESS.json").read_text())["counts"] == c
     # a re-run is a no-op; another setting starts over
     assert align.run(StepContext(cfg, "r", "align"))["finished_at"] == out["finished_at"]

@@ -426,6 +426,7 @@ def _finish(ctx: StepContext, select: dict, jobs: list, shards: list[dict], resu
         "score_lda_mllt": scores.get("lda_mllt"), "score_sat": scores.get("sat"),
         "score_nnet": scores.get("nnet"), "nnet_rounds": hist.nnet, "fmllr": hist.fmllr,
         "guide": ctx.cfg.align.guide, "flat_start": hist.flat_start,
+        "stage_seconds": hist.seconds,
         **{f"score_{k}": v for k, v in scores.items() if k.endswith("_guided")},
         "reject_reasons": reasons,
     }
