@@ -166,7 +166,7 @@ class _Sums:
         order = np.argsort(arc_pdf, kind="stable")
         cuts = np.searchsorted(arc_pdf[order], np.arange(len(pdfs)))
         state = np.add.reduceat(post[:, order], cuts, axis=1)  # [T, pdfs] occupancy
-        pdf_of_gauss = np.repeat(np.arange(len(pdfs)), np.diff(np.append(sub.first, len(gauss))))
+        pdf_of_gauss = np.repeat(np.arange(len(pdfs)), sub.sizes)
         w = np.exp(comp - pdf_ll[:, pdf_of_gauss]) * state[:, pdf_of_gauss]  # [T, G]
         x = np.asarray(feats, np.float64)
         self.occ[gauss] += w.sum(0)

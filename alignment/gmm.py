@@ -338,13 +338,18 @@ class PdfScorer:
         return cls(np.concatenate([np.asarray(p.gconsts, np.float64) for p in pdfs]),
                    np.concatenate([np.asarray(p.means_invvars, np.float64) for p in pdfs]),
                    np.concatenate([np.asarray(p.inv_vars, np.float64) for p in pdfs]),
-                   np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64))
+                   _starts(sizes))
+
+    @property
+    def sizes(self) -> np.ndarray:
+        """[P] Gaussians of each pdf."""
+        return np.diff(np.append(self.first, len(self.gconsts)))
 
     def restricted(self, pdfs: np.ndarray) -> tuple["PdfScorer", np.ndarray]:
         """A scorer of only `pdfs` (its pdf i is pdfs[i]) and the indices of its Gaussians
         among this one's."""
-        sizes = np.diff(np.append(self.first, len(self.gconsts)))[pdfs]
-        first = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
+        sizes = self.sizes[pdfs]
+        first = _starts(sizes)
         idx = np.arange(sizes.sum()) + np.repeat(self.first[pdfs] - first, sizes)
         return PdfScorer(self.gconsts[idx], self.means_invvars[idx], self.inv_vars[idx],
                          first), idx
@@ -358,8 +363,13 @@ class PdfScorer:
         x = np.asarray(feats, np.float64)
         comp = self.gconsts + x @ self.means_invvars.T - 0.5 * (x * x) @ self.inv_vars.T
         top = np.maximum.reduceat(comp, self.first, axis=1)
-        spread = np.repeat(top, np.diff(np.append(self.first, comp.shape[1])), axis=1)
+        spread = np.repeat(top, self.sizes, axis=1)
         return comp, top + np.log(np.add.reduceat(np.exp(comp - spread), self.first, axis=1))
+
+
+def _starts(sizes) -> np.ndarray:
+    """Index of each block's first element, for blocks of `sizes` laid end to end."""
+    return np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
 
 
 def pdf_of_transitions(tm: khg.TransitionModel) -> np.ndarray:

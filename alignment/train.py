@@ -163,9 +163,11 @@ def _realigns(it: int, aligned: bool, every: int, soft_passes: int) -> bool:
 
 
 def _train(jobs: list, st: Stage, iters: int, target_gauss: int, opts: RecipeOptions,
-           hist: History, flat_start: bool, on_iter: OnIter | None = None) -> None:
+           hist: History, flat_start: bool, on_iter: OnIter | None = None,
+           widen: bool = False) -> None:
     """Compile the training graphs of `st`, train it (from equal alignments when
-    `flat_start`, else from the alignments the jobs hold) and leave the jobs aligned by it."""
+    `flat_start`, else from the alignments the jobs hold) and leave the jobs aligned by it
+    (with `widen`, every utterance of the jobs, not only the subset it trained on)."""
     run_jobs(jobs, "compile", st.tm, st.tree)
     if flat_start and opts.guided:  # the flat model's path that keeps to the reference
         _align(jobs, st, opts, guided=True)
@@ -176,6 +178,9 @@ def _train(jobs: list, st: Stage, iters: int, target_gauss: int, opts: RecipeOpt
                            "silence_db": opts.flat_start_silence_db}
     _rounds(jobs, st, iters, target_gauss, opts, hist, aligned=flat_start, on_iter=on_iter,
             soft_passes=opts.baum_welch_passes if flat_start and not opts.guided else 0)
+    if widen:  # the tree learns from every utterance's alignment
+        run_jobs(jobs, "use_subset", None)
+        run_jobs(jobs, "compile", st.tm, st.tree)
     _align(jobs, st, opts)
     hist.realignments[st.name] = hist.realignments.get(st.name, 0) + 1
 
@@ -194,12 +199,9 @@ def monophone(jobs: list, lang: lg.Lang, opts: RecipeOptions, hist: History) -> 
     var = sum(f[2] for f in fs) / n - mean ** 2
     tm, am = gmm.init_flat(tree, topo, mean, var)
     st = Stage("mono", tree, tm, am)
-    _train(jobs, st, opts.mono_iters, opts.mono_gauss, opts, hist, flat_start=True)
-    if subset:  # the tree learns from every utterance's monophone alignment
-        run_jobs(jobs, "use_subset", None)
-        run_jobs(jobs, "compile", st.tm, st.tree)
-        _align(jobs, st, opts)
-        hist.realignments[st.name] += 1
+    _train(jobs, st, opts.mono_iters, opts.mono_gauss, opts, hist, flat_start=True,
+           widen=bool(subset))
+    if subset:
         hist.flat_start["subset"] = subset
     return st
 
@@ -362,7 +364,6 @@ def train(jobs: list, lang: lg.Lang, opts: RecipeOptions,
     hist = History()
 
     def done(st: Stage) -> Stage:
-        log.info("align %s stage trained in %.1f s", st.name, hist.seconds[st.name])
         if on_stage:
             on_stage(st, jobs)
         if opts.guided:  # the next stage's tree and transforms learn the guided alignment
@@ -375,6 +376,7 @@ def train(jobs: list, lang: lg.Lang, opts: RecipeOptions,
         t0 = time.perf_counter()
         st = make()
         hist.seconds[st.name] = round(time.perf_counter() - t0, 1)
+        log.info("align %s stage trained in %.1f s", st.name, hist.seconds[st.name])
         return done(st)
 
     mono = timed(lambda: monophone(jobs, lang, opts, hist))
