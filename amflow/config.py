@@ -661,6 +661,9 @@ class TrainConfig:
     use_gpu: bool = False
     # The model a sequence recipe starts from; empty = this run's train[-<tag>]/model.pt.
     init_model: str = ""
+    # With context-dependent classes: + phone_weight x the same criterion on each frame's
+    # phone (the classes' probabilities summed per phone; training/losses.py phone_loss).
+    phone_weight: float = 0.0
     # Example servers: labeled utterances re-rendered every epoch (off: the stored rendering).
     augment: AugmentConfig = field(default_factory=AugmentConfig)
     # train.* values used instead when train.model is teacher (see _apply_recipes).
@@ -707,6 +710,11 @@ class TrainConfig:
         _check(not ng or self.model == "student",
                f"{key}.natural_gradient", "needs the unidirectional student (train.model)")
         _check("/" not in self.tag, f"{key}.tag", "must not contain '/'")
+        _check(self.phone_weight >= 0, f"{key}.phone_weight", "must be >= 0")
+        _check(self.phone_weight == 0 or self.recipe != "sequence", f"{key}.phone_weight",
+               "applies to the ce recipes (labeled, ssl); the sequence recipe's criterion "
+               "takes none: 0 there (a config file that sets it: add phone_weight: 0 to "
+               "train.sequence_recipe)")
         _check(not self.augment.enabled or self.recipe == "labeled", f"{key}.augment.enabled",
                "augments the labeled recipes (teacher, baseline student); train.recipe is "
                f"{self.recipe}")
@@ -743,7 +751,7 @@ TRAIN_KEY_ORDER: tuple[str, ...] = (
     "natural_gradient", "ng_alpha", "use_gpu", "criterion", "sequence_numerator",
     "sequence_ce_weight", "sequence_l2", "leaky_hmm", "sequence_am_scale",
     "sequence_prior_scale", "den_ngram_order", "den_min_count", "teacher_recipe",
-    "sequence_recipe", "init_model")
+    "sequence_recipe", "init_model", "phone_weight")
 assert set(TRAIN_KEY_ORDER) == set(TRAIN_KEYS) and len(TRAIN_KEY_ORDER) == len(TRAIN_KEYS)
 
 

@@ -54,6 +54,7 @@ def test_override_types_and_nesting():
     ("targets.codec=sqrt1", "targets.codec"),
     ("targets.codec=sqrt256", "targets.codec"),
     ("targets.zstd_level=0", "targets.zstd_level"),
+    ("train.phone_weight=-1", "train.phone_weight"),
 ])
 def test_bad_values_name_the_key(override, key):
     with pytest.raises(ConfigError) as err:
@@ -62,12 +63,18 @@ def test_bad_values_name_the_key(override, key):
     assert f"'{key}'" in str(err.value)
 
 
+def test_phone_weight_is_refused_by_the_sequence_recipe():
+    with pytest.raises(ConfigError) as err:
+        load_config(ROOT / "configs/local.yaml", ["train.recipe=sequence", "train.phone_weight=1"])
+    assert err.value.key == "train.phone_weight" and "sequence_recipe" in str(err.value)
+
+
 def test_every_flat_train_key_lives_in_one_section_and_round_trips(tmp_path):
     from amflow.config import TRAIN_KEYS, TrainConfig, config_to_yaml, replace_train
 
     cfg = load_config(ROOT / "configs/local.yaml", ["train.gtc_tau=0.5", "train.log_every=3"])
     flat = cfg.to_dict()["train"]
-    assert set(flat) == set(TRAIN_KEYS) and len(flat) == 71
+    assert set(flat) == set(TRAIN_KEYS) and len(flat) == 72
     assert (cfg.train.algo.gtc_tau, cfg.train.checkpoints.log_every) == (0.5, 3)
     assert cfg.get("train.gtc_tau") == 0.5
     assert cfg.get("train.augment.servers") == cfg.train.augment.servers

@@ -212,6 +212,7 @@ TINY_CHAIN = [
     "train.model=teacher", "train.recipe=labeled", "train.tag=teacher", "decode.tag=teacher",
     "evaluate.tag=teacher",
     "train.epochs=1", "train.finetune_epochs=0", "train.threads=1",
+    "train.phone_weight=0.5",  # the phone-level criterion beside the senones' (CD classes)
     "train.minibatch_frames=256", "train.chunk_frames=16", "train.teacher_recipe={}",
     "model.teacher.layers=1", "model.teacher.hidden=16", "lm.sentences=300",
     "decode.acwt=[0.5]", "decode.tune_split=", "decode.workers=1"]

@@ -120,6 +120,12 @@ def test_nonfinite_loss_stops_the_step_and_keeps_the_model(tmp_path, local_cfg):
     assert all(torch.isfinite(v).all() for v in state["model"].values())
 
 
+def test_phone_weight_needs_context_dependent_classes(tmp_path, local_cfg):
+    _synthetic(str(tmp_path / "store"), labeled={"utts": 8, "parts": 1})
+    err = _train(local_cfg, *TEACHER, "train.phone_weight=1", expect=StepError)
+    assert "train.phone_weight needs context-dependent classes" in str(err)
+
+
 def test_distillation_from_topk_targets_trains_a_student(tmp_path, local_cfg):
     """Scheduled learning on soft top-k targets, with very little labeled data."""
     root = str(tmp_path / "store")

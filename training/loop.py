@@ -10,7 +10,8 @@ The worker is a `Trainer` with one method per phase (resume, run_pass, train_ste
 account, end_pass, log_block, save_checkpoint, finish). Its minibatches come from one
 `training.inputs.InputSource`: the stored partitions, or with `train.augment.enabled`
 the example servers (`training.example_servers`), which re-render the same worker's
-labeled utterances every pass. Its criterion is cross-entropy / distillation, or with
+labeled utterances every pass. Its criterion is cross-entropy / distillation (with
+context-dependent classes plus `train.phone_weight` x the same on each frame's phone), or with
 `train.recipe=sequence` a `training.sequence.SequenceCriterion` (`train.criterion` mmi or
 smbr) whose denominator graph every worker estimates alike from the whole labeled split.
 
@@ -57,7 +58,7 @@ from training.curves import plot_learning_curve
 from training.data import Batch, BatchLoader, Normalizer, PassSpec, SplitIndex, spec_augment
 from training.example_servers import ExampleServers, load_clean_sources
 from training.inputs import InputSource, StoredPartitions, mix_seed
-from training.losses import LossOut, ce_loss, distill_loss
+from training.losses import LossOut, ce_loss, distill_loss, phone_loss
 from training.models import build_model, num_parameters
 from training.plan import WorkerPlan
 from training.schedules import LRSchedule, PassInfo, plan_passes
@@ -189,12 +190,29 @@ def batch_logits(model: nn.Module, batch: Any) -> torch.Tensor:
     return model(batch.x, lengths)
 
 
-def batch_loss(model: nn.Module, batch: Any, tc: TrainConfig) -> LossOut:
+def batch_loss(model: nn.Module, batch: Any, tc: TrainConfig,
+               class_phone: torch.Tensor | None = None) -> LossOut:
+    """CE on hard labels or distillation from top-k targets; with `class_phone` (each
+    class's phone index) plus train.phone_weight x the same criterion on phones."""
     logits = batch_logits(model, batch)
+    fill, temperature = tc.distill.topk_fill, tc.distill.temperature
     if batch.labels is not None:
-        return ce_loss(logits, batch.labels)
-    return distill_loss(logits, batch.topk_idx, batch.topk_logit, batch.mask,
-                        fill=tc.distill.topk_fill, temperature=tc.distill.temperature)
+        out = ce_loss(logits, batch.labels)
+    else:
+        out = distill_loss(logits, batch.topk_idx, batch.topk_logit, batch.mask,
+                           fill=fill, temperature=temperature)
+    if class_phone is None or tc.phone_weight == 0:
+        return out
+    aux = phone_loss(logits, class_phone, int(class_phone.max()) + 1, batch.labels,
+                     batch.topk_idx, batch.topk_logit, batch.mask, fill, temperature)
+    return LossOut(out.loss + tc.phone_weight * aux, out.frames, out.correct)
+
+
+def class_phones(context: dict[str, Any]) -> np.ndarray:
+    """Each context-dependent class's central phone, as an index into the sorted phones."""
+    leaf_phone = ContextTree.from_dict(context).leaf_phone
+    phones = sorted(set(leaf_phone))
+    return np.array([phones.index(p) for p in leaf_phone], np.int64)
 
 
 @torch.no_grad()
@@ -362,6 +380,7 @@ class Trainer:
         self._build_model()
         self._build_data()
         self.criterion = self._build_criterion()
+        self.class_phone = self._class_phone()
         self.ckpt = Checkpointer(self.storage, join(self.train_dir, "checkpoints"), self.rank,
                                  self.world, keep=tc.checkpoints.keep_checkpoints, barrier=barrier)
         self.metrics = MetricsLog(self.storage, self.train_dir, enabled=(self.rank == 0))
@@ -423,10 +442,8 @@ class Trainer:
             return None
         t0 = time.perf_counter()
         seqs = split_label_sequences(self.storage, self.plan.splits["labeled"], self.stack)
-        class_phone = None
-        if self.plan.context:  # context-dependent classes: each class's phone (sMBR)
-            leaf_phone = ContextTree.from_dict(self.plan.context).leaf_phone
-            class_phone = np.array([sorted(set(leaf_phone)).index(p) for p in leaf_phone])
+        # context-dependent classes: each class's phone (sMBR)
+        class_phone = class_phones(self.plan.context) if self.plan.context else None
         crit = SequenceCriterion.from_labels(seqs, self.plan.num_classes, self.tc.sequence,
                                              class_phone)
         self.graph_info = {**crit.graph_size(), "utterances": len(seqs),
@@ -434,6 +451,16 @@ class Trainer:
         log.info("rank %d: %s denominator graph %s", self.rank, self.tc.sequence.criterion,
                  self.graph_info)
         return crit
+
+    def _class_phone(self) -> torch.Tensor | None:
+        """Each class's phone for train.phone_weight, which needs context-dependent classes."""
+        if self.tc.phone_weight == 0:
+            return None
+        if not self.plan.context:
+            raise StepError("train.phone_weight needs context-dependent classes (the leaves "
+                            "of align's tree: features.labels=align); this run's classes are "
+                            "phones already")
+        return torch.as_tensor(class_phones(self.plan.context), device=self.device)
 
     # -- phases
     def run(self) -> dict[str, Any]:
@@ -521,7 +548,7 @@ class Trainer:
         the sequence criterion (chunks score against the chunk graph, whole utterances
         against the full graph)."""
         if self.criterion is None:
-            return batch_loss(self.model, batch, self.tc)
+            return batch_loss(self.model, batch, self.tc, self.class_phone)
         logits = batch_logits(self.model, batch)
         where = f"minibatch {self.state.batch} of pass {p.index}"
         try:

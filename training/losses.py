@@ -11,6 +11,15 @@
   p_i = exp(l_i / T - z) on the top-k classes and p_f = exp(fill / T - z) on every other
   class, so  CE = -sum_k p_i log q_i - p_f (sum_all log q - sum_k log q_i).
 
+- `phone_loss`: with context-dependent classes (senones), the same criterion on each
+  frame's *phone*: the classes' probabilities summed per central phone, against the
+  label's phone or the teacher's phone posterior (`train.phone_weight`). Since
+  -log q(leaf) = -log q(phone) - log q(leaf | phone), CE + w * phone CE weighs the
+  phone decision (1 + w) times the choice among its context leaves: w = 0 is plain
+  senone training, w -> inf the monophone model, which is what few labeled frames
+  per leaf favour (Bell & Renals 2015 add such a context-independent task as a second
+  output layer; here it shares the senone layer, so models and decoding are unchanged).
+
 Every loss is the mean over the scored frames of the minibatch and comes back with the
 number of scored frames and of correctly classified frames (for frame accuracy: against
 the label, or against the teacher's best class).
@@ -98,3 +107,39 @@ def distill_loss(logits: torch.Tensor, topk_idx: torch.Tensor, topk_logit: torch
         best = idx.gather(-1, val.argmax(-1, keepdim=True)).squeeze(-1)
         correct = int((sel.argmax(-1) == best).sum())
     return LossOut(loss, n, correct)
+
+
+def phone_log_probs(logits: torch.Tensor, class_phone: torch.Tensor, num_phones: int,
+                    temperature: float = 1.0) -> torch.Tensor:
+    """log of the classes' softmax summed per phone: [N, C] -> [N, P]."""
+    logq = torch.log_softmax(logits / temperature, dim=-1)
+    top = logq.max(-1, keepdim=True).values
+    to_phone = F.one_hot(class_phone, num_phones).to(logq.dtype)  # [C, P]
+    # Shifted by each frame's best class: the sum cannot underflow where it matters.
+    return torch.log((logq - top).exp() @ to_phone).clamp_min(-1e4) + top
+
+
+def phone_loss(logits: torch.Tensor, class_phone: torch.Tensor, num_phones: int,
+               labels: torch.Tensor | None = None, topk_idx: torch.Tensor | None = None,
+               topk_logit: torch.Tensor | None = None, mask: torch.Tensor | None = None,
+               fill: float = -1.0e4, temperature: float = 1.0) -> torch.Tensor:
+    """Mean phone-level CE over the scored frames: against `labels`' phones, or against
+    the teacher's posterior (top-k, rebuilt as in `distill_loss`) summed per phone."""
+    c = logits.shape[-1]
+    if class_phone.shape[0] != c:
+        raise ValueError(f"class_phone maps {class_phone.shape[0]} classes; the model has {c}")
+    if labels is not None:
+        lab = labels.reshape(-1)
+        keep = lab != IGNORE
+        if not bool(keep.any()):
+            return logits.sum() * 0.0
+        logp = phone_log_probs(logits.reshape(-1, c)[keep], class_phone, num_phones)
+        return F.nll_loss(logp, class_phone[lab[keep]])
+    if not bool(mask.any()):
+        return logits.sum() * 0.0
+    T = float(temperature)
+    logp = phone_log_probs(logits[mask], class_phone, num_phones, T)
+    with torch.no_grad():
+        teacher = teacher_log_probs(topk_idx[mask], topk_logit[mask], c, fill, T).exp()
+        teacher_phone = teacher @ F.one_hot(class_phone, num_phones).to(teacher.dtype)
+    return -(teacher_phone * logp).sum(-1).mean() * (T * T)
