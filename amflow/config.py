@@ -663,6 +663,7 @@ class TrainConfig:
     init_model: str = ""
     # With context-dependent classes: + phone_weight x the same criterion on each frame's
     # phone (the classes' probabilities summed per phone; training/losses.py phone_loss).
+    # The logged train loss includes the term; the dev loss is the classes' CE alone.
     phone_weight: float = 0.0
     # Example servers: labeled utterances re-rendered every epoch (off: the stored rendering).
     augment: AugmentConfig = field(default_factory=AugmentConfig)
