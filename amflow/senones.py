@@ -12,6 +12,7 @@ alignment/ to use it.
     ContextTree.leaf(left, phone, right)   the class of a phone in context (phone names);
                                            utterance boundaries are silence context
     ContextTree.leaf_phone                 class id -> its central phone's name
+    ContextTree.leaf_center                class id -> its phone's index in center_phones
     ContextTree.class_names                the class list: "<phone>/<leaf>" per class
     fit_frames(labels, num_frames, tolerance) -> (labels | None, detail)
         per-10 ms labels from another front end fitted to this one's frame count: a
@@ -94,6 +95,12 @@ class ContextTree:
         for p, node in self.roots.items():
             walk(node, self.phones[p])
         return out
+
+    @property
+    def leaf_center(self) -> np.ndarray:
+        """[classes] each class's central phone, as an index into `center_phones`."""
+        index = {p: i for i, p in enumerate(self.center_phones)}
+        return np.array([index[p] for p in self.leaf_phone], np.int64)
 
     @property
     def context_free(self) -> bool:

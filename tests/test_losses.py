@@ -5,7 +5,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from training.losses import IGNORE, ce_loss, distill_loss, teacher_probs
+from training.losses import IGNORE, ce_loss, distill_loss, phone_matrix, teacher_probs
 
 torch.set_num_threads(1)
 
@@ -93,6 +93,7 @@ def test_distill_on_pruned_targets_is_cross_entropy_with_the_kept_entries_renorm
 
 # ---- train.phone_weight: the criterion on each frame's phone (context-dependent classes)
 CLASS_PHONE = torch.tensor([0, 0, 1, 2, 2, 2])  # 6 leaves of 3 phones
+TO_PHONE = phone_matrix(CLASS_PHONE)
 
 
 def test_phone_log_probs_sum_the_leaves_of_each_phone():
@@ -100,7 +101,7 @@ def test_phone_log_probs_sum_the_leaves_of_each_phone():
     logits = torch.randn(7, 6) * 30  # spread wide: the shift must keep the sums exact
     q = torch.softmax(logits.double(), -1)
     want = torch.stack([q[:, CLASS_PHONE == p].sum(-1) for p in range(3)], -1).log()
-    got = phone_log_probs(logits.double(), CLASS_PHONE, 3)
+    got = phone_log_probs(logits.double(), TO_PHONE)
     assert torch.allclose(got.exp(), want.exp(), atol=1e-12)
     assert torch.allclose(got.logsumexp(-1), torch.zeros(7, dtype=torch.float64), atol=1e-9)
 
@@ -117,7 +118,7 @@ def test_phone_loss_is_the_senone_loss_less_the_choice_among_a_phones_leaves():
     lab = labels[keep]
     same = CLASS_PHONE[None, :] == CLASS_PHONE[lab][:, None]
     within = logq.gather(-1, lab[:, None])[:, 0] - logq.masked_fill(~same, -math.inf).logsumexp(-1)
-    got = phone_loss(logits, CLASS_PHONE, 3, labels=labels)
+    got = phone_loss(logits, TO_PHONE, labels=labels)
     assert math.isclose(float(ce_loss(logits, labels).loss), float(got - within.mean()),
                         rel_tol=1e-12)
 
@@ -129,13 +130,13 @@ def test_phone_loss_with_one_leaf_per_phone_is_the_class_criterion(temperature):
     logits = torch.randn(2, 4, 5, dtype=torch.float64)
     one = torch.arange(5)
     labels = torch.randint(0, 5, (2, 4))
-    assert math.isclose(float(phone_loss(logits, one, 5, labels=labels)),
+    assert math.isclose(float(phone_loss(logits, phone_matrix(one), labels=labels)),
                         float(ce_loss(logits, labels).loss), rel_tol=1e-12)
     idx = torch.stack([torch.randperm(5)[:3] for _ in range(8)]).view(2, 4, 3)
     val = torch.randn(2, 4, 3) * 3
     mask = torch.ones(2, 4, dtype=torch.bool)
     mask[0, 0] = False
-    got = phone_loss(logits, one, 5, topk_idx=idx, topk_logit=val, mask=mask, fill=-8.0,
+    got = phone_loss(logits, phone_matrix(one), topk_idx=idx, topk_logit=val, mask=mask, fill=-8.0,
                      temperature=temperature)
     want = distill_loss(logits, idx, val, mask, fill=-8.0, temperature=temperature).loss
     assert math.isclose(float(got), float(want), rel_tol=1e-6)
@@ -149,6 +150,6 @@ def test_phone_loss_against_the_teacher_sums_its_posterior_per_phone():
     mask = torch.ones(1, 3, dtype=torch.bool)
     teacher = teacher_probs(idx, val, 6, fill=-1e4)[0].double()
     tp = torch.stack([teacher[:, CLASS_PHONE == p].sum(-1) for p in range(3)], -1)
-    want = -(tp * phone_log_probs(logits[0], CLASS_PHONE, 3)).sum(-1).mean()
-    got = phone_loss(logits, CLASS_PHONE, 3, topk_idx=idx, topk_logit=val, mask=mask)
+    want = -(tp * phone_log_probs(logits[0], TO_PHONE)).sum(-1).mean()
+    got = phone_loss(logits, TO_PHONE, topk_idx=idx, topk_logit=val, mask=mask)
     assert math.isclose(float(got), float(want), rel_tol=1e-6)

@@ -62,6 +62,7 @@ def test_the_full_tree_tells_every_triphone_apart():
     assert len(leaves) == 48 and t.num_leaves == 49 and t.leaf("a", "sil", "b") == 0
     assert ContextTree.from_dict(t.to_dict()) == t
     assert t.leaf_phone[0] == "sil" and t.leaf_phone[t.leaf("k", "a", "b")] == "a"
+    assert [t.center_phones[i] for i in t.leaf_center] == t.leaf_phone
 
 
 def test_context_transducer_path_contexts_right_and_boundaries_silence():

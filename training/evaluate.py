@@ -462,10 +462,8 @@ def _phone_map(card: ModelCard, phones: Sequence[str]) -> tuple[int, np.ndarray 
     are; context-dependent ones through their tree's leaf -> phone map."""
     if not card.context:
         return (list(phones).index(SIL) if SIL in phones else -1), None
-    base = card.base_phones
-    leaf_phone = ContextTree.from_dict(card.context).leaf_phone
-    to_phone = np.array([base.index(p) for p in leaf_phone], np.int64)
-    return (base.index(SIL) if SIL in base else -1), to_phone
+    base = card.base_phones  # the tree's center_phones
+    return (base.index(SIL) if SIL in base else -1), ContextTree.from_dict(card.context).leaf_center
 
 
 def print_table(result: dict[str, Any]) -> None:

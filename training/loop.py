@@ -58,7 +58,7 @@ from training.curves import plot_learning_curve
 from training.data import Batch, BatchLoader, Normalizer, PassSpec, SplitIndex, spec_augment
 from training.example_servers import ExampleServers, load_clean_sources
 from training.inputs import InputSource, StoredPartitions, mix_seed
-from training.losses import LossOut, ce_loss, distill_loss, phone_loss
+from training.losses import LossOut, ce_loss, distill_loss, phone_loss, phone_matrix
 from training.models import build_model, num_parameters
 from training.plan import WorkerPlan
 from training.schedules import LRSchedule, PassInfo, plan_passes
@@ -191,9 +191,10 @@ def batch_logits(model: nn.Module, batch: Any) -> torch.Tensor:
 
 
 def batch_loss(model: nn.Module, batch: Any, tc: TrainConfig,
-               class_phone: torch.Tensor | None = None) -> LossOut:
-    """CE on hard labels or distillation from top-k targets; with `class_phone` (each
-    class's phone index) plus train.phone_weight x the same criterion on phones."""
+               to_phone: torch.Tensor | None = None) -> LossOut:
+    """CE on hard labels or distillation from top-k targets; with `to_phone` (the
+    [classes, phones] 0/1 map of `phone_matrix`) plus train.phone_weight x the same
+    criterion on phones."""
     logits = batch_logits(model, batch)
     fill, temperature = tc.distill.topk_fill, tc.distill.temperature
     if batch.labels is not None:
@@ -201,18 +202,11 @@ def batch_loss(model: nn.Module, batch: Any, tc: TrainConfig,
     else:
         out = distill_loss(logits, batch.topk_idx, batch.topk_logit, batch.mask,
                            fill=fill, temperature=temperature)
-    if class_phone is None or tc.phone_weight == 0:
+    if to_phone is None or tc.phone_weight == 0:
         return out
-    aux = phone_loss(logits, class_phone, int(class_phone.max()) + 1, batch.labels,
-                     batch.topk_idx, batch.topk_logit, batch.mask, fill, temperature)
+    aux = phone_loss(logits, to_phone, batch.labels, batch.topk_idx, batch.topk_logit,
+                     batch.mask, fill, temperature)
     return LossOut(out.loss + tc.phone_weight * aux, out.frames, out.correct)
-
-
-def class_phones(context: dict[str, Any]) -> np.ndarray:
-    """Each context-dependent class's central phone, as an index into the sorted phones."""
-    leaf_phone = ContextTree.from_dict(context).leaf_phone
-    phones = sorted(set(leaf_phone))
-    return np.array([phones.index(p) for p in leaf_phone], np.int64)
 
 
 @torch.no_grad()
@@ -380,7 +374,7 @@ class Trainer:
         self._build_model()
         self._build_data()
         self.criterion = self._build_criterion()
-        self.class_phone = self._class_phone()
+        self.to_phone = self._to_phone()
         self.ckpt = Checkpointer(self.storage, join(self.train_dir, "checkpoints"), self.rank,
                                  self.world, keep=tc.checkpoints.keep_checkpoints, barrier=barrier)
         self.metrics = MetricsLog(self.storage, self.train_dir, enabled=(self.rank == 0))
@@ -443,7 +437,8 @@ class Trainer:
         t0 = time.perf_counter()
         seqs = split_label_sequences(self.storage, self.plan.splits["labeled"], self.stack)
         # context-dependent classes: each class's phone (sMBR)
-        class_phone = class_phones(self.plan.context) if self.plan.context else None
+        class_phone = (ContextTree.from_dict(self.plan.context).leaf_center
+                       if self.plan.context else None)
         crit = SequenceCriterion.from_labels(seqs, self.plan.num_classes, self.tc.sequence,
                                              class_phone)
         self.graph_info = {**crit.graph_size(), "utterances": len(seqs),
@@ -452,15 +447,17 @@ class Trainer:
                  self.graph_info)
         return crit
 
-    def _class_phone(self) -> torch.Tensor | None:
-        """Each class's phone for train.phone_weight, which needs context-dependent classes."""
+    def _to_phone(self) -> torch.Tensor | None:
+        """The class -> phone map for train.phone_weight (built once, not per minibatch),
+        which needs context-dependent classes."""
         if self.tc.phone_weight == 0:
             return None
         if not self.plan.context:
             raise StepError("train.phone_weight needs context-dependent classes (the leaves "
                             "of align's tree: features.labels=align); this run's classes are "
                             "phones already")
-        return torch.as_tensor(class_phones(self.plan.context), device=self.device)
+        leaf_center = ContextTree.from_dict(self.plan.context).leaf_center
+        return phone_matrix(torch.as_tensor(leaf_center)).to(self.device)
 
     # -- phases
     def run(self) -> dict[str, Any]:
@@ -548,7 +545,7 @@ class Trainer:
         the sequence criterion (chunks score against the chunk graph, whole utterances
         against the full graph)."""
         if self.criterion is None:
-            return batch_loss(self.model, batch, self.tc, self.class_phone)
+            return batch_loss(self.model, batch, self.tc, self.to_phone)
         logits = batch_logits(self.model, batch)
         where = f"minibatch {self.state.batch} of pass {p.index}"
         try:

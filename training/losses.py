@@ -109,37 +109,42 @@ def distill_loss(logits: torch.Tensor, topk_idx: torch.Tensor, topk_logit: torch
     return LossOut(loss, n, correct)
 
 
-def phone_log_probs(logits: torch.Tensor, class_phone: torch.Tensor, num_phones: int,
+def phone_matrix(class_phone: torch.Tensor) -> torch.Tensor:
+    """[C, P] 0/1: class c -> its phone class_phone[c] (P = the largest phone id + 1)."""
+    return F.one_hot(class_phone.long()).float()
+
+
+def phone_log_probs(logits: torch.Tensor, to_phone: torch.Tensor,
                     temperature: float = 1.0) -> torch.Tensor:
     """log of the classes' softmax summed per phone: [N, C] -> [N, P]."""
     logq = torch.log_softmax(logits / temperature, dim=-1)
     top = logq.max(-1, keepdim=True).values
-    to_phone = F.one_hot(class_phone, num_phones).to(logq.dtype)  # [C, P]
     # Shifted by each frame's best class: the sum cannot underflow where it matters.
-    return torch.log((logq - top).exp() @ to_phone).clamp_min(-1e4) + top
+    return torch.log((logq - top).exp() @ to_phone.to(logq.dtype)).clamp_min(-1e4) + top
 
 
-def phone_loss(logits: torch.Tensor, class_phone: torch.Tensor, num_phones: int,
+def phone_loss(logits: torch.Tensor, to_phone: torch.Tensor,
                labels: torch.Tensor | None = None, topk_idx: torch.Tensor | None = None,
                topk_logit: torch.Tensor | None = None, mask: torch.Tensor | None = None,
                fill: float = -1.0e4, temperature: float = 1.0) -> torch.Tensor:
-    """Mean phone-level CE over the scored frames: against `labels`' phones, or against
-    the teacher's posterior (top-k, rebuilt as in `distill_loss`) summed per phone."""
+    """Mean phone-level CE over the scored frames (`to_phone`: `phone_matrix`): against
+    `labels`' phones, or against the teacher's posterior (top-k, rebuilt as in
+    `distill_loss`) summed per phone."""
     c = logits.shape[-1]
-    if class_phone.shape[0] != c:
-        raise ValueError(f"class_phone maps {class_phone.shape[0]} classes; the model has {c}")
+    if to_phone.shape[0] != c:
+        raise ValueError(f"the phone map has {to_phone.shape[0]} classes; the model has {c}")
     if labels is not None:
         lab = labels.reshape(-1)
         keep = lab != IGNORE
         if not bool(keep.any()):
             return logits.sum() * 0.0
-        logp = phone_log_probs(logits.reshape(-1, c)[keep], class_phone, num_phones)
-        return F.nll_loss(logp, class_phone[lab[keep]])
+        logp = phone_log_probs(logits.reshape(-1, c)[keep], to_phone)
+        return F.nll_loss(logp, to_phone[lab[keep]].argmax(-1))
     if not bool(mask.any()):
         return logits.sum() * 0.0
     T = float(temperature)
-    logp = phone_log_probs(logits[mask], class_phone, num_phones, T)
+    logp = phone_log_probs(logits[mask], to_phone, T)
     with torch.no_grad():
         teacher = teacher_log_probs(topk_idx[mask], topk_logit[mask], c, fill, T).exp()
-        teacher_phone = teacher @ F.one_hot(class_phone, num_phones).to(teacher.dtype)
+        teacher_phone = teacher @ to_phone.to(teacher.dtype)
     return -(teacher_phone * logp).sum(-1).mean() * (T * T)
