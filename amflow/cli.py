@@ -141,7 +141,8 @@ STEPS: dict[str, Step] = {
         writes="runs/<id>/repartition/<split>/part-*.parquet, _SUCCESS.json"),
     "train": Step(
         "amflow.steps.train:run", "train the teacher or the student (train.algorithm on Ray Train)",
-        reads="runs/<id>/repartition partitions",
+        reads="runs/<id>/repartition partitions, train.init_model when set (a phone-class "
+              "model is grown into the run's leaves)",
         writes="runs/<id>/train/ (train-<train.tag> when tagged): checkpoints/, model.pt, "
                "metrics.jsonl, learning_curve.png, _SUCCESS.json"),
     "sequence": Step(

@@ -660,6 +660,9 @@ class TrainConfig:
     threads: int = 0  # torch threads per worker; 0 = torch's default
     use_gpu: bool = False
     # The model a sequence recipe starts from; empty = this run's train[-<tag>]/model.pt.
+    # Set for the labeled / ssl recipes: training starts from it; a phone-class model is
+    # grown into this run's context-dependent leaves (training/grow.py), else the classes
+    # must be this run's.
     init_model: str = ""
     # With context-dependent classes: + phone_weight x the same criterion on each frame's
     # phone (the classes' probabilities summed per phone; training/losses.py phone_loss).

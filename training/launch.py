@@ -15,6 +15,9 @@ Writes  runs/<R>/train[-<tag>]/ (the dir is `train` when `train.tag` is empty):
 The sequence recipe (train.recipe=sequence) is the same training with a sequence criterion
 (train.criterion mmi | smbr, training/sequence.py) on the labeled split, starting from
 train.init_model (default: this run's train[-<tag>]/model.pt), into runs/<R>/sequence[-<tag>]/.
+The labeled and ssl recipes start from train.init_model when it is set: a model with this
+run's classes trains on, a phone-class model is grown into this run's context-dependent
+leaves first (training/grow.py).
 
 `build_plan` resolves the inputs into one typed `training.plan.WorkerPlan`; `train` runs
 it on one worker in this process, or with `train.workers` > 1 on Ray Train through
@@ -23,6 +26,7 @@ checkpoint when re-run; `--force` starts over (`clear_outputs`).
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 from typing import Any
 
@@ -33,9 +37,10 @@ from amflow.storage import join
 from training.checkpoint import load_model
 from training.data import SplitIndex, partition_uris
 from training.distributed import run_distributed
+from training.grow import GrowError, class_phones, leaf_log_shares, output_sources
 from training.loop import train_worker
 from training.models import resolve_num_classes
-from training.plan import LaunchSpec, WorkerPlan
+from training.plan import Growth, LaunchSpec, WorkerPlan
 from training.priors import attach_priors, class_counts
 
 log = logging.getLogger(__name__)
@@ -124,32 +129,50 @@ def build_plan(ctx: StepContext, train_dir: str) -> tuple[WorkerPlan, dict[str, 
     plan = WorkerPlan(
         cfg=cfg, run_id=ctx.run_id, train_dir=train_dir, kind=tc.model, splits=splits,
         cmvn=cmvn, phones=list(phones), num_classes=int(num_classes), feat_dim=int(feat_dim),
-        stack=cfg.features.stack, init_model=_init_model(ctx, int(num_classes), int(feat_dim)),
-        context=context,
+        stack=cfg.features.stack, context=context,
         launch=LaunchSpec(storage_path=join(train_dir, "ray"),
                           name=f"{ctx.run_id}-{train_dir_name(tc.tag, tc.recipe)}-"
                                f"{tc.algorithm}"))
-    return plan, report
+    init_model, grow = _init_model(ctx, plan)
+    return dataclasses.replace(plan, init_model=init_model, grow=grow), report
 
 
-def _init_model(ctx: StepContext, num_classes: int, feat_dim: int) -> str | None:
-    """The sequence recipe's starting model, checked against this run's data."""
+def _init_model(ctx: StepContext, plan: WorkerPlan) -> tuple[str | None, Growth | None]:
+    """The model a training starts from, checked against this run's data: the sequence
+    recipe's CE model (default: this run's), or `train.init_model` for the labeled and
+    ssl recipes. A phone-class model starting a run whose classes are context-dependent
+    leaves is grown into them (training/grow.py)."""
     cfg = ctx.cfg
-    if cfg.train.recipe != "sequence":
-        return None
+    num_classes, feat_dim, phones = plan.num_classes, plan.feat_dim, plan.phones
+    if cfg.train.recipe != "sequence" and not cfg.train.init_model:
+        return None, None
     uri = init_model_uri(cfg, ctx.run_id)
     if not ctx.storage.exists(uri):
-        raise StepError(f"sequence training starts from a trained model: {uri} not found "
-                        f"(run `amflow train` with train.tag={cfg.train.tag!r} first, or set "
-                        "train.init_model)")
+        hint = (f"(run `amflow train` with train.tag={cfg.train.tag!r} first, or set "
+                "train.init_model)" if cfg.train.recipe == "sequence" else "")
+        raise StepError(f"train.init_model {uri} not found {hint}".rstrip())
     model, meta = load_model(ctx.storage, uri)
-    kind = ModelCard.from_meta(meta, uri).kind
-    if kind != cfg.train.model or model.num_classes != num_classes or \
-            model.input_dim != feat_dim:
-        raise StepError(f"train.init_model {uri} is a {kind} with {model.num_classes} classes "
-                        f"and {model.input_dim} input dims; this run trains a "
-                        f"{cfg.train.model} on {num_classes} classes, {feat_dim} dims")
-    return uri
+    card = ModelCard.from_meta(meta, uri)
+    if card.kind != cfg.train.model or model.input_dim != feat_dim:
+        raise StepError(f"train.init_model {uri} is a {card.kind} with {model.input_dim} "
+                        f"input dims; this run trains a {cfg.train.model} on {feat_dim} dims")
+    if model.num_classes == num_classes and list(card.phones) == list(phones):
+        return uri, None
+    if cfg.train.recipe == "sequence" or not plan.context:
+        raise StepError(f"train.init_model {uri} has {model.num_classes} classes; this run "
+                        f"has {num_classes}{' (phones.json)' if phones else ''}: only a "
+                        "phone-class model can seed other classes, the leaves of a "
+                        "context tree (features.labels=align)")
+    try:
+        sources = output_sources(class_phones(card.phones, card.context),
+                                 class_phones(phones, plan.context))
+    except GrowError as exc:
+        raise StepError(f"train.init_model {uri}: {exc}") from exc
+    counts = class_counts(ctx.storage, plan.training_uris(), num_classes)
+    shares = leaf_log_shares(counts, sources)
+    log.info("train.init_model %s: %d phone classes grown into %d leaves", uri,
+             model.num_classes, num_classes)
+    return uri, Growth(tuple(sources), tuple(shares))
 
 
 def clear_outputs(ctx: StepContext) -> None:

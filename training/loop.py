@@ -56,6 +56,7 @@ from training.algorithms import build_algorithm
 from training.checkpoint import Checkpointer, fingerprint_diff, load_model, save_model
 from training.curves import plot_learning_curve
 from training.data import Batch, BatchLoader, Normalizer, PassSpec, SplitIndex, spec_augment
+from training.grow import grow_output
 from training.example_servers import ExampleServers, load_clean_sources
 from training.inputs import InputSource, StoredPartitions, mix_seed
 from training.losses import LossOut, ce_loss, distill_loss, phone_loss, phone_matrix
@@ -391,8 +392,11 @@ class Trainer:
         torch.manual_seed(tc.seed)
         np.random.seed(tc.seed)
         random.seed(tc.seed)
-        if plan.init_model:  # start from a trained model (the sequence recipe)
-            self.model = load_model(self.storage, plan.init_model)[0].to(self.device)
+        if plan.init_model:  # start from a trained model (train.init_model)
+            self.model = load_model(self.storage, plan.init_model)[0]
+            if plan.grow:
+                grow_output(self.model, plan.grow.sources, plan.grow.log_shares)
+            self.model = self.model.to(self.device)
         else:
             self.model = build_model(self.kind, plan.feat_dim, plan.num_classes,
                                      self.cfg.model).to(self.device)

@@ -28,6 +28,16 @@ class LaunchSpec:
 
 
 @dataclass(frozen=True)
+class Growth:
+    """How a phone-class init model's output layer becomes this run's leaves
+    (training/grow.py): for each leaf, the init model's class of its phone and the log of
+    the leaf's share of that phone's training frames (added to the copied bias)."""
+
+    sources: tuple[int, ...]
+    log_shares: tuple[float, ...]
+
+
+@dataclass(frozen=True)
 class WorkerPlan:
     """One training, as every worker runs it (rank and world size come from
     torch.distributed inside the worker)."""
@@ -44,7 +54,9 @@ class WorkerPlan:
     num_classes: int
     feat_dim: int  # input feature dim (192 for 64 mel bins stacked 3)
     stack: int  # features.stack (frame offsets rotate over 0..stack-1)
-    init_model: str | None = None  # model.pt URI to start from (the sequence recipe)
+    # model.pt URI to start from (the sequence recipe's CE model, or train.init_model)
+    init_model: str | None = None
+    grow: Growth | None = None  # its output layer grown into this run's leaves
     # features/context.json (features.labels=align): the network tree the classes are the
     # leaves of; the model card carries it (ModelCard.context). None: phone classes.
     context: dict[str, Any] | None = None
