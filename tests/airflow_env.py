@@ -236,6 +236,17 @@ class Standalone:
         except AssertionError:
             issue()
 
+    def task_log(self, dag_id: str, run_id: str, task_id: str, try_number: int) -> str:
+        """A try's whole log as text: the "event" of each structured record (a record
+        without one as its JSON), one a line."""
+        data = self.get(f"/api/v2/dags/{dag_id}/dagRuns/{_q(run_id)}/taskInstances/"
+                        f"{task_id}/logs/{try_number}?full_content=true")
+        content = data.get("content", data)
+        if not isinstance(content, list):
+            return str(content)
+        return "\n".join((c["event"] if "event" in c else json.dumps(c))
+                         if isinstance(c, dict) else str(c) for c in content)
+
     def task_instances(self, dag_id: str, run_id: str) -> dict[str, dict]:
         data = self.get(f"/api/v2/dags/{dag_id}/dagRuns/{_q(run_id)}/taskInstances")
         return {t["task_id"]: t for t in data["task_instances"]}

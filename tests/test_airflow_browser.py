@@ -215,7 +215,7 @@ def test_demo_style_run_log_duration_amflow_tab_and_documented_cli_clear(airflow
             # redone job wrote. Airflow 3.3 may also drop the failed try from the task's
             # history (CI 2026-11-28: tries 1 and 3 listed, no 2), so the tries are read
             # from its API and the redo from the step's own calls, not counted.
-            after = _tries_after(airflow, base, tries)
+            after = _tries_after(airflow, run_id, tries)
             assert [c["force"] for c in calls(work / "store", "demo-style-ssl")
                     if c["step"] == "train"].count(True) == 1
             said = [(_REDO in text, _KEPT in text) for text in after.values()]
@@ -235,13 +235,13 @@ _REDO = "finished before: redoing it (--force)"
 _KEPT = "an earlier try of this task finished the step: kept"
 
 
-def _tries_after(airflow, base: str, tries: int) -> dict[int, str]:
+def _tries_after(airflow, run_id: str, tries: int) -> dict[int, str]:
     """The log of each of train's tries Airflow lists after try `tries`, by try number."""
+    base = f"/api/v2/dags/ssl_student/dagRuns/{_q(run_id)}"
     listed = airflow.get(f"{base}/taskInstances/train/tries")["task_instances"]
     numbers = sorted({t["try_number"] for t in listed if t["try_number"] > tries})
     assert numbers, listed
-    return {n: json.dumps(airflow.get(
-        f"{base}/taskInstances/train/logs/{n}?full_content=true")["content"]) for n in numbers}
+    return {n: airflow.task_log("ssl_student", run_id, "train", n) for n in numbers}
 
 
 def _assert_duration_is_the_steps(ti: dict, summary: dict, fired: str) -> None:

@@ -38,14 +38,7 @@ def _xcom(airflow: Standalone, run_id: str, task_id: str, key: str = "return_val
 
 
 def _log(airflow: Standalone, run_id: str, task_id: str, try_number: int) -> str:
-    from tests.airflow_env import _q
-
-    data = airflow.get(f"/api/v2/dags/ssl_student/dagRuns/{_q(run_id)}/taskInstances/"
-                       f"{task_id}/logs/{try_number}?full_content=true")
-    content = data.get("content", data)
-    if isinstance(content, list):
-        return "\n".join(c.get("event", "") if isinstance(c, dict) else str(c) for c in content)
-    return str(content)
+    return airflow.task_log("ssl_student", run_id, task_id, try_number)
 
 
 def test_trigger_log_xcom_long_step_and_clear_one_task(airflow, tmp_path):
