@@ -1,6 +1,6 @@
 """Grow a phone-class model into context-dependent leaves (`train.init_model`).
 
-    class_phones(card)                      the phone each of a model's classes stands for
+    class_phones(phones, context)           the phone each of a model's classes stands for
     output_sources(init_phones, leaf_phones) for each leaf: the init model's class of its phone
     leaf_log_shares(counts, sources)        log(count(leaf) / count of its phone's leaves)
     grow_output(model, sources, shifts)     the output layer with one row per leaf
@@ -10,7 +10,7 @@ scratch loses to one class per phone (alignment/README.md: 27 labeled minutes, t
 seeds). Senior et al. (2014, "GMM-free DNN acoustic model training") train the
 context-independent network first and start the context-dependent one from it. Here each
 leaf starts as a copy of its phone's output row, its bias shifted by the log of the
-leaf's share of the phone's training frames. Then p(leaf | x) = p(phone | x) x
+leaf's share of the phone's labeled frames. Then p(leaf | x) = p(phone | x) x
 share(leaf), so the scaled likelihood p(leaf | x) / p(leaf) the decoder reads equals the
 phone model's p(phone | x) / p(phone): the grown model starts out decoding as the phone
 model did, and training on the leaves' labels only has to learn what context adds.
@@ -76,8 +76,7 @@ def grow_output(model: nn.Module, sources: Sequence[int], shifts: Sequence[float
     idx = torch.as_tensor(list(sources), dtype=torch.long, device=old.weight.device)
     with torch.no_grad():
         new.weight.copy_(old.weight[idx])
-        bias = old.bias[idx] if old.bias is not None else torch.zeros_like(new.bias)
-        new.bias.copy_(bias + torch.as_tensor(list(shifts), dtype=bias.dtype,
-                                              device=bias.device))
+        new.bias.copy_(old.bias[idx] + torch.as_tensor(list(shifts), dtype=old.bias.dtype,
+                                                       device=old.bias.device))
     model.output = new
     return model

@@ -168,7 +168,9 @@ def _init_model(ctx: StepContext, plan: WorkerPlan) -> tuple[str | None, Growth 
                                  class_phones(phones, plan.context))
     except GrowError as exc:
         raise StepError(f"train.init_model {uri}: {exc}") from exc
-    counts = class_counts(ctx.storage, plan.training_uris(), num_classes)
+    # the labeled split's hard labels only: an ssl run's unlabeled top-k targets would be
+    # read and decoded on the driver for the same shares
+    counts = class_counts(ctx.storage, plan.splits["labeled"], num_classes)
     shares = leaf_log_shares(counts, sources)
     log.info("train.init_model %s: %d phone classes grown into %d leaves", uri,
              model.num_classes, num_classes)

@@ -56,8 +56,8 @@ from training.algorithms import build_algorithm
 from training.checkpoint import Checkpointer, fingerprint_diff, load_model, save_model
 from training.curves import plot_learning_curve
 from training.data import Batch, BatchLoader, Normalizer, PassSpec, SplitIndex, spec_augment
-from training.grow import grow_output
 from training.example_servers import ExampleServers, load_clean_sources
+from training.grow import grow_output
 from training.inputs import InputSource, StoredPartitions, mix_seed
 from training.losses import LossOut, ce_loss, distill_loss, phone_loss, phone_matrix
 from training.models import build_model, num_parameters

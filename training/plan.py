@@ -31,7 +31,7 @@ class LaunchSpec:
 class Growth:
     """How a phone-class init model's output layer becomes this run's leaves
     (training/grow.py): for each leaf, the init model's class of its phone and the log of
-    the leaf's share of that phone's training frames (added to the copied bias)."""
+    the leaf's share of that phone's labeled frames (added to the copied bias)."""
 
     sources: tuple[int, ...]
     log_shares: tuple[float, ...]
