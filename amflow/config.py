@@ -434,6 +434,12 @@ class AugmentConfig:
 SEQUENCE_RECIPE = {"criterion": "smbr", "epochs": 3, "finetune_epochs": 3, "lr": 1.0e-4,
                    "final_lr": 3.0e-5, "augment": {"enabled": False}}
 
+# train.grow's second stage: the phone-class model grown into the leaves trains on this
+# long (epochs: the labeled recipe's; unlabeled_passes: the ssl recipe's), at these rates,
+# with the phone term (training/grow.py). The settings of the grown models measured with
+# train.init_model (alignment/README.md: 10 epochs or one unlabeled pass at 0.001, w = 3).
+GROW_RECIPE = {"epochs": 10, "unlabeled_passes": 1, "lr": 1.0e-3, "phone_weight": 3.0}
+
 # `train.*` is split into typed sections below, but the sections are internal: users keep
 # writing the flat keys (`train.lr`, `train.gtc_tau`, ...) in YAML, `--set`, the DAGs and
 # the recipes (`train.teacher_recipe: {lr: ...}`), and every error names that flat key.
@@ -668,6 +674,15 @@ class TrainConfig:
     # phone (the classes' probabilities summed per phone; training/losses.py phone_loss).
     # The logged train loss includes the term; the dev loss is the classes' CE alone.
     phone_weight: float = 0.0
+    # Grow inside this training (labeled and ssl recipes, context-dependent classes): first
+    # the recipe as configured on each label's phone and the targets summed per phone (a
+    # phone-class model, in train[-<tag>]/phones/), then that model grown into this run's
+    # leaves trains on with train.grow_recipe's values: one `amflow train` does what
+    # train.init_model does with a phone-class run's model (training/launch.py
+    # train_grown). The sequence recipe starts from the grown model as from any other.
+    grow: bool = False
+    # train.* values of the grown stage (train.grow), over the recipe's own.
+    grow_recipe: dict[str, Any] = field(default_factory=lambda: dict(GROW_RECIPE))
     # Example servers: labeled utterances re-rendered every epoch (off: the stored rendering).
     augment: AugmentConfig = field(default_factory=AugmentConfig)
     # train.* values used instead when train.model is teacher (see _apply_recipes).
@@ -719,6 +734,9 @@ class TrainConfig:
                "applies to the ce recipes (labeled, ssl); the sequence recipe's criterion "
                "takes none: 0 there (a config file that sets it: add phone_weight: 0 to "
                "train.sequence_recipe)")
+        _check(not self.grow or not self.init_model or self.recipe == "sequence",
+               f"{key}.grow", "trains its own phone-class model to grow: train.init_model "
+               "grows a given one; set one of them")
         _check(not self.augment.enabled or self.recipe == "labeled", f"{key}.augment.enabled",
                "augments the labeled recipes (teacher, baseline student); train.recipe is "
                f"{self.recipe}")
@@ -755,7 +773,7 @@ TRAIN_KEY_ORDER: tuple[str, ...] = (
     "natural_gradient", "ng_alpha", "use_gpu", "criterion", "sequence_numerator",
     "sequence_ce_weight", "sequence_l2", "leaky_hmm", "sequence_am_scale",
     "sequence_prior_scale", "den_ngram_order", "den_min_count", "teacher_recipe",
-    "sequence_recipe", "init_model", "phone_weight")
+    "sequence_recipe", "init_model", "phone_weight", "grow", "grow_recipe")
 assert set(TRAIN_KEY_ORDER) == set(TRAIN_KEYS) and len(TRAIN_KEY_ORDER) == len(TRAIN_KEYS)
 
 
@@ -1565,6 +1583,9 @@ def _apply_recipes(data: dict[str, Any], explicit: set[str]) -> None:
     train = data.get("train")
     if not isinstance(train, dict):
         return
+    if isinstance(train.get("grow_recipe"), dict):  # a key set: the others keep their defaults
+        train["grow_recipe"] = {**GROW_RECIPE, **train["grow_recipe"]}
+    _recipe_keys(train, "grow_recipe")  # checked here, applied by train.grow's second stage
     for name, applies in (("teacher_recipe", train.get("model") == "teacher"),
                           ("sequence_recipe", train.get("recipe") == "sequence")):
         recipe = _recipe_keys(train, name)
@@ -1586,7 +1607,10 @@ def _recipe_keys(train: dict[str, Any], name: str) -> dict[str, Any]:
     recipe = train.get(name, default) or {}
     if not isinstance(recipe, dict):
         raise ConfigError(f"train.{name}", "must be a mapping of train.* keys")
-    names = set(TRAIN_KEYS) - {"teacher_recipe", "sequence_recipe", "model", "recipe"}
+    names = set(TRAIN_KEYS) - {"teacher_recipe", "sequence_recipe", "grow_recipe", "model",
+                               "recipe"}
+    if name == "grow_recipe":  # the grown stage is the same training, grown
+        names -= {"grow", "init_model", "tag"}
     for k, v in recipe.items():
         if k not in names:
             raise ConfigError(f"train.{name}.{k}",

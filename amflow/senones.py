@@ -14,6 +14,8 @@ alignment/ to use it.
     ContextTree.leaf_phone                 class id -> its central phone's name
     ContextTree.leaf_center                class id -> its phone's index in center_phones
     ContextTree.class_names                the class list: "<phone>/<leaf>" per class
+    ContextTree.phone_tree()               one leaf per phone (a class id of it is
+                                           `leaf_center` of this tree's leaf)
     fit_frames(labels, num_frames, tolerance) -> (labels | None, detail)
         per-10 ms labels from another front end fitted to this one's frame count: a
         difference of up to `tolerance` frames is trimmed, or padded with the last label
@@ -107,6 +109,13 @@ class ContextTree:
         """No question asked: one leaf per phone, whatever its neighbours (the demo's tree
         at 27 labeled minutes); such classes are phone classes under other names."""
         return all(isinstance(node, int) for node in self.roots.values())
+
+    def phone_tree(self) -> "ContextTree":
+        """The same tree with no question asked: one leaf per central phone, numbered in
+        `center_phones` order, so a leaf of this tree maps to its leaf there by
+        `leaf_center` (train.grow's phone stage trains on it)."""
+        roots = {p: i for i, p in enumerate(sorted(self.roots))}
+        return ContextTree(list(self.phones), roots, len(roots), self.sil)
 
     @property
     def class_names(self) -> list[str]:

@@ -122,3 +122,152 @@ def test_phone_classes_are_not_grown_into_other_phone_classes(tmp_path, local_cf
     with pytest.raises(StepError, match="only a phone-class model can seed"):
         train_step.run(StepContext(local_cfg(*TINY, *STUDENT, f"train.init_model={init}"),
                                    "r", "train"), None)
+
+
+# ----------------------------------------------------------------- train.grow: one run
+GROW = ["train.grow=true", "train.grow_recipe.epochs=1", "train.grow_recipe.lr=0.005"]
+
+
+def test_the_phone_tree_numbers_each_phone_as_leaf_center_reads_the_leaves():
+    tree = ContextTree.from_dict(TREE)
+    phones = tree.phone_tree()
+    assert phones.context_free and phones.num_leaves == 4
+    assert phones.leaf_phone == tree.center_phones == PHONES
+    # leaf l of the tree is class leaf_center[l] of the phone tree: the same phone
+    assert [phones.leaf_phone[c] for c in tree.leaf_center] == tree.leaf_phone
+    assert phones.phone_tree() == phones
+
+
+def _phone_labeled_copy(run: str, dest: str) -> None:
+    """`run` with every stored leaf label (labels, frame_labels) replaced by its phone's
+    class in TREE's phone tree: what a run aligned at one class per phone stores."""
+    import shutil
+
+    from amflow import records
+
+    shutil.copytree(run, dest)
+    st = Storage()
+    center = ContextTree.from_dict(TREE).leaf_center
+    for uri in st.list(join(dest, "repartition"), recursive=True):
+        if not uri.endswith(".parquet"):
+            continue
+        t = st.read_parquet(uri)
+        for col in ("labels", "frame_labels"):
+            vals = [records.encode_int16(center[records.decode_int16(v)]) if v else v
+                    for v in t.column(col).to_pylist()]
+            t = t.set_column(t.schema.get_field_index(col), col,
+                             __import__("pyarrow").array(vals, t.schema.field(col).type))
+        st.write_parquet(uri, t)
+    phones = ContextTree.from_dict(TREE).phone_tree()
+    st.write_json(join(dest, "features", "context.json"), phones.to_dict())
+    st.write_json(join(dest, "features", "phones.json"), phones.class_names)
+
+
+def test_train_grow_trains_the_phone_model_of_a_phone_run_then_grows_it(tmp_path, local_cfg):
+    """One `amflow train` with train.grow = the two-run way: its phone stage is the model a
+    run labeled with the leaves' phones trains (bitwise, one thread), grown and trained on
+    with train.grow_recipe; the phone model is a decodable model of its own (priors)."""
+    run = _cd_run(tmp_path)
+    _phone_labeled_copy(run, join(str(tmp_path / "store"), "runs", "rp"))
+    out = train_step.run(StepContext(local_cfg(*TINY, *STUDENT, *GROW), "r", "train"), None)
+    m = out["metrics"]
+    stage = join(run, "train-grown", "phones", "model.pt")
+    assert m["init_model"] == stage and m["phone_stage_classes"] == 4
+    assert 0 < m["phone_stage_dev_frame_acc"] <= 1 and m["phone_stage_steps"] > 0
+    grown, meta = load_model(Storage(), m["model_uri"])
+    assert grown.num_classes == 8 and meta["phones"] == ContextTree.from_dict(TREE).class_names
+    assert m["passes"] == 1  # grow_recipe's epochs, not the recipe's
+
+    first, first_meta = load_model(Storage(), stage)
+    phones = ContextTree.from_dict(TREE).phone_tree()
+    assert first.num_classes == 4 and first_meta["phones"] == phones.class_names
+    alone = train_step.run(StepContext(local_cfg(*TINY, *STUDENT), "rp", "train"), None)
+    ref, ref_meta = load_model(Storage(), alone["metrics"]["model_uri"])
+    for (name, a), b in zip(first.state_dict().items(), ref.state_dict().values()):
+        assert torch.equal(a, b), name
+    assert first_meta["priors"]["counts"] == ref_meta["priors"]["counts"]
+    assert (m["phone_stage_dev_frame_acc"]
+            == pytest.approx(alone["metrics"]["dev_frame_acc"], abs=0))
+
+
+def test_phone_targets_are_the_teachers_posterior_summed_per_phone_at_its_temperature():
+    from training.losses import distill_loss, phone_targets
+
+    torch.manual_seed(0)
+    tree = ContextTree.from_dict(TREE)
+    center = torch.as_tensor(tree.leaf_center)
+    idx = torch.stack([torch.randperm(8)[:5] for _ in range(6)]).view(2, 3, 5)
+    logit = 3 * torch.randn(2, 3, 5)
+    mask = torch.tensor([[True, True, False], [True, True, True]])
+    student = torch.randn(2, 3, 4, requires_grad=True)
+    for T in (1.0, 2.0):
+        pidx, plogit = phone_targets(idx, logit, center, -1.0e4, T)
+        assert pidx.shape == (2, 3, 4) and plogit.shape == (2, 3, 4)
+        leaf = torch.softmax(torch.full((2, 3, 8), -1.0e4).scatter(-1, idx, logit) / T, -1)
+        phone = torch.zeros(2, 3, 4).index_add(-1, center, leaf)
+        assert torch.allclose(torch.softmax(plogit / T, -1), phone, atol=1e-6)
+        got = distill_loss(student, pidx, plogit, mask, -1.0e4, T).loss
+        want = -(phone * torch.log_softmax(student / T, -1)).sum(-1)[mask].mean() * T * T
+        assert torch.allclose(got, want, atol=1e-5)
+
+
+def test_train_grow_grows_an_ssl_student_on_leaf_targets(tmp_path, local_cfg):
+    """The ssl recipe's phone stage reads the leaf teacher's top-k targets summed per phone
+    and the labeled split's leaves as phones; the grown stage runs grow_recipe's one
+    unlabeled pass."""
+    run = join(str(tmp_path / "store"), "runs", "r")
+    st = Storage()
+    make_synthetic_run(st, run, num_classes=8, splits={
+        "labeled": {"utts": 12, "parts": 1}, "unlabeled": {"utts": 24, "parts": 1, "soft_k": 4},
+        "dev": {"utts": 6, "parts": 1}})
+    st.write_json(join(run, "features", "context.json"), TREE)
+    st.write_json(join(run, "features", "phones.json"), ContextTree.from_dict(TREE).class_names)
+    ssl = ["train.model=student", "train.recipe=ssl", "train.sub_epochs=2",
+           "train.unlabeled_passes=1", "train.finetune_epochs=1", "train.tag=grown"]
+    out = train_step.run(StepContext(local_cfg(*TINY, *ssl, *GROW), "r", "train"), None)
+    m = out["metrics"]
+    assert m["recipe"] == "ssl" and m["phone_stage_classes"] == 4 and m["passes"] == 4
+    first, meta = load_model(st, join(run, "train-grown", "phones", "model.pt"))
+    assert first.num_classes == 4
+    # its priors: the soft targets' mass and the labels, per phone (all of each frame's)
+    counts = np.array(meta["priors"]["counts"])
+    leaves = launch.class_counts(st, [join(run, "repartition", s, "part-00000.parquet")
+                                      for s in ("labeled", "unlabeled")], 8)
+    assert np.allclose(counts, np.bincount(ContextTree.from_dict(TREE).leaf_center,
+                                           weights=leaves, minlength=4))
+    assert load_model(st, m["model_uri"])[0].num_classes == 8
+
+
+def test_train_grow_keeps_a_finished_phone_stage_and_force_redoes_it(tmp_path, local_cfg):
+    run = _cd_run(tmp_path)
+    cfg = local_cfg(*TINY, *STUDENT, *GROW)
+    train_step.run(StepContext(cfg, "r", "train"), None)
+    st = Storage()
+    summary = join(run, "train-grown", "phones", "summary.json")
+    written = st.read_json(summary)
+    # the grown stage lost (a killed run): the rerun grows the kept phone model again
+    st.delete(join(run, "train-grown", "_SUCCESS.json"))
+    for uri in st.list(join(run, "train-grown", "checkpoints"), recursive=True):
+        st.delete(uri)
+    st.write_json(summary, {**written, "metrics": {**written["metrics"], "steps": -1}})
+    again = train_step.run(StepContext(cfg, "r", "train"), None)
+    assert again["metrics"]["phone_stage_steps"] == -1  # read back, not retrained
+    forced = train_step.run(StepContext(cfg, "r", "train", force=True), None)
+    assert forced["metrics"]["phone_stage_steps"] == written["metrics"]["steps"]
+
+
+def test_train_grow_refuses_what_it_cannot_grow(tmp_path, local_cfg):
+    from amflow.config import ConfigError
+
+    with pytest.raises(ConfigError, match="train.grow"):
+        local_cfg("train.grow=true", "train.init_model=/x/model.pt")
+    with pytest.raises(ConfigError, match="train.grow_recipe.tag"):
+        local_cfg("train.grow_recipe.tag=x")
+    make_synthetic_run(Storage(), join(str(tmp_path / "store"), "runs", "r"), num_classes=4,
+                       splits={"labeled": {"utts": 8, "parts": 1}})
+    run = join(str(tmp_path / "store"), "runs", "r")
+    phones = ContextTree.from_dict(TREE).phone_tree()
+    Storage().write_json(join(run, "features", "context.json"), phones.to_dict())
+    Storage().write_json(join(run, "features", "phones.json"), phones.class_names)
+    with pytest.raises(StepError, match="one per phone"):
+        train_step.run(StepContext(local_cfg(*TINY, *STUDENT, *GROW), "r", "train"), None)

@@ -10,6 +10,8 @@ Writes  runs/<R>/train[-<tag>]/ (the dir is `train` when `train.tag` is empty):
                               bytes_sent, comm_seconds) and dev scores per epoch
           learning_curve.png
           rejects/rejects.parquet  rows that cannot be trained on, with the reason
+          phones/             train.grow's phone-class model (model.pt with priors,
+                              checkpoints/, metrics, summary.json), grown into model.pt
           _SUCCESS.json       final metrics (dev frame accuracy when a dev split exists)
 
 The sequence recipe (train.recipe=sequence) is the same training with a sequence criterion
@@ -17,7 +19,9 @@ The sequence recipe (train.recipe=sequence) is the same training with a sequence
 train.init_model (default: this run's train[-<tag>]/model.pt), into runs/<R>/sequence[-<tag>]/.
 The labeled and ssl recipes start from train.init_model when it is set: a model with this
 run's classes trains on, a phone-class model is grown into this run's context-dependent
-leaves first (training/grow.py).
+leaves first (training/grow.py). With train.grow they train that phone-class model
+themselves first, on the leaf labels read as their phones and the leaf targets summed per
+phone (`train_grown`).
 
 `build_plan` resolves the inputs into one typed `training.plan.WorkerPlan`; `train` runs
 it on one worker in this process, or with `train.workers` > 1 on Ray Train through
@@ -30,9 +34,12 @@ import dataclasses
 import logging
 from typing import Any
 
-from amflow.config import Config
+import numpy as np
+
+from amflow.config import Config, with_overrides
 from amflow.model_card import ModelCard
 from amflow.runs import SUCCESS, Reject, StepContext, StepError, step_dir_name
+from amflow.senones import ContextTree
 from amflow.storage import join
 from training.checkpoint import load_model
 from training.data import SplitIndex, partition_uris
@@ -140,13 +147,19 @@ def build_plan(ctx: StepContext, train_dir: str) -> tuple[WorkerPlan, dict[str, 
 def _init_model(ctx: StepContext, plan: WorkerPlan) -> tuple[str | None, Growth | None]:
     """The model a training starts from, checked against this run's data: the sequence
     recipe's CE model (default: this run's), or `train.init_model` for the labeled and
-    ssl recipes. A phone-class model starting a run whose classes are context-dependent
-    leaves is grown into them (training/grow.py)."""
-    cfg = ctx.cfg
-    num_classes, feat_dim, phones = plan.num_classes, plan.feat_dim, plan.phones
+    ssl recipes."""
+    cfg = plan.cfg
     if cfg.train.recipe != "sequence" and not cfg.train.init_model:
         return None, None
-    uri = init_model_uri(cfg, ctx.run_id)
+    return _start_from(ctx, plan, init_model_uri(cfg, ctx.run_id))
+
+
+def _start_from(ctx: StepContext, plan: WorkerPlan, uri: str) -> tuple[str, Growth | None]:
+    """(uri, None) when the model at `uri` has this run's classes; a phone-class model
+    starting a run whose classes are context-dependent leaves is grown into them
+    (training/grow.py): (uri, its Growth)."""
+    cfg = plan.cfg
+    num_classes, feat_dim, phones = plan.num_classes, plan.feat_dim, plan.phones
     if not ctx.storage.exists(uri):
         hint = (f"(run `amflow train` with train.tag={cfg.train.tag!r} first, or set "
                 "train.init_model)" if cfg.train.recipe == "sequence" else "")
@@ -177,9 +190,64 @@ def _init_model(ctx: StepContext, plan: WorkerPlan) -> tuple[str | None, Growth 
     return uri, Growth(tuple(sources), tuple(shares))
 
 
+# train.grow's phone-class model (its checkpoints, metrics, model.pt, summary.json) lives
+# in this sub-dir of the training's dir.
+PHONE_STAGE = "phones"
+
+
+def phone_stage_plan(plan: WorkerPlan) -> WorkerPlan:
+    """train.grow's first stage: `plan`'s training with one class per phone (the run's
+    tree's `phone_tree()`), each stored leaf label trained on as its phone and each top-k
+    target as the teacher's posterior summed per phone, without the phone term, into
+    <train_dir>/phones/."""
+    tree = ContextTree.from_dict(plan.context)
+    phones = tree.phone_tree()
+    out = join(plan.train_dir, PHONE_STAGE)
+    return dataclasses.replace(
+        plan, cfg=with_overrides(plan.cfg, {"train.phone_weight": 0.0}), train_dir=out,
+        phones=phones.class_names, num_classes=phones.num_leaves, context=phones.to_dict(),
+        label_tree=plan.context,
+        launch=dataclasses.replace(plan.launch, storage_path=join(out, "ray"),
+                                   name=f"{plan.launch.name}-{PHONE_STAGE}"))
+
+
+def train_grown(ctx: StepContext, plan: WorkerPlan) -> tuple[WorkerPlan, dict[str, Any]]:
+    """train.grow: train the phone stage (`phone_stage_plan`; kept and not redone once its
+    summary.json is written), then (the plan of the grown stage: train.grow_recipe's
+    values over the recipe's, starting from the phone model grown into the leaves, the
+    phone stage's summary). The two-run way (`train.init_model` = a phone-class run's
+    model) gives the same model: the phone tree is what align.nn_senones = the number of
+    phones builds, and the leaves' phones are the same frames' phones."""
+    if not plan.context or ContextTree.from_dict(plan.context).context_free:
+        raise StepError("train.grow grows a phone-class model into context-dependent "
+                        "leaves, but this run's classes are one per phone "
+                        f"({plan.num_classes}; raise align.nn_senones above the phone count, "
+                        "features.labels=align) : set train.grow=false")
+    first = phone_stage_plan(plan)
+    summary_uri = join(first.train_dir, "summary.json")
+    if ctx.storage.exists(summary_uri):
+        summary = ctx.storage.read_json(summary_uri)
+        log.info("train.grow: the phone stage is done (%s)", summary_uri)
+    else:
+        log.info("train.grow: phone stage, %d phone classes on the labels of %d leaves, "
+                 "into %s", first.num_classes, plan.num_classes, first.train_dir)
+        result = train(first)
+        store_priors(ctx, first, result["model_uri"])
+        summary = {"model_uri": result["model_uri"], "classes": first.num_classes,
+                   "metrics": result["metrics"],
+                   "counts": result["counts"]}
+        ctx.storage.write_json(summary_uri, summary)
+    grown = with_overrides(plan.cfg, {f"train.{k}": v
+                                      for k, v in plan.cfg.train.grow_recipe.items()})
+    second = dataclasses.replace(plan, cfg=grown)
+    uri, growth = _start_from(ctx, second, summary["model_uri"])
+    return dataclasses.replace(second, init_model=uri, grow=growth), summary
+
+
 def clear_outputs(ctx: StepContext) -> None:
-    """--force: remove a previous training's state and outputs."""
-    for sub in ("checkpoints", "metrics", "rejects"):
+    """--force: remove a previous training's state and outputs (train.grow's phone stage
+    included)."""
+    for sub in ("checkpoints", "metrics", "rejects", PHONE_STAGE):
         for uri in ctx.storage.list(ctx.path(sub), recursive=True):
             ctx.storage.delete(uri)
     for name in ("model.pt", "metrics.jsonl", "learning_curve.png", "_fault_injected.json",
@@ -203,5 +271,10 @@ def train(plan: WorkerPlan) -> dict[str, Any]:
 def store_priors(ctx: StepContext, plan: WorkerPlan, model_uri: str) -> None:
     """Class priors (for hybrid decoding: posterior / prior) counted over the training
     targets the model saw, stored in model.pt (training/priors.py)."""
-    counts = class_counts(ctx.storage, plan.training_uris(), plan.num_classes)
+    if plan.label_tree:  # train.grow's phone stage: the leaves' counts summed per phone
+        tree = ContextTree.from_dict(plan.label_tree)
+        leaves = class_counts(ctx.storage, plan.training_uris(), tree.num_leaves)
+        counts = np.bincount(tree.leaf_center, weights=leaves, minlength=plan.num_classes)
+    else:
+        counts = class_counts(ctx.storage, plan.training_uris(), plan.num_classes)
     attach_priors(ctx.storage, model_uri, counts, "training targets")

@@ -59,7 +59,8 @@ from training.data import Batch, BatchLoader, Normalizer, PassSpec, SplitIndex, 
 from training.example_servers import ExampleServers, load_clean_sources
 from training.grow import grow_output
 from training.inputs import InputSource, StoredPartitions, mix_seed
-from training.losses import LossOut, ce_loss, distill_loss, phone_loss, phone_matrix
+from training.losses import (IGNORE, LossOut, ce_loss, distill_loss, phone_loss, phone_matrix,
+                             phone_targets)
 from training.models import build_model, num_parameters
 from training.plan import WorkerPlan
 from training.schedules import LRSchedule, PassInfo, plan_passes
@@ -210,12 +211,43 @@ def batch_loss(model: nn.Module, batch: Any, tc: TrainConfig,
     return LossOut(out.loss + tc.phone_weight * aux, out.frames, out.correct)
 
 
+def map_labels(labels: torch.Tensor, label_map: torch.Tensor) -> torch.Tensor:
+    """Hard labels read through `label_map` (stored class -> trained class); IGNORE stays."""
+    keep = labels != IGNORE
+    out = labels.clone()
+    out[keep] = label_map[labels[keep]]
+    return out
+
+
+def as_phones(batch: Batch, label_map: torch.Tensor, tc: TrainConfig) -> Batch:
+    """train.grow's phone stage: a minibatch of the run's leaves as one of their phones
+    (`label_map`: leaf -> phone class): hard labels mapped, top-k targets summed per phone
+    (training/losses.py phone_targets)."""
+    if batch.labels is not None:
+        batch.labels = map_labels(batch.labels, label_map)
+    if batch.topk_idx is not None:
+        batch.topk_idx, batch.topk_logit = phone_targets(
+            batch.topk_idx, batch.topk_logit, label_map, tc.distill.topk_fill,
+            tc.distill.temperature)
+    return batch
+
+
+def label_classes(plan: WorkerPlan) -> list[str]:
+    """The class names of the stored labels: the plan's classes, or in train.grow's phone
+    stage the run's leaves."""
+    if plan.label_tree:
+        return ContextTree.from_dict(plan.label_tree).class_names
+    return list(plan.phones)
+
+
 @torch.no_grad()
 def score_index(model: nn.Module, storage: Storage, index: SplitIndex, norm: Normalizer,
                 tc: TrainConfig, stack: int, device: torch.device,
-                batch_frames: int = 20000) -> dict[str, float]:
+                batch_frames: int = 20000,
+                label_map: torch.Tensor | None = None) -> dict[str, float]:
     """Summed loss, frames and correct frames of `model` over `index` (full sequences).
-    Scored against hard labels when the index has them, else the teacher's best class."""
+    Scored against hard labels when the index has them (through `label_map` when given),
+    else the teacher's best class."""
     if len(index) == 0:
         return {"loss_sum": 0.0, "frames": 0.0, "correct": 0.0}
     was_training = model.training
@@ -226,7 +258,10 @@ def score_index(model: nn.Module, storage: Storage, index: SplitIndex, norm: Nor
     try:
         for b in BatchLoader(storage, index, spec, norm, prefetch=2):
             b = b.to(device)
-            out = batch_loss(model, b, replace_train(tc, temperature=1.0))
+            tc1 = replace_train(tc, temperature=1.0)
+            if label_map is not None:
+                b = as_phones(b, label_map, tc1)
+            out = batch_loss(model, b, tc1)
             loss_sum += float(out.loss) * out.frames
             frames += out.frames
             correct += out.correct
@@ -372,6 +407,9 @@ class Trainer:
         self.device = (torch.device("cuda", torch.cuda.current_device())
                        if tc.use_gpu and torch.cuda.is_available() else torch.device("cpu"))
         self.t_start = time.time()
+        # train.grow's phone stage: the stored leaf labels are trained on as their phones
+        self.label_map = (torch.as_tensor(ContextTree.from_dict(plan.label_tree).leaf_center,
+                                          device=self.device) if plan.label_tree else None)
         self._build_model()
         self._build_data()
         self.criterion = self._build_criterion()
@@ -469,6 +507,8 @@ class Trainer:
         total_steps = sum(self.counts)
         if self.rank == 0 and self.plan.progress:
             what = f"sequence ({self.tc.sequence.criterion})" if self.criterion else "train"
+            if self.plan.label_tree:
+                what += " (train.grow: phone stage)"
             self.progress = Progress(total_steps, desc=f"{what} {self.kind}",
                                      unit="minibatches", interval_s=10)
             self.progress.done = min(self.state.step, total_steps)
@@ -532,6 +572,8 @@ class Trainer:
             batch.x = spec_augment(batch.x, gen, self.stack, m.freq_masks, m.freq_mask_bins,
                                    m.time_masks, m.time_mask_rows)
         batch = batch.to(self.device)
+        if self.label_map is not None:
+            batch = as_phones(batch, self.label_map, tc)
         self.algo.zero_grad()
         out = self.loss(p, batch)
         if not torch.isfinite(out.loss):
@@ -653,7 +695,7 @@ class Trainer:
 
     def dev_metrics(self, unit: int | None) -> dict[str, Any]:
         return _dev_metrics(self.model, self.storage, self.dev_index, self.norm, self.tc,
-                            self.stack, self.device, unit, self.state)
+                            self.stack, self.device, unit, self.state, self.label_map)
 
     def log_block(self, p: PassInfo, lr: float) -> None:
         """One metrics record over the last block of minibatches, summed over workers."""
@@ -777,15 +819,16 @@ def build_input(trainer: Trainer, right: int) -> InputSource:
     babble = {"seed": cc.seed, "banks": cc.babble_banks, "language": cc.language}
     return ExampleServers(t.storage, t.tc, cfg.features, stored.indexes["labeled"], sources,
                           t.rank, t.stack, right, t.norm, storage_cfg=cfg.storage,
-                          babble=babble, sil_id=silence_class(list(t.plan.phones)),
+                          babble=babble, sil_id=silence_class(label_classes(t.plan)),
                           passes=t.passes)
 
 
 _mix = mix_seed
 
 
-def _dev_metrics(model, storage, dev_index, norm, tc, stack, device, unit, state) -> dict:
-    s = score_index(model, storage, dev_index, norm, tc, stack, device)
+def _dev_metrics(model, storage, dev_index, norm, tc, stack, device, unit, state,
+                 label_map=None) -> dict:
+    s = score_index(model, storage, dev_index, norm, tc, stack, device, label_map=label_map)
     loss_sum, frames, correct = allreduce([s["loss_sum"], s["frames"], s["correct"]], "sum")
     return {"unit": unit, "step": state.step, "frames_seen": state.frames_seen,
             "loss": loss_sum / max(frames, 1.0), "frame_acc": correct / max(frames, 1.0),

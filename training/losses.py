@@ -11,6 +11,8 @@
   p_i = exp(l_i / T - z) on the top-k classes and p_f = exp(fill / T - z) on every other
   class, so  CE = -sum_k p_i log q_i - p_f (sum_all log q - sum_k log q_i).
 
+- `phone_targets`: top-k targets over context-dependent classes summed per phone (the
+  phone stage of train.grow trains a phone-class model on a leaf run's targets).
 - `phone_loss`: with context-dependent classes (senones), the same criterion on each
   frame's *phone*: the classes' probabilities summed per central phone, against the
   label's phone or the teacher's phone posterior (`train.phone_weight`). Since
@@ -148,3 +150,17 @@ def phone_loss(logits: torch.Tensor, to_phone: torch.Tensor,
         teacher = teacher_log_probs(topk_idx[mask], topk_logit[mask], c, fill, T).exp()
         teacher_phone = teacher @ to_phone.to(teacher.dtype)
     return -(teacher_phone * logp).sum(-1).mean() * (T * T)
+
+
+def phone_targets(topk_idx: torch.Tensor, topk_logit: torch.Tensor, class_phone: torch.Tensor,
+                  fill: float, temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Top-k targets over context-dependent classes -> targets over their phones (train.grow's
+    phone stage): every phone, with logit T x log of the teacher's posterior at temperature
+    T summed over the phone's classes, so that `distill_loss` at T reads that phone
+    posterior exactly. [..., k] -> [..., P] (P = the largest phone id + 1)."""
+    T = float(temperature)
+    to_phone = phone_matrix(class_phone).to(topk_logit.device)
+    p = teacher_log_probs(topk_idx, topk_logit, to_phone.shape[0], fill, T).exp() @ to_phone
+    idx = torch.arange(to_phone.shape[1], device=topk_idx.device).expand(p.shape).contiguous()
+    return idx, T * torch.log(p.clamp_min(1e-30))
+

@@ -60,6 +60,10 @@ class WorkerPlan:
     # features/context.json (features.labels=align): the network tree the classes are the
     # leaves of; the model card carries it (ModelCard.context). None: phone classes.
     context: dict[str, Any] | None = None
+    # train.grow's phone stage: the stored labels are this tree's leaves (the run's
+    # features/context.json), each trained on as its phone, the class of `context` (the
+    # tree's phone_tree()). None: the labels are the plan's classes.
+    label_tree: dict[str, Any] | None = None
     progress: bool = True  # print progress on rank 0
     launch: LaunchSpec = field(default_factory=LaunchSpec)
 

@@ -7,7 +7,8 @@ from typing import Any
 
 from amflow.config import ConfigError
 from amflow.runs import SUCCESS, StepContext, rejects_table
-from training.launch import build_plan, clear_outputs, store_priors, train, train_dir_name
+from training.launch import (build_plan, clear_outputs, store_priors, train, train_dir_name,
+                             train_grown)
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +32,9 @@ def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
                  ctx.path(SUCCESS))
         return done
     plan, report = build_plan(ctx, ctx.step_uri)
+    phone_stage = None
+    if tc.grow and tc.recipe != "sequence":  # which starts from a grown model as from any
+        plan, phone_stage = train_grown(ctx, plan)
     result = train(plan)
     if report["rejects"]:
         ctx.storage.write_parquet(ctx.path("rejects", "rejects.parquet"),
@@ -41,6 +45,11 @@ def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
     metrics["model_uri"] = result["model_uri"]
     if plan.init_model:
         metrics["init_model"] = plan.init_model
+    if phone_stage is not None:
+        first = phone_stage["metrics"]
+        metrics["phone_stage_classes"] = phone_stage["classes"]
+        metrics.update({f"phone_stage_{k}": first[k] for k in
+                        ("dev_frame_acc", "dev_loss", "steps", "train_seconds") if k in first})
     inputs = {"repartition": ctx.other("repartition"),
               "cmvn": ctx.other("features", "cmvn.json"), "splits": report["splits"]}
     extra = {"model_uri": result["model_uri"], "resumed_from_step": result.get("resumed_from_step"),
