@@ -265,3 +265,22 @@ def _evaluate_by_transcripts(tmp_path, corpus, argv, with_ctm):
     # the transcripts spell what the CTM holds: the same PER, give or take the one more
     # utterance (and its share of the speaker's running CMN)
     assert res["per_speech"] == pytest.approx(with_ctm["per_speech"], abs=0.05)
+
+
+def test_align_labels_are_read_in_the_model_trees_classes():
+    """A model of the run's own tree reads align's leaves as they are, one of its phone
+    tree (train.grow's phone stage) reads them as their phones, any other tree none."""
+    import numpy as np
+
+    from amflow.senones import CONTEXT_KIND, ContextTree
+    from training.evaluate import labels_in_model_classes
+
+    tree = ContextTree.from_dict({
+        "kind": CONTEXT_KIND, "phones": ["<eps>", "sil", "a", "b"], "sil": "sil",
+        "num_leaves": 5, "roots": {"1": 0, "2": [0, [3], 1, 2], "3": [2, [2], 3, 4]}})
+    labels = {"u1": np.array([0, 1, 2, 3, 4, 0], np.int16)}
+    assert labels_in_model_classes(tree.to_dict(), tree, labels) is labels
+    as_phones = labels_in_model_classes(tree.phone_tree().to_dict(), tree, labels)
+    assert as_phones["u1"].tolist() == [0, 1, 1, 2, 2, 0]
+    other = ContextTree(tree.phones, {1: 0, 2: 1, 3: [0, [2], 2, 3]}, 4, "sil")
+    assert labels_in_model_classes(other.to_dict(), tree, labels) is None

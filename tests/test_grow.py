@@ -252,6 +252,11 @@ def test_train_grow_keeps_a_finished_phone_stage_and_force_redoes_it(tmp_path, l
     st.write_json(summary, {**written, "metrics": {**written["metrics"], "steps": -1}})
     again = train_step.run(StepContext(cfg, "r", "train"), None)
     assert again["metrics"]["phone_stage_steps"] == -1  # read back, not retrained
+    # another phone stage (its epochs) is not taken for this one's
+    st.delete(join(run, "train-grown", "_SUCCESS.json"))
+    with pytest.raises(StepError, match=r"phone stage of a different training.*epochs"):
+        train_step.run(StepContext(local_cfg(*TINY, *STUDENT, *GROW, "train.epochs=2"), "r",
+                                   "train"), None)
     forced = train_step.run(StepContext(cfg, "r", "train", force=True), None)
     assert forced["metrics"]["phone_stage_steps"] == written["metrics"]["steps"]
 

@@ -457,6 +457,26 @@ def evaluate_split(st: Storage, model: torch.nn.Module, card: ModelCard, model_u
     return Evaluation(result, rejects, n_in, len(utts))
 
 
+def labels_in_model_classes(model_tree: dict[str, Any], align_tree: ContextTree,
+                            labels: dict[str, np.ndarray]) -> dict[str, np.ndarray] | None:
+    """`amflow align`'s frame labels (the leaves of `align_tree`) in the classes of a model
+    whose card carries `model_tree`: as they are when it is the same tree, each read as
+    its phone when it is that tree's phone tree (train.grow's phone stage, or a run aligned
+    at one class per phone), else None: the leaves of another tree do not say which of
+    the model's classes is right (the caller scores by PER against the transcripts)."""
+    mine = ContextTree.from_dict(model_tree)
+    if mine == align_tree:
+        return labels
+    if mine == align_tree.phone_tree():
+        center = align_tree.leaf_center
+        return {u: center[np.asarray(lab, np.int64)].astype(np.int16)
+                for u, lab in labels.items()}
+    log.warning("the model's network tree (%d leaves) is not the one align labelled this "
+                "run with (%d): scored by PER against the transcripts", mine.num_leaves,
+                align_tree.num_leaves)
+    return None
+
+
 def _phone_map(card: ModelCard, phones: Sequence[str]) -> tuple[int, np.ndarray | None]:
     """(silence id, class -> phone id map or None) for PER: phone classes score as they
     are; context-dependent ones through their tree's leaf -> phone map."""

@@ -31,6 +31,7 @@ checkpoint when re-run; `--force` starts over (`clear_outputs`).
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 from typing import Any
 
@@ -45,7 +46,7 @@ from training.checkpoint import load_model
 from training.data import SplitIndex, partition_uris
 from training.distributed import run_distributed
 from training.grow import GrowError, class_phones, leaf_log_shares, output_sources
-from training.loop import train_worker
+from training.loop import fingerprint_changes, plan_fingerprint, train_worker
 from training.models import resolve_num_classes
 from training.plan import Growth, LaunchSpec, WorkerPlan
 from training.priors import attach_priors, class_counts
@@ -221,12 +222,19 @@ def train_grown(ctx: StepContext, plan: WorkerPlan) -> tuple[WorkerPlan, dict[st
     if not plan.context or ContextTree.from_dict(plan.context).context_free:
         raise StepError("train.grow grows a phone-class model into context-dependent "
                         "leaves, but this run's classes are one per phone "
-                        f"({plan.num_classes}; raise align.nn_senones above the phone count, "
-                        "features.labels=align) : set train.grow=false")
+                        f"({plan.num_classes}): raise align.nn_senones above the phone "
+                        "count (features.labels=align), or set train.grow=false")
     first = phone_stage_plan(plan)
     summary_uri = join(first.train_dir, "summary.json")
     if ctx.storage.exists(summary_uri):
         summary = ctx.storage.read_json(summary_uri)
+        # as summary.json holds it (JSON: tuples read back as lists)
+        now = json.loads(json.dumps(plan_fingerprint(first)))
+        changed = fingerprint_changes(summary.get("fingerprint", {}), now)
+        if changed:
+            raise StepError(f"{first.train_dir} holds the phone stage of a different "
+                            f"training (differs in: {changed}); re-run with --force to "
+                            "start over, or use another train.tag")
         log.info("train.grow: the phone stage is done (%s)", summary_uri)
     else:
         log.info("train.grow: phone stage, %d phone classes on the labels of %d leaves, "
@@ -234,8 +242,8 @@ def train_grown(ctx: StepContext, plan: WorkerPlan) -> tuple[WorkerPlan, dict[st
         result = train(first)
         store_priors(ctx, first, result["model_uri"])
         summary = {"model_uri": result["model_uri"], "classes": first.num_classes,
-                   "metrics": result["metrics"],
-                   "counts": result["counts"]}
+                   "metrics": result["metrics"], "counts": result["counts"],
+                   "fingerprint": plan_fingerprint(first)}
         ctx.storage.write_json(summary_uri, summary)
     grown = with_overrides(plan.cfg, {f"train.{k}": v
                                       for k, v in plan.cfg.train.grow_recipe.items()})

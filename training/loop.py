@@ -350,7 +350,8 @@ def train_fingerprint(tc: TrainConfig) -> dict[str, Any]:
     return train
 
 
-def _fingerprint(plan: WorkerPlan) -> dict[str, Any]:
+def plan_fingerprint(plan: WorkerPlan) -> dict[str, Any]:
+    """What makes two trainings the same training (checkpoints resume only into it)."""
     return {"train": train_fingerprint(plan.cfg.train),
             "model": dataclasses.asdict(plan.cfg.model), "kind": plan.kind,
             "splits": plan.splits, "num_classes": plan.num_classes}
@@ -418,7 +419,7 @@ class Trainer:
                                  self.world, keep=tc.checkpoints.keep_checkpoints, barrier=barrier)
         self.metrics = MetricsLog(self.storage, self.train_dir, enabled=(self.rank == 0))
         self.state = TrainState()
-        self.fingerprint = _fingerprint(plan)
+        self.fingerprint = plan_fingerprint(plan)
         self.resumed_from: int | None = None
         self.progress: Progress | None = None
         self.fail_marker = join(self.train_dir, "_fault_injected.json")

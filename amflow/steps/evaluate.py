@@ -17,7 +17,7 @@ from amflow.storage import join
 from tasks.alignments import AlignOutputsError, read_align_labels
 from tasks.speech.lexicon import LexiconError, read_lexicon
 from training.checkpoint import load_model
-from training.evaluate import evaluate_split, print_table
+from training.evaluate import evaluate_split, labels_in_model_classes, print_table
 from training.launch import model_dir_name
 
 
@@ -72,10 +72,15 @@ def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
         prons = _pronunciations(ctx, corpus)
         if card.context:
             try:
-                frame_labels = read_align_labels(st, ctx.other("align"))[1]
+                tree, labels = read_align_labels(st, ctx.other("align"))
+                frame_labels = labels_in_model_classes(card.context, tree, labels)
             except AlignOutputsError as exc:
                 if prons is None:
                     raise StepError(f"{model_uri} has context-dependent classes: {exc}") from exc
+            if frame_labels is None and prons is None:
+                raise StepError(f"{model_uri}'s network tree is not the one this run's align "
+                                "step labelled with, and the corpus has no lexicon to score "
+                                "it by PER")
     ev = evaluate_split(st, model, card, model_uri, cmvn, phones, corpus, split,
                         cfg.evaluate, cfg.features, frame_labels, prons)
     result = ev.result
