@@ -679,7 +679,8 @@ class TrainConfig:
     # phone-class model, in train[-<tag>]/phones/), then that model grown into this run's
     # leaves trains on with train.grow_recipe's values: one `amflow train` does what
     # train.init_model does with a phone-class run's model (training/launch.py
-    # train_grown). The sequence recipe starts from the grown model as from any other.
+    # train_grown). A train.init_model is started from instead (grown if it has a class
+    # per phone); the sequence recipe starts from the grown model as from any other.
     grow: bool = False
     # train.* values of the grown stage (train.grow), over the recipe's own.
     grow_recipe: dict[str, Any] = field(default_factory=lambda: dict(GROW_RECIPE))
@@ -734,9 +735,6 @@ class TrainConfig:
                "applies to the ce recipes (labeled, ssl); the sequence recipe's criterion "
                "takes none: 0 there (a config file that sets it: add phone_weight: 0 to "
                "train.sequence_recipe)")
-        _check(not self.grow or not self.init_model or self.recipe == "sequence",
-               f"{key}.grow", "trains its own phone-class model to grow: train.init_model "
-               "grows a given one; set one of them")
         _check(not self.augment.enabled or self.recipe == "labeled", f"{key}.augment.enabled",
                "augments the labeled recipes (teacher, baseline student); train.recipe is "
                f"{self.recipe}")

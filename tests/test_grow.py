@@ -88,6 +88,8 @@ def test_train_grows_a_phone_model_into_the_runs_leaves(tmp_path, local_cfg):
     out = train_step.run(StepContext(local_cfg(*TINY, *STUDENT, f"train.init_model={init}"),
                                      "r", "train"), None)
     assert out["metrics"]["init_model"] == init
+    # configs/local.yaml grows in-run (train.grow), but a given init model is started from
+    assert "phone_stage_classes" not in out["metrics"] and "grown" not in out["metrics"]
     model, meta = load_model(Storage(), out["metrics"]["model_uri"])
     assert model.num_classes == 8 and meta["phones"] == ContextTree.from_dict(TREE).class_names
     # the hidden layers started from the phone model's: same shapes, trained on from there
@@ -261,11 +263,9 @@ def test_train_grow_keeps_a_finished_phone_stage_and_force_redoes_it(tmp_path, l
     assert forced["metrics"]["phone_stage_steps"] == written["metrics"]["steps"]
 
 
-def test_train_grow_refuses_what_it_cannot_grow(tmp_path, local_cfg):
+def test_train_grow_grows_nothing_on_phone_classes(tmp_path, local_cfg):
     from amflow.config import ConfigError
 
-    with pytest.raises(ConfigError, match="train.grow"):
-        local_cfg("train.grow=true", "train.init_model=/x/model.pt")
     with pytest.raises(ConfigError, match="train.grow_recipe.tag"):
         local_cfg("train.grow_recipe.tag=x")
     make_synthetic_run(Storage(), join(str(tmp_path / "store"), "runs", "r"), num_classes=4,
@@ -274,5 +274,7 @@ def test_train_grow_refuses_what_it_cannot_grow(tmp_path, local_cfg):
     phones = ContextTree.from_dict(TREE).phone_tree()
     Storage().write_json(join(run, "features", "context.json"), phones.to_dict())
     Storage().write_json(join(run, "features", "phones.json"), phones.class_names)
-    with pytest.raises(StepError, match="one per phone"):
-        train_step.run(StepContext(local_cfg(*TINY, *STUDENT, *GROW), "r", "train"), None)
+    out = train_step.run(StepContext(local_cfg(*TINY, *STUDENT, *GROW), "r", "train"), None)
+    m = out["metrics"]  # the classes are phones already: trained as they are
+    assert m["grown"] is False and "phone_stage_classes" not in m and m["passes"] == 1
+    assert not Storage().exists(join(run, "train-grown", "phones", "summary.json"))

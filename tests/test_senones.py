@@ -214,6 +214,7 @@ TINY_CHAIN = [
     "evaluate.tag=teacher",
     "train.epochs=1", "train.finetune_epochs=0", "train.threads=1",
     "train.phone_weight=0.5",  # the phone-level criterion beside the senones' (CD classes)
+    "train.grow_recipe.epochs=1",  # the embedded default grows (train.grow): one epoch
     "train.minibatch_frames=256", "train.chunk_frames=16", "train.teacher_recipe={}",
     "model.teacher.layers=1", "model.teacher.hidden=16", "lm.sentences=300",
     "decode.acwt=[0.5]", "decode.tune_split=", "decode.workers=1"]
@@ -245,6 +246,9 @@ def test_a_corpus_without_alignments_goes_from_transcripts_to_words(tiny_corpus,
     run = tmp_path / "store" / "runs" / "r"
     tree = ContextTree.from_dict(json.loads((run / "features" / "context.json").read_text()))
     assert json.loads((run / "features" / "phones.json").read_text()) == tree.class_names
+    # the embedded default's train.grow: a phone stage first where the tree asks questions
+    trained = json.loads((run / "train-teacher" / "_SUCCESS.json").read_text())["metrics"]
+    assert trained["grown"] == (not tree.context_free)
     res = json.loads((run / "decode-teacher" / "result.json").read_text())
     assert res["utterances"] >= 1 and 0 <= res["wer"] <= 1.5
     # the test split has no frame reference (no CTM, not aligned): PER by its transcripts

@@ -212,18 +212,20 @@ def phone_stage_plan(plan: WorkerPlan) -> WorkerPlan:
                                    name=f"{plan.launch.name}-{PHONE_STAGE}"))
 
 
-def train_grown(ctx: StepContext, plan: WorkerPlan) -> tuple[WorkerPlan, dict[str, Any]]:
+def train_grown(ctx: StepContext, plan: WorkerPlan
+                ) -> tuple[WorkerPlan, dict[str, Any] | None]:
     """train.grow: train the phone stage (`phone_stage_plan`; kept and not redone once its
     summary.json is written), then (the plan of the grown stage: train.grow_recipe's
     values over the recipe's, starting from the phone model grown into the leaves, the
-    phone stage's summary). The two-run way (`train.init_model` = a phone-class run's
+    phone stage's summary); (plan, None) when the classes are one per phone. The two-run way (`train.init_model` = a phone-class run's
     model) gives the same model: the phone tree is what align.nn_senones = the number of
     phones builds, and the leaves' phones are the same frames' phones."""
     if not plan.context or ContextTree.from_dict(plan.context).context_free:
-        raise StepError("train.grow grows a phone-class model into context-dependent "
-                        "leaves, but this run's classes are one per phone "
-                        f"({plan.num_classes}): raise align.nn_senones above the phone "
-                        "count (features.labels=align), or set train.grow=false")
+        # a run labelled from a CTM, or a tree without questions (too few frames to split):
+        # the classes are phones already, what the phone stage would train
+        log.info("train.grow: this run's %d classes are one per phone: nothing to grow, "
+                 "trained as they are", plan.num_classes)
+        return plan, None
     first = phone_stage_plan(plan)
     summary_uri = join(first.train_dir, "summary.json")
     if ctx.storage.exists(summary_uri):

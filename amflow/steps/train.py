@@ -32,8 +32,10 @@ def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
                  ctx.path(SUCCESS))
         return done
     plan, report = build_plan(ctx, ctx.step_uri)
+    # train.grow: unless a model to start from is given (the sequence recipe's always is)
+    grow = tc.grow and tc.recipe != "sequence" and not tc.init_model
     phone_stage = None
-    if tc.grow and tc.recipe != "sequence":  # which starts from a grown model as from any
+    if grow:
         plan, phone_stage = train_grown(ctx, plan)
     result = train(plan)
     if report["rejects"]:
@@ -45,6 +47,8 @@ def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
     metrics["model_uri"] = result["model_uri"]
     if plan.init_model:
         metrics["init_model"] = plan.init_model
+    if grow:
+        metrics["grown"] = phone_stage is not None
     if phone_stage is not None:
         first = phone_stage["metrics"]
         metrics["phone_stage_classes"] = phone_stage["classes"]
