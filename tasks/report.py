@@ -240,9 +240,12 @@ def bar_png(rows: list[dict[str, Any]]) -> bytes:
 def wer_section(wer_rows: list[dict], ssl_decode: dict) -> list[str]:
     """The report's WER section; `ssl_decode` is the SSL student's decode result."""
     d = ssl_decode
+    graph = d.get("graph") or {}
+    hclg = ("H o C o L o G" if graph.get("context") else "H o L o G")  # C: context-dependent
+    classes = f", {graph['classes']} classes" if graph.get("classes") else ""
     return ["## Word error rate: SSL student vs supervised baseline (cf. Table II)", "",
             render_wer_table(wer_rows), "",
-            f"Decoded with H o L o G (lexicon `{d.get('lexicon')}`, LM `{d.get('lm')}`), "
+            f"Decoded with {hclg}{classes} (lexicon `{d.get('lexicon')}`, LM `{d.get('lm')}`), "
             f"acoustic scale tuned on {d.get('tune_split') or 'nothing'} per model "
             f"(SSL {d.get('acwt')}); the paper decodes with a 4-gram and sMBR-trained "
             "models, so compare the WERR, not the WER.", ""]

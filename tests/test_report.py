@@ -93,3 +93,13 @@ def test_sequence_rows_keep_the_ce_rows_beside(local_cfg):
     assert "teacher CE WER" not in md  # no sequence-trained teacher: no teacher columns
     assert md.index("## Word error rate") < md.index("## After sequence training") < \
         md.index("## Frame accuracy")
+
+
+def test_wer_section_names_the_graph_the_student_was_decoded_on():
+    from tasks.report import wer_section
+
+    ctx = {"graph": {"context": "triphone", "classes": 200}, "lexicon": "l", "lm": "g",
+           "tune_split": "dev", "acwt": 0.3}
+    assert "Decoded with H o C o L o G, 200 classes" in "\n".join(wer_section([], ctx))
+    phones = {**ctx, "graph": {"classes": 67}}
+    assert "Decoded with H o L o G, 67 classes" in "\n".join(wer_section([], phones))
