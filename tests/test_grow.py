@@ -145,6 +145,8 @@ def _phone_labeled_copy(run: str, dest: str) -> None:
     class in TREE's phone tree: what a run aligned at one class per phone stores."""
     import shutil
 
+    import pyarrow as pa
+
     from amflow import records
 
     shutil.copytree(run, dest)
@@ -158,7 +160,7 @@ def _phone_labeled_copy(run: str, dest: str) -> None:
             vals = [records.encode_int16(center[records.decode_int16(v)]) if v else v
                     for v in t.column(col).to_pylist()]
             t = t.set_column(t.schema.get_field_index(col), col,
-                             __import__("pyarrow").array(vals, t.schema.field(col).type))
+                             pa.array(vals, t.schema.field(col).type))
         st.write_parquet(uri, t)
     phones = ContextTree.from_dict(TREE).phone_tree()
     st.write_json(join(dest, "features", "context.json"), phones.to_dict())

@@ -217,9 +217,10 @@ def train_grown(ctx: StepContext, plan: WorkerPlan
     """train.grow: train the phone stage (`phone_stage_plan`; kept and not redone once its
     summary.json is written), then (the plan of the grown stage: train.grow_recipe's
     values over the recipe's, starting from the phone model grown into the leaves, the
-    phone stage's summary); (plan, None) when the classes are one per phone. The two-run way (`train.init_model` = a phone-class run's
-    model) gives the same model: the phone tree is what align.nn_senones = the number of
-    phones builds, and the leaves' phones are the same frames' phones."""
+    phone stage's summary); (plan, None) when the classes are one per phone. The two-run
+    way (`train.init_model` = a phone-class run's model) gives the same model: the phone
+    tree is what align.nn_senones = the number of phones builds, and the leaves' phones
+    are the same frames' phones."""
     if not plan.context or ContextTree.from_dict(plan.context).context_free:
         # a run labelled from a CTM, or a tree without questions (too few frames to split):
         # the classes are phones already, what the phone stage would train

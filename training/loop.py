@@ -255,10 +255,10 @@ def score_index(model: nn.Module, storage: Storage, index: SplitIndex, norm: Nor
     spec = PassSpec(mode="full", offset=0, stack=stack, minibatch_frames=batch_frames,
                     shuffle=False, shuffle_partitions=max(len(index.uris), 1))
     loss_sum = frames = correct = 0.0
+    tc1 = replace_train(tc, temperature=1.0)  # scored at T = 1, whatever training's T
     try:
         for b in BatchLoader(storage, index, spec, norm, prefetch=2):
             b = b.to(device)
-            tc1 = replace_train(tc, temperature=1.0)
             if label_map is not None:
                 b = as_phones(b, label_map, tc1)
             out = batch_loss(model, b, tc1)
