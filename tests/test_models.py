@@ -49,6 +49,20 @@ def test_teacher_padded_batch_matches_packed_sequences_with_gradients():
         assert torch.allclose(g, r, atol=1e-5)
 
 
+def test_the_padded_path_draws_nothing_from_the_global_rng():
+    """Dropout draws from the global RNG: the teacher's padded path must not, even the
+    first time a layer shape is seen in a process (its weightless LSTM shells are built
+    then), or a training's dropout would depend on what its process ran before."""
+    from training.models import lstm_layer_template
+    m = TeacherBLSTM(10, 16, 2, 7).eval()
+    x, lens = torch.randn(3, 9, 10), torch.tensor([9, 4, 6])
+    lstm_layer_template.cache_clear()
+    torch.manual_seed(5)
+    before = torch.get_rng_state()
+    m(x, lens)
+    assert torch.equal(torch.get_rng_state(), before)
+
+
 def test_student_lookahead_is_exactly_three_frames():
     torch.manual_seed(0)
     m = StudentLSTM(6, 8, 2, 4, lookahead=3).eval()

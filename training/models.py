@@ -129,8 +129,12 @@ def _one_layer(lstm: nn.LSTM, layer: int, suffix: str, x: torch.Tensor) -> torch
 def lstm_layer_template(input_size: int, hidden: int, bias: bool, dtype: torch.dtype) -> nn.LSTM:
     # A weightless one-layer LSTM shell (on the meta device); functional_call supplies the
     # weights. Its dtype must match the input's: nn.LSTM checks them against each other.
-    return nn.LSTM(input_size, hidden, 1, bias=bias, batch_first=True).to(device="meta",
-                                                                         dtype=dtype)
+    # Built on the meta device, not moved there: initialising real weights would draw
+    # from the global RNG the first time a shape is seen in a process, so dropout (which
+    # draws from it) would depend on what the process ran before (a resumed or grown
+    # training parted from the uninterrupted one at its first padded batch).
+    return nn.LSTM(input_size, hidden, 1, bias=bias, batch_first=True, device="meta",
+                   dtype=dtype)
 
 
 class StudentLSTM(_LSTMBody):
