@@ -95,6 +95,31 @@ def test_resume_equals_uninterrupted_bitwise(tmp_path, local_cfg):
     assert "--force" in str(err) and "lr" in str(err)
 
 
+def test_a_teacher_resumed_in_a_new_process_draws_the_same_dropout_masks(tmp_path, local_cfg):
+    """A checkpoint restores the global RNG that dropout draws from; nothing a new process
+    does for the first time may draw from it (the teacher's padded path, first used by a
+    dev score, once did: its weightless LSTM shells are built on first use)."""
+    from training.models import lstm_layer_template
+
+    _synthetic(str(tmp_path / "store"), labeled={"utts": 24, "parts": 2},
+               dev={"utts": 8, "parts": 1})
+    common = [*TEACHER, "train.checkpoint_every=3", "model.teacher.dropout=0.3",
+              "model.teacher.layers=2"]
+    lstm_layer_template.cache_clear()  # each training as the first in its process
+    ref = _train(local_cfg, *common, "train.tag=ref")
+    # die in the second pass, after the first pass's dev score built the shells
+    ends = np.cumsum(ref["minibatches_per_pass"])
+    fail = next(s + 2 for s in range((int(ends[0]) // 3 + 1) * 3, int(ends[-1]), 3)
+                if not any(e - 2 <= s <= e for e in ends))
+    _train(local_cfg, *common, "train.tag=resumed", f"train.fail_after={fail}",
+           expect=InjectedFailure)
+    lstm_layer_template.cache_clear()
+    resumed = _train(local_cfg, *common, "train.tag=resumed", f"train.fail_after={fail}")
+    assert ends[0] < resumed["resumed_from_step"] < ends[-1]
+    a, b = (_weights(Storage(), s["metrics"]["model_uri"]) for s in (ref, resumed))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
 def test_nonfinite_loss_stops_the_step_and_keeps_the_model(tmp_path, local_cfg):
     root = str(tmp_path / "store")
     _synthetic(root, labeled={"utts": 40, "parts": 2})
