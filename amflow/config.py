@@ -686,7 +686,9 @@ class TrainConfig:
     grow_recipe: dict[str, Any] = field(default_factory=lambda: dict(GROW_RECIPE))
     # Example servers: labeled utterances re-rendered every epoch (off: the stored rendering).
     augment: AugmentConfig = field(default_factory=AugmentConfig)
-    # train.* values used instead when train.model is teacher (see _apply_recipes).
+    # train.* values used instead when train.model is teacher (see _apply_recipes); its
+    # grow_recipe, a mapping, goes over train.grow_recipe's values for the teacher's
+    # grown stage.
     teacher_recipe: dict[str, Any] = field(default_factory=dict)
     # train.* values used instead when train.recipe is sequence (after teacher_recipe's).
     sequence_recipe: dict[str, Any] = field(default_factory=lambda: dict(SEQUENCE_RECIPE))
@@ -1594,6 +1596,8 @@ def _apply_recipes(data: dict[str, Any], explicit: set[str]) -> None:
                 # a mapping (augment) merges: `--set train.augment.enabled=false` still wins
                 mine = {sub.split(".", 2)[2] for sub in explicit
                         if sub.startswith(f"train.{k}.")}
+                if k == "grow_recipe":  # the teacher's own grown stage, over the shared one
+                    v = {**GROW_RECIPE, **(train.get(k) or {}), **v}
                 if isinstance(v, dict) and mine and isinstance(train.get(k), dict):
                     v = {**v, **{m: train[k][m] for m in mine if m in train[k]}}
                 train[k] = v
@@ -1607,15 +1611,28 @@ def _recipe_keys(train: dict[str, Any], name: str) -> dict[str, Any]:
         raise ConfigError(f"train.{name}", "must be a mapping of train.* keys")
     names = set(TRAIN_KEYS) - {"teacher_recipe", "sequence_recipe", "grow_recipe", "model",
                                "recipe"}
-    if name == "grow_recipe":  # the grown stage is the same training, grown
-        names -= {"grow", "init_model", "tag"}
+    if name == "teacher_recipe":  # the teacher may grow longer than the students
+        names.add("grow_recipe")
+    _check_recipe(recipe, names, f"train.{name}")
+    return recipe
+
+
+def _check_recipe(recipe: dict[str, Any], names: set[str], where: str) -> None:
+    """Each key of `recipe` one of `names`, its value of that train key's type; a grown
+    stage's recipe (train.grow_recipe, train.teacher_recipe.grow_recipe) is the same
+    training, grown: it cannot set what starts or names it."""
+    if where.endswith("grow_recipe"):
+        names = names - {"grow", "init_model", "tag", "grow_recipe"}
     for k, v in recipe.items():
         if k not in names:
-            raise ConfigError(f"train.{name}.{k}",
-                              f"not a train key that a recipe can set "
-                              f"(known: {', '.join(sorted(names))})")
-        _coerce(v, train_key_type(k), f"train.{name}.{k}")
-    return recipe
+            raise ConfigError(f"{where}.{k}", f"not a train key that a recipe can set "
+                                              f"(known: {', '.join(sorted(names))})")
+        if k == "grow_recipe":
+            if not isinstance(v, dict):
+                raise ConfigError(f"{where}.{k}", "must be a mapping of train.* keys")
+            _check_recipe(v, names, f"{where}.{k}")
+        else:
+            _coerce(v, train_key_type(k), f"{where}.{k}")
 
 
 def config_to_yaml(cfg: Config) -> str:

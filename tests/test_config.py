@@ -206,3 +206,22 @@ def test_every_step_help_says_what_it_reads_and_writes():
         sub = subprocess.run(f"{amflow_bin()} {step} --help", shell=True, cwd=ROOT,
                              capture_output=True, text=True, timeout=60)
         assert sub.returncode == 0 and "reads:" in sub.stdout and "writes:" in sub.stdout
+
+
+def test_the_teacher_recipe_may_set_its_own_grown_stage_over_the_shared_one():
+    recipe = "train.teacher_recipe={epochs: 21, grow_recipe: {epochs: 20}}"
+    shared = load_config(None, [recipe, "train.grow_recipe.lr=0.002"]).train.grow_recipe
+    assert (shared["epochs"], shared["lr"]) == (10, 0.002)  # the students keep the shared one
+    teacher = load_config(None, [recipe, "train.grow_recipe.lr=0.002", "train.model=teacher"])
+    assert teacher.train.grow_recipe == {**shared, "epochs": 20}  # over the shared values
+    assert teacher.train.passes.epochs == 21
+    mine = load_config(None, [recipe, "train.grow_recipe.epochs=3", "train.model=teacher"])
+    assert mine.train.grow_recipe["epochs"] == 3  # an explicit --set still wins
+    for bad, key in (("{grow_recipe: {epochz: 3}}", "train.teacher_recipe.grow_recipe.epochz"),
+                     ("{grow_recipe: {tag: x}}", "train.teacher_recipe.grow_recipe.tag"),
+                     ("{grow_recipe: {epochs: many}}", "train.teacher_recipe.grow_recipe.epochs"),
+                     ("{grow_recipe: 3}", "train.teacher_recipe.grow_recipe"),
+                     ("{sequence_recipe: {}}", "train.teacher_recipe.sequence_recipe")):
+        with pytest.raises(ConfigError) as err:
+            load_config(None, [f"train.teacher_recipe={bad}"])
+        assert err.value.key == key, bad
