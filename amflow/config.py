@@ -1597,7 +1597,7 @@ def _apply_recipes(data: dict[str, Any], explicit: set[str]) -> None:
                 mine = {sub.split(".", 2)[2] for sub in explicit
                         if sub.startswith(f"train.{k}.")}
                 if k == "grow_recipe":  # the teacher's own grown stage, over the shared one
-                    v = {**GROW_RECIPE, **(train.get(k) or {}), **v}
+                    v = {**(train.get(k) or GROW_RECIPE), **v}  # (merged with it above)
                 if isinstance(v, dict) and mine and isinstance(train.get(k), dict):
                     v = {**v, **{m: train[k][m] for m in mine if m in train[k]}}
                 train[k] = v
@@ -1613,16 +1613,20 @@ def _recipe_keys(train: dict[str, Any], name: str) -> dict[str, Any]:
                                "recipe"}
     if name == "teacher_recipe":  # the teacher may grow longer than the students
         names.add("grow_recipe")
+    if name == "grow_recipe":
+        names -= NOT_IN_A_GROWN_RECIPE
     _check_recipe(recipe, names, f"train.{name}")
     return recipe
 
 
+# A grown stage's recipe (train.grow_recipe, train.teacher_recipe.grow_recipe) is the same
+# training, grown: it cannot set what starts or names it.
+NOT_IN_A_GROWN_RECIPE = frozenset({"grow", "init_model", "tag", "grow_recipe"})
+
+
 def _check_recipe(recipe: dict[str, Any], names: set[str], where: str) -> None:
-    """Each key of `recipe` one of `names`, its value of that train key's type; a grown
-    stage's recipe (train.grow_recipe, train.teacher_recipe.grow_recipe) is the same
-    training, grown: it cannot set what starts or names it."""
-    if where.endswith("grow_recipe"):
-        names = names - {"grow", "init_model", "tag", "grow_recipe"}
+    """Each key of `recipe` one of `names`, its value of that train key's type (a nested
+    grow_recipe checked alike)."""
     for k, v in recipe.items():
         if k not in names:
             raise ConfigError(f"{where}.{k}", f"not a train key that a recipe can set "
@@ -1630,7 +1634,7 @@ def _check_recipe(recipe: dict[str, Any], names: set[str], where: str) -> None:
         if k == "grow_recipe":
             if not isinstance(v, dict):
                 raise ConfigError(f"{where}.{k}", "must be a mapping of train.* keys")
-            _check_recipe(v, names, f"{where}.{k}")
+            _check_recipe(v, names - NOT_IN_A_GROWN_RECIPE, f"{where}.{k}")
         else:
             _coerce(v, train_key_type(k), f"{where}.{k}")
 
