@@ -256,6 +256,14 @@ def test_train_grow_keeps_a_finished_phone_stage_and_force_redoes_it(tmp_path, l
     st.write_json(summary, {**written, "metrics": {**written["metrics"], "steps": -1}})
     again = train_step.run(StepContext(cfg, "r", "train"), None)
     assert again["metrics"]["phone_stage_steps"] == -1  # read back, not retrained
+    # another grown recipe grows the same phone stage (the recipe is not the phone stage's)
+    st.delete(join(run, "train-grown", "_SUCCESS.json"))
+    for uri in st.list(join(run, "train-grown", "checkpoints"), recursive=True):
+        st.delete(uri)
+    longer = train_step.run(StepContext(local_cfg(*TINY, *STUDENT, *GROW,
+                                                  "train.grow_recipe.epochs=2"), "r", "train"),
+                            None)
+    assert longer["metrics"]["phone_stage_steps"] == -1 and longer["metrics"]["passes"] == 2
     # another phone stage (its epochs) is not taken for this one's
     st.delete(join(run, "train-grown", "_SUCCESS.json"))
     with pytest.raises(StepError, match=r"phone stage of a different training.*epochs"):

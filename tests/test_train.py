@@ -308,3 +308,27 @@ def test_a_checkpoint_from_before_a_new_config_key_still_resumes():
     assert fingerprint_changes(old, changed) == ["criterion"]
     assert fingerprint_changes(now, dict(now, kind="teacher")) == ["model/data"]
 
+
+def test_the_recipes_are_compared_by_the_keys_they_set_not_as_mappings():
+    """A recipe changes the training it applies to through that training's own keys; a
+    training it does not apply to (a teacher's checkpoint and the sequence recipe, train.grow's
+    phone stage and the grown stage's recipe) resumes, also from fingerprints that held the
+    recipes (before they were left out)."""
+    from amflow.config import load_config
+    from training.loop import fingerprint_changes, train_fingerprint
+
+    def fp(*sets):
+        return {"train": train_fingerprint(load_config(None, list(sets)).train), "kind": "t"}
+
+    base = fp("train.model=teacher")
+    assert not {"teacher_recipe", "sequence_recipe", "grow_recipe"} & set(base["train"])
+    for other in ("train.sequence_recipe.lr=0.5", "train.grow_recipe.epochs=30",
+                  "train.teacher_recipe.grow_recipe.epochs=30"):
+        assert fingerprint_changes(base, fp("train.model=teacher", other)) == [], other
+    old = {**base, "train": {**base["train"], "grow_recipe": {"epochs": 30},
+                             "sequence_recipe": {"lr": 0.5}}}
+    assert fingerprint_changes(old, base) == []
+    # what a recipe sets in the training it applies to still counts
+    assert fingerprint_changes(base, fp("train.model=teacher",
+                                        "train.teacher_recipe.epochs=3")) == ["epochs"]
+

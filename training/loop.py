@@ -71,6 +71,12 @@ log = logging.getLogger(__name__)
 # Keys of config.train that do not change the trained model; a resumed run may differ in them.
 OPERATIONAL_KEYS = {"checkpoint_every", "prefetch", "log_every", "keep_checkpoints", "threads",
                     "fail_after", "tag", "use_gpu"}
+# The recipes: each is applied to the train keys of the training it is for (the teacher's
+# and the sequence recipe when the config loads, grow_recipe to train.grow's grown stage),
+# so what it changes is in those keys already; as a mapping of its own it would make a
+# training it does not apply to differ, e.g. the phone stage when only the grown stage's
+# recipe changed, or a teacher's checkpoint when only the sequence recipe did.
+RECIPE_KEYS = {"teacher_recipe", "sequence_recipe", "grow_recipe"}
 
 
 class InjectedFailure(RuntimeError):
@@ -344,7 +350,8 @@ OPERATIONAL_AUGMENT_KEYS = {"servers", "cpus_per_server", "resources", "inflight
 def train_fingerprint(tc: TrainConfig) -> dict[str, Any]:
     """The train.* keys that shape the model, flat as the user writes them (the form
     checkpoints have always stored, so earlier checkpoints still resume)."""
-    train = {k: v for k, v in tc.to_flat().items() if k not in OPERATIONAL_KEYS}
+    train = {k: v for k, v in tc.to_flat().items()
+             if k not in OPERATIONAL_KEYS and k not in RECIPE_KEYS}
     train["augment"] = {k: v for k, v in train["augment"].items()
                         if k not in OPERATIONAL_AUGMENT_KEYS}
     return train
@@ -360,10 +367,13 @@ def plan_fingerprint(plan: WorkerPlan) -> dict[str, Any]:
 def fingerprint_changes(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
     """`fingerprint_diff` with both sides' train keys completed by today's defaults: a
     checkpoint written before a train key existed resumes under a config that leaves the
-    key at its default."""
+    key at its default; the recipes, which earlier fingerprints held, are not compared."""
     defaults = train_fingerprint(TrainConfig())
-    return fingerprint_diff({**saved, "train": {**defaults, **saved.get("train", {})}},
-                            {**current, "train": {**defaults, **current.get("train", {})}})
+
+    def completed(fp: dict[str, Any]) -> dict[str, Any]:
+        train = {k: v for k, v in fp.get("train", {}).items() if k not in RECIPE_KEYS}
+        return {**fp, "train": {**defaults, **train}}
+    return fingerprint_diff(completed(saved), completed(current))
 
 
 # ----------------------------------------------------------------- the worker
