@@ -264,6 +264,9 @@ def test_train_grow_keeps_a_finished_phone_stage_and_force_redoes_it(tmp_path, l
                                                   "train.grow_recipe.epochs=2"), "r", "train"),
                             None)
     assert longer["metrics"]["phone_stage_steps"] == -1 and longer["metrics"]["passes"] == 2
+    # the finished step is not handed back for another grown recipe
+    with pytest.raises(StepError, match=r"finished a different training.*train.grow_recipe"):
+        train_step.run(StepContext(cfg, "r", "train"), None)
     # another phone stage (its epochs) is not taken for this one's
     st.delete(join(run, "train-grown", "_SUCCESS.json"))
     with pytest.raises(StepError, match=r"phone stage of a different training.*epochs"):

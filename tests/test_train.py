@@ -95,6 +95,29 @@ def test_resume_equals_uninterrupted_bitwise(tmp_path, local_cfg):
     assert "--force" in str(err) and "lr" in str(err)
 
 
+def test_a_finished_training_is_taken_only_for_the_config_it_trained_with(tmp_path, local_cfg):
+    """A rerun hands back the finished model when its config trains the same one
+    (operational keys and other trainings' recipes may differ) and names what differs
+    otherwise; a summary from before the config was kept is taken, unchecked."""
+    _synthetic(str(tmp_path / "store"))
+    common = ["train.model=student", "train.recipe=labeled", "train.epochs=1",
+              "train.finetune_epochs=0"]
+    first = _train(local_cfg, *common)
+    again = _train(local_cfg, *common, "train.log_every=2", "train.sequence_recipe.lr=0.5",
+                   "model.teacher.hidden=8")  # the teacher's section: not this model's
+    assert again["finished_at"] == first["finished_at"]
+    for change, key in (("train.epochs=2", "train.epochs"),
+                        ("model.student.hidden=16", "model.student.hidden"),
+                        ("train.augment.room_prob=0.1", "train.augment")):
+        err = _train(local_cfg, *common, change, expect=StepError)
+        assert f"differs in: {key}" in str(err) and "--force" in str(err), change
+    success = tmp_path / "store" / "runs" / "r" / "train" / "_SUCCESS.json"
+    old = json.loads(success.read_text())
+    del old["config_fingerprint"]
+    success.write_text(json.dumps(old))
+    assert _train(local_cfg, *common, "train.epochs=2")["finished_at"] == first["finished_at"]
+
+
 def test_a_teacher_resumed_in_a_new_process_draws_the_same_dropout_masks(tmp_path, local_cfg):
     """A checkpoint restores the global RNG that dropout draws from; nothing a new process
     does for the first time may draw from it (the teacher's padded path, first used by a

@@ -45,7 +45,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from amflow.config import TrainConfig, features_dict, replace_train
+from amflow.config import Config, ModelConfig, TrainConfig, features_dict, replace_train
 from amflow.model_card import context_info
 from amflow.senones import ContextTree, silence_class
 from amflow.progress import Progress
@@ -374,6 +374,54 @@ def fingerprint_changes(saved: dict[str, Any], current: dict[str, Any]) -> list[
         train = {k: v for k, v in fp.get("train", {}).items() if k not in RECIPE_KEYS}
         return {**fp, "train": {**defaults, **train}}
     return fingerprint_diff(completed(saved), completed(current))
+
+
+def grows(tc: TrainConfig) -> bool:
+    """Whether `amflow train` trains train.grow's phone stage first: unless a model to
+    start from is given (the sequence recipe's always is)."""
+    return tc.grow and tc.recipe != "sequence" and not tc.init_model
+
+
+def config_fingerprint(cfg: Config) -> dict[str, Any]:
+    """What of the config shapes the model a train step ends with (the data aside): the
+    train keys, the trained kind's model section and, with train.grow, the grown stage's
+    recipe (its values over the train keys train the final model). A finished step's
+    _SUCCESS.json holds it; a rerun whose config differs in it is refused."""
+    kind = cfg.train.model
+    fp: dict[str, Any] = {"train": train_fingerprint(cfg.train),
+                          "model": _model_fingerprint(cfg.model, kind)}
+    if grows(cfg.train):
+        fp["grow_recipe"] = dict(cfg.train.grow_recipe)
+    return json.loads(json.dumps(fp))  # as _SUCCESS.json holds it (tuples as lists)
+
+
+def _model_fingerprint(model: ModelConfig, kind: str) -> dict[str, Any]:
+    return {kind: dataclasses.asdict(getattr(model, kind)), "num_classes": model.num_classes}
+
+
+def config_changes(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
+    """The config keys in which two `config_fingerprint`s differ; a key one side lacks
+    counts as its default (a step finished before the key existed)."""
+    diff = [f"train.{k}" for k in fingerprint_changes({"train": saved.get("train", {})},
+                                                      {"train": current.get("train", {})})]
+    kind = current.get("train", {}).get("model", "student")
+    defaults = json.loads(json.dumps(_model_fingerprint(ModelConfig(), kind)))
+    diff += _dict_changes(saved.get("model", {}), current.get("model", {}), defaults, "model")
+    if saved.get("grow_recipe") != current.get("grow_recipe"):
+        diff.append("train.grow_recipe")
+    return diff
+
+
+def _dict_changes(a: dict[str, Any], b: dict[str, Any], defaults: dict[str, Any],
+                  where: str) -> list[str]:
+    out = []
+    for k in sorted(set(a) | set(b)):
+        x, y, d = a.get(k, defaults.get(k)), b.get(k, defaults.get(k)), defaults.get(k)
+        if isinstance(x, dict) and isinstance(y, dict):
+            out += _dict_changes(x, y, d if isinstance(d, dict) else {}, f"{where}.{k}")
+        elif x != y:
+            out.append(f"{where}.{k}")
+    return out
 
 
 # ----------------------------------------------------------------- the worker

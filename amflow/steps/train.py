@@ -6,9 +6,10 @@ import logging
 from typing import Any
 
 from amflow.config import ConfigError
-from amflow.runs import SUCCESS, StepContext, rejects_table
+from amflow.runs import SUCCESS, StepContext, StepError, rejects_table
 from training.launch import (build_plan, clear_outputs, store_priors, train, train_dir_name,
                              train_grown)
+from training.loop import config_changes, config_fingerprint, grows
 
 log = logging.getLogger(__name__)
 
@@ -27,13 +28,9 @@ def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
     if ctx.force:
         clear_outputs(ctx)
     elif ctx.storage.exists(ctx.path(SUCCESS)):
-        done = ctx.storage.read_json(ctx.path(SUCCESS))
-        log.info("%s already finished (%s); use --force to train again", ctx.step_uri,
-                 ctx.path(SUCCESS))
-        return done
+        return _finished(ctx)
     plan, report = build_plan(ctx, ctx.step_uri)
-    # train.grow: unless a model to start from is given (the sequence recipe's always is)
-    grow = tc.grow and tc.recipe != "sequence" and not tc.init_model
+    grow = grows(tc)
     phone_stage = None
     if grow:
         plan, phone_stage = train_grown(ctx, plan)
@@ -57,6 +54,27 @@ def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
     inputs = {"repartition": ctx.other("repartition"),
               "cmvn": ctx.other("features", "cmvn.json"), "splits": report["splits"]}
     extra = {"model_uri": result["model_uri"], "resumed_from_step": result.get("resumed_from_step"),
-             "minibatches_per_pass": result.get("minibatches_per_pass")}
+             "minibatches_per_pass": result.get("minibatches_per_pass"),
+             "config_fingerprint": config_fingerprint(cfg)}
     return ctx.finish(inputs=inputs, counts=counts, metrics=metrics,
                       bytes_written=int(result.get("model_bytes", 0)), extra=extra)
+
+
+def _finished(ctx: StepContext) -> dict[str, Any]:
+    """The finished step's summary when this config trains the same model; a rerun never
+    hands back a model trained with other settings (operational keys, e.g. train.threads,
+    and the recipes of other trainings aside)."""
+    done = ctx.storage.read_json(ctx.path(SUCCESS))
+    saved = done.get("config_fingerprint")
+    if saved is None:
+        log.warning("%s finished before amflow kept its config in _SUCCESS.json: taken as "
+                    "it is, unchecked; use --force to train again", ctx.step_uri)
+        return done
+    changed = config_changes(saved, config_fingerprint(ctx.cfg))
+    if changed:
+        raise StepError(f"{ctx.step_uri} finished a different training (differs in: "
+                        f"{', '.join(changed)}); re-run with --force to train again, or use "
+                        "another train.tag")
+    log.info("%s already finished with this config (%s); use --force to train again",
+             ctx.step_uri, ctx.path(SUCCESS))
+    return done
