@@ -55,6 +55,30 @@ def test_graph_decodes_known_posteriors_to_the_words(tiny_graph):
     assert _decode(tiny_graph, _frames(seq, 1)) == ["cats", "at", "tab"]
 
 
+def test_each_utterance_is_searched_by_a_decoder_of_its_own(tiny_graph, monkeypatch):
+    """A FasterDecoder reused across utterances keeps its token hash at the largest size an
+    earlier utterance needed, which changes which tokens max_active keeps: on the demo's
+    SSL student one test utterance decoded to other words after the actor had searched
+    others (the same posteriors, bitwise; this graph is too small to show it). So each
+    utterance gets a fresh decoder, and a Searcher's answers do not depend on its past."""
+    import kaldi_decoder
+
+    made = []
+    real = kaldi_decoder.FasterDecoder
+
+    def counting(fst, opts):
+        made.append(opts.max_active)
+        return real(fst, opts)
+    monkeypatch.setattr(kaldi_decoder, "FasterDecoder", counting)
+    search = Searcher(tiny_graph, beam=15, max_active=50)
+    seqs = [["sil", "k", "a", "t", "sil"], ["b", "a", "t", "a", "t"], ["sil", "k", "a", "t", "sil"]]
+    words = [search.best_words(acoustic_scores(oracle_log_posteriors(_frames(s), len(CLASSES)),
+                                               log_priors(np.ones(len(CLASSES))), 1.0))[0]
+             for s in seqs]
+    assert words[0] == words[2] == ["cat"] and words[1] == ["bat", "at"]
+    assert made == [50] * 4  # the options' check at construction, then one per utterance
+
+
 def test_graph_labels_are_class_ids_plus_one(tiny_graph, tmp_path):
     info = tiny_graph.info
     assert info["classes"] == len(CLASSES) and info["words"] == 5
