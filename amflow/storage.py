@@ -10,6 +10,7 @@ standard AWS chain. Transient errors are retried with exponential backoff.
 """
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import logging
@@ -187,6 +188,12 @@ class Storage:
                 return f.read()
 
         return self.retry(_read, f"read {uri}")
+
+    def digest(self, uri: str) -> str:
+        """The object's identity: its bytes' SHA-256 (hex, the first 16 digits). A step
+        that read a model or an LM keeps it, so that a rerun after the object was made again
+        at the same URI notices (a URI names a place, not its contents)."""
+        return hashlib.sha256(self.read_bytes(uri)).hexdigest()[:16]
 
     def read_text(self, uri: str) -> str:
         return self.read_bytes(uri).decode("utf-8")

@@ -17,9 +17,10 @@ shard's done-marker, so a re-run skips finished shards.
 """
 from __future__ import annotations
 
+import json
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
@@ -310,6 +311,25 @@ def inference_dtype(tc: Any, device: str) -> torch.dtype:
 
 def teacher_uri(ctx: StepContext) -> str:
     return ctx.cfg.targets.teacher or ctx.other("train", "model.pt")
+
+
+# targets.* keys that place or pace the scoring, or only sample its fidelity report: the
+# stored targets are the same whatever they are.
+OPERATIONAL_KEYS = {"actors", "threads_per_actor", "batch_frames", "device",
+                    "num_gpus_per_actor", "fidelity_sample_frames", "zstd_level"}
+
+
+def scoring_plan(ctx: StepContext, features: dict[str, Any], teacher: str,
+                 teacher_digest: str) -> dict[str, Any]:
+    """What the stored targets depend on: the features (when they finished), the teacher
+    (its URI and its bytes' digest: a teacher trained again at the same URI scores
+    differently) and the targets keys that shape them. A scored shard is kept only under
+    the same plan (`StepContext.resume_plan`)."""
+    keys = {k: v for k, v in asdict(ctx.cfg.targets).items()
+            if k not in OPERATIONAL_KEYS}
+    return json.loads(json.dumps({"features_finished_at": features.get("finished_at"),
+                                  "teacher": teacher, "teacher_digest": teacher_digest,
+                                  "targets": keys}))
 
 
 # (storage, model uri) -> (model in eval mode, model-file metadata): training.checkpoint's

@@ -242,6 +242,41 @@ def test_decode_and_evaluate_follow_the_split_rule(tmp_path, local_cfg):
         split_records(ctx, str(tmp_path / "corpus"), "test")
 
 
+def test_a_finished_decode_is_handed_back_only_for_the_same_model_lm_and_search(
+        tmp_path, local_cfg):
+    """A rerun reuses a finished decode when the model, LM and lexicon hold the same bytes
+    and the search keys match (workers only place it); a model trained again at the same
+    URI, or another beam, decodes again."""
+    from amflow.runs import SUCCESS, StepContext
+    from amflow.steps import decode as decode_step
+
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "lexicon.txt").write_text("a AH\n")
+    cfg = local_cfg(f"data.corpus={corpus}")
+    ctx = decode_step._context(StepContext(cfg, "r", "decode"))
+    model = ctx.other("train", "model.pt")
+    ctx.storage.write_bytes(model, b"model one")
+    ctx.storage.write_text(ctx.other("lm", "lm.arpa"), "\\data\\\n")
+    out = ctx.path("result.json")
+    ctx.storage.write_json(out, {"wer": 0.1})
+
+    def finished(*sets):
+        c = decode_step._context(StepContext(local_cfg(f"data.corpus={corpus}", *sets), "r",
+                                             "decode"))
+        return decode_step._finished(c, decode_step.decode_inputs(c, model, str(corpus),
+                                                                  "test"), out)
+
+    ctx.finish(inputs=decode_step.decode_inputs(ctx, model, str(corpus), "test"),
+               counts={"in": 1, "out": 1}, metrics={}, extra={"out": out})
+    assert finished() is not None and finished("decode.workers=1") is not None
+    assert finished("decode.beam=12") is None
+    ctx.storage.write_bytes(model, b"model two")  # trained again, the same URI
+    assert finished() is None
+    assert ctx.storage.read_json(ctx.path(SUCCESS))["inputs"]["model_digest"] != \
+        ctx.storage.digest(model)
+
+
 @pytest.mark.slow
 def test_oracle_posteriors_decode_the_tiny_corpus(tiny_corpus, tmp_path):
     """One-hot posteriors from the reference alignment decode to the transcripts:

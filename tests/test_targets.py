@@ -75,12 +75,41 @@ def test_targets_cover_every_row_and_rerun_is_noop(local_cfg, ray_local):
             total += len(idx)
     assert agree / total >= 0.999
     assert feats.storage.exists(feats.other("targets", "_SUCCESS.json"))
-    # re-run: every shard skipped, same outputs
+    # re-run: nothing to do, the same summary (the same finish time, which repartition's
+    # plan compares) and outputs
     before = feats.storage.read_bytes(feats.other("targets", "shards", "unlabeled-00000.parquet"))
     again = targets_step.run(StepContext(cfg, "r1", "targets"))
-    assert again["metrics"]["shards_skipped"] == 3 and again["counts"] == summary["counts"]
+    assert again == summary
     assert feats.storage.read_bytes(
         feats.other("targets", "shards", "unlabeled-00000.parquet")) == before
+
+
+@pytest.mark.integration
+def test_targets_are_scored_again_for_another_teacher_or_k_not_for_other_actors(
+        local_cfg, ray_local):
+    """Scored shards are kept only for the plan they were scored under: a teacher trained
+    again at the same URI or another targets.k scores every shard again; the keys that
+    only place the scoring (targets.actors) hand back the finished step."""
+    cfg = local_cfg("targets.k=3", "targets.fidelity_sample_frames=200")
+    feats = _make_run(cfg, "r4", shards=2)
+    first = targets_step.run(StepContext(cfg, "r4", "targets"))
+    assert targets_step.run(StepContext(local_cfg("targets.k=3", "targets.actors=1",
+                                                  "targets.fidelity_sample_frames=200"),
+                                        "r4", "targets")) == first
+    torch.manual_seed(1)  # another teacher of the same shape, saved where the first was
+    save_model(feats.storage, feats.other("train", "model.pt"), TeacherBLSTM(DIM, 16, 1, CLASSES),
+               cmvn=feats.storage.read_json(feats.path("cmvn.json")),
+               phones=[f"p{i}" for i in range(CLASSES)], features={})
+    retaught = targets_step.run(StepContext(cfg, "r4", "targets"))
+    assert retaught["metrics"]["shards_skipped"] == 0
+    assert retaught["finished_at"] >= first["finished_at"] and retaught != first
+    wider = targets_step.run(StepContext(local_cfg("targets.k=5",
+                                                   "targets.fidelity_sample_frames=200"),
+                                         "r4", "targets"))
+    assert wider["metrics"]["shards_skipped"] == 0 and wider["metrics"]["k"] == 5
+    row = feats.storage.read_parquet(feats.other("targets", "shards",
+                                                 "unlabeled-00000.parquet")).to_pylist()[0]
+    assert decode_topk(row)[0].shape[1] == 5
 
 
 @pytest.mark.integration
@@ -112,7 +141,9 @@ def test_targets_killed_half_way_finishes_the_rest(local_cfg, ray_local):
     cfg = local_cfg("targets.k=3")
     feats = _make_run(cfg, "r2")
     targets_step.run(StepContext(cfg, "r2", "targets"))
-    # simulate a kill after one shard: drop two shards' markers and outputs
+    # simulate a kill after one shard: drop two shards' markers and outputs, and the
+    # _SUCCESS.json a killed step never wrote
+    feats.storage.delete(feats.other("targets", "_SUCCESS.json"))
     for s in ("unlabeled-00001", "unlabeled-00002"):
         feats.storage.delete(feats.other("targets", "_shards", f"{s}.json"))
         feats.storage.delete(feats.other("targets", "shards", f"{s}.parquet"))

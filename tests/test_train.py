@@ -96,9 +96,9 @@ def test_resume_equals_uninterrupted_bitwise(tmp_path, local_cfg):
 
 
 def test_a_finished_training_is_taken_only_for_the_config_it_trained_with(tmp_path, local_cfg):
-    """A rerun hands back the finished model when its config trains the same one
-    (operational keys and other trainings' recipes may differ) and names what differs
-    otherwise; a summary from before the config was kept is taken, unchecked."""
+    """A rerun hands back the finished model when its config trains the same one on the
+    same inputs (operational keys and other trainings' recipes may differ) and names what
+    differs otherwise; a summary from before the config was kept is taken, unchecked."""
     _synthetic(str(tmp_path / "store"))
     common = ["train.model=student", "train.recipe=labeled", "train.epochs=1",
               "train.finetune_epochs=0"]
@@ -111,6 +111,11 @@ def test_a_finished_training_is_taken_only_for_the_config_it_trained_with(tmp_pa
                         ("train.augment.room_prob=0.1", "train.augment")):
         err = _train(local_cfg, *common, change, expect=StepError)
         assert f"differs in: {key}" in str(err) and "--force" in str(err), change
+    # the examples made again since (repartition re-ran): not the data it trained on
+    rep = tmp_path / "store" / "runs" / "r" / "repartition" / "_SUCCESS.json"
+    rep.write_text(json.dumps({"step": "repartition", "finished_at": "2026-11-29T01:00:00"}))
+    err = _train(local_cfg, *common, expect=StepError)
+    assert "differs in: inputs.repartition_finished_at" in str(err)
     success = tmp_path / "store" / "runs" / "r" / "train" / "_SUCCESS.json"
     old = json.loads(success.read_text())
     del old["config_fingerprint"]
@@ -328,8 +333,31 @@ def test_a_checkpoint_from_before_a_new_config_key_still_resumes():
         old = {"train": {k: v for k, v in now["train"].items() if k != gone}, "kind": "student"}
         assert fingerprint_changes(old, now) == []
     changed = {"train": dict(now["train"], criterion="mmi"), "kind": "student"}
-    assert fingerprint_changes(old, changed) == ["criterion"]
-    assert fingerprint_changes(now, dict(now, kind="teacher")) == ["model/data"]
+    assert fingerprint_changes(old, changed) == ["train.criterion"]
+    assert fingerprint_changes(now, dict(now, kind="teacher")) == ["kind"]
+
+
+def test_a_checkpoint_is_compared_on_the_trained_kinds_model_section_and_its_inputs():
+    """Checkpoints once kept every kind's model section: a student's resumes after a
+    teacher key changed, and a change of its own names the key. Inputs (when the data
+    steps finished, the init model's digest) count when both sides name them."""
+    from amflow.config import ModelConfig, load_config
+    from training.loop import _model_fingerprint, fingerprint_changes, train_fingerprint
+
+    def fp(*sets, inputs=None):
+        cfg = load_config(None, ["train.model=student", *sets])
+        return {"train": train_fingerprint(cfg.train),
+                "model": _model_fingerprint(cfg.model, "student"), "kind": "student",
+                "splits": {"labeled": ["a"]}, "num_classes": 9,
+                "inputs": inputs or {"repartition_finished_at": "t0"}}
+
+    old = {k: v for k, v in fp().items() if k != "inputs"}
+    old["model"] = dataclasses.asdict(ModelConfig())  # every kind's section, as before
+    assert fingerprint_changes(old, fp("model.teacher.hidden=8")) == []
+    assert fingerprint_changes(old, fp("model.student.hidden=16")) == ["model.student.hidden"]
+    assert fingerprint_changes(fp(), fp(inputs={"repartition_finished_at": "t1"})) == \
+        ["inputs.repartition_finished_at"]
+    assert fingerprint_changes(fp(), dict(fp(), splits={"labeled": ["b"]})) == ["splits"]
 
 
 def test_the_recipes_are_compared_by_the_keys_they_set_not_as_mappings():
@@ -353,5 +381,5 @@ def test_the_recipes_are_compared_by_the_keys_they_set_not_as_mappings():
     assert fingerprint_changes(old, base) == []
     # what a recipe sets in the training it applies to still counts
     assert fingerprint_changes(base, fp("train.model=teacher",
-                                        "train.teacher_recipe.epochs=3")) == ["epochs"]
+                                        "train.teacher_recipe.epochs=3")) == ["train.epochs"]
 

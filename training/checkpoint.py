@@ -184,19 +184,3 @@ class Checkpointer:
             for u in self.storage.list(self.dir, recursive=True):
                 self.storage.delete(u)
         self.barrier()
-
-
-def fingerprint_diff(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
-    """The train.* keys in which two training fingerprints differ ("model/data" when only
-    the rest does). A key one side lacks counts as its default: a checkpoint written before
-    a config key existed resumes under a config that leaves the key at its default."""
-    import dataclasses
-
-    from amflow.config import TrainConfig
-
-    defaults = dataclasses.asdict(TrainConfig())
-    a, b = saved.get("train", {}), current.get("train", {})
-    diff = sorted(k for k in set(a) | set(b)
-                  if a.get(k, defaults.get(k)) != b.get(k, defaults.get(k)))
-    rest = [k for k in set(saved) | set(current) if k != "train" and saved.get(k) != current.get(k)]
-    return diff + (["model/data"] if rest else [])

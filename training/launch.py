@@ -31,7 +31,6 @@ checkpoint when re-run; `--force` starts over (`clear_outputs`).
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 from typing import Any
 
@@ -88,6 +87,25 @@ def _split_kinds(cfg: Config) -> dict[str, str]:
     return {"labeled": tc.batches.labeled_split}
 
 
+def training_inputs(ctx: StepContext) -> dict[str, Any]:
+    """What a training reads besides its config, by identity: when the features (CMVN) and
+    the repartition (the examples) it trains on finished, and the digest of the model it
+    starts from. A finished training or a checkpoint is taken only for the same inputs: a
+    rerun after those steps ran again, or after the model to start from was trained again,
+    is told so instead of being handed the old model."""
+    st = ctx.storage
+    inputs: dict[str, Any] = {}
+    for step in ("features", "repartition"):
+        uri = ctx.other(step, SUCCESS)
+        inputs[f"{step}_finished_at"] = (st.read_json(uri).get("finished_at")
+                                         if st.exists(uri) else None)
+    cfg = ctx.cfg
+    if cfg.train.recipe == "sequence" or cfg.train.init_model:
+        uri = init_model_uri(cfg, ctx.run_id)
+        inputs["init_model"] = st.digest(uri) if st.exists(uri) else None
+    return inputs
+
+
 def build_plan(ctx: StepContext, train_dir: str) -> tuple[WorkerPlan, dict[str, Any]]:
     """(the plan for `training.loop.train_worker`, the data report: splits, rejects)."""
     cfg = ctx.cfg
@@ -137,7 +155,7 @@ def build_plan(ctx: StepContext, train_dir: str) -> tuple[WorkerPlan, dict[str, 
     plan = WorkerPlan(
         cfg=cfg, run_id=ctx.run_id, train_dir=train_dir, kind=tc.model, splits=splits,
         cmvn=cmvn, phones=list(phones), num_classes=int(num_classes), feat_dim=int(feat_dim),
-        stack=cfg.features.stack, context=context,
+        stack=cfg.features.stack, context=context, inputs=training_inputs(ctx),
         launch=LaunchSpec(storage_path=join(train_dir, "ray"),
                           name=f"{ctx.run_id}-{train_dir_name(tc.tag, tc.recipe)}-"
                                f"{tc.algorithm}"))
@@ -231,12 +249,10 @@ def train_grown(ctx: StepContext, plan: WorkerPlan
     summary_uri = join(first.train_dir, "summary.json")
     if ctx.storage.exists(summary_uri):
         summary = ctx.storage.read_json(summary_uri)
-        # as summary.json holds it (JSON: tuples read back as lists)
-        now = json.loads(json.dumps(plan_fingerprint(first)))
-        changed = fingerprint_changes(summary.get("fingerprint", {}), now)
+        changed = fingerprint_changes(summary.get("fingerprint", {}), plan_fingerprint(first))
         if changed:
             raise StepError(f"{first.train_dir} holds the phone stage of a different "
-                            f"training (differs in: {changed}); re-run with --force to "
+                            f"training (differs in: {', '.join(changed)}); re-run with --force to "
                             "start over, or use another train.tag")
         log.info("train.grow: the phone stage is done (%s)", summary_uri)
     else:

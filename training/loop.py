@@ -53,7 +53,7 @@ from amflow.raycluster import init_ray
 from amflow.runs import StepError
 from amflow.storage import Storage, join
 from training.algorithms import build_algorithm
-from training.checkpoint import Checkpointer, fingerprint_diff, load_model, save_model
+from training.checkpoint import Checkpointer, load_model, save_model
 from training.curves import plot_learning_curve
 from training.data import Batch, BatchLoader, Normalizer, PassSpec, SplitIndex, spec_augment
 from training.example_servers import ExampleServers, load_clean_sources
@@ -358,22 +358,11 @@ def train_fingerprint(tc: TrainConfig) -> dict[str, Any]:
 
 
 def plan_fingerprint(plan: WorkerPlan) -> dict[str, Any]:
-    """What makes two trainings the same training (checkpoints resume only into it)."""
+    """What makes two trainings the same training: a checkpoint resumes, and train.grow's
+    finished phone stage is taken, only under the same fingerprint."""
     return {"train": train_fingerprint(plan.cfg.train),
-            "model": dataclasses.asdict(plan.cfg.model), "kind": plan.kind,
-            "splits": plan.splits, "num_classes": plan.num_classes}
-
-
-def fingerprint_changes(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
-    """`fingerprint_diff` with both sides' train keys completed by today's defaults: a
-    checkpoint written before a train key existed resumes under a config that leaves the
-    key at its default; the recipes, which earlier fingerprints held, are not compared."""
-    defaults = train_fingerprint(TrainConfig())
-
-    def completed(fp: dict[str, Any]) -> dict[str, Any]:
-        train = {k: v for k, v in fp.get("train", {}).items() if k not in RECIPE_KEYS}
-        return {**fp, "train": {**defaults, **train}}
-    return fingerprint_diff(completed(saved), completed(current))
+            "model": _model_fingerprint(plan.cfg.model, plan.kind), "kind": plan.kind,
+            "splits": plan.splits, "num_classes": plan.num_classes, "inputs": plan.inputs}
 
 
 def grows(tc: TrainConfig) -> bool:
@@ -382,33 +371,56 @@ def grows(tc: TrainConfig) -> bool:
     return tc.grow and tc.recipe != "sequence" and not tc.init_model
 
 
-def config_fingerprint(cfg: Config) -> dict[str, Any]:
-    """What of the config shapes the model a train step ends with (the data aside): the
-    train keys, the trained kind's model section and, with train.grow, the grown stage's
-    recipe (its values over the train keys train the final model). A finished step's
-    _SUCCESS.json holds it; a rerun whose config differs in it is refused."""
+def config_fingerprint(cfg: Config, inputs: dict[str, Any]) -> dict[str, Any]:
+    """What shapes the model a train step ends with: the train keys, the trained kind's
+    model section, with train.grow the grown stage's recipe (its values over the train keys
+    train the final model), and the `inputs` it read (training.launch.training_inputs). A
+    finished step's _SUCCESS.json holds it; a rerun that differs in it is refused."""
     kind = cfg.train.model
     fp: dict[str, Any] = {"train": train_fingerprint(cfg.train),
-                          "model": _model_fingerprint(cfg.model, kind)}
+                          "model": _model_fingerprint(cfg.model, kind), "inputs": inputs}
     if grows(cfg.train):
         fp["grow_recipe"] = dict(cfg.train.grow_recipe)
-    return json.loads(json.dumps(fp))  # as _SUCCESS.json holds it (tuples as lists)
+    return _as_json(fp)
 
 
 def _model_fingerprint(model: ModelConfig, kind: str) -> dict[str, Any]:
     return {kind: dataclasses.asdict(getattr(model, kind)), "num_classes": model.num_classes}
 
 
-def config_changes(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
-    """The config keys in which two `config_fingerprint`s differ; a key one side lacks
-    counts as its default (a step finished before the key existed)."""
-    diff = [f"train.{k}" for k in fingerprint_changes({"train": saved.get("train", {})},
-                                                      {"train": current.get("train", {})})]
-    kind = current.get("train", {}).get("model", "student")
-    defaults = json.loads(json.dumps(_model_fingerprint(ModelConfig(), kind)))
-    diff += _dict_changes(saved.get("model", {}), current.get("model", {}), defaults, "model")
-    if saved.get("grow_recipe") != current.get("grow_recipe"):
-        diff.append("train.grow_recipe")
+def _as_json(obj: Any) -> Any:
+    """As a JSON file (summary.json, _SUCCESS.json) holds it: tuples read back as lists."""
+    return json.loads(json.dumps(obj))
+
+
+def fingerprint_changes(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
+    """The config keys (`train.epochs`, `model.student.hidden`, `inputs.<what>`, `splits`)
+    in which two fingerprints (`plan_fingerprint`'s or `config_fingerprint`'s) differ,
+    whoever wrote them:
+    - a train or model key one side lacks counts as its default (a checkpoint or a step
+      written before the key existed);
+    - only the trained kind's model section counts (fingerprints once held every kind's);
+    - the recipes, which fingerprints once held, are not compared (`RECIPE_KEYS`);
+    - inputs are compared only when both sides name them (older ones did not)."""
+    saved, current = _as_json(saved), _as_json(current)
+    kind = current.get("train", {}).get("model", current.get("kind", "student"))
+    defaults = _as_json({"train": train_fingerprint(TrainConfig()),
+                         "model": _model_fingerprint(ModelConfig(), kind)})
+
+    def part(fp: dict[str, Any], key: str) -> dict[str, Any]:
+        got = fp.get(key, {})
+        if key == "train":
+            return {k: v for k, v in got.items() if k not in RECIPE_KEYS}
+        return {k: got[k] for k in (kind, "num_classes") if k in got}
+
+    diff = []
+    for key in ("train", "model"):
+        diff += _dict_changes(part(saved, key), part(current, key), defaults[key], key)
+    a, b = saved.get("inputs", {}), current.get("inputs", {})
+    diff += [f"inputs.{k}" for k in sorted(set(a) & set(b)) if a[k] != b[k]]
+    diff += [("train.grow_recipe" if k == "grow_recipe" else k)
+             for k in sorted(set(saved) | set(current))
+             if k not in ("train", "model", "inputs") and saved.get(k) != current.get(k)]
     return diff
 
 
@@ -600,7 +612,7 @@ class Trainer:
         diff = fingerprint_changes(saved, self.fingerprint)
         if diff:
             raise StepError(f"{self.train_dir} holds a checkpoint of a different training "
-                            f"(differs in: {diff}); re-run with --force to "
+                            f"(differs in: {', '.join(diff)}); re-run with --force to "
                             "start over, or use another train.tag")
 
     def run_pass(self, p: PassInfo) -> None:

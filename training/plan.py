@@ -64,6 +64,9 @@ class WorkerPlan:
     # features/context.json), each trained on as its phone, the class of `context` (the
     # tree's phone_tree()). None: the labels are the plan's classes.
     label_tree: dict[str, Any] | None = None
+    # what the training reads besides its config, by identity (training.launch.
+    # training_inputs): a checkpoint resumes only into a training of the same inputs
+    inputs: dict[str, Any] = field(default_factory=dict)
     progress: bool = True  # print progress on rank 0
     launch: LaunchSpec = field(default_factory=LaunchSpec)
 

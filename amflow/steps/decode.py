@@ -8,6 +8,7 @@ runs/<R>/decode[-<tag>]/result.json), hyps.jsonl, hyps.parquet, rejects, _SUCCES
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from typing import Any
@@ -55,9 +56,30 @@ def load_assets(ctx: StepContext, model: str, corpus: str) -> DecoderAssets:
         graph_root=ctx.other("graph"), lm_hint=hint, require=("cmvn", "phones"))
 
 
+# decode.* keys that place or pace the decode, or name where it goes: the words are the
+# same whatever they are (decode.lm is an input, compared by its digest).
+OPERATIONAL_KEYS = {"tag", "workers", "batch_frames", "lm"}
+
+
+def decode_inputs(ctx: StepContext, model: str, corpus: str, split: str) -> dict[str, Any]:
+    """What a decode's words depend on: the model, LM and lexicon (their URIs and their
+    bytes' digests: one trained or made again at the same URI decodes differently), the
+    corpus split and the decode keys that shape the search."""
+    st = ctx.storage
+    lm, lexicon = lm_uri(ctx)[0], ctx.cfg.data.lexicon_uri(corpus)
+    keys = {k: v for k, v in dataclasses.asdict(ctx.cfg.decode).items()
+            if k not in OPERATIONAL_KEYS}
+    return {"model": model, "model_digest": st.digest(model), "data": corpus, "split": split,
+            "lm": lm, "lm_digest": st.digest(lm) if st.exists(lm) else None,
+            "lexicon": lexicon,
+            "lexicon_digest": st.digest(lexicon) if st.exists(lexicon) else None,
+            "decode": keys}
+
+
 def _finished(ctx: StepContext, inputs: dict, out_uri: str) -> dict | None:
     """The earlier summary when this decode already finished on the same inputs (and
-    --force was not given): re-running a DAG reuses it, as the other steps do."""
+    --force was not given): re-running a DAG reuses it, as the other steps do. A decode
+    whose inputs differ in any way (`decode_inputs`) is done again."""
     st = ctx.storage
     if ctx.force or not st.exists(ctx.path(SUCCESS)):
         return None
@@ -113,13 +135,13 @@ def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
         raise StepError(f"--split {split} is decode.tune_split: tune on one split, score another")
     out_uri = getattr(args, "out", None) or ctx.path("result.json")
     model = model_uri(ctx, args)
-    done = _finished(ctx, {"model": model, "data": corpus, "split": split}, out_uri)
+    inputs = decode_inputs(ctx, model, corpus, split)
+    done = _finished(ctx, inputs, out_uri)
     if done is not None:
         return done
     assets = load_assets(ctx, model, corpus)
     result, summary = _decode(ctx, assets, corpus, split)
     ctx.storage.write_json(out_uri, result)
     print(D.render(result), flush=True)
-    return ctx.finish(inputs={"model": model, "data": corpus, "split": split, "lm": assets.lm_uri,
-                              "lexicon": assets.lexicon_uri},
+    return ctx.finish(inputs=inputs,
                       counts=summary["counts"], metrics=summary["metrics"], extra={"out": out_uri})

@@ -12,8 +12,8 @@ from amflow.placement import gpus_per_actor
 from amflow.progress import Progress
 from amflow.raycluster import init_ray, step_resources
 from amflow.runs import StepContext, StepError
-from tasks.targets import (TargetActor, feature_shards, print_fidelity, summarise_fidelity,
-                          teacher_uri)
+from tasks.targets import (TargetActor, feature_shards, print_fidelity, scoring_plan,
+                          summarise_fidelity, teacher_uri)
 from training.checkpoint import load_model, load_model_card
 
 
@@ -24,53 +24,17 @@ def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
         raise StepError(f"teacher checkpoint not found at {model_uri}: set targets.teacher "
                         "to a model.pt URI (e.g. from the teacher DAG)")
     check_classes(ctx, model_uri)
+    plan = scoring_plan(ctx, feats_summary, model_uri, ctx.storage.digest(model_uri))
+    earlier = ctx.resume_plan(plan)
+    if earlier is not None:
+        return earlier
     shards = feature_shards(ctx)
     done = {s: d for s in shards if (d := ctx.shard_done(s)) is not None}
     todo = [s for s in shards if s not in done]
     tc = ctx.cfg.targets
-    actor_info: list[dict] = []
     stats = list(done.values())
-    t_start = time.perf_counter()
-    t0 = t_start  # scoring starts once the actors hold the teacher
-    if todo:
-        import ray  # deferred: importing ray fixes its client settings (auth token) for the process
-
-        init_ray(ctx.cfg)
-        n_actors = max(1, min(tc.actors, len(todo)))
-        opts: dict[str, Any] = {"num_cpus": tc.threads_per_actor, "max_restarts": 2,
-                                "max_task_retries": 2}
-        if gpus := gpus_per_actor(ctx.cfg, ray.cluster_resources().get("GPU", 0)):
-            opts["num_gpus"] = gpus
-        if res := step_resources(ctx.cfg, "targets"):
-            opts["resources"] = res
-        actor_cls = ray.remote(TargetActor).options(**opts)
-        actors = [actor_cls.remote(ctx, model_uri, load_model) for _ in range(n_actors)]
-        actor_info = ray.get([a.ready.remote() for a in actors])
-        t0 = time.perf_counter()
-        queue = list(todo)
-        # The fidelity sample is a budget for the whole step, spread over the shards: the
-        # full softmax per k costs more than scoring itself.
-        fid_frames = -(-tc.fidelity_sample_frames // len(todo))
-        pending: dict[Any, Any] = {}
-        for a in actors:
-            if queue:
-                pending[a.score_shard.remote(queue.pop(0), fid_frames)] = a
-        with Progress(len(todo), "targets", "shards") as bar:
-            frames = 0
-            while pending:
-                ready, _ = ray.wait(list(pending), num_returns=1)
-                for ref in ready:
-                    actor = pending.pop(ref)
-                    s = ray.get(ref)
-                    stats.append(s)
-                    frames += s["frames"]
-                    bar.update(1, frames_per_s=frames / (time.perf_counter() - t0))
-                    if queue:
-                        pending[actor.score_shard.remote(queue.pop(0), fid_frames)] = actor
-        for a in actors:
-            ray.kill(a)
-    wall = time.perf_counter() - t0
-    startup = t0 - t_start
+    scored, actor_info, startup, wall = _score(ctx, model_uri, todo) if todo else ([], [], 0.0, 0.0)
+    stats += scored
     fid = summarise_fidelity(p for s in stats for p in s.get("fidelity", []))
     total_frames = sum(s["frames"] for s in stats)
     fresh_frames = sum(s["frames"] for s in stats if s["shard"] in todo)
@@ -93,8 +57,46 @@ def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
     }
     counts = {"in": sum(s["in"] for s in stats), "out": sum(s["out"] for s in stats),
               "rejected": sum(s["rejected"] for s in stats)}
-    return ctx.finish(inputs={"features": feats_summary["uri"], "teacher": model_uri},
+    return ctx.finish(inputs={"features": feats_summary["uri"], "teacher": model_uri,
+                              "teacher_digest": plan["teacher_digest"]},
                       counts=counts, metrics=metrics, bytes_written=nbytes)
+
+
+def _score(ctx: StepContext, model_uri: str, todo: list[str]
+           ) -> tuple[list[dict], list[dict], float, float]:
+    """Score the `todo` shards on a pool of teacher actors: (each shard's stats, each
+    actor's info, the start-up seconds until the actors held the teacher, the seconds of
+    scoring after that)."""
+    import ray  # deferred: importing ray fixes its client settings (auth token) for the process
+    from ray.util import ActorPool
+
+    tc = ctx.cfg.targets
+    t_start = time.perf_counter()
+    init_ray(ctx.cfg)
+    opts: dict[str, Any] = {"num_cpus": tc.threads_per_actor, "max_restarts": 2,
+                            "max_task_retries": 2}
+    if gpus := gpus_per_actor(ctx.cfg, ray.cluster_resources().get("GPU", 0)):
+        opts["num_gpus"] = gpus
+    if res := step_resources(ctx.cfg, "targets"):
+        opts["resources"] = res
+    actor_cls = ray.remote(TargetActor).options(**opts)
+    actors = [actor_cls.remote(ctx, model_uri, load_model)
+              for _ in range(max(1, min(tc.actors, len(todo))))]
+    actor_info = ray.get([a.ready.remote() for a in actors])
+    t0 = time.perf_counter()
+    # The fidelity sample is a budget for the whole step, spread over the shards: the
+    # full softmax per k costs more than scoring itself.
+    fid_frames = -(-tc.fidelity_sample_frames // len(todo))
+    stats: list[dict] = []
+    with Progress(len(todo), "targets", "shards") as bar:
+        for s in ActorPool(actors).map_unordered(
+                lambda a, shard: a.score_shard.remote(shard, fid_frames), todo):
+            stats.append(s)
+            bar.update(1, frames_per_s=sum(x["frames"] for x in stats)
+                       / (time.perf_counter() - t0))
+    for a in actors:
+        ray.kill(a)
+    return stats, actor_info, t0 - t_start, time.perf_counter() - t0
 
 
 def check_classes(ctx: StepContext, model_uri: str) -> None:

@@ -8,8 +8,8 @@ from typing import Any
 from amflow.config import ConfigError
 from amflow.runs import SUCCESS, StepContext, StepError, rejects_table
 from training.launch import (build_plan, clear_outputs, store_priors, train, train_dir_name,
-                             train_grown)
-from training.loop import config_changes, config_fingerprint, grows
+                             train_grown, training_inputs)
+from training.loop import config_fingerprint, fingerprint_changes, grows
 
 log = logging.getLogger(__name__)
 
@@ -55,22 +55,23 @@ def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
               "cmvn": ctx.other("features", "cmvn.json"), "splits": report["splits"]}
     extra = {"model_uri": result["model_uri"], "resumed_from_step": result.get("resumed_from_step"),
              "minibatches_per_pass": result.get("minibatches_per_pass"),
-             "config_fingerprint": config_fingerprint(cfg)}
+             "config_fingerprint": config_fingerprint(cfg, plan.inputs)}
     return ctx.finish(inputs=inputs, counts=counts, metrics=metrics,
                       bytes_written=int(result.get("model_bytes", 0)), extra=extra)
 
 
 def _finished(ctx: StepContext) -> dict[str, Any]:
-    """The finished step's summary when this config trains the same model; a rerun never
-    hands back a model trained with other settings (operational keys, e.g. train.threads,
-    and the recipes of other trainings aside)."""
+    """The finished step's summary when this config trains the same model on the same
+    inputs; a rerun never hands back a model trained with other settings (operational keys,
+    e.g. train.threads, and the recipes of other trainings aside) or on inputs that have
+    been made again since (training_inputs)."""
     done = ctx.storage.read_json(ctx.path(SUCCESS))
     saved = done.get("config_fingerprint")
     if saved is None:
         log.warning("%s finished before amflow kept its config in _SUCCESS.json: taken as "
                     "it is, unchecked; use --force to train again", ctx.step_uri)
         return done
-    changed = config_changes(saved, config_fingerprint(ctx.cfg))
+    changed = fingerprint_changes(saved, config_fingerprint(ctx.cfg, training_inputs(ctx)))
     if changed:
         raise StepError(f"{ctx.step_uri} finished a different training (differs in: "
                         f"{', '.join(changed)}); re-run with --force to train again, or use "
