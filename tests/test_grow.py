@@ -242,13 +242,19 @@ def test_train_grow_grows_an_ssl_student_on_leaf_targets(tmp_path, local_cfg):
     assert load_model(st, m["model_uri"])[0].num_classes == 8
 
 
-def test_train_grow_keeps_a_finished_phone_stage_and_force_redoes_it(tmp_path, local_cfg):
+def test_train_grow_keeps_a_finished_phone_stage_of_its_config_even_under_force(
+        tmp_path, local_cfg):
+    """A finished phone stage is grown again by a rerun whose phone stage is the same
+    training (another grown recipe included); one of another config is refused, and
+    --force trains it again. --force keeps one of the same config and inputs: training it
+    again gives the same model, bit for bit."""
     run = _cd_run(tmp_path)
     cfg = local_cfg(*TINY, *STUDENT, *GROW)
     train_step.run(StepContext(cfg, "r", "train"), None)
     st = Storage()
     summary = join(run, "train-grown", "phones", "summary.json")
     written = st.read_json(summary)
+    phone_weights = load_model(st, written["model_uri"])[0].state_dict()
     # the grown stage lost (a killed run): the rerun grows the kept phone model again
     st.delete(join(run, "train-grown", "_SUCCESS.json"))
     for uri in st.list(join(run, "train-grown", "checkpoints"), recursive=True):
@@ -273,7 +279,17 @@ def test_train_grow_keeps_a_finished_phone_stage_and_force_redoes_it(tmp_path, l
         train_step.run(StepContext(local_cfg(*TINY, *STUDENT, *GROW, "train.epochs=2"), "r",
                                    "train"), None)
     forced = train_step.run(StepContext(cfg, "r", "train", force=True), None)
-    assert forced["metrics"]["phone_stage_steps"] == written["metrics"]["steps"]
+    assert forced["metrics"]["phone_stage_steps"] == -1  # kept, the grown stage retrained
+    assert forced["metrics"]["passes"] == 1  # this config's grown stage, not `longer`'s
+    for uri in st.list(join(run, "train-grown", "phones"), recursive=True):
+        st.delete(uri)
+    retrained = train_step.run(StepContext(cfg, "r", "train", force=True), None)
+    assert retrained["metrics"]["phone_stage_steps"] == written["metrics"]["steps"]
+    again = load_model(st, written["model_uri"])[0].state_dict()
+    assert all(torch.equal(phone_weights[k], again[k]) for k in phone_weights)
+    two = train_step.run(StepContext(local_cfg(*TINY, *STUDENT, *GROW, "train.epochs=2"), "r",
+                                     "train", force=True), None)
+    assert two["metrics"]["phone_stage_steps"] == 2 * written["metrics"]["steps"]
 
 
 def test_train_grow_grows_nothing_on_phone_classes(tmp_path, local_cfg):

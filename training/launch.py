@@ -26,7 +26,8 @@ phone (`train_grown`).
 `build_plan` resolves the inputs into one typed `training.plan.WorkerPlan`; `train` runs
 it on one worker in this process, or with `train.workers` > 1 on Ray Train through
 `training.distributed.run_distributed`. A killed training resumes from its last
-checkpoint when re-run; `--force` starts over (`clear_outputs`).
+checkpoint when re-run; `--force` starts over (`clear_outputs`; a finished phone stage of
+the same config and inputs is kept: `_finished_phone_stage`).
 """
 from __future__ import annotations
 
@@ -246,16 +247,8 @@ def train_grown(ctx: StepContext, plan: WorkerPlan
                  "trained as they are", plan.num_classes)
         return plan, None
     first = phone_stage_plan(plan)
-    summary_uri = join(first.train_dir, "summary.json")
-    if ctx.storage.exists(summary_uri):
-        summary = ctx.storage.read_json(summary_uri)
-        changed = fingerprint_changes(summary.get("fingerprint", {}), plan_fingerprint(first))
-        if changed:
-            raise StepError(f"{first.train_dir} holds the phone stage of a different "
-                            f"training (differs in: {', '.join(changed)}); re-run with --force to "
-                            "start over, or use another train.tag")
-        log.info("train.grow: the phone stage is done (%s)", summary_uri)
-    else:
+    summary = _finished_phone_stage(ctx, first)
+    if summary is None:
         log.info("train.grow: phone stage, %d phone classes on the labels of %d leaves, "
                  "into %s", first.num_classes, plan.num_classes, first.train_dir)
         result = train(first)
@@ -263,7 +256,7 @@ def train_grown(ctx: StepContext, plan: WorkerPlan
         summary = {"model_uri": result["model_uri"], "classes": first.num_classes,
                    "metrics": result["metrics"], "counts": result["counts"],
                    "fingerprint": plan_fingerprint(first)}
-        ctx.storage.write_json(summary_uri, summary)
+        ctx.storage.write_json(join(first.train_dir, "summary.json"), summary)
     grown = with_overrides(plan.cfg, {f"train.{k}": v
                                       for k, v in plan.cfg.train.grow_recipe.items()})
     second = dataclasses.replace(plan, cfg=grown)
@@ -271,10 +264,37 @@ def train_grown(ctx: StepContext, plan: WorkerPlan
     return dataclasses.replace(second, init_model=uri, grow=growth), summary
 
 
-def clear_outputs(ctx: StepContext) -> None:
-    """--force: remove a previous training's state and outputs (train.grow's phone stage
-    included)."""
-    for sub in ("checkpoints", "metrics", "rejects", PHONE_STAGE):
+def _finished_phone_stage(ctx: StepContext, first: WorkerPlan) -> dict[str, Any] | None:
+    """The summary of train.grow's finished phone stage when it trained `first` (the same
+    config and inputs: retraining it would give the same model, so even --force keeps it;
+    the grown stage is what a changed grow_recipe retrains). None: it is to be trained,
+    after --force cleared what another phone stage left. A different finished one without
+    --force is refused, naming what differs."""
+    st, summary_uri = ctx.storage, join(first.train_dir, "summary.json")
+    if st.exists(summary_uri):
+        summary = st.read_json(summary_uri)
+        changed = fingerprint_changes(summary.get("fingerprint", {}), plan_fingerprint(first))
+        if not changed:
+            log.info("train.grow: the phone stage trained with this config on these inputs "
+                     "is done (%s)%s", summary_uri, "; kept under --force too (remove "
+                     f"{first.train_dir} to train it again)" if ctx.force else "")
+            return summary
+        if not ctx.force:
+            raise StepError(f"{first.train_dir} holds the phone stage of a different "
+                            f"training (differs in: {', '.join(changed)}); re-run with "
+                            "--force to start over, or use another train.tag")
+        log.info("train.grow: the phone stage differs in %s: trained again", ", ".join(changed))
+    if ctx.force:
+        for uri in st.list(first.train_dir, recursive=True):
+            st.delete(uri)
+    return None
+
+
+def clear_outputs(ctx: StepContext, keep_phone_stage: bool = False) -> None:
+    """--force: remove a previous training's state and outputs; train.grow's phone stage
+    too unless `keep_phone_stage` (a growing training: `_finished_phone_stage` keeps it
+    only when it trained the same config on the same inputs)."""
+    for sub in ("checkpoints", "metrics", "rejects") + (() if keep_phone_stage else (PHONE_STAGE,)):
         for uri in ctx.storage.list(ctx.path(sub), recursive=True):
             ctx.storage.delete(uri)
     for name in ("model.pt", "metrics.jsonl", "learning_curve.png", "_fault_injected.json",

@@ -26,7 +26,7 @@ def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
         ctx = StepContext(cfg, ctx.run_id, step, force=ctx.force)
         ctx.started = started
     if ctx.force:
-        clear_outputs(ctx)
+        clear_outputs(ctx, keep_phone_stage=grows(tc))
     elif ctx.storage.exists(ctx.path(SUCCESS)):
         return _finished(ctx)
     plan, report = build_plan(ctx, ctx.step_uri)
