@@ -124,6 +124,19 @@ class StepContext:
         st.write_json(plan_uri, plan)
         return None
 
+    def unplanned_summary(self, name: str = "_plan.json") -> dict[str, Any] | None:
+        """The summary of a step that finished before amflow kept the step's plan (an older
+        amflow), taken as it is with a warning, so that an upgrade does not redo a run's
+        finished work; --force redoes it and keeps a plan from then on. None: not such a
+        step (then `resume_plan`)."""
+        st = self.storage
+        if self.force or st.exists(self.path(name)) or not st.exists(self.path(SUCCESS)):
+            return None
+        log.warning("%s: finished before amflow kept its inputs and settings (%s has no %s): "
+                    "taken as it is, unchecked; use --force to redo it", self.step,
+                    self.step_uri, name)
+        return st.read_json(self.path(SUCCESS))
+
     # -- per-shard idempotency
     def shard_marker(self, shard_id: str) -> str:
         return self.path("_shards", f"{shard_id}.json")

@@ -32,7 +32,7 @@ import json
 import logging
 import math
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
@@ -217,6 +217,23 @@ def records_of_split(storage: Storage, corpus: str, split: str) -> tuple[list[Re
         raise StepError(f"corpus {corpus} has no records with split '{split}' "
                         f"(splits found: {', '.join(found) or 'none'})")
     return recs, rejects
+
+
+def corpus_digest(storage: Storage, corpus: str) -> str | None:
+    """A corpus's identity: the digest of its _SUCCESS.json, which `amflow corpus` and
+    `amflow import` write, and rewrite only when they make the corpus again. None: a
+    hand-made corpus, known by its URI alone."""
+    success = join(corpus, "_SUCCESS.json")
+    return storage.digest(success) if storage.exists(success) else None
+
+
+def selection_plan(storage: Storage, corpus: str, scfg: Any) -> dict[str, Any]:
+    """What a selection depends on: the corpus (its URI and `corpus_digest`) and every
+    select key (`select.hours`, splits, seed, shard size). A finished selection is handed
+    back only under the same plan (`StepContext.resume_plan`)."""
+    return json.loads(json.dumps({"corpus": corpus,
+                                  "corpus_summary_digest": corpus_digest(storage, corpus),
+                                  "select": asdict(scfg)}))
 
 
 def metadata_files(storage: Storage, corpus: str) -> list[str]:

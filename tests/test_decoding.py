@@ -244,9 +244,9 @@ def test_decode_and_evaluate_follow_the_split_rule(tmp_path, local_cfg):
 
 def test_a_finished_decode_is_handed_back_only_for_the_same_model_lm_and_search(
         tmp_path, local_cfg):
-    """A rerun reuses a finished decode when the model, LM and lexicon hold the same bytes
-    and the search keys match (workers only place it); a model trained again at the same
-    URI, or another beam, decodes again."""
+    """A rerun reuses a finished decode when the model, LM, lexicon and corpus are the same
+    (by their bytes) and the search keys match (workers only place it); a model trained
+    again at the same URI, a corpus made again, or another beam decodes again."""
     from amflow.runs import SUCCESS, StepContext
     from amflow.steps import decode as decode_step
 
@@ -271,6 +271,10 @@ def test_a_finished_decode_is_handed_back_only_for_the_same_model_lm_and_search(
                counts={"in": 1, "out": 1}, metrics={}, extra={"out": out})
     assert finished() is not None and finished("decode.workers=1") is not None
     assert finished("decode.beam=12") is None
+    (corpus / "_SUCCESS.json").write_text("{}")  # the corpus made again by amflow
+    assert finished() is None
+    (corpus / "_SUCCESS.json").unlink()
+    assert finished() is not None
     ctx.storage.write_bytes(model, b"model two")  # trained again, the same URI
     assert finished() is None
     assert ctx.storage.read_json(ctx.path(SUCCESS))["inputs"]["model_digest"] != \

@@ -248,6 +248,31 @@ def test_select_infers_split_and_samples_hours(tmp_path, local_cfg):
     assert summary["counts"]["not_selected"] == 32 - len(rows)
 
 
+def test_a_selection_is_handed_back_only_for_its_own_corpus_and_select_keys(tmp_path, local_cfg):
+    """Another select.hours (a contract key) selects again, and so does the same corpus
+    made again (its _SUCCESS.json rewritten); the same keys hand the selection back. A
+    selection finished before select kept its plan is taken, unchecked."""
+    from amflow.runs import StepContext
+    from amflow.steps import select
+    from amflow.storage import Storage
+
+    make_corpus(tmp_path / "corpus", speakers=8, utts=4, labeled=3, with_split=False)
+    sets = [f"data.corpus={tmp_path / 'corpus'}", "select.shard_hours=0.002"]
+    small = select.run(StepContext(local_cfg(*sets, "select.hours=0.002"), "r", "select"))
+    assert select.run(StepContext(local_cfg(*sets, "select.hours=0.002"), "r", "select")) == small
+    large = select.run(StepContext(local_cfg(*sets, "select.hours=0.006"), "r", "select"))
+    assert large["metrics"] != small["metrics"]
+    assert sum(r["duration"] for rs in _read_manifests(local_cfg(*sets), "r").values()
+               for r in rs) >= 0.006 * 3600
+    (tmp_path / "corpus" / "_SUCCESS.json").write_text('{"created_at": "again"}')
+    remade = select.run(StepContext(local_cfg(*sets, "select.hours=0.006"), "r", "select"))
+    plan = tmp_path / "store" / "runs" / "r" / "select" / "_plan.json"
+    assert json.loads(plan.read_text())["corpus_summary_digest"] == \
+        Storage().digest(str(tmp_path / "corpus" / "_SUCCESS.json"))  # selected under it
+    plan.unlink()  # as an older amflow left it
+    assert select.run(StepContext(local_cfg(*sets, "select.hours=1"), "r", "select")) == remade
+
+
 def test_wav_truncation_detection():
     from tasks.audio import wav_truncation
 

@@ -10,18 +10,18 @@ from typing import Any
 import numpy as np
 
 from amflow.progress import Progress
-from amflow.runs import SUCCESS, StepContext, StepError, rejects_table
+from amflow.runs import StepContext, StepError, rejects_table
 from tasks.select import (apply_split_rule, index_entry, log, manifest_table, metadata_files,
                           parse_records, plan_shards, read_metadata, sample_uniform,
-                          select_metrics)
+                          select_metrics, selection_plan)
 
 
 def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
     cfg, st, scfg = ctx.cfg, ctx.storage, ctx.cfg.select
-    if not ctx.force and st.exists(ctx.path(SUCCESS)):
-        log.info("select: %s exists, nothing to do (use --force to redo)", ctx.path(SUCCESS))
-        return st.read_json(ctx.path(SUCCESS))
     corpus = cfg.data.corpus.rstrip("/")
+    earlier = ctx.unplanned_summary() or ctx.resume_plan(selection_plan(st, corpus, scfg))
+    if earlier is not None:
+        return earlier
     files = metadata_files(st, corpus)
     if not files:
         raise StepError(f"no metadata under {corpus}: expected metadata/**.jsonl or "
