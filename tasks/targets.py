@@ -319,17 +319,17 @@ OPERATIONAL_KEYS = {"actors", "threads_per_actor", "batch_frames", "device",
                     "num_gpus_per_actor", "fidelity_sample_frames", "zstd_level"}
 
 
-def scoring_plan(ctx: StepContext, features: dict[str, Any], teacher: str,
-                 teacher_digest: str) -> dict[str, Any]:
+def scoring_plan(ctx: StepContext, features: dict[str, Any], teacher_digest: str
+                 ) -> dict[str, Any]:
     """What the stored targets depend on: the features (when they finished), the teacher
-    (its URI and its bytes' digest: a teacher trained again at the same URI scores
-    differently) and the targets keys that shape them. A scored shard is kept only under
-    the same plan (`StepContext.resume_plan`)."""
+    (its bytes' digest, not its URI: a teacher trained again at the same URI scores
+    differently, the same file named another way does not) and the targets keys that shape
+    them (targets.teacher itself aside). A scored shard is kept only under the same plan
+    (`StepContext.resume_plan`)."""
     keys = {k: v for k, v in asdict(ctx.cfg.targets).items()
-            if k not in OPERATIONAL_KEYS}
+            if k not in OPERATIONAL_KEYS and k != "teacher"}
     return json.loads(json.dumps({"features_finished_at": features.get("finished_at"),
-                                  "teacher": teacher, "teacher_digest": teacher_digest,
-                                  "targets": keys}))
+                                  "teacher_digest": teacher_digest, "targets": keys}))
 
 
 # (storage, model uri) -> (model in eval mode, model-file metadata): training.checkpoint's

@@ -24,7 +24,7 @@ def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
         raise StepError(f"teacher checkpoint not found at {model_uri}: set targets.teacher "
                         "to a model.pt URI (e.g. from the teacher DAG)")
     check_classes(ctx, model_uri)
-    plan = scoring_plan(ctx, feats_summary, model_uri, ctx.storage.digest(model_uri))
+    plan = scoring_plan(ctx, feats_summary, ctx.storage.digest(model_uri))
     earlier = ctx.unplanned_summary() or ctx.resume_plan(plan)
     if earlier is not None:
         return earlier
