@@ -49,6 +49,7 @@ import tempfile
 import threading
 import time
 import traceback
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -891,6 +892,205 @@ def overhead_table(lhome: Path, chome: Path, cluster: Cluster) -> list[dict]:
 
 # ----------------------------------------------------------------------------- main
 
+@dataclass
+class Rehearsal:
+    """What the stages share: the work dir, the S3 server, the cluster, both configs (the
+    cluster's on S3, the reference's on local disk) and what earlier stages left."""
+
+    work: Path
+    env: dict
+    s3: S3Server
+    cluster: Cluster
+    cfg_path: Path  # the cluster's config
+    lcfg_path: Path  # the reference's: local disk, a local Ray
+    ccfg: Any
+    lcfg: Any
+    store: Path  # the reference's storage root
+    report: dict[str, Any]
+    lhome: Path | None = None  # the Airflow homes of the two pipelines
+    chome: Path | None = None
+    killer: FeatureKiller | None = None
+    teacher_uri: str = ""  # the cluster ssl_student's targets.teacher
+
+    @property
+    def cl_storage(self):
+        from amflow.storage import Storage
+
+        return Storage(self.ccfg.storage)
+
+    @property
+    def lo_storage(self):
+        from amflow.storage import Storage
+
+        return Storage(self.lcfg.storage)
+
+
+def start(work: Path, procs: Procs, env: dict, report: dict) -> Rehearsal:
+    """0-1. S3 (moto, faults off for now), the cluster's ports, both configs."""
+    s3 = S3Server(FAULT_SHARE)
+    try:
+        return _configured(work, procs, env, report, s3)
+    except BaseException:
+        s3.stop()  # main's teardown only knows what start returned
+        raise
+
+
+def _configured(work: Path, procs: Procs, env: dict, report: dict, s3: S3Server) -> Rehearsal:
+    import boto3
+
+    boto3.client("s3", endpoint_url=s3.endpoint, region_name="us-east-1").create_bucket(
+        Bucket=BUCKET)
+    say(f"S3 (moto) on {s3.endpoint}; faults: {FAULT_SHARE:.0%} of requests once enabled")
+    cluster = Cluster(procs, work, env)
+    cdata = rehearsal_config_data(s3.endpoint, cluster.address, cluster.dashboard)
+    cfg_path = work / "rehearsal.yaml"
+    cfg_path.write_text("# configs/aws.yaml <- configs/rehearsal.yaml <- this run's ports\n"
+                        + yaml.safe_dump(cdata, sort_keys=False))
+    store = work / "local"
+    lcfg_path = work / "local.yaml"
+    lcfg_path.write_text(yaml.safe_dump(local_config_data(cdata, store), sort_keys=False))
+    from amflow.config import load_config
+
+    return Rehearsal(work, env, s3, cluster, cfg_path, lcfg_path, load_config(cfg_path),
+                     load_config(lcfg_path), store, report)
+
+
+def corpus_stage(r: Rehearsal) -> None:
+    """2. The corpus onto S3 (a local Ray: the cluster is not up yet), a copy on local disk."""
+    import boto3
+
+    say("amflow corpus -> s3://amflow-data/corpus")
+    t = time.time()
+    run([str(BIN / "amflow"), "corpus", "--config", str(r.cfg_path), "--set", "ray.address="],
+        r.env, r.work / "corpus.log")
+    r.report["corpus_s"] = round(time.time() - t, 1)
+    client = boto3.client("s3", endpoint_url=r.s3.endpoint, region_name="us-east-1")
+    n = 0
+    for page in client.get_paginator("list_objects_v2").paginate(Bucket=BUCKET,
+                                                                  Prefix="corpus/"):
+        for o in page.get("Contents", []):
+            dest = r.store / o["Key"]
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            client.download_file(BUCKET, o["Key"], str(dest))
+            n += 1
+    say(f"corpus: {n} objects on S3, copied to {r.store / 'corpus'}")
+
+
+def local_stage(r: Rehearsal) -> None:
+    """3. The reference: local disk, a local Ray, runner.mode local."""
+    r.lhome = r.work / "airflow-local"
+    lenv = airflow_setup(r.lhome, r.env)
+    lteacher, lssl = dag_confs(r.lcfg_path, str(r.store))
+    t = time.time()
+    dags_test(lenv, "teacher", lteacher, r.work / "local-teacher.log")
+    dags_test(lenv, "ssl_student", lssl, r.work / "local-ssl_student.log")
+    r.report["local_pipeline_s"] = round(time.time() - t, 1)
+
+
+def cluster_stage(r: Rehearsal) -> dict:
+    """4-5b. The cluster; both DAGs the cluster way (timed against the local run: no
+    injected S3 faults here, their retries' backoff would be measured), a c4 node lost
+    mid-features; the floor of a Ray job. Returns the environment with the cluster's auth."""
+    say(f"starting the Ray cluster (temp dir {r.cluster.temp})")
+    r.cluster.start()
+    env_c = dict(r.env, **r.cluster.auth)
+    r.chome = r.work / "airflow-cluster"
+    cenv = airflow_setup(r.chome, env_c)
+    cteacher, cssl = dag_confs(r.cfg_path, r.ccfg.storage.root)
+    r.teacher_uri = cssl["teacher"]
+    t = time.time()
+    dags_test(cenv, "teacher", cteacher, r.work / "cluster-teacher.log")
+    r.killer = FeatureKiller(r.cluster)
+    r.killer.start()
+    dags_test(cenv, "ssl_student", cssl, r.work / "cluster-ssl_student.log")
+    r.killer.done.set()
+    r.report["cluster_pipeline_s"] = round(time.time() - t, 1)
+    say("the fixed cost of a Ray job: empty jobs on pool_x1 / pool_p3, and locally")
+    try:
+        r.report["floor"] = job_floor(r.ccfg, r.work, env_c)
+    except Exception:  # noqa: BLE001 - a measurement, not a check: report it, go on
+        r.report["floor"] = {"error": traceback.format_exc()[-2000:], "pools": {}}
+    return env_c
+
+
+def faults_stage(r: Rehearsal, env_c: dict) -> None:
+    """6-7. S3 faults on: ssl_student's select, features, targets again as Ray jobs (run
+    FAULT_RUN); then a retried Airflow task re-attaches and a p3 node is lost mid-train."""
+    r.s3.faults.enabled = True
+    sets = ["train.model=student", "train.recipe=ssl", "select.hours=1000000",
+            "train.workers=2", "train.epochs=1", f"targets.teacher={r.teacher_uri}"]
+    t = time.time()
+    for step in ("select", "features", "targets"):
+        say(f"{step} of run {FAULT_RUN} as a Ray job, S3 faults on")
+        run([sys.executable, "-m", "amflow.jobs", "run", step, "--config", str(r.cfg_path),
+             "--run-id", FAULT_RUN, *[x for kv in sets for x in ("--set", kv)]], env_c,
+            r.work / f"faults-{step}.log")
+    r.report["fault_pass_s"] = round(time.time() - t, 1)
+    say("train (2 workers) by the Airflow task glue: task process killed, p3 node killed")
+    r.report["train_nodeloss"] = train_with_task_kill_and_node_loss(r.cluster, r.cfg_path,
+                                                                    env_c, r.work)
+    r.s3.faults.enabled = False
+    r.report["s3"] = {"requests": r.s3.faults.requests, "injected": dict(r.s3.faults.injected),
+                      "share": FAULT_SHARE}
+
+
+def checks_stage(r: Rehearsal) -> None:
+    """8. The checks, and the per-step overhead table."""
+    say("checks")
+    checks = r.report["checks"]
+    cl_storage, root = r.cl_storage, r.ccfg.storage.root
+    pl = placement_check(r.cluster, r.ccfg)
+    checks["placement"] = {"ok": not pl["violations"], **pl}
+    jl = ray_job_logs_check(r.cluster, r.chome, {
+        "teacher": r.work / "cluster-teacher.log",
+        "ssl_student": r.work / "cluster-ssl_student.log"})
+    checks["ray_jobs_and_logs"] = {"ok": not jl["not_ok"], **jl}
+    checks["outputs_equal_local"] = outputs_check(cl_storage, root, r.lo_storage,
+                                                  r.lcfg.storage.root)
+    checks["features_node_loss"] = _features_node_loss(r, cl_storage)
+    checks["train_node_loss"], checks["reattach"] = _train_node_loss(r, cl_storage)
+    fo = outputs_check(cl_storage, root, r.lo_storage, r.lcfg.storage.root,
+                       pairs=((FAULT_RUN, SSL_RUN, "features"), (FAULT_RUN, SSL_RUN, "targets")),
+                       results=())
+    checks["s3_faults"] = {**r.report["s3"], "outputs_equal_local": fo["files"],
+                           "different": fo["different"],
+                           "ok": sum(r.report["s3"]["injected"].values()) > 0 and fo["ok"]}
+    r.report["overhead"] = overhead_table(r.lhome, r.chome, r.cluster)
+    add_floor(r.report["overhead"], r.report["floor"])
+    r.report["ok"] = all(c.get("ok") for c in checks.values())
+
+
+def _features_node_loss(r: Rehearsal, cl_storage) -> dict:
+    fk = dict(r.killer.result)
+    fjob = fk.get("job")
+    out = {**fk, **(redone_shards(r.cluster, fjob) if fjob else {}),
+           "accounting": accounting_check(cl_storage, r.ccfg.storage.root, SSL_RUN)}
+    out["ok"] = bool(fjob) and out["accounting"]["ok"]
+    return out
+
+
+def _train_node_loss(r: Rehearsal, cl_storage) -> tuple[dict, dict]:
+    tn = r.report["train_nodeloss"]
+    summ = tn.get("summary") or {}
+    counts = summ.get("counts", {})
+    rep = cl_storage.read_json(f"{r.ccfg.storage.root}/runs/{SSL_RUN}/train/_SUCCESS.json")
+    loss = {
+        "killed_node": tn.get("killed_node"), "status": tn.get("status"),
+        "resumed_from_step": (summ.get("resumed_from_step") if "resumed_from_step" in summ
+                              else (summ.get("extra") or {}).get("resumed_from_step")),
+        "train_worker_actors": tn.get("train_worker_actors"),
+        "counts": counts, "counts_of_undisturbed_train": rep.get("counts"),
+        "ok": tn.get("status") == "SUCCEEDED" and bool(tn.get("killed_node"))
+        and counts.get("in") == counts.get("out", 0) + counts.get("rejected", 0)
+        and counts == rep.get("counts")}
+    reattach = {
+        "jobs": tn.get("jobs"), "try2_adopted_try1_job": tn.get("try2_adopted"),
+        "models": tn.get("model_objects"),
+        "ok": len(tn.get("jobs") or []) == 1 and bool(tn.get("try2_adopted"))
+        and len(tn.get("model_objects") or []) == 1}
+    return loss, reattach
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--work", help="work dir (default: a new temp dir)")
@@ -900,8 +1100,6 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(a.work or tempfile.mkdtemp(prefix="amflow-rehearsal-")).resolve()
     work.mkdir(parents=True, exist_ok=True)
     say(f"work dir {work}")
-    procs = Procs()
-    s3 = None
 
     def on_term(signum, frame):  # noqa: ARG001 - teardown (finally) on SIGTERM / SIGINT too
         raise KeyboardInterrupt(f"signal {signum}")
@@ -912,161 +1110,33 @@ def main(argv: list[str] | None = None) -> int:
     env = base_env()
     os.environ.update({k: env[k] for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
                                            "AWS_DEFAULT_REGION")})
+    procs, r = Procs(), None
     try:
-        # 0-1. S3, configs
-        s3 = S3Server(FAULT_SHARE)
-        import boto3
-
-        boto3.client("s3", endpoint_url=s3.endpoint, region_name="us-east-1").create_bucket(
-            Bucket=BUCKET)
-        say(f"S3 (moto) on {s3.endpoint}; faults: {FAULT_SHARE:.0%} of requests once enabled")
-        cluster = Cluster(procs, work, env)
-        cdata = rehearsal_config_data(s3.endpoint, cluster.address, cluster.dashboard)
-        cfg_path = work / "rehearsal.yaml"
-        cfg_path.write_text("# configs/aws.yaml <- configs/rehearsal.yaml <- this run's ports\n"
-                            + yaml.safe_dump(cdata, sort_keys=False))
-        store = work / "local"
-        ldata = local_config_data(cdata, store)
-        lcfg_path = work / "local.yaml"
-        lcfg_path.write_text(yaml.safe_dump(ldata, sort_keys=False))
-        from amflow.config import load_config
-        from amflow.storage import Storage
-
-        ccfg, lcfg = load_config(cfg_path), load_config(lcfg_path)
-        cl_storage, lo_storage = Storage(ccfg.storage), Storage(lcfg.storage)
-
-        # 2. corpus onto S3 (a local Ray: the cluster is not up yet), a copy on local disk
-        say("amflow corpus -> s3://amflow-data/corpus")
-        t = time.time()
-        run([str(BIN / "amflow"), "corpus", "--config", str(cfg_path), "--set", "ray.address="],
-            env, work / "corpus.log")
-        report["corpus_s"] = round(time.time() - t, 1)
-        client = boto3.client("s3", endpoint_url=s3.endpoint, region_name="us-east-1")
-        n = 0
-        for page in client.get_paginator("list_objects_v2").paginate(Bucket=BUCKET,
-                                                                      Prefix="corpus/"):
-            for o in page.get("Contents", []):
-                dest = store / o["Key"]
-                dest.parent.mkdir(parents=True, exist_ok=True)
-                client.download_file(BUCKET, o["Key"], str(dest))
-                n += 1
-        say(f"corpus: {n} objects on S3, copied to {store / 'corpus'}")
-
-        # 3. the reference: local disk, a local Ray, runner.mode local
-        lhome = work / "airflow-local"
-        lenv = airflow_setup(lhome, env)
-        lteacher, lssl = dag_confs(lcfg_path, str(store))
-        t = time.time()
-        dags_test(lenv, "teacher", lteacher, work / "local-teacher.log")
-        dags_test(lenv, "ssl_student", lssl, work / "local-ssl_student.log")
-        report["local_pipeline_s"] = round(time.time() - t, 1)
-
-        # 4. the cluster
-        say(f"starting the Ray cluster (temp dir {cluster.temp})")
-        cluster.start()
-        env_c = dict(env, **cluster.auth)
-
-        # 5. both DAGs the cluster way (timed against the local run: no injected S3
-        # faults here, their retries' backoff would be measured); a c4 node lost
-        # mid-features
-        chome = work / "airflow-cluster"
-        cenv = airflow_setup(chome, env_c)
-        cteacher, cssl = dag_confs(cfg_path, ccfg.storage.root)
-        t = time.time()
-        dags_test(cenv, "teacher", cteacher, work / "cluster-teacher.log")
-        killer = FeatureKiller(cluster)
-        killer.start()
-        dags_test(cenv, "ssl_student", cssl, work / "cluster-ssl_student.log")
-        killer.done.set()
-        report["cluster_pipeline_s"] = round(time.time() - t, 1)
-
-        # 5b. the floor: an empty Ray job on each short step's pool, beside a local one
-        say("the fixed cost of a Ray job: empty jobs on pool_x1 / pool_p3, and locally")
-        try:
-            report["floor"] = job_floor(ccfg, work, env_c)
-        except Exception:  # noqa: BLE001 - a measurement, not a check: report it, go on
-            report["floor"] = {"error": traceback.format_exc()[-2000:], "pools": {}}
-
-        # 6. S3 faults on: ssl_student's select, features, targets again as Ray jobs
-        # (run FAULT_RUN), and the train below, with 3 % of S3 requests failing
-        s3.faults.enabled = True
-        sets = ["train.model=student", "train.recipe=ssl", "select.hours=1000000",
-                "train.workers=2", "train.epochs=1", f"targets.teacher={cssl['teacher']}"]
-        t = time.time()
-        for step in ("select", "features", "targets"):
-            say(f"{step} of run {FAULT_RUN} as a Ray job, S3 faults on")
-            run([sys.executable, "-m", "amflow.jobs", "run", step, "--config", str(cfg_path),
-                 "--run-id", FAULT_RUN, *[x for kv in sets for x in ("--set", kv)]], env_c,
-                work / f"faults-{step}.log")
-        report["fault_pass_s"] = round(time.time() - t, 1)
-
-        # 7. a retried Airflow task re-attaches; a p3 node lost mid-train (faults still on)
-        say("train (2 workers) by the Airflow task glue: task process killed, p3 node killed")
-        report["train_nodeloss"] = train_with_task_kill_and_node_loss(cluster, cfg_path,
-                                                                      env_c, work)
-        s3.faults.enabled = False
-        report["s3"] = {"requests": s3.faults.requests, "injected": dict(s3.faults.injected),
-                        "share": FAULT_SHARE}
-
-        # 8. checks
-        say("checks")
-        checks = report["checks"]
-        pl = placement_check(cluster, ccfg)
-        checks["placement"] = {"ok": not pl["violations"], **pl}
-        jl = ray_job_logs_check(cluster, chome, {"teacher": work / "cluster-teacher.log",
-                                                 "ssl_student": work / "cluster-ssl_student.log"})
-        checks["ray_jobs_and_logs"] = {"ok": not jl["not_ok"], **jl}
-        out = outputs_check(cl_storage, ccfg.storage.root, lo_storage, lcfg.storage.root)
-        checks["outputs_equal_local"] = out
-        fk = dict(killer.result)
-        fjob = fk.get("job")
-        checks["features_node_loss"] = {
-            **fk, **(redone_shards(cluster, fjob) if fjob else {}),
-            "accounting": accounting_check(cl_storage, ccfg.storage.root, SSL_RUN)}
-        checks["features_node_loss"]["ok"] = bool(fjob) and \
-            checks["features_node_loss"]["accounting"]["ok"]
-        tn = report["train_nodeloss"]
-        summ = tn.get("summary") or {}
-        counts = summ.get("counts", {})
-        rep = cl_storage.read_json(f"{ccfg.storage.root}/runs/{SSL_RUN}/train/_SUCCESS.json")
-        checks["train_node_loss"] = {
-            "killed_node": tn.get("killed_node"), "status": tn.get("status"),
-            "resumed_from_step": (summ.get("resumed_from_step")
-                                  if "resumed_from_step" in summ else
-                                  (summ.get("extra") or {}).get("resumed_from_step")),
-            "train_worker_actors": tn.get("train_worker_actors"),
-            "counts": counts, "counts_of_undisturbed_train": rep.get("counts"),
-            "ok": tn.get("status") == "SUCCEEDED" and bool(tn.get("killed_node"))
-            and counts.get("in") == counts.get("out", 0) + counts.get("rejected", 0)
-            and counts == rep.get("counts")}
-        checks["reattach"] = {
-            "jobs": tn.get("jobs"), "try2_adopted_try1_job": tn.get("try2_adopted"),
-            "models": tn.get("model_objects"),
-            "ok": len(tn.get("jobs") or []) == 1 and bool(tn.get("try2_adopted"))
-            and len(tn.get("model_objects") or []) == 1}
-        fo = outputs_check(cl_storage, ccfg.storage.root, lo_storage, lcfg.storage.root,
-                           pairs=((FAULT_RUN, SSL_RUN, "features"), (FAULT_RUN, SSL_RUN, "targets")),
-                           results=())
-        checks["s3_faults"] = {**report["s3"], "outputs_equal_local": fo["files"],
-                               "different": fo["different"],
-                               "ok": sum(report["s3"]["injected"].values()) > 0 and fo["ok"]}
-        report["overhead"] = overhead_table(lhome, chome, cluster)
-        add_floor(report["overhead"], report["floor"])
-        report["ok"] = all(c.get("ok") for c in checks.values())
+        r = start(work, procs, env, report)
+        corpus_stage(r)
+        local_stage(r)
+        env_c = cluster_stage(r)
+        faults_stage(r, env_c)
+        checks_stage(r)
     except Exception:  # noqa: BLE001
         report["error"] = traceback.format_exc()
         report["ok"] = False
         print(report["error"], file=sys.stderr, flush=True)
     finally:
-        # 9. teardown, by process id
-        say("teardown: " + ", ".join(f"{n}={p.pid}" for n, p in procs.groups.items()))
-        procs.stop_all()
-        if s3 is not None:
-            s3.stop()
-        try:
-            shutil.rmtree(getattr(locals().get("cluster"), "temp", ""), ignore_errors=True)
-        except TypeError:
-            pass
+        teardown(procs, r)
+    return finish(report, work, a)
+
+
+def teardown(procs: Procs, r: Rehearsal | None) -> None:
+    """9. Every process group this script started, by process id; S3; the cluster's temp."""
+    say("teardown: " + ", ".join(f"{n}={p.pid}" for n, p in procs.groups.items()))
+    procs.stop_all()
+    if r is not None:
+        r.s3.stop()
+        shutil.rmtree(r.cluster.temp, ignore_errors=True)
+
+
+def finish(report: dict, work: Path, a: argparse.Namespace) -> int:
     print_report(report)
     text = json.dumps(report, indent=1, sort_keys=True, default=str)
     (work / "report.json").write_text(text)
