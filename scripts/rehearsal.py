@@ -83,7 +83,8 @@ ALLOWED_OVERRIDES = (
     # sizes (and the GPU counts: no GPU on this machine)
     "ray.num_cpus", "ray.num_gpus", "train.use_gpu", "corpus", "select.hours",
     "select.shard_hours", "repartition.partition_hours", "targets.actors",
-    "targets.batch_frames", "model.student", "model.teacher", "train.workers", "train.epochs",
+    "targets.batch_frames", "model.num_classes", "model.student", "model.teacher",
+    "train.workers", "train.epochs",
     "train.finetune_epochs", "train.sub_epochs", "train.minibatch_frames", "train.block_size",
     "train.group_size", "train.checkpoint_every", "lm.sentences", "decode.workers",
     "decode.acwt",

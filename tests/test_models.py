@@ -95,6 +95,12 @@ def test_paper_sizes():
 def test_num_classes_from_config_or_inventory():
     assert resolve_num_classes(ModelConfig(num_classes=0), ["a", "b", "c"]) == 3
     assert resolve_num_classes(ModelConfig(num_classes=3183), ["a", "b"]) == 3183
+    # a network tree's leaves are the classes: a set count must be theirs (a tiny corpus's
+    # tree under configs/aws.yaml's 3,183 once trained outputs no phone stood for)
+    assert resolve_num_classes(ModelConfig(num_classes=3), ["a", "b", "c"], tree_leaves=True) == 3
+    assert resolve_num_classes(ModelConfig(num_classes=0), ["a", "b", "c"], tree_leaves=True) == 3
+    with pytest.raises(ValueError, match=r"model.num_classes=3183.*3 leaves.*set model.num_classes to 0"):
+        resolve_num_classes(ModelConfig(num_classes=3183), ["a", "b", "c"], tree_leaves=True)
     with pytest.raises(ValueError):
         resolve_num_classes(ModelConfig(num_classes=2), ["a", "b", "c"])
     with pytest.raises(ValueError):

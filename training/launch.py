@@ -123,7 +123,7 @@ def build_plan(ctx: StepContext, train_dir: str) -> tuple[WorkerPlan, dict[str, 
     context_uri = ctx.other("features", "context.json")
     context = storage.read_json(context_uri) if storage.exists(context_uri) else None
     try:
-        num_classes = resolve_num_classes(cfg.model, phones)
+        num_classes = resolve_num_classes(cfg.model, phones, tree_leaves=context is not None)
     except ValueError as exc:
         raise StepError(f"{exc} ({phones_uri})") from exc
 

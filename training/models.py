@@ -171,8 +171,19 @@ class TeacherBLSTM(_LSTMBody):
         return self._run(x, lengths)
 
 
-def resolve_num_classes(model_cfg: Any, phones: Sequence[str] | None) -> int:
-    """`model.num_classes`, or the run's phone inventory size when it is 0."""
+def resolve_num_classes(model_cfg: Any, phones: Sequence[str] | None,
+                        tree_leaves: bool = False) -> int:
+    """`model.num_classes`, or the run's class count (phones.json) when it is 0. When the
+    classes are a network tree's leaves (`tree_leaves`: features.labels=align) a set
+    model.num_classes must be their count: outputs beyond the leaves would be classes no
+    frame is labelled with and no phone stands for (evaluate and decode read a class as
+    its leaf's phone)."""
+    n = model_cfg.num_classes
+    if n > 0 and tree_leaves and phones and n != len(phones):
+        raise ValueError(f"model.num_classes={n}, but this run's classes are the {len(phones)} "
+                         "leaves of its network tree (align.nn_senones is the most it builds; "
+                         f"the data split into {len(phones)}): set model.num_classes to 0, the "
+                         "tree's leaf count")
     if model_cfg.num_classes > 0:
         if phones and model_cfg.num_classes < len(phones):
             raise ValueError(f"model.num_classes={model_cfg.num_classes} is smaller than the "
