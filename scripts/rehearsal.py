@@ -17,7 +17,7 @@ Reads top to bottom like a Kaldi run.sh:
                   storage on S3; a c4 node is killed in the middle of ssl_student's
                   `features` (a replacement joins, as the autoscaler would)
   6. S3 faults    3 % of S3 requests fail (503 SlowDown / 500): ssl_student's select,
-                  features, targets again as Ray jobs (`python -m amflow.jobs run`)
+                  align, features, targets again as Ray jobs (`python -m amflow.jobs run`)
   7. retry+loss   a multi-worker `train` run by the Airflow task glue (AirflowStep): its
                   task process is killed while the Ray job runs, a p3 node is killed in the
                   middle of training, and try 2 re-attaches to the same job (faults on)
@@ -1015,13 +1015,13 @@ def cluster_stage(r: Rehearsal) -> dict:
 
 
 def faults_stage(r: Rehearsal, env_c: dict) -> None:
-    """6-7. S3 faults on: ssl_student's select, features, targets again as Ray jobs (run
-    FAULT_RUN); then a retried Airflow task re-attaches and a p3 node is lost mid-train."""
+    """6-7. S3 faults on: ssl_student's select, align, features, targets again as Ray jobs
+    (run FAULT_RUN); then a retried Airflow task re-attaches and a p3 node is lost mid-train."""
     r.s3.faults.enabled = True
     sets = ["train.model=student", "train.recipe=ssl", "select.hours=1000000",
             "train.workers=2", "train.epochs=1", f"targets.teacher={r.teacher_uri}"]
     t = time.time()
-    for step in ("select", "features", "targets"):
+    for step in ("select", "align", "features", "targets"):  # features' labels are align's
         say(f"{step} of run {FAULT_RUN} as a Ray job, S3 faults on")
         run([sys.executable, "-m", "amflow.jobs", "run", step, "--config", str(r.cfg_path),
              "--run-id", FAULT_RUN, *[x for kv in sets for x in ("--set", kv)]], env_c,
