@@ -219,20 +219,27 @@ def records_of_split(storage: Storage, corpus: str, split: str) -> tuple[list[Re
     return recs, rejects
 
 
-def corpus_digest(storage: Storage, corpus: str) -> str | None:
-    """A corpus's identity: the digest of its _SUCCESS.json, which `amflow corpus` and
-    `amflow import` write, and rewrite only when they make the corpus again. None: a
-    hand-made corpus, known by its URI alone."""
+def corpus_fingerprint(storage: Storage, corpus: str) -> str | None:
+    """A corpus's identity: the fingerprint `amflow corpus` (`plan_fingerprint`: its plan
+    and espeak-ng) or `amflow import` (`fingerprint`: its sources' texts, config, lexicon)
+    keeps in the corpus's _SUCCESS.json: what the corpus was made from, so another corpus
+    at the same URI has another, and the same corpus made twice the same one (its timings
+    aside); else the digest of a _SUCCESS.json without one. None: a hand-made corpus,
+    known by its URI alone."""
     success = join(corpus, "_SUCCESS.json")
-    return storage.digest(success) if storage.exists(success) else None
+    if not storage.exists(success):
+        return None
+    summary = storage.read_json(success)
+    fp = summary.get("plan_fingerprint") or summary.get("fingerprint")
+    return str(fp) if fp else storage.digest(success)
 
 
 def selection_plan(storage: Storage, corpus: str, scfg: Any) -> dict[str, Any]:
-    """What a selection depends on: the corpus (its URI and `corpus_digest`) and every
+    """What a selection depends on: the corpus (its URI and `corpus_fingerprint`) and every
     select key (`select.hours`, splits, seed, shard size). A finished selection is handed
     back only under the same plan (`StepContext.resume_plan`)."""
     return json.loads(json.dumps({"corpus": corpus,
-                                  "corpus_summary_digest": corpus_digest(storage, corpus),
+                                  "corpus_fingerprint": corpus_fingerprint(storage, corpus),
                                   "select": asdict(scfg)}))
 
 

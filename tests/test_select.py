@@ -249,12 +249,11 @@ def test_select_infers_split_and_samples_hours(tmp_path, local_cfg):
 
 
 def test_a_selection_is_handed_back_only_for_its_own_corpus_and_select_keys(tmp_path, local_cfg):
-    """Another select.hours (a contract key) selects again, and so does the same corpus
-    made again (its _SUCCESS.json rewritten); the same keys hand the selection back. A
+    """Another select.hours (a contract key) selects again, and so does a corpus made from
+    other inputs (its fingerprint); the same keys and corpus hand the selection back. A
     selection finished before select kept its plan is taken, unchecked."""
     from amflow.runs import StepContext
     from amflow.steps import select
-    from amflow.storage import Storage
 
     make_corpus(tmp_path / "corpus", speakers=8, utts=4, labeled=3, with_split=False)
     sets = [f"data.corpus={tmp_path / 'corpus'}", "select.shard_hours=0.002"]
@@ -264,11 +263,16 @@ def test_a_selection_is_handed_back_only_for_its_own_corpus_and_select_keys(tmp_
     assert large["metrics"] != small["metrics"]
     assert sum(r["duration"] for rs in _read_manifests(local_cfg(*sets), "r").values()
                for r in rs) >= 0.006 * 3600
-    (tmp_path / "corpus" / "_SUCCESS.json").write_text('{"created_at": "again"}')
-    remade = select.run(StepContext(local_cfg(*sets, "select.hours=0.006"), "r", "select"))
     plan = tmp_path / "store" / "runs" / "r" / "select" / "_plan.json"
-    assert json.loads(plan.read_text())["corpus_summary_digest"] == \
-        Storage().digest(str(tmp_path / "corpus" / "_SUCCESS.json"))  # selected under it
+    assert json.loads(plan.read_text())["corpus_fingerprint"] is None  # hand-made
+    # the corpus made (again) by amflow import: selected again, under its fingerprint
+    (tmp_path / "corpus" / "_SUCCESS.json").write_text('{"fingerprint": "f1", "wall_s": 1}')
+    remade = select.run(StepContext(local_cfg(*sets, "select.hours=0.006"), "r", "select"))
+    assert json.loads(plan.read_text())["corpus_fingerprint"] == "f1"
+    # the same corpus made twice (its timings aside) is the same corpus
+    (tmp_path / "corpus" / "_SUCCESS.json").write_text('{"fingerprint": "f1", "wall_s": 2}')
+    assert select.run(StepContext(local_cfg(*sets, "select.hours=0.006"), "r", "select")) == \
+        remade
     plan.unlink()  # as an older amflow left it
     assert select.run(StepContext(local_cfg(*sets, "select.hours=1"), "r", "select")) == remade
 

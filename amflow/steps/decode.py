@@ -17,7 +17,7 @@ from amflow.runs import SUCCESS, StepContext, StepError, rejects_table, step_dir
 from decoding import decode as D
 from decoding import error_analysis
 from decoding.assets import DecoderAssets
-from tasks.select import corpus_digest
+from tasks.select import corpus_fingerprint
 from training.launch import model_dir_name
 
 log = logging.getLogger(__name__)
@@ -65,14 +65,14 @@ OPERATIONAL_KEYS = {"tag", "workers", "batch_frames", "lm"}
 def decode_inputs(ctx: StepContext, model: str, corpus: str, split: str) -> dict[str, Any]:
     """What a decode's words depend on: the model, LM and lexicon (their URIs and their
     bytes' digests: one trained or made again at the same URI decodes differently), the
-    corpus (made again: `corpus_digest`) and split, and the decode keys that shape the
+    corpus (made from other inputs: `corpus_fingerprint`) and split, and the decode keys that shape the
     search."""
     st = ctx.storage
     lm, lexicon = lm_uri(ctx)[0], ctx.cfg.data.lexicon_uri(corpus)
     keys = {k: v for k, v in dataclasses.asdict(ctx.cfg.decode).items()
             if k not in OPERATIONAL_KEYS}
     return {"model": model, "model_digest": st.digest(model), "data": corpus,
-            "data_summary_digest": corpus_digest(st, corpus), "split": split,
+            "data_fingerprint": corpus_fingerprint(st, corpus), "split": split,
             "lm": lm, "lm_digest": st.digest(lm) if st.exists(lm) else None,
             "lexicon": lexicon,
             "lexicon_digest": st.digest(lexicon) if st.exists(lexicon) else None,
