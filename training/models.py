@@ -184,11 +184,11 @@ def resolve_num_classes(model_cfg: Any, phones: Sequence[str] | None,
                          "leaves of its network tree (align.nn_senones is the most it builds; "
                          f"the data split into {len(phones)}): set model.num_classes to 0, the "
                          "tree's leaf count")
-    if model_cfg.num_classes > 0:
-        if phones and model_cfg.num_classes < len(phones):
-            raise ValueError(f"model.num_classes={model_cfg.num_classes} is smaller than the "
+    if n > 0:
+        if phones and n < len(phones):
+            raise ValueError(f"model.num_classes={n} is smaller than the "
                              f"run's phone inventory ({len(phones)} phones)")
-        return int(model_cfg.num_classes)
+        return int(n)
     if not phones:
         raise ValueError("model.num_classes is 0 and the run has no phone inventory")
     return len(phones)

@@ -88,12 +88,13 @@ def _score(ctx: StepContext, model_uri: str, todo: list[str]
     # full softmax per k costs more than scoring itself.
     fid_frames = -(-tc.fidelity_sample_frames // len(todo))
     stats: list[dict] = []
+    frames = 0
     with Progress(len(todo), "targets", "shards") as bar:
         for s in ActorPool(actors).map_unordered(
                 lambda a, shard: a.score_shard.remote(shard, fid_frames), todo):
             stats.append(s)
-            bar.update(1, frames_per_s=sum(x["frames"] for x in stats)
-                       / (time.perf_counter() - t0))
+            frames += s["frames"]
+            bar.update(1, frames_per_s=frames / (time.perf_counter() - t0))
     for a in actors:
         ray.kill(a)
     return stats, actor_info, t0 - t_start, time.perf_counter() - t0
