@@ -1336,6 +1336,18 @@ class Config:
     bench: BenchConfig = field(default_factory=BenchConfig)
     align: AlignConfig = field(default_factory=AlignConfig)
 
+    def validate(self, key: str) -> None:
+        """What no one section can check: a network tree grown by align has at most
+        align.nn_senones leaves, and the network's classes are its leaves (a tree taken from
+        a teacher is checked at train, where its leaf count is known)."""
+        a = self.align
+        if self.features.labels == "align" and not (a.network_tree or self.targets.teacher):
+            most = a.nn_senones or a.num_senones
+            _check(self.model.num_classes <= most, "model.num_classes",
+                   f"must be 0 (the tree's leaf count) or at most the {most} leaves align "
+                   f"grows (align.nn_senones, or align.num_senones when that is 0), got "
+                   f"{self.model.num_classes}")
+
     def to_dict(self) -> dict[str, Any]:
         """The user-facing mapping (`train.*` flat, as YAML spells it): load_config of it
         gives this config back."""

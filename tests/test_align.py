@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import kaldi_hmm_gmm  # noqa: F401  first: the OpenFST import-order trap (alignment/__init__.py)
 import numpy as np
@@ -516,7 +517,8 @@ def _a_run_takes_another_runs_alignments(sets, first, d):
 
 def _a_student_run_takes_the_teachers_tree(tiny_corpus, tmp_path, tree_uri):
     """align.network_tree (a student's run: targets.teacher): the network's classes are the
-    given tree's, not grown again; a tree of other phones fails before any training."""
+    given tree's, not grown again; a tree of other phones fails before any training; a
+    finished run is kept while the tree there is the same, aligned again when it changed."""
     from amflow.runs import StepContext, StepError
     from amflow.steps import align
     from amflow.steps import select
@@ -526,14 +528,26 @@ def _a_student_run_takes_the_teachers_tree(tiny_corpus, tmp_path, tree_uri):
             "align.tri_iters=1", "align.num_senones=250", "align.tri_gauss=300",
             "align.mono_gauss=250", "align.nn_senones=80"]
     tree = ContextTree.from_dict(json.loads(tree_uri.read_text()))
-    cfg = load_config(None, [*sets, f"align.network_tree={tree_uri}"])
+    teacher_tree = tmp_path / "teacher_tree.json"  # where a teacher is trained again
+    teacher_tree.write_text(tree_uri.read_text())
+    cfg = load_config(None, [*sets, f"align.network_tree={teacher_tree}"])
     select.run(StepContext(cfg, "s", "select"))
     out = align.run(StepContext(cfg, "s", "align"))
     d = tmp_path / "runs" / "s" / "align"
     assert ContextTree.from_dict(json.loads((d / "nn_tree.json").read_text())) == tree
     assert out["metrics"]["nn_senones"] == tree.num_leaves != 80
-    assert out["metrics"]["network_tree_from"] == str(tree_uri)
+    assert out["metrics"]["network_tree_from"] == str(teacher_tree)
     assert not (d / "nn_tree").exists()  # a taken tree exists as JSON only
+    assert align.run(StepContext(cfg, "s", "align"))["finished_at"] == out["finished_at"]
+    # the same place now holds another tree (one class per phone): labelled with it
+    roots = ContextTree(tree.phones, {p: i for i, p in enumerate(sorted(tree.roots))},
+                        len(tree.roots), tree.sil)
+    teacher_tree.write_text(json.dumps(roots.to_dict()))
+    again = align.run(StepContext(cfg, "s", "align"))
+    assert ContextTree.from_dict(json.loads((d / "nn_tree.json").read_text())) == roots
+    assert again["metrics"]["nn_senones"] == len(tree.roots) != tree.num_leaves
+    table = pq.read_table(list((d / "alignments").glob("*.parquet"))[0])
+    assert max(max(nn) for nn in table.column("nn_senones").to_pylist()) < len(tree.roots)
     other = tree.to_dict()
     other["phones"] = [*other["phones"], "zz"]
     (tmp_path / "other.json").write_text(json.dumps(other))
@@ -562,3 +576,16 @@ def test_ray_actor_jobs_reduce_to_the_in_process_result(tiny_corpus, ray_local):
     for x, y in zip(ra, rb):
         np.testing.assert_array_equal(x["senones"], y["senones"])
     assert len(hist.iters) == 3
+
+
+def test_align_warns_when_model_num_classes_will_not_fit_its_tree(caplog):
+    """A tree with fewer leaves than model.num_classes (too little data for
+    align.nn_senones) is said at align, not only at train's refusal hours later."""
+    from amflow.steps.align import _warn_class_count
+
+    cfg = load_config(Path(__file__).parent.parent / "configs/aws.yaml")
+    with caplog.at_level("WARNING", logger="amflow.steps.align"):
+        _warn_class_count(cfg, 3183)
+        assert not caplog.records
+        _warn_class_count(cfg, 76)
+    assert "76 leaves" in caplog.text and "model.num_classes is 3183" in caplog.text

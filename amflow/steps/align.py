@@ -250,14 +250,20 @@ def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
     from_dir = _reuse_source(ctx, utts, lexicon, taken, card_info)
     # A finished align is reused only for the same select output, settings and lexicon
     # (use_ray is where it runs, not what it computes)
-    done = ctx.resume_plan({"select_finished_at": select.get("finished_at"),
-                            "align": {k: v for k, v in dataclasses.asdict(acfg).items()
-                                      if k != "use_ray"},
-                            "network_tree_from": src, "lexicon": lexicon,
-                            "alignments_from": from_dir and {
-                                "dir": from_dir,
-                                "finished_at": st.read_json(join(from_dir, SUCCESS))
-                                .get("finished_at")}})
+    plan = {"select_finished_at": select.get("finished_at"),
+            "align": {k: v for k, v in dataclasses.asdict(acfg).items() if k != "use_ray"},
+            "network_tree_from": src, "lexicon": lexicon,
+            "alignments_from": from_dir and {
+                "dir": from_dir,
+                "finished_at": st.read_json(join(from_dir, SUCCESS)).get("finished_at")}}
+    done = ctx.resume_plan(plan)
+    if done is not None and not _labelled_with(ctx, taken):
+        # The plan names the tree by where it is; a teacher trained again there may hold
+        # another tree, and labels of the old one would not be its classes
+        log.warning("align: the network tree at %s is not the one this run's alignments "
+                    "are labelled with (trained again?); starting over", src)
+        st.delete_dir(ctx.step_uri)
+        done = ctx.resume_plan(plan)
     if done is not None:
         return done
     if from_dir:
@@ -283,6 +289,7 @@ def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
     plain, nn_tree = (taken, None) if taken else _network_tree(ctx, jobs, lang, final)
     written = _write(ctx, results, shards, lang, final, stages["mono"], plain, nn_tree)
     hist.nn_senones = int(plain["num_leaves"])
+    _warn_class_count(ctx.cfg, hist.nn_senones)
     return _finish(ctx, select, jobs, shards, results, final, hist, scores, written)
 
 
@@ -303,6 +310,27 @@ def tree_source(cfg: Config) -> str:
     """Where the network's tree comes from: align.network_tree, else a student run's
     teacher (targets.teacher), else "" (grown here)."""
     return cfg.align.network_tree or cfg.targets.teacher
+
+
+def _warn_class_count(cfg: Config, leaves: int) -> None:
+    """Say now, not at train hours later, that model.num_classes will not fit this tree
+    (train refuses it: training/models.py resolve_num_classes)."""
+    n = cfg.model.num_classes
+    if cfg.features.labels == "align" and n and n != leaves:
+        log.warning("align: the network tree has %d leaves (too little data for "
+                    "align.nn_senones=%d?), but model.num_classes is %d: train will refuse "
+                    "it; set model.num_classes to 0 (the leaf count) or %d",
+                    leaves, cfg.align.nn_senones or cfg.align.num_senones, n, leaves)
+
+
+def _labelled_with(ctx: StepContext, taken: dict | None) -> bool:
+    """Whether this run's finished alignments carry the network tree `taken` (a tree grown
+    here always does: the plan holds everything it is grown from)."""
+    if taken is None:
+        return True
+    uri = ctx.path("nn_tree.json")
+    return ctx.storage.exists(uri) and (ContextTree.from_dict(ctx.storage.read_json(uri))
+                                        == ContextTree.from_dict(taken))
 
 
 def _network_tree(ctx: StepContext, jobs: list, lang: lg.Lang, final: Stage
