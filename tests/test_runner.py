@@ -367,6 +367,18 @@ def test_permanent_errors_are_told_from_transient_ones():
     assert O.permanent_error("train", ["amflow select: error: other step"]) == ""
 
 
+def test_a_refusal_that_names_force_says_what_force_is_in_airflow():
+    """A finished training of another config is refused until --force; an Airflow user
+    gets there by clearing the task or by rerun=redo, which the failure now says."""
+    refusal = ("amflow train: runs/r/train-teacher finished with another config (differs "
+               "in: train.epochs); re-run with --force to train again, or use another "
+               "train.tag")
+    said = O.in_airflow_terms(O.permanent_error("train", ["[train] ...", refusal]))
+    assert said.startswith(refusal) and "clear this task" in said and "rerun=redo" in said
+    plain = "amflow select: error: no corpus at /x"
+    assert O.in_airflow_terms(plain) == plain
+
+
 def test_flat_results_for_asset_events():
     metrics = {"frame_accuracy": 0.74567, "per": 0.31, "num_utterances": 40,
                "per_condition": {"DP1": 0.81234, "DP2": 0.7},

@@ -87,6 +87,16 @@ def permanent_error(step: str, lines: list[str]) -> str:
     return ""
 
 
+def in_airflow_terms(reason: str) -> str:
+    """A failure's reason as an Airflow user acts on it: a step that says to re-run it with
+    --force (a finished training of another config, a phone stage of another recipe) is
+    redone by clearing its task, or by a DAG run with rerun=redo; the CLI flag is not theirs."""
+    if "--force" not in reason:
+        return reason
+    return (f"{reason} [in Airflow, --force is: clear this task (a cleared task redoes its "
+            "step), or trigger the DAG again with rerun=redo]")
+
+
 def _airflow_step(op, context) -> AirflowStep:
     from airflow.sdk.exceptions import AirflowFailException
 
@@ -189,6 +199,7 @@ def _finish(op, context, step: AirflowStep, outcome: Outcome, pokes: int) -> dic
         what = (f"amflow {op.step} job {outcome.job_id} ended {outcome.status}"
                 f"{' without an AMFLOW_SUMMARY line' if outcome.status == SUCCEEDED else ''}")
         if reason:  # a retry would fail the same way
+            reason = in_airflow_terms(reason)
             op.log.error("%s (not retried: a retry would fail the same way)", reason)
             raise AirflowFailException(f"{what}, not retried: {reason}\nlast output:\n{last}")
         raise AirflowException(f"{what}; last output:\n{last}")
