@@ -137,6 +137,29 @@ class StepContext:
                     self.step_uri, name)
         return st.read_json(self.path(SUCCESS))
 
+    def finished_on(self, inputs: dict[str, Any], out_uri: str) -> dict[str, Any] | None:
+        """The earlier summary when this step already finished on the same `inputs` (each
+        of them equal in its _SUCCESS.json) and its result is still at `out_uri`, and --force
+        was not given: re-running a DAG reuses it. Inputs that differ in any way redo it.
+        (For steps whose one result is a file: decode, evaluate.)"""
+        st = self.storage
+        if self.force or not st.exists(self.path(SUCCESS)):
+            return None
+        done = st.read_json(self.path(SUCCESS))
+        same = all(done.get("inputs", {}).get(k) == v for k, v in inputs.items())
+        if same and done.get("out") == out_uri and st.exists(out_uri):
+            log.info("%s already finished on these inputs (%s); use --force to redo it",
+                     self.step_uri, self.path(SUCCESS))
+            return done
+        return None
+
+    def finished_at(self, step: str) -> str | None:
+        """When an earlier step of this run finished (None: it has not): a later step that
+        read its outputs compares it to know they are the same ones."""
+        uri = self.other(step, SUCCESS)
+        return self.storage.read_json(uri).get("finished_at") if self.storage.exists(uri) \
+            else None
+
     # -- per-shard idempotency
     def shard_marker(self, shard_id: str) -> str:
         return self.path("_shards", f"{shard_id}.json")

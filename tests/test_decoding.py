@@ -264,8 +264,7 @@ def test_a_finished_decode_is_handed_back_only_for_the_same_model_lm_and_search(
     def finished(*sets):
         c = decode_step._context(StepContext(local_cfg(f"data.corpus={corpus}", *sets), "r",
                                              "decode"))
-        return decode_step._finished(c, decode_step.decode_inputs(c, model, str(corpus),
-                                                                  "test"), out)
+        return c.finished_on(decode_step.decode_inputs(c, model, str(corpus), "test"), out)
 
     ctx.finish(inputs=decode_step.decode_inputs(ctx, model, str(corpus), "test"),
                counts={"in": 1, "out": 1}, metrics={}, extra={"out": out})

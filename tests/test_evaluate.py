@@ -232,12 +232,44 @@ def test_evaluate_a_trained_teacher_on_a_corpus(tmp_path, local_cfg, capsys):
     assert success["counts"] == {"in": 14, "out": 12, "rejected": 2}
     assert summary["metrics"]["frame_accuracy"] == res["frame_accuracy"]
     assert "DP3" in printed  # the per-condition table
+    # Run again on the same inputs: the finished evaluation is handed back (the result is
+    # not rewritten); without the baseline, or with the model trained again, it is redone.
+    out.write_text(json.dumps({**res, "untouched": True}))
+    assert main(argv + ["--set", f"evaluate.baseline={store}/runs/r/train/model.pt"]) == 0
+    assert json.loads(out.read_text())["untouched"]
+    assert main(argv) == 0
+    assert "untouched" not in json.loads(out.read_text())
+    assert "rel_frame_error_reduction" not in json.loads(out.read_text())
+    out.write_text(json.dumps({**res, "untouched": True}))
+    model_pt = store / "runs" / "r" / "train" / "model.pt"
+    model_pt.write_bytes(model_pt.read_bytes())  # written again, the same bytes: kept
+    assert main(argv) == 0 and json.loads(out.read_text())["untouched"]
+    trained = model_pt.read_bytes()
+    saved = torch.load(model_pt, weights_only=False)  # trained again at the same URI
+    _perturb(saved)
+    torch.save(saved, model_pt)
+    assert main(argv) == 0 and "untouched" not in json.loads(out.read_text())
+    model_pt.write_bytes(trained)
     # the default --out and a tag: evaluate-<tag>/result.json, model from train-<tag>
     assert main(argv[:-4] + ["--set", f"storage.root={store}", "--set", "evaluate.tag=x",
                              "--model", str(store / "runs" / "r" / "train" / "model.pt")]) == 0
     again = json.loads((store / "runs" / "r" / "evaluate-x" / "result.json").read_text())
     assert again["frame_accuracy"] == res["frame_accuracy"]
     _evaluate_by_transcripts(tmp_path, corpus, argv, res)
+
+
+def _perturb(saved) -> None:
+    """Nudge the first weight tensor found in a saved model (what another training gives)."""
+    stack = [saved]
+    while stack:
+        obj = stack.pop()
+        values = obj.values() if isinstance(obj, dict) else []
+        for v in values:
+            if isinstance(v, torch.Tensor) and v.is_floating_point():
+                v.add_(0.01)
+                return
+            stack.append(v)
+    raise AssertionError("no weight tensor in the saved model")
 
 
 def _evaluate_by_transcripts(tmp_path, corpus, argv, with_ctm):

@@ -95,11 +95,8 @@ def training_inputs(ctx: StepContext) -> dict[str, Any]:
     rerun after those steps ran again, or after the model to start from was trained again,
     is told so instead of being handed the old model."""
     st = ctx.storage
-    inputs: dict[str, Any] = {}
-    for step in ("features", "repartition"):
-        uri = ctx.other(step, SUCCESS)
-        inputs[f"{step}_finished_at"] = (st.read_json(uri).get("finished_at")
-                                         if st.exists(uri) else None)
+    inputs: dict[str, Any] = {f"{step}_finished_at": ctx.finished_at(step)
+                              for step in ("features", "repartition")}
     cfg = ctx.cfg
     if cfg.train.recipe == "sequence" or cfg.train.init_model:
         uri = init_model_uri(cfg, ctx.run_id)

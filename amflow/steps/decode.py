@@ -9,18 +9,15 @@ runs/<R>/decode[-<tag>]/result.json), hyps.jsonl, hyps.parquet, rejects, _SUCCES
 from __future__ import annotations
 
 import dataclasses
-import logging
 import time
 from typing import Any
 
-from amflow.runs import SUCCESS, StepContext, StepError, rejects_table, step_dir_name
+from amflow.runs import StepContext, StepError, rejects_table, step_dir_name
 from decoding import decode as D
 from decoding import error_analysis
 from decoding.assets import DecoderAssets
 from tasks.select import corpus_fingerprint
 from training.launch import model_dir_name
-
-log = logging.getLogger(__name__)
 
 
 def _context(ctx: StepContext) -> StepContext:
@@ -79,22 +76,6 @@ def decode_inputs(ctx: StepContext, model: str, corpus: str, split: str) -> dict
             "decode": keys}
 
 
-def _finished(ctx: StepContext, inputs: dict, out_uri: str) -> dict | None:
-    """The earlier summary when this decode already finished on the same inputs (and
-    --force was not given): re-running a DAG reuses it, as the other steps do. A decode
-    whose inputs differ in any way (`decode_inputs`) is done again."""
-    st = ctx.storage
-    if ctx.force or not st.exists(ctx.path(SUCCESS)):
-        return None
-    done = st.read_json(ctx.path(SUCCESS))
-    same = all(done.get("inputs", {}).get(k) == v for k, v in inputs.items())
-    if same and done.get("out") == out_uri and st.exists(out_uri):
-        log.info("%s already finished on these inputs (%s); use --force to decode again",
-                 ctx.step_uri, ctx.path(SUCCESS))
-        return done
-    return None
-
-
 def _decode(ctx: StepContext, a: DecoderAssets, corpus: str, split: str) -> tuple[dict, dict]:
     """Tune acwt, score and search `split`; (result.json body, step metrics)."""
     dc = ctx.cfg.decode
@@ -139,7 +120,7 @@ def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
     out_uri = getattr(args, "out", None) or ctx.path("result.json")
     model = model_uri(ctx, args)
     inputs = decode_inputs(ctx, model, corpus, split)
-    done = _finished(ctx, inputs, out_uri)
+    done = ctx.finished_on(inputs, out_uri)
     if done is not None:
         return done
     assets = load_assets(ctx, model, corpus)

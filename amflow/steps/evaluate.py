@@ -5,16 +5,21 @@ The step resolves the run layout: the default model is this run's
 `train[-<evaluate.tag>]/model.pt` (or the sequence training a tag names), a model file
 without CMVN stats or a phone list falls back to the run's features/cmvn.json and
 phones.json, and the outputs go to runs/<R>/evaluate[-<tag>]/ (result.json, rejects/,
-_SUCCESS.json) unless --out names the result elsewhere.
+_SUCCESS.json) unless --out names the result elsewhere. A rerun on the same inputs
+(`evaluate_inputs`: the models by digest, corpus, settings, reference) hands back the
+finished evaluation, as decode does.
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
+from amflow.config import features_dict
 from amflow.model_card import ModelCard
 from amflow.runs import StepContext, StepError, rejects_table, step_dir_name
 from amflow.storage import join
 from tasks.alignments import AlignOutputsError, read_align_labels
+from tasks.select import corpus_fingerprint
 from tasks.speech.lexicon import LexiconError, read_lexicon
 from training.checkpoint import load_model
 from training.evaluate import evaluate_split, labels_in_model_classes, print_table
@@ -43,6 +48,35 @@ def _pronunciations(ctx: StepContext, corpus: str) -> dict[str, list[tuple[str, 
         raise StepError(f"{uri}: {exc}") from exc
 
 
+# evaluate.* keys that place or pace the scoring, or name where it goes
+OPERATIONAL_KEYS = {"tag", "batch_frames"}
+
+
+def evaluate_inputs(ctx: StepContext, model: str, corpus: str, split: str,
+                    reference: str) -> dict[str, Any]:
+    """What an evaluation's scores depend on: the model (and evaluate.baseline) by digest,
+    the corpus (`corpus_fingerprint`) and split, the settings that compute the features
+    and the scores, and the reference: the corpus CTM (part of the corpus), this run's
+    align labels (`align`: when align finished) or the lexicon's pronunciations
+    (`lexicon`: by digest). Also when this run's features finished: a model without
+    CMVN stats or phones reads them there."""
+    st, cfg = ctx.storage, ctx.cfg
+    baseline = cfg.evaluate.baseline
+    lexicon = cfg.data.lexicon_uri(corpus)
+    return {"model": model, "model_digest": st.digest(model), "data": corpus,
+            "data_fingerprint": corpus_fingerprint(st, corpus), "split": split,
+            "evaluate": {k: v for k, v in dataclasses.asdict(cfg.evaluate).items()
+                         if k not in OPERATIONAL_KEYS},
+            "baseline_digest": st.digest(baseline) if baseline and st.exists(baseline)
+            else None,
+            "features": features_dict(cfg.features),
+            "features_finished_at": ctx.finished_at("features"),
+            "reference": reference,
+            "align_finished_at": ctx.finished_at("align") if reference == "align" else None,
+            "lexicon_digest": st.digest(lexicon) if reference != "ctm" and st.exists(lexicon)
+            else None}
+
+
 def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
     cfg = ctx.cfg
     tag = cfg.evaluate.tag
@@ -61,6 +95,12 @@ def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
                         "--model URI")
     model, meta = load_model(st, model_uri)
     card = ModelCard.from_meta(meta, model_uri)
+    has_ctm = st.exists(join(corpus.rstrip("/"), "alignments.ctm"))
+    inputs = evaluate_inputs(ctx, model_uri, corpus, split,
+                             "ctm" if has_ctm else "align" if card.context else "lexicon")
+    done = ctx.finished_on(inputs, out_uri)
+    if done is not None:
+        return done
     cmvn = _from_run(ctx, card.cmvn, "cmvn.json", model_uri, "CMVN stats")
     phones = _from_run(ctx, card.phones, "phones.json", model_uri, "phone list")
     frame_labels, prons = None, None
@@ -68,7 +108,7 @@ def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
     # is measured on). Without one: leaf classes against this run's align step where it
     # aligned the split, else every model by PER against the transcripts (the lexicon's
     # pronunciations), as a corpus of real transcribed speech has no frame reference.
-    if not st.exists(join(corpus.rstrip("/"), "alignments.ctm")):
+    if not has_ctm:
         prons = _pronunciations(ctx, corpus)
         if card.context:
             try:
@@ -93,6 +133,6 @@ def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
                                       "reference")}
     if "rel_frame_error_reduction" in result:
         metrics["rel_frame_error_reduction"] = result["rel_frame_error_reduction"]
-    return ctx.finish(inputs={"model": model_uri, "data": corpus, "split": split},
+    return ctx.finish(inputs=inputs,
                       counts={"in": ev.records_in, "out": ev.scored, "rejected": len(ev.rejects)},
                       metrics=metrics, extra={"out": out_uri})
