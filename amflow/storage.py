@@ -164,11 +164,29 @@ class Storage:
 
     def list(self, uri: str, suffix: str = "", recursive: bool = False) -> list[str]:
         """URIs of files under `uri` (sorted), ending with `suffix`. Missing dir -> []."""
+        return sorted(self._file_infos(uri, suffix, recursive))
+
+    def versions(self, uri: str, suffix: str = "", recursive: bool = False) -> dict[str, str]:
+        """`list`'s files, each with `version`'s answer, from the one listing."""
+        return {u: _version(info)
+                for u, info in sorted(self._file_infos(uri, suffix, recursive).items())}
+
+    def version(self, uri: str) -> str:
+        """What changes when an object is written again: its size and modification time
+        (S3: LastModified), without reading it. For inputs too large to digest (a corpus's
+        metadata: gigabytes at scale); `digest` for models and LMs."""
+        fs, path = self.resolve(uri)
+        info = self.retry(lambda: fs.get_file_info(path), f"stat {uri}")
+        if info.type == pafs.FileType.NotFound:
+            raise FileNotFoundError(uri)
+        return _version(info)
+
+    def _file_infos(self, uri: str, suffix: str, recursive: bool) -> dict[str, pafs.FileInfo]:
         fs, path = self.resolve(uri)
         sel = pafs.FileSelector(path, allow_not_found=True, recursive=recursive)
         infos = self.retry(lambda: fs.get_file_info(sel), f"list {uri}")
         base = uri.rstrip("/")
-        out = []
+        out = {}
         for info in infos:
             if info.type != pafs.FileType.File or not info.path.endswith(suffix):
                 continue
@@ -176,8 +194,8 @@ class Storage:
             if ".tmp-" in name:
                 continue
             rel = info.path[len(path):].lstrip("/")
-            out.append(f"{base}/{rel}")
-        return sorted(out)
+            out[f"{base}/{rel}"] = info
+        return out
 
     # -- reads
     def read_bytes(self, uri: str) -> bytes:
@@ -303,3 +321,8 @@ def iter_jsonl(text: str) -> Iterable[tuple[int, str]]:
     for i, line in enumerate(text.splitlines(), 1):
         if line.strip():
             yield i, line
+
+
+def _version(info: pafs.FileInfo) -> str:
+    mtime = info.mtime_ns if info.mtime_ns is not None else 0
+    return f"{int(info.size or 0)}@{int(mtime)}"

@@ -27,6 +27,7 @@ Counts: in = metadata lines, out = valid records, rejected = malformed lines; of
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 import heapq
 import json
 import logging
@@ -224,14 +225,29 @@ def corpus_fingerprint(storage: Storage, corpus: str) -> str | None:
     and espeak-ng) or `amflow import` (`fingerprint`: its sources' texts, config, lexicon)
     keeps in the corpus's _SUCCESS.json: what the corpus was made from, so another corpus
     at the same URI has another, and the same corpus made twice the same one (its timings
-    aside); else the digest of a _SUCCESS.json without one. None: a hand-made corpus,
-    known by its URI alone."""
+    aside); else the digest of a _SUCCESS.json without one. A corpus written by other
+    tools (no _SUCCESS.json) is known by its metadata files and CTM, each by size and
+    modification time (`Storage.version`: no read of gigabytes of metadata): records
+    added or edited there give another fingerprint. None: no metadata at all."""
     success = join(corpus, "_SUCCESS.json")
     if not storage.exists(success):
-        return None
+        return files_fingerprint(storage, corpus)
     summary = storage.read_json(success)
     fp = summary.get("plan_fingerprint") or summary.get("fingerprint")
     return str(fp) if fp else storage.digest(success)
+
+
+def files_fingerprint(storage: Storage, corpus: str) -> str | None:
+    """`files-<sha256[:16]>` of the corpus's metadata files and alignments.ctm, each named
+    relative to the corpus with its version; None when it has no metadata."""
+    versions = storage.versions(join(corpus, "metadata"), suffix=".jsonl", recursive=True)
+    for name in ("metadata.jsonl", "alignments.ctm"):
+        if storage.exists(join(corpus, name)):
+            versions[join(corpus, name)] = storage.version(join(corpus, name))
+    if not any(uri.endswith(".jsonl") for uri in versions):
+        return None
+    listing = json.dumps(sorted((_relname(u, corpus), v) for u, v in versions.items()))
+    return "files-" + hashlib.sha256(listing.encode()).hexdigest()[:16]
 
 
 def selection_plan(storage: Storage, corpus: str, scfg: Any) -> dict[str, Any]:

@@ -264,7 +264,21 @@ def test_a_selection_is_handed_back_only_for_its_own_corpus_and_select_keys(tmp_
     assert sum(r["duration"] for rs in _read_manifests(local_cfg(*sets), "r").values()
                for r in rs) >= 0.006 * 3600
     plan = tmp_path / "store" / "runs" / "r" / "select" / "_plan.json"
-    assert json.loads(plan.read_text())["corpus_fingerprint"] is None  # hand-made
+    # written by other tools (no _SUCCESS.json): known by its metadata files' versions
+    hand_made = json.loads(plan.read_text())["corpus_fingerprint"]
+    assert hand_made.startswith("files-")
+    meta = tmp_path / "corpus" / "metadata" / "date=2024-01-02" / "bucket=0" / "part.jsonl"
+    lines = meta.read_text().splitlines(keepends=True)
+    meta.write_text("".join(lines[:-1]))  # a record taken out in place: selected again
+    fewer = select.run(StepContext(local_cfg(*sets, "select.hours=0.006"), "r", "select"))
+    assert fewer["counts"]["in"] == large["counts"]["in"] - 1
+    assert json.loads(plan.read_text())["corpus_fingerprint"] not in (hand_made, None)
+    # a selection an older amflow kept with no fingerprint for such a corpus is taken
+    kept = json.loads(plan.read_text())
+    plan.write_text(json.dumps({**kept, "corpus_fingerprint": None}))
+    assert select.run(StepContext(local_cfg(*sets, "select.hours=0.006"), "r", "select")) == \
+        fewer
+    assert json.loads(plan.read_text()) == kept  # known by its files from now on
     # the corpus made (again) by amflow import: selected again, under its fingerprint
     (tmp_path / "corpus" / "_SUCCESS.json").write_text('{"fingerprint": "f1", "wall_s": 1}')
     remade = select.run(StepContext(local_cfg(*sets, "select.hours=0.006"), "r", "select"))

@@ -23,6 +23,13 @@ def _roundtrip(st: Storage, base: str) -> None:
     assert st.list(join(base, "a"), suffix=".json") == [join(base, "a/c.json")]
     assert st.list(base, suffix=".parquet", recursive=True) == [join(base, "p/part-0.parquet")]
     assert st.list(join(base, "missing")) == []
+    # versions: the listing's files, each by size and modification time; one written
+    # again with other bytes has another
+    versions = st.versions(join(base, "a"))
+    assert list(versions) == st.list(join(base, "a"))
+    assert versions[join(base, "a/c.json")] == st.version(join(base, "a/c.json"))
+    st.write_json(join(base, "a/c.json"), {"x": 12})
+    assert st.version(join(base, "a/c.json")) != versions[join(base, "a/c.json")]
     st.delete(join(base, "a/b.bin"))
     assert not st.exists(join(base, "a/b.bin"))
     with pytest.raises(FileNotFoundError):

@@ -10,16 +10,35 @@ from typing import Any
 import numpy as np
 
 from amflow.progress import Progress
-from amflow.runs import StepContext, StepError, rejects_table
+from amflow.runs import SUCCESS, StepContext, StepError, rejects_table
 from tasks.select import (apply_split_rule, index_entry, log, manifest_table, metadata_files,
                           parse_records, plan_shards, read_metadata, sample_uniform,
                           select_metrics, selection_plan)
 
 
+def _adopt_files_fingerprint(ctx: StepContext, plan: dict[str, Any]) -> None:
+    """A selection of a corpus without _SUCCESS.json, finished when amflow knew such a
+    corpus by its URI alone (the plan's corpus_fingerprint None): kept, with a warning, and
+    its plan given the corpus's files from now on, so that an upgrade does not redo the
+    run's finished work (its metadata may have changed since; --force redoes it)."""
+    st, uri = ctx.storage, ctx.path("_plan.json")
+    if ctx.force or not st.exists(uri) or not st.exists(ctx.path(SUCCESS)):
+        return
+    kept = st.read_json(uri)
+    if kept.get("corpus_fingerprint") is None and plan["corpus_fingerprint"] and \
+            kept == {**plan, "corpus_fingerprint": None}:
+        log.warning("select: %s finished when amflow knew a corpus without _SUCCESS.json by "
+                    "its URI alone: kept, unchecked (use --force to select again); from now "
+                    "on its metadata files are compared", ctx.step_uri)
+        st.write_json(uri, plan)
+
+
 def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
     cfg, st, scfg = ctx.cfg, ctx.storage, ctx.cfg.select
     corpus = cfg.data.corpus.rstrip("/")
-    earlier = ctx.unplanned_summary() or ctx.resume_plan(selection_plan(st, corpus, scfg))
+    plan = selection_plan(st, corpus, scfg)
+    _adopt_files_fingerprint(ctx, plan)
+    earlier = ctx.unplanned_summary() or ctx.resume_plan(plan)
     if earlier is not None:
         return earlier
     files = metadata_files(st, corpus)
