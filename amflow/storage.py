@@ -211,7 +211,7 @@ class Storage:
         """The object's identity: its bytes' SHA-256 (hex, the first 16 digits). A step
         that read a model or an LM keeps it, so that a rerun after the object was made again
         at the same URI notices (a URI names a place, not its contents)."""
-        return hashlib.sha256(self.read_bytes(uri)).hexdigest()[:16]
+        return digest_of(self.read_bytes(uri))
 
     def read_text(self, uri: str) -> str:
         return self.read_bytes(uri).decode("utf-8")
@@ -326,3 +326,9 @@ def iter_jsonl(text: str) -> Iterable[tuple[int, str]]:
 def _version(info: pafs.FileInfo) -> str:
     mtime = info.mtime_ns if info.mtime_ns is not None else 0
     return f"{int(info.size or 0)}@{int(mtime)}"
+
+
+def digest_of(data: bytes) -> str:
+    """`Storage.digest` of bytes already read (a step that digests and then uses an object
+    reads it once: the digest it keeps is that of the bytes it used)."""
+    return hashlib.sha256(data).hexdigest()[:16]

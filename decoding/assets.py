@@ -24,7 +24,7 @@ import os
 import shutil
 import tempfile
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
@@ -44,23 +44,30 @@ log = logging.getLogger(__name__)
 GRAPH_FILES = ("HLG.fst", "words.txt", "graph.json")
 
 
-def load_lexicon(storage, uri: str) -> tuple[Lexicon, str]:
+def _read(storage, uri: str, read: Mapping[str, bytes] | None) -> bytes:
+    """The object's bytes: those the caller read already (`read`, by URI), else a read."""
+    return read[uri] if read and uri in read else storage.read_bytes(uri)
+
+
+def load_lexicon(storage, uri: str, read: Mapping[str, bytes] | None = None
+                 ) -> tuple[Lexicon, str]:
     """(lexicon, its text) from a Kaldi lexicon.txt URI."""
-    if not storage.exists(uri):
+    if not (read and uri in read) and not storage.exists(uri):
         raise StepError(f"no lexicon at {uri}: set data.lexicon to a Kaldi lexicon.txt "
                         "(`amflow corpus` writes one for the embedded corpus)")
-    text = storage.read_text(uri)
+    text = _read(storage, uri, read).decode("utf-8")
     try:
         return read_lexicon(text), text
     except LexiconError as exc:
         raise StepError(f"{uri}: {exc}") from exc
 
 
-def load_lm(storage, uri: str, missing_hint: str) -> str:
+def load_lm(storage, uri: str, missing_hint: str, read: Mapping[str, bytes] | None = None
+            ) -> str:
     """The ARPA text at `uri`; `missing_hint` says how to make it when it is not there."""
-    if not storage.exists(uri):
+    if not (read and uri in read) and not storage.exists(uri):
         raise StepError(f"no LM at {uri}: {missing_hint}")
-    return storage.read_text(uri)
+    return _read(storage, uri, read).decode("utf-8")
 
 
 def check_phones(lex: Lexicon, phones: Sequence[str], lex_uri: str, model_uri: str) -> None:
@@ -158,20 +165,21 @@ class DecoderAssets:
 
     @classmethod
     def load(cls, storage, decode_cfg, *, model_uri: str, lexicon_uri: str, lm_uri: str,
-             graph_root: str, lm_hint: str = "", require: Sequence[str] = ()
-             ) -> "DecoderAssets":
+             graph_root: str, lm_hint: str = "", require: Sequence[str] = (),
+             read: Mapping[str, bytes] | None = None) -> "DecoderAssets":
         """Model + card (with the card fields in `require`), lexicon (checked against the
         model's classes), LM, graph, priors. The caller checked that model_uri exists (its
-        own message says how to make one)."""
-        data = storage.read_bytes(model_uri)  # once: the card here, the same bytes to actors
+        own message says how to make one). `read`: any of those objects the caller has
+        read already (by URI), used instead of a second read."""
+        data = _read(storage, model_uri, read)  # once: the card here, the same bytes to actors
         model, card = card_from_bytes(data, model_uri)
         for key in require:
             if not getattr(card, key):
                 raise StepError(f"{model_uri} carries no {key}: decode needs a self-describing "
                                 "model.pt")
-        lex, lex_text = load_lexicon(storage, lexicon_uri)
+        lex, lex_text = load_lexicon(storage, lexicon_uri, read)
         check_phones(lex, card.base_phones, lexicon_uri, model_uri)
-        arpa = load_lm(storage, lm_uri, lm_hint or "set decode.lm to an ARPA file")
+        arpa = load_lm(storage, lm_uri, lm_hint or "set decode.lm to an ARPA file", read)
         graph_dir, info = ensure_graph(storage, graph_root, lex, lex_text, arpa, card.phones,
                                        decode_cfg.sil_prob, card.context)
         try:

@@ -2,6 +2,8 @@
 transducer C, the H o C o L o G graph, labels from `amflow align` in features."""
 from __future__ import annotations
 
+from collections import Counter
+
 import numpy as np
 import pytest
 
@@ -222,7 +224,7 @@ TINY_CHAIN = [
 
 @pytest.mark.slow  # 170 s measured on the 2 shared cores under load (~14 s of its own CPU)
 def test_a_corpus_without_alignments_goes_from_transcripts_to_words(tiny_corpus, tmp_path,
-                                                                  ray_local):
+                                                                  ray_local, monkeypatch):
     """alignments.ctm removed: select -> align -> features (labels=align) -> repartition ->
     teacher -> evaluate -> lm -> decode (the teacher DAG's chain), with no error and a
     result.json (the CLI, in this process, on the session's Ray)."""
@@ -236,14 +238,21 @@ def test_a_corpus_without_alignments_goes_from_transcripts_to_words(tiny_corpus,
     shutil.copytree(tiny_corpus, corpus)
     (corpus / "alignments.ctm").unlink()
     sets = [f"storage.root={tmp_path / 'store'}", f"data.corpus={corpus}", *TINY_CHAIN]
+    reads = _count_reads(monkeypatch)
     for step in ("select", "align", "features", "repartition", "train", "evaluate", "lm",
                  "decode"):
         argv = [step, "--config", str(ROOT / "configs" / "local.yaml"), "--run-id", "r"]
         argv += (["--split", "test"] if step == "decode" else [])
         for s in sets:
             argv += ["--set", s]
+        reads.clear()
         assert main(argv) == 0, step
     run = tmp_path / "store" / "runs" / "r"
+    # decode read its model, LM and lexicon once each: the digests it keeps are of the
+    # bytes it decoded with
+    assert {u.rsplit("/", 1)[-1]: n for u, n in reads.items()
+            if u.endswith(("model.pt", "lm.arpa", "lexicon.txt"))} == \
+        {"model.pt": 1, "lm.arpa": 1, "lexicon.txt": 1}
     tree = ContextTree.from_dict(json.loads((run / "features" / "context.json").read_text()))
     assert json.loads((run / "features" / "phones.json").read_text()) == tree.class_names
     # the embedded default's train.grow: a phone stage first where the tree asks questions
@@ -266,6 +275,21 @@ def test_a_corpus_without_alignments_goes_from_transcripts_to_words(tiny_corpus,
     took = json.loads((run.parent / "s" / "align" / "_SUCCESS.json").read_text())
     assert took["metrics"]["alignments_from"] == str(run / "align")
     assert took["counts"] == json.loads((run / "align" / "_SUCCESS.json").read_text())["counts"]
+
+
+def _count_reads(monkeypatch) -> Counter:
+    """Every Storage.read_bytes from now on, counted by URI."""
+    from amflow.storage import Storage
+
+    reads: Counter = Counter()
+    plain = Storage.read_bytes
+
+    def counted(self, uri):
+        reads[str(uri)] += 1
+        return plain(self, uri)
+
+    monkeypatch.setattr(Storage, "read_bytes", counted)
+    return reads
 
 
 def test_model_card_carries_the_tree_only_for_context_dependent_classes():

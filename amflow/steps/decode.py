@@ -13,6 +13,7 @@ import time
 from typing import Any
 
 from amflow.runs import StepContext, StepError, rejects_table, step_dir_name
+from amflow.storage import digest_of
 from decoding import decode as D
 from decoding import error_analysis
 from decoding.assets import DecoderAssets
@@ -45,13 +46,24 @@ def lm_uri(ctx: StepContext) -> tuple[str, str]:
                                         "(or set decode.lm to an ARPA file)")
 
 
-def load_assets(ctx: StepContext, model: str, corpus: str) -> DecoderAssets:
-    """The decoder for `model` with this run's lexicon, LM and graph cache."""
+def load_assets(ctx: StepContext, model: str, corpus: str,
+                read: dict[str, bytes] | None = None) -> DecoderAssets:
+    """The decoder for `model` with this run's lexicon, LM and graph cache (`read`: those
+    objects' bytes, read once by `read_inputs`)."""
     lm, hint = lm_uri(ctx)
     return DecoderAssets.load(
         ctx.storage, ctx.cfg.decode, model_uri=model,
         lexicon_uri=ctx.cfg.data.lexicon_uri(corpus), lm_uri=lm,
-        graph_root=ctx.other("graph"), lm_hint=hint, require=("cmvn", "phones"))
+        graph_root=ctx.other("graph"), lm_hint=hint, require=("cmvn", "phones"), read=read)
+
+
+def read_inputs(ctx: StepContext, model: str, corpus: str) -> dict[str, bytes]:
+    """The model's, LM's and lexicon's bytes (those that exist), read once: the digests
+    decode_inputs keeps are those of the bytes the decoder then loads, and a multi-GB LM
+    on S3 is fetched once, not twice."""
+    st = ctx.storage
+    uris = (model, lm_uri(ctx)[0], ctx.cfg.data.lexicon_uri(corpus))
+    return {u: st.read_bytes(u) for u in uris if st.exists(u)}
 
 
 # decode.* keys that place or pace the decode, or name where it goes: the words are the
@@ -59,21 +71,25 @@ def load_assets(ctx: StepContext, model: str, corpus: str) -> DecoderAssets:
 OPERATIONAL_KEYS = {"tag", "workers", "batch_frames", "lm"}
 
 
-def decode_inputs(ctx: StepContext, model: str, corpus: str, split: str) -> dict[str, Any]:
+def decode_inputs(ctx: StepContext, model: str, corpus: str, split: str,
+                  read: dict[str, bytes] | None = None) -> dict[str, Any]:
     """What a decode's words depend on: the model, LM and lexicon (their URIs and their
     bytes' digests: one trained or made again at the same URI decodes differently), the
-    corpus (made from other inputs: `corpus_fingerprint`) and split, and the decode keys that shape the
-    search."""
+    corpus (made from other inputs: `corpus_fingerprint`) and split, and the decode keys
+    that shape the search. `read`: `read_inputs`' bytes (else each is read here)."""
     st = ctx.storage
+    read = read if read is not None else read_inputs(ctx, model, corpus)
     lm, lexicon = lm_uri(ctx)[0], ctx.cfg.data.lexicon_uri(corpus)
     keys = {k: v for k, v in dataclasses.asdict(ctx.cfg.decode).items()
             if k not in OPERATIONAL_KEYS}
-    return {"model": model, "model_digest": st.digest(model), "data": corpus,
+
+    def digest(uri: str) -> str | None:
+        return digest_of(read[uri]) if uri in read else None
+
+    return {"model": model, "model_digest": digest(model), "data": corpus,
             "data_fingerprint": corpus_fingerprint(st, corpus), "split": split,
-            "lm": lm, "lm_digest": st.digest(lm) if st.exists(lm) else None,
-            "lexicon": lexicon,
-            "lexicon_digest": st.digest(lexicon) if st.exists(lexicon) else None,
-            "decode": keys}
+            "lm": lm, "lm_digest": digest(lm), "lexicon": lexicon,
+            "lexicon_digest": digest(lexicon), "decode": keys}
 
 
 def _decode(ctx: StepContext, a: DecoderAssets, corpus: str, split: str) -> tuple[dict, dict]:
@@ -119,11 +135,13 @@ def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
         raise StepError(f"--split {split} is decode.tune_split: tune on one split, score another")
     out_uri = getattr(args, "out", None) or ctx.path("result.json")
     model = model_uri(ctx, args)
-    inputs = decode_inputs(ctx, model, corpus, split)
+    read = read_inputs(ctx, model, corpus)
+    inputs = decode_inputs(ctx, model, corpus, split, read)
     done = ctx.finished_on(inputs, out_uri)
     if done is not None:
         return done
-    assets = load_assets(ctx, model, corpus)
+    assets = load_assets(ctx, model, corpus, read)
+    read.clear()  # the LM's text is in the graph now: not held through the decode
     result, summary = _decode(ctx, assets, corpus, split)
     ctx.storage.write_json(out_uri, result)
     print(D.render(result), flush=True)
