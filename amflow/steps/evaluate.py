@@ -15,13 +15,12 @@ import dataclasses
 from typing import Any
 
 from amflow.config import features_dict
-from amflow.model_card import ModelCard
 from amflow.runs import StepContext, StepError, rejects_table, step_dir_name
-from amflow.storage import join
+from amflow.storage import digest_of, join
 from tasks.alignments import AlignOutputsError, read_align_labels
 from tasks.select import corpus_fingerprint
 from tasks.speech.lexicon import LexiconError, read_lexicon
-from training.checkpoint import load_model
+from training.checkpoint import card_from_bytes
 from training.evaluate import evaluate_split, labels_in_model_classes, print_table
 from training.launch import model_dir_name
 
@@ -52,8 +51,8 @@ def _pronunciations(ctx: StepContext, corpus: str) -> dict[str, list[tuple[str, 
 OPERATIONAL_KEYS = {"tag", "batch_frames"}
 
 
-def evaluate_inputs(ctx: StepContext, model: str, corpus: str, split: str,
-                    reference: str) -> dict[str, Any]:
+def evaluate_inputs(ctx: StepContext, model: str, model_digest: str, corpus: str,
+                    split: str, reference: str) -> dict[str, Any]:
     """What an evaluation's scores depend on: the model (and evaluate.baseline) by digest,
     the corpus (`corpus_fingerprint`) and split, the settings that compute the features
     and the scores, and the reference: the corpus CTM (part of the corpus), this run's
@@ -63,7 +62,7 @@ def evaluate_inputs(ctx: StepContext, model: str, corpus: str, split: str,
     st, cfg = ctx.storage, ctx.cfg
     baseline = cfg.evaluate.baseline
     lexicon = cfg.data.lexicon_uri(corpus)
-    return {"model": model, "model_digest": st.digest(model), "data": corpus,
+    return {"model": model, "model_digest": model_digest, "data": corpus,
             "data_fingerprint": corpus_fingerprint(st, corpus), "split": split,
             "evaluate": {k: v for k, v in dataclasses.asdict(cfg.evaluate).items()
                          if k not in OPERATIONAL_KEYS},
@@ -93,10 +92,10 @@ def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
     if not st.exists(model_uri):
         raise StepError(f"model {model_uri} not found: train one with `amflow train` or pass "
                         "--model URI")
-    model, meta = load_model(st, model_uri)
-    card = ModelCard.from_meta(meta, model_uri)
+    data = st.read_bytes(model_uri)  # once: its digest is that of the model scored
+    model, card = card_from_bytes(data, model_uri)
     has_ctm = st.exists(join(corpus.rstrip("/"), "alignments.ctm"))
-    inputs = evaluate_inputs(ctx, model_uri, corpus, split,
+    inputs = evaluate_inputs(ctx, model_uri, digest_of(data), corpus, split,
                              "ctm" if has_ctm else "align" if card.context else "lexicon")
     done = ctx.finished_on(inputs, out_uri)
     if done is not None:
