@@ -26,6 +26,7 @@ Counts: in = metadata lines, out = valid records, rejected = malformed lines; of
 """
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import hashlib
 import heapq
@@ -242,7 +243,7 @@ def files_fingerprint(storage: Storage, corpus: str) -> str | None:
     relative to the corpus with its version; None when it has no metadata."""
     versions = storage.versions(join(corpus, "metadata"), suffix=".jsonl", recursive=True)
     for name in ("metadata.jsonl", "alignments.ctm"):
-        if storage.exists(join(corpus, name)):
+        with contextlib.suppress(FileNotFoundError):  # one stat each, not exists + stat
             versions[join(corpus, name)] = storage.version(join(corpus, name))
     if not any(uri.endswith(".jsonl") for uri in versions):
         return None
