@@ -56,7 +56,7 @@ from tasks.fbank import FbankComputer
 from tasks.features import featurize_records
 from tasks.select import records_of_split
 from tasks.speech.lexicon import words_of
-from training.checkpoint import load_model
+from training.checkpoint import card_from_bytes
 from training.data import Normalizer
 from training.example_servers import load_clean_sources
 from training.loop import dataclass_from_dict
@@ -410,13 +410,15 @@ def evaluate_split(st: Storage, model: torch.nn.Module, card: ModelCard, model_u
                    cmvn: dict[str, Any], phones: Sequence[str], corpus: str, split: str,
                    ecfg: EvaluateConfig, fallback_features: FeaturesConfig,
                    frame_labels: dict[str, np.ndarray] | None = None,
-                   prons: dict[str, list[tuple[str, ...]]] | None = None) -> Evaluation:
+                   prons: dict[str, list[tuple[str, ...]]] | None = None,
+                   baseline_bytes: bytes | None = None) -> Evaluation:
     """Score `model` (its metadata: `card`; CMVN and phones resolved by the caller) on the
     corpus split, with `evaluate.baseline` beside it when set. A model whose classes are a
     network tree's leaves (card.context) is scored against `amflow align`'s classes when
     `frame_labels` cover the split, else against phones (each predicted leaf read as its
     phone: the same reference as a phone-class model's): the corpus CTM's, or without one
-    the transcripts' through the lexicon `prons` (PER only; `frame_accuracy` None)."""
+    the transcripts' through the lexicon `prons` (PER only; `frame_accuracy` None).
+    `baseline_bytes`: the baseline's model file, if the caller read it already."""
     fcfg = features_config(card, fallback_features)
     norm = Normalizer.from_stats(cmvn, model.input_dim)
     utts, rejects, n_in, reference = load_split(
@@ -442,8 +444,9 @@ def evaluate_split(st: Storage, model: torch.nn.Module, card: ModelCard, model_u
                    "train_info": {k: v for k, v in card.info.items()
                                   if k not in ("metrics", "context")}})
     if ecfg.baseline:
-        base_model, base_meta = load_model(st, ecfg.baseline)
-        base_card = ModelCard.from_meta(base_meta, ecfg.baseline)
+        base_model, base_card = card_from_bytes(
+            baseline_bytes if baseline_bytes is not None else st.read_bytes(ecfg.baseline),
+            ecfg.baseline)
         if base_card.phones and list(base_card.phones) != list(phones):
             raise StepError("evaluate.baseline has a different phone inventory than --model")
         base = evaluate_model(base_model, utts, ecfg.batch_frames, device, silence, to_phone,

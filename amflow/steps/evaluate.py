@@ -51,9 +51,20 @@ def _pronunciations(ctx: StepContext, corpus: str) -> dict[str, list[tuple[str, 
 OPERATIONAL_KEYS = {"tag", "batch_frames"}
 
 
-def evaluate_inputs(ctx: StepContext, model: str, model_digest: str, corpus: str,
-                    split: str, reference: str) -> dict[str, Any]:
-    """What an evaluation's scores depend on: the model (and evaluate.baseline) by digest,
+def read_models(ctx: StepContext, model: str) -> dict[str, bytes]:
+    """The model's and evaluate.baseline's bytes (the baseline when it exists), read once:
+    the digests evaluate_inputs keeps are those of the models then scored."""
+    st, baseline = ctx.storage, ctx.cfg.evaluate.baseline
+    read = {model: st.read_bytes(model)}
+    if baseline and baseline not in read and st.exists(baseline):
+        read[baseline] = st.read_bytes(baseline)
+    return read
+
+
+def evaluate_inputs(ctx: StepContext, model: str, corpus: str, split: str, reference: str,
+                    read: dict[str, bytes]) -> dict[str, Any]:
+    """What an evaluation's scores depend on: the model (and evaluate.baseline) by digest
+    of `read_models`' bytes,
     the corpus (`corpus_fingerprint`) and split, the settings that compute the features
     and the scores, and the reference: the corpus CTM (part of the corpus), this run's
     align labels (`align`: when align finished) or the lexicon's pronunciations
@@ -62,12 +73,11 @@ def evaluate_inputs(ctx: StepContext, model: str, model_digest: str, corpus: str
     st, cfg = ctx.storage, ctx.cfg
     baseline = cfg.evaluate.baseline
     lexicon = cfg.data.lexicon_uri(corpus)
-    return {"model": model, "model_digest": model_digest, "data": corpus,
+    return {"model": model, "model_digest": digest_of(read[model]), "data": corpus,
             "data_fingerprint": corpus_fingerprint(st, corpus), "split": split,
             "evaluate": {k: v for k, v in dataclasses.asdict(cfg.evaluate).items()
                          if k not in OPERATIONAL_KEYS},
-            "baseline_digest": st.digest(baseline) if baseline and st.exists(baseline)
-            else None,
+            "baseline_digest": digest_of(read[baseline]) if baseline in read else None,
             "features": features_dict(cfg.features),
             "features_finished_at": ctx.finished_at("features"),
             "reference": reference,
@@ -92,11 +102,11 @@ def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
     if not st.exists(model_uri):
         raise StepError(f"model {model_uri} not found: train one with `amflow train` or pass "
                         "--model URI")
-    data = st.read_bytes(model_uri)  # once: its digest is that of the model scored
-    model, card = card_from_bytes(data, model_uri)
+    read = read_models(ctx, model_uri)
+    model, card = card_from_bytes(read[model_uri], model_uri)
     has_ctm = st.exists(join(corpus.rstrip("/"), "alignments.ctm"))
-    inputs = evaluate_inputs(ctx, model_uri, digest_of(data), corpus, split,
-                             "ctm" if has_ctm else "align" if card.context else "lexicon")
+    inputs = evaluate_inputs(ctx, model_uri, corpus, split,
+                             "ctm" if has_ctm else "align" if card.context else "lexicon", read)
     done = ctx.finished_on(inputs, out_uri)
     if done is not None:
         return done
@@ -121,7 +131,8 @@ def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
                                 "step labelled with, and the corpus has no lexicon to score "
                                 "it by PER")
     ev = evaluate_split(st, model, card, model_uri, cmvn, phones, corpus, split,
-                        cfg.evaluate, cfg.features, frame_labels, prons)
+                        cfg.evaluate, cfg.features, frame_labels, prons,
+                        read.get(cfg.evaluate.baseline))
     result = ev.result
     st.write_json(out_uri, result)
     if ev.rejects:
