@@ -18,9 +18,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from amflow.runs import SUCCESS, Reject
-from amflow.senones import ContextTree
-from amflow.storage import Storage, join
+from core.runs import SUCCESS, Reject
+from core.senones import ContextTree
+from core.storage import Storage, join
 
 # Settings that do not change the alignments: where the jobs run, where the network's tree
 # comes from (compared as a tree below), this key itself, and the splits (the utterances

@@ -23,7 +23,7 @@ from alignment.jobs import run_jobs
 from alignment.lda_mllt import ClassStats, lda, mllt
 from alignment.nnet import NnetOptions
 from alignment.tree import Tree, TreeStats, build_tree, phone_contexts
-from amflow.senones import ContextTree
+from core.senones import ContextTree
 
 log = logging.getLogger(__name__)
 

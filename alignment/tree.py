@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 import kaldi_hmm_gmm as khg  # first: see alignment/__init__.py
 import numpy as np
 
-from amflow.senones import CONTEXT_KIND
+from core.senones import CONTEXT_KIND
 
 PDF_CLASS_KEY = -1  # Kaldi's kPdfClass
 VAR_FLOOR = 1e-2    # features are CMVN'd (unit variance)
@@ -151,7 +151,7 @@ class Tree:
                 + _tok("EndContextDependency"))
 
     def to_plain(self, phone_names: list[str], sil: str) -> dict:
-        """A one-pdf-class tree (the network's) as amflow.senones.ContextTree's JSON form."""
+        """A one-pdf-class tree (the network's) as core.senones.ContextTree's JSON form."""
         def plain(node: object) -> object:
             if isinstance(node, _Leaf):
                 return node.pdf

@@ -1,6 +1,6 @@
 """The amflow tab of a DAG run in the Airflow UI: one HTML page from the run's files.
 
-Read through `amflow.storage` (local disk or S3), never from Airflow's database:
+Read through `core.storage` (local disk or S3), never from Airflow's database:
 - the per-condition table: every `evaluate*/result.json` of the run and, for a student
   run, of the teacher run that trained its teacher (teacher / baseline / SSL), with
   frame accuracy, PER and, once decoding lands, WER (`decode*/_SUCCESS.json`);
@@ -16,7 +16,7 @@ import base64
 import html
 from typing import Any
 
-from amflow.storage import Storage, join
+from core.storage import Storage, join
 
 SUCCESS = "_SUCCESS.json"
 CONDITIONS = ("DP1", "DP2", "DP3", "DP4", "DP5", "all")

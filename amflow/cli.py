@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from amflow.config import ConfigError, load_config
+from core.config import ConfigError, load_config
 
 SUMMARY_PREFIX = "AMFLOW_SUMMARY "
 DEFAULT_CONFIG = "configs/local.yaml"
@@ -242,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"amflow {args.step}: {exc}", file=sys.stderr)
         return 2
-    from amflow.runs import StepContext, StepError
+    from core.runs import StepContext, StepError
 
     try:
         fn = _load_entry(step.entry)

@@ -12,7 +12,7 @@ from __future__ import annotations
 from jsonschema import FormatChecker
 from jsonschema.exceptions import FormatError
 
-from amflow.config import check_override
+from core.config import check_override
 
 OVERRIDE_FORMAT = "amflow-override"
 

@@ -5,7 +5,7 @@ step's code computes it:
 
 - the job driver: `ray.step_resources[step]` as the Ray job's `entrypoint_resources`
   (amflow.jobs), for every step of the DAGs;
-- shard tasks (select, features, repartition, corpus: amflow.raycluster.map_shards):
+- shard tasks (select, features, repartition, corpus: core.raycluster.map_shards):
   1 CPU + the step's pool sliver;
 - teacher actors (targets): `targets.threads_per_actor` CPUs, GPUs per
   `gpus_per_actor` below (1 per actor when the cluster has GPUs and
@@ -27,7 +27,7 @@ from typing import Any
 
 import yaml
 
-from amflow.config import Config
+from core.config import Config
 
 # The steps the DAGs run as Ray jobs (dags/*.py), each placed by ray.step_resources.
 DAG_STEPS = ("select", "features", "targets", "repartition", "train", "sequence", "evaluate",

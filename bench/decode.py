@@ -20,10 +20,10 @@ from typing import Any
 
 import numpy as np
 # torch is deferred to run(): `amflow bench --help` should not pay for it
-from amflow.config import FeaturesConfig
-from amflow.runs import StepContext, StepError
+from core.config import FeaturesConfig
+from core.runs import StepContext, StepError
 from amflow.steps import decode as decode_step
-from amflow.storage import join
+from core.storage import join
 from decoding import decode as D
 from decoding import wer as W
 from decoding.assets import DecoderAssets, tuned_acwt

@@ -35,8 +35,8 @@ from typing import Any
 import numpy as np
 import soundfile as sf
 
-from amflow.config import FeaturesConfig
-from amflow.storage import Storage
+from core.config import FeaturesConfig
+from core.storage import Storage
 from tasks.audio import decode_audio, resolve_uri
 from tasks.select import MetadataError, metadata_files, parse_metadata_line
 
@@ -133,8 +133,8 @@ def _serve(conn, once) -> None:
 def _setup_ours(opts: dict, utts: list[dict], work: str):
     import pyarrow as pa
 
-    from amflow.config import load_config
-    from amflow.runs import StepContext
+    from core.config import load_config
+    from core.runs import StepContext
     from tasks.features import process_shard
     from tasks.select import MANIFEST_SCHEMA
 

@@ -43,7 +43,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from amflow.records import decode_topk, encode_topk
+from core.records import decode_topk, encode_topk
 from tasks.targets import TeacherScorer, topk
 from training.losses import teacher_probs
 from training.models import StudentLSTM, TeacherBLSTM, num_parameters
@@ -318,7 +318,7 @@ def codec_lockstep(grads: list[torch.Tensor], tau: Any, device: str, steps: int
 
 
 def gtc_section(devices: list[str], quick: bool) -> dict[str, Any]:
-    from amflow.config import TrainConfig
+    from core.config import TrainConfig
     from bench.gtc import paper_model, real_gradients
     from training.algorithms.gtc import Thresholds
 
@@ -363,7 +363,7 @@ def _environment() -> dict[str, Any]:
     env = {"torch": torch.__version__, "cpu_threads": torch.get_num_threads(),
            "cuda": torch.cuda.is_available()}
     if env["cuda"]:
-        from amflow.precision import gpu_fp16_pays
+        from core.precision import gpu_fp16_pays
 
         env["gpu"] = torch.cuda.get_device_name(0)
         env["cuda_version"] = torch.version.cuda

@@ -38,7 +38,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from amflow.config import TrainConfig
+from core.config import TrainConfig
 from training.algorithms import build_algorithm
 from training.algorithms.gtc import Thresholds, decode_add_, encode_, padded_bool
 from training.distributed import spawn_local

@@ -35,8 +35,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from amflow.config import load_config
-from amflow.runs import StepContext
+from core.config import load_config
+from core.runs import StepContext
 from bench.train import labeled_data
 from training.data import BatchLoader, Normalizer, PassSpec, SplitIndex
 from training.losses import ce_loss

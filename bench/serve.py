@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from amflow.runs import StepError
+from core.runs import StepError
 
 DEFAULT_STREAMS = (1, 5, 10, 20, 40, 80)
 
@@ -48,7 +48,7 @@ def speaker_sessions(ctx, corpus: str, seconds: float) -> list[list]:
 
 
 def load_audio(ctx, corpus: str, sessions: list[list]) -> dict[str, bytes]:
-    from amflow.config import FeaturesConfig
+    from core.config import FeaturesConfig
     from tasks.audio import load_audio_result, resolve_uri
 
     fcfg = FeaturesConfig()
@@ -236,7 +236,7 @@ def offline_hyps(ctx) -> dict[str, str]:
 
 
 def run(ctx, args) -> dict[str, Any]:
-    from amflow.storage import join
+    from core.storage import join
 
     sc = ctx.cfg.serve
     url = (getattr(args, "url", None) or f"http://{sc.host}:{sc.port}/")

@@ -27,8 +27,8 @@ from serving import protocol as P
 
 def load(run_id: str, sets: list[str], streams: int, seconds: float):
     """(Recognizer, per-stream utterance PCM lists) for the run's student."""
-    from amflow.config import load_config
-    from amflow.runs import StepContext
+    from core.config import load_config
+    from core.runs import StepContext
     # an entry point like amflow.cli: it uses the serve step's run-layout resolution
     from amflow.steps.serve import load_assets, serve_context
     from bench.serve import load_audio, speaker_sessions

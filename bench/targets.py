@@ -23,8 +23,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
-from amflow.records import decode_feats, encode_topk, load_cmvn
-from amflow.runs import StepContext, StepError
+from core.records import decode_feats, encode_topk, load_cmvn
+from core.runs import StepContext, StepError
 from amflow.steps import targets as targets_step
 from tasks import targets as T
 from training.checkpoint import load_model_card

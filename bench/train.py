@@ -19,9 +19,9 @@ from typing import Any
 
 import torch
 
-from amflow.config import ModelConfig, StudentConfig, TeacherConfig
-from amflow.runs import StepContext
-from amflow.storage import join
+from core.config import ModelConfig, StudentConfig, TeacherConfig
+from core.runs import StepContext
+from core.storage import join
 from training.data import (BatchLoader, Normalizer, PassSpec, SplitIndex, loader_throughput,
                            make_synthetic_run, partition_uris)
 from training.loop import batch_loss

@@ -96,10 +96,10 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from amflow import records
-from amflow.config import Config, TrainConfig, replace_train, with_overrides
-from amflow.runs import StepError
-from amflow.storage import join
+from core import records
+from core.config import Config, TrainConfig, replace_train, with_overrides
+from core.runs import StepError
+from core.storage import join
 from training.algorithms import ALGORITHMS
 from training.data import SplitIndex, partition_uris
 from training.distributed import spawn_local

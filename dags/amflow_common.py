@@ -1,7 +1,7 @@
 """Shared wiring for the amflow DAGs: assets, trigger-form params, the step operator.
 
 Parse-time cost is kept to `airflow.sdk`, the standard provider's ShortCircuitOperator
-(the branch gates) and `amflow.config` (PyYAML). Everything that
+(the branch gates) and `core.config` (PyYAML). Everything that
 runs a step (subprocess, Ray job client, storage) lives in `amflow.jobs` and `amflow.orchestration` and is
 imported only when a task runs.
 """
@@ -59,7 +59,7 @@ STUDENT_SEQ_WER = Asset(name="amflow_student_sequence_wer",
 
 def local_defaults():
     """The embedded default config (configs/local.yaml), for the trigger forms' defaults."""
-    from amflow.config import Config, load_config
+    from core.config import Config, load_config
 
     path = PROJECT_ROOT / DEFAULT_CONFIG
     return load_config(path) if path.exists() else Config()
@@ -82,7 +82,7 @@ EMPTY_CHOICE = "(empty: the config file's)"
 def override_keys() -> list[tuple[str, bool]]:
     """Every config key an override may set, dotted (`train.lr`), and whether it holds a
     mapping (`runner.env`: any sub-key, `runner.env.X`, may be set)."""
-    from amflow.config import user_keys
+    from core.config import user_keys
 
     return user_keys()
 
@@ -92,7 +92,7 @@ def overrides_param() -> Param:
     REST), before any task runs."""
     from amflow.form_checks import OVERRIDE_FORMAT, register
 
-    # the format's checker (amflow.config.check_override) names the bad key in the refusal
+    # the format's checker (core.config.check_override) names the bad key in the refusal
     register()
     return Param(None, type=["null", "array"],
                  items={"type": "string", "format": OVERRIDE_FORMAT},

@@ -28,10 +28,10 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from amflow.model_card import ModelCard
-from amflow.runs import StepError
-from amflow.senones import ContextTree, ContextTreeError
-from amflow.storage import join
+from core.model_card import ModelCard
+from core.runs import StepError
+from core.senones import ContextTree, ContextTreeError
+from core.storage import join
 from decoding import graph as G
 from decoding.context import build_cd_graph
 from decoding.lexicon import Lexicon, LexiconError, read_lexicon

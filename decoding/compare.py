@@ -7,7 +7,7 @@ test, dev curves, and the model each result scored.
                                             base each other run's same decode is tested on
     pairs_in_report(decoded) -> list        SSL vs baseline and sequence vs CE, paired
     render_markdown(cmp) -> str             the headline table first
-Pure over `amflow.storage`: the CLI step, the report and the Airflow compare page share
+Pure over `core.storage`: the CLI step, the report and the Airflow compare page share
 it. It lives in decoding/ (not tasks/) because it reads decode results and the tests in
 decoding/significance.py; tasks/ must not import decoding/.
 """
@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from amflow.storage import Storage, join
+from core.storage import Storage, join
 from decoding.significance import ALPHA, bootstrap_ci, compare_rows
 
 SUCCESS = "_SUCCESS.json"

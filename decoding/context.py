@@ -1,5 +1,5 @@
 """The context-dependent decoding graph H o C o L o G for a model whose classes are the
-leaves of the network tree (`amflow align`, features.labels=align; amflow.senones).
+leaves of the network tree (`amflow align`, features.labels=align; core.senones).
 
     context_fst_text(tree, phones) -> str
         C, the triphone context transducer, as FST text. Output labels are phone ids
@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import time
 
-from amflow.senones import ContextTree
+from core.senones import ContextTree
 from decoding.graph import DecodingGraph, GraphError, build_lg, finish_graph
 from decoding.lexicon import Lexicon
 

@@ -36,10 +36,10 @@ from typing import Any, Sequence
 import numpy as np
 import pyarrow as pa
 
-from amflow.model_card import ModelCard
-from amflow.progress import Progress
-from amflow.runs import Reject, StepContext, StepError
-from amflow.storage import Storage
+from core.model_card import ModelCard
+from core.progress import Progress
+from core.runs import Reject, StepContext, StepError
+from core.storage import Storage
 from decoding import wer as W
 from decoding.graph import read_graph
 from decoding.lexicon import Lexicon, words_of
@@ -121,7 +121,7 @@ def log_posteriors(model, feats: Sequence[np.ndarray], batch_frames: int = 20000
 
 def featurize(storage, corpus: str, records: Sequence, card: ModelCard):
     """Features per record exactly as evaluate computes them; (rec, feats) and rejects."""
-    from amflow.config import FeaturesConfig
+    from core.config import FeaturesConfig
     from tasks.fbank import FbankComputer
     from tasks.features import featurize_records
     from training.data import Normalizer
@@ -185,7 +185,7 @@ class Pool:
         import ray
         from ray.util import ActorPool
 
-        from amflow.raycluster import init_ray
+        from core.raycluster import init_ray
 
         init_ray(ctx.cfg)
         dc = ctx.cfg.decode

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from amflow.model_card import ModelCard
+from core.model_card import ModelCard
 from training.data import partition_uris
 from training.priors import class_counts
 

@@ -43,8 +43,8 @@ def _dag_run_conf(dag_id: str, run_id: str) -> dict:
 
 def _storage_root(conf: dict) -> tuple[object, str]:
     """The run's storage (as its tasks saw it: its config file and overrides)."""
-    from amflow.config import load_config
-    from amflow.storage import Storage
+    from core.config import load_config
+    from core.storage import Storage
 
     path = Path(str(conf.get("config") or "configs/local.yaml"))
     path = path if path.is_absolute() else PROJECT_ROOT / path
@@ -59,7 +59,7 @@ def _storage_root(conf: dict) -> tuple[object, str]:
          dependencies=[Depends(requires_access_dag("GET", DagAccessEntity.RUN))])
 def run_report(dag_id: str, run_id: str) -> HTMLResponse:
     from amflow.airflow_view import render_run
-    from amflow.config import ConfigError
+    from core.config import ConfigError
     from amflow.jobs import amflow_run_id
 
     conf = _dag_run_conf(dag_id, run_id)
@@ -89,7 +89,7 @@ def compare_page(runs: list[str] = Query(default=[]),
                  config: str = "configs/local.yaml") -> HTMLResponse:
     """Runs side by side (decoding/compare.py), under the storage of `config`."""
     from amflow.airflow_view import render_compare
-    from amflow.config import ConfigError
+    from core.config import ConfigError
     from decoding.compare import compare, load_run
 
     try:

@@ -38,7 +38,7 @@ trap stop_standalone EXIT
 # storage.root as an absolute URI (the DAG tasks may run elsewhere than this directory).
 root=$(python - "$CONFIG" "${SETS[@]}" <<'PY'
 import os, sys
-from amflow.config import load_config
+from core.config import load_config
 root = load_config(sys.argv[1], sys.argv[2:]).storage.root
 print(root if "://" in root else os.path.abspath(root))
 PY

@@ -462,9 +462,9 @@ def train_with_task_kill_and_node_loss(cluster: Cluster, cfg_path: Path, env: di
     from ray.job_submission import JobSubmissionClient
     from ray.util.state import list_actors
 
-    from amflow.config import load_config
+    from core.config import load_config
     from amflow.orchestration.airflow_step import AirflowStep
-    from amflow.storage import Storage, join
+    from core.storage import Storage, join
 
     sets = ["train.model=student", "train.recipe=ssl", "train.tag=nodeloss", "train.workers=2",
             "train.epochs=2"]
@@ -917,13 +917,13 @@ class Rehearsal:
 
     @property
     def cl_storage(self):
-        from amflow.storage import Storage
+        from core.storage import Storage
 
         return Storage(self.ccfg.storage)
 
     @property
     def lo_storage(self):
-        from amflow.storage import Storage
+        from core.storage import Storage
 
         return Storage(self.lcfg.storage)
 
@@ -952,7 +952,7 @@ def _configured(work: Path, procs: Procs, env: dict, report: dict, s3: S3Server)
     store = work / "local"
     lcfg_path = work / "local.yaml"
     lcfg_path.write_text(yaml.safe_dump(local_config_data(cdata, store), sort_keys=False))
-    from amflow.config import load_config
+    from core.config import load_config
 
     return Rehearsal(work, env, s3, cluster, cfg_path, lcfg_path, load_config(cfg_path),
                      load_config(lcfg_path), store, report)

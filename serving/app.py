@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from amflow.runs import StepError
+from core.runs import StepError
 from decoding.assets import DecoderAssets
 from serving import protocol as P
 
@@ -239,7 +239,7 @@ def start(cfg, assets: dict) -> str:
     """Deploy on the configured Ray (ray.address, or a local Ray); returns the page URL."""
     from ray import serve
 
-    from amflow.raycluster import init_ray
+    from core.raycluster import init_ray
 
     sc = cfg.serve
     if sc.ingress == "haproxy":  # read by Ray Serve's controller and replicas at start

@@ -46,7 +46,7 @@ def torch_dtype(name: str, device: str):
     import torch
 
     if name == "auto":
-        from amflow.precision import gpu_fp16_pays
+        from core.precision import gpu_fp16_pays
 
         half = device.startswith("cuda") and gpu_fp16_pays(device)
         return torch.float16 if half else torch.float32
@@ -173,7 +173,7 @@ class Recognizer:
 
     def __init__(self, model_bytes: bytes, graph_dir: str, log_prior: np.ndarray, acwt: float,
                  beam: float, max_active: int, dtype: str = "auto", device: str = "cpu"):
-        from amflow.config import FeaturesConfig
+        from core.config import FeaturesConfig
         from decoding.graph import read_graph
         from training.checkpoint import card_from_bytes
         from training.data import Normalizer

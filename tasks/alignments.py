@@ -38,9 +38,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from amflow.config import FeaturesConfig
-from amflow.senones import ContextTree
-from amflow.storage import Storage, join
+from core.config import FeaturesConfig
+from core.senones import ContextTree
+from core.storage import Storage, join
 
 UNK = "<unk>"
 

@@ -32,8 +32,8 @@ from fractions import Fraction
 
 import numpy as np
 
-from amflow.config import FeaturesConfig
-from amflow.storage import Storage, join
+from core.config import FeaturesConfig
+from core.storage import Storage, join
 
 REASONS = {
     "missing_audio": "the audio file does not exist",

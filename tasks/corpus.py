@@ -67,11 +67,11 @@ from typing import Any, Iterable
 import numpy as np
 from scipy import signal
 
-from amflow.config import Config, CorpusConfig
-from amflow.progress import Progress
-from amflow.raycluster import init_ray, step_resources
-from amflow.runs import StepError
-from amflow.storage import Storage, join
+from core.config import Config, CorpusConfig
+from core.progress import Progress
+from core.raycluster import init_ray, step_resources
+from core.runs import StepError
+from core.storage import Storage, join
 from tasks.alignments import read_ctm
 from tasks.select import MetadataError, metadata_files, parse_metadata_line
 from tasks.speech import espeak, room

@@ -38,7 +38,7 @@ import math
 
 import numpy as np
 
-from amflow.config import FeaturesConfig
+from core.config import FeaturesConfig
 
 INT16_SCALE = 32768.0
 FLT_EPSILON = float(np.finfo(np.float32).eps)

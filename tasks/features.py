@@ -37,7 +37,7 @@ holds frames 3r, 3r+1, 3r+2 (so a T-frame utterance has floor(T/3) rows, 192-d @
 Only offset 0 is stored; records.shift_offset derives offsets 1 and 2.
 Labels: `frame_labels` are the 100 Hz phone ids (tasks.alignments.frame_labels); `labels`
 the id of each row's centre frame (3r + 1). With features.labels=align the 100 Hz labels
-are `amflow align`'s network-tree leaves instead (runs/<R>/align/, amflow.senones), the
+are `amflow align`'s network-tree leaves instead (runs/<R>/align/, core.senones), the
 classes are those leaves (phones.json: "<phone>/<leaf>"), context.json holds the tree.
 
 Hierarchical shuffle: the shard order is a seeded permutation (features.seed), recorded in
@@ -57,11 +57,11 @@ from typing import Any, Iterator
 import numpy as np
 import pyarrow as pa
 
-from amflow import records
-from amflow.config import FeaturesConfig
-from amflow.runs import SUCCESS, Reject, StepContext, StepError, rejects_table
-from amflow.senones import fit_frames
-from amflow.storage import join
+from core import records
+from core.config import FeaturesConfig
+from core.runs import SUCCESS, Reject, StepContext, StepError, rejects_table
+from core.senones import fit_frames
+from core.storage import join
 from tasks import alignments as al
 from tasks.audio import decode_audio, read_audio_bytes
 from tasks.fbank import FbankComputer, fbank

@@ -51,8 +51,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from amflow import records
-from amflow.runs import Reject, StepContext, StepError, rejects_table
+from core import records
+from core.runs import Reject, StepContext, StepError, rejects_table
 
 log = logging.getLogger(__name__)
 

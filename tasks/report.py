@@ -18,8 +18,8 @@ import io
 import json
 from typing import Any
 
-from amflow.runs import SUCCESS, StepContext, step_dir_name
-from amflow.storage import join
+from core.runs import SUCCESS, StepContext, step_dir_name
+from core.storage import join
 
 CONDITIONS = ("DP1", "DP2", "DP3", "DP4", "DP5")
 _TAGS = ("teacher", "baseline", "")

@@ -40,9 +40,9 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from amflow.progress import Progress
-from amflow.runs import Reject, StepError
-from amflow.storage import Storage, iter_jsonl, join
+from core.progress import Progress
+from core.runs import Reject, StepError
+from core.storage import Storage, iter_jsonl, join
 from tasks.audio import resolve_uri
 
 log = logging.getLogger(__name__)

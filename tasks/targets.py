@@ -27,13 +27,13 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from amflow import precision
-from amflow.model_card import ModelCard
-from amflow.records import (TARGET_SCHEMA, decode_feats, dequantize_sqrt, encode_topk,
+from core import precision
+from core.model_card import ModelCard
+from core.records import (TARGET_SCHEMA, decode_feats, dequantize_sqrt, encode_topk,
                             load_cmvn, quantize_ranked)
-from amflow.runs import Reject, StepContext, StepError, rejects_table
-from amflow.target_codes import FP16_CODE, sqrt_levels
-from amflow.soft_targets import teacher_log_probs
+from core.runs import Reject, StepContext, StepError, rejects_table
+from core.target_codes import FP16_CODE, sqrt_levels
+from core.soft_targets import teacher_log_probs
 
 log = logging.getLogger(__name__)
 

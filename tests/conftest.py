@@ -76,7 +76,7 @@ CTM_LABELS = "features.labels=ctm"
 @pytest.fixture()
 def local_cfg(tmp_path):
     """The embedded default with storage under a temp dir."""
-    from amflow.config import load_config
+    from core.config import load_config
 
     def make(*overrides: str):
         return load_config(ROOT / "configs" / "local.yaml",
@@ -182,7 +182,7 @@ def tiny_corpus(tmp_path_factory):
     phones.txt, _SUCCESS.json. Built in-process (no Ray) in a few seconds; byte-identical
     to `amflow corpus --config configs/local.yaml --set corpus.hours=0.05`.
     """
-    from amflow.config import load_config
+    from core.config import load_config
     from tasks.corpus import build_corpus
 
     root = tmp_path_factory.mktemp("tiny_corpus")

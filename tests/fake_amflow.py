@@ -21,7 +21,7 @@ import sys
 import time
 from pathlib import Path
 
-from amflow.config import load_config
+from core.config import load_config
 
 
 def _iso(t: float) -> str:

@@ -4,8 +4,8 @@ from __future__ import annotations
 import re
 
 from amflow.airflow_view import render_run, teacher_run_of
-from amflow.config import load_config
-from amflow.storage import Storage, join
+from core.config import load_config
+from core.storage import Storage, join
 
 from tests.fake_amflow import _png
 

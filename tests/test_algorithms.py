@@ -13,7 +13,7 @@ import pytest
 import torch
 from torch import nn
 
-from amflow.config import TrainConfig
+from core.config import TrainConfig
 from training.algorithms import build_algorithm
 from training.algorithms.bmuf import derive_eta
 from training.distributed import spawn_local

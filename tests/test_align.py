@@ -16,8 +16,8 @@ from alignment.features import FeatureOptions
 from alignment.jobs import ShardJob, Utterance, run_jobs
 from alignment.train import History, RecipeOptions, monophone
 from alignment.tree import TreeStats, build_tree
-from amflow.config import ConfigError, load_config
-from amflow.senones import ContextTree
+from core.config import ConfigError, load_config
+from core.senones import ContextTree
 
 
 def _synthetic_tree_stats(rng: np.random.Generator) -> tuple[TreeStats, dict[int, int]]:
@@ -305,9 +305,9 @@ def test_align_config_errors_name_the_key():
 
 def _tiny_jobs(tiny_corpus, n_jobs: int):
     """The tiny corpus's labeled utterances as `n_jobs` in-process jobs."""
-    from amflow.config import FeaturesConfig
-    from amflow.storage import Storage
-    from amflow.config import StorageConfig
+    from core.config import FeaturesConfig
+    from core.storage import Storage
+    from core.config import StorageConfig
     from decoding.lexicon import read_lexicon, words_of
     from tasks.audio import load_audio
     from tasks.select import records_of_split
@@ -411,7 +411,7 @@ def test_shard_statistics_sum_to_the_single_job_statistics(tiny_corpus):
 
 
 def test_align_step_end_to_end(tiny_corpus, tmp_path):
-    from amflow.runs import StepContext
+    from core.runs import StepContext
     from amflow.steps import align
     from amflow.steps import select
 
@@ -488,7 +488,7 @@ def _a_run_takes_another_runs_alignments(sets, first, d):
     """align.reuse=<an align output>: the same utterances, settings, lexicon and corpus give
     that output's alignments, rejects and models, with no GMM trained; another setting is
     an error naming the key."""
-    from amflow.runs import StepContext, StepError
+    from core.runs import StepContext, StepError
     from amflow.steps import align
     from amflow.steps import select
 
@@ -519,7 +519,7 @@ def _a_student_run_takes_the_teachers_tree(tiny_corpus, tmp_path, tree_uri):
     """align.network_tree (a student's run: targets.teacher): the network's classes are the
     given tree's, not grown again; a tree of other phones fails before any training; a
     finished run is kept while the tree there is the same, aligned again when it changed."""
-    from amflow.runs import StepContext, StepError
+    from core.runs import StepContext, StepError
     from amflow.steps import align
     from amflow.steps import select
 

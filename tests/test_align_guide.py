@@ -10,7 +10,7 @@ from alignment import gmm, guide
 from alignment import lexicon_graphs as lg
 from alignment.jobs import run_jobs
 from alignment.train import History, RecipeOptions, monophone, train
-from amflow.config import ConfigError, load_config
+from core.config import ConfigError, load_config
 from tasks.alignments import read_ctm
 from tests.test_align import _tiny_jobs
 
@@ -117,7 +117,7 @@ def test_guide_config_errors_name_the_key():
 def test_align_step_trained_from_the_corpus_ctm_reports_both_bounds(tiny_corpus, tmp_path):
     import shutil
 
-    from amflow.runs import StepContext, StepError
+    from core.runs import StepContext, StepError
     from amflow.steps import align, select
 
     sets = [f"storage.root={tmp_path}", f"data.corpus={tiny_corpus}", "select.splits=[labeled]",

@@ -56,7 +56,7 @@ def test_stored_section_counts_bytes_entries_and_identical_frames():
 
 
 def test_frames_alike_sees_a_changed_level_count_or_class():
-    from amflow.records import PAD_LOGIT, dequantize_sqrt
+    from core.records import PAD_LOGIT, dequantize_sqrt
     idx = np.array([[4, 7, 0], [1, 2, 3], [9, 0, 1]])
     val = dequantize_sqrt(np.array([[30, 3, 1], [20, 9, 2], [31, 1, 1]]), 31)
     val[0, 2] = val[2, 1:] = PAD_LOGIT  # frames keep 2, 3 and 1 entries

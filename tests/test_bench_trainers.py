@@ -3,7 +3,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from amflow.config import ConfigError, load_config
+from core.config import ConfigError, load_config
 from bench.trainers import BENCH_PROFILE, bench_config
 
 
@@ -35,7 +35,7 @@ def test_bench_keys_are_checked_at_load_time():
 
 
 def test_method_variants():
-    from amflow.runs import StepError
+    from core.runs import StepError
     from bench.trainers import parse_algo
 
     assert parse_algo("ma+ng") == ("ma", {"natural_gradient": True})

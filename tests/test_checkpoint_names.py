@@ -1,8 +1,8 @@
 """Checkpointer: a save never rewrites a published checkpoint (found by the rehearsal)."""
 from __future__ import annotations
 
-from amflow.config import StorageConfig
-from amflow.storage import Storage
+from core.config import StorageConfig
+from core.storage import Storage
 from training.checkpoint import Checkpointer
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from amflow import placement
-from amflow.config import load_config
+from core.config import load_config
 
 ROOT = Path(__file__).resolve().parents[1]
 CLUSTER = ROOT / "infra" / "ray" / "cluster-aws.yaml"
@@ -62,7 +62,7 @@ def test_the_rehearsal_config_fits_the_rehearsal_nodes():
 
     import yaml
 
-    from amflow.config import _build, Config  # noqa: F401 - schema check below
+    from core.config import _build, Config  # noqa: F401 - schema check below
 
     data = rehearsal_config_data()
     cfg = load_config(None, [])  # defaults, then the merged data

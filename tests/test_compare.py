@@ -3,8 +3,8 @@ import json
 
 import pytest
 
-from amflow.config import load_config
-from amflow.storage import Storage
+from core.config import load_config
+from core.storage import Storage
 from decoding import compare as C
 
 

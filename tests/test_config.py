@@ -2,7 +2,7 @@ import subprocess
 
 import pytest
 
-from amflow.config import ConfigError, load_config
+from core.config import ConfigError, load_config
 from tests.conftest import ROOT, amflow_bin
 
 
@@ -86,7 +86,7 @@ def test_phone_weight_is_refused_by_the_sequence_recipe():
 
 
 def test_every_flat_train_key_lives_in_one_section_and_round_trips(tmp_path):
-    from amflow.config import TRAIN_KEYS, TrainConfig, config_to_yaml, replace_train
+    from core.config import TRAIN_KEYS, TrainConfig, config_to_yaml, replace_train
 
     cfg = load_config(ROOT / "configs/local.yaml", ["train.gtc_tau=0.5", "train.log_every=3"])
     flat = cfg.to_dict()["train"]
@@ -108,7 +108,7 @@ def test_every_flat_train_key_lives_in_one_section_and_round_trips(tmp_path):
 def test_every_user_key_is_settable_by_its_own_name():
     import yaml
 
-    from amflow.config import user_keys
+    from core.config import user_keys
 
     keys = dict(user_keys())
     assert "train.lr" in keys and "train.gtc_tau" in keys and "train.augment.servers" in keys

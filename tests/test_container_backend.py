@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from amflow import jobs as J
-from amflow.config import ConfigError, load_config
+from core.config import ConfigError, load_config
 from amflow.jobs.container import BANNER, ContainerBackend, host_paths
 
 ROOT = Path(__file__).resolve().parents[1]

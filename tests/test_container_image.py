@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from amflow.config import load_config
+from core.config import load_config
 from amflow.jobs import StepRunner, make_backend, step_command
 from amflow.jobs.container import default_image
 from tests.conftest import CTM_LABELS

@@ -15,7 +15,7 @@ import pytest
 import soundfile as sf
 from scipy import signal
 
-from amflow.config import ConfigError, load_config
+from core.config import ConfigError, load_config
 from tasks import corpus as C
 from tasks.speech import espeak
 
@@ -324,8 +324,8 @@ def test_clean_splits_keep_a_close_talk_test_set_that_evaluate_scores(tmp_path):
     """corpus.clean_splits=labeled,test also keeps the test split's dry rendering (a
     close-talk test set); `evaluate.audio=clean` scores those files as condition "dry"
     and rejects records without one. The default leaves corpus fingerprints as they were."""
-    from amflow.runs import StepError
-    from amflow.storage import Storage
+    from core.runs import StepError
+    from core.storage import Storage
     from tasks.select import records_of_split
     from training.evaluate import clean_renderings
 
@@ -425,7 +425,7 @@ def test_cli_writes_the_same_objects_to_s3(tiny_corpus, s3_bucket, tmp_path):
     summary = _cli(f"s3://{bucket}/c", *overrides)
     assert summary["utterances"] == json.loads(
         (tiny_corpus / "_SUCCESS.json").read_text())["utterances"]
-    from amflow.storage import Storage
+    from core.storage import Storage
 
     storage = Storage(load_config(None, overrides).storage)
     objs = storage.list(f"s3://{bucket}/c", recursive=True)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from amflow.config import load_config
+from core.config import load_config
 from tests.airflow_env import ROOT, airflow_env, calls, fake_config
 from tests.conftest import start_ray_head
 
@@ -89,7 +89,7 @@ def test_pool_slots_give_the_teacher_both_cores_and_light_steps_room_beside(dagb
     training holds a 2-core machine alone but for light steps, so the baseline (one
     core) cannot start beside it; every task is in default_pool (a missing pool would
     hang its task silently)."""
-    from amflow.config import load_config
+    from core.config import load_config
     from amflow.orchestration.pools import POOL_LIGHT_SLOTS, POOL_SLOTS_PER_CORE, pool_size
 
     teacher = dagbag.dags["teacher"]
@@ -222,7 +222,7 @@ def test_assets_wire_teacher_to_student(dagbag):
 
 
 def test_trigger_form_params_have_types_limits_and_local_defaults(dagbag):
-    from amflow.config import load_config
+    from core.config import load_config
 
     cfg = load_config(ROOT / "configs" / "local.yaml")
     params = dagbag.dags["ssl_student"].params

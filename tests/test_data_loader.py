@@ -3,9 +3,9 @@ import numpy as np
 import pytest
 import torch
 
-from amflow import records
-from amflow.runs import StepError
-from amflow.storage import Storage, join
+from core import records
+from core.runs import StepError
+from core.storage import Storage, join
 from training.data import (BatchLoader, Normalizer, PassSpec, SplitIndex, loader_throughput,
                            make_synthetic_run, plan_pass, rank_partitions, rows_table,
                            spec_augment, synthetic_rows)

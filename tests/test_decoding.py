@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from amflow.model_card import ModelCard
+from core.model_card import ModelCard
 from decoding import graph as G
 from decoding import lexicon as L
 from decoding import lm
@@ -183,7 +183,7 @@ def test_espeak_lexicon_splits_groups_and_learns_linking():
 
 # ----------------------------------------------------------------- the step's inputs
 def test_decode_rejects_a_model_whose_classes_miss_lexicon_phones():
-    from amflow.runs import StepError
+    from core.runs import StepError
     from decoding.assets import check_phones
 
     with pytest.raises(StepError, match=r"no class for: \['k', 's'\]"):
@@ -203,8 +203,8 @@ def test_score_hyps_counts_oov_reference_words():
 def test_priors_from_hard_labels_and_soft_targets(tmp_path):
     import pyarrow as pa
 
-    from amflow.config import StorageConfig
-    from amflow.storage import Storage
+    from core.config import StorageConfig
+    from core.storage import Storage
     from training.priors import class_counts
 
     st = Storage(StorageConfig(root=str(tmp_path)))
@@ -217,7 +217,7 @@ def test_priors_from_hard_labels_and_soft_targets(tmp_path):
     counts = class_counts(st, [str(tmp_path / "part-0.parquet")], 3)
     assert counts == pytest.approx([1.5, 2.75, 1.75], abs=1e-3)
     # pruned (targets.mass < 1): the first frame kept class 1 only, so all its mass
-    from amflow import records
+    from core import records
     pruned = records.encode_topk(np.frombuffer(idx, np.int16).reshape(2, 2),
                                  np.frombuffer(logit, np.float16).reshape(2, 2), [1, 2])
     st.write_parquet(str(tmp_path / "part-1.parquet"), pa.table(
@@ -229,7 +229,7 @@ def test_priors_from_hard_labels_and_soft_targets(tmp_path):
 
 def test_decode_and_evaluate_follow_the_split_rule(tmp_path, local_cfg):
     """A corpus without `split`: aligned records are labeled, others unlabeled."""
-    from amflow.runs import StepContext, StepError
+    from core.runs import StepContext, StepError
     from decoding.decode import split_records
     from tests.test_select import make_corpus
 
@@ -247,7 +247,7 @@ def test_a_finished_decode_is_handed_back_only_for_the_same_model_lm_and_search(
     """A rerun reuses a finished decode when the model, LM, lexicon and corpus are the same
     (by their bytes) and the search keys match (workers only place it); a model trained
     again at the same URI, a corpus made again, or another beam decodes again."""
-    from amflow.runs import SUCCESS, StepContext
+    from core.runs import SUCCESS, StepContext
     from amflow.steps import decode as decode_step
 
     corpus = tmp_path / "corpus"
@@ -284,7 +284,7 @@ def test_a_finished_decode_is_handed_back_only_for_the_same_model_lm_and_search(
 def test_oracle_posteriors_decode_the_tiny_corpus(tiny_corpus, tmp_path):
     """One-hot posteriors from the reference alignment decode to the transcripts:
     lexicon, LM (generator text, never the test transcripts) and graph are right."""
-    from amflow.config import FeaturesConfig
+    from core.config import FeaturesConfig
     from decoding.decode import split_records
     from tasks import alignments as al
     from tasks.corpus import LEXICON_REPORT
@@ -297,8 +297,8 @@ def test_oracle_posteriors_decode_the_tiny_corpus(tiny_corpus, tmp_path):
     model = lm.estimate(lm.generator_sentences(3000, 5), 3, vocabulary=lex.prons)
     graph = G.build_graph(lex, model.to_arpa(), classes)
     aligns, _ = al.read_ctm((tiny_corpus / "alignments.ctm").read_text())
-    from amflow.config import load_config
-    from amflow.runs import StepContext
+    from core.config import load_config
+    from core.runs import StepContext
 
     ctx = StepContext(load_config(None, [f"storage.root={tmp_path}"]), "r", "decode")
     recs, _ = split_records(ctx, str(tiny_corpus), "test")
@@ -319,8 +319,8 @@ def test_oracle_posteriors_decode_the_tiny_corpus(tiny_corpus, tmp_path):
 
 
 def test_featurize_rejects_an_utterance_without_audio(tmp_path):
-    from amflow.config import StorageConfig
-    from amflow.storage import Storage
+    from core.config import StorageConfig
+    from core.storage import Storage
     from decoding.decode import featurize
     from tasks.select import read_records
     from tests.test_select import make_corpus
@@ -362,8 +362,8 @@ def test_model_card_round_trips_the_model_file_metadata_key_for_key():
 
     import torch
 
-    from amflow.config import FeaturesConfig, StorageConfig
-    from amflow.storage import Storage
+    from core.config import FeaturesConfig, StorageConfig
+    from core.storage import Storage
     from training.checkpoint import from_bytes, load_model_card, model_payload, save_model
     from training.models import StudentLSTM
     from training.priors import attach_priors
@@ -390,7 +390,7 @@ def test_model_card_round_trips_the_model_file_metadata_key_for_key():
 
 def test_decode_workers_are_capped_at_the_clusters_cpus():
     # ActorPool gives every actor a shard at once: an actor Ray cannot place would hang it
-    from amflow.runs import StepError
+    from core.runs import StepError
     from decoding.decode import _workers_that_fit
 
     assert _workers_that_fit(4, {"CPU": 1.0}) == 1
@@ -406,8 +406,8 @@ def test_a_built_graph_is_kept_once_and_leaves_no_temp_dir(where, tmp_path, monk
     import os
     import tempfile
 
-    from amflow.config import load_config
-    from amflow.storage import Storage
+    from core.config import load_config
+    from core.storage import Storage
     from decoding.assets import GRAPH_FILES, ensure_graph
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))

@@ -9,10 +9,10 @@ import pytest
 import soundfile as sf
 import torch
 
-from amflow import records
+from core import records
 from amflow.cli import SUMMARY_PREFIX, main
-from amflow.runs import StepContext
-from amflow.storage import Storage, join
+from core.runs import StepContext
+from core.storage import Storage, join
 from amflow.steps import train as train_step
 from training.data import cmvn_stats, rows_table
 from training.evaluate import (UttScore, aggregate, collapse, edit_distance,
@@ -304,7 +304,7 @@ def test_align_labels_are_read_in_the_model_trees_classes():
     tree (train.grow's phone stage) reads them as their phones, any other tree none."""
     import numpy as np
 
-    from amflow.senones import CONTEXT_KIND, ContextTree
+    from core.senones import CONTEXT_KIND, ContextTree
     from training.evaluate import labels_in_model_classes
 
     tree = ContextTree.from_dict({

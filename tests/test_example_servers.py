@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 import torch
 
-from amflow import records
-from amflow.config import load_config
-from amflow.runs import StepContext
-from amflow.storage import Storage, join
+from core import records
+from core.config import load_config
+from core.runs import StepContext
+from core.storage import Storage, join
 from amflow.steps import train as train_step
 from tasks.corpus import wav_bytes
 from tasks.features import featurize_stream
@@ -335,7 +335,7 @@ def test_vtlp_warps_the_mel_filters():
 
 
 def test_augment_config_errors_name_the_key():
-    from amflow.config import ConfigError
+    from core.config import ConfigError
 
     for bad, key in (("train.augment.room_prob=1.5", "train.augment.room_prob"),
                      ("train.augment.conditions=DP7", "train.augment.conditions"),

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from amflow.config import FeaturesConfig
+from core.config import FeaturesConfig
 
 
 def _speechlike(rng, n: int, rate: int = 16000) -> np.ndarray:
@@ -77,7 +77,7 @@ def test_stream_cmn_rule_and_chunking():
 
 
 def test_stack_frames_and_shift_offset():
-    from amflow.records import shift_offset
+    from core.records import shift_offset
     from tasks.features import stack_frames
 
     x = np.arange(20 * 2, dtype=np.float32).reshape(20, 2)
@@ -123,7 +123,7 @@ def test_frame_labels_coverage():
 
 
 def test_encode_rows_uint8_shared_bin_ranges_roundtrip():
-    from amflow.records import decode_feats
+    from core.records import decode_feats
     from tasks.features import encode_rows
 
     rng = np.random.default_rng(4)

@@ -8,13 +8,13 @@ import pyarrow.parquet as pq
 import pytest
 import soundfile as sf
 
-from amflow import records
+from core import records
 from tests.conftest import CTM_LABELS
 from tests.test_select import make_corpus
 
 
 def _steps(cfg, run_id, *names, force=False):
-    from amflow.runs import StepContext
+    from core.runs import StepContext
     from amflow.steps import features, repartition, select
 
     mods = {"select": select, "features": features, "repartition": repartition}
@@ -83,8 +83,8 @@ def test_features_step(corpus, local_cfg, ray_local, tmp_path):
 
 
 def test_decode_resamples_and_downmixes(tmp_path):
-    from amflow.config import FeaturesConfig
-    from amflow.storage import Storage
+    from core.config import FeaturesConfig
+    from core.storage import Storage
     from tasks.audio import load_audio
 
     x = np.sin(2 * np.pi * 440 * np.arange(8000) / 8000).astype(np.float32) * 0.5

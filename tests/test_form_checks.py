@@ -1,7 +1,7 @@
 """Override validation shared by the CLI and the trigger form: one line naming the key."""
 import pytest
 
-from amflow.config import check_override
+from core.config import check_override
 
 
 @pytest.mark.parametrize("item,message", [

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 import torch
 
-from amflow.runs import StepContext, StepError
-from amflow.senones import CONTEXT_KIND, ContextTree
-from amflow.storage import Storage, join
+from core.runs import StepContext, StepError
+from core.senones import CONTEXT_KIND, ContextTree
+from core.storage import Storage, join
 from amflow.steps import train as train_step
 from training import launch
 from training.checkpoint import load_model, save_model
@@ -147,7 +147,7 @@ def _phone_labeled_copy(run: str, dest: str) -> None:
 
     import pyarrow as pa
 
-    from amflow import records
+    from core import records
 
     shutil.copytree(run, dest)
     st = Storage()
@@ -293,7 +293,7 @@ def test_train_grow_keeps_a_finished_phone_stage_of_its_config_even_under_force(
 
 
 def test_train_grow_grows_nothing_on_phone_classes(tmp_path, local_cfg):
-    from amflow.config import ConfigError
+    from core.config import ConfigError
 
     with pytest.raises(ConfigError, match="train.grow_recipe.tag"):
         local_cfg("train.grow_recipe.tag=x")

@@ -12,8 +12,8 @@ import pytest
 import soundfile as sf
 
 from amflow.cli import SUMMARY_PREFIX, main
-from amflow.config import ConfigError, load_config
-from amflow.storage import Storage
+from core.config import ConfigError, load_config
+from core.storage import Storage
 from tasks.importers import REASONS, import_corpus, read_kaldi, read_lhotse
 from tasks.importers.kaldi import parse_kaldi_dir, parse_segment, wav_path
 from tasks.importers.lhotse import parse_lhotse
@@ -172,7 +172,7 @@ def test_refuses_foreign_corpus_and_missing_files(tmp_path):
     d = tmp_path / "kaldi"
     d.mkdir()
     (d / "wav.scp").write_text("")
-    from amflow.runs import StepError
+    from core.runs import StepError
     with pytest.raises(StepError, match="utt2spk"):
         read_kaldi(st, str(d))
     (d / "utt2spk").write_text("")

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from amflow.config import load_config
+from core.config import load_config
 
 ROOT = Path(__file__).resolve().parents[1]
 CLUSTER = ROOT / "infra" / "ray" / "cluster-aws.yaml"
@@ -145,7 +145,7 @@ def test_s3_policies_are_least_privilege_for_the_configured_prefixes(aws):
 
 
 def test_cost_estimate_from_measured_step_summaries(tmp_path):
-    from amflow import cost
+    from core import cost
 
     run = tmp_path / "store" / "runs" / "r"
     measured = {  # step: (audio hours, wall s)

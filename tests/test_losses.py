@@ -74,7 +74,7 @@ def test_distillation_fits_a_linear_student():
 
 def test_distill_on_pruned_targets_is_cross_entropy_with_the_kept_entries_renormalised():
     """targets.mass < 1: decode_topk's dropped slots weigh nothing in the loss."""
-    from amflow import records
+    from core import records
     from tasks.targets import top_entries
 
     torch.manual_seed(3)

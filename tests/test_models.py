@@ -2,8 +2,8 @@
 import pytest
 import torch
 
-from amflow.config import ModelConfig, StudentConfig, TeacherConfig
-from amflow.storage import Storage
+from core.config import ModelConfig, StudentConfig, TeacherConfig
+from core.storage import Storage
 from training.checkpoint import MODEL_FORMAT, load_model, save_model
 from training.models import (StudentLSTM, TeacherBLSTM, build_model, lstm_parameter_count,
                              model_from_spec, model_spec, num_parameters, resolve_num_classes)

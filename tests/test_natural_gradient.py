@@ -103,7 +103,7 @@ def test_rejects_models_it_cannot_precondition():
 
 
 def test_config_names_the_key():
-    from amflow.config import ConfigError, TrainConfig
+    from core.config import ConfigError, TrainConfig
 
     bad = TrainConfig.from_flat(algorithm="sgd", natural_gradient=True)
     with pytest.raises(ConfigError, match="train.natural_gradient"):
@@ -116,7 +116,7 @@ def test_config_names_the_key():
 
 def test_ma_with_natural_gradient_learns():
     """One-process ma + NG on a learnable toy task: the loss falls faster than plain ma."""
-    from amflow.config import TrainConfig
+    from core.config import TrainConfig
     from training.algorithms import build_algorithm
 
     def run(ng: bool) -> tuple[float, float]:

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from amflow import records
+from core import records
 from tests.conftest import CTM_LABELS
 from tests.test_features import _steps
 from tests.test_select import make_corpus

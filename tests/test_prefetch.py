@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from amflow.prefetch import Prefetch, prefetch
+from core.prefetch import Prefetch, prefetch
 
 
 def test_prefetch_keeps_order_and_runs_ahead_on_another_thread():

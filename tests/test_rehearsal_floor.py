@@ -81,7 +81,7 @@ def test_placement_checks_the_driver_of_a_job_that_never_joined_the_cluster(monk
     import ray.job_submission
     import ray.util.state
 
-    from amflow.config import load_config
+    from core.config import load_config
     from scripts.rehearsal import ROOT, placement_check
 
     jobs = [NS(submission_id="amflow-teacher-select-1-try1", job_id=None, status="SUCCEEDED",

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import pyarrow.parquet as pq
 
-from amflow import records
+from core import records
 from tests.conftest import CTM_LABELS
 from tests.test_features import _steps
 from tests.test_select import make_corpus
@@ -109,8 +109,8 @@ def test_repartition_hard_then_soft_targets(tmp_path, local_cfg, ray_local):
 @pytest.fixture()
 def serial_shuffle(monkeypatch):
     """Run repartition's Ray stages serially in this process; count full parquet reads."""
-    from amflow.raycluster import _run_shard
-    from amflow.storage import Storage
+    from core.raycluster import _run_shard
+    from core.storage import Storage
     import amflow.steps.repartition as rp
 
     def serial(ctx, jobs, fn, **_):

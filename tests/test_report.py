@@ -1,6 +1,6 @@
 import pytest
 
-from amflow.runs import StepContext, StepError
+from core.runs import StepContext, StepError
 from amflow.steps.report import run
 from tasks.report import relative_error_reduction, table_ii
 

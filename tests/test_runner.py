@@ -258,7 +258,7 @@ def test_ray_job_runs_a_step_streams_its_log_and_sigterm_stops_it(fake_env, ray_
             "--set", "ray.step_resources={features: {pool_c4: 0.5}, train: {pool_c4: 0.5}}",
             # The job's environment is the cluster's: hand the fake its plan explicitly.
             "--set", f"runner.env={{AMFLOW_FAKE_PLAN: {os.environ['AMFLOW_FAKE_PLAN']}}}"]
-    from amflow.config import load_config
+    from core.config import load_config
     from ray.job_submission import JobSubmissionClient
 
     conf = load_config(cfg, [s for s in sets if s != "--set"])

@@ -1,7 +1,7 @@
 """Pass plans (labeled, scheduled learning) and learning-rate schedules."""
 import pytest
 
-from amflow.config import TrainConfig
+from core.config import TrainConfig
 from training.schedules import LRSchedule, plan_passes
 
 
@@ -87,7 +87,7 @@ def test_gradual_warmup_ramps_linearly_then_hands_over_to_the_schedule():
 
 
 def test_warmup_settings_are_validated_by_key():
-    from amflow.config import ConfigError, load_config
+    from core.config import ConfigError, load_config
     with pytest.raises(ConfigError, match="train.lr_warmup_start"):
         load_config(None, ["train.lr_warmup_start=0"])
     with pytest.raises(ConfigError, match="train.lr_warmup_units"):

@@ -139,8 +139,8 @@ def make_corpus(root: Path, *, speakers: int = 4, utts: int = 3, seconds=(1.0, 2
 
 
 def _read_manifests(cfg, run_id):
-    from amflow.runs import run_uri
-    from amflow.storage import Storage, join
+    from core.runs import run_uri
+    from core.storage import Storage, join
 
     st = Storage(cfg.storage)
     uris = st.list(join(run_uri(cfg, run_id), "select", "shards"), suffix=".parquet")
@@ -196,7 +196,7 @@ def test_shard_speakers_balanced():
 
 
 def test_select_step(tmp_path, local_cfg):
-    from amflow.runs import StepContext
+    from core.runs import StepContext
     from amflow.steps import select
 
     info = make_corpus(tmp_path / "corpus", speakers=6, utts=3, labeled=2, dev=1, bad=True,
@@ -232,7 +232,7 @@ def test_select_step(tmp_path, local_cfg):
 
 
 def test_select_infers_split_and_samples_hours(tmp_path, local_cfg):
-    from amflow.runs import StepContext
+    from core.runs import StepContext
     from amflow.steps import select
 
     make_corpus(tmp_path / "corpus", speakers=8, utts=4, labeled=3, with_split=False)
@@ -252,7 +252,7 @@ def test_a_selection_is_handed_back_only_for_its_own_corpus_and_select_keys(tmp_
     """Another select.hours (a contract key) selects again, and so does a corpus made from
     other inputs (its fingerprint); the same keys and corpus hand the selection back. A
     selection finished before select kept its plan is taken, unchecked."""
-    from amflow.runs import StepContext
+    from core.runs import StepContext
     from amflow.steps import select
 
     make_corpus(tmp_path / "corpus", speakers=8, utts=4, labeled=3, with_split=False)

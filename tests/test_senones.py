@@ -10,8 +10,8 @@ import pytest
 import kaldi_hmm_gmm  # noqa: F401  first: OpenFST import-order trap (alignment/__init__.py)
 import kaldifst
 
-from amflow.config import ConfigError, load_config
-from amflow.senones import ContextTree, fit_frames
+from core.config import ConfigError, load_config
+from core.senones import ContextTree, fit_frames
 from decoding import lexicon as L
 from decoding import lm
 from decoding.context import build_cd_graph, context_fst_text
@@ -132,7 +132,7 @@ def test_labels_key_is_validated_by_name():
 
 # ----------------------------------------------------------------- downstream on the classes
 def test_features_take_align_labels_and_reject_gross_mismatches():
-    from amflow.config import FeaturesConfig
+    from core.config import FeaturesConfig
     from tasks.features import ShardFeaturizer
 
     lab = (np.arange(30) // 4).astype(np.int16)
@@ -279,7 +279,7 @@ def test_a_corpus_without_alignments_goes_from_transcripts_to_words(tiny_corpus,
 
 def _count_reads(monkeypatch) -> Counter:
     """Every Storage.read_bytes from now on, counted by URI."""
-    from amflow.storage import Storage
+    from core.storage import Storage
 
     reads: Counter = Counter()
     plain = Storage.read_bytes
@@ -293,7 +293,7 @@ def _count_reads(monkeypatch) -> Counter:
 
 
 def test_model_card_carries_the_tree_only_for_context_dependent_classes():
-    from amflow.model_card import ModelCard, context_info
+    from core.model_card import ModelCard, context_info
 
     t = _full_tree()
     card = ModelCard.from_meta({"spec": {"kind": "teacher", "num_classes": t.num_leaves},

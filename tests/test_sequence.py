@@ -400,8 +400,8 @@ def test_criterion_on_the_loaders_chunk_and_full_minibatches(tmp_path, criterion
     """What the recipe will do: the denominator from the labeled split's labels, then
     chunked minibatches (context frames unscored) and whole utterances through the
     student; finite losses and gradients."""
-    from amflow.config import load_config
-    from amflow.storage import Storage, join
+    from core.config import load_config
+    from core.storage import Storage, join
     from training.data import BatchLoader, Normalizer, PassSpec, SplitIndex, make_synthetic_run
     from training.models import StudentLSTM
 

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from amflow.runs import StepContext, StepError
-from amflow.storage import Storage, join
+from core.runs import StepContext, StepError
+from core.storage import Storage, join
 from amflow.steps import train as train_step
 from amflow.steps import sequence as sequence_step
 from training import launch

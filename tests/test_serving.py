@@ -14,8 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from amflow.config import FeaturesConfig
-from amflow.model_card import ModelCard
+from core.config import FeaturesConfig
+from core.model_card import ModelCard
 from serving import protocol as P
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -27,8 +27,8 @@ def _speaker_waves(corpus: Path, split: str = "unlabeled", limit: int = 3):
     (the speaker with the most utterances in `split`)."""
     import soundfile as sf
 
-    from amflow.config import load_config
-    from amflow.runs import StepContext
+    from core.config import load_config
+    from core.runs import StepContext
     from decoding.decode import split_records
 
     ctx = StepContext(load_config(None, [f"storage.root={corpus.parent / 'store'}"]), "r", "x")
@@ -129,8 +129,8 @@ def tiny_system(tiny_corpus, tmp_path_factory):
     first test speaker's utterances."""
     import torch
 
-    from amflow.config import StorageConfig
-    from amflow.storage import Storage
+    from core.config import StorageConfig
+    from core.storage import Storage
     from decoding import graph as G
     from decoding import lexicon as L
     from decoding import lm
@@ -183,7 +183,7 @@ def test_a_replica_keeps_no_graph_files_once_its_recognizer_is_built(tiny_system
     used to leave an amflow-serve-graph-* directory in /tmp)."""
     import tempfile
 
-    from amflow.config import ServeConfig
+    from core.config import ServeConfig
     from serving.app import make_recognizer
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))

@@ -30,7 +30,7 @@ ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-net
 def service(ray_local, tiny_system, tmp_path_factory):  # noqa: F811
     from ray import serve
 
-    from amflow.config import load_config
+    from core.config import load_config
     from serving.app import start
 
     port = _free_port()

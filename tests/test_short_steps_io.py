@@ -6,7 +6,7 @@ import json
 import threading
 import time
 
-from amflow.storage import Storage
+from core.storage import Storage
 from tests.test_select import make_corpus
 
 
@@ -33,7 +33,7 @@ def test_read_records_keeps_file_and_line_order_when_reading_concurrently(tmp_pa
 
 
 def test_lm_reads_the_corpus_metadata_once(tmp_path, local_cfg, monkeypatch):
-    from amflow.runs import StepContext
+    from core.runs import StepContext
     from amflow.steps import lm
     from tasks.select import metadata_files
 
@@ -61,7 +61,7 @@ def _featurize_one_read_at_a_time(storage, corpus, records, fcfg, computer, reje
     """featurize_records as it was before it read ahead: the reference."""
     import collections
 
-    from amflow.runs import Reject
+    from core.runs import Reject
     from tasks.audio import load_audio_result, resolve_uri
     from tasks.features import featurize_stream
 
@@ -91,7 +91,7 @@ def test_featurize_records_reads_ahead_and_yields_and_rejects_as_in_order(tmp_pa
     samples, features and rejects, in the same order, as one read at a time."""
     import numpy as np
 
-    from amflow.runs import Reject
+    from core.runs import Reject
     from tasks.fbank import FbankComputer
     from tasks.features import featurize_records
     from tasks.select import read_records

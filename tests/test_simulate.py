@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from amflow.runs import StepContext, StepError
+from core.runs import StepContext, StepError
 from amflow.steps import simulate as simulate_step
 from training import simulate as sim
 

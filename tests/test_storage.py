@@ -4,8 +4,8 @@ import threading
 import pyarrow as pa
 import pytest
 
-from amflow.config import load_config
-from amflow.storage import Storage, is_transient, join
+from core.config import load_config
+from core.storage import Storage, is_transient, join
 from tests.conftest import ROOT
 
 

@@ -7,8 +7,8 @@ import pyarrow as pa
 import pytest
 import torch
 
-from amflow.records import FEATURE_SCHEMA, PAD_LOGIT, decode_topk, encode_feats
-from amflow.runs import StepContext
+from core.records import FEATURE_SCHEMA, PAD_LOGIT, decode_topk, encode_feats
+from core.runs import StepContext
 from amflow.steps import targets as targets_step
 from tasks import targets as T
 from tests.conftest import ROOT, amflow_bin
@@ -57,7 +57,7 @@ def test_targets_cover_every_row_and_rerun_is_noop(local_cfg, ray_local):
     assert set(fid) == {"1", "5"} and fid["5"]["mass_kept"] > fid["1"]["mass_kept"]
     # aligned row for row with the feature shards; argmax of the rebuilt = teacher argmax
     model, meta = load_model(feats.storage, feats.other("train", "model.pt"))
-    from amflow.records import decode_feats, load_cmvn
+    from core.records import decode_feats, load_cmvn
 
     scorer = T.TeacherScorer(model, *load_cmvn(meta["cmvn"]))
     agree = total = 0
@@ -156,7 +156,7 @@ def test_targets_killed_half_way_finishes_the_rest(local_cfg, ray_local):
 @pytest.mark.slow
 def test_gpu_path_forced_onto_cpu(tmp_path):
     """A Ray with one (declared) GPU: the actor takes num_gpus=1 and runs the model in fp16."""
-    from amflow.config import load_config
+    from core.config import load_config
 
     store = tmp_path / "store"
     cfg = load_config(ROOT / "configs/local.yaml", [f"storage.root={store}"])
@@ -175,7 +175,7 @@ def test_gpu_path_forced_onto_cpu(tmp_path):
 
 
 def test_missing_teacher_is_a_clear_error(local_cfg):
-    from amflow.runs import StepError
+    from core.runs import StepError
 
     cfg = local_cfg("targets.teacher=/nonexistent/model.pt")
     _make_run(cfg, "r3")
@@ -186,7 +186,7 @@ def test_missing_teacher_is_a_clear_error(local_cfg):
 def test_a_teacher_of_other_classes_is_a_clear_error(local_cfg):
     """The student learns from the targets and from its labeled split's labels: a teacher
     whose classes are not the run's features' classes stops the step before any scoring."""
-    from amflow.runs import StepError
+    from core.runs import StepError
 
     cfg = local_cfg()
     ctx = _make_run(cfg, "r4")

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from amflow import records
+from core import records
 from tasks.targets import (TeacherScorer, chunk_spans, fidelity,
                            length_batches, summarise_fidelity, top_entries, topk)
 from training.losses import teacher_log_probs
@@ -74,7 +74,7 @@ def test_fp16_path_runs_on_cpu():
 
 def test_bf16_cpu_path_on_padded_batches_agrees_with_fp32():
     """CPU actors score in bf16 where the CPU has it natively: same argmax nearly always."""
-    from amflow.config import TargetsConfig
+    from core.config import TargetsConfig
     from tasks.targets import inference_dtype
     torch.manual_seed(0)
     model = TeacherBLSTM(12, 32, 2, 9)
@@ -93,7 +93,7 @@ def test_bf16_cpu_path_on_padded_batches_agrees_with_fp32():
     # fp16: false wins over fp16_on_cpu; cpu_precision then decides (auto: the CPU's bf16)
     off = TargetsConfig(fp16=False, fp16_on_cpu=True, cpu_precision="fp32")
     assert inference_dtype(off, "cpu") == torch.float32
-    from amflow import precision
+    from core import precision
     auto = TargetsConfig(fp16=False, fp16_on_cpu=True)
     assert inference_dtype(auto, "cpu") == (
         torch.bfloat16 if precision.cpu_has_native_bf16() else torch.float32)
@@ -104,7 +104,7 @@ def test_bf16_cpu_path_on_padded_batches_agrees_with_fp32():
 def test_gpu_precision_auto_takes_fp16_only_before_ampere(capability, auto, monkeypatch):
     """V100s (7.0) get fp16; from Ampere on TF32 makes fp32 the faster choice (bench/GPU.md).
     An explicit true/false is obeyed on any GPU; serving's `auto` follows the same rule."""
-    from amflow.config import TargetsConfig
+    from core.config import TargetsConfig
     from serving.recognizer import torch_dtype
     from tasks.targets import inference_dtype
 

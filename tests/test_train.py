@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 import torch
 
-from amflow.runs import StepContext, StepError
-from amflow.storage import Storage, join
+from core.runs import StepContext, StepError
+from core.storage import Storage, join
 from amflow.steps import train as train_step
 from training import launch
 from training.checkpoint import load_model
@@ -299,7 +299,7 @@ def test_newbob_stops_early_and_fine_tunes(tmp_path, local_cfg):
 def test_train_and_resume_on_s3(s3_bucket, tmp_path):
     """The same step with storage.root on S3 (moto over HTTP): partitions, checkpoints,
     metrics and the model all go through the S3 API."""
-    from amflow.config import load_config
+    from core.config import load_config
 
     bucket, overrides = s3_bucket
     cfg = load_config(ROOT / "configs" / "local.yaml",
@@ -324,7 +324,7 @@ def test_train_and_resume_on_s3(s3_bucket, tmp_path):
 
 def test_a_checkpoint_from_before_a_new_config_key_still_resumes():
 
-    from amflow.config import TrainConfig
+    from core.config import TrainConfig
     from training.loop import fingerprint_changes, train_fingerprint
 
     now = {"train": train_fingerprint(TrainConfig()), "kind": "student"}
@@ -341,7 +341,7 @@ def test_a_checkpoint_is_compared_on_the_trained_kinds_model_section_and_its_inp
     """Checkpoints once kept every kind's model section: a student's resumes after a
     teacher key changed, and a change of its own names the key. Inputs (when the data
     steps finished, the init model's digest) count when both sides name them."""
-    from amflow.config import ModelConfig, load_config
+    from core.config import ModelConfig, load_config
     from training.loop import _model_fingerprint, fingerprint_changes, train_fingerprint
 
     def fp(*sets, inputs=None):
@@ -365,7 +365,7 @@ def test_the_recipes_are_compared_by_the_keys_they_set_not_as_mappings():
     training it does not apply to (a teacher's checkpoint and the sequence recipe, train.grow's
     phone stage and the grown stage's recipe) resumes, also from fingerprints that held the
     recipes (before they were left out)."""
-    from amflow.config import load_config
+    from core.config import load_config
     from training.loop import fingerprint_changes, train_fingerprint
 
     def fp(*sets):

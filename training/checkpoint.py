@@ -30,8 +30,8 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from amflow.model_card import ModelCard
-from amflow.storage import Storage, join
+from core.model_card import ModelCard
+from core.storage import Storage, join
 from training.models import model_from_spec, model_spec
 
 log = logging.getLogger(__name__)

@@ -1,7 +1,7 @@
 """Training data loading: partitions -> shuffled, frame-budgeted minibatches.
 
 Input: `runs/<R>/repartition/<split>/part-*.parquet`, one row per utterance in the
-`amflow.records` feature format, plus `k`, `topk_idx`, `topk_logit` when the targets
+`core.records` feature format, plus `k`, `topk_idx`, `topk_logit` when the targets
 step produced soft targets; the global CMVN from `features/cmvn.json`.
 
 Two stages, so that a pass is fully determined before any feature is read:
@@ -41,11 +41,11 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import torch
 
-from amflow import records
-from amflow.prefetch import Prefetch
-from amflow.runs import StepError
-from amflow.storage import Storage, join
-from amflow.target_codes import index_bytes
+from core import records
+from core.prefetch import Prefetch
+from core.runs import StepError
+from core.storage import Storage, join
+from core.target_codes import index_bytes
 
 from training.losses import IGNORE
 

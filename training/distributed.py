@@ -45,9 +45,9 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import nn
 
-from amflow.config import TrainConfig
-from amflow.raycluster import init_ray, step_resources
-from amflow.storage import Storage, is_s3, join
+from core.config import TrainConfig
+from core.raycluster import init_ray, step_resources
+from core.storage import Storage, is_s3, join
 from training.algorithms import build_algorithm
 from training.plan import LaunchSpec
 

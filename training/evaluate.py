@@ -44,12 +44,12 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 import torch
 
-from amflow.config import EvaluateConfig, FeaturesConfig
-from amflow.model_card import ModelCard
-from amflow.progress import Progress
-from amflow.runs import Reject, StepError
-from amflow.senones import ContextTree, fit_frames
-from amflow.storage import Storage, join
+from core.config import EvaluateConfig, FeaturesConfig
+from core.model_card import ModelCard
+from core.progress import Progress
+from core.runs import Reject, StepError
+from core.senones import ContextTree, fit_frames
+from core.storage import Storage, join
 from tasks import alignments as al
 from tasks.corpus import SIL
 from tasks.fbank import FbankComputer

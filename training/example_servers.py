@@ -58,10 +58,10 @@ import numpy as np
 import torch
 from scipy import signal
 
-from amflow import records
-from amflow.config import AugmentConfig, FeaturesConfig, TrainConfig
-from amflow.prefetch import Prefetch
-from amflow.storage import Storage, iter_jsonl, join
+from core import records
+from core.config import AugmentConfig, FeaturesConfig, TrainConfig
+from core.prefetch import Prefetch
+from core.storage import Storage, iter_jsonl, join
 from tasks.audio import load_audio_result, resolve_uri
 from tasks.corpus import babble_bank
 from tasks.fbank import FbankComputer

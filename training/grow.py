@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from amflow.senones import ContextTree
+from core.senones import ContextTree
 
 
 class GrowError(ValueError):

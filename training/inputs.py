@@ -28,9 +28,9 @@ from typing import Any, Iterator, Protocol
 
 import numpy as np
 
-from amflow.config import TrainConfig
-from amflow.runs import StepError
-from amflow.storage import Storage
+from core.config import TrainConfig
+from core.runs import StepError
+from core.storage import Storage
 from training.data import (Batch, BatchLoader, Normalizer, PassSpec, SplitIndex, plan_pass,
                            rank_partitions)
 from training.schedules import PassInfo

@@ -37,11 +37,11 @@ from typing import Any
 
 import numpy as np
 
-from amflow.config import Config, with_overrides
-from amflow.model_card import ModelCard
-from amflow.runs import SUCCESS, Reject, StepContext, StepError, step_dir_name
-from amflow.senones import ContextTree
-from amflow.storage import join
+from core.config import Config, with_overrides
+from core.model_card import ModelCard
+from core.runs import SUCCESS, Reject, StepContext, StepError, step_dir_name
+from core.senones import ContextTree
+from core.storage import join
 from training.checkpoint import load_model
 from training.data import SplitIndex, partition_uris
 from training.distributed import run_distributed

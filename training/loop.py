@@ -45,13 +45,13 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from amflow.config import Config, ModelConfig, TrainConfig, features_dict, replace_train
-from amflow.model_card import context_info
-from amflow.senones import ContextTree, silence_class
-from amflow.progress import Progress
-from amflow.raycluster import init_ray
-from amflow.runs import StepError
-from amflow.storage import Storage, join
+from core.config import Config, ModelConfig, TrainConfig, features_dict, replace_train
+from core.model_card import context_info
+from core.senones import ContextTree, silence_class
+from core.progress import Progress
+from core.raycluster import init_ray
+from core.runs import StepError
+from core.storage import Storage, join
 from training.algorithms import build_algorithm
 from training.checkpoint import Checkpointer, load_model, save_model
 from training.curves import plot_learning_curve

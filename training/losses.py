@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from amflow.soft_targets import teacher_log_probs  # noqa: F401  (re-exported: tests, callers)
+from core.soft_targets import teacher_log_probs  # noqa: F401  (re-exported: tests, callers)
 
 IGNORE = -100
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from amflow.config import Config
+from core.config import Config
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from typing import Sequence
 
 import numpy as np
 
-from amflow import records
+from core import records
 from training.checkpoint import from_bytes, to_bytes
 from training.data import _schema_names
 

@@ -51,8 +51,8 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 import torch
 
-from amflow import records
-from amflow.config import SequenceConfig
+from core import records
+from core.config import SequenceConfig
 from training.losses import IGNORE, LossOut, ce_loss
 
 NEG_INF = float("-inf")

@@ -72,7 +72,7 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from amflow.runs import StepError
+from core.runs import StepError
 
 log = logging.getLogger(__name__)
 

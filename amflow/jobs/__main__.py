@@ -8,7 +8,7 @@ import signal
 import sys
 from pathlib import Path
 
-from amflow.config import load_config
+from core.config import load_config
 from amflow.jobs import StepRunner, default_state_dir, make_backend
 from amflow.jobs.base import resolve_config
 from amflow.jobs.naming import SUMMARY_PREFIX, slug, step_command

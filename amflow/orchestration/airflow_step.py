@@ -7,13 +7,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from amflow.config import load_config
+from core.config import load_config
 from amflow.jobs import (STOPPED, SUCCEEDED, TERMINAL, Emit, Outcome, RunnerError, StepRunner,
                          amflow_run_id, default_state_dir, job_id, make_backend, step_command)
 from amflow.jobs.base import resolve_config
 from amflow.orchestration.rerun import REDO, Attempt, Decision, decide, reused_summary
-from amflow.runs import SUCCESS, step_dir_name
-from amflow.storage import Storage, join
+from core.runs import SUCCESS, step_dir_name
+from core.storage import Storage, join
 
 
 # Steps whose output dir takes another step's tag: sequence[-<train.tag>].

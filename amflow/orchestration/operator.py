@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from amflow.config import ConfigError, load_config
+from core.config import ConfigError, load_config
 from amflow.jobs import FAILED, SUCCEEDED, Emit, Outcome, StepRunner, default_state_dir, job_prefix, make_backend
 from amflow.jobs.base import resolve_config
 from amflow.orchestration.airflow_step import AirflowStep, try_budget_s

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from amflow.config import load_config
+from core.config import load_config
 
 
 # Cores in Airflow's pool. On one machine (runner.mode local) the DAGs' steps share its

@@ -18,7 +18,7 @@ from typing import Any, AsyncIterator
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
-from amflow.config import load_config
+from core.config import load_config
 from amflow.jobs import STOPPED, TERMINAL, make_backend, next_poll_s
 
 PROGRESS_EVERY_S = 60.0

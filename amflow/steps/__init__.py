@@ -3,7 +3,7 @@
     amflow/steps/<step>.py   def run(ctx: StepContext, args) -> dict  (the step's summary)
 
 A step's `run` is the only place that knows the run layout: it resolves its inputs through
-`ctx` (`ctx.require(step)`, `ctx.other(step, ...)`, `amflow.runs.step_dir_name` for tagged
+`ctx` (`ctx.require(step)`, `ctx.other(step, ...)`, `core.runs.step_dir_name` for tagged
 folders), calls the libraries (`tasks/`, `training/`, `decoding/`, `serving/`, `alignment/`)
 with typed objects (Config sections, `ModelCard`, arrays, URIs), and ends with
 `ctx.finish(...)`. Libraries never import this package: arrows point down only

@@ -12,7 +12,7 @@ Writes `runs/<R>/align/alignments/<shard>.parquet`  utt_id, speaker_id, num_fram
        `runs/<R>/align/tree`                        Kaldi binary ContextDependency
        `runs/<R>/align/nn_tree`, `nn_tree.json`     the network's tree (one pdf class per
                                                     phone, align.nn_senones leaves): Kaldi
-                                                    binary and amflow.senones JSON
+                                                    binary and core.senones JSON
        `runs/<R>/align/final.mdl`, `mono.mdl`       Kaldi text models (TransitionModel + AmDiagGmm)
        `runs/<R>/align/topo`, `phones.txt`, `model.pkl` (kaldi-hmm-gmm objects, pickled)
        `runs/<R>/align/rejects/align.parquet`, `_SUCCESS.json`
@@ -49,10 +49,10 @@ from alignment.jobs import ShardJob, Utterance, run_jobs
 from alignment.train import (RecipeOptions, Stage, failures, frame_classes, network_tree,
                              train)
 from alignment.tree import Tree
-from amflow.config import Config, FeaturesConfig, StorageConfig
-from amflow.runs import SUCCESS, Reject, StepContext, StepError, rejects_table
-from amflow.senones import ContextTree, ContextTreeError
-from amflow.storage import Storage, join
+from core.config import Config, FeaturesConfig, StorageConfig
+from core.runs import SUCCESS, Reject, StepContext, StepError, rejects_table
+from core.senones import ContextTree, ContextTreeError
+from core.storage import Storage, join
 from decoding.lexicon import LexiconError, read_lexicon, words_of
 from tasks import alignments as ref_al
 from tasks.audio import decode_audio, read_audio_bytes
@@ -135,7 +135,7 @@ def _jobs(ctx: StepContext, shards: list[dict], lang: lg.Lang) -> list[Any]:
         return [ShardJob(sid, load, lang, fopts) for sid, load in loaders]
     import ray  # deferred: heavy, and only this path needs it
 
-    from amflow.raycluster import init_ray, step_resources
+    from core.raycluster import init_ray, step_resources
 
     init_ray(cfg)
     cpus = float(ray.cluster_resources().get("CPU", 1.0))
@@ -206,7 +206,7 @@ def _write(ctx: StepContext, results: list[list[dict]], shards: list[dict], lang
     st.write_text(ctx.path("phones.txt"), "".join(f"{p} {i}\n" for i, p in
                                                    enumerate(lang.phones)))
     st.write_bytes(ctx.path("tree"), model_io.tree_bytes(final.tree))
-    # the network's tree (one pdf class per phone; amflow.senones reads the JSON form); a
+    # the network's tree (one pdf class per phone; core.senones reads the JSON form); a
     # tree taken from a teacher exists as JSON only
     if nn_tree is not None:
         st.write_bytes(ctx.path("nn_tree"), model_io.tree_bytes(nn_tree.context_dependency()))
@@ -335,7 +335,7 @@ def _labelled_with(ctx: StepContext, taken: dict | None) -> bool:
 
 def _network_tree(ctx: StepContext, jobs: list, lang: lg.Lang, final: Stage
                   ) -> tuple[dict, Tree]:
-    """The network's tree grown from the final alignment: amflow.senones JSON and Tree."""
+    """The network's tree grown from the final alignment: core.senones JSON and Tree."""
     acfg = ctx.cfg.align
     try:
         tree = network_tree(jobs, lang, final, acfg.nn_senones or acfg.num_senones,

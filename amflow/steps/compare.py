@@ -9,9 +9,9 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from amflow.config import Config
-from amflow.runs import StepError
-from amflow.storage import Storage
+from core.config import Config
+from core.runs import StepError
+from core.storage import Storage
 from decoding.compare import compare, load_run, render_markdown
 
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from amflow.config import Config
+from core.config import Config
 from tasks.corpus import build_corpus
 
 

@@ -12,8 +12,8 @@ import dataclasses
 import time
 from typing import Any
 
-from amflow.runs import StepContext, StepError, rejects_table, step_dir_name
-from amflow.storage import digest_of
+from core.runs import StepContext, StepError, rejects_table, step_dir_name
+from core.storage import digest_of
 from decoding import decode as D
 from decoding import error_analysis
 from decoding.assets import DecoderAssets

@@ -14,9 +14,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from amflow.config import features_dict
-from amflow.runs import StepContext, StepError, rejects_table, step_dir_name
-from amflow.storage import digest_of, join
+from core.config import features_dict
+from core.runs import StepContext, StepError, rejects_table, step_dir_name
+from core.storage import digest_of, join
 from tasks.alignments import AlignOutputsError, read_align_labels
 from tasks.select import corpus_fingerprint
 from tasks.speech.lexicon import LexiconError, read_lexicon

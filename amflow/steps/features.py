@@ -12,9 +12,9 @@ from typing import Any
 
 import numpy as np
 
-from amflow.raycluster import map_shards
-from amflow.runs import StepContext, StepError
-from amflow.config import features_dict
+from core.raycluster import map_shards
+from core.runs import StepContext, StepError
+from core.config import features_dict
 from tasks.features import align_label_payloads, alignment_payloads, process_shard, summarise
 
 

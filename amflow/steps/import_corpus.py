@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from amflow.config import Config
-from amflow.runs import StepError
-from amflow.storage import Storage
+from core.config import Config
+from core.runs import StepError
+from core.storage import Storage
 from tasks.importers import find_lhotse, import_corpus, read_kaldi, read_lhotse
 
 

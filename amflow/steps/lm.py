@@ -6,7 +6,7 @@ import functools
 import time
 from typing import Any
 
-from amflow.runs import StepContext
+from core.runs import StepContext
 from decoding.lm import dev_test_metrics, estimate, lexicon_vocabulary, lm_text
 from tasks.select import read_records
 

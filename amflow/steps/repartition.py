@@ -8,8 +8,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from amflow.raycluster import map_shards
-from amflow.runs import SUCCESS, StepContext, StepError
+from core.raycluster import map_shards
+from core.runs import SUCCESS, StepContext, StepError
 from tasks.repartition import (BUCKETS, SPLIT_ORDER, forget_lost_buckets, shard_jobs,
                                plan_fingerprint, plan_reduce_jobs, map_shard, plan_window,
                                reduce_partition, split_indexes)

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from amflow.runs import StepContext, StepError, step_dir_name
-from amflow.storage import join
+from core.runs import StepContext, StepError, step_dir_name
+from core.storage import join
 from decoding.compare import significance_section
 from tasks.report import (CONDITIONS, bar_png, curves_png, pct, read_json_or_none, run_steps,
                           render_steps, render_table_ii, sequence_section,

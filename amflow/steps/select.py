@@ -9,8 +9,8 @@ from typing import Any
 
 import numpy as np
 
-from amflow.progress import Progress
-from amflow.runs import SUCCESS, StepContext, StepError, rejects_table
+from core.progress import Progress
+from core.runs import SUCCESS, StepContext, StepError, rejects_table
 from tasks.select import (apply_split_rule, index_entry, log, manifest_table, metadata_files,
                           parse_records, plan_shards, read_metadata, sample_uniform,
                           select_metrics, selection_plan)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from amflow.config import ConfigError
-from amflow.runs import StepContext
+from core.config import ConfigError
+from core.runs import StepContext
 from amflow.steps import train
 
 

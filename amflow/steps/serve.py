@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from amflow.runs import StepContext, StepError, step_dir_name
+from core.runs import StepContext, StepError, step_dir_name
 from amflow.steps import decode as decode_step
 from decoding.assets import tuned_acwt
 from serving import app

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from amflow.runs import StepContext
+from core.runs import StepContext
 from training.simulate import simulate
 
 

@@ -9,9 +9,9 @@ import time
 from typing import Any
 
 from amflow.placement import gpus_per_actor
-from amflow.progress import Progress
-from amflow.raycluster import init_ray, step_resources
-from amflow.runs import StepContext, StepError
+from core.progress import Progress
+from core.raycluster import init_ray, step_resources
+from core.runs import StepContext, StepError
 from tasks.targets import (TargetActor, feature_shards, print_fidelity, scoring_plan,
                           summarise_fidelity, teacher_uri)
 from training.checkpoint import load_model, load_model_card

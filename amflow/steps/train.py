@@ -5,8 +5,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from amflow.config import ConfigError
-from amflow.runs import SUCCESS, StepContext, StepError, rejects_table
+from core.config import ConfigError
+from core.runs import SUCCESS, StepContext, StepError, rejects_table
 from training.launch import (build_plan, clear_outputs, store_priors, train, train_dir_name,
                              train_grown, training_inputs)
 from training.loop import config_fingerprint, fingerprint_changes, grows

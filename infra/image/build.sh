@@ -42,7 +42,7 @@ rm -rf "$ctx"
 mkdir -p "$ctx/src"
 ln "$build/rootfs.tar" "$ctx/rootfs.tar"
 cp -al "$build/wheels" "$ctx/wheels"
-(cd "$root" && git ls-files -co --exclude-standard -- pyproject.toml README.md amflow tasks \
+(cd "$root" && git ls-files -co --exclude-standard -- pyproject.toml README.md core amflow tasks \
    training decoding bench serving alignment configs dags infra \
  | while read -r f; do [[ -f "$f" ]] && printf '%s\0' "$f"; done \
  | xargs -0 cp --parents -t "$ctx/src")

@@ -26,7 +26,7 @@ sys.path.insert(0, str(ROOT))
 # local mode runs `amflow` from the project's venv, as `make` does
 os.environ["PATH"] = f"{ROOT / '.venv' / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}"
 
-from amflow.config import load_config  # noqa: E402 - after the path of a source checkout
+from core.config import load_config  # noqa: E402 - after the path of a source checkout
 from amflow.jobs import StepRunner, make_backend, step_command  # noqa: E402
 from amflow.jobs.container import CONTAINERS_CONF, default_image  # noqa: E402
 

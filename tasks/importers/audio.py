@@ -19,7 +19,7 @@ import pyarrow.fs as pafs
 import soundfile as sf
 from scipy.signal import resample_poly
 
-from amflow.storage import Storage
+from core.storage import Storage
 from tasks.importers.entries import Entry
 
 RATE = 16000

@@ -10,8 +10,8 @@ import gzip
 import os
 from dataclasses import dataclass, field
 
-from amflow.runs import Reject
-from amflow.storage import Storage, join
+from core.runs import Reject
+from core.storage import Storage, join
 
 # Reject reasons of `amflow import` (the rejects table's `reason` column).
 REASONS = {

@@ -8,7 +8,7 @@ Under the corpus root `out`:
     audio/<split>/<speaker>/<utt_id>.wav      16 kHz mono 16-bit: cut segments and audio
                         converted from other formats (and all audio with ingest.copy_audio);
                         audio already in the format is referenced where it is
-    rejects.parquet     utt_id, reason, detail (amflow.runs.REJECT_SCHEMA)
+    rejects.parquet     utt_id, reason, detail (core.runs.REJECT_SCHEMA)
     lexicon.txt         a copy of ingest.lexicon, when given (what `amflow decode` reads)
     _SUCCESS.json       counts (in = out + rejected), rejects per reason, utterances and
                         hours per split, speakers, the inputs and the fingerprint
@@ -31,10 +31,10 @@ from collections import Counter, defaultdict
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field
 
-from amflow.config import ConfigError, IngestConfig
-from amflow.progress import Progress
-from amflow.runs import ConservationError, Reject, StepError, rejects_table
-from amflow.storage import Storage, join
+from core.config import ConfigError, IngestConfig
+from core.progress import Progress
+from core.runs import ConservationError, Reject, StepError, rejects_table
+from core.storage import Storage, join
 # The OOV check must split and case words exactly as `amflow decode` and `amflow lm` do:
 # pure text functions, no model.
 from tasks.speech.lexicon import LexiconError, read_lexicon, words_of

@@ -21,8 +21,8 @@ from typing import Any, Callable, Iterable
 
 import pyarrow as pa
 
-from amflow.config import Config
-from amflow.storage import Storage, join
+from core.config import Config
+from core.storage import Storage, join
 
 log = logging.getLogger(__name__)
 

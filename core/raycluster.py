@@ -10,9 +10,9 @@ import logging
 import os
 from typing import Any, Callable, Sequence
 
-from amflow.config import Config
-from amflow.progress import Progress
-from amflow.runs import StepContext
+from core.config import Config
+from core.progress import Progress
+from core.runs import StepContext
 
 log = logging.getLogger(__name__)
 

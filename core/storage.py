@@ -26,7 +26,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from amflow.config import S3Config, StorageConfig
+from core.config import S3Config, StorageConfig
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

@@ -48,7 +48,7 @@ from typing import Any, Mapping
 import numpy as np
 import pyarrow as pa
 
-from amflow.target_codes import FP16_CODE, index_bytes, sqrt_levels
+from core.target_codes import FP16_CODE, index_bytes, sqrt_levels
 
 FEATURE_SCHEMA = pa.schema([
     ("utt_id", pa.string()), ("speaker_id", pa.string()), ("split", pa.string()),

@@ -16,7 +16,7 @@ size (LSTM compute per frame ~ parameters: target config's model over the measur
 read from the train summary and the teacher's), and train also with train.epochs (target
 over measured). Wall clock assumes the pool's max_workers nodes.
 
-    python -m amflow.cost --runs data/runs/<run_id> --config configs/aws.yaml --hours 1000
+    python -m core.cost --runs data/runs/<run_id> --config configs/aws.yaml --hours 1000
 """
 from __future__ import annotations
 
@@ -28,8 +28,8 @@ from typing import Any
 
 import yaml
 
-from amflow.config import Config, load_config
-from amflow.storage import Storage, join
+from core.config import Config, load_config
+from core.storage import Storage, join
 
 STEPS = ["select", "features", "targets", "repartition", "train", "evaluate"]
 POOL_PRICE = {"pool_p3": "p3_16xlarge", "pool_x1": "x1_32xlarge", "pool_c4": "c4_4xlarge"}
@@ -157,7 +157,7 @@ def _model_scales(storage: Storage, run_uri: str, measured: Config,
     targets = _step_summary(storage, run_uri, "targets") or {}
     teacher_uri = (targets.get("inputs") or {}).get("teacher")
     if isinstance(teacher_uri, str) and teacher_uri:
-        from amflow.storage import parent
+        from core.storage import parent
 
         summary_uri = join(parent(teacher_uri), "_SUCCESS.json")
         if storage.exists(summary_uri):
@@ -185,7 +185,7 @@ def table(rows: list[StepCost], hours: float, pools: dict[str, dict[str, Any]]) 
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m amflow.cost", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m core.cost", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--runs", required=True, help="a finished run's URI (<root>/runs/<id>)")
     p.add_argument("--measured-config", default="configs/local.yaml",

@@ -33,7 +33,7 @@ class ModelCard:
 
     @property
     def context(self) -> dict[str, Any] | None:
-        """The network tree (amflow.senones.ContextTree's JSON form) when the classes are
+        """The network tree (core.senones.ContextTree's JSON form) when the classes are
         its context-dependent leaves (features.labels=align); None: one class per phone."""
         return self.info.get("context")
 

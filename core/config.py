@@ -15,7 +15,7 @@ from typing import Any
 
 import yaml
 
-from amflow.target_codes import FP16_CODE, sqrt_levels
+from core.target_codes import FP16_CODE, sqrt_levels
 
 
 class ConfigError(ValueError):
@@ -1065,7 +1065,7 @@ class ReportConfig:
 
 @dataclass
 class CostConfig:
-    """On-demand USD/hour, for the infra cost estimate (python -m amflow.cost)."""
+    """On-demand USD/hour, for the infra cost estimate (python -m core.cost)."""
 
     p3_16xlarge: float = 24.48
     x1_32xlarge: float = 13.338
