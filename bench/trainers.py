@@ -75,7 +75,7 @@ the others (the previous bench's setting was sqrt).
 Variants: `ma+ng` in bench.algos is ma with Kaldi's online natural gradient
 (`train.natural_gradient`), at ma's rate.
 
-Config (`--set bench.<key>=...`, amflow/config.py BenchConfig): bench.workers (default
+Config (`--set bench.<key>=...`, core/config/serve.py BenchConfig): bench.workers (default
 4,8), bench.algos (sgd,gtc,bmuf,htm,ma), bench.epochs (0: the profile's train.epochs),
 bench.pretrain (3), bench.lr_rule, bench.profile (bench | config), bench.keep_sync,
 bench.synth_seconds (1800), bench.corpus_hours (2.5), bench.labeled_share (0.35).

@@ -62,7 +62,7 @@ def test_the_rehearsal_config_fits_the_rehearsal_nodes():
 
     import yaml
 
-    from core.config import _build, Config  # noqa: F401 - schema check below
+    from core.config.loading import _build, Config  # noqa: F401 - schema check below
 
     data = rehearsal_config_data()
     cfg = load_config(None, [])  # defaults, then the merged data

@@ -1,0 +1,90 @@
+"""Scoring models: `evaluate.*`, `lm.*`, `decode.*`, `report.*`."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from core.config.errors import check
+
+@dataclass
+class EvaluateConfig:
+    baseline: str = ""  # optional model URI to compare against
+    # Output dir `evaluate` (empty tag) or `evaluate-<tag>`; the default --model is then
+    # this run's `train[-<tag>]/model.pt`.
+    tag: str = ""
+    batch_frames: int = 20000
+    # Which rendering to score: stored (the record's audio_uri) or clean (its dry,
+    # close-talk `clean_audio_uri`, condition "dry"; records without one are rejects).
+    audio: str = "stored"
+
+    def validate(self, key: str) -> None:
+        check(self.audio in ("stored", "clean"), f"{key}.audio", "must be stored or clean")
+
+
+@dataclass
+class LmConfig:
+    """`amflow lm`: a word n-gram with interpolated Kneser-Ney smoothing (decoding/lm.py)."""
+
+    order: int = 3
+    # The embedded default trains on sentences drawn from the corpus text generator with
+    # a seed no audio uses (never on dev/test transcripts).
+    sentences: int = 100_000
+    seed: int = 20261123
+    # Also estimate from this corpus split's transcripts (e.g. labeled); empty = none.
+    text_split: str = ""
+    # Highest-order n-grams seen fewer times are pruned (their mass backs off): a 3-gram
+    # of 100k generator sentences has 356k trigrams, 2/3 of them seen once; cut at 2 the
+    # decoding graph is ~3x smaller at a small perplexity cost (see the lm step's metrics).
+    min_count: int = 2
+
+    def validate(self, key: str) -> None:
+        check(1 <= self.order <= 5, f"{key}.order", "must be in [1, 5]")
+        check(self.min_count >= 1, f"{key}.min_count", "must be >= 1")
+        check(self.sentences >= 0, f"{key}.sentences", "must be >= 0")
+        check(self.text_split in ("", "labeled", "unlabeled"), f"{key}.text_split",
+               "must be empty, labeled or unlabeled (never dev or test)")
+        check(self.sentences > 0 or bool(self.text_split), f"{key}.sentences",
+               "must be > 0 when lm.text_split is empty (no text to estimate from)")
+
+
+@dataclass
+class DecodeConfig:
+    """`amflow decode`: WFST decoding to words and WER (decoding/decode.py)."""
+
+    # ARPA LM URI; empty = this run's `amflow lm` output (built first when missing).
+    lm: str = ""
+    # Output dir `decode` (empty tag) or `decode-<tag>`; default --model as for evaluate.
+    tag: str = ""
+    # Acoustic scales tried on the tuning split (the LM weight is its inverse); the best
+    # one is applied to the scored split.
+    acwt: list[float] = field(default_factory=lambda: [0.2, 0.3, 0.4, 0.5, 0.7])
+    tune_split: str = "dev"  # empty = no tuning: decode.acwt's first value
+    # In graph-cost units (LM plus acwt-scaled acoustic costs). On the demo's baseline at
+    # acwt 0.3 (dev): beam 13 WER 28.3 % at 27x real time per core, 10: 28.9 % at 71x,
+    # 8 (max_active 1000): 29.7 % at 154x; `amflow bench decode` prints 10 beside 8.
+    beam: float = 10.0
+    max_active: int = 2000
+    sil_prob: float = 0.5
+    # Ray actors that featurise, run the model and search (each one CPU).
+    workers: int = 2
+    batch_frames: int = 20000
+
+    def validate(self, key: str) -> None:
+        check(bool(self.acwt) and all(a > 0 for a in self.acwt), f"{key}.acwt",
+               "must be a non-empty list of scales > 0")
+        check(self.tune_split in ("", "dev", "labeled"), f"{key}.tune_split",
+               "must be empty, dev or labeled (never test)")
+        check(self.beam > 0, f"{key}.beam", "must be > 0")
+        check(self.max_active >= 10, f"{key}.max_active", "must be >= 10")
+        check(0 < self.sil_prob < 1, f"{key}.sil_prob", "must be in (0, 1)")
+        check(self.workers >= 1, f"{key}.workers", "must be >= 1")
+        check("/" not in self.tag, f"{key}.tag", "must not contain '/'")
+
+
+@dataclass
+class ReportConfig:
+    """`amflow report`: which runs and evaluations the report compares."""
+
+    teacher_run: str = ""  # run holding the teacher and the baseline; empty = this run
+    teacher_eval: str = ""  # URIs; empty = the conventional places under the runs
+    baseline_eval: str = ""
+    ssl_eval: str = ""

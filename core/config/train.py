@@ -1,0 +1,451 @@
+"""`train.*`: the user's flat keys, grouped into typed sections, and the recipes."""
+from __future__ import annotations
+
+import dataclasses
+import typing
+from dataclasses import dataclass, field
+from typing import Any
+
+from core.config.errors import ConfigError, check
+
+@dataclass
+class AugmentConfig:
+    """On-the-fly far-field augmentation by the example servers (training/example_servers.py).
+
+    Each epoch every labeled utterance's clean source (the corpus's `clean_audio_uri`, or
+    its audio when the record says `clean: true`) is re-rendered: with `room_prob` in a
+    random room of a random condition in `conditions` (tasks/speech/room.py: image-method
+    RIR, babble/coloured/hum/fan/transient noise at the condition's SNR); otherwise with
+    `noise_prob` plain additive noise of a random kind in `noises` at an SNR drawn from
+    `snr_db`. Then with `speed_prob` a speed factor from `speeds` (labels stretched with
+    it) and with `vtlp_prob` a VTLP warp factor from `vtlp` (mel filters warped).
+    """
+    enabled: bool = False
+    # With `stored_prob` an utterance keeps the corpus's own rendering of it (its
+    # `audio_uri`: the test conditions' renderer) and gets only speed and VTLP; the rest
+    # are re-rendered from the clean source as below.
+    stored_prob: float = 0.0
+    room_prob: float = 0.7
+    conditions: list[str] = field(default_factory=lambda: ["DP1", "DP2", "DP3", "DP4", "DP5"])
+    noise_prob: float = 0.4
+    noises: list[str] = field(default_factory=lambda: ["babble", "pink", "brown", "white",
+                                                       "fan", "hum", "clatter"])
+    snr_db: list[float] = field(default_factory=lambda: [5.0, 30.0])
+    speed_prob: float = 0.5
+    speeds: list[float] = field(default_factory=lambda: [0.9, 1.1])
+    vtlp_prob: float = 0.5
+    vtlp: list[float] = field(default_factory=lambda: [0.9, 1.1])  # warp factor range
+    # The pool: `servers` Ray CPU actors per trainer, each `cpus_per_server` CPUs and the
+    # custom `resources` (e.g. {pool_c4: 0.01}: the C4 pool on the cluster). 0 servers:
+    # render in the trainer's own loader thread (tests, tiny runs).
+    servers: int = 2
+    cpus_per_server: float = 1.0
+    resources: dict[str, float] = field(default_factory=dict)
+    # A task renders one speaker stream of up to `stream_utts` utterances in time order
+    # (the causal CMN runs over it, as in the features step); chunks are shuffled within
+    # windows of `window_streams` streams; at most `inflight` streams per server are
+    # rendered ahead of the trainer (with train.prefetch minibatches: bounded memory).
+    stream_utts: int = 8
+    window_streams: int = 16
+    inflight: int = 2
+
+    def validate(self, key: str) -> None:
+        conditions = ("DP1", "DP2", "DP3", "DP4", "DP5")  # tasks.speech.room.CONDITIONS
+        for name in ("stored_prob", "room_prob", "noise_prob", "speed_prob", "vtlp_prob"):
+            check(0.0 <= getattr(self, name) <= 1.0, f"{key}.{name}", "must be in [0, 1]")
+        bad = [c for c in self.conditions if c not in conditions]
+        check(bool(self.conditions) and not bad, f"{key}.conditions",
+               f"must be a non-empty list of {', '.join(conditions)} (got {bad or 'none'})")
+        kinds = ("babble", "pink", "brown", "white", "fan", "hum", "clatter")
+        bad = [n for n in self.noises if n not in kinds]
+        check(bool(self.noises) and not bad, f"{key}.noises",
+               f"must be a non-empty list of {', '.join(kinds)} (got {bad or 'none'})")
+        check(len(self.snr_db) == 2 and self.snr_db[0] <= self.snr_db[1], f"{key}.snr_db",
+               "must be [low, high] dB")
+        check(bool(self.speeds) and all(0.5 <= v <= 2.0 for v in self.speeds),
+               f"{key}.speeds", "must be a non-empty list of factors in [0.5, 2]")
+        check(len(self.vtlp) == 2 and 0.7 <= self.vtlp[0] <= self.vtlp[1] <= 1.3,
+               f"{key}.vtlp", "must be [low, high] within [0.7, 1.3]")
+        check(self.servers >= 0, f"{key}.servers", "must be >= 0")
+        check(self.cpus_per_server > 0, f"{key}.cpus_per_server", "must be > 0")
+        check(self.stream_utts >= 1, f"{key}.stream_utts", "must be >= 1")
+        check(self.window_streams >= 1, f"{key}.window_streams", "must be >= 1")
+        check(self.inflight >= 1, f"{key}.inflight", "must be >= 1")
+
+
+# The sequence stage's defaults: sMBR over whole utterances (the full graph), 3 epochs
+# (the paper's), at rates below the end of CE training.
+# Sequence training reads the stored rendering: a teacher recipe's example servers are off.
+SEQUENCE_RECIPE = {"criterion": "smbr", "epochs": 3, "finetune_epochs": 3, "lr": 1.0e-4,
+                   "final_lr": 3.0e-5, "augment": {"enabled": False}}
+
+
+# train.grow's second stage: the phone-class model grown into the leaves trains on this
+# long (epochs: the labeled recipe's; unlabeled_passes: the ssl recipe's), at these rates,
+# with the phone term (training/grow.py). The settings of the grown models measured with
+# train.init_model (alignment/README.md: 10 epochs or one unlabeled pass at 0.001, w = 3).
+GROW_RECIPE = {"epochs": 10, "unlabeled_passes": 1, "lr": 1.0e-3, "phone_weight": 3.0}
+
+
+# `train.*` is split into typed sections below, but the sections are internal: users keep
+# writing the flat keys (`train.lr`, `train.gtc_tau`, ...) in YAML, `--set`, the DAGs and
+# the recipes (`train.teacher_recipe: {lr: ...}`), and every error names that flat key.
+# One spelling per setting keeps the contract (configs, scripts, README, checkpoints'
+# fingerprints) unchanged and recipes unambiguous; code reads `tc.optim.lr`. Each section's
+# field names are the flat keys themselves, so the flat key -> section table (TRAIN_KEYS,
+# built from the sections) is the only mapping.
+
+
+@dataclass
+class OptimConfig:
+    """train.*: the local optimizer and the learning-rate schedule (training/schedules.py)."""
+
+    lr: float = 1.0e-3
+    final_lr: float = 1.0e-4
+    labeled_lr_scale: float = 1.5
+    optimizer: str = "adam"  # adam | sgd
+    momentum: float = 0.9
+    schedule: str = "exponential"  # exponential | newbob
+    newbob_threshold: float = 0.005
+    min_lr: float = 1.0e-5
+    # Gradual warm-up (Goyal et al. 2017), for the large rates of many workers: over the
+    # first `lr_warmup_units` units (passes, or ssl sub-epochs) the rate ramps linearly
+    # from lr_warmup_start x the scheduled rate to the scheduled rate (0 units = off).
+    lr_warmup_units: float = 0.0
+    lr_warmup_start: float = 0.1
+    max_change: float = 0.0  # 0 = off; Kaldi-style per-minibatch parameter change cap
+    clip_grad_norm: float = 5.0
+
+    def validate(self, key: str) -> None:
+        check(self.lr > 0, f"{key}.lr", "must be > 0")
+        check(self.optimizer in ("adam", "sgd"), f"{key}.optimizer", "must be adam or sgd")
+        check(self.schedule in ("exponential", "newbob"), f"{key}.schedule",
+               "must be exponential or newbob")
+        check(self.final_lr > 0 and self.min_lr > 0, f"{key}.final_lr",
+               "final_lr and min_lr must be > 0")
+        check(self.lr_warmup_units >= 0, f"{key}.lr_warmup_units", "must be >= 0")
+        check(0 < self.lr_warmup_start <= 1, f"{key}.lr_warmup_start", "must be in (0, 1]")
+
+
+@dataclass
+class PassesConfig:
+    """train.*: how many passes over which data (training/schedules.py plan_passes)."""
+
+    epochs: int = 6
+    finetune_epochs: int = 1
+    sub_epochs: int = 4
+    unlabeled_passes: int = 1  # ssl: passes over the unlabeled data (the paper: 1)
+    # SortaGrad (DeepSpeech2): the first epoch's minibatches in increasing utterance length.
+    sortagrad: bool = False
+
+    def validate(self, key: str) -> None:
+        check(self.epochs >= 1, f"{key}.epochs", "must be >= 1")
+        check(self.unlabeled_passes >= 1, f"{key}.unlabeled_passes", "must be >= 1")
+        check(self.finetune_epochs >= 0, f"{key}.finetune_epochs", "must be >= 0")
+        check(self.sub_epochs >= 1, f"{key}.sub_epochs", "must be >= 1")
+
+
+@dataclass
+class BatchesConfig:
+    """train.*: the data a worker reads and how it is cut into minibatches (training/data.py)."""
+
+    chunk_frames: int = 32
+    minibatch_frames: int = 2048
+    prefetch: int = 4
+    labeled_split: str = "labeled"
+    unlabeled_split: str = "unlabeled"
+    dev_split: str = "dev"  # scored after every epoch / sub-epoch when it exists
+    # Chunked BPTT: frames fed before / after each chunk but not scored.
+    # right context -1 = the student's look-ahead (teacher: the left context).
+    chunk_left_context: int = 8
+    chunk_right_context: int = -1
+    shuffle_partitions: int = 4  # partitions pooled before chunks are shuffled
+
+    def validate(self, key: str) -> None:
+        check(self.chunk_frames >= 1, f"{key}.chunk_frames", "must be >= 1")
+        check(self.minibatch_frames >= self.chunk_frames, f"{key}.minibatch_frames",
+               "must be >= train.chunk_frames")
+        check(self.chunk_left_context >= 0, f"{key}.chunk_left_context", "must be >= 0")
+        check(self.chunk_right_context >= -1, f"{key}.chunk_right_context", "must be >= -1")
+        check(self.shuffle_partitions >= 1, f"{key}.shuffle_partitions", "must be >= 1")
+        check(self.prefetch >= 1, f"{key}.prefetch", "must be >= 1")
+
+
+@dataclass
+class DistillConfig:
+    """train.*: distillation from the teacher's top-k soft targets (training/losses.py)."""
+
+    temperature: float = 1.0
+    topk_fill: float = -1.0e4
+
+    def validate(self, key: str) -> None:
+        check(self.temperature > 0, f"{key}.temperature", "must be > 0")
+
+
+@dataclass
+class MaskingConfig:
+    """train.*: SpecAugment-style masking of training minibatches (0 masks = off): per
+    sequence, `freq_masks` bands of up to `freq_mask_bins` mel bins (the same bins in every
+    stacked frame) and `time_masks` spans of up to `time_mask_rows` rows are zeroed."""
+
+    freq_masks: int = 0
+    freq_mask_bins: int = 8
+    time_masks: int = 0
+    time_mask_rows: int = 3
+
+    def validate(self, key: str) -> None:
+        check(min(self.freq_masks, self.freq_mask_bins, self.time_masks,
+                   self.time_mask_rows) >= 0, f"{key}.freq_masks", "masking knobs must be >= 0")
+
+
+@dataclass
+class AlgoConfig:
+    """train.*: the distributed algorithms' knobs (training/algorithms/)."""
+
+    # GTC threshold in gradient units; 0 = per tensor, gtc_tau_scale x its mean |first
+    # gradient|, which bounds the sent fraction by 1/gtc_tau_scale (algorithms/gtc.py).
+    gtc_tau: float = 0.0
+    gtc_tau_scale: float = 100.0
+    # Minibatches over which tau ramps up geometrically from tau/gtc_tau_scale (0 = off).
+    gtc_warmup: int = 0
+    # Keep the momentum on each worker before compression (deep-gradient-compression
+    # momentum correction, algorithms/gtc.py); needs optimizer sgd.
+    gtc_momentum_correction: bool = False
+    block_size: int = 50
+    block_lr: float = 1.0  # zeta
+    block_momentum: float = -1.0  # eta; < 0 = derive from zeta/(N(1-eta)) = C
+    bmuf_c: float = 1.0
+    # Zero the local SGD momentum after every block update (BMUF, HTM), as CNTK does.
+    block_reset_momentum: bool = True
+    group_size: int = 2
+    # HTM's lower-tier (in-group, intra-host) GTC tau scale: the paper uses tau 2 inside
+    # the groups against 8 for plain GTC, i.e. 4x denser where bandwidth is cheap.
+    htm_tau_scale: float = 25.0
+    ma_samples: int = 20000  # frames between averages (Kaldi's K)
+    # Kaldi's online natural-gradient preconditioning inside ma (NG-SGD,
+    # training/natural_gradient.py): students only; alpha smooths the Fisher factors.
+    natural_gradient: bool = False
+    ng_alpha: float = 4.0
+
+    def validate(self, key: str) -> None:
+        check(self.group_size >= 1, f"{key}.group_size", "must be >= 1")
+        check(self.block_size >= 1, f"{key}.block_size", "must be >= 1")
+        check(self.ng_alpha > 0, f"{key}.ng_alpha", "must be > 0")
+
+
+@dataclass
+class SequenceConfig:
+    """train.*: the training criterion. ce (cross-entropy on labels, distillation on soft
+    targets), mmi (lattice-free MMI) or smbr (lattice-free sMBR): training/sequence.py, a
+    phone n-gram denominator graph and a batched forward-backward, for sequence training on
+    labeled data after CE."""
+
+    criterion: str = "ce"
+    # mmi, smbr: the numerator is the fixed frame alignment, or its phone sequence with
+    # flexible timing (every segmentation of the aligned phones).
+    sequence_numerator: str = "alignment"
+    # LF-MMI's regularisers (Povey et al. 2016, sec. 2.6): CE interpolation weight and
+    # the output L2 (0.5 * l2 * |logits|^2 per frame; Kaldi chain recipes use 5e-5).
+    sequence_ce_weight: float = 0.1
+    sequence_l2: float = 5.0e-5
+    # Leaky HMM (LF-MMI sec. 2.5): per-frame probability of jumping to any state.
+    leaky_hmm: float = 0.1
+    # x = am_scale * (logits - prior_scale * log class priors); LF-MMI uses 1 and 0.
+    sequence_am_scale: float = 1.0
+    sequence_prior_scale: float = 0.0
+    # Denominator phone n-gram: order (2..4) and the count below which a history of the
+    # full length is pruned (it backs off to the shorter one).
+    den_ngram_order: int = 2
+    den_min_count: int = 2
+
+    def validate(self, key: str) -> None:
+        check(self.criterion in ("ce", "mmi", "smbr"), f"{key}.criterion",
+               "must be ce, mmi or smbr")
+        check(self.sequence_numerator in ("alignment", "flexible"),
+               f"{key}.sequence_numerator", "must be alignment or flexible")
+        check(self.sequence_ce_weight >= 0, f"{key}.sequence_ce_weight", "must be >= 0")
+        check(self.sequence_l2 >= 0, f"{key}.sequence_l2", "must be >= 0")
+        check(0 <= self.leaky_hmm < 1, f"{key}.leaky_hmm", "must be in [0, 1)")
+        check(self.sequence_am_scale > 0, f"{key}.sequence_am_scale", "must be > 0")
+        check(self.sequence_prior_scale >= 0, f"{key}.sequence_prior_scale", "must be >= 0")
+        check(2 <= self.den_ngram_order <= 4, f"{key}.den_ngram_order", "must be 2, 3 or 4")
+        check(self.den_min_count >= 1, f"{key}.den_min_count", "must be >= 1")
+
+
+@dataclass
+class CheckpointsConfig:
+    """train.*: checkpoints, metric records and fault injection (training/loop.py)."""
+
+    checkpoint_every: int = 200  # minibatches
+    log_every: int = 10  # minibatches per metrics.jsonl record
+    keep_checkpoints: int = 2
+    fail_after: int = 0  # fault injection: die once after this many minibatches (0 = off)
+
+    def validate(self, key: str) -> None:
+        check(self.checkpoint_every >= 1, f"{key}.checkpoint_every", "must be >= 1")
+        check(self.log_every >= 1, f"{key}.log_every", "must be >= 1")
+        check(self.keep_checkpoints >= 1, f"{key}.keep_checkpoints", "must be >= 1")
+
+
+# TrainConfig's sections: attribute name -> class. A flat key `train.<k>` lives in the
+# section whose class has a field <k> (TRAIN_KEYS); the others are TrainConfig's own.
+TRAIN_SECTIONS: dict[str, type] = {
+    "optim": OptimConfig, "passes": PassesConfig, "batches": BatchesConfig,
+    "distill": DistillConfig, "masking": MaskingConfig, "algo": AlgoConfig,
+    "sequence": SequenceConfig, "checkpoints": CheckpointsConfig}
+
+
+@dataclass
+class TrainConfig:
+    """`train.*`, the user's flat keys grouped into typed sections (see TRAIN_KEYS)."""
+
+    model: str = "student"  # teacher | student
+    # labeled: CE on hard labels; ssl: scheduled learning over unlabeled soft targets;
+    # sequence: a sequence criterion (train.criterion mmi | smbr) on the labeled split,
+    # starting from a CE / distilled model (train.init_model), the petabyte recipe's last
+    # stage (`amflow sequence`; output dir sequence[-<tag>]).
+    recipe: str = "labeled"
+    algorithm: str = "sgd"  # sgd | gtc | bmuf | htm | ma
+    workers: int = 1
+    seed: int = 0
+    # Output dir `train` (empty tag) or `train-<tag>`, so several trainings share a run.
+    tag: str = ""
+    threads: int = 0  # torch threads per worker; 0 = torch's default
+    use_gpu: bool = False
+    # The model a sequence recipe starts from; empty = this run's train[-<tag>]/model.pt.
+    # Set for the labeled / ssl recipes: training starts from it; a phone-class model is
+    # grown into this run's context-dependent leaves (training/grow.py), else the classes
+    # must be this run's.
+    init_model: str = ""
+    # With context-dependent classes: + phone_weight x the same criterion on each frame's
+    # phone (the classes' probabilities summed per phone; training/losses.py phone_loss).
+    # The logged train loss includes the term; the dev loss is the classes' CE alone.
+    phone_weight: float = 0.0
+    # Grow inside this training (labeled and ssl recipes, context-dependent classes): first
+    # the recipe as configured on each label's phone and the targets summed per phone (a
+    # phone-class model, in train[-<tag>]/phones/), then that model grown into this run's
+    # leaves trains on with train.grow_recipe's values: one `amflow train` does what
+    # train.init_model does with a phone-class run's model (training/launch.py
+    # train_grown). A train.init_model is started from instead (grown if it has a class
+    # per phone); the sequence recipe starts from the grown model as from any other.
+    grow: bool = False
+    # train.* values of the grown stage (train.grow), over the recipe's own.
+    grow_recipe: dict[str, Any] = field(default_factory=lambda: dict(GROW_RECIPE))
+    # Example servers: labeled utterances re-rendered every epoch (off: the stored rendering).
+    augment: AugmentConfig = field(default_factory=AugmentConfig)
+    # train.* values used instead when train.model is teacher (see _apply_recipes); its
+    # grow_recipe, a mapping, goes over train.grow_recipe's values for the teacher's
+    # grown stage.
+    teacher_recipe: dict[str, Any] = field(default_factory=dict)
+    # train.* values used instead when train.recipe is sequence (after teacher_recipe's).
+    sequence_recipe: dict[str, Any] = field(default_factory=lambda: dict(SEQUENCE_RECIPE))
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    passes: PassesConfig = field(default_factory=PassesConfig)
+    batches: BatchesConfig = field(default_factory=BatchesConfig)
+    distill: DistillConfig = field(default_factory=DistillConfig)
+    masking: MaskingConfig = field(default_factory=MaskingConfig)
+    algo: AlgoConfig = field(default_factory=AlgoConfig)
+    sequence: SequenceConfig = field(default_factory=SequenceConfig)
+    checkpoints: CheckpointsConfig = field(default_factory=CheckpointsConfig)
+
+    @classmethod
+    def from_flat(cls, **flat: Any) -> "TrainConfig":
+        """A TrainConfig from flat `train.*` keys (unchecked, like a dataclass constructor:
+        tests and benchmarks build one this way; `load_config` coerces and validates)."""
+        return replace_train(cls(), **flat)
+
+    def to_flat(self) -> dict[str, Any]:
+        """The user-facing `train.*` mapping: flat keys (augment a nested mapping), in the
+        order the keys were declared before the sections existed (checkpoint fingerprints
+        compare this form, so checkpoints of earlier versions still resume)."""
+        return {k: plain(getattr(self._holder(k), k)) for k in TRAIN_KEY_ORDER}
+
+    def _holder(self, key: str) -> Any:
+        section = TRAIN_KEYS[key]
+        return getattr(self, section) if section else self
+
+    def validate(self, key: str) -> None:
+        check(self.model in ("teacher", "student"), f"{key}.model", "must be teacher or student")
+        check(self.recipe in ("labeled", "ssl", "sequence"), f"{key}.recipe",
+               "must be labeled, ssl or sequence")
+        check(self.algorithm in ("sgd", "gtc", "bmuf", "htm", "ma"), f"{key}.algorithm",
+               "must be one of sgd, gtc, bmuf, htm, ma")
+        check(self.workers >= 1, f"{key}.workers", "must be >= 1")
+        for name in TRAIN_SECTIONS:
+            getattr(self, name).validate(key)
+        ng = self.algo.natural_gradient
+        check(not ng or self.algorithm == "ma", f"{key}.natural_gradient",
+               f"is applied by the ma trainer only (train.algorithm is {self.algorithm})")
+        check(not ng or self.model == "student",
+               f"{key}.natural_gradient", "needs the unidirectional student (train.model)")
+        check("/" not in self.tag, f"{key}.tag", "must not contain '/'")
+        check(self.phone_weight >= 0, f"{key}.phone_weight", "must be >= 0")
+        check(self.phone_weight == 0 or self.recipe != "sequence", f"{key}.phone_weight",
+               "applies to the ce recipes (labeled, ssl); the sequence recipe's criterion "
+               "takes none: 0 there (a config file that sets it: add phone_weight: 0 to "
+               "train.sequence_recipe)")
+        check(not self.augment.enabled or self.recipe == "labeled", f"{key}.augment.enabled",
+               "augments the labeled recipes (teacher, baseline student); train.recipe is "
+               f"{self.recipe}")
+        # A sequence criterion needs hard labels and a trained model to start from: the
+        # sequence recipe gives both; ce there would be a CE fine-tune under another name.
+        criterion = self.sequence.criterion
+        check((criterion == "ce") == (self.recipe != "sequence"), f"{key}.criterion",
+               f"is {criterion} with train.recipe={self.recipe}: the sequence recipe "
+               "takes mmi or smbr, the labeled and ssl recipes take ce")
+
+
+def _section_keys() -> dict[str, str]:
+    keys = {f.name: "" for f in dataclasses.fields(TrainConfig) if f.name not in TRAIN_SECTIONS}
+    for section, cls in TRAIN_SECTIONS.items():
+        keys.update({f.name: section for f in dataclasses.fields(cls)})
+    return keys
+
+
+# Flat key `train.<k>` -> the TrainConfig section holding it ("" = TrainConfig itself).
+TRAIN_KEYS: dict[str, str] = _section_keys()
+
+
+# The flat keys in the order TrainConfig declared them when it was one flat class.
+TRAIN_KEY_ORDER: tuple[str, ...] = (
+    "model", "recipe", "algorithm", "workers", "epochs", "finetune_epochs", "lr", "final_lr",
+    "labeled_lr_scale", "optimizer", "momentum", "schedule", "newbob_threshold", "min_lr",
+    "lr_warmup_units", "lr_warmup_start", "sub_epochs", "unlabeled_passes", "chunk_frames",
+    "minibatch_frames", "max_change", "clip_grad_norm", "temperature", "topk_fill",
+    "checkpoint_every", "seed", "prefetch", "tag", "labeled_split", "unlabeled_split",
+    "dev_split", "chunk_left_context", "chunk_right_context", "shuffle_partitions",
+    "log_every", "keep_checkpoints", "threads", "fail_after", "freq_masks", "freq_mask_bins",
+    "time_masks", "time_mask_rows", "augment", "sortagrad", "gtc_tau", "gtc_tau_scale",
+    "gtc_warmup", "gtc_momentum_correction", "block_size", "block_lr", "block_momentum",
+    "bmuf_c", "block_reset_momentum", "group_size", "htm_tau_scale", "ma_samples",
+    "natural_gradient", "ng_alpha", "use_gpu", "criterion", "sequence_numerator",
+    "sequence_ce_weight", "sequence_l2", "leaky_hmm", "sequence_am_scale",
+    "sequence_prior_scale", "den_ngram_order", "den_min_count", "teacher_recipe",
+    "sequence_recipe", "init_model", "phone_weight", "grow", "grow_recipe")
+
+
+assert set(TRAIN_KEY_ORDER) == set(TRAIN_KEYS) and len(TRAIN_KEY_ORDER) == len(TRAIN_KEYS)
+
+
+def train_key_type(key: str) -> Any:
+    """The type of flat key `train.<key>` (its section field's annotation)."""
+    section = TRAIN_KEYS[key]
+    return typing.get_type_hints(TRAIN_SECTIONS[section] if section else TrainConfig)[key]
+
+
+def replace_train(tc: TrainConfig, **flat: Any) -> TrainConfig:
+    """A copy of `tc` with flat `train.*` keys replaced (dataclasses.replace for the
+    user's keys), sections copied so `tc` is left as it was."""
+    unknown = sorted(set(flat) - set(TRAIN_KEYS))
+    if unknown:
+        raise ConfigError(f"train.{unknown[0]}", "unknown key")
+    by_section: dict[str, dict[str, Any]] = {}
+    for k, v in flat.items():
+        by_section.setdefault(TRAIN_KEYS[k], {})[k] = v
+    top = by_section.pop("", {})
+    sections = {s: dataclasses.replace(getattr(tc, s), **kw) for s, kw in by_section.items()}
+    return dataclasses.replace(tc, **top, **sections)
+
+
+def plain(value: Any) -> Any:
+    return dataclasses.asdict(value) if dataclasses.is_dataclass(value) else value
