@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from core.config import ConfigError, load_config
+from core.config import ConfigError, resolve_config
 
 SUMMARY_PREFIX = "AMFLOW_SUMMARY "
 DEFAULT_CONFIG = "configs/local.yaml"
@@ -32,6 +32,8 @@ class Step:
     add_args: Callable[[argparse.ArgumentParser], None] | None = None
     sets: tuple[str, ...] = ()  # config overrides the step implies (they win over --set)
     extra: dict = field(default_factory=dict)
+    # run(ctx, args) when it has a run id; False: run(cfg, args) always (--run-id is read)
+    takes_context: bool = True
 
 
 def _corpus_args(p: argparse.ArgumentParser) -> None:
@@ -90,6 +92,17 @@ def _serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--detach", action="store_true",
                    help="return once deployed: with ray.address set, the app lives on in that "
                         "cluster (a local Ray started here ends with this process)")
+
+
+def _config_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("action", choices=["show"], help="show: each key's value and its source")
+    p.add_argument("--step", dest="show_step", default="",
+                   help="resolve as `amflow STEP` does (its implied settings included); with "
+                        "--run-id: the step folder (e.g. train-teacher) whose recorded config "
+                        "to show")
+    p.add_argument("--stage", choices=["grown"], help="grown: train.grow's second stage "
+                   "(train.grow_recipe laid over the training's values)")
+    p.add_argument("--all", action="store_true", help="every key, defaults included")
 
 
 def _simulate_args(p: argparse.ArgumentParser) -> None:
@@ -189,6 +202,13 @@ STEPS: dict[str, Step] = {
         "amflow.steps.compare:run", "runs side by side: WER with its CI95, deltas with significance",
         reads="runs/<RUN>/decode*/result.json and hyps.jsonl, train*/sequence* metrics.jsonl",
         writes="the table on stdout; --out JSON", needs_run=False, add_args=_compare_args),
+    "config": Step(
+        "amflow.steps.config_show:run",
+        "show the resolved config: each key's value and where it came from",
+        reads="--config and --set (recipes included), or with --run-id the step's recorded "
+              "<run>/<step>/_config.json",
+        writes="the table on stdout", needs_run=False, takes_context=False,
+        add_args=_config_args),
     "bench": Step(
         "amflow.steps.bench:run", "benchmarks measured side by side, printed as ratios",
         reads="the run's data (or the embedded corpus)",
@@ -229,6 +249,29 @@ def _load_entry(entry: str) -> Callable[..., dict]:
     return getattr(importlib.import_module(module), func)
 
 
+def _step_name(args: argparse.Namespace) -> str:
+    """`amflow config show --step S`: the step S names (a folder like train-teacher too)."""
+    name = args.show_step or ""
+    while name and name not in STEPS:
+        name = name.rpartition("-")[0]
+    if args.show_step and not name:
+        raise SystemExit(f"amflow config: --step {args.show_step!r} names no step "
+                         f"(known: {', '.join(STEPS)})")
+    return name or "config"
+
+
+def _record_config(ctx: Any, resolved: Any, argv: list[str] | None) -> None:
+    """A finished step keeps the config it ran with, each set key's source beside it
+    (`amflow config show --run-id R --step S` prints it)."""
+    from core.config.explain import CONFIG_RECORD, record
+    from core.runs import SUCCESS, step_dir_of
+
+    folder = step_dir_of(ctx.step, resolved.config)
+    if ctx.storage.exists(ctx.other(folder, SUCCESS)):
+        ctx.storage.write_json(ctx.other(folder, CONFIG_RECORD),
+                               record(resolved, sys.argv[1:] if argv is None else argv))
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(),
@@ -237,18 +280,22 @@ def main(argv: list[str] | None = None) -> int:
     if config_path is None and Path(DEFAULT_CONFIG).exists():
         config_path = DEFAULT_CONFIG
     step = STEPS[args.step]
+    args.config_path = config_path
+    args.step_sets = list(STEPS[_step_name(args)].sets) if args.step == "config" else []
     try:
-        cfg = load_config(config_path, [*(args.overrides or []), *step.sets])
+        resolved = resolve_config(config_path, [*(args.overrides or []), *step.sets])
     except ConfigError as exc:
         print(f"amflow {args.step}: {exc}", file=sys.stderr)
         return 2
     from core.runs import StepContext, StepError
 
+    cfg = resolved.config
     try:
         fn = _load_entry(step.entry)
-        if step.needs_run or args.run_id:
+        if step.takes_context and (step.needs_run or args.run_id):
             ctx = StepContext(cfg, args.run_id or "bench", args.step, force=args.force)
             summary = fn(ctx, args)
+            _record_config(ctx, resolved, argv)
         else:
             summary = fn(cfg, args)
     except ConfigError as exc:

@@ -63,6 +63,21 @@ def step_dir_name(step: str, tag: str = "") -> str:
     return f"{step}-{tag}" if tag else step
 
 
+# Steps whose output folder takes another step's tag: sequence[-<train.tag>].
+TAG_KEYS = {"sequence": "train.tag"}
+
+
+def step_dir_of(step: str, cfg: Config) -> str:
+    """The folder `amflow <step>` writes under its run with this config (its tag key's
+    value: train.tag, decode.tag, ...; steps without a tag write `<step>`)."""
+    key = TAG_KEYS.get(step, f"{step}.tag")
+    try:
+        tag = cfg.get(key)
+    except AttributeError:
+        tag = ""
+    return step_dir_name(step, tag or "")
+
+
 def run_uri(cfg: Config, run_id: str) -> str:
     return join(cfg.storage.root, "runs", run_id)
 

@@ -62,11 +62,12 @@ def test_the_rehearsal_config_fits_the_rehearsal_nodes():
 
     import yaml
 
-    from core.config.loading import _build, Config  # noqa: F401 - schema check below
+    from core.config import Config
+    from core.config.coercion import build
 
     data = rehearsal_config_data()
     cfg = load_config(None, [])  # defaults, then the merged data
-    cfg = _build(Config, data, "")
+    cfg = build(Config, data, "")
     node_types = {n["name"]: {"resources": {"CPU": n["cpus"], **n["resources"]}}
                   for n in NODES}
     assert placement.unplaceable(cfg, node_types) == []

@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from core.config import Config, with_overrides
+from core.config import Config, Resolved, grown_stage, with_overrides
 from core.model_card import ModelCard
 from core.runs import SUCCESS, Reject, StepContext, StepError, step_dir_name
 from core.senones import ContextTree
@@ -254,9 +254,7 @@ def train_grown(ctx: StepContext, plan: WorkerPlan
                    "metrics": result["metrics"], "counts": result["counts"],
                    "fingerprint": plan_fingerprint(first)}
         ctx.storage.write_json(join(first.train_dir, "summary.json"), summary)
-    grown = with_overrides(plan.cfg, {f"train.{k}": v
-                                      for k, v in plan.cfg.train.grow_recipe.items()})
-    second = dataclasses.replace(plan, cfg=grown)
+    second = dataclasses.replace(plan, cfg=grown_stage(Resolved(plan.cfg)).config)
     uri, growth = _start_from(ctx, second, summary["model_uri"])
     return dataclasses.replace(second, init_model=uri, grow=growth), summary
 

@@ -28,6 +28,8 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from core.config import TrainConfig
+
 
 @dataclass(frozen=True)
 class PassInfo:
@@ -87,14 +89,17 @@ def num_units(passes: list[PassInfo]) -> int:
 class LRSchedule:
     """Learning rate per minibatch, newbob decisions per unit, and which pass is next."""
 
-    def __init__(self, train_cfg: Any, passes: list[PassInfo]):
-        self.kind = train_cfg.optim.schedule
-        self.lr0 = float(train_cfg.optim.lr)
-        self.final_lr = float(train_cfg.optim.final_lr)
-        self.min_lr = float(train_cfg.optim.min_lr)
-        self.threshold = float(train_cfg.optim.newbob_threshold)
-        self.warmup_units = float(train_cfg.optim.lr_warmup_units)
-        self.warmup_start = float(train_cfg.optim.lr_warmup_start)
+    def __init__(self, train_cfg: TrainConfig, passes: list[PassInfo]):
+        # The rates as the config resolved them (core/config: typed, coerced, validated
+        # once, with the recipes laid over), read here and nowhere else.
+        optim = train_cfg.optim
+        self.kind = optim.schedule
+        self.lr0 = optim.lr
+        self.final_lr = optim.final_lr
+        self.min_lr = optim.min_lr
+        self.threshold = optim.newbob_threshold
+        self.warmup_units = optim.lr_warmup_units
+        self.warmup_start = optim.lr_warmup_start
         self.passes = passes
         self.units = num_units(passes)
         self.first_finetune_unit = min((p.unit for p in passes if p.mode == "full"),

@@ -12,19 +12,15 @@ from amflow.jobs import (STOPPED, SUCCEEDED, TERMINAL, Emit, Outcome, RunnerErro
                          amflow_run_id, default_state_dir, job_id, make_backend, step_command)
 from amflow.jobs.base import resolve_config
 from amflow.orchestration.rerun import REDO, Attempt, Decision, decide, reused_summary
-from core.runs import SUCCESS, step_dir_name
+from core.runs import SUCCESS, TAG_KEYS, step_dir_name
 from core.storage import Storage, join
-
-
-# Steps whose output dir takes another step's tag: sequence[-<train.tag>].
-TAG_KEY = {"sequence": "train.tag"}
 
 
 def step_dir_for(step: str, overrides: list[str]) -> str:
     tag = ""
     for item in overrides:
         key, _, value = item.partition("=")
-        if key.strip() == TAG_KEY.get(step, f"{step}.tag"):
+        if key.strip() == TAG_KEYS.get(step, f"{step}.tag"):
             tag = value.strip()
     return step_dir_name(step, tag)
 

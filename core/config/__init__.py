@@ -10,9 +10,10 @@ from core.config.platform import S3Config, StorageConfig, DataConfig, RayConfig,
 from core.config.corpus import CorpusConfig, IngestConfig  # noqa: F401
 from core.config.pipeline import SelectConfig, FeaturesConfig, LABEL_KEYS, features_dict, TargetsConfig, RepartitionConfig  # noqa: F401
 from core.config.model import StudentConfig, TeacherConfig, ModelConfig  # noqa: F401
-from core.config.train import AugmentConfig, SEQUENCE_RECIPE, GROW_RECIPE, OptimConfig, PassesConfig, BatchesConfig, DistillConfig, MaskingConfig, AlgoConfig, SequenceConfig, CheckpointsConfig, TRAIN_SECTIONS, TrainConfig, TRAIN_KEYS, TRAIN_KEY_ORDER, train_key_type, replace_train  # noqa: F401
+from core.config.train import (AlgoConfig, AugmentConfig, BatchesConfig, CheckpointsConfig, DistillConfig, GROW_RECIPE, MaskingConfig, OptimConfig, PassesConfig, SEQUENCE_RECIPE, SequenceConfig, TRAIN_KEY_ORDER, TRAIN_KEYS, TRAIN_SECTIONS, TrainConfig, replace_train, train_key_type)  # noqa: F401
 from core.config.decode import EvaluateConfig, LmConfig, DecodeConfig, ReportConfig  # noqa: F401
 from core.config.serve import ServeConfig, SimulateConfig, BenchConfig  # noqa: F401
 from core.config.align import AlignConfig  # noqa: F401
 from core.config.schema import Config, user_keys  # noqa: F401
-from core.config.loading import parse_override, check_override, load_config, with_overrides, NOT_IN_A_GROWN_RECIPE, config_to_yaml  # noqa: F401
+from core.config.loading import Resolved, check_override, config_to_yaml, grown_stage, load_config, parse_override, resolve_config, with_overrides  # noqa: F401
+from core.config.overlays import NOT_IN_A_GROWN_RECIPE  # noqa: F401

@@ -4,9 +4,13 @@ from __future__ import annotations
 import dataclasses
 import typing
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
+import yaml
+
 from core.config.errors import ConfigError, check
+
 
 @dataclass
 class AugmentConfig:
@@ -73,18 +77,23 @@ class AugmentConfig:
         check(self.inflight >= 1, f"{key}.inflight", "must be >= 1")
 
 
-# The sequence stage's defaults: sMBR over whole utterances (the full graph), 3 epochs
-# (the paper's), at rates below the end of CE training.
-# Sequence training reads the stored rendering: a teacher recipe's example servers are off.
-SEQUENCE_RECIPE = {"criterion": "smbr", "epochs": 3, "finetune_epochs": 3, "lr": 1.0e-4,
-                   "final_lr": 3.0e-5, "augment": {"enabled": False}}
+# The recipes' defaults are YAML overlays beside this file (recipes/*.yaml): the values
+# a sequence stage and a grown stage train with, readable in one file each.
+RECIPES_DIR = Path(__file__).parent / "recipes"
 
 
-# train.grow's second stage: the phone-class model grown into the leaves trains on this
-# long (epochs: the labeled recipe's; unlabeled_passes: the ssl recipe's), at these rates,
-# with the phone term (training/grow.py). The settings of the grown models measured with
-# train.init_model (alignment/README.md: 10 epochs or one unlabeled pass at 0.001, w = 3).
-GROW_RECIPE = {"epochs": 10, "unlabeled_passes": 1, "lr": 1.0e-3, "phone_weight": 3.0}
+def read_recipe_file(path: Path, key: str) -> dict[str, Any]:
+    """A recipe overlay: a YAML mapping of train.* keys (checked where it is applied)."""
+    if not path.exists():
+        raise ConfigError(key, f"recipe file not found: {path}")
+    recipe = yaml.safe_load(path.read_text()) or {}
+    if not isinstance(recipe, dict):
+        raise ConfigError(key, f"{path} must hold a mapping of train.* keys")
+    return recipe
+
+
+SEQUENCE_RECIPE = read_recipe_file(RECIPES_DIR / "sequence.yaml", "train.sequence_recipe")
+GROW_RECIPE = read_recipe_file(RECIPES_DIR / "grow.yaml", "train.grow_recipe")
 
 
 # `train.*` is split into typed sections below, but the sections are internal: users keep

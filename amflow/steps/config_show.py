@@ -1,0 +1,44 @@
+"""`amflow config show`: every key's effective value and where it came from.
+
+    amflow config show [--config F] [--set k=v ...] [--step S] [--stage grown] [--all]
+    amflow config show --run-id R --step S          what step S of run R ran with
+
+Without --run-id it resolves the config as `amflow S` would (the step's implied settings,
+e.g. sequence's train.recipe=sequence, included), with `--stage grown` as train.grow's
+grown stage trains. With --run-id it prints what that step recorded when it finished
+(`<run>/<step>/_config.json`). Only keys not at the schema's default unless --all.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from core.config import Config, grown_stage, resolve_config
+from core.config.explain import CONFIG_RECORD, render, rows, rows_of_record
+from core.runs import StepError, run_uri
+from core.storage import Storage, join
+
+
+def run(cfg: Config, args: Any) -> dict[str, Any]:
+    if args.run_id:
+        table, where = _recorded(cfg, args)
+    else:
+        resolved = resolve_config(args.config_path, [*args.overrides, *args.step_sets])
+        if args.stage == "grown":
+            resolved = grown_stage(resolved)
+        table, where = rows(resolved, args.all), args.config_path or "defaults"
+    print(f"# amflow config of {where}{'' if args.all else ' (keys set away from defaults)'}")
+    print(render(table), flush=True)
+    return {"keys": len(table), "from": where}
+
+
+def _recorded(cfg: Config, args: Any) -> tuple[list, str]:
+    if not args.show_step:
+        raise StepError("--run-id needs --step: the step folder whose config to show "
+                        "(e.g. --step train-teacher)")
+    uri = join(run_uri(cfg, args.run_id), args.show_step, CONFIG_RECORD)
+    st = Storage(cfg.storage)
+    if not st.exists(uri):
+        raise StepError(f"{uri} not found: step {args.show_step!r} of run {args.run_id!r} "
+                        "has not finished with this version of amflow (it records its "
+                        "config when it finishes)")
+    return rows_of_record(st.read_json(uri), args.all), uri
