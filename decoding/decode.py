@@ -31,11 +31,12 @@ import json
 import logging
 import time
 from collections import defaultdict
-from typing import Any, Sequence
+from typing import Sequence
 
 import numpy as np
 import pyarrow as pa
 
+from core.config import StorageConfig
 from core.model_card import ModelCard
 from core.progress import Progress
 from core.runs import Reject, StepContext, StepError
@@ -54,7 +55,7 @@ class DecodeWorker:
     """Holds one model and one graph; featurises, scores and searches shards."""
 
     def __init__(self, model_bytes: bytes, graph_dir: str, log_prior: np.ndarray,
-                 corpus: str, storage_cfg: Any, beam: float, max_active: int,
+                 corpus: str, storage_cfg: StorageConfig, beam: float, max_active: int,
                  threads: int = 1):
         # torch (and what imports it) is deferred in this module: the driver imports it
         # for the pool, the actors load it when they start

@@ -51,6 +51,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from core.config import RepartitionConfig
 from core import records
 from core.runs import Reject, StepContext, StepError, rejects_table
 
@@ -265,7 +266,7 @@ def reduce_partition(ctx: StepContext, part_id: str, payload: dict[str, Any]) ->
             "wall_s": round(time.perf_counter() - t0, 4)}
 
 
-def shard_jobs(rcfg: Any, workers: int, splits: list[str], order: list[str], info: dict,
+def shard_jobs(rcfg: RepartitionConfig, workers: int, splits: list[str], order: list[str], info: dict,
           with_targets: bool) -> tuple[list, list, dict]:
     """Plan jobs (one per shuffle window), map jobs (one per shard), per-split plan."""
     plan_jobs, map_jobs, plans = [], [], {}

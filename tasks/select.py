@@ -40,6 +40,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from core.config import SelectConfig
 from core.progress import Progress
 from core.runs import Reject, StepError
 from core.storage import Storage, iter_jsonl, join
@@ -251,7 +252,7 @@ def files_fingerprint(storage: Storage, corpus: str) -> str | None:
     return "files-" + hashlib.sha256(listing.encode()).hexdigest()[:16]
 
 
-def selection_plan(storage: Storage, corpus: str, scfg: Any) -> dict[str, Any]:
+def selection_plan(storage: Storage, corpus: str, scfg: SelectConfig) -> dict[str, Any]:
     """What a selection depends on: the corpus (its URI and `corpus_fingerprint`) and every
     select key (`select.hours`, splits, seed, shard size). A finished selection is handed
     back only under the same plan (`StepContext.resume_plan`)."""

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import kaldi_hmm_gmm  # noqa: F401  first: the OpenFST import-order trap (alignment/__init__.py)
 import numpy as np
@@ -576,16 +575,3 @@ def test_ray_actor_jobs_reduce_to_the_in_process_result(tiny_corpus, ray_local):
     for x, y in zip(ra, rb):
         np.testing.assert_array_equal(x["senones"], y["senones"])
     assert len(hist.iters) == 3
-
-
-def test_align_warns_when_model_num_classes_will_not_fit_its_tree(caplog):
-    """A tree with fewer leaves than model.num_classes (too little data for
-    align.nn_senones) is said at align, not only at train's refusal hours later."""
-    from amflow.steps.align import _warn_class_count
-
-    cfg = load_config(Path(__file__).parent.parent / "configs/aws.yaml")
-    with caplog.at_level("WARNING", logger="amflow.steps.align"):
-        _warn_class_count(cfg, 3183)
-        assert not caplog.records
-        _warn_class_count(cfg, 76)
-    assert "76 leaves" in caplog.text and "model.num_classes is 3183" in caplog.text

@@ -45,7 +45,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import nn
 
-from core.config import TrainConfig
+from core.config import Config, TrainConfig
 from core.raycluster import init_ray, step_resources
 from core.storage import Storage, is_s3, join
 from training.algorithms import build_algorithm
@@ -121,7 +121,7 @@ def _gpus_available(workers: int) -> bool:
     return ray.cluster_resources().get("GPU", 0) >= workers
 
 
-def _storage_path(launch: LaunchSpec, cfg: Any) -> tuple[str, Any]:
+def _storage_path(launch: LaunchSpec, cfg: Config) -> tuple[str, Any]:
     """(storage_path, pyarrow filesystem or None) for Ray Train's persistent storage."""
     uri = launch.storage_path or join(cfg.storage.root, "runs", "adhoc", "train", "ray")
     if is_s3(uri):
@@ -146,7 +146,7 @@ def _worker_entry(config: dict[str, Any]) -> Any:
     return fn(config["plan"])
 
 
-def worker_resources(cfg: Any, cpus_per_worker: float, use_gpu: bool) -> dict[str, float]:
+def worker_resources(cfg: Config, cpus_per_worker: float, use_gpu: bool) -> dict[str, float]:
     """One Ray Train worker's resources: CPU, a GPU when training on GPUs, and the train
     step's pool sliver (`ray.step_resources.train`), so the workers run on the pool the
     config names (the P3 nodes on the cluster), not wherever a CPU is free."""
@@ -154,7 +154,7 @@ def worker_resources(cfg: Any, cpus_per_worker: float, use_gpu: bool) -> dict[st
             **step_resources(cfg, "train")}
 
 
-def run_distributed(train_worker_fn: Callable[[Any], dict], plan: Any, cfg: Any,
+def run_distributed(train_worker_fn: Callable[[Any], dict], plan: Any, cfg: Config,
                     launch: LaunchSpec) -> dict:
     """Run `train_worker_fn(plan)` on `cfg.train.workers` Ray Train workers, launched as
     `launch` says; returns rank 0's return value (a dict), with `ray_result_path` and

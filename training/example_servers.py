@@ -59,7 +59,7 @@ import torch
 from scipy import signal
 
 from core import records
-from core.config import AugmentConfig, FeaturesConfig, TrainConfig
+from core.config import AugmentConfig, FeaturesConfig, StorageConfig, TrainConfig
 from core.prefetch import Prefetch
 from core.storage import Storage, iter_jsonl, join
 from tasks.audio import load_audio_result, resolve_uri
@@ -356,7 +356,7 @@ class Renderer:
 class ExampleServer:
     """A pool member (a Ray actor): one Renderer, one single-threaded process."""
 
-    def __init__(self, storage_cfg: Any, fcfg: FeaturesConfig, norm: Normalizer,
+    def __init__(self, storage_cfg: StorageConfig | None, fcfg: FeaturesConfig, norm: Normalizer,
                  babble: dict[str, Any], sil_id: int):
         torch.set_num_threads(1)
         self.renderer = Renderer(Storage(storage_cfg), fcfg, norm, babble, sil_id)
@@ -380,7 +380,7 @@ class ExampleServers:
 
     def __init__(self, storage: Storage, tc: TrainConfig, fcfg: FeaturesConfig,
                  index: SplitIndex, sources: dict[str, dict[str, str]], rank: int, stack: int,
-                 right: int, norm: Normalizer, storage_cfg: Any = None,
+                 right: int, norm: Normalizer, storage_cfg: StorageConfig | None = None,
                  babble: dict[str, Any] | None = None, sil_id: int = -1,
                  passes: list[PassInfo] | None = None):
         self.storage, self.tc, self.acfg, self.fcfg = storage, tc, tc.augment, fcfg

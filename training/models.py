@@ -21,6 +21,8 @@ from typing import Any, Sequence
 import torch
 from torch import nn
 
+from core.config import ModelConfig
+
 SPEC_FORMAT = 1
 
 
@@ -171,7 +173,7 @@ class TeacherBLSTM(_LSTMBody):
         return self._run(x, lengths)
 
 
-def resolve_num_classes(model_cfg: Any, phones: Sequence[str] | None,
+def resolve_num_classes(model_cfg: ModelConfig, phones: Sequence[str] | None,
                         tree_leaves: bool = False) -> int:
     """`model.num_classes`, or the run's class count (phones.json) when it is 0. When the
     classes are a network tree's leaves (`tree_leaves`: features.labels=align) a set
@@ -194,7 +196,7 @@ def resolve_num_classes(model_cfg: Any, phones: Sequence[str] | None,
     return len(phones)
 
 
-def build_model(kind: str, input_dim: int, num_classes: int, model_cfg: Any) -> nn.Module:
+def build_model(kind: str, input_dim: int, num_classes: int, model_cfg: ModelConfig) -> nn.Module:
     """`kind` is 'student' or 'teacher'; sizes come from `model_cfg` (config.model)."""
     if kind == "student":
         s = model_cfg.student

@@ -47,7 +47,7 @@ class PassInfo:
         return asdict(self)
 
 
-def plan_passes(train_cfg: Any, stack: int) -> list[PassInfo]:
+def plan_passes(train_cfg: TrainConfig, stack: int) -> list[PassInfo]:
     """The full static list of passes for `train_cfg.recipe`."""
     tc = train_cfg
     passes: list[PassInfo] = []

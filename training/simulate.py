@@ -66,12 +66,12 @@ from __future__ import annotations
 
 import copy
 import itertools
-import json
 import logging
 import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from core.config import Config
 from core.runs import StepError
 
 log = logging.getLogger(__name__)
@@ -305,7 +305,7 @@ def implied_gtc_fraction(speedup: float, n: int, params: dict[str, Any], c: Clus
 # Measured inputs.
 # ---------------------------------------------------------------------------------------
 
-def resolve_inputs(cfg: Any, measured: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+def resolve_inputs(cfg: Config, measured: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     """(model parameters, provenance notes)."""
     sim = cfg.simulate
     algos = measured.get("algorithms", {})
@@ -408,7 +408,7 @@ def _why_unreachable(r: dict[str, Any]) -> str:
     return f"{pair} (needs <= x{need_hi:.2f}, the model grows at least x{lo:.2f})"
 
 
-def render(table: dict, params: dict, notes: dict, workers: list[int], cfg: Any,
+def render(table: dict, params: dict, notes: dict, workers: list[int], cfg: Config,
            implied: dict[int, float], feasible: list[dict[str, Any]]) -> str:
     sim = cfg.simulate
     lines = [
@@ -462,7 +462,7 @@ class Projection:
     cells: int  # algorithms x worker counts projected
 
 
-def simulate(cfg: Any, measured: dict[str, Any]) -> Projection:
+def simulate(cfg: Config, measured: dict[str, Any]) -> Projection:
     """Project `simulate.workers` with the cost models from `measured` (load_measured's
     form: algorithm stats, parameters, compute time) and `cfg.simulate`."""
     sim = cfg.simulate

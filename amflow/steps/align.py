@@ -289,7 +289,6 @@ def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
     plain, nn_tree = (taken, None) if taken else _network_tree(ctx, jobs, lang, final)
     written = _write(ctx, results, shards, lang, final, stages["mono"], plain, nn_tree)
     hist.nn_senones = int(plain["num_leaves"])
-    _warn_class_count(ctx.cfg, hist.nn_senones)
     return _finish(ctx, select, jobs, shards, results, final, hist, scores, written)
 
 
@@ -310,17 +309,6 @@ def tree_source(cfg: Config) -> str:
     """Where the network's tree comes from: align.network_tree, else a student run's
     teacher (targets.teacher), else "" (grown here)."""
     return cfg.align.network_tree or cfg.targets.teacher
-
-
-def _warn_class_count(cfg: Config, leaves: int) -> None:
-    """Say now, not at train hours later, that model.num_classes will not fit this tree
-    (train refuses it: training/models.py resolve_num_classes)."""
-    n = cfg.model.num_classes
-    if cfg.features.labels == "align" and n and n != leaves:
-        log.warning("align: the network tree has %d leaves (too little data for "
-                    "align.nn_senones=%d?), but model.num_classes is %d: train will refuse "
-                    "it; set model.num_classes to 0 (the leaf count) or %d",
-                    leaves, cfg.align.nn_senones or cfg.align.num_senones, n, leaves)
 
 
 def _labelled_with(ctx: StepContext, taken: dict | None) -> bool:

@@ -41,16 +41,15 @@ class Config:
     align: AlignConfig = field(default_factory=AlignConfig)
 
     def validate(self, key: str) -> None:
-        """What no one section can check: a network tree grown by align has at most
-        align.nn_senones leaves, and the network's classes are its leaves (a tree taken from
-        a teacher is checked at train, where its leaf count is known)."""
-        a = self.align
-        if self.features.labels == "align" and not (a.network_tree or self.targets.teacher):
-            most = a.nn_senones or a.num_senones
-            check(self.model.num_classes <= most, "model.num_classes",
-                   f"must be 0 (the tree's leaf count) or at most the {most} leaves align "
-                   f"grows (align.nn_senones, or align.num_senones when that is 0), got "
-                   f"{self.model.num_classes}")
+        """What no one section can check: with features.labels=align the network's classes
+        are the leaves of its tree, and the tree alone counts them (align.nn_senones bounds
+        the leaves align grows; a tree taken from a teacher has its own count), so
+        model.num_classes saying the number a second time is refused."""
+        check(self.features.labels != "align" or self.model.num_classes == 0,
+              "model.num_classes",
+              f"must be 0 with features.labels=align, got {self.model.num_classes}: the "
+              "classes are the network tree's leaves and the tree counts them (align."
+              "nn_senones says how many to grow at most); remove the key")
 
     def to_dict(self) -> dict[str, Any]:
         """The user-facing mapping (`train.*` flat, as YAML spells it): load_config of it

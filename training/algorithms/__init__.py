@@ -17,6 +17,8 @@ from torch import nn
 
 from training.algorithms.base import Algorithm
 
+from core.config import TrainConfig
+
 ALGORITHMS = {
     "sgd": "training.algorithms.sgd:SyncSGD",
     "gtc": "training.algorithms.gtc:GTC",
@@ -33,7 +35,7 @@ def algorithm_class(name: str) -> type[Algorithm]:
     return getattr(importlib.import_module(module), cls)
 
 
-def build_algorithm(train_cfg: Any, model: nn.Module, optimizer: torch.optim.Optimizer,
+def build_algorithm(train_cfg: TrainConfig, model: nn.Module, optimizer: torch.optim.Optimizer,
                     group: Any = None, world_size: int | None = None) -> Algorithm:
     """The `train_cfg.algorithm` wrapper around `optimizer` for `model`."""
     cls = algorithm_class(train_cfg.algorithm)

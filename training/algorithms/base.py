@@ -23,6 +23,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from core.config import TrainConfig
+
 
 class Algorithm:
     name = "base"
@@ -38,7 +40,7 @@ class Algorithm:
         self.setup_bytes = 0  # one-off traffic (initial model broadcast), not per minibatch
 
     @classmethod
-    def from_config(cls, train_cfg: Any, model: nn.Module, optimizer: torch.optim.Optimizer,
+    def from_config(cls, train_cfg: TrainConfig, model: nn.Module, optimizer: torch.optim.Optimizer,
                     group: Any = None, world_size: int | None = None) -> "Algorithm":
         """Build from `config.train` (subclasses read their knobs from it)."""
         return cls(model, optimizer, group)
