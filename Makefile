@@ -6,12 +6,12 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.amflow-installed
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: setup system-deps demo test test-fast test-exhaustive airflow bench serve bench-serve rehearsal clean image test-image
+.PHONY: setup system-deps docs demo test test-fast test-exhaustive airflow bench serve bench-serve rehearsal clean image test-image
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[test,bench]'
+	$(PY) -m pip install -q -e '.[test,bench,docs]'
 	@touch $(STAMP)
 
 system-deps:
@@ -21,6 +21,11 @@ setup: $(STAMP) system-deps
 
 demo: setup
 	bash scripts/demo.sh
+
+# The docs site (mkdocs.yml, docs/), built strictly into site/: a broken link or a missing
+# page fails. The CLI and config references are generated (scripts/docs_reference.py).
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
 
 # Tests marked `isolated` need a process in which no in-process Ray ever ran.
 # Tests marked `cluster` (the rehearsal, ~20 min) run with `make rehearsal` only.
@@ -76,4 +81,4 @@ bench-serve: setup
 	$(VENV)/bin/amflow bench serve --config configs/local.yaml --run-id demo-ssl
 
 clean:
-	rm -rf data/runs .pytest_cache
+	rm -rf data/runs .pytest_cache site

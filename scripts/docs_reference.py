@@ -1,0 +1,256 @@
+"""The docs site's generated pages and its nav: an mkdocs hook (mkdocs.yml `hooks:`).
+
+- reference/cli.md from `amflow.cli.build_parser()`: every subcommand, every flag, its help.
+- reference/config.md from the config schema: every dataclass reachable from
+  `core.config.Config`, each key with its dotted name (as a user writes it: `train.lr`,
+  not the internal section), type, default and meaning. The meaning is the field's
+  trailing `# comment` and the comment lines right above it in the class source, so a field
+  added to a section shows up here with no other edit. Keys without a comment are listed
+  with an empty meaning and named in a warning on stderr (not an mkdocs warning: a strict
+  build does not fail on them).
+- The nav, built from the folders (so a page dropped into docs/how-to/ is listed with no
+  edit): the sections in SECTIONS' order, pinned pages first (those that exist), then the
+  rest by file name; results newest first. A page's title is its first `# heading`.
+
+Nothing is written under docs/: the generated pages exist only in the build.
+"""
+from __future__ import annotations
+
+import argparse
+import ast
+import dataclasses
+import inspect
+import io
+import json
+import sys
+import textwrap
+import tokenize
+import typing
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# Folder -> (nav title, pages listed first when they exist).
+SECTIONS: dict[str, tuple[str, list[str]]] = {
+    "tutorial": ("Tutorial", ["quickstart.md", "demo.md"]),
+    "how-to": ("How-to guides", []),
+    "reference": ("Reference", ["cli.md", "config.md", "run-layout.md", "corpus-format.md",
+                                "json-contracts.md"]),
+    "explanation": ("Explanation", ["architecture.md", "method.md", "trainers.md",
+                                    "alignment.md", "design-choices.md"]),
+    "results": ("Results log", []),
+}
+GENERATED = {"reference/cli.md": "cli", "reference/config.md": "config"}
+
+
+# ---------------------------------------------------------------- config reference
+
+def field_comments(cls: type) -> dict[str, str]:
+    """Field name -> its comments (the comment lines right above it, then its trailing
+    comment), read from the source of `cls` and of the dataclasses it inherits from."""
+    out: dict[str, str] = {}
+    for klass in reversed(cls.__mro__):
+        if not dataclasses.is_dataclass(klass):
+            continue
+        try:
+            src = textwrap.dedent(inspect.getsource(klass))
+        except (OSError, TypeError):  # no source (made at run time): no meanings
+            continue
+        out.update(_class_comments(src))
+    return out
+
+
+def _class_comments(src: str) -> dict[str, str]:
+    comments: dict[int, tuple[str, bool]] = {}  # line -> (text, the line is only a comment)
+    for tok in tokenize.generate_tokens(io.StringIO(src).readline):
+        if tok.type == tokenize.COMMENT:
+            comments[tok.start[0]] = (tok.string.lstrip("#").strip(),
+                                      tok.line.strip().startswith("#"))
+    classdef = next(n for n in ast.parse(src).body if isinstance(n, ast.ClassDef))
+    out = {}
+    for node in classdef.body:
+        if not (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)):
+            continue
+        above, line = [], node.lineno - 1
+        while line in comments and comments[line][1]:
+            above.insert(0, comments[line][0])
+            line -= 1
+        trailing = [comments[n][0] for n in range(node.lineno, node.end_lineno + 1)
+                    if n in comments and not comments[n][1]]
+        out[node.target.id] = " ".join(t for t in above + trailing if t)
+    return out
+
+
+@dataclasses.dataclass
+class Key:
+    name: str  # dotted, as a user writes it
+    type: str
+    default: Any
+    meaning: str
+
+
+def _type_name(tp: Any) -> str:
+    if isinstance(tp, type) and not typing.get_args(tp):
+        return tp.__name__
+    return str(tp).replace("typing.", "")
+
+
+def _default(f: dataclasses.Field) -> Any:
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    return None
+
+
+def schema_keys(cls: type, user: dict | None, prefix: str = "") -> list[Key]:
+    """Every leaf key under dataclass `cls`. `user` is the mapping a user writes for it
+    (`to_dict()`): a dataclass field whose name is not in it is an internal section whose
+    keys the user writes flat (`train.lr` for TrainConfig.optim.lr)."""
+    hints = typing.get_type_hints(cls)
+    meanings = field_comments(cls)
+    keys: list[Key] = []
+    for f in dataclasses.fields(cls):
+        tp = hints[f.name]
+        if dataclasses.is_dataclass(tp):
+            if user is None or f.name in user:
+                sub = user.get(f.name) if isinstance(user, dict) else None
+                keys += schema_keys(tp, sub, f"{prefix}{f.name}.")
+            else:  # flattened section
+                keys += schema_keys(tp, user, prefix)
+            continue
+        keys.append(Key(prefix + f.name, _type_name(tp), _default(f), meanings.get(f.name, "")))
+    return keys
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def _doc(cls: type) -> str:
+    doc = inspect.getdoc(cls) or ""
+    return "" if doc.startswith(cls.__name__ + "(") else doc  # dataclass's made-up docstring
+
+
+def config_reference(root: type | None = None) -> tuple[str, list[str]]:
+    """The config reference page (Markdown) and the keys that have no comment."""
+    if root is None:
+        from core.config import Config as root
+    user = root().to_dict() if hasattr(root, "to_dict") else None
+    lines = ["# Config reference", "",
+             "Generated from the config schema (`core.config.Config` and the dataclasses it "
+             "reaches) when the docs are built: every key a YAML file or `--set key=value` "
+             "may set, its type, its default and what it means (the comment on its field). "
+             "An unknown key or a bad value fails at load with a message naming the key.", ""]
+    hints = typing.get_type_hints(root)
+    missing: list[str] = []
+    for f in dataclasses.fields(root):
+        tp = hints[f.name]
+        lines += [f"## {f.name}", ""]
+        if dataclasses.is_dataclass(tp):
+            doc = _doc(tp)
+            lines += [doc, ""] if doc else []
+            sub = user.get(f.name) if isinstance(user, dict) else None
+            keys = schema_keys(tp, sub, f.name + ".")
+        else:
+            keys = [Key(f.name, _type_name(tp), _default(f), field_comments(root).get(f.name, ""))]
+        lines += ["| key | type | default | meaning |", "|---|---|---|---|"]
+        for k in keys:
+            default = json.dumps(k.default, default=str)
+            lines.append(f"| `{k.name}` | `{_cell(k.type)}` | `{_cell(default)}` | {_cell(k.meaning)} |")
+            if not k.meaning:
+                missing.append(k.name)
+        lines.append("")
+    return "\n".join(lines), missing
+
+
+# ---------------------------------------------------------------- CLI reference
+
+def _flag_row(a: argparse.Action) -> str:
+    name = ", ".join(f"`{o}`" for o in a.option_strings) or f"`{a.metavar or a.dest}`"
+    if a.choices:
+        value = " \\| ".join(f"`{c}`" for c in a.choices)
+    elif a.nargs == 0:
+        value = ""
+    else:
+        value = f"`{a.metavar or a.dest.upper()}`"
+    if a.nargs in ("+", "*"):
+        value += " ..."
+    default = "" if a.default in (None, [], False, argparse.SUPPRESS) or a.required \
+        else f"`{a.default}`"
+    help_text = (a.help or "") % {"default": a.default, "prog": "amflow"} if a.help else ""
+    need = "yes" if a.required or not a.option_strings else ""
+    return f"| {name} | {value} | {need} | {default} | {_cell(help_text)} |"
+
+
+def cli_reference(parser: argparse.ArgumentParser | None = None) -> str:
+    """The CLI reference page (Markdown): every subcommand of the parser and its flags."""
+    if parser is None:
+        from amflow.cli import build_parser
+        parser = build_parser()
+    (sub,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    lines = ["# CLI reference", "",
+             "Generated from the argparse parser of `amflow/cli.py` when the docs are built. "
+             "Every step is one command, the same one Airflow, a container or a Ray job runs:",
+             "", "```text", parser.format_usage().strip(), "```", "",
+             (parser.description or ""), "", "| step | what it does |", "|---|---|"]
+    helps = {a.dest: a.help for a in sub._get_subactions()}
+    lines += [f"| [`{n}`](#amflow-{n}) | {_cell(helps.get(n) or '')} |" for n in sub.choices]
+    for name, p in sub.choices.items():
+        lines += ["", f"## amflow {name}", "", "```text", p.format_usage().strip(), "",
+                  (p.description or "").strip(), "```", "",
+                  "| flag | value | required | default | meaning |", "|---|---|---|---|---|"]
+        lines += [_flag_row(a) for a in p._actions if not isinstance(a, argparse._HelpAction)]
+    return "\n".join(lines) + "\n"
+
+
+# ---------------------------------------------------------------- mkdocs hooks
+
+def _title(path: Path) -> str | None:
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if line.startswith("# "):
+            return line[2:].strip()
+    return None
+
+
+def build_nav(docs: Path) -> list:
+    """The nav from the folders: SECTIONS' order, pinned pages first, results newest first."""
+    nav: list = [{"Home": "index.md"}] if (docs / "index.md").exists() else []
+    for folder, (title, pinned) in SECTIONS.items():
+        names = {p.name for p in (docs / folder).glob("*.md")}
+        if folder == "reference":
+            names |= {Path(g).name for g in GENERATED}
+        if not names:
+            continue
+        rest = sorted(names - set(pinned), reverse=(folder == "results"))
+        first = [n for n in pinned if n in names]
+        if "index.md" in rest:
+            rest.remove("index.md")
+            first.insert(0, "index.md")
+        nav.append({title: [f"{folder}/{n}" for n in first + rest]})
+    return nav
+
+
+def on_config(config, **kwargs):
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))  # this checkout's code, not an installed amflow
+    if not config.get("nav"):
+        config["nav"] = build_nav(Path(config["docs_dir"]))
+    return config
+
+
+def on_files(files, config, **kwargs):
+    from mkdocs.structure.files import File
+
+    for uri, what in GENERATED.items():
+        if what == "cli":
+            content = cli_reference()
+        else:
+            content, missing = config_reference()
+            if missing:
+                print(f"WARNING (not an error) - {len(missing)} config keys have no comment on "
+                      f"their field, listed with an empty meaning in {uri}: "
+                      + ", ".join(missing), file=sys.stderr)
+        files.append(File.generated(config, uri, content=content))
+    return files

@@ -1,0 +1,174 @@
+"""The docs: a strict build, references generated from the code, commands that parse.
+
+- `mkdocs build --strict` (what `make docs` runs): a broken link, a missing page or a missing
+  snippet fails here, so CI builds the docs strictly.
+- The CLI and config references come from the parser and the schema
+  (scripts/docs_reference.py): every key and flag is there, and a field added to a config
+  section appears in the reference with no other edit.
+- Every `amflow ...` command in a fenced bash block of docs/tutorial and docs/how-to parses
+  with the real parser, and its `--set` overrides load (the key exists, the value fits).
+  A block that needs a cluster or real AWS credentials is preceded by
+  `<!-- not run: <why> -->` and listed as not run.
+"""
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+COMMAND_DIRS = ["docs/tutorial", "docs/how-to"]
+NOT_RUN = re.compile(r"<!--\s*not run:\s*(.+?)\s*-->")
+
+
+def _generator():
+    spec = importlib.util.spec_from_file_location("docs_reference",
+                                                  ROOT / "scripts" / "docs_reference.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_docs_build_strictly(tmp_path):
+    env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
+    out = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-q",
+                          "-f", str(ROOT / "mkdocs.yml"), "-d", str(tmp_path / "site")],
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, (
+        "mkdocs build --strict failed (missing? pip install -e '.[docs]'):\n"
+        + out.stdout[-3000:] + out.stderr[-5000:])
+    for page in ["reference/cli/index.html", "reference/config/index.html", "index.html"]:
+        assert (tmp_path / "site" / page).exists(), page
+
+
+def test_config_reference_lists_every_user_key():
+    from core.config import user_keys
+
+    md, _ = _generator().config_reference()
+    listed = set(re.findall(r"^\| `([^`]+)` \|", md, re.M))
+    assert listed == {k for k, _ in user_keys()}
+
+
+def test_a_field_added_to_a_section_appears_with_no_other_edit(tmp_path, monkeypatch):
+    """A synthetic schema in a module of its own: the generated page follows its source."""
+    body = '''
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Section:
+    """A section."""
+
+    # What a means,
+    # on two lines.
+    a: int = 1
+    b: str = "x"{new}
+
+
+@dataclass
+class Inner:
+    lr: float = 0.1  # the learning rate
+
+
+@dataclass
+class Root:
+    sec: Section = field(default_factory=Section)
+    inner: Inner = field(default_factory=Inner)
+'''
+    monkeypatch.syspath_prepend(str(tmp_path))
+    gen = _generator()
+
+    def page(new: str) -> tuple[str, list[str]]:
+        (tmp_path / "synthetic_schema.py").write_text(body.format(new=new))
+        sys.modules.pop("synthetic_schema", None)
+        importlib.invalidate_caches()
+        return gen.config_reference(importlib.import_module("synthetic_schema").Root)
+
+    md, missing = page("")
+    assert "| `sec.a` | `int` | `1` | What a means, on two lines. |" in md
+    assert "| `inner.lr` | `float` | `0.1` | the learning rate |" in md
+    assert missing == ["sec.b"] and "sec.added" not in md
+    md, missing = page("\n    added: list[str] = field(default_factory=lambda: [\"y\"])  # new one")
+    assert '| `sec.added` | `list[str]` | `["y"]` | new one |' in md
+    md, missing = page("\n    added: bool = False")
+    assert "| `sec.added` | `bool` | `false` |  |" in md and missing == ["sec.b", "sec.added"]
+
+
+def test_cli_reference_lists_every_step_and_flag():
+    from amflow.cli import build_parser
+
+    md = _generator().cli_reference()
+    parser = build_parser()
+    (sub,) = [a for a in parser._actions if hasattr(a, "choices") and isinstance(a.choices, dict)]
+    for name, p in sub.choices.items():
+        section = md.split(f"\n## amflow {name}\n", 1)[1].split("\n## ", 1)[0]
+        for action in p._actions:
+            for flag in action.option_strings:
+                assert f"`{flag}`" in section, (name, flag)
+            if action.help and action.option_strings != ["-h", "--help"]:
+                assert action.help.split("(")[0][:40].replace("|", "\\|") in section, (name, action.help)
+
+
+def _fenced_bash(text: str) -> list[tuple[str, str | None]]:
+    """(block, why it is not run or None) for each ```bash / ```sh / ```console block."""
+    blocks = []
+    for m in re.finditer(r"^```(?:bash|sh|console|shell)\s*\n(.*?)^```", text, re.M | re.S):
+        before = text[:m.start()].rstrip().splitlines()[-1:] or [""]
+        why = NOT_RUN.search(before[0])
+        blocks.append((m.group(1), why.group(1) if why else None))
+    return blocks
+
+
+def _amflow_commands(block: str) -> list[list[str]]:
+    """Each `amflow ...` command of a block (continuation lines joined), as argv."""
+    commands = []
+    for line in block.replace("\\\n", " ").splitlines():
+        words = shlex.split(line.strip().removeprefix("$ "), comments=True)
+        while words and words[0] in ("do", "then", "time", "nice", "-n", "10"):
+            words = words[1:]
+        if words and Path(words[0]).name == "amflow":
+            commands.append(words[1:])
+    return commands
+
+
+def doc_commands() -> tuple[list[tuple[str, list[str]]], list[tuple[str, str]]]:
+    run, not_run = [], []
+    for folder in COMMAND_DIRS:
+        for page in sorted((ROOT / folder).glob("*.md")):
+            where = str(page.relative_to(ROOT))
+            for block, why in _fenced_bash(page.read_text()):
+                for argv in _amflow_commands(block):
+                    (not_run.append((where, why)) if why else run.append((where, argv)))
+    return run, not_run
+
+
+def test_doc_commands_parse_and_their_overrides_load():
+    from amflow.cli import STEPS, build_parser
+    from core.config import ConfigError, load_config
+
+    run, not_run = doc_commands()
+    assert run, "no amflow command found in docs/tutorial or docs/how-to"
+    parser, failures = build_parser(), []
+    for where, argv in run:
+        try:
+            args = parser.parse_args(argv)
+        except SystemExit:
+            failures.append(f"{where}: amflow {' '.join(argv)}: does not parse")
+            continue
+        config = ROOT / (args.config or "configs/local.yaml")  # the CLI's default
+        try:
+            load_config(str(config) if config.exists() else None,
+                         [*args.overrides, *STEPS[args.step].sets])
+        except ConfigError as exc:
+            failures.append(f"{where}: amflow {' '.join(argv)}: {exc}")
+    print(f"\n{len(run)} documented commands parsed; not run ({len(not_run)} blocks):")
+    for where, why in sorted(set(not_run)):
+        print(f"  {where}: {why}")
+    assert not failures, "\n".join(failures)
