@@ -44,7 +44,7 @@ test-fast: setup
 
 # Both DAGs the cluster way on this machine: local S3 (moto) with injected faults, a Ray
 # head + pool nodes, Ray jobs, nodes killed mid-step; checks and per-step overhead vs local
-# (infra/README.md). Holds /work/bench.lock when it exists (timings on a shared machine);
+# (docs/how-to/rehearsal.md). Holds /work/bench.lock when it exists (timings on a shared machine);
 # after 10 min waiting for it, runs without it.
 rehearsal: setup
 	@if [ -e /work/bench.lock ] && command -v flock >/dev/null; then \
@@ -53,7 +53,7 @@ rehearsal: setup
 	  else exit $$rc; fi; \
 	else $(PY) scripts/rehearsal.py; fi
 
-# The CPU image from Debian packages + PyPI, no registry (infra/image/README.md):
+# The CPU image from Debian packages + PyPI, no registry (docs/how-to/containers.md):
 # localhost/amflow:<version>; inputs cached under build/image, so a rebuild takes seconds.
 # Needs no venv (the host's python3 and pip do); podman, buildah, runc, mmdebstrap.
 image:

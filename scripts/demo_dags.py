@@ -64,7 +64,7 @@ def set_paused(api: Api, dag_id: str, paused: bool) -> None:
 
 
 def trigger(api: Api, dag_id: str, prefix: str, conf: dict) -> str:
-    # A logical date lets `airflow tasks clear -s/-e` (infra/README.md §4) find the run.
+    # A logical date lets `airflow tasks clear -s/-e` (docs/how-to/airflow.md, Backfill) find the run.
     now = dt.datetime.now(dt.timezone.utc).replace(microsecond=0)
     run_id = f"{prefix}__{now:%Y%m%dT%H%M%S}"
     api.call("POST", f"/api/v2/dags/{dag_id}/dagRuns",

@@ -3,7 +3,7 @@ log in, open ssl_student, trigger it from the form (empty choices shown as empty
 hours value refused), see the run succeed, open a task log; then a run triggered the way
 `make demo` triggers it: its task log is readable, the train task's duration is the
 step's wall time, the run's amflow tab shows the results table and a plot, and the
-documented CLI clear (infra/README.md §4) re-runs train.
+documented CLI clear (docs/how-to/airflow.md (Backfill)) re-runs train.
 Screenshots go to test-artifacts/airflow/."""
 from __future__ import annotations
 
@@ -198,7 +198,7 @@ def test_demo_style_run_log_duration_amflow_tab_and_documented_cli_clear(airflow
             assert tab.locator("img").first.evaluate("i => i.naturalWidth") > 0
             page.screenshot(path=SHOTS / "07-amflow-tab.png", full_page=True)
 
-            # infra/README.md §4's CLI clear, as written, on this run's logical date
+            # docs/how-to/airflow.md (Backfill)'s CLI clear, as written, on this run's logical date
             logical = airflow.get(base)["logical_date"]
             evaluated = airflow.task_instances("ssl_student", run_id)["evaluate"]["try_number"]
             cli = next(line for line in _doc_cli() if "-t train -d" in line)

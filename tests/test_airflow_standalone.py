@@ -237,11 +237,13 @@ def test_errors_no_retry_fixes_fail_at_once_bad_input_is_refused_at_trigger(airf
 
 
 def _doc_commands(lang: str = "bash") -> list[str]:
-    """The code blocks of infra/README.md §4, one string per block."""
+    """The code blocks of docs/how-to/airflow.md's Backfill section, one string per block."""
     from tests.airflow_env import ROOT
 
-    text = (ROOT / "infra" / "README.md").read_text()
-    section = text[text.index("## 4. Backfill"):text.index("## 5.")]
+    text = (ROOT / "docs" / "how-to" / "airflow.md").read_text()
+    section = text[text.index("## Backfill: re-run one step"):]
+    end = section.find("\n## ", 1)  # up to the next section, if any
+    section = section if end < 0 else section[:end]
     return [b.split("\n", 1)[1] for b in section.split("```")[1::2] if b.startswith(lang)]
 
 
@@ -259,7 +261,7 @@ def _downstream(airflow: Standalone, task_id: str) -> set[str]:
 
 
 def test_documented_backfill_commands_do_what_the_text_says(airflow, tmp_path):
-    """infra/README.md §4's CLI and REST commands, run as written on a live Airflow."""
+    """docs/how-to/airflow.md's Backfill commands (CLI and REST), run as written on a live Airflow."""
     import datetime as dt
     import subprocess
 
