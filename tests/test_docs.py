@@ -12,6 +12,7 @@
 """
 from __future__ import annotations
 
+import argparse
 import importlib
 import importlib.util
 import os
@@ -19,6 +20,7 @@ import re
 import shlex
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -26,12 +28,15 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 COMMAND_DIRS = ["docs/tutorial", "docs/how-to"]
 NOT_RUN = re.compile(r"<!--\s*not run:\s*(.+?)\s*-->")
+# A shell line that runs amflow (perhaps after `do`, `then`, `time`, `nice -n N`).
+AMFLOW_LINE = re.compile(r"^(?:(?:do|then|time|nice(?: -n -?\d+)?)\s+)*(?:\S*/)?amflow\s+")
 
 
 def _generator():
     spec = importlib.util.spec_from_file_location("docs_reference",
                                                   ROOT / "scripts" / "docs_reference.py")
     module = importlib.util.module_from_spec(spec)
+    sys.modules["docs_reference"] = module  # its dataclasses look their module up
     spec.loader.exec_module(module)
     return module
 
@@ -110,19 +115,22 @@ def test_cli_reference_lists_every_step_and_flag():
     for name, p in sub.choices.items():
         section = md.split(f"\n## amflow {name}\n", 1)[1].split("\n## ", 1)[0]
         for action in p._actions:
+            if isinstance(action, argparse._HelpAction):
+                continue
             for flag in action.option_strings:
                 assert f"`{flag}`" in section, (name, flag)
-            if action.help and action.option_strings != ["-h", "--help"]:
+            if action.help:
                 assert action.help.split("(")[0][:40].replace("|", "\\|") in section, (name, action.help)
 
 
 def _fenced_bash(text: str) -> list[tuple[str, str | None]]:
     """(block, why it is not run or None) for each ```bash / ```sh / ```console block."""
     blocks = []
-    for m in re.finditer(r"^```(?:bash|sh|console|shell)\s*\n(.*?)^```", text, re.M | re.S):
+    fence = r"^[ \t]*```(?:bash|sh|console|shell)[ \t]*\n(.*?)^[ \t]*```"
+    for m in re.finditer(fence, text, re.M | re.S):
         before = text[:m.start()].rstrip().splitlines()[-1:] or [""]
         why = NOT_RUN.search(before[0])
-        blocks.append((m.group(1), why.group(1) if why else None))
+        blocks.append((textwrap.dedent(m.group(1)), why.group(1) if why else None))
     return blocks
 
 
@@ -130,22 +138,25 @@ def _amflow_commands(block: str) -> list[list[str]]:
     """Each `amflow ...` command of a block (continuation lines joined), as argv."""
     commands = []
     for line in block.replace("\\\n", " ").splitlines():
-        words = shlex.split(line.strip().removeprefix("$ "), comments=True)
-        while words and words[0] in ("do", "then", "time", "nice", "-n", "10"):
-            words = words[1:]
-        if words and Path(words[0]).name == "amflow":
-            commands.append(words[1:])
+        line = line.strip().removeprefix("$ ")
+        runs = AMFLOW_LINE.match(line)
+        if runs:
+            commands.append(shlex.split(line[runs.end():], comments=True))
     return commands
 
 
 def doc_commands() -> tuple[list[tuple[str, list[str]]], list[tuple[str, str]]]:
+    """(page, argv) of every amflow command to check, and (page, why) of each block marked
+    not run."""
     run, not_run = [], []
     for folder in COMMAND_DIRS:
         for page in sorted((ROOT / folder).glob("*.md")):
             where = str(page.relative_to(ROOT))
             for block, why in _fenced_bash(page.read_text()):
-                for argv in _amflow_commands(block):
-                    (not_run.append((where, why)) if why else run.append((where, argv)))
+                if why:
+                    not_run.append((where, why))
+                else:
+                    run += [(where, argv) for argv in _amflow_commands(block)]
     return run, not_run
 
 
@@ -168,7 +179,7 @@ def test_doc_commands_parse_and_their_overrides_load():
                          [*args.overrides, *STEPS[args.step].sets])
         except ConfigError as exc:
             failures.append(f"{where}: amflow {' '.join(argv)}: {exc}")
-    print(f"\n{len(run)} documented commands parsed; not run ({len(not_run)} blocks):")
-    for where, why in sorted(set(not_run)):
+    print(f"\n{len(run)} documented commands parsed; {len(not_run)} blocks not run:")
+    for where, why in not_run:
         print(f"  {where}: {why}")
     assert not failures, "\n".join(failures)
