@@ -183,3 +183,13 @@ def test_doc_commands_parse_and_their_overrides_load():
     for where, why in not_run:
         print(f"  {where}: {why}")
     assert not failures, "\n".join(failures)
+
+
+def test_readme_is_a_guide_not_a_log():
+    """At most 200 lines, one date (the results table's), no commit hashes."""
+    text = (ROOT / "README.md").read_text()
+    assert len(text.splitlines()) <= 200
+    assert len(re.findall(r"\b20\d\d-\d\d-\d\d\b", text)) == 1
+    hashes = [w for w in re.findall(r"\b[0-9a-f]{7,40}\b", text)
+              if re.search(r"\d", w) and re.search(r"[a-f]", w)]
+    assert not hashes, hashes
