@@ -19,13 +19,13 @@ class AlignConfig:
     # nn_tree.json. "": the teacher's (targets.teacher) in a student's run, so that the
     # student's classes are the teacher's by construction; else grown from this alignment.
     network_tree: str = ""
-    mono_iters: int = 25
-    tri_iters: int = 15
+    mono_iters: int = 25  # monophone training passes
+    tri_iters: int = 15  # triphone training passes (per stage)
     realign_every: int = 2          # realign before every n-th accumulation pass
     mono_gauss: int = 1000          # Gaussians in total, reached by mixing up
-    tri_gauss: int = 4000
-    beam: float = 10.0
-    retry_beam: float = 40.0
+    tri_gauss: int = 4000  # Gaussians in total of the triphone model
+    beam: float = 10.0  # Viterbi alignment beam
+    retry_beam: float = 40.0  # beam of a second try when an utterance fails at beam
     sil_prob: float = 0.5           # optional silence between words in the training graphs
     min_leaf_count: float = 50.0    # frames a tree leaf needs
     # Which rendering to align: stored (the record's audio_uri) or clean (its dry
@@ -58,7 +58,7 @@ class AlignConfig:
     # rendering 10 passes at 0.3 add 3-8 points of frames, on the dry one none: on in
     # configs/aws.yaml (stored recordings), off in configs/local.yaml's dry alignment.
     baum_welch_passes: int = 0
-    baum_welch_scale: float = 1.0
+    baum_welch_scale: float = 1.0  # acoustic scale of the Baum-Welch passes
     # The monophone stage trains on this many of the shortest utterances (Kaldi's recipes
     # train mono on `subset_data_dir.sh --shortest`: an equal alignment is least wrong on
     # few words, and the stage's passes then cost a fraction), and its model aligns every
@@ -67,22 +67,23 @@ class AlignConfig:
     # A third stage on LDA + MLLT features (Kaldi's train_lda_mllt.sh): static MFCCs spliced
     # over +-splice_context frames, projected to lda_dim (alignment/lda_mllt.py).
     lda_mllt: bool = False
-    splice_context: int = 3
-    lda_dim: int = 40
+    splice_context: int = 3  # frames spliced each side before LDA
+    lda_dim: int = 40  # dimensions after LDA
     # Speaker-adaptive training after the last GMM stage (Kaldi's train_sat.sh):
     # per-speaker fMLLR transforms (alignment/fmllr.py), a new tree and model on the
     # transformed features, the transforms re-estimated at the passes listed (those past
     # align.tri_iters never come: the first estimate, from the stage before, always does).
     sat: bool = False
+    # Passes at which the transforms are re-estimated.
     fmllr_iters: list[int] = field(default_factory=lambda: [2, 4, 8])
     fmllr_min_frames: float = 200.0  # a speaker with fewer speech frames keeps no transform
     # Rounds of realignment by a full-rate alignment network (alignment/nnet.py: an MLP on
     # +-nnet_context frames of the final features, trained on the current alignments,
     # nnet_epochs each; its scaled likelihoods replace the GMMs'); 0: off.
     nnet_rounds: int = 0
-    nnet_context: int = 5
-    nnet_epochs: int = 4
-    nnet_acoustic_scale: float = 0.1
+    nnet_context: int = 5  # frames each side the alignment network reads
+    nnet_epochs: int = 4  # epochs per round
+    nnet_acoustic_scale: float = 0.1  # scale of its likelihoods when realigning (Kaldi: 0.1)
     # none: a flat start from the transcripts. ctm: train from the corpus's reference CTM
     # (<corpus>/alignments.ctm): every realignment while training keeps to its phones
     # (alignment/guide.py), the flat start included; each stage's final alignment and the

@@ -11,28 +11,29 @@ from core.config.errors import ConfigError, check
 class CorpusConfig:
     """`amflow corpus`: the synthetic espeak-ng corpus (see tasks/corpus.py)."""
 
-    hours: float = 0.3
-    seed: int = 0
+    hours: float = 0.3  # hours of speech to synthesise, all splits together
+    seed: int = 0  # draws voices, sentences, rooms and noise: another seed, another corpus
     # Shares of the corpus duration per split; unlabeled gets the rest, which must be
     # larger than the labeled share (several times larger, as in the paper).
     labeled_share: float = 0.12
-    dev_share: float = 0.08
-    test_share: float = 0.12
+    dev_share: float = 0.08  # share of the duration in the dev split
+    test_share: float = 0.12  # share of the duration in the test split
     # Speakers; `test_speakers` of them speak only the test split (unseen elsewhere).
     speakers: int = 24
-    test_speakers: int = 4
+    test_speakers: int = 4  # of `speakers`, those heard only in the test split
+    # Far-field conditions drawn per utterance, DP1 (close) .. DP5 (far, noisy).
     conditions: list[str] = field(default_factory=lambda: ["DP1", "DP2", "DP3", "DP4", "DP5"])
-    sample_rate: int = 16000
+    sample_rate: int = 16000  # Hz (only 16000)
     # Ray tasks in flight at once (each synthesises one batch of one speaker's utterances).
     workers: int = 2
-    batch_utts: int = 16
+    batch_utts: int = 16  # utterances one Ray task synthesises (one speaker's)
     language: str = "en-us"  # espeak-ng voice language
     locale: str = "en-US"  # written to the metadata
     # Utterance durations (seconds, padding included) and recording dates.
     min_duration: float = 1.5
-    max_duration: float = 5.0
-    start_date: str = "2026-03-01"
-    days: int = 21
+    max_duration: float = 5.0  # longest utterance, seconds
+    start_date: str = "2026-03-01"  # first recording date (created_at), YYYY-MM-DD
+    days: int = 21  # recording dates spread over this many days from start_date
     # Metadata partitions: metadata/date=YYYY-MM-DD/bucket=NN/part-*.jsonl.
     buckets: int = 16
     # Background talkers for babble noise: banks of sentences by voices outside the corpus.

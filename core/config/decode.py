@@ -11,7 +11,7 @@ class EvaluateConfig:
     # Output dir `evaluate` (empty tag) or `evaluate-<tag>`; the default --model is then
     # this run's `train[-<tag>]/model.pt`.
     tag: str = ""
-    batch_frames: int = 20000
+    batch_frames: int = 20000  # frames per forward batch of the model
     # Which rendering to score: stored (the record's audio_uri) or clean (its dry,
     # close-talk `clean_audio_uri`, condition "dry"; records without one are rejects).
     audio: str = "stored"
@@ -24,11 +24,11 @@ class EvaluateConfig:
 class LmConfig:
     """`amflow lm`: a word n-gram with interpolated Kneser-Ney smoothing (decoding/lm.py)."""
 
-    order: int = 3
+    order: int = 3  # n of the word n-gram
     # The embedded default trains on sentences drawn from the corpus text generator with
     # a seed no audio uses (never on dev/test transcripts).
     sentences: int = 100_000
-    seed: int = 20261123
+    seed: int = 20261123  # seeds the generator sentences
     # Also estimate from this corpus split's transcripts (e.g. labeled); empty = none.
     text_split: str = ""
     # Highest-order n-grams seen fewer times are pruned (their mass backs off): a 3-gram
@@ -62,11 +62,11 @@ class DecodeConfig:
     # acwt 0.3 (dev): beam 13 WER 28.3 % at 27x real time per core, 10: 28.9 % at 71x,
     # 8 (max_active 1000): 29.7 % at 154x; `amflow bench decode` prints 10 beside 8.
     beam: float = 10.0
-    max_active: int = 2000
-    sil_prob: float = 0.5
+    max_active: int = 2000  # most active states per frame of the search
+    sil_prob: float = 0.5  # probability of optional silence between words in the lexicon graph
     # Ray actors that featurise, run the model and search (each one CPU).
     workers: int = 2
-    batch_frames: int = 20000
+    batch_frames: int = 20000  # frames per forward batch of the model
 
     def validate(self, key: str) -> None:
         check(bool(self.acwt) and all(a > 0 for a in self.acwt), f"{key}.acwt",
@@ -86,5 +86,5 @@ class ReportConfig:
 
     teacher_run: str = ""  # run holding the teacher and the baseline; empty = this run
     teacher_eval: str = ""  # URIs; empty = the conventional places under the runs
-    baseline_eval: str = ""
-    ssl_eval: str = ""
+    baseline_eval: str = ""  # the baseline's evaluate result; empty: its conventional place
+    ssl_eval: str = ""  # the SSL student's evaluate result; empty: its conventional place

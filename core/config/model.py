@@ -7,9 +7,9 @@ from core.config.errors import check
 
 @dataclass
 class StudentConfig:
-    layers: int = 2
-    hidden: int = 128
-    lookahead: int = 3
+    layers: int = 2  # unidirectional LSTM layers
+    hidden: int = 128  # LSTM cells per layer
+    lookahead: int = 3  # frames of input read before each output (the output is delayed by them)
     dropout: float = 0.0  # on the inputs, between layers and before the output layer
 
     def validate(self, key: str) -> None:
@@ -21,9 +21,9 @@ class StudentConfig:
 
 @dataclass
 class TeacherConfig:
-    layers: int = 2
-    hidden: int = 128
-    dropout: float = 0.0
+    layers: int = 2  # bidirectional LSTM layers
+    hidden: int = 128  # LSTM cells per layer and direction
+    dropout: float = 0.0  # between layers
 
     def validate(self, key: str) -> None:
         check(self.layers >= 1, f"{key}.layers", "must be >= 1")

@@ -10,12 +10,13 @@ from core.config.errors import check
 
 @dataclass
 class SelectConfig:
-    hours: float = 1.0
-    shard_hours: float = 0.05
+    hours: float = 1.0  # hours of audio to select from the corpus (all of it when it holds less)
+    shard_hours: float = 0.05  # target duration of a shard, the unit of parallel work
+    # Corpus splits to select from: labeled, unlabeled, dev, test.
     splits: list[str] = field(default_factory=lambda: ["labeled", "unlabeled"])
     # Mild oversampling from the mean utterance length, then trim to `hours`.
     oversample: float = 1.05
-    seed: int = 0
+    seed: int = 0  # seeds the uniform sample
 
     def validate(self, key: str) -> None:
         check(self.hours > 0, f"{key}.hours", "must be > 0")
@@ -29,26 +30,27 @@ class SelectConfig:
 @dataclass
 class FeaturesConfig:
     backend: str = "numpy"  # numpy (batched, vectorised) | kaldi (kaldi-native-fbank per utterance)
-    sample_rate: int = 16000
-    num_mel_bins: int = 64
-    frame_length_ms: float = 25.0
-    frame_shift_ms: float = 10.0
+    sample_rate: int = 16000  # Hz the audio is read (and resampled) at
+    num_mel_bins: int = 64  # log-mel filterbank channels
+    frame_length_ms: float = 25.0  # analysis window
+    frame_shift_ms: float = 10.0  # hop between frames
     dither: float = 0.0  # Kaldi units (int16 LSBs); 0 = off
-    preemph_coeff: float = 0.97
-    remove_dc_offset: bool = True
-    window_type: str = "povey"
-    low_freq: float = 20.0
-    high_freq: float = 0.0
-    snip_edges: bool = True
+    preemph_coeff: float = 0.97  # pre-emphasis (Kaldi)
+    remove_dc_offset: bool = True  # subtract each frame's mean (Kaldi)
+    window_type: str = "povey"  # povey | hanning | hamming | blackman | rectangular
+    low_freq: float = 20.0  # Hz, lowest mel bin edge
+    high_freq: float = 0.0  # Hz, highest mel bin edge; <= 0: Nyquist plus this (Kaldi)
+    snip_edges: bool = True  # only whole frames inside the audio (Kaldi)
     # Causal mean normalisation carried over a speaker's stream (tasks/features.py).
     cmn_window: int = 600
+    # A stream's first frames are normalised by the mean of this many (cold start).
     cmn_min_window: int = 100
-    stack: int = 3
-    subsample: int = 3
+    stack: int = 3  # low frame rate: frames stacked into one row
+    subsample: int = 3  # low frame rate: keep every n-th stacked row (3: 33 Hz)
     # uint8 with a per-row column range meets the <= 25 MB per audio hour budget; float16 does not.
     storage_dtype: str = "uint8"  # float16 | uint8
-    resample: bool = True
-    downmix: bool = True
+    resample: bool = True  # resample audio at another rate (else: a reject)
+    downmix: bool = True  # average multi-channel audio to mono (else: a reject)
     # Reject audio whose length differs from the metadata duration by more than
     # max(0.1 s, this fraction of it); 0 = do not check.
     duration_tolerance: float = 0.25
@@ -59,8 +61,8 @@ class FeaturesConfig:
     fft_engine: str = "auto"  # auto | torch | scipy
     # Audio seconds per batched fbank call, and threads fetching audio ahead of it.
     batch_seconds: float = 60.0
-    io_threads: int = 4
-    seed: int = 0
+    io_threads: int = 4  # threads reading audio ahead of the fbank
+    seed: int = 0  # seeds the hierarchical shuffle (shard order, rows within a shard)
     # Where the labels come from: ctm (the corpus's alignments.ctm, its phones as classes) or
     # align (`amflow align`'s outputs of this run: the network tree's context-dependent
     # classes, so records with only a transcript are labeled data).
@@ -113,7 +115,7 @@ def features_dict(fcfg: FeaturesConfig) -> dict[str, Any]:
 @dataclass
 class TargetsConfig:
     teacher: str = ""  # URI of a teacher checkpoint; empty = the run's own teacher step output
-    k: int = 20
+    k: int = 20  # teacher classes kept per frame (the paper: 20)
     # Per frame, keep only the fewest of the top-k whose teacher probability reaches this
     # share (1.0: all k, the paper's layout). A confident frame then stores 1-2 entries,
     # not k: amflow/records.py's `topk_len`, tasks/targets.kept_for_mass.
@@ -124,10 +126,11 @@ class TargetsConfig:
     # posteriors at 67 classes (README, bench targets).
     codec: str = FP16_CODE
     zstd_level: int = 9  # of the target shards' Parquet; the sqrt codes gain from 19
+    # Not applied when storing (logits are kept raw); training uses train.temperature.
     temperature: float = 1.0
-    actors: int = 2
-    threads_per_actor: int = 1
-    batch_frames: int = 8000
+    actors: int = 2  # teacher actors scoring in parallel (one CPU core or GPU each)
+    threads_per_actor: int = 1  # torch threads per CPU actor
+    batch_frames: int = 8000  # frames per padded teacher batch (length-sorted)
     max_frames: int = 20000  # longer utterances are split into pieces of this size
     device: str = "auto"  # auto | cpu | cuda (resolved inside each actor)
     num_gpus_per_actor: float = -1.0  # -1: 1 when the cluster has GPUs and device allows
@@ -137,6 +140,7 @@ class TargetsConfig:
     fp16_on_cpu: bool = False  # run the fp16 GPU path on CPU (tests, debugging)
     # CPU actors: auto = bf16 when the CPU has native bf16 (AMX / AVX512-BF16), else fp32.
     cpu_precision: str = "auto"  # auto | fp32 | bf16
+    # Frames scored in full to report the mass and KL the top-k keep.
     fidelity_sample_frames: int = 20000
 
     def validate(self, key: str) -> None:
@@ -166,7 +170,7 @@ class RepartitionConfig:
     partition_hours: float = 0.05
     # Splits to partition; empty = every split the features step produced.
     splits: list[str] = field(default_factory=list)
-    seed: int = 0
+    seed: int = 0  # seeds the shuffle of shards and rows into partitions
     # Shards shuffled together. A split with more feature shards is cut into shuffle
     # windows of about this many (shards drawn at random), each planned by its own task,
     # so the driver holds one line per shard and every shard feeds only its window's

@@ -8,21 +8,21 @@ from core.config.errors import check
 @dataclass
 class S3Config:
     # Empty values mean "use the standard AWS chain" (env, profile, instance role).
-    endpoint_url: str = ""
-    region: str = ""
-    access_key_id: str = ""
-    secret_access_key: str = ""
-    session_token: str = ""
+    endpoint_url: str = ""  # a non-AWS endpoint, e.g. http://minio:9000
+    region: str = ""  # AWS region, e.g. eu-west-1
+    access_key_id: str = ""  # static credentials (prefer a profile or an instance role)
+    secret_access_key: str = ""  # with access_key_id
+    session_token: str = ""  # with temporary credentials
     # Path-style addressing is required by most non-AWS endpoints (moto, MinIO).
     force_path_style: bool = False
 
 
 @dataclass
 class StorageConfig:
-    root: str = "./data"
+    root: str = "./data"  # where runs live (runs/<run_id>/<step>/): a path, file:// or s3:// URI
     s3: S3Config = field(default_factory=S3Config)
-    retries: int = 5
-    retry_backoff_s: float = 0.5
+    retries: int = 5  # retries of a transient storage error (throttling, 5xx, timeouts)
+    retry_backoff_s: float = 0.5  # first retry delay; doubles per retry, with jitter
 
     def validate(self, key: str) -> None:
         check(bool(self.root.strip()), f"{key}.root", "must be a non-empty URI")
@@ -31,7 +31,7 @@ class StorageConfig:
 
 @dataclass
 class DataConfig:
-    corpus: str = "./data/corpus"
+    corpus: str = "./data/corpus"  # the input corpus (path or URI) in the input format
     # Pronunciation lexicon (Kaldi lexicon.txt) for decoding; empty = <corpus>/lexicon.txt,
     # which `amflow corpus` writes for the embedded corpus.
     lexicon: str = ""
@@ -48,8 +48,8 @@ class DataConfig:
 class RayConfig:
     # Empty address: start (or join) a local Ray on this machine.
     address: str = ""
-    num_cpus: int = 2
-    num_gpus: int = 0
+    num_cpus: int = 2  # CPUs of the local Ray a step starts (ignored when joining ray.address)
+    num_gpus: int = 0  # GPUs of the local Ray a step starts
     # Torch/BLAS threads inside each Ray task, so tasks do not oversubscribe the cores.
     worker_threads: int = 1
     # Custom resources each step requests, so it lands on its pool on a cluster
@@ -66,6 +66,7 @@ class RunnerConfig:
     """Where Airflow runs a step: a local subprocess, a container or a Ray job on a cluster."""
 
     mode: str = "local"  # local | container | ray_job
+    # Mode=ray_job: the Ray job API (the head's dashboard address).
     ray_dashboard: str = "http://127.0.0.1:8265"
     # How an Airflow task waits for its job. defer: hand the wait to Airflow's triggerer
     # (one try from submit to end, so the task's duration is the step's; no worker slot
@@ -75,7 +76,7 @@ class RunnerConfig:
     # With wait=defer, follow the job this long in the task itself first: a step that ends
     # by then finishes without a deferral round trip (a second worker start and DAG parse).
     defer_after_s: float = 20.0
-    poll_s: float = 5.0
+    poll_s: float = 5.0  # longest pause between two status checks of a running job
     # One Airflow try waits at most this long (and at most half the execution-API token
     # lifetime) before handing over to the next poke (UP_FOR_RESCHEDULE, same try number).
     max_wait_per_try_s: float = 600.0
@@ -102,8 +103,9 @@ class RunnerConfig:
     # --shm-size among them /dev/shm gets half the host's memory (podman's default is 64 MB;
     # Ray puts its object store, 30 % of memory, there, else on the slower disk).
     image: str = ""
-    container_engine: str = "podman"
-    container_network: str = ""
+    container_engine: str = "podman"  # podman | docker
+    container_network: str = ""  # empty (auto) | none | host | bridge | slirp4netns
+    # Extra `run` options, e.g. --shm-size=8g.
     container_options: list[str] = field(default_factory=list)
 
     def validate(self, key: str) -> None:
@@ -130,9 +132,9 @@ class RunnerConfig:
 class CostConfig:
     """On-demand USD/hour, for the infra cost estimate (python -m core.cost)."""
 
-    p3_16xlarge: float = 24.48
-    x1_32xlarge: float = 13.338
-    c4_4xlarge: float = 0.796
+    p3_16xlarge: float = 24.48  # USD/hour of a GPU-pool node (8 x V100)
+    x1_32xlarge: float = 13.338  # USD/hour of a memory-pool node
+    c4_4xlarge: float = 0.796  # USD/hour of a CPU-pool node
     # How many measured CPU cores one GPU-pool vCPU is worth for GPU steps measured
     # without a GPU; 1.0 assumes no GPU speedup (an upper bound on cost).
     gpu_speedup: float = 1.0

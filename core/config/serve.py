@@ -9,9 +9,9 @@ from core.config.errors import check
 class ServeConfig:
     """`amflow serve`: the streaming recognizer on Ray Serve (serving/)."""
 
-    host: str = "127.0.0.1"
-    port: int = 8000
-    app_name: str = "amflow-serve"
+    host: str = "127.0.0.1"  # address the service listens on
+    port: int = 8000  # port of the page, /ws and /stats
+    app_name: str = "amflow-serve"  # the Ray Serve application's name
     # haproxy: Ray Serve's HAProxy ingress with direct ingress to the replicas (WebSocket
     # frames go client -> HAProxy -> replica; its RAY_SERVE_ENABLE_DIRECT_INGRESS and
     # RAY_SERVE_ENABLE_HA_PROXY must be set where Ray starts: `amflow serve` sets them
@@ -21,20 +21,21 @@ class ServeConfig:
     # Replicas of the recognizer deployment, and what each one asks Ray for: on the
     # cluster, GPU replicas on the P3 pool (num_gpus 1, resources {pool_p3: 0.01}).
     replicas: int = 1
-    num_cpus: float = 1.0
-    num_gpus: float = 0.0
+    num_cpus: float = 1.0  # CPUs each replica asks Ray for
+    num_gpus: float = 0.0  # GPUs each replica asks Ray for
+    # Custom Ray resources of each replica, e.g. {pool_p3: 0.01}.
     resources: dict[str, float] = field(default_factory=dict)
     # Streams one replica admits; one more is refused with close code 1013 (try again).
     max_streams: int = 100
     max_chunk_bytes: int = 64000  # one binary message (2 s of 16 kHz s16le); more: 1009
     # Batch Dispatch: at most this many streams per forward, rows per stream per forward.
     max_batch: int = 128
-    max_rows: int = 32
+    max_rows: int = 32  # rows (33 Hz frames) per stream per forward
     # How long rows of partial hypotheses may wait for other streams' rows before a
     # forward (an utterance's end never waits); 0: DeepSpeech2's eager dispatch. On a
     # CPU a forward of 1 stream costs about what one of 8 does (serving/dispatch.py).
     max_wait_ms: float = 50.0
-    search_threads: int = 1
+    search_threads: int = 1  # threads of a replica's search pool
     # Model precision: auto = fp16 on GPUs before Ampere, else fp32 (amflow/precision.py);
     # fp16 | bf16 | fp32.
     dtype: str = "auto"
@@ -44,8 +45,8 @@ class ServeConfig:
     # streamed words are the offline decode's. acwt 0 = the one `amflow decode` tuned for
     # this model (its result.json), else decode.acwt[0].
     acwt: float = 0.0
-    beam: float = 0.0
-    max_active: int = 0
+    beam: float = 0.0  # 0: decode.beam
+    max_active: int = 0  # 0: decode.max_active
     # A client that sends nothing for this long is closed (1001).
     idle_timeout_s: float = 30.0
 
@@ -74,12 +75,12 @@ class ServeConfig:
 class SimulateConfig:
     """`amflow simulate`: the throughput projection (cost models in training/simulate.py)."""
 
-    workers: list[int] = field(default_factory=lambda: [16, 32, 64, 128])
-    gpus_per_host: int = 8
-    intra_host_gbps: float = 300.0
-    inter_host_gbps: float = 25.0
-    params: int = 24_000_000
-    minibatch_frames: int = 2048
+    workers: list[int] = field(default_factory=lambda: [16, 32, 64, 128])  # worker counts projected
+    gpus_per_host: int = 8  # GPUs per host (one NVLink island)
+    intra_host_gbps: float = 300.0  # bandwidth between the GPUs of a host
+    inter_host_gbps: float = 25.0  # bandwidth between hosts
+    params: int = 24_000_000  # model parameters (the papers' student: 24 M)
+    minibatch_frames: int = 2048  # frames per worker minibatch
     # 0 = the V100 time per minibatch implied by the HTM paper's 1-GPU baseline
     # (first epoch of 2000 h at 33.3 frames/s in 290 min), scaled to minibatch_frames.
     compute_s_per_minibatch: float = 0.0
@@ -95,10 +96,10 @@ class SimulateConfig:
     jitter_cv: float = 0.0
     # Fraction of gradient elements GTC sends per minibatch; < 0 = measured.
     gtc_sent_fraction: float = -1.0
-    htm_sent_fraction: float = -1.0
-    block_size: int = 50
-    group_size: int = 8
-    ma_samples: int = 400_000
+    htm_sent_fraction: float = -1.0  # fraction HTM's in-group GTC sends; < 0 = measured
+    block_size: int = 50  # bmuf, htm: minibatches per block
+    group_size: int = 8  # htm: GPUs per group
+    ma_samples: int = 400_000  # ma: frames between averages
 
     def validate(self, key: str) -> None:
         check(self.gpus_per_host >= 1, f"{key}.gpus_per_host", "must be >= 1")
@@ -128,25 +129,27 @@ class BenchConfig:
     # config's), the synthetic corpus length when the run has no data (seconds), keeping
     # the config's BMUF/HTM sync settings, and the bench corpus's hours and labeled share.
     workers: list[int] = field(default_factory=lambda: [4, 8])
+    # Bench trainers: methods compared.
     algos: list[str] = field(default_factory=lambda: ["sgd", "gtc", "bmuf", "htm", "ma"])
-    epochs: int = 0
-    pretrain: int = 3
-    lr_rule: str = "tuned"
-    profile: str = "bench"
-    synth_seconds: float = 1800.0
-    keep_sync: bool = False
-    corpus_hours: float = 2.5
-    labeled_share: float = 0.35
+    epochs: int = 0  # bench trainers: passes per method (0: the profile's)
+    pretrain: int = 3  # bench trainers: 1-worker SGD passes of the shared start
+    lr_rule: str = "tuned"  # tuned | sqrt | linear | none
+    profile: str = "bench"  # bench | config
+    synth_seconds: float = 1800.0  # synthetic corpus length without run data
+    keep_sync: bool = False  # keep the config's BMUF/HTM sync settings
+    corpus_hours: float = 2.5  # bench corpus hours
+    labeled_share: float = 0.35  # bench corpus labeled share
     # bench gtc: codec minibatches (the sent fraction settles after ~gtc_tau_scale of
     # them; the second half is counted), and minibatches of the overhead comparison
     # (0 = train.block_size + 10).
     gtc_steps: int = 160
+    # Bench gtc: minibatches of the overhead comparison (0: block_size + 10).
     overhead_steps: int = 0
     # bench sequence: timed minibatches per criterion.
     seq_steps: int = 20
     # bench features: audio seconds featurised, and rounds.
     seconds: float = 1200.0
-    repeats: int = 3
+    repeats: int = 3  # bench features: rounds
 
     def validate(self, key: str) -> None:
         check(bool(self.workers) and all(w >= 1 for w in self.workers), f"{key}.workers",

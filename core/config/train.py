@@ -24,34 +24,37 @@ class AugmentConfig:
     `snr_db`. Then with `speed_prob` a speed factor from `speeds` (labels stretched with
     it) and with `vtlp_prob` a VTLP warp factor from `vtlp` (mel filters warped).
     """
-    enabled: bool = False
+    enabled: bool = False  # re-render the labeled utterances every epoch (labeled recipe only)
     # With `stored_prob` an utterance keeps the corpus's own rendering of it (its
     # `audio_uri`: the test conditions' renderer) and gets only speed and VTLP; the rest
     # are re-rendered from the clean source as below.
     stored_prob: float = 0.0
-    room_prob: float = 0.7
+    room_prob: float = 0.7  # chance of a random room of a random condition
+    # The rooms' conditions to draw from, DP1..DP5.
     conditions: list[str] = field(default_factory=lambda: ["DP1", "DP2", "DP3", "DP4", "DP5"])
-    noise_prob: float = 0.4
+    noise_prob: float = 0.4  # without a room: chance of additive noise
     noises: list[str] = field(default_factory=lambda: ["babble", "pink", "brown", "white",
-                                                       "fan", "hum", "clatter"])
+                                                       "fan", "hum", "clatter"])  # kinds drawn
+    # [low, high] SNR of the additive noise.
     snr_db: list[float] = field(default_factory=lambda: [5.0, 30.0])
-    speed_prob: float = 0.5
-    speeds: list[float] = field(default_factory=lambda: [0.9, 1.1])
-    vtlp_prob: float = 0.5
+    speed_prob: float = 0.5  # chance of speed perturbation
+    speeds: list[float] = field(default_factory=lambda: [0.9, 1.1])  # speed factors to draw from
+    vtlp_prob: float = 0.5  # chance of a VTLP warp
     vtlp: list[float] = field(default_factory=lambda: [0.9, 1.1])  # warp factor range
     # The pool: `servers` Ray CPU actors per trainer, each `cpus_per_server` CPUs and the
     # custom `resources` (e.g. {pool_c4: 0.01}: the C4 pool on the cluster). 0 servers:
     # render in the trainer's own loader thread (tests, tiny runs).
     servers: int = 2
-    cpus_per_server: float = 1.0
+    cpus_per_server: float = 1.0  # CPUs of each server actor
+    # Custom Ray resources of each server, e.g. {pool_c4: 0.01}.
     resources: dict[str, float] = field(default_factory=dict)
     # A task renders one speaker stream of up to `stream_utts` utterances in time order
     # (the causal CMN runs over it, as in the features step); chunks are shuffled within
     # windows of `window_streams` streams; at most `inflight` streams per server are
     # rendered ahead of the trainer (with train.prefetch minibatches: bounded memory).
     stream_utts: int = 8
-    window_streams: int = 16
-    inflight: int = 2
+    window_streams: int = 16  # streams whose chunks are shuffled together
+    inflight: int = 2  # streams per server rendered ahead of the trainer
 
     def validate(self, key: str) -> None:
         conditions = ("DP1", "DP2", "DP3", "DP4", "DP5")  # tasks.speech.room.CONDITIONS
@@ -109,21 +112,22 @@ GROW_RECIPE = read_recipe_file(RECIPES_DIR / "grow.yaml", "train.grow_recipe")
 class OptimConfig:
     """train.*: the local optimizer and the learning-rate schedule (training/schedules.py)."""
 
+    # The learning rate at the start (per worker, before any rule for many workers).
     lr: float = 1.0e-3
-    final_lr: float = 1.0e-4
-    labeled_lr_scale: float = 1.5
+    final_lr: float = 1.0e-4  # schedule exponential: the rate at the end
+    labeled_lr_scale: float = 1.5  # ssl: the labeled passes' rate, x the current rate
     optimizer: str = "adam"  # adam | sgd
-    momentum: float = 0.9
+    momentum: float = 0.9  # optimizer sgd: momentum
     schedule: str = "exponential"  # exponential | newbob
-    newbob_threshold: float = 0.005
-    min_lr: float = 1.0e-5
+    newbob_threshold: float = 0.005  # schedule newbob: halve the rate below this relative dev gain
+    min_lr: float = 1.0e-5  # schedule newbob: stop the chunked phase below this rate
     # Gradual warm-up (Goyal et al. 2017), for the large rates of many workers: over the
     # first `lr_warmup_units` units (passes, or ssl sub-epochs) the rate ramps linearly
     # from lr_warmup_start x the scheduled rate to the scheduled rate (0 units = off).
     lr_warmup_units: float = 0.0
-    lr_warmup_start: float = 0.1
+    lr_warmup_start: float = 0.1  # the warm-up's first rate, x the scheduled rate
     max_change: float = 0.0  # 0 = off; Kaldi-style per-minibatch parameter change cap
-    clip_grad_norm: float = 5.0
+    clip_grad_norm: float = 5.0  # clip the gradient's global norm (0 = off)
 
     def validate(self, key: str) -> None:
         check(self.lr > 0, f"{key}.lr", "must be > 0")
@@ -140,9 +144,9 @@ class OptimConfig:
 class PassesConfig:
     """train.*: how many passes over which data (training/schedules.py plan_passes)."""
 
-    epochs: int = 6
-    finetune_epochs: int = 1
-    sub_epochs: int = 4
+    epochs: int = 6  # labeled recipe: passes over the labeled data
+    finetune_epochs: int = 1  # the last units run on whole sequences instead of chunks
+    sub_epochs: int = 4  # ssl: the unlabeled pass is cut into this many units
     unlabeled_passes: int = 1  # ssl: passes over the unlabeled data (the paper: 1)
     # SortaGrad (DeepSpeech2): the first epoch's minibatches in increasing utterance length.
     sortagrad: bool = False
@@ -158,16 +162,16 @@ class PassesConfig:
 class BatchesConfig:
     """train.*: the data a worker reads and how it is cut into minibatches (training/data.py)."""
 
-    chunk_frames: int = 32
-    minibatch_frames: int = 2048
-    prefetch: int = 4
-    labeled_split: str = "labeled"
-    unlabeled_split: str = "unlabeled"
+    chunk_frames: int = 32  # chunked BPTT: frames per chunk (33 Hz rows)
+    minibatch_frames: int = 2048  # frames per worker minibatch
+    prefetch: int = 4  # minibatches read ahead of the trainer
+    labeled_split: str = "labeled"  # the split the labeled passes read
+    unlabeled_split: str = "unlabeled"  # the split the ssl passes read (with soft targets)
     dev_split: str = "dev"  # scored after every epoch / sub-epoch when it exists
     # Chunked BPTT: frames fed before / after each chunk but not scored.
     # right context -1 = the student's look-ahead (teacher: the left context).
     chunk_left_context: int = 8
-    chunk_right_context: int = -1
+    chunk_right_context: int = -1  # frames after each chunk, not scored; -1: the look-ahead
     shuffle_partitions: int = 4  # partitions pooled before chunks are shuffled
 
     def validate(self, key: str) -> None:
@@ -184,8 +188,8 @@ class BatchesConfig:
 class DistillConfig:
     """train.*: distillation from the teacher's top-k soft targets (training/losses.py)."""
 
-    temperature: float = 1.0
-    topk_fill: float = -1.0e4
+    temperature: float = 1.0  # distillation temperature T for teacher and student (loss x T^2)
+    topk_fill: float = -1.0e4  # logit given to the classes outside the stored top-k
 
     def validate(self, key: str) -> None:
         check(self.temperature > 0, f"{key}.temperature", "must be > 0")
@@ -197,10 +201,10 @@ class MaskingConfig:
     sequence, `freq_masks` bands of up to `freq_mask_bins` mel bins (the same bins in every
     stacked frame) and `time_masks` spans of up to `time_mask_rows` rows are zeroed."""
 
-    freq_masks: int = 0
-    freq_mask_bins: int = 8
-    time_masks: int = 0
-    time_mask_rows: int = 3
+    freq_masks: int = 0  # frequency bands masked per sequence
+    freq_mask_bins: int = 8  # widest band, mel bins
+    time_masks: int = 0  # time spans masked per sequence
+    time_mask_rows: int = 3  # longest span, rows
 
     def validate(self, key: str) -> None:
         check(min(self.freq_masks, self.freq_mask_bins, self.time_masks,
@@ -214,19 +218,19 @@ class AlgoConfig:
     # GTC threshold in gradient units; 0 = per tensor, gtc_tau_scale x its mean |first
     # gradient|, which bounds the sent fraction by 1/gtc_tau_scale (algorithms/gtc.py).
     gtc_tau: float = 0.0
-    gtc_tau_scale: float = 100.0
+    gtc_tau_scale: float = 100.0  # with gtc_tau 0: tau = this x mean |first gradient| per tensor
     # Minibatches over which tau ramps up geometrically from tau/gtc_tau_scale (0 = off).
     gtc_warmup: int = 0
     # Keep the momentum on each worker before compression (deep-gradient-compression
     # momentum correction, algorithms/gtc.py); needs optimizer sgd.
     gtc_momentum_correction: bool = False
-    block_size: int = 50
+    block_size: int = 50  # bmuf, htm: minibatches of local SGD between block updates
     block_lr: float = 1.0  # zeta
     block_momentum: float = -1.0  # eta; < 0 = derive from zeta/(N(1-eta)) = C
-    bmuf_c: float = 1.0
+    bmuf_c: float = 1.0  # C in the derived eta = 1 - zeta / (N C)
     # Zero the local SGD momentum after every block update (BMUF, HTM), as CNTK does.
     block_reset_momentum: bool = True
-    group_size: int = 2
+    group_size: int = 2  # htm: workers per group (one host); 1 is bmuf
     # HTM's lower-tier (in-group, intra-host) GTC tau scale: the paper uses tau 2 inside
     # the groups against 8 for plain GTC, i.e. 4x denser where bandwidth is cheap.
     htm_tau_scale: float = 25.0
@@ -234,7 +238,7 @@ class AlgoConfig:
     # Kaldi's online natural-gradient preconditioning inside ma (NG-SGD,
     # training/natural_gradient.py): students only; alpha smooths the Fisher factors.
     natural_gradient: bool = False
-    ng_alpha: float = 4.0
+    ng_alpha: float = 4.0  # natural gradient: alpha
 
     def validate(self, key: str) -> None:
         check(self.group_size >= 1, f"{key}.group_size", "must be >= 1")
@@ -249,23 +253,23 @@ class SequenceConfig:
     phone n-gram denominator graph and a batched forward-backward, for sequence training on
     labeled data after CE."""
 
-    criterion: str = "ce"
+    criterion: str = "ce"  # ce | mmi | smbr (the sequence recipe: mmi or smbr)
     # mmi, smbr: the numerator is the fixed frame alignment, or its phone sequence with
     # flexible timing (every segmentation of the aligned phones).
     sequence_numerator: str = "alignment"
     # LF-MMI's regularisers (Povey et al. 2016, sec. 2.6): CE interpolation weight and
     # the output L2 (0.5 * l2 * |logits|^2 per frame; Kaldi chain recipes use 5e-5).
     sequence_ce_weight: float = 0.1
-    sequence_l2: float = 5.0e-5
+    sequence_l2: float = 5.0e-5  # output L2 weight
     # Leaky HMM (LF-MMI sec. 2.5): per-frame probability of jumping to any state.
     leaky_hmm: float = 0.1
     # x = am_scale * (logits - prior_scale * log class priors); LF-MMI uses 1 and 0.
     sequence_am_scale: float = 1.0
-    sequence_prior_scale: float = 0.0
+    sequence_prior_scale: float = 0.0  # the prior_scale in x above (0: no priors)
     # Denominator phone n-gram: order (2..4) and the count below which a history of the
     # full length is pruned (it backs off to the shorter one).
     den_ngram_order: int = 2
-    den_min_count: int = 2
+    den_min_count: int = 2  # count below which a full-length history is pruned
 
     def validate(self, key: str) -> None:
         check(self.criterion in ("ce", "mmi", "smbr"), f"{key}.criterion",
@@ -287,7 +291,7 @@ class CheckpointsConfig:
 
     checkpoint_every: int = 200  # minibatches
     log_every: int = 10  # minibatches per metrics.jsonl record
-    keep_checkpoints: int = 2
+    keep_checkpoints: int = 2  # checkpoints kept (older ones deleted)
     fail_after: int = 0  # fault injection: die once after this many minibatches (0 = off)
 
     def validate(self, key: str) -> None:
@@ -315,12 +319,12 @@ class TrainConfig:
     # stage (`amflow sequence`; output dir sequence[-<tag>]).
     recipe: str = "labeled"
     algorithm: str = "sgd"  # sgd | gtc | bmuf | htm | ma
-    workers: int = 1
-    seed: int = 0
+    workers: int = 1  # data-parallel workers (Ray Train); 1: in the step's process
+    seed: int = 0  # seeds initialisation, shuffling, dropout and augmentation
     # Output dir `train` (empty tag) or `train-<tag>`, so several trainings share a run.
     tag: str = ""
     threads: int = 0  # torch threads per worker; 0 = torch's default
-    use_gpu: bool = False
+    use_gpu: bool = False  # train on a GPU per worker (NCCL between them)
     # The model a sequence recipe starts from; empty = this run's train[-<tag>]/model.pt.
     # Set for the labeled / ssl recipes: training starts from it; a phone-class model is
     # grown into this run's context-dependent leaves (training/grow.py), else the classes
