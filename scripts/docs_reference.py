@@ -34,7 +34,12 @@ ROOT = Path(__file__).resolve().parents[1]
 # Folder -> (nav title, pages listed first when they exist).
 SECTIONS: dict[str, tuple[str, list[str]]] = {
     "tutorial": ("Tutorial", ["quickstart.md", "demo.md"]),
-    "how-to": ("How-to guides", []),
+    # Pages other helpers add land in these places when they exist; any other page follows
+    # by file name.
+    "how-to": ("How-to guides", ["end-to-end.md", "own-corpus.md", "import.md", "daily-data.md",
+                                 "s3.md", "airflow.md", "ec2-cluster.md", "rehearsal.md",
+                                 "containers.md", "choose-a-trainer.md", "decode-and-score.md",
+                                 "export.md", "serving.md", "benchmarks.md"]),
     "reference": ("Reference", ["cli.md", "config.md", "run-layout.md", "corpus-format.md",
                                 "json-contracts.md"]),
     "explanation": ("Explanation", ["architecture.md", "method.md", "trainers.md",
@@ -128,6 +133,15 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
+def _prose(text: str) -> str:
+    """A table cell of free text: <tag> shown as written, not taken for HTML (outside
+    `code spans`, which show it as written anyway)."""
+    parts = _cell(text).split("`")
+    for i in range(0, len(parts), 2):  # the even parts lie outside code spans
+        parts[i] = parts[i].replace("<", "&lt;").replace(">", "&gt;")
+    return "`".join(parts)
+
+
 def _doc(cls: type) -> str:
     doc = inspect.getdoc(cls) or ""
     return "" if doc.startswith(cls.__name__ + "(") else doc  # dataclass's made-up docstring
@@ -158,7 +172,7 @@ def config_reference(root: type | None = None) -> tuple[str, list[str]]:
         lines += ["| key | type | default | meaning |", "|---|---|---|---|"]
         for k in keys:
             default = json.dumps(k.default, default=str)
-            lines.append(f"| `{k.name}` | `{_cell(k.type)}` | `{_cell(default)}` | {_cell(k.meaning)} |")
+            lines.append(f"| `{k.name}` | `{_cell(k.type)}` | `{_cell(default)}` | {_prose(k.meaning)} |")
             if not k.meaning:
                 missing.append(k.name)
         lines.append("")
@@ -181,7 +195,7 @@ def _flag_row(a: argparse.Action) -> str:
         else f"`{a.default}`"
     help_text = (a.help or "") % {"default": a.default, "prog": "amflow"} if a.help else ""
     need = "yes" if a.required or not a.option_strings else ""
-    return f"| {name} | {value} | {need} | {default} | {_cell(help_text)} |"
+    return f"| {name} | {value} | {need} | {default} | {_prose(help_text)} |"
 
 
 def cli_reference(parser: argparse.ArgumentParser | None = None) -> str:
@@ -196,7 +210,7 @@ def cli_reference(parser: argparse.ArgumentParser | None = None) -> str:
              "", "```text", parser.format_usage().strip(), "```", "",
              (parser.description or ""), "", "| step | what it does |", "|---|---|"]
     helps = {a.dest: a.help for a in sub._get_subactions()}
-    lines += [f"| [`{n}`](#amflow-{n}) | {_cell(helps.get(n) or '')} |" for n in sub.choices]
+    lines += [f"| [`{n}`](#amflow-{n}) | {_prose(helps.get(n) or '')} |" for n in sub.choices]
     for name, p in sub.choices.items():
         lines += ["", f"## amflow {name}", "", "```text", p.format_usage().strip(), "",
                   (p.description or "").strip(), "```", "",

@@ -109,7 +109,8 @@ class Root:
 def test_cli_reference_lists_every_step_and_flag():
     from amflow.cli import build_parser
 
-    md = _generator().cli_reference()
+    gen = _generator()
+    md = gen.cli_reference()
     parser = build_parser()
     (sub,) = [a for a in parser._actions if hasattr(a, "choices") and isinstance(a.choices, dict)]
     for name, p in sub.choices.items():
@@ -120,7 +121,7 @@ def test_cli_reference_lists_every_step_and_flag():
             for flag in action.option_strings:
                 assert f"`{flag}`" in section, (name, flag)
             if action.help:
-                assert action.help.split("(")[0][:40].replace("|", "\\|") in section, (name, action.help)
+                assert gen._prose(action.help)[:40] in section, (name, action.help)
 
 
 def _fenced_bash(text: str) -> list[tuple[str, str | None]]:
