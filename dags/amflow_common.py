@@ -103,7 +103,7 @@ def overrides_param() -> Param:
 
 
 # What a task does when its step has finished before (amflow.orchestration.rerun has the
-# rules; README "Re-running steps" tells them to users).
+# rules; docs/how-to/airflow.md tells them to users).
 RERUN_DOC = ("What a task does when its step had already finished in an earlier DAG run of "
              "the same amflow run id (the run_id field): redo: run it again from scratch "
              "(--force); resume: keep it (a second `make demo`). A cleared task or a backfill "

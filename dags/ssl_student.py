@@ -10,7 +10,7 @@ run's alignments when they cover it (align.reuse); it is skipped with features.l
 task runs `amflow <step> --config FILE --run-id <derived from this DAG run>` locally or
 as a Ray job (config `runner.mode`) and returns the step's summary as its XCom.
 
-Re-running (README "Re-running steps"): a retry after a failure resumes its step (finished
+Re-running (docs/how-to/airflow.md, "Re-running steps"): a retry after a failure resumes its step (finished
 shards kept); a cleared task, or a backfill's, redoes a step that had finished (--force),
 whatever the run's `rerun` param says; `rerun` decides only for a new DAG run that names
 the amflow run id of an earlier one (`run_id`): redo (default) or resume (keep it). Each

@@ -18,7 +18,7 @@ tree's leaves), or from the corpus's alignments.ctm with features.labels=ctm (`a
 then skipped). Hard labels stand in for soft targets. The trained model is published as the
 asset `amflow_teacher_model` (its URI in the event's extra), which schedules `ssl_student`.
 
-Re-running (README "Re-running steps"): a retry after a failure resumes its step (finished
+Re-running (docs/how-to/airflow.md, "Re-running steps"): a retry after a failure resumes its step (finished
 shards kept); a cleared task, or a backfill's, redoes a step that had finished (--force),
 whatever the run's `rerun` param says; `rerun` decides only for a new DAG run that names
 the amflow run id of an earlier one (`run_id`): redo (default) or resume (keep it). Each

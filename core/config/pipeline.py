@@ -123,7 +123,7 @@ class TargetsConfig:
     # How each entry is stored (amflow/records.py): fp16 = int16 index + fp16 logit (the
     # paper's layout); sqrt<L> = one-byte index (<= 256 classes) + one byte for the
     # probability, round(L * sqrt(p)): with mass 0.99 ~10x smaller than full fp16
-    # posteriors at 67 classes (README, bench targets).
+    # posteriors at 67 classes (docs/results/2026-11-27-targets-codec.md).
     codec: str = FP16_CODE
     zstd_level: int = 9  # of the target shards' Parquet; the sqrt codes gain from 19
     # Not applied when storing (logits are kept raw); training uses train.temperature.
