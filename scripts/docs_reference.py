@@ -83,8 +83,15 @@ def _class_comments(src: str) -> dict[str, str]:
             line -= 1
         trailing = [comments[n][0] for n in range(node.lineno, node.end_lineno + 1)
                     if n in comments and not comments[n][1]]
-        out[node.target.id] = " ".join(t for t in above + trailing if t)
+        out[node.target.id] = _join(" ".join(above), " ".join(trailing))
     return out
+
+
+def _join(above: str, trailing: str) -> str:
+    """The comment block above a field, then its trailing comment as a sentence of its own."""
+    if above and trailing:
+        return f"{above.rstrip('.')}. {trailing[0].upper()}{trailing[1:]}"
+    return above or trailing
 
 
 @dataclasses.dataclass
@@ -208,12 +215,14 @@ def cli_reference(parser: argparse.ArgumentParser | None = None) -> str:
              "Generated from the argparse parser of `amflow/cli.py` when the docs are built. "
              "Every step is one command, the same one Airflow, a container or a Ray job runs:",
              "", "```text", parser.format_usage().strip(), "```", "",
-             (parser.description or ""), "", "| step | what it does |", "|---|---|"]
+             _prose(parser.description or ""), "", "| step | what it does |", "|---|---|"]
     helps = {a.dest: a.help for a in sub._get_subactions()}
     lines += [f"| [`{n}`](#amflow-{n}) | {_prose(helps.get(n) or '')} |" for n in sub.choices]
     for name, p in sub.choices.items():
+        described = [textwrap.fill(line, 88, subsequent_indent="        ")
+                     for line in (p.description or "").strip().splitlines()]
         lines += ["", f"## amflow {name}", "", "```text", p.format_usage().strip(), "",
-                  (p.description or "").strip(), "```", "",
+                  *described, "```", "",
                   "| flag | value | required | default | meaning |", "|---|---|---|---|---|"]
         lines += [_flag_row(a) for a in p._actions if not isinstance(a, argparse._HelpAction)]
     return "\n".join(lines) + "\n"
