@@ -163,7 +163,10 @@ def config_reference(root: type | None = None) -> tuple[str, list[str]]:
              "Generated from the config schema (`core.config.Config` and the dataclasses it "
              "reaches) when the docs are built: every key a YAML file or `--set key=value` "
              "may set, its type, its default and what it means (the comment on its field). "
-             "An unknown key or a bad value fails at load with a message naming the key.", ""]
+             "An unknown key or a bad value fails at load with a message naming the key. "
+             "`train.*` keys are written flat (`train.lr`), whatever section holds them. "
+             "`amflow config show` prints a config's resolved values and where each came "
+             "from (the defaults below, a config file, a recipe, `--set`).", ""]
     hints = typing.get_type_hints(root)
     missing: list[str] = []
     for f in dataclasses.fields(root):
