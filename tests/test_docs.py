@@ -104,6 +104,7 @@ class Root:
     assert '| `sec.added` | `list[str]` | `["y"]` | new one |' in md
     md, missing = page("\n    added: bool = False")
     assert "| `sec.added` | `bool` | `false` |  |" in md and missing == ["sec.b", "sec.added"]
+    sys.modules.pop("synthetic_schema", None)
 
 
 def test_cli_reference_lists_every_step_and_flag():
