@@ -18,8 +18,8 @@ import io
 import json
 from typing import Any
 
-from core.runs import SUCCESS, StepContext, step_dir_name
-from core.storage import join
+from core.runs import SUCCESS, step_dir_name
+from core.storage import Storage
 
 CONDITIONS = ("DP1", "DP2", "DP3", "DP4", "DP5")
 _TAGS = ("teacher", "baseline", "")
@@ -156,23 +156,24 @@ def render_steps(steps: list[dict[str, Any]]) -> str:
     return "\n".join(out)
 
 
-def read_json_or_none(ctx: StepContext, uri: str) -> dict | None:
-    return ctx.storage.read_json(uri) if ctx.storage.exists(uri) else None
+def read_json_or_none(storage: Storage, uri: str) -> dict | None:
+    return storage.read_json(uri) if storage.exists(uri) else None
 
 
-def run_steps(ctx: StepContext, run_id: str) -> list[dict[str, Any]]:
-    base = join(ctx.cfg.storage.root, "runs", run_id)
+def run_steps(storage: Storage, run_uri: str) -> list[dict[str, Any]]:
+    """The `_SUCCESS.json` of each step folder directly under `run_uri`, in pipeline order."""
+    base = run_uri.rstrip("/")
     found = []
-    for uri in ctx.storage.list(base, suffix=SUCCESS, recursive=True):
+    for uri in storage.list(base, suffix=SUCCESS, recursive=True):
         rel = uri[len(base) + 1:]
         if rel.count("/") != 1 or rel.startswith("report/") or "_shards" in rel:
             continue
-        found.append(ctx.storage.read_json(uri))
+        found.append(storage.read_json(uri))
     order = {name: i for i, name in enumerate(STEP_ORDER)}
     return sorted(found, key=lambda s: (order.get(s.get("step", ""), 99), s.get("step", "")))
 
 
-def curves_png(ctx: StepContext, sources: dict[str, str]) -> bytes | None:
+def curves_png(storage: Storage, sources: dict[str, str]) -> bytes | None:
     """One PNG with the training loss of each model, from their metrics.jsonl."""
     import matplotlib
 
@@ -182,10 +183,10 @@ def curves_png(ctx: StepContext, sources: dict[str, str]) -> bytes | None:
     fig, ax = plt.subplots(figsize=(7, 4))
     drawn = 0
     for label, uri in sources.items():
-        if not ctx.storage.exists(uri):
+        if not storage.exists(uri):
             continue
         xs, ys = [], []
-        for line in ctx.storage.read_text(uri).splitlines():
+        for line in storage.read_text(uri).splitlines():
             rec = json.loads(line)
             if "loss" in rec and rec.get("kind", "train") == "train":
                 xs.append(rec.get("frames_seen", rec.get("step", len(xs))))

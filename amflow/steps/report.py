@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from core.runs import StepContext, StepError, step_dir_name
+from core.runs import StepContext, StepError, run_uri, step_dir_name
 from core.storage import join
 from decoding.compare import significance_section
 from tasks.report import (CONDITIONS, bar_png, curves_png, pct, read_json_or_none, run_steps,
@@ -24,7 +24,7 @@ def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
         "baseline": rc.baseline_eval or _result(root, teacher_run, "evaluate", "baseline"),
         "ssl": rc.ssl_eval or _result(root, ctx.run_id, "evaluate"),
     }
-    loaded = {k: read_json_or_none(ctx, v) for k, v in evals.items()}
+    loaded = {k: read_json_or_none(ctx.storage, v) for k, v in evals.items()}
     missing = [f"{k} ({evals[k]})" for k, v in loaded.items() if v is None]
     if loaded["baseline"] is None or loaded["ssl"] is None:
         raise StepError("report needs the baseline and SSL evaluations; missing: "
@@ -34,18 +34,18 @@ def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
         "teacher": _result(root, teacher_run, "decode", "teacher"),
         "baseline": _result(root, teacher_run, "decode", "baseline"),
         "ssl": _result(root, ctx.run_id, "decode")}
-    decoded = {k: read_json_or_none(ctx, v) for k, v in decodes.items()}
+    decoded = {k: read_json_or_none(ctx.storage, v) for k, v in decodes.items()}
     wer_rows = (wer_table(decoded["teacher"], decoded["baseline"], decoded["ssl"])
                 if decoded["baseline"] and decoded["ssl"] else [])
     seq_decodes = {
         "teacher": _result(root, teacher_run, "decode-sequence", "teacher"),
         "baseline": _result(root, teacher_run, "decode-sequence", "baseline"),
         "ssl": _result(root, ctx.run_id, "decode-sequence")}
-    seq_decoded = {k: read_json_or_none(ctx, v) for k, v in seq_decodes.items()}
+    seq_decoded = {k: read_json_or_none(ctx.storage, v) for k, v in seq_decodes.items()}
     seq_rows = (sequence_wer_table(decoded, seq_decoded)
                 if any(seq_decoded.values()) else [])
     runs = [teacher_run] if teacher_run == ctx.run_id else [teacher_run, ctx.run_id]
-    steps = [s for r in runs for s in run_steps(ctx, r)]
+    steps = [s for r in runs for s in run_steps(ctx.storage, run_uri(ctx.cfg, r))]
     sig_md, significance = significance_section(ctx.storage, decodes, seq_decodes)
 
     parts = ["# amflow report", "",
@@ -64,7 +64,7 @@ def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
     if gains:
         parts += [f"SSL relative frame-error reduction in DP2..DP5: min {pct(min(gains))} %, "
                   f"max {pct(max(gains))} %.", ""]
-    curves = curves_png(ctx, {
+    curves = curves_png(ctx.storage, {
         "teacher": join(root, teacher_run, step_dir_name("train", "teacher"), "metrics.jsonl"),
         "baseline": join(root, teacher_run, step_dir_name("train", "baseline"), "metrics.jsonl"),
         "SSL student": join(root, ctx.run_id, "train", "metrics.jsonl")})
