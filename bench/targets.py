@@ -23,7 +23,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
-from core.records import decode_feats, encode_topk, load_cmvn
+from core.records import (decode_feats, encode_topk, iter_rows, load_cmvn, read_table,
+                          target_schema, to_table)
 from core.runs import StepContext, StepError
 from amflow.steps import targets as targets_step
 from tasks import targets as T
@@ -78,8 +79,8 @@ def run(ctx: StepContext, args: Any) -> dict[str, Any]:
     mean, inv_std = load_cmvn(cmvn)
     feats = []
     for shard in T.feature_shards(ctx):
-        rows = ctx.storage.read_parquet(ctx.other("features", "shards", f"{shard}.parquet"))
-        feats += [decode_feats(r) for r in rows.to_pylist()]
+        rows = read_table(ctx.storage, ctx.other("features", "shards", f"{shard}.parquet"))
+        feats += [decode_feats(r) for r in iter_rows(rows)]
     threads = cfg.targets.actors * cfg.targets.threads_per_actor
     naive_fps = _naive_frames_per_s(model, feats, mean, inv_std, threads, budget_s=20.0)
     # Intra-op threads thrash on small LSTMs when cores are shared; the kinder baseline is
@@ -161,8 +162,8 @@ def _stored(logits: torch.Tensor, k: int, mass: float, code: str, level: int
     they keep and KL(stored || teacher) in nats per frame."""
     idx, val, lens = T.top_entries(logits, k, code, mass)
     row = encode_topk(idx, val, lens, code, logits.shape[-1])
-    table = pa.table({col: pa.array([row[col]], pa.binary())
-                      for col in ("topk_idx", "topk_logit", "topk_len")})
+    table = to_table([row], target_schema(row["topk_code"])).select(
+        ["topk_idx", "topk_logit", "topk_len"])
     fid = T.fidelity(logits, ks=(idx.shape[1],), mass=mass, code=code)[idx.shape[1]]
     n = logits.shape[0]
     return {"entries_per_frame": round(fid["entries_sum"] / n, 2),

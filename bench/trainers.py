@@ -153,8 +153,7 @@ def synth_split(seconds: float, seed: int, speakers: int, split: str,
 
 
 def write_rows(ctx, uri: str, rows: list[dict]) -> None:
-    cols = {f.name: [r.get(f.name) for r in rows] for f in records.FEATURE_SCHEMA}
-    ctx.storage.write_parquet(uri, pa.table(cols, schema=records.FEATURE_SCHEMA))
+    ctx.storage.write_parquet(uri, records.to_table(rows, records.feature_schema("float16")))
 
 
 def synth_data(ctx, out: str, seconds: float) -> dict[str, Any]:
@@ -223,7 +222,7 @@ def pipeline_data(ctx, args) -> dict[str, Any] | None:
 
 def resplit(ctx, uris: list[str], out: str, parts: int) -> list[str]:
     """All rows of `uris` into `parts` partitions balanced by frames."""
-    tables = [ctx.storage.read_parquet(u) for u in uris]
+    tables = [records.read_table(ctx.storage, u) for u in uris]
     t = pa.concat_tables(tables, promote_options="default")
     frames = t.column("num_frames").to_numpy()
     order = np.argsort(-frames, kind="stable")

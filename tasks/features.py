@@ -55,7 +55,6 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Iterator
 
 import numpy as np
-import pyarrow as pa
 
 from core import records
 from core.config import FeaturesConfig
@@ -144,27 +143,9 @@ def stack_frames(x: np.ndarray, stack: int, subsample: int) -> np.ndarray:
 
 
 def encode_rows(x: np.ndarray, dtype: str, stack: int) -> dict[str, Any]:
-    """LFR rows -> the feature columns of a records.FEATURE_SCHEMA row.
-
-    float16 is records.encode_feats. uint8 is its per-row, per-column range format
-    (decoded by records.decode_feats), except that the `stack` columns holding the same
-    mel bin share one range (over all the utterance's frames of that bin): `feat_min` and
-    `feat_scale` are then the same 64 values repeated `stack` times, which Parquet's zstd
-    stores for about a third of the bytes (~1 MB less per audio hour on 3 s utterances).
-    """
-    if dtype != "uint8" or stack <= 1 or x.shape[0] == 0 or x.shape[1] % stack:
-        return records.encode_feats(x, dtype)
-    x = np.ascontiguousarray(x, dtype=np.float32)
-    t, d = x.shape
-    v = x.reshape(t * stack, d // stack)
-    lo = np.tile(v.min(axis=0), stack)
-    scale = np.tile(np.maximum(v.max(axis=0) - v.min(axis=0), 1e-6) / 255.0, stack)
-    q = (x - lo) / scale
-    np.rint(q, out=q)
-    np.clip(q, 0, 255, out=q)
-    return {"num_frames": t, "feat_dim": d, "feat_dtype": "uint8", "feats": q.astype(
-        np.uint8).tobytes(), "feat_min": lo.astype(np.float32).tobytes(),
-        "feat_scale": scale.astype(np.float32).tobytes()}
+    """LFR rows -> the feature columns of a feature row: records.encode_feats, uint8 with
+    one range per mel bin shared by its `stack` columns."""
+    return records.encode_feats(x, dtype, stack)
 
 
 def featurize_stream(waves: list[np.ndarray], fcfg: FeaturesConfig,
@@ -424,8 +405,7 @@ def process_shard(ctx: StepContext, shard_id: str, payload: dict[str, Any]) -> d
         fz.add(rec, res.samples)
     fz.flush()
     rows = fz.shuffled_rows()
-    out_table = pa.Table.from_pylist(rows, schema=records.FEATURE_SCHEMA) if rows else \
-        records.FEATURE_SCHEMA.empty_table()
+    out_table = records.to_table(rows, records.feature_schema(fcfg.storage_dtype))
     nbytes = st.write_parquet(ctx.path("shards", f"{shard_id}.parquet"), out_table)
     st.write_parquet(ctx.path("rejects", f"{shard_id}.parquet"), rejects_table(fz.rejects))
     reasons = dict(collections.Counter(r.reason for r in fz.rejects))

@@ -2,14 +2,17 @@
 
 Reads  `runs/<R>/features/shards/*.parquet` (+ `shards.json`), and when
        `runs/<R>/targets/_SUCCESS.json` exists, `runs/<R>/targets/shards/<shard>.parquet`
-       (records.TARGET_SCHEMA, matched to the feature rows by utt_id).
+       (records.target_schema, matched to the feature rows by utt_id).
 Writes `runs/<R>/repartition/<split>/part-<i>.parquet`  rows in PARTITION_SCHEMA
        `runs/<R>/repartition/<split>/_index.json`      partitions with rows/frames/bytes
        `runs/<R>/repartition/_assign/<shard>.parquet`  utt_id -> (partition, position)
        `runs/<R>/repartition/rejects/<part>.parquet`, `_shards/<part>.json`, `_SUCCESS.json`
 
-Rows are the feature rows (records.FEATURE_SCHEMA, hard `labels` for labeled data) plus
-the soft-target columns `k`, `topk_idx`, `topk_logit`, `topk_len` (null without targets).
+Rows are the feature rows (records.feature_schema, hard `labels` for labeled data) plus
+the soft-target columns `k`, `topk_idx`, `topk_logit`, `topk_len` (null without targets),
+in records.partition_schema: list columns of the types the inputs have. Inputs written
+before the typed columns are read through records.read_table, so partitions are always
+written in the current format.
 
 Per split (all splits the features step produced, or `repartition.splits`):
 - partition count P = ceil(split audio hours / partition_hours), rounded up to a multiple
@@ -62,8 +65,7 @@ ASSIGN = "_assign"
 ASSIGN_SCHEMA = pa.schema([pa.field("utt_id", pa.string()), pa.field("part", pa.int32()),
                           pa.field("pos", pa.int64())])
 SPLIT_ORDER = ("labeled", "unlabeled", "dev", "test")
-PARTITION_SCHEMA = pa.schema(list(records.FEATURE_SCHEMA) + [
-    records.TARGET_SCHEMA.field(name) for name in records.TARGET_COLUMNS])
+PARTITION_SCHEMA = records.partition_schema()  # the default types (uint8 features, fp16 targets)
 
 
 def partition_count(audio_hours: float, partition_hours: float, workers: int) -> int:
@@ -182,12 +184,14 @@ def _join_targets(feats: pa.Table, targets: pa.Table | None, shard: str, split: 
     """Feature rows + their soft-target columns, with mismatched or missing targets
     rejected; the mask says which feature rows were kept."""
     n = feats.num_rows
+    schema = records.partition_schema(
+        feats.schema, records.TARGET_SCHEMA if targets is None else targets.schema)
     cols = {name: feats.column(name) for name in records.FEATURE_SCHEMA.names}
     if targets is None:
-        for f in PARTITION_SCHEMA:
+        for f in schema:
             if f.name not in cols:
                 cols[f.name] = pa.nulls(n, f.type)
-        return pa.table(cols, schema=PARTITION_SCHEMA), [], np.ones(n, bool)
+        return pa.table(cols, schema=schema), [], np.ones(n, bool)
     at = pc.index_in(feats.column("utt_id").combine_chunks(),
                      value_set=targets.column("utt_id").combine_chunks())
     has = at.is_valid().to_numpy(zero_copy_only=False)
@@ -208,21 +212,21 @@ def _join_targets(feats: pa.Table, targets: pa.Table | None, shard: str, split: 
         # targets written before `topk_len` existed have no such column: all unpruned
         taken = targets.column(name).combine_chunks().take(pa.array(idx)) \
             if targets.num_rows and name in targets.column_names else \
-            pa.nulls(n, PARTITION_SCHEMA.field(name).type)
-        cols[name] = pc.if_else(mask, taken, pa.nulls(n, PARTITION_SCHEMA.field(name).type))
+            pa.nulls(n, schema.field(name).type)
+        cols[name] = pc.if_else(mask, taken, pa.nulls(n, schema.field(name).type))
     keep = ~(mismatch | missing)
-    return pa.table(cols, schema=PARTITION_SCHEMA).filter(pa.array(keep)), rejects, keep
+    return pa.table(cols, schema=schema).filter(pa.array(keep)), rejects, keep
 
 
 def map_shard(ctx: StepContext, map_id: str, payload: dict[str, Any]) -> dict[str, Any]:
     """Read one feature shard (and its targets) once; write one bucket per partition."""
     t0 = time.perf_counter()
     st, shard, split = ctx.storage, payload["shard"], payload["split"]
-    feats = st.read_parquet(ctx.other("features", "shards", f"{shard}.parquet"))
+    feats = records.read_table(st, ctx.other("features", "shards", f"{shard}.parquet"))
     targets = None
     if payload["targets"]:
         turi = ctx.other("targets", "shards", f"{shard}.parquet")
-        targets = st.read_parquet(turi) if st.exists(turi) else \
+        targets = records.read_table(st, turi) if st.exists(turi) else \
             records.TARGET_SCHEMA.empty_table()
     assign = st.read_parquet(_assign_uri(ctx, shard))
     planned = assign.column("utt_id").combine_chunks()
@@ -256,7 +260,7 @@ def reduce_partition(ctx: StepContext, part_id: str, payload: dict[str, Any]) ->
     st, split, part = ctx.storage, payload["split"], payload["part"]
     pieces = [st.read_parquet(_bucket_uri(ctx, split, part, shard))
               for shard in payload["shards"]]
-    table = pa.concat_tables(pieces) if pieces else \
+    table = records.concat_tables(pieces) if pieces else \
         PARTITION_SCHEMA.append(pa.field("_pos", pa.int64())).empty_table()
     table = table.sort_by("_pos").drop_columns(["_pos"])
     nbytes = st.write_parquet(ctx.path(split, f"part-{part:05d}.parquet"), table)

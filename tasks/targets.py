@@ -9,7 +9,7 @@ Shell: a pool of Ray actors, each holding the teacher once. On GPUs an actor tak
 on the GPU, so only k values per frame cross to the host (bench/GPU.md); on CPUs each actor has its own
 thread count.
 With `targets.mass` < 1 a frame keeps only the fewest of its top-k whose probability
-reaches that share (kept_for_mass), stored packed (amflow/records.py, `topk_len`);
+reaches that share (kept_for_mass), stored packed (core/records.py, `topk_len`);
 `targets.codec` sqrt<L> stores each entry in two bytes (records.encode_topk).
 Actors take whole feature shards (the unit of parallelism), write
 `targets/shards/<shard>.parquet` aligned row for row with the feature shard, then the
@@ -24,13 +24,12 @@ from dataclasses import asdict, dataclass
 from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
-import pyarrow as pa
 import torch
 
 from core import precision
 from core.model_card import ModelCard
-from core.records import (TARGET_SCHEMA, decode_feats, dequantize_sqrt, encode_topk,
-                            load_cmvn, quantize_ranked)
+from core.records import (decode_feats, dequantize_sqrt, encode_topk, iter_rows, load_cmvn,
+                          quantize_ranked, read_table, target_schema, to_table)
 from core.runs import Reject, StepContext, StepError, rejects_table
 from core.target_codes import FP16_CODE, sqrt_levels
 from core.soft_targets import teacher_log_probs
@@ -370,8 +369,8 @@ class TargetActor:
         ctx = self.ctx
         tc = ctx.cfg.targets
         t0 = time.perf_counter()
-        table = ctx.storage.read_parquet(ctx.other("features", "shards", f"{shard_id}.parquet"))
-        rows = table.to_pylist()
+        rows = list(iter_rows(read_table(ctx.storage, ctx.other(
+            "features", "shards", f"{shard_id}.parquet"))))
         feats, keep, rejects = [], [], []
         for r in rows:
             x = decode_feats(r)
@@ -400,7 +399,7 @@ class TargetActor:
                 fid_parts.append(fidelity(sc.logits[:sample_budget], mass=tc.mass,
                                           code=tc.codec))
                 sample_budget -= len(sc.logits)
-        out = pa.Table.from_pylist(out_rows, schema=TARGET_SCHEMA)
+        out = to_table(out_rows, target_schema(out_rows[0]["topk_code"] if out_rows else None))
         nbytes = ctx.storage.write_parquet(ctx.path("shards", f"{shard_id}.parquet"), out,
                                            compression_level=tc.zstd_level)
         ctx.storage.write_parquet(ctx.path("rejects", f"{shard_id}.parquet"),

@@ -151,9 +151,9 @@ def test_pruned_soft_targets_load_padded_and_malformed_ones_are_rejected(tmp_pat
     rows = synthetic_rows(4, means, 3, 0, "unlabeled", soft_k=4)
     rng = np.random.default_rng(1)
     lens = []
-    for r in rows[:3]:
+    for i, r in enumerate(rows):  # one table holds one code: the last row full, unpruned
         idx, logit = records.decode_topk(r)
-        lens.append(rng.integers(1, 5, len(idx)))
+        lens.append(rng.integers(1, 5, len(idx)) if i < 3 else None)
         logp = logit - np.log(np.exp(logit).sum(1, keepdims=True))  # the sqrt codes' input
         r.update(records.encode_topk(idx, logp, lens[-1], code, 6))
     rows[2]["topk_len"] = rows[2]["topk_len"][:-1]

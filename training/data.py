@@ -37,15 +37,12 @@ from typing import Any, Iterator, Sequence
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
-import pyarrow.parquet as pq
 import torch
 
 from core import records
 from core.prefetch import Prefetch
 from core.runs import StepError
 from core.storage import Storage, join
-from core.target_codes import index_bytes
 
 from training.losses import IGNORE
 
@@ -84,11 +81,6 @@ def partition_uris(storage: Storage, split_uri: str) -> list[str]:
             if u.rsplit("/", 1)[-1].startswith("part-")]
 
 
-def _schema_names(storage: Storage, uri: str) -> list[str]:
-    fs, path = storage.resolve(uri)
-    return storage.retry(lambda: pq.read_schema(path, filesystem=fs).names, f"schema {uri}")
-
-
 @dataclass
 class SplitIndex:
     """The usable rows of some partitions, and why the others were rejected."""
@@ -124,22 +116,17 @@ class SplitIndex:
         (labels when any row has them, else topk)."""
         metas = []
         for i, uri in enumerate(uris):
-            names = set(_schema_names(storage, uri))
-            cols = [c for c in ("utt_id", "condition", "num_frames", "feat_dim", "labels",
-                                "frame_labels", "k", "topk_idx", "topk_len", "topk_code")
-                    if c in names]
-            t = storage.read_parquet(uri, columns=cols)
+            t = records.read_table(storage, uri, ["utt_id", "condition", "num_frames",
+                                                  "feat_dim", "labels", "frame_labels", "k",
+                                                  "topk_idx", "topk_len"])
             n = t.num_rows
 
             def col(name: str, fill: Any) -> np.ndarray:
                 return t.column(name).to_numpy(zero_copy_only=False) if name in t.column_names \
                     else np.full(n, fill)
 
-            def blen(name: str) -> np.ndarray:  # byte length, -1 when null or absent
-                if name not in t.column_names:
-                    return np.full(n, -1, np.int64)
-                a = pc.fill_null(pc.binary_length(t.column(name)), -1)
-                return a.to_numpy(zero_copy_only=False).astype(np.int64)
+            def count(name: str) -> np.ndarray:  # values per row, -1 when null or absent
+                return records.value_counts(t, name)
 
             metas.append({
                 "part": np.full(n, i, np.int32), "row": np.arange(n, dtype=np.int32),
@@ -147,12 +134,10 @@ class SplitIndex:
                 "cond": ["" if c is None else str(c) for c in col("condition", "")],
                 "frames": col("num_frames", 0).astype(np.int64),
                 "dim": col("feat_dim", 0).astype(np.int64),
-                "labels_len": blen("labels"), "flabels_len": blen("frame_labels"),
+                "labels_len": count("labels"), "flabels_len": count("frame_labels"),
                 "k": np.nan_to_num(col("k", np.nan).astype(np.float64), nan=-1).astype(np.int64)
                 if "k" in t.column_names else np.full(n, -1, np.int64),
-                "topk_bytes": blen("topk_idx"), "pruned_len": blen("topk_len"),
-                "index_bytes": np.array([index_bytes(c) for c in col("topk_code", None)],
-                                        np.int64),
+                "topk_len": count("topk_idx"), "pruned_len": count("topk_len"),
             })
         if not metas:
             return cls(list(uris), "labels" if target == "auto" else target,
@@ -161,14 +146,13 @@ class SplitIndex:
         m = {k: (np.concatenate([x[k] for x in metas]) if k not in ("utt", "cond")
                  else [v for x in metas for v in x[k]]) for k in metas[0]}
         frames = m["frames"]
-        has_labels = m["labels_len"] == 2 * frames
-        has_flabels = m["flabels_len"] >= 2 * frames  # 100 Hz: at least one per stacked row
-        width = m["index_bytes"]  # 2 (int16) or 1 (uint8 under a sqrt<L>-u8 code)
-        full_topk = width * frames * np.maximum(m["k"], 0)
-        pruned = m["pruned_len"] == frames  # one uint8 count per frame; decode checks the sum
+        has_labels = m["labels_len"] == frames
+        has_flabels = m["flabels_len"] >= frames  # 100 Hz: at least one per stacked row
+        full_topk = frames * np.maximum(m["k"], 0)
+        pruned = m["pruned_len"] == frames  # one count per frame; decode checks the sum
         has_topk = (m["k"] > 0) & np.where(
-            pruned, (m["topk_bytes"] >= width * frames) & (m["topk_bytes"] <= full_topk),
-            (m["pruned_len"] == -1) & (m["topk_bytes"] == full_topk))
+            pruned, (m["topk_len"] >= frames) & (m["topk_len"] <= full_topk),
+            (m["pruned_len"] == -1) & (m["topk_len"] == full_topk))
         if target == "auto":
             target = "labels" if bool((has_labels | has_flabels).any()) else "topk"
         if target not in ("labels", "topk"):
@@ -406,10 +390,8 @@ class _Utterances:
         want = FEATURE_COLUMNS + (["labels", "frame_labels"] if self.index.target == "labels"
                                   else list(records.TARGET_COLUMNS))
         for p in parts:
-            uri = self.index.uris[p]
-            names = set(_schema_names(self.storage, uri))
-            t = self.storage.read_parquet(uri, columns=[c for c in want if c in names])
-            self.tables[p] = {c: t.column(c).to_pylist() for c in t.column_names}
+            t = records.read_table(self.storage, self.index.uris[p], want)
+            self.tables[p] = records.columns(t)  # the arrays as numpy views, no copy
         for u in np.unique(needed):
             self.cache[int(u)] = self._decode(int(u))
         self.tables.clear()
@@ -633,19 +615,18 @@ def synthetic_rows(n_utts: int, means: np.ndarray, stack: int, seed: int, split:
 
 
 def rows_table(rows: list[dict[str, Any]]) -> pa.Table:
-    schema = records.FEATURE_SCHEMA
+    schema = records.feature_schema(rows[0]["feat_dtype"] if rows else "uint8")
     if rows and "k" in rows[0]:
-        for name in records.TARGET_COLUMNS:
-            schema = schema.append(records.TARGET_SCHEMA.field(name))
-    cols = {f.name: [r.get(f.name) for r in rows] for f in schema}
-    return pa.table(cols, schema=schema)
+        code = next((r.get("topk_code") for r in rows if r.get("topk_idx") is not None), None)
+        schema = records.partition_schema(schema, records.target_schema(code))
+    return records.to_table(rows, schema)
 
 
 def cmvn_stats(tables: Sequence[pa.Table]) -> dict[str, Any]:
     s = ss = None
     n = 0
     for t in tables:
-        for row in t.select(FEATURE_COLUMNS).to_pylist():
+        for row in records.iter_rows(t.select(FEATURE_COLUMNS)):
             x = records.decode_feats(row).astype(np.float64)
             s = x.sum(0) if s is None else s + x.sum(0)
             ss = (x**2).sum(0) if ss is None else ss + (x**2).sum(0)

@@ -534,10 +534,10 @@ def _frame_labels(storage: Storage, index: SplitIndex) -> dict[str, np.ndarray]:
     want = set(index.utt_ids)
     out: dict[str, np.ndarray] = {}
     for uri in index.uris:
-        t = storage.read_parquet(uri, columns=["utt_id", "frame_labels"])
-        for u, fl in zip(t.column("utt_id").to_pylist(), t.column("frame_labels").to_pylist()):
-            if u in want and fl:
-                out[u] = np.frombuffer(fl, np.int16).copy()
+        cols = records.columns(records.read_table(storage, uri, ["utt_id", "frame_labels"]))
+        for u, fl in zip(cols["utt_id"], cols["frame_labels"]):
+            if u in want and fl is not None and len(fl):
+                out[u] = fl.astype(np.int16)  # a copy: the table goes
     return out
 
 

@@ -15,19 +15,17 @@ import numpy as np
 
 from core import records
 from training.checkpoint import from_bytes, to_bytes
-from training.data import _schema_names
 
 
 def class_counts(storage, uris: Sequence[str], num_classes: int) -> np.ndarray:
     counts = np.zeros(num_classes, np.float64)
     for uri in uris:
-        wanted = [c for c in ("labels", *records.TARGET_COLUMNS)
-                  if c in _schema_names(storage, uri)]
-        for row in storage.read_parquet(uri, columns=wanted).to_pylist():  # not the features
-            if row.get("labels"):
-                lab = np.frombuffer(row["labels"], np.int16)
+        table = records.read_table(storage, uri, ["labels", *records.TARGET_COLUMNS])
+        for row in records.iter_rows(table):  # not the features
+            if row.get("labels") is not None and len(row["labels"]):
+                lab = records.decode_int16(row["labels"])
                 counts += np.bincount(lab, minlength=num_classes)[:num_classes]
-            elif row.get("topk_idx") and row.get("k"):
+            elif row.get("topk_idx") is not None and len(row["topk_idx"]) and row.get("k"):
                 i, v = records.decode_topk(row)
                 p = np.exp(v - v.max(1, keepdims=True))
                 p /= p.sum(1, keepdims=True)

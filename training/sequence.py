@@ -936,13 +936,13 @@ def split_label_sequences(storage: Any, uris: Sequence[str], stack: int = 3
     builds the same denominator. Rows without labels are skipped (the loader rejects them)."""
     out = []
     for uri in uris:
-        t = storage.read_parquet(uri, columns=["num_frames", "labels", "frame_labels"])
-        cols = {c: t.column(c).to_pylist() for c in t.column_names}
+        cols = records.columns(records.read_table(storage, uri,
+                                                  ["num_frames", "labels", "frame_labels"]))
         for n, lab, flab in zip(cols["num_frames"], cols["labels"], cols["frame_labels"]):
             lab = records.decode_int16(lab)
             if lab is not None and len(lab) == n:
                 out.append(lab)
-            elif flab is not None and len(flab) >= 2 * n > 0:  # as SplitIndex.load
+            elif flab is not None and len(flab) >= n > 0:  # as SplitIndex.load
                 out.append(records.offset_labels(records.decode_int16(flab), 0, stack, n))
     return out
 
