@@ -269,8 +269,10 @@ def read_schema(storage: Any, uri: str) -> pa.Schema:
 
 def read_table(storage: Any, uri: str, columns: Sequence[str] | None = None) -> pa.Table:
     """A records file (either format) with list columns; of `columns`, those the file has."""
+    if columns is None:  # one read, no schema request
+        return upgrade(storage.read_parquet(uri), uri)
     schema = read_schema(storage, uri)
-    want = list(schema.names if columns is None else [c for c in columns if c in schema.names])
+    want = [c for c in columns if c in schema.names]
     extra = [key for name, (key, _) in _LEGACY_KEYS.items()
              if name in want and key in schema.names and key not in want
              and not pa.types.is_list(schema.field(name).type)]

@@ -125,9 +125,12 @@ def test_pruned_targets_keep_fewer_entries_and_read_back_whole(local_cfg, ray_lo
     assert metrics["fidelity"]["5"]["entries_per_frame"] < 5
     entries = frames = 0
     for shard in T.feature_shards(feats):
-        for tr in feats.storage.read_parquet(
-                feats.other("targets", "shards", f"{shard}.parquet")).to_pylist():
-            lens = np.frombuffer(tr["topk_len"], np.uint8)
+        table = feats.storage.read_parquet(feats.other("targets", "shards", f"{shard}.parquet"))
+        # the codec's dtypes, as arrays any Parquet reader sees
+        assert [table.schema.field(c).type.value_type for c in
+                ("topk_idx", "topk_logit", "topk_len")] == [pa.uint8()] * 3
+        for tr in table.to_pylist():
+            lens = np.asarray(tr["topk_len"], np.uint8)
             assert tr["topk_code"] == "sqrt15-u8" and len(tr["topk_idx"]) == lens.sum()
             idx, logit = decode_topk(tr)
             assert idx.shape == (tr["num_frames"], 6) == (len(lens), 6)
