@@ -190,7 +190,7 @@ def _stored(net: torch.nn.Module, feats: list[np.ndarray], device: str, batch: i
                   for sc in scorer.score_topk(feats, TOPK, mass=mass, code=code)]
     s = _median_s(device, work, 1 if device == "cpu" else 3)
     frames = sum(len(f) for f in feats)
-    stored = sum(len(v) for _, enc in out for v in enc.values() if isinstance(v, bytes))
+    stored = sum(v.nbytes for _, enc in out for v in enc.values() if isinstance(v, np.ndarray))
     kept = sum(sc.topk_idx.size if sc.topk_len is None else int(sc.topk_len.sum())
                for sc, _ in out)
     row = {"frames_per_s": round(frames / s), "bytes_per_frame": round(stored / frames, 2),

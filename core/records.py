@@ -67,16 +67,30 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from core.storage import PARQUET_ENCODING
 from core.target_codes import FP16_CODE, index_bytes, sqrt_levels
 
 FORMAT_KEY = b"amflow.records"
+ENCODING_KEY = PARQUET_ENCODING  # field metadata that core.storage.write_parquet applies
 FORMAT = b"2"  # 1 (no key): the arrays as raw bytes in binary columns
 FEAT_TYPES = {"float16": pa.float16(), "uint8": pa.uint8()}
 
 
-def _list_field(name: str, value_type: pa.DataType, shape: str, codec: str) -> pa.Field:
-    return pa.field(name, pa.list_(value_type),
-                    metadata={b"amflow.shape": shape.encode(), b"amflow.codec": codec.encode()})
+def list_type(value_type: pa.DataType) -> pa.ListType:
+    """The type of every array column: a list of non-null values, named as Parquet's
+    compliant lists name them (so a file read back has the same type)."""
+    return pa.list_(pa.field("element", value_type, nullable=False))
+
+
+def _list_field(name: str, value_type: pa.DataType, shape: str, codec: str,
+                nullable: bool = True) -> pa.Field:
+    """Each array column says its shape and code, and asks Storage.write_parquet for
+    byte-stream-split pages without a dictionary: zstd then sees each value's bytes much as
+    it saw the blob's (the dictionary's bit-packed indices cost up to 17 % more bytes, and
+    plain pages store a uint8 in 4; docs/results/2026-11-29-arrow-columns.md)."""
+    return pa.field(name, list_type(value_type), nullable=nullable, metadata={
+        b"amflow.shape": shape.encode(), b"amflow.codec": codec.encode(),
+        ENCODING_KEY: b"BYTE_STREAM_SPLIT"})
 
 
 def feature_schema(dtype: str = "uint8") -> pa.Schema:
@@ -89,7 +103,8 @@ def feature_schema(dtype: str = "uint8") -> pa.Schema:
         ("utt_id", pa.string()), ("speaker_id", pa.string()), ("split", pa.string()),
         ("condition", pa.string()), ("shard", pa.string()),
         ("num_frames", pa.int32()), ("feat_dim", pa.int16()), ("feat_dtype", pa.string()),
-        _list_field("feats", FEAT_TYPES[dtype], "[num_frames, feat_dim] row-major", codec),
+        _list_field("feats", FEAT_TYPES[dtype], "[num_frames, feat_dim] row-major", codec,
+                    nullable=False),
         _list_field("feat_min", pa.float32(), "[feat_dim]", "uint8 rows only: column minimum"),
         _list_field("feat_scale", pa.float32(), "[feat_dim]", "uint8 rows only: code step"),
         _list_field("labels", pa.int16(), "[num_frames]", "class of each row's centre frame"),
@@ -156,7 +171,7 @@ def list_array(values: Sequence[Any], value_type: pa.DataType, name: str = "") -
     flat = np.concatenate([a for a in arrays if a is not None] or [np.zeros(0, dtype)])
     mask = pa.array([a is None for a in arrays], pa.bool_())
     return pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)),
-                                    pa.array(flat, value_type), mask=mask)
+                                    pa.array(flat, value_type), list_type(value_type), mask=mask)
 
 
 def _cast(a: np.ndarray, dtype: np.dtype, name: str) -> np.ndarray:
@@ -288,7 +303,7 @@ def upgrade(table: pa.Table, where: str = "table") -> pa.Table:
             dtype = _legacy_dtype(table, f.name, where)
             arr = pa.chunked_array([_bytes_to_list(c, dtype, f.name, where)
                                     for c in table.column(i).chunks],
-                                   pa.list_(pa.from_numpy_dtype(dtype)))
+                                   list_type(pa.from_numpy_dtype(dtype)))
             table = table.set_column(i, pa.field(f.name, arr.type), arr)
     return table
 
@@ -332,7 +347,8 @@ def _bytes_to_list(chunk: pa.Array, dtype: np.dtype, name: str, where: str) -> p
     values = np.frombuffer(data[offs[0]:offs[-1]].tobytes(), dtype)  # aligned copy
     mask = chunk.is_null() if chunk.null_count else None
     return pa.ListArray.from_arrays(pa.array(((offs - offs[0]) // dtype.itemsize)
-                                             .astype(np.int32)), pa.array(values), mask=mask)
+                                             .astype(np.int32)), pa.array(values),
+                                    list_type(pa.from_numpy_dtype(dtype)), mask=mask)
 
 
 # ----------------------------------------------------------------- codecs

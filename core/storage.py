@@ -258,6 +258,10 @@ class Storage:
                       compression_level: int | None = None) -> int:
         """Write a table atomically; returns the bytes written.
 
+        A field whose metadata names a Parquet encoding (`amflow.parquet_encoding`, e.g.
+        core.records' array columns: BYTE_STREAM_SPLIT) is written in it, without a
+        dictionary; the other columns as pyarrow's defaults.
+
         Statistics (min / max per row group) are written for the scalar columns only: for a
         blob column (features, top-k targets) they are two whole blobs per row group, ~9 %
         of a target shard, and nothing reads them."""
@@ -265,8 +269,12 @@ class Storage:
         stats = [f.name for f in table.schema
                  if not (pa.types.is_binary(f.type) or pa.types.is_large_binary(f.type)
                          or pa.types.is_nested(f.type))]
+        encodings = {_leaf(f): f.metadata[PARQUET_ENCODING].decode() for f in table.schema
+                     if f.metadata and PARQUET_ENCODING in f.metadata}
+        dictionary = [_leaf(f) for f in table.schema if _leaf(f) not in encodings]
         pq.write_table(table, buf, compression=compression, compression_level=compression_level,
-                       write_statistics=stats)
+                       write_statistics=stats, column_encoding=encodings or None,
+                       use_dictionary=dictionary if encodings else True)
         data = buf.getvalue()
         self.write_bytes(uri, data)
         return len(data)
@@ -299,6 +307,14 @@ class Storage:
         if is_s3(uri):
             return None
         return self.resolve(uri)[1]
+
+
+PARQUET_ENCODING = b"amflow.parquet_encoding"
+
+
+def _leaf(field: pa.Field) -> str:
+    """A column's leaf path in the Parquet file (a list's values: <name>.list.element)."""
+    return f"{field.name}.list.element" if pa.types.is_list(field.type) else field.name
 
 
 def _json_default(o: Any) -> Any:

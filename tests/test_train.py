@@ -154,7 +154,7 @@ def test_nonfinite_loss_stops_the_step_and_keeps_the_model(tmp_path, local_cfg):
     # a third partition holding one utterance whose features are NaN
     means = np.random.default_rng(1).standard_normal((8, 16)).astype(np.float32)
     rows = synthetic_rows(20, means, 3, 7, "labeled")
-    rows[3]["feats"] = np.full((rows[3]["num_frames"], 48), np.nan, np.float16).tobytes()
+    rows[3]["feats"] = np.full((rows[3]["num_frames"], 48), np.nan, np.float16).reshape(-1)
     Storage().write_parquet(join(root, "runs", "r", "repartition", "labeled", "part-00002.parquet"),
                             rows_table(rows))
     for seed in range(4):  # until the bad minibatch comes after the first checkpoint
