@@ -87,10 +87,13 @@ def _list_field(name: str, value_type: pa.DataType, shape: str, codec: str,
     """Each array column says its shape and code, and asks Storage.write_parquet for
     byte-stream-split pages without a dictionary: zstd then sees each value's bytes much as
     it saw the blob's (the dictionary's bit-packed indices cost up to 17 % more bytes, and
-    plain pages store a uint8 in 4; docs/results/2026-11-29-arrow-columns.md)."""
+    plain pages store a uint8 in 4; docs/results/2026-11-29-arrow-columns.md). float16
+    values (two-byte FIXED_LEN_BYTE_ARRAY in Parquet) are plain: DuckDB reads no
+    byte-stream-split page of that type, and plain is already their raw bytes."""
+    encoding = b"PLAIN" if value_type == pa.float16() else b"BYTE_STREAM_SPLIT"
     return pa.field(name, list_type(value_type), nullable=nullable, metadata={
         b"amflow.shape": shape.encode(), b"amflow.codec": codec.encode(),
-        ENCODING_KEY: b"BYTE_STREAM_SPLIT"})
+        ENCODING_KEY: encoding})
 
 
 def feature_schema(dtype: str = "uint8") -> pa.Schema:
