@@ -188,9 +188,10 @@ def read_blob_features(data: bytes) -> int:
         q = np.frombuffer(r["feats"], np.uint8).reshape(r["num_frames"], r["feat_dim"])
         x = q.astype(np.float32) * np.frombuffer(r["feat_scale"], np.float32) + \
             np.frombuffer(r["feat_min"], np.float32)
-        lab = np.frombuffer(r["labels"], np.int16).astype(np.int64)
-        fl = np.frombuffer(r["frame_labels"], np.int16).astype(np.int64)
-        n += x.size + len(lab) + len(fl)
+        for name in ("labels", "frame_labels"):
+            if r[name] is not None:
+                n += len(np.frombuffer(r[name], np.int16).astype(np.int64))
+        n += x.size
     return n
 
 
@@ -205,8 +206,10 @@ def _decode_features(t: pa.Table) -> int:
     for i in range(t.num_rows):
         r = {c: cols[c][i] for c in cols}
         x = records.decode_feats(r)
-        n += x.size + len(records.decode_int16(r["labels"])) + \
-            len(records.decode_int16(r["frame_labels"]))
+        for name in ("labels", "frame_labels"):
+            if r[name] is not None:
+                n += len(records.decode_int16(r[name]))
+        n += x.size
     return n
 
 
