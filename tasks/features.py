@@ -2,7 +2,7 @@
 
 Reads  `runs/<R>/select/shards/*.parquet` (+ `shards.json`), the audio they point at,
        `<corpus>/alignments.ctm` and optional `<corpus>/phones.txt`.
-Writes `runs/<R>/features/shards/<shard_id>.parquet`  rows in records.FEATURE_SCHEMA
+Writes `runs/<R>/features/shards/<shard_id>.parquet`  rows in records.feature_schema(features.storage_dtype)
        `runs/<R>/features/rejects/<shard_id>.parquet` rejected utterances with reasons
        `runs/<R>/features/_shards/<shard_id>.json`    per-shard done-marker and stats
        `runs/<R>/features/cmvn.json`                  {count, sum, sumsq} over 192-d rows
