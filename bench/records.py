@@ -27,6 +27,13 @@ Read: the file from memory -> pyarrow table of the columns the trainer reads -> 
 decoded to numpy as training/data.py does (blob: the per-row Python bytes and
 np.frombuffer of the code before; list: records.columns' zero-copy views and
 records.decode_*). The best of --repeats rounds, the layouts interleaved in each round.
+
+The trainer end to end, each format read by its own code:
+
+    python -m bench.records --partitions /tmp/p --hours 0.25
+    PYTHONPATH=<checkout before typed columns> python bench/records.py \
+        --loader /tmp/p/blob/part-00000.parquet
+    python -m bench.records --loader /tmp/p/list/part-00000.parquet
 """
 from __future__ import annotations
 
@@ -287,12 +294,44 @@ def compare(name: str, rows: list[dict[str, Any]], schema: pa.Schema, level: int
     return out
 
 
+def write_partitions(out: str, hours: float) -> None:
+    """The synthetic feature rows as one training partition in each format:
+    OUT/blob/part-00000.parquet and OUT/list/part-00000.parquet."""
+    typed = records.to_table(synthetic_feature_rows(hours), records.feature_schema("uint8"))
+    Storage().write_parquet(f"{out}/blob/part-00000.parquet", _blob(typed))
+    Storage().write_parquet(f"{out}/list/part-00000.parquet", typed)
+
+
+def loader_seconds(uri: str, repeats: int) -> float:
+    """The trainer's own loader over one partition (index, read, decode, CMVN, chunked
+    minibatches; training/data.py of whichever checkout is on the path): best of repeats."""
+    from training.data import BatchLoader, Normalizer, PassSpec, SplitIndex
+
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        idx = SplitIndex.load(Storage(), [uri], "labels")
+        for _b in BatchLoader(Storage(), idx, PassSpec(), Normalizer.from_stats(None,
+                                                                              idx.feat_dim)):
+            pass
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
 def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--hours", type=float, default=0.25, help="synthetic audio per shard")
     p.add_argument("--features", help="a run's features/shards folder to measure as well")
     p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--partitions", help="only write the two partitions to this folder")
+    p.add_argument("--loader", help="only time the trainer's loader over this partition")
     a = p.parse_args(argv)
+    if a.partitions:
+        write_partitions(a.partitions, a.hours)
+        return []
+    if a.loader:
+        print(f"{a.loader} loader best of {a.repeats}: {loader_seconds(a.loader, a.repeats):.4f} s")
+        return []
     freaders = {"blob": read_blob_features, "list": read_list_features,
                 "list-dict": read_list_features, "fixed": read_fixed_features}
     treaders = {"blob": read_blob_targets, "list": read_list_targets,
