@@ -53,8 +53,13 @@ def parse_header(msg: dict, sample_rate: int) -> dict:
     if head.get("format", "s16le") not in FORMATS:
         raise ProtocolError(f"format {head.get('format')!r} is not supported: send s16le "
                             "(16-bit little-endian mono PCM)")
-    if int(head.get("channels", 1)) != 1:
-        raise ProtocolError("only mono audio is supported (channels: 1)")
+    channels = head.get("channels", 1)
+    # bool is an int to Python; "abc", 1.5, [1] and null are not channel counts: each gets
+    # the same JSON error and 1003 as any other bad header (int("abc") raised ValueError in
+    # the replica, and the socket closed 1006 with no message).
+    if isinstance(channels, bool) or not isinstance(channels, int) or channels != 1:
+        raise ProtocolError(f"channels {channels!r} is not supported: only mono audio "
+                            "(channels: 1)")
     return head
 
 

@@ -465,7 +465,9 @@ def test_protocol_refuses_bad_headers_and_chunks():
     bad = [{"bytes": b"\x00\x01"}, {"text": "hello"}, {"text": "[1]"},
            {"text": json.dumps({"sample_rate": 8000})},
            {"text": json.dumps({"sample_rate": 16000, "format": "f32le"})},
-           {"text": json.dumps({"sample_rate": 16000, "channels": 2})}]
+           {"text": json.dumps({"sample_rate": 16000, "channels": 2})},
+           *({"text": json.dumps({"sample_rate": 16000, "channels": c})}
+             for c in ("abc", "1", 1.5, None, [1], {"n": 1}, True))]
     for msg in bad:
         with pytest.raises(P.ProtocolError) as e:
             P.parse_header(msg, 16000)
@@ -480,6 +482,43 @@ def test_protocol_refuses_bad_headers_and_chunks():
     assert P.parse_control('{"end_utterance": true}') == "end_utterance"
     with pytest.raises(P.ProtocolError):
         P.parse_control('{"stop": 1}')
+
+
+def test_a_header_with_channels_that_are_no_number_gets_json_and_1003_from_the_handler():
+    """{"channels": "abc"} raised ValueError in the replica (the socket closed 1006 with no
+    message); it is refused like every other bad header: a JSON error, then close 1003."""
+    from types import SimpleNamespace
+
+    from serving.app import StreamHandler
+
+    class OneHeader:
+        def __init__(self):
+            self.sent, self.closed = [], None
+
+        async def receive(self):
+            return {"type": "websocket.receive", "text": '{"sample_rate": 16000, "channels": "abc"}'}
+
+        async def send_json(self, msg):
+            self.sent.append(msg)
+
+        async def close(self, code, reason=""):
+            self.closed = code
+
+    async def idle():
+        await asyncio.sleep(30)
+
+    handler = SimpleNamespace(task=None, dispatcher=SimpleNamespace(run=idle),
+                              rec=SimpleNamespace(fcfg=FeaturesConfig()),
+                              scfg=SimpleNamespace(idle_timeout_s=5))
+    ws = OneHeader()
+
+    async def main():
+        await StreamHandler.handle(handler, ws)
+        handler.task.cancel()
+
+    asyncio.run(main())
+    assert ws.closed == P.UNSUPPORTED
+    assert ws.sent[-1]["code"] == P.UNSUPPORTED and "'abc'" in ws.sent[-1]["error"]
 
 
 def test_bench_serve_says_what_the_replica_and_the_clients_cost():
