@@ -67,7 +67,18 @@ def make_recognizer(assets: dict, scfg) -> Any:
         for name, data in assets["graph"].items():
             Path(graph_dir, name).write_bytes(data)
         return Recognizer(assets["model"], graph_dir, assets["log_prior"], assets["acwt"],
-                          assets["beam"], assets["max_active"], scfg.dtype, device)
+                          assets["beam"], assets["max_active"], scfg.dtype, device,
+                          gate=speech_gate(scfg))
+
+
+def speech_gate(scfg):
+    """serve.speech_* -> the recognizer's speech gate (None with serve.speech_gate off)."""
+    from tasks.speech_activity import GateSettings
+
+    if not scfg.speech_gate:
+        return None
+    return GateSettings(scfg.speech_threshold_db, scfg.speech_floor_s, scfg.speech_smooth_ms,
+                        scfg.speech_pad_s)
 
 
 # ----------------------------------------------------------------- one WebSocket stream

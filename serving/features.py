@@ -7,6 +7,9 @@
         StreamCMN, state carried), low-frame-rate stacking and the global CMVN.
     .end_utterance() -> rows      the rest of the utterance; the CMN state carries on
     .new_utterance()               fresh fbank and stacking state for the next utterance
+    StreamFeatures(..., gate=GateSettings(...))   only speech rows and their padding come
+        out (tasks.speech_activity: a stream of silence, hum or steady noise gives no rows,
+        so no words); without a gate every row does, as offline
     accept_many(feats, chunks)     accept() of many streams, their numpy fbank in one call
 
 What the offline step does, and so what this must reproduce (tasks/features.py):
@@ -35,6 +38,7 @@ import numpy as np
 
 from tasks.fbank import INT16_SCALE, FbankComputer, kaldi_options
 from tasks.features import StreamCMN
+from tasks.speech_activity import GateSettings, row_flags
 
 
 class KaldiOnlineFbank:
@@ -129,8 +133,10 @@ def accept_many(feats: list[StreamFeatures], chunks: list[np.ndarray]) -> list[n
 
 class StreamFeatures:
     def __init__(self, fcfg, cmvn: dict | None, input_dim: int, normalizer=None,
-                 computer: FbankComputer | None = None):
-        """`computer`: a numpy FbankComputer to share (a replica's streams share one)."""
+                 computer: FbankComputer | None = None, gate: GateSettings | None = None):
+        """`computer`: a numpy FbankComputer to share (a replica's streams share one).
+        `gate`: keep non-speech out (tasks.speech_activity): only the rows of speech and
+        their padding come out; None: every row."""
         from training.data import Normalizer
 
         self.fcfg = fcfg
@@ -143,21 +149,38 @@ class StreamFeatures:
         if fcfg.backend != "kaldi" and computer is None:
             computer = FbankComputer(fcfg, chunk_frames=64)
         self._computer = computer
+        # the speaker's floor carries across utterances (as the CMN does); the padding not
+        self.activity = gate.activity(fcfg) if gate else None
+        self.gate = gate.row_gate(fcfg) if gate else None
         self.new_utterance()
 
     def new_utterance(self) -> None:
         self.fbank = online_fbank(self.fcfg, self._computer)
         self.lfr = np.zeros((0, self.bins), np.float32)  # normalised frames not yet stacked
+        self.speech = np.zeros(0, bool)  # speech flags of the frames not yet stacked
+        if self.gate is not None:
+            self.gate.new_utterance()
 
     def accept(self, samples: np.ndarray) -> np.ndarray:
         return self.from_fbank(self.fbank.accept(samples))
 
     def from_fbank(self, frames: np.ndarray) -> np.ndarray:
         """This stream's next fbank frames -> the model rows that became ready."""
+        self._flag(frames)
         return self._rows(self._normalise(frames, final=False))
 
     def end_utterance(self) -> np.ndarray:
-        return self._rows(self._normalise(self.fbank.finish(), final=True))
+        frames = self.fbank.finish()
+        self._flag(frames)
+        rows = self._rows(self._normalise(frames, final=True))
+        if self.gate is not None:
+            self.gate.end_utterance()  # non-speech that no speech followed: dropped
+        return rows
+
+    def _flag(self, frames: np.ndarray) -> None:
+        """Speech or not, from the fbank before any normalisation (the level is the cue)."""
+        if self.activity is not None and len(frames):
+            self.speech = np.concatenate([self.speech, self.activity.accept(frames)])
 
     def _normalise(self, frames: np.ndarray, final: bool) -> np.ndarray:
         self.frames_seen += len(frames)
@@ -204,4 +227,10 @@ class StreamFeatures:
         self.lfr = buf[n * sub:]
         if not rows:
             return np.zeros((0, stack * self.bins), np.float32)
-        return self.norm(np.stack(rows)).astype(np.float32)
+        out = self.norm(np.stack(rows)).astype(np.float32)
+        if self.gate is None:
+            return out
+        # the flags run in frame order beside the frames (held at the CMN's cold start too)
+        flags = row_flags(self.speech[:len(buf)], stack, sub)
+        self.speech = self.speech[n * sub:]
+        return self.gate.accept(out, flags)

@@ -172,7 +172,10 @@ class Recognizer:
     """What one replica holds: the model's streaming step, the graph, priors, scales."""
 
     def __init__(self, model_bytes: bytes, graph_dir: str, log_prior: np.ndarray, acwt: float,
-                 beam: float, max_active: int, dtype: str = "auto", device: str = "cpu"):
+                 beam: float, max_active: int, dtype: str = "auto", device: str = "cpu",
+                 gate=None):
+        """`gate`: tasks.speech_activity.GateSettings (serve.speech_*), or None: every row
+        is recognised, silence and noise too (the offline decode's rows)."""
         from core.config import FeaturesConfig
         from decoding.graph import read_graph
         from training.checkpoint import card_from_bytes
@@ -190,6 +193,7 @@ class Recognizer:
         self.log_prior = np.asarray(log_prior, np.float32)
         self.acwt, self.beam, self.max_active = float(acwt), float(beam), int(max_active)
         self.fbank = None  # the streams' shared FbankComputer (numpy backend)
+        self.gate = gate
 
     def features(self):
         from serving.features import StreamFeatures
@@ -200,7 +204,7 @@ class Recognizer:
             # 100 ms of 50 streams per FFT)
             self.fbank = FbankComputer(self.fcfg, chunk_frames=512)
         return StreamFeatures(self.fcfg, None, self.model.input_dim, normalizer=self.norm,
-                              computer=self.fbank)
+                              computer=self.fbank, gate=self.gate)
 
     def search(self) -> StreamSearch:
         return StreamSearch(self.graph, self.log_prior, self.acwt, self.beam, self.max_active)

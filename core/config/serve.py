@@ -49,6 +49,15 @@ class ServeConfig:
     max_active: int = 0  # 0: decode.max_active
     # A client that sends nothing for this long is closed (1001).
     idle_timeout_s: float = 30.0
+    # Speech gate (tasks/speech_activity.py): rows are recognised only in speech and
+    # speech_pad_s around it, so digital silence, hum and steady noise give no words. A
+    # frame is speech when its energy (90 ms mean) is speech_threshold_db above the
+    # lowest of the last speech_floor_s. Chosen on the dev split: docs/results/2026-11-29-serving-faults.md.
+    speech_gate: bool = True  # false: every row is recognised (the offline decode's rows)
+    speech_threshold_db: float = 6.0  # dB above the stream's noise floor that is speech
+    speech_floor_s: float = 3.0  # the floor: the quietest frame of this many seconds before
+    speech_smooth_ms: float = 90.0  # frame energies averaged over this long (causal)
+    speech_pad_s: float = 0.45  # non-speech kept before and after speech (the silence the model knows)
 
     def validate(self, key: str) -> None:
         check(1 <= self.port <= 65535, f"{key}.port", "must be in [1, 65535]")
@@ -69,6 +78,10 @@ class ServeConfig:
         check(self.acwt >= 0 and self.beam >= 0 and self.max_active >= 0, f"{key}.acwt",
                "acwt, beam and max_active must be >= 0 (0: the decode step's)")
         check(self.idle_timeout_s > 0, f"{key}.idle_timeout_s", "must be > 0")
+        check(self.speech_threshold_db > 0, f"{key}.speech_threshold_db", "must be > 0")
+        check(self.speech_floor_s > 0, f"{key}.speech_floor_s", "must be > 0")
+        check(self.speech_smooth_ms > 0, f"{key}.speech_smooth_ms", "must be > 0")
+        check(self.speech_pad_s >= 0, f"{key}.speech_pad_s", "must be >= 0")
 
 
 @dataclass

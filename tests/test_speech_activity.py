@@ -1,0 +1,79 @@
+"""The speech gate (tasks/speech_activity.py, serving.features.StreamFeatures(gate=)):
+silence, a constant signal, mains hum and steady noise give no rows to recognise (so no
+words), speech keeps every row, and the gate never holds speech back."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from core.config import FeaturesConfig
+from tasks.speech_activity import GateSettings, SpeechActivity, SpeechGate, row_flags
+
+N = 16000 * 4  # 4 s
+
+
+def _faults() -> dict[str, np.ndarray]:
+    from tasks.speech import room
+
+    rng = np.random.default_rng(3)
+    return {"silence": np.zeros(N), "full_scale_dc": np.full(N, 32767 / 32768),
+            "hum": 0.5 * room.hum(rng, N), "white": 0.03 * rng.standard_normal(N),
+            "pink": 0.1 * room.colored_noise(rng, N, 1.0), "fan": 0.1 * room.fan(rng, N)}
+
+
+def _gated_rows(waves, gate):
+    from serving.features import StreamFeatures
+
+    feats = StreamFeatures(FeaturesConfig(), None, 192, gate=gate)
+    out = []
+    for w in waves:
+        w = np.asarray(w, np.float32)
+        rows = [feats.accept(w[i:i + 1600]) for i in range(0, len(w), 1600)]
+        rows.append(feats.end_utterance())
+        feats.new_utterance()
+        out.append(np.concatenate(rows))
+    return out
+
+
+@pytest.mark.parametrize("name", ["silence", "full_scale_dc", "hum", "white", "pink", "fan"])
+def test_no_speech_gives_no_rows_with_the_gate_and_every_row_without(name):
+    wave = np.clip(_faults()[name], -1, 32767 / 32768)
+    assert len(_gated_rows([wave], None)[0]) == 132  # what the model read (and made words of)
+    assert len(_gated_rows([wave], GateSettings())[0]) == 0
+
+
+def test_speech_keeps_every_row_and_silence_around_it_is_cut_to_the_padding(tiny_corpus):
+    from tests.test_serving import _speaker_waves
+
+    _, waves = _speaker_waves(tiny_corpus, split="test", limit=3)
+    plain = _gated_rows(waves, None)
+    gated = _gated_rows(waves, GateSettings())
+    for p, g in zip(plain, gated):  # the corpus's own pauses are shorter than the padding
+        assert p.shape == g.shape and np.array_equal(p, g)
+    # 3 s of digital silence before and after the same speech: the padding is left (and
+    # the utterance's own room noise, which rises above the digital silence's floor)
+    quiet = np.zeros(3 * 16000, np.float32)
+    padded = _gated_rows([np.concatenate([quiet, waves[0], quiet])], GateSettings())[0]
+    pad_rows = round(GateSettings().pad_s / 0.03)
+    assert 0 <= len(padded) - len(plain[0]) <= 2 * pad_rows + 10  # of 200 silent rows
+
+
+def test_gate_keeps_padding_around_speech_and_never_delays_a_speech_row():
+    rows = np.arange(20, dtype=np.float32)[:, None]
+    flags = np.zeros(20, bool)
+    flags[[8, 9]] = True
+    g = SpeechGate(lead_rows=2, trail_rows=3)
+    got = [g.accept(rows[i:i + 1], flags[i:i + 1])[:, 0].tolist() for i in range(20)]
+    assert got[8] == [6.0, 7.0, 8.0]  # the lead comes out with the first speech row
+    assert [x for part in got for x in part] == [6, 7, 8, 9, 10, 11, 12]
+    g.end_utterance()
+    assert g.kept == 7 and g.dropped == 13
+
+
+def test_a_stationary_input_is_its_own_floor_at_any_level_and_a_rise_is_speech():
+    sa = SpeechActivity(threshold_db=6.0, floor_frames=300, smooth_frames=9)
+    quiet = np.full((200, 64), 2.0, np.float32)
+    loud = np.full((50, 64), 2.0 + 6.0 / 4.343 * 2, np.float32)  # 12 dB up
+    flags = np.concatenate([sa.accept(quiet), sa.accept(loud), sa.accept(quiet)])
+    assert not flags[:200].any() and flags[205:250].all() and not flags[260:].any()
+    assert row_flags(np.array([0, 0, 1, 0, 0, 0], bool), 3, 3).tolist() == [True, False]
