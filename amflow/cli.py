@@ -75,10 +75,10 @@ def _compare_args(p: argparse.ArgumentParser) -> None:
 
 def _bench_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("what", choices=["features", "targets", "trainers", "train", "gtc", "decode",
-                                    "sequence", "serve"],
+                                    "sequence", "serve", "serve_faults"],
                    help="which benchmark to run")
     p.add_argument("--out", help="where to write the benchmark JSON (default: under the run)")
-    p.add_argument("--model", help="decode: model checkpoint URI (default: the run's train/model.pt)")
+    p.add_argument("--model", help="decode, serve_faults: model checkpoint URI (default: the run's train/model.pt)")
     p.add_argument("--data", help="decode: corpus root URI (default: data.corpus)")
     p.add_argument("--url", help="serve: the running service (default: http://serve.host:serve.port/)")
     p.add_argument("--streams", help="serve: concurrent stream counts (default 1,5,10,20,40,80)")
@@ -103,6 +103,15 @@ def _config_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--stage", choices=["grown"], help="grown: train.grow's second stage "
                    "(train.grow_recipe laid over the training's values)")
     p.add_argument("--all", action="store_true", help="every key, defaults included")
+
+
+def _export_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", help="a train step of the run (e.g. train-baseline) or a model.pt "
+                                    "URI (default: the model decode decodes)")
+    p.add_argument("--format", default="onnx", choices=["onnx"], help="what to export to")
+    p.add_argument("--quantize", choices=["int8"],
+                   help="also write int8 dynamically quantized graphs (*.int8.onnx)")
+    p.add_argument("--data", help="corpus with the check utterances (default: data.corpus)")
 
 
 def _simulate_args(p: argparse.ArgumentParser) -> None:
@@ -189,6 +198,15 @@ STEPS: dict[str, Step] = {
         writes="nothing: serves the page at http://<serve.host>:<serve.port>/, the stream "
                "API at ws://.../ws and /stats, until interrupted",
         needs_run=False, add_args=_serve_args),
+    "export": Step(
+        "amflow.steps.export:run", "export a student to ONNX (streaming and whole-utterance "
+        "graphs, optional int8), checked against torch",
+        reads="--model a train step or model.pt URI, the run's lexicon, LM and graph, the acwt "
+              "decode tuned, export.check_split's utterances of data.corpus",
+        writes="runs/<id>/export[-<decode.tag>]/model.onnx, model.streaming.onnx "
+               "(+ *.int8.onnx), card.json, classes.txt, features.json, decoding.json, "
+               "checks.json, _SUCCESS.json (only when the checks pass)",
+        add_args=_export_args),
     "simulate": Step(
         "amflow.steps.simulate:run", "project trainer throughput to 16-128 workers",
         reads="measured compute time and bytes per minibatch (train step or --measured)",

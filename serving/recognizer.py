@@ -408,3 +408,22 @@ def _concat(parts: list[np.ndarray]) -> np.ndarray:
     if len(parts) == 1:
         return parts[0]
     return np.concatenate(parts) if parts else np.zeros(0, np.float32)
+
+
+def transcribe(rec: Recognizer, waves: list[np.ndarray], chunk: int = 1600,
+               max_rows: int = 10 ** 6) -> list[dict]:
+    """One speaker's utterances (float32 [-1, 1]) through a Session in this thread, no
+    dispatcher: each fed in `chunk`-sample pieces, ended, run through the model and the
+    search. The final messages a client would get, in order (tools and checks: the words
+    a recognizer gives, without a server)."""
+    msgs: list[dict] = []
+    s = Session(rec, msgs.append)
+    for w in waves:
+        for i in range(0, len(w), chunk):
+            s.feed(np.asarray(w[i:i + chunk], np.float32))
+        s.end_utterance()
+        while s.ready():
+            outs, states = rec.model.forward([s.take(max_rows)], [s.state])
+            s.after_forward(outs[0], states[0], 1)
+        s.run_search()
+    return [m for m in msgs if "final" in m]

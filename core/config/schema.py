@@ -13,7 +13,7 @@ from core.config.errors import check
 from core.config.model import ModelConfig
 from core.config.pipeline import FeaturesConfig, RepartitionConfig, SelectConfig, TargetsConfig
 from core.config.platform import CostConfig, DataConfig, RayConfig, RunnerConfig, StorageConfig
-from core.config.serve import BenchConfig, ServeConfig, SimulateConfig
+from core.config.serve import BenchConfig, ExportConfig, ServeConfig, SimulateConfig
 from core.config.train import TRAIN_KEYS, TRAIN_KEY_ORDER, TrainConfig, train_key_type
 
 @dataclass
@@ -32,6 +32,7 @@ class Config:
     lm: LmConfig = field(default_factory=LmConfig)
     decode: DecodeConfig = field(default_factory=DecodeConfig)
     serve: ServeConfig = field(default_factory=ServeConfig)
+    export: ExportConfig = field(default_factory=ExportConfig)
     simulate: SimulateConfig = field(default_factory=SimulateConfig)
     runner: RunnerConfig = field(default_factory=RunnerConfig)
     report: ReportConfig = field(default_factory=ReportConfig)

@@ -6,6 +6,26 @@ from dataclasses import dataclass, field
 from core.config.errors import check
 
 @dataclass
+class ExportConfig:
+    """`amflow export`: the student as ONNX graphs, and the checks that keep an export."""
+
+    # Where the checks take their real utterances: this split of data.corpus, at most this
+    # many utterances (0: every one of the split).
+    check_split: str = "test"
+    check_utterances: int = 0
+    tolerance: float = 1e-4  # most |log-posterior difference| ONNX may have from torch (fp32)
+    chunk_rows: int = 4  # rows per streaming step in the streaming graph's check (120 ms)
+    streams: int = 8  # streams batched together in that check (their row counts differ)
+
+    def validate(self, key: str) -> None:
+        check(bool(self.check_split), f"{key}.check_split", "must name a corpus split")
+        check(self.check_utterances >= 0, f"{key}.check_utterances", "must be >= 0 (0: all)")
+        check(self.tolerance > 0, f"{key}.tolerance", "must be > 0")
+        check(self.chunk_rows >= 1 and self.streams >= 1, f"{key}.chunk_rows",
+              "chunk_rows and streams must be >= 1")
+
+
+@dataclass
 class ServeConfig:
     """`amflow serve`: the streaming recognizer on Ray Serve (serving/)."""
 

@@ -1,0 +1,220 @@
+"""`amflow export --run-id R [--model M] --format onnx [--quantize int8]`: the student as
+ONNX graphs a runtime without amflow can run, checked against torch before it is kept.
+
+Reads   --model  a train step of the run (`train-baseline`) or a model URI (default: the
+                 model `amflow decode` would decode, train[-<decode.tag>]/model.pt), the
+                 run's lexicon, LM and graph (as decode), the acwt decode tuned
+                 (decode[-<tag>]/result.json, else decode.acwt[0]), and export.check_split's
+                 utterances of data.corpus for the checks
+Writes  runs/<R>/export[-<decode.tag>]/
+          model.onnx               whole utterance: x [B, T, D] -> log_probs [B, T, C]
+          model.streaming.onnx     one step: x, lengths, h0, c0 -> log_probs, hn, cn
+          model.int8.onnx, model.streaming.int8.onnx   with --quantize int8
+          card.json                the model card (spec, classes, CMVN, features, priors, info)
+          classes.txt              class names, line i = output i
+          features.json            how input rows are made from 16 kHz audio
+          decoding.json            log priors, acwt, search settings for hybrid decoding
+          checks.json              the checks below; _SUCCESS.json (with them) when they pass
+The checks (serving/export_checks.py), on real utterances: the whole-utterance graph's and
+the streaming graph's (8 streams a batch, 4-5 rows a step) log-posteriors within
+export.tolerance of torch's, and the same 1-best words from the run's graph. A failed check
+fails the step (checks.json says which; no _SUCCESS.json). int8 is measured, not held to
+the tolerance: its largest difference, its words and its WER change against torch's, with
+a 95 % CI.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from typing import Any
+
+import numpy as np
+
+from amflow.steps import decode as decode_step
+from core.runs import StepContext, StepError, step_dir_name
+from core.storage import digest_of
+from decoding.assets import tuned_acwt
+from training.launch import model_dir_name
+
+FORMATS = ("onnx",)
+QUANTIZE = ("int8",)
+
+
+def _context(ctx: StepContext) -> StepContext:
+    step = step_dir_name("export", ctx.cfg.decode.tag)
+    if ctx.step == step:
+        return ctx
+    new = StepContext(ctx.cfg, ctx.run_id, step, force=ctx.force)
+    new.started = ctx.started
+    return new
+
+
+def model_uri(ctx: StepContext, model: str | None) -> str:
+    """--model: a train step of this run (its model.pt), or a model URI."""
+    if not model:
+        uri = ctx.other(model_dir_name(ctx.cfg.decode.tag), "model.pt")
+    elif "/" in model or "://" in model or model.endswith(".pt"):
+        uri = model
+    else:
+        uri = ctx.other(model, "model.pt")
+    if not ctx.storage.exists(uri):
+        raise StepError(f"model {uri} not found: pass --model a train step of run "
+                        f"{ctx.run_id} (e.g. train-baseline) or a model.pt URI")
+    return uri
+
+
+def graphs(model, card, quantize: str | None) -> dict[str, bytes]:
+    from serving.onnx_export import quantize_int8, streaming_graph, utterance_graph
+
+    out = {"model.onnx": utterance_graph(model, card).SerializeToString(),
+           "model.streaming.onnx": streaming_graph(model, card).SerializeToString()}
+    if quantize == "int8":
+        for name in list(out):
+            out[name.replace(".onnx", ".int8.onnx")] = quantize_int8(out[name])
+    return out
+
+
+def beside(decoder, acwt: float, acwt_from: str, dc) -> dict[str, str]:
+    """card.json, classes.txt, features.json, decoding.json: what a deployment needs."""
+    from serving.onnx_export import features_json
+
+    card = decoder.card
+    decoding = {"log_prior": [float(v) for v in decoder.log_prior],
+                "priors_from": decoder.prior_source, "acwt": acwt, "acwt_from": acwt_from,
+                "beam": dc.beam, "max_active": dc.max_active,
+                "scores": "acwt * (log_probs - log_prior) per frame and class",
+                "graph": decoder.graph_info}
+    return {"card.json": json.dumps(card.to_meta(), indent=1),
+            "classes.txt": "".join(f"{p}\n" for p in card.phones),
+            "features.json": json.dumps(features_json(card), indent=1),
+            "decoding.json": json.dumps(decoding, indent=1)}
+
+
+def check_inputs(ctx: StepContext, decoder, corpus: str) -> tuple[list, list[np.ndarray], int]:
+    """export.check_split's utterances (up to export.check_utterances), featurised as the
+    decode step does (per-speaker streams)."""
+    from decoding.decode import featurize, split_records
+
+    ec = ctx.cfg.export
+    recs, _ = split_records(ctx, corpus, ec.check_split)
+    if not recs:
+        raise StepError(f"export.check_split={ec.check_split!r}: no utterances with a "
+                        f"transcript in {corpus}; set it to a split the corpus has")
+    recs = sorted(recs, key=lambda r: (r.speaker_id, r.created_ts, r.utt_id))
+    if ec.check_utterances:
+        recs = recs[:ec.check_utterances]
+    feats, rejects, _ = featurize(ctx.storage, corpus, recs, decoder.card)
+    if not feats:
+        raise StepError(f"none of the {len(recs)} check utterances could be read: {rejects[:3]}")
+    return [r for r, _ in feats], [x for _, x in feats], len(rejects)
+
+
+def run_checks(ctx: StepContext, decoder, files: dict[str, bytes], recs, feats,
+               acwt: float) -> dict[str, Any]:
+    from decoding.decode import log_posteriors
+    from decoding.graph import read_graph
+    from decoding.search import Searcher
+    from serving import export_checks as X
+    from serving.onnx_runtime import OrtStreamModel, session, utterance_log_posteriors
+
+    ec, dc = ctx.cfg.export, ctx.cfg.decode
+    searcher = Searcher(read_graph(decoder.graph_dir), dc.beam, dc.max_active)
+    t0 = time.perf_counter()
+    ref = log_posteriors(decoder.model, feats)
+    times = {"torch": time.perf_counter() - t0}
+    lps = {}
+    for name in [n for n in files if n.endswith(".onnx")]:
+        t0 = time.perf_counter()
+        if ".streaming." in name:
+            lps[name] = X.streamed_log_posteriors(OrtStreamModel(files[name]), feats,
+                                                  ec.chunk_rows, ec.streams)
+        else:
+            lps[name] = utterance_log_posteriors(session(files[name]), feats)
+        times[name] = time.perf_counter() - t0
+    ref_words = X.words(searcher, ref, decoder.log_prior, acwt)
+    ref_rows = X.wer_rows(recs, ref_words)
+    graphs_out = {}
+    for name, lp in lps.items():
+        hyps = X.words(searcher, lp, decoder.log_prior, acwt)
+        rows = X.wer_rows(recs, hyps)
+        diff = X.compare(ref, lp)
+        held = ".int8." not in name  # int8 is measured, not held to the tolerance
+        graphs_out[name] = {
+            "max_abs_diff": diff, "same_words": sum(a == b for a, b in zip(ref_words, hyps)),
+            "wer_vs_torch": X.paired_delta(ref_rows, rows), "seconds": round(times[name], 2),
+            "checked": held, "passed": (diff <= ec.tolerance and hyps == ref_words) if held
+            else None}
+    frames = sum(len(x) for x in feats)
+    return {"utterances": len(feats), "frames": frames, "split": ec.check_split,
+            "tolerance": ec.tolerance, "acwt": acwt, "torch_seconds": round(times["torch"], 2),
+            "torch_wer": round(sum(r["errors"] for r in ref_rows) /
+                               max(1, sum(r["ref_words"] for r in ref_rows)), 5),
+            "torch_hyp_words": sum(len(w) for w in ref_words), "graphs": graphs_out,
+            "passed": all(g["passed"] for g in graphs_out.values() if g["checked"])}
+
+
+def export_inputs(ctx: StepContext, uri: str, data: bytes, corpus: str, fmt: str,
+                  quantize: str | None) -> dict[str, Any]:
+    return {"model": uri, "model_digest": digest_of(data), "data": corpus, "format": fmt,
+            "quantize": quantize, "export": dataclasses.asdict(ctx.cfg.export),
+            "decode": {k: getattr(ctx.cfg.decode, k) for k in ("beam", "max_active", "acwt")}}
+
+
+def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
+    ctx = _context(ctx)
+    fmt = getattr(args, "format", None) or "onnx"
+    quantize = getattr(args, "quantize", None)
+    if fmt not in FORMATS or (quantize and quantize not in QUANTIZE):
+        raise StepError(f"--format {fmt} --quantize {quantize}: amflow exports --format "
+                        f"{'|'.join(FORMATS)} with --quantize {'|'.join(QUANTIZE)} or none")
+    corpus = getattr(args, "data", None) or ctx.cfg.data.corpus
+    uri = model_uri(ctx, getattr(args, "model", None))
+    data = ctx.storage.read_bytes(uri)
+    inputs = export_inputs(ctx, uri, data, corpus, fmt, quantize)
+    done = ctx.finished_on(inputs, ctx.path("checks.json"))
+    if done is not None:
+        return done
+    decoder = decode_step.load_assets(ctx, uri, corpus, read={uri: data})
+    if decoder.card.kind != "student":
+        raise StepError(f"{uri} is a {decoder.card.kind}: amflow export takes the hybrid LSTM "
+                        "student (a streaming model); pass --model a student's train step")
+    acwt, acwt_from = tuned_acwt(ctx.storage, ctx.other(step_dir_name(
+        "decode", ctx.cfg.decode.tag), "result.json"), ctx.cfg.decode.acwt[0])
+    files = graphs(decoder.model, decoder.card, quantize)
+    recs, feats, rejected = check_inputs(ctx, decoder, corpus)
+    checks = run_checks(ctx, decoder, files, recs, feats, acwt)
+    files.update({k: v.encode() for k, v in beside(decoder, acwt, acwt_from, ctx.cfg.decode).items()})
+    for name, blob in files.items():
+        ctx.storage.write_bytes(ctx.path(name), blob)
+    ctx.storage.write_json(ctx.path("checks.json"), checks)
+    print(render(checks), flush=True)
+    if not checks["passed"]:
+        raise StepError(f"the export's checks failed (see {ctx.path('checks.json')}): "
+                        + "; ".join(f"{n}: max |diff| {g['max_abs_diff']:.2e}, same words "
+                                    f"{g['same_words']}/{checks['utterances']}"
+                                    for n, g in checks["graphs"].items() if g["passed"] is False))
+    metrics = {"passed": True, "utterances": checks["utterances"],
+               "tolerance": ctx.cfg.export.tolerance,
+               **{f"{n}.max_abs_diff": g["max_abs_diff"] for n, g in checks["graphs"].items()},
+               **{f"{n}.same_words": g["same_words"] for n, g in checks["graphs"].items()},
+               "checks": checks}
+    # counts: the check utterances (an unreadable one is rejected, the others checked)
+    counts = {"in": len(recs) + rejected, "out": len(recs), "rejected": rejected}
+    return ctx.finish(inputs=inputs, counts=counts,
+                      metrics=metrics, bytes_written=sum(len(b) for b in files.values()),
+                      extra={"out": ctx.path("checks.json"), "files": sorted(files)})
+
+
+def render(checks: dict) -> str:
+    lines = [f"export checks on {checks['utterances']} {checks['split']} utterances "
+             f"({checks['frames']} rows), tolerance {checks['tolerance']}, torch WER "
+             f"{checks['torch_wer']:.4f}:"]
+    for name, g in checks["graphs"].items():
+        w = g["wer_vs_torch"]
+        verdict = {True: "ok", False: "FAILED", None: "measured"}[g["passed"]]
+        lines.append(f"  {name:28s} max |diff| {g['max_abs_diff']:.2e}  same words "
+                     f"{g['same_words']}/{checks['utterances']}  WER {w['wer_b']:.4f} "
+                     f"(delta {w['delta']:+.4f}, 95% CI {w['delta_ci95']})  {g['seconds']} s  "
+                     f"{verdict}")
+    return "\n".join(lines)

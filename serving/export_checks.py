@@ -1,0 +1,91 @@
+"""What an ONNX export must prove before it is kept: its log-posteriors are torch's and
+its words are the same (amflow export runs these on real utterances of the run).
+
+    streamed_log_posteriors(stream_model, feats, chunk_rows, streams)
+        utterances run as concurrent streams through a streaming model (StreamModel or
+        OrtStreamModel), `streams` at a time, each fed chunk_rows rows a step (a few
+        streams with one row more, so batches mix row counts, as Batch Dispatch's do),
+        the look-ahead handled as serving.recognizer.Session does
+    compare(torch_lp, other_lp) -> max |difference| over every frame
+    words(searcher, lps, log_prior, acwt) -> 1-best words per utterance
+    wer_rows(records, hyps) -> per-utterance scores (hyps.jsonl's fields)
+    paired_delta(rows_a, rows_b) -> WER of each, the change, its 95 % bootstrap CI and p
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+
+def streamed_log_posteriors(model, feats: Sequence[np.ndarray], chunk_rows: int = 4,
+                            streams: int = 8) -> list[np.ndarray]:
+    out: list[np.ndarray] = []
+    for g in range(0, len(feats), streams):
+        out += _stream_group(model, feats[g:g + streams], chunk_rows)
+    return out
+
+
+def _stream_group(model, feats: Sequence[np.ndarray], chunk_rows: int) -> list[np.ndarray]:
+    la = model.lookahead
+    xs = [np.concatenate([f, np.zeros((la, f.shape[1]), np.float32)]) for f in feats]
+    step = [chunk_rows + (i % 2) for i in range(len(xs))]
+    pos = [0] * len(xs)
+    states = [model.zero_state() for _ in xs]
+    outs: list[list[np.ndarray]] = [[] for _ in xs]
+    while True:
+        live = [i for i in range(len(xs)) if pos[i] < len(xs[i])]
+        if not live:
+            break
+        lp, st = model.forward([xs[i][pos[i]:pos[i] + step[i]] for i in live],
+                               [states[i] for i in live])
+        for i, y, s in zip(live, lp, st):
+            outs[i].append(y)
+            states[i] = s
+            pos[i] += step[i]
+    return [np.concatenate(o)[la:] for o in outs]
+
+
+def compare(a: Sequence[np.ndarray], b: Sequence[np.ndarray]) -> float:
+    if len(a) != len(b) or any(x.shape != y.shape for x, y in zip(a, b)):
+        raise ValueError("the two sets of log-posteriors differ in shape")
+    return max((float(np.abs(x - y).max()) for x, y in zip(a, b) if x.size), default=0.0)
+
+
+def words(searcher, lps: Sequence[np.ndarray], log_prior: np.ndarray, acwt: float
+          ) -> list[list[str]]:
+    from decoding.search import acoustic_scores
+
+    return [searcher.best_words(acoustic_scores(lp, log_prior, acwt))[0] for lp in lps]
+
+
+def wer_rows(records: Sequence, hyps: Sequence[Sequence[str]]) -> list[dict]:
+    from decoding import wer as W
+    from decoding.lexicon import words_of
+
+    rows = []
+    for r, h in zip(records, hyps):
+        s = W.score(words_of(r.text), list(h), r.condition or "unknown")
+        rows.append({"utt_id": r.utt_id, "condition": r.condition or "unknown",
+                     "hyp": " ".join(h), "errors": s.errors, "ref_words": s.ref_words})
+    return rows
+
+
+def paired_delta(rows_a: Sequence[dict], rows_b: Sequence[dict], n_boot: int = 1000,
+                 seed: int = 0) -> dict:
+    """B's WER minus A's on the same utterances, with its 95 % paired bootstrap CI
+    (utterances resampled together) and the matched-pairs tests (decoding.significance)."""
+    from decoding.significance import compare_rows
+
+    res = compare_rows(rows_a, rows_b, seed=seed)
+    ea = np.array([r["errors"] for r in rows_a], float)
+    eb = np.array([r["errors"] for r in rows_b], float)
+    w = np.array([r["ref_words"] for r in rows_a], float)
+    idx = np.random.default_rng(seed).integers(0, len(ea), size=(n_boot, len(ea)))
+    d = (eb[idx].sum(axis=1) - ea[idx].sum(axis=1)) / np.maximum(w[idx].sum(axis=1), 1)
+    return {"wer_a": round(res["wer_a"], 5), "wer_b": round(res["wer_b"], 5),
+            "delta": round(res["delta"], 5),
+            "delta_ci95": [round(float(np.percentile(d, 2.5)), 5),
+                           round(float(np.percentile(d, 97.5)), 5)],
+            "p_mapsswe": round(res["p_mapsswe"], 4), "p_bootstrap": round(res["p_bootstrap"], 4),
+            "utterances": res["utterances"], "ref_words": res["ref_words"]}

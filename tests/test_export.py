@@ -1,0 +1,124 @@
+"""`amflow export` (amflow/steps/export.py, serving/onnx_export.py): the student's ONNX
+graphs give torch's log-posteriors (1e-4) and words on real utterances, the step keeps
+them only when its checks pass, and the streaming graph serves in the recognizer."""
+from __future__ import annotations
+
+import dataclasses
+import json
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from core.config import FeaturesConfig
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tiny_corpus, tmp_path_factory):
+    """A run with a small random student (peaky outputs: varied words), class priors, a
+    CMVN, and a word bigram LM: what `amflow export` reads."""
+    import torch
+
+    from core.config import load_config
+    from decoding import lexicon as L
+    from decoding import lm
+    from training.checkpoint import model_payload, to_bytes
+    from training.models import StudentLSTM
+
+    root = tmp_path_factory.mktemp("export_store")
+    classes = [p.strip() for p in (tiny_corpus / "phones.txt").read_text().splitlines()]
+    torch.manual_seed(0)
+    model = StudentLSTM(192, 32, 2, len(classes), lookahead=3)
+    with torch.no_grad():
+        model.output.weight.mul_(8.0)
+    cmvn = {"count": 1, "sum": [0.0] * 64, "sumsq": [100.0] * 64}
+    payload = model_payload(model, cmvn=cmvn, phones=classes,
+                            features=dataclasses.asdict(FeaturesConfig()))
+    payload["priors"] = {"counts": [1.0] * len(classes), "source": "test"}
+    run = root / "runs" / "r"
+    (run / "train").mkdir(parents=True)
+    (run / "train" / "model.pt").write_bytes(to_bytes(payload))
+    lex = L.read_lexicon((tiny_corpus / "lexicon.txt").read_text())
+    (run / "lm").mkdir()
+    (run / "lm" / "lm.arpa").write_text(
+        lm.estimate(lm.generator_sentences(300, 5), 2, vocabulary=lex.prons).to_arpa())
+    cfg = load_config(None, [f"storage.root={root}", f"data.corpus={tiny_corpus}",
+                             "export.check_utterances=5", "decode.acwt=[1.0]"])
+    return cfg, run
+
+
+def _export(cfg, quantize=None, model=None, force=False):
+    from amflow.steps import export
+    from core.runs import StepContext
+
+    ctx = StepContext(cfg, "r", "export", force=force)
+    return export.run(ctx, SimpleNamespace(model=model, format="onnx", quantize=quantize,
+                                           data=None))
+
+
+def test_export_writes_both_graphs_and_what_a_deployment_needs_checked_against_torch(tiny_run):
+    import onnx
+
+    cfg, run = tiny_run
+    summary = _export(cfg, quantize="int8")
+    out = run / "export"
+    for name in ("model.onnx", "model.streaming.onnx", "model.int8.onnx",
+                 "model.streaming.int8.onnx", "card.json", "classes.txt", "features.json",
+                 "decoding.json", "checks.json", "_SUCCESS.json"):
+        assert (out / name).exists(), name
+    checks = json.loads((out / "checks.json").read_text())
+    assert checks["passed"] and checks["utterances"] == 5
+    for name in ("model.onnx", "model.streaming.onnx"):
+        g = checks["graphs"][name]
+        assert g["checked"] and g["max_abs_diff"] <= 1e-4 and g["same_words"] == 5
+    assert checks["torch_hyp_words"] > 5  # words came out (a vacuous check would have none)
+    int8 = checks["graphs"]["model.int8.onnx"]
+    assert not int8["checked"] and "delta_ci95" in int8["wer_vs_torch"]
+    assert summary["metrics"]["model.onnx.same_words"] == 5
+    streaming = onnx.load(str(out / "model.streaming.onnx"))
+    assert [i.name for i in streaming.graph.input] == ["x", "lengths", "h0", "c0"]
+    meta = {p.key: p.value for p in streaming.metadata_props}
+    assert meta["streaming"] == "1" and meta["lookahead"] == "3"
+    classes = (out / "classes.txt").read_text().splitlines()
+    assert classes == json.loads((out / "card.json").read_text())["phones"]
+    assert len(json.loads((out / "decoding.json").read_text())["log_prior"]) == len(classes)
+
+
+def test_an_export_whose_outputs_differ_from_torch_fails_its_step(tiny_run, monkeypatch):
+    """Gates in PyTorch's order (i, f, g, o) instead of ONNX's (i, o, f, c): the checks see
+    it and the step fails without a _SUCCESS.json."""
+    from core.runs import StepError
+    from serving import onnx_export
+
+    cfg, run = tiny_run
+    monkeypatch.setattr(onnx_export, "GATES_TORCH_TO_ONNX", (0, 1, 2, 3))
+    cfg = dataclasses.replace(cfg, decode=dataclasses.replace(cfg.decode, tag="broken"))
+    with pytest.raises(StepError, match="checks failed"):
+        _export(cfg, model="train")
+    checks = json.loads((run / "export-broken" / "checks.json").read_text())
+    assert not checks["passed"] and checks["graphs"]["model.onnx"]["max_abs_diff"] > 1e-2
+    assert not (run / "export-broken" / "_SUCCESS.json").exists()
+
+
+def test_the_recognizer_on_the_onnx_streaming_graph_gives_the_torch_recognizers_words(
+        tiny_run, tiny_corpus):
+    """serve.backend=onnxruntime: the same protocol-level finals as torch's recognizer."""
+    from amflow.steps import decode as decode_step
+    from core.config import ServeConfig
+    from core.runs import StepContext
+    from serving.app import make_recognizer, replica_assets
+    from serving.recognizer import transcribe
+    from tests.test_serving import _speaker_waves
+
+    cfg, run = tiny_run
+    ctx = StepContext(cfg, "r", "serve")
+    dec = decode_step.load_assets(ctx, str(run / "train" / "model.pt"), str(tiny_corpus))
+    assets = replica_assets(dec, cfg.serve, cfg.decode, 1.0, "test")
+    assets["onnx"] = (run / "export" / "model.streaming.onnx").read_bytes()
+    _, waves = _speaker_waves(tiny_corpus, split="test", limit=3)
+    words = {}
+    for backend in ("torch", "onnxruntime"):
+        rec = make_recognizer(assets, ServeConfig(device="cpu", dtype="fp32", backend=backend))
+        words[backend] = [m["final"] for m in transcribe(rec, waves)]
+    assert words["torch"] == words["onnxruntime"] and any(words["torch"])
+    assert "onnxruntime" in str(rec.model.dtype)
