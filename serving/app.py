@@ -68,7 +68,17 @@ def make_recognizer(assets: dict, scfg) -> Any:
             Path(graph_dir, name).write_bytes(data)
         return Recognizer(assets["model"], graph_dir, assets["log_prior"], assets["acwt"],
                           assets["beam"], assets["max_active"], scfg.dtype, device,
-                          gate=speech_gate(scfg))
+                          gate=speech_gate(scfg), onnx=_onnx_graph(assets, scfg),
+                          threads=scfg.threads)
+
+
+def _onnx_graph(assets: dict, scfg) -> bytes | None:
+    if scfg.backend != "onnxruntime":
+        return None
+    if not assets.get("onnx"):
+        raise ValueError("serve.backend=onnxruntime but no exported graph was shipped: "
+                         "run `amflow export` (or set serve.onnx_model)")
+    return assets["onnx"]
 
 
 def speech_gate(scfg):
@@ -110,7 +120,8 @@ class StreamHandler:
         return {**self.dispatcher.stats(), "cpu_s": round(time.process_time(), 3),
                 "admitted": self.admitted, "refused": self.refused,
                 "max_streams": self.scfg.max_streams, "acwt": self.rec.acwt,
-                "beam": self.rec.beam, "dtype": str(self.rec.model.dtype)}
+                "beam": self.rec.beam, "dtype": str(self.rec.model.dtype),
+                "backend": self.scfg.backend}
 
     async def handle(self, ws) -> None:
         """`ws`: a starlette WebSocket, already accepted."""

@@ -173,9 +173,11 @@ class Recognizer:
 
     def __init__(self, model_bytes: bytes, graph_dir: str, log_prior: np.ndarray, acwt: float,
                  beam: float, max_active: int, dtype: str = "auto", device: str = "cpu",
-                 gate=None):
+                 gate=None, onnx: bytes | None = None, threads: int = 1):
         """`gate`: tasks.speech_activity.GateSettings (serve.speech_*), or None: every row
-        is recognised, silence and noise too (the offline decode's rows)."""
+        is recognised, silence and noise too (the offline decode's rows). `onnx`: the
+        exported streaming graph of this model (amflow export): onnxruntime runs the model
+        (serving/onnx_runtime.py), model_bytes still give the card (features, CMVN)."""
         from core.config import FeaturesConfig
         from decoding.graph import read_graph
         from training.checkpoint import card_from_bytes
@@ -186,7 +188,8 @@ class Recognizer:
         if self.card.kind != "student":
             raise ValueError("only a student (unidirectional LSTM) model can stream; "
                              f"this one is a {self.card.kind}")
-        self.model = StreamModel(model, dtype, device)
+        self.model = StreamModel(model, dtype, device) if onnx is None else \
+            _onnx_model(onnx, model, threads)
         self.fcfg = dataclass_from_dict(FeaturesConfig, self.card.features)
         self.norm = Normalizer.from_stats(self.card.cmvn, self.model.input_dim)
         self.graph = read_graph(graph_dir)
@@ -208,6 +211,20 @@ class Recognizer:
 
     def search(self) -> StreamSearch:
         return StreamSearch(self.graph, self.log_prior, self.acwt, self.beam, self.max_active)
+
+
+def _onnx_model(graph: bytes, model, threads: int):
+    """The exported graph in onnxruntime, refused when it is not this model's shape."""
+    from serving.onnx_runtime import OrtStreamModel
+
+    ort = OrtStreamModel(graph, threads)
+    want = (int(getattr(model, "lookahead", 0)), model.lstm.input_size,
+            (model.lstm.num_layers, model.lstm.hidden_size), model.output.out_features)
+    got = (ort.lookahead, ort.input_dim, ort.state_shape, ort.num_classes)
+    if got != want:
+        raise ValueError(f"the ONNX graph (lookahead, input, state, classes) {got} is not "
+                         f"the model's {want}: export this model (amflow export --model ...)")
+    return ort
 
 
 class Session:

@@ -103,22 +103,23 @@ def test_an_export_whose_outputs_differ_from_torch_fails_its_step(tiny_run, monk
 def test_the_recognizer_on_the_onnx_streaming_graph_gives_the_torch_recognizers_words(
         tiny_run, tiny_corpus):
     """serve.backend=onnxruntime: the same protocol-level finals as torch's recognizer."""
-    from amflow.steps import decode as decode_step
-    from core.config import ServeConfig
+    from amflow.steps.serve import load_assets
     from core.runs import StepContext
-    from serving.app import make_recognizer, replica_assets
+    from serving.app import make_recognizer
     from serving.recognizer import transcribe
     from tests.test_serving import _speaker_waves
 
     cfg, run = tiny_run
-    ctx = StepContext(cfg, "r", "serve")
-    dec = decode_step.load_assets(ctx, str(run / "train" / "model.pt"), str(tiny_corpus))
-    assets = replica_assets(dec, cfg.serve, cfg.decode, 1.0, "test")
-    assets["onnx"] = (run / "export" / "model.streaming.onnx").read_bytes()
+    if not (run / "export" / "_SUCCESS.json").exists():  # run alone: export first
+        _export(cfg)
+    serve = dataclasses.replace(cfg.serve, device="cpu", dtype="fp32", backend="onnxruntime")
+    ctx = StepContext(dataclasses.replace(cfg, serve=serve), "r", "serve")
+    assets = load_assets(ctx, str(run / "train" / "model.pt"))  # finds export/'s graph
+    assert assets["onnx_uri"].endswith("export/model.streaming.onnx")
     _, waves = _speaker_waves(tiny_corpus, split="test", limit=3)
     words = {}
     for backend in ("torch", "onnxruntime"):
-        rec = make_recognizer(assets, ServeConfig(device="cpu", dtype="fp32", backend=backend))
+        rec = make_recognizer(assets, dataclasses.replace(serve, backend=backend))
         words[backend] = [m["final"] for m in transcribe(rec, waves)]
     assert words["torch"] == words["onnxruntime"] and any(words["torch"])
     assert "onnxruntime" in str(rec.model.dtype)

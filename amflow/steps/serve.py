@@ -39,7 +39,22 @@ def load_assets(ctx: StepContext, model_uri: str) -> dict[str, Any]:
     decoder = decode_step.load_assets(ctx, model_uri, cfg.data.corpus)
     result_uri = ctx.other(step_dir_name("decode", cfg.decode.tag), "result.json")
     acwt, acwt_from = tuned_acwt(ctx.storage, result_uri, cfg.decode.acwt[0])
-    return app.replica_assets(decoder, cfg.serve, cfg.decode, acwt, acwt_from)
+    assets = app.replica_assets(decoder, cfg.serve, cfg.decode, acwt, acwt_from)
+    if cfg.serve.backend == "onnxruntime":
+        assets["onnx_uri"] = onnx_uri(ctx)
+        assets["onnx"] = ctx.storage.read_bytes(assets["onnx_uri"])
+    return assets
+
+
+def onnx_uri(ctx: StepContext) -> str:
+    """serve.onnx_model, else the run's exported streaming graph (amflow export)."""
+    uri = ctx.cfg.serve.onnx_model or ctx.other(step_dir_name("export", ctx.cfg.decode.tag),
+                                                "model.streaming.onnx")
+    if not ctx.storage.exists(uri):
+        raise StepError(f"serve.backend=onnxruntime: {uri} not found: run `amflow export "
+                        f"--run-id {ctx.run_id}` first, or set serve.onnx_model to an exported "
+                        "model.streaming.onnx")
+    return uri
 
 
 def run(ctx_or_cfg, args) -> dict:
@@ -48,7 +63,7 @@ def run(ctx_or_cfg, args) -> dict:
     t0 = time.perf_counter()
     assets = load_assets(ctx, model)
     url = app.start(ctx.cfg, assets)
-    print(f"amflow serve: {assets['model_uri']} on {url} (ws {url.replace('http', 'ws')}ws), "
+    print(f"amflow serve: {assets.get('onnx_uri') or assets['model_uri']} on {url} (ws {url.replace('http', 'ws')}ws), "
           f"acwt {assets['acwt']} ({assets['acwt_from']}), beam {assets['beam']}, "
           f"{ctx.cfg.serve.replicas} replica(s); up in {time.perf_counter() - t0:.1f} s",
           flush=True)

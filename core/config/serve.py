@@ -60,6 +60,12 @@ class ServeConfig:
     # fp16 | bf16 | fp32.
     dtype: str = "auto"
     device: str = "auto"  # auto | cpu | cuda
+    # What runs the model: torch (model.pt) or onnxruntime (the graph `amflow export`
+    # wrote, on the CPU; dtype and device are torch's). Same protocol, dispatch and metrics.
+    backend: str = "torch"  # torch | onnxruntime
+    # backend onnxruntime: the exported streaming graph; "" = the run's
+    # export[-<decode.tag>]/model.streaming.onnx (…/model.streaming.int8.onnx: int8).
+    onnx_model: str = ""
     threads: int = 1  # torch threads per replica
     # Search settings; 0 = the decode step's (decode.beam, decode.max_active), so the
     # streamed words are the offline decode's. acwt 0 = the one `amflow decode` tuned for
@@ -94,6 +100,8 @@ class ServeConfig:
         check(self.dtype in ("auto", "fp32", "fp16", "bf16"), f"{key}.dtype",
                "must be auto, fp32, fp16 or bf16")
         check(self.device in ("auto", "cpu", "cuda"), f"{key}.device", "must be auto, cpu or cuda")
+        check(self.backend in ("torch", "onnxruntime"), f"{key}.backend",
+              "must be torch or onnxruntime")
         check(self.threads >= 1, f"{key}.threads", "must be >= 1")
         check(self.acwt >= 0 and self.beam >= 0 and self.max_active >= 0, f"{key}.acwt",
                "acwt, beam and max_active must be >= 0 (0: the decode step's)")
