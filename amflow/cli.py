@@ -85,6 +85,9 @@ def _bench_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seconds", type=float, help="serve: audio seconds per stream (default 20)")
     p.add_argument("--speed", type=float, help="serve: x real time (default 1; 0 = as fast as possible)")
     p.add_argument("--chunk-ms", dest="chunk_ms", type=float, help="serve: chunk size (default 100 ms)")
+    p.add_argument("--backends", help="serve: deploy the run's recognizer once per serve.backend "
+                                      "listed (torch,onnxruntime) and measure each, side by side "
+                                      "(instead of --url)")
 
 
 def _serve_args(p: argparse.ArgumentParser) -> None:

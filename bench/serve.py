@@ -236,10 +236,19 @@ def offline_hyps(ctx) -> dict[str, str]:
 
 
 def run(ctx, args) -> dict[str, Any]:
-    from core.storage import join
-
+    """Against the running service (--url), or with --backends, against a service this
+    bench deploys once per backend (serve.backend), one after the other, side by side."""
+    backends = [b for b in (getattr(args, "backends", None) or "").split(",") if b]
+    if backends:
+        return run_backends(ctx, args, backends)
     sc = ctx.cfg.serve
     url = (getattr(args, "url", None) or f"http://{sc.host}:{sc.port}/")
+    return measure(ctx, args, url)
+
+
+def measure(ctx, args, url: str, plot_tag: str = "") -> dict[str, Any]:
+    from core.storage import join
+
     ws_url = url.replace("http", "ws", 1).rstrip("/") + "/ws"
     levels = [int(x) for x in (getattr(args, "streams", None) or
                                ",".join(map(str, DEFAULT_STREAMS))).split(",")]
@@ -251,27 +260,73 @@ def run(ctx, args) -> dict[str, Any]:
     audio = load_audio(ctx, corpus, sessions)
     refs = {r.utt_id: r.text for s in sessions for r in s}
     offline = offline_hyps(ctx)
-    rows = []
-    for n in levels:
-        t0, c0, s0 = time.perf_counter(), time.process_time(), replica_cpu(url)
-        results = asyncio.run(load_level(ws_url, n, sessions, audio, chunk_ms, speed, 0))
-        wall, s1 = time.perf_counter() - t0, replica_cpu(url)
-        row = summarise(n, results, refs, offline)
-        row["wall_s"] = round(wall, 1)
-        row.update(cpu_row(n, sessions, wall, time.process_time() - c0,
-                           None if s0 is None or s1 is None else s1 - s0))
-        rows.append(row)
-        print(f"{n:>4} streams: p50 {row['p50_ms']} ms, p98 {row['p98_ms']} ms, WER "
-              f"{row['wer']} (offline {row['offline_wer']}, {row['finals_differing_from_offline']} "
-              f"finals differ), mean batch {row['batch_size_mean']}, "
-              f"{row['failed_streams']} failed; cores: replica {row['replica_cores']}, "
-              f"clients {row['client_cores']}", flush=True)
+    rows = [measure_level(url, ws_url, n, sessions, audio, chunk_ms, speed, refs, offline)
+            for n in levels]
     out_dir = join(ctx.run_uri, "bench")
-    plot(rows, join(out_dir, "serve_latency.png"), join(out_dir, "serve_batch_sizes.png"),
-         ctx.storage)
+    plots = [f"serve{plot_tag}_latency.png", f"serve{plot_tag}_batch_sizes.png"]
+    plot(rows, join(out_dir, plots[0]), join(out_dir, plots[1]), ctx.storage)
     held = [r["streams"] for r in rows if r["p98_ms"] is not None and r["p98_ms"] <= 70
             and not r["failed_streams"]]
     return {"url": url, "rows": rows, "seconds_per_stream": seconds, "speed": speed,
             "chunk_ms": chunk_ms, "speakers": len(sessions),
-            "max_streams_p98_le_70ms": max(held) if held else 0,
-            "plots": ["serve_latency.png", "serve_batch_sizes.png"]}
+            "max_streams_p98_le_70ms": max(held) if held else 0, "plots": plots}
+
+
+def measure_level(url: str, ws_url: str, n: int, sessions, audio, chunk_ms: float,
+                  speed: float, refs: dict, offline: dict) -> dict:
+    t0, c0, s0 = time.perf_counter(), time.process_time(), replica_cpu(url)
+    results = asyncio.run(load_level(ws_url, n, sessions, audio, chunk_ms, speed, 0))
+    wall, s1 = time.perf_counter() - t0, replica_cpu(url)
+    row = summarise(n, results, refs, offline)
+    row["wall_s"] = round(wall, 1)
+    row.update(cpu_row(n, sessions, wall, time.process_time() - c0,
+                       None if s0 is None or s1 is None else s1 - s0))
+    print(f"{n:>4} streams: p50 {row['p50_ms']} ms, p98 {row['p98_ms']} ms, WER "
+          f"{row['wer']} (offline {row['offline_wer']}, {row['finals_differing_from_offline']} "
+          f"finals differ), mean batch {row['batch_size_mean']}, "
+          f"{row['failed_streams']} failed; cores: replica {row['replica_cores']}, "
+          f"clients {row['client_cores']}", flush=True)
+    return row
+
+
+def run_backends(ctx, args, backends: list[str]) -> dict[str, Any]:
+    """Deploy the run's recognizer with each serve.backend in turn (same config otherwise),
+    measure the same levels against each, and compare: the first backend's result is the
+    usual JSON (`rows` ...), `backends` holds each one's, `ratios` first / other per level."""
+    import dataclasses
+
+    from ray import serve
+
+    from amflow.steps.serve import load_assets, serve_context
+    from core.runs import StepContext
+    from serving import app
+
+    per: dict[str, dict] = {}
+    for b in backends:
+        cfg = dataclasses.replace(ctx.cfg, serve=dataclasses.replace(ctx.cfg.serve, backend=b))
+        bctx, model = serve_context(StepContext(cfg, ctx.run_id, ctx.step), getattr(args, "model", None))
+        url = app.start(cfg, load_assets(bctx, model))
+        print(f"bench serve: backend {b} on {url}", flush=True)
+        try:
+            per[b] = measure(bctx, args, url, plot_tag=f"_{b}")
+        finally:
+            serve.shutdown()
+        for row in per[b]["rows"]:
+            row["backend"] = b
+    first = per[backends[0]]
+    return {**first, "backends": {b: {"rows": r["rows"], "plots": r["plots"],
+                                      "max_streams_p98_le_70ms": r["max_streams_p98_le_70ms"]}
+                                  for b, r in per.items()},
+            "ratios": {b: backend_ratios(first["rows"], per[b]["rows"]) for b in backends[1:]}}
+
+
+def backend_ratios(base: list[dict], other: list[dict]) -> list[dict]:
+    """Per level, base / other: > 1 where the other backend is faster or cheaper."""
+    def ratio(a, b):
+        return round(a / b, 3) if a is not None and b else None
+
+    return [{"streams": a["streams"], "p50_ms": ratio(a["p50_ms"], b["p50_ms"]),
+             "p98_ms": ratio(a["p98_ms"], b["p98_ms"]),
+             "replica_core_s_per_audio_s": ratio(a["replica_core_s_per_audio_s"],
+                                                 b["replica_core_s_per_audio_s"])}
+            for a, b in zip(base, other)]

@@ -123,3 +123,17 @@ def test_the_recognizer_on_the_onnx_streaming_graph_gives_the_torch_recognizers_
         words[backend] = [m["final"] for m in transcribe(rec, waves)]
     assert words["torch"] == words["onnxruntime"] and any(words["torch"])
     assert "onnxruntime" in str(rec.model.dtype)
+
+
+def test_bench_serve_compares_backends_level_by_level():
+    """bench serve --backends: base / other per level (> 1: the other is faster or cheaper);
+    a level one backend could not measure has no ratio."""
+    from bench.serve import backend_ratios
+
+    base = [{"streams": 1, "p50_ms": 20.0, "p98_ms": 40.0, "replica_core_s_per_audio_s": 0.02},
+            {"streams": 40, "p50_ms": 60.0, "p98_ms": None, "replica_core_s_per_audio_s": 0.01}]
+    other = [{"streams": 1, "p50_ms": 10.0, "p98_ms": 16.0, "replica_core_s_per_audio_s": 0.008},
+             {"streams": 40, "p50_ms": 30.0, "p98_ms": 50.0, "replica_core_s_per_audio_s": None}]
+    assert backend_ratios(base, other) == [
+        {"streams": 1, "p50_ms": 2.0, "p98_ms": 2.5, "replica_core_s_per_audio_s": 2.5},
+        {"streams": 40, "p50_ms": 2.0, "p98_ms": None, "replica_core_s_per_audio_s": None}]
