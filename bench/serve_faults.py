@@ -8,8 +8,9 @@ with serve.speech_gate off and once on:
     a constant full-scale signal, mains hum (tasks.speech.room.hum) at -20 dBFS and near
     full scale, white, pink and brown noise, fan noise, sparse clatter: words per minute;
   - speech: the test split's speakers, each a stream of its utterances in time order:
-    WER, and the same utterances with 3 s of digital silence and of hum before and after
-    each (where a recognizer without a gate inserts words).
+    WER, and the same utterances with 3 s of digital silence, of hum and of pink noise
+    (20 dB below the utterance's level) before and after each (where a recognizer without
+    a gate inserts words, and silence weighs on the speaker's mean normalisation).
 Writes runs/<R>/bench/serve_faults.json.
 """
 from __future__ import annotations
@@ -52,12 +53,12 @@ def words_per_minute(rec, wave: np.ndarray) -> dict[str, Any]:
                 f["final"] for f in finals if f["final"]))[:5]}
 
 
-def speaker_streams(ctx, corpus: str) -> list[tuple[list, list[np.ndarray]]]:
-    """Per test speaker, (records, waves) in time order."""
+def speaker_streams(ctx, corpus: str, split: str = "test") -> list[tuple[list, list[np.ndarray]]]:
+    """Per speaker of `split`, (records, waves) in time order."""
     from bench.serve import load_audio
     from decoding.decode import split_records
 
-    recs, _ = split_records(ctx, corpus, "test")
+    recs, _ = split_records(ctx, corpus, split)
     by: dict[str, list] = defaultdict(list)
     for r in sorted(recs, key=lambda r: (r.speaker_id, r.created_ts, r.utt_id)):
         by[r.speaker_id].append(r)
@@ -70,7 +71,8 @@ def speaker_streams(ctx, corpus: str) -> list[tuple[list, list[np.ndarray]]]:
 
 
 def speech_wer(rec, streams, around: np.ndarray | None = None) -> dict[str, Any]:
-    """WER of the streamed finals; `around`: audio put before and after each utterance."""
+    """WER of the streamed finals; `around`: 3 s of audio put before and after each
+    utterance, scaled to AROUND_DB below the utterance's RMS level (unless all zeros)."""
     from decoding import wer as W
     from decoding.lexicon import words_of
     from serving.recognizer import transcribe
@@ -78,7 +80,7 @@ def speech_wer(rec, streams, around: np.ndarray | None = None) -> dict[str, Any]
     scores, hyps = [], {}
     for recs, waves in streams:
         if around is not None:
-            waves = [np.concatenate([around, w, around]) for w in waves]
+            waves = [np.concatenate([_level(around, w), w, _level(around, w)]) for w in waves]
         for r, f in zip(recs, transcribe(rec, waves)):
             hyps[r.utt_id] = f["final"]
             scores.append(W.score(words_of(r.text), f["final"].split(), r.condition or "unknown"))
@@ -86,6 +88,17 @@ def speech_wer(rec, streams, around: np.ndarray | None = None) -> dict[str, Any]
     return {"wer": round(agg["wer"], 5), "ins": round(agg["ins"], 5), "ref_words": agg["ref_words"],
             "per_condition": {k: round(v, 5) for k, v in agg["per_condition"].items()},
             "utterances": len(scores), "hyps": hyps}
+
+
+AROUND_DB = 20.0  # the hum and noise around speech: this far below the speech's level
+
+
+def _level(x: np.ndarray, speech: np.ndarray) -> np.ndarray:
+    rms = float(np.sqrt(np.mean(x.astype(np.float64) ** 2)))
+    if rms == 0:
+        return x
+    target = float(np.sqrt(np.mean(speech.astype(np.float64) ** 2))) * 10 ** (-AROUND_DB / 20)
+    return (x * (target / rms)).astype(np.float32)
 
 
 def run(ctx, args) -> dict[str, Any]:
@@ -98,7 +111,7 @@ def run(ctx, args) -> dict[str, Any]:
     streams = speaker_streams(ctx, corpus)
     faults = fault_inputs()
     sc = dataclasses.replace(ctx.cfg.serve, device="cpu", dtype="fp32")
-    hum = faults["hum_-20dBFS"][:3 * RATE]
+    hum, pink = faults["hum_-20dBFS"][:3 * RATE], faults["pink_-20dBFS"][:3 * RATE]
     out: dict[str, Any] = {"model": assets["model_uri"], "acwt": assets["acwt"], "faults": {},
                            "speech": {}, "gate": {k: v for k, v in dataclasses.asdict(sc).items()
                                                   if k.startswith("speech_")}}
@@ -111,7 +124,8 @@ def run(ctx, args) -> dict[str, Any]:
         out["speech"][key] = {
             "test": speech_wer(rec, streams),
             "test_in_3s_silence": speech_wer(rec, streams, np.zeros(3 * RATE, np.float32)),
-            "test_in_3s_hum": speech_wer(rec, streams, hum)}
+            "test_in_3s_hum": speech_wer(rec, streams, hum),
+            "test_in_3s_pink": speech_wer(rec, streams, pink)}
         out["speech"][key]["wall_s"] = round(time.perf_counter() - t0, 1)
         print(f"{key}: " + ", ".join(f"{n} {v[key]['wpm']} wpm" for n, v in out["faults"].items())
               + "; WER " + ", ".join(f"{k} {v['wer']}" for k, v in out["speech"][key].items()

@@ -88,7 +88,8 @@ def speech_gate(scfg):
     if not scfg.speech_gate:
         return None
     return GateSettings(scfg.speech_threshold_db, scfg.speech_floor_s, scfg.speech_smooth_ms,
-                        scfg.speech_pad_s)
+                        scfg.speech_pad_s, scfg.speech_min_dbfs, scfg.speech_steady_s,
+                        scfg.speech_steady_db)
 
 
 # ----------------------------------------------------------------- one WebSocket stream

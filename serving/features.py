@@ -7,9 +7,10 @@
         StreamCMN, state carried), low-frame-rate stacking and the global CMVN.
     .end_utterance() -> rows      the rest of the utterance; the CMN state carries on
     .new_utterance()               fresh fbank and stacking state for the next utterance
-    StreamFeatures(..., gate=GateSettings(...))   only speech rows and their padding come
-        out (tasks.speech_activity: a stream of silence, hum or steady noise gives no rows,
-        so no words); without a gate every row does, as offline
+    StreamFeatures(..., gate=GateSettings(...))   only the fbank frames of speech and the
+        padding around it go on to the mean normalisation and the rows (tasks.speech_
+        activity: a stream of silence, hum or steady noise gives no rows, so no words);
+        without a gate every frame does, as offline
     accept_many(feats, chunks)     accept() of many streams, their numpy fbank in one call
 
 What the offline step does, and so what this must reproduce (tasks/features.py):
@@ -38,7 +39,7 @@ import numpy as np
 
 from tasks.fbank import INT16_SCALE, FbankComputer, kaldi_options
 from tasks.features import StreamCMN
-from tasks.speech_activity import GateSettings, row_flags
+from tasks.speech_activity import GateSettings
 
 
 class KaldiOnlineFbank:
@@ -151,13 +152,12 @@ class StreamFeatures:
         self._computer = computer
         # the speaker's floor carries across utterances (as the CMN does); the padding not
         self.activity = gate.activity(fcfg) if gate else None
-        self.gate = gate.row_gate(fcfg) if gate else None
+        self.gate = gate.frame_gate(fcfg) if gate else None
         self.new_utterance()
 
     def new_utterance(self) -> None:
         self.fbank = online_fbank(self.fcfg, self._computer)
         self.lfr = np.zeros((0, self.bins), np.float32)  # normalised frames not yet stacked
-        self.speech = np.zeros(0, bool)  # speech flags of the frames not yet stacked
         if self.gate is not None:
             self.gate.new_utterance()
 
@@ -166,21 +166,24 @@ class StreamFeatures:
 
     def from_fbank(self, frames: np.ndarray) -> np.ndarray:
         """This stream's next fbank frames -> the model rows that became ready."""
-        self._flag(frames)
-        return self._rows(self._normalise(frames, final=False))
+        return self._rows(self._normalise(self._gated(frames), final=False))
 
     def end_utterance(self) -> np.ndarray:
-        frames = self.fbank.finish()
-        self._flag(frames)
-        rows = self._rows(self._normalise(frames, final=True))
+        frames = self._gated(self.fbank.finish())
         if self.gate is not None:
             self.gate.end_utterance()  # non-speech that no speech followed: dropped
-        return rows
+        return self._rows(self._normalise(frames, final=True))
 
-    def _flag(self, frames: np.ndarray) -> None:
-        """Speech or not, from the fbank before any normalisation (the level is the cue)."""
-        if self.activity is not None and len(frames):
-            self.speech = np.concatenate([self.speech, self.activity.accept(frames)])
+    def _gated(self, frames: np.ndarray) -> np.ndarray:
+        """The frames of speech and the padding around it (all of them without a gate).
+        Before the mean normalisation: frames of silence or noise left out of the
+        recognizer must not weigh on the speaker's mean either (3 s of digital silence,
+        log(FLT_EPSILON) in every bin, pulled it ~10 below the speech that followed, and
+        the words were lost; the level is also the speech decision's cue)."""
+        if self.gate is None or not len(frames):
+            return frames
+        speech = self.activity.accept(frames)
+        return self.gate.accept(frames, speech, self.activity.audible)
 
     def _normalise(self, frames: np.ndarray, final: bool) -> np.ndarray:
         self.frames_seen += len(frames)
@@ -227,10 +230,4 @@ class StreamFeatures:
         self.lfr = buf[n * sub:]
         if not rows:
             return np.zeros((0, stack * self.bins), np.float32)
-        out = self.norm(np.stack(rows)).astype(np.float32)
-        if self.gate is None:
-            return out
-        # the flags run in frame order beside the frames (held at the CMN's cold start too)
-        flags = row_flags(self.speech[:len(buf)], stack, sub)
-        self.speech = self.speech[n * sub:]
-        return self.gate.accept(out, flags)
+        return self.norm(np.stack(rows)).astype(np.float32)

@@ -10,17 +10,22 @@ whose level set the mean). The level itself is the cue the normalisation throws 
 speech rises well above the stream's noise floor, syllable by syllable; silence, a hum
 and steady noise stay at it.
 
-    SpeechActivity(threshold_db, floor_frames).accept(logmel [n, bins]) -> bool [n]
+    SpeechActivity(threshold_db, floor_frames, smooth_frames, audible_db)
+        .accept(logmel [n, bins]) -> bool [n]
         a frame is speech when its energy (all mel bins, before any normalisation) is
         more than threshold_db above the stream's floor: the lowest frame energy of the
         last floor_frames frames (minimum statistics; a stationary input is its own floor,
         so it never is speech, whatever its level). Carried across chunks and utterances.
-    row_flags(frame_flags, stack, subsample) -> bool [rows]
-        a low-frame-rate row is speech when any of its frames is
-    SpeechGate(lead_rows, trail_rows).accept(rows, flags) -> the rows to recognise
-        keeps the speech rows, the trail_rows rows after each and the lead_rows rows
+        .audible: the frames at or above audible_db (GateSettings.min_dbfs as the energy
+        of white noise at that level): below it, digital silence or a constant signal,
+        there is no sound, not even to pad speech with (log(FLT_EPSILON) in every bin,
+        ~30 below a room's noise, drags the speaker's mean down)
+    SpeechGate(lead, trail).accept(frames, flags) -> the frames to recognise
+        keeps the speech frames, the `trail` frames after each and the `lead` frames
         before each (held back until speech comes, so speech is never delayed); the rest
         of a non-speech run is dropped. .end_utterance() drops what is still held.
+        serving.features.StreamFeatures gates the fbank frames before the speaker's mean
+        normalisation, which the dropped frames then do not weigh on.
 """
 from __future__ import annotations
 
@@ -29,6 +34,7 @@ from dataclasses import dataclass
 import numpy as np
 
 DB_PER_NEPER = 10.0 / np.log(10.0)  # natural-log power -> dB
+EDGE = 2  # frames after one of no sound whose 25 ms window still holds some of it
 
 
 def frame_energy_db(logmel: np.ndarray) -> np.ndarray:
@@ -47,23 +53,54 @@ def _sliding(x: np.ndarray, w: int, fill: float, how) -> np.ndarray:
 
 
 class SpeechActivity:
-    def __init__(self, threshold_db: float, floor_frames: int, smooth_frames: int = 1):
+    def __init__(self, threshold_db: float, floor_frames: int, smooth_frames: int = 1,
+                 audible_db: float = -np.inf, steady_frames: int = 0, steady_db: float = 3.0):
+        """`audible_db`: frames below this energy are no audio at all (digital silence,
+        a constant signal after the DC removal): `audible` says which are not."""
         if floor_frames < 1 or smooth_frames < 1:
             raise ValueError("floor_frames and smooth_frames must be >= 1")
+        self.audible_db = float(audible_db)
+        self.audible = np.zeros(0, bool)  # of the frames of the last accept()
         self.threshold_db = float(threshold_db)
         self.floor_frames, self.smooth = int(floor_frames), int(smooth_frames)
+        self.steady_frames, self.steady_db = int(steady_frames), float(steady_db)
         self.power = np.zeros(0)  # the last smooth_frames - 1 frame powers (dB)
+        self.edge = 0  # frames still to skip after silence
         self.hist = np.zeros(0)  # the last floor_frames - 1 smoothed energies
 
     def accept(self, logmel: np.ndarray) -> np.ndarray:
         raw = frame_energy_db(logmel)
-        if not len(raw):
-            return np.zeros(0, bool)
-        e = self._smoothed(raw)
+        self.audible = self._audible(raw)
+        speech = np.zeros(len(raw), bool)
+        if self.audible.any():  # frames of no sound are no floor either: left out
+            speech[self.audible] = self._speech(self._smoothed(raw[self.audible]))
+        return speech
+
+    def _audible(self, raw: np.ndarray) -> np.ndarray:
+        """Frames with sound. After a frame of none, the floor starts afresh (what came
+        before the silence says nothing of what follows it) and the next EDGE frames are
+        not counted either: their window is partly silence, their energy no level."""
+        heard = raw >= self.audible_db
+        for j in range(len(raw)):
+            if not heard[j]:
+                self.hist, self.power, self.edge = self.hist[:0], self.power[:0], EDGE
+            elif self.edge:
+                heard[j], self.edge = False, self.edge - 1
+        return heard
+
+    def _speech(self, e: np.ndarray) -> np.ndarray:
         ext = np.concatenate([self.hist, e])
-        w = self.floor_frames
-        # the floor of frame j: the least energy among it and up to w - 1 frames before
-        floor = _sliding(ext, w, np.inf, np.min)[-len(e):]
+        w = max(self.floor_frames, self.steady_frames)
+        # the floor of frame j: the least energy among it and floor_frames - 1 frames before
+        floor = _sliding(ext, self.floor_frames, np.inf, np.min)[-len(e):]
+        if self.steady_frames > 1:
+            # where the energy held within steady_db for steady_frames, that level is the
+            # floor: a steady sound is no speech (syllables swing 10 dB and more, several
+            # times a second), however far above a quieter past it is (hum after speech)
+            s = self.steady_frames
+            low = _sliding(ext, s, np.inf, np.min)[-len(e):]
+            high = _sliding(ext, s, -np.inf, np.max)[-len(e):]
+            floor = np.where(high - low < self.steady_db, np.maximum(floor, low), floor)
         self.hist = ext[-(w - 1):] if w > 1 else ext[:0]
         return e > floor + self.threshold_db
 
@@ -81,30 +118,35 @@ class SpeechActivity:
         return top + DB_PER_NEPER * np.log(mean)
 
 
-def row_flags(frame_flags: np.ndarray, stack: int, subsample: int) -> np.ndarray:
-    """Row r (frames r*subsample .. r*subsample + stack - 1) is speech if any frame is."""
-    f = np.asarray(frame_flags, bool)
-    n = 0 if len(f) < stack else (len(f) - stack) // subsample + 1
-    if n == 0:
-        return np.zeros(0, bool)
-    idx = np.arange(n)[:, None] * subsample + np.arange(stack)[None, :]
-    return f[idx].any(axis=1)
+def full_scale_noise_db(fcfg) -> float:
+    """The frame energy (frame_energy_db) of white noise at 0 dBFS RMS through this fbank:
+    X dBFS of white noise is this + X (energy scales with power)."""
+    from tasks.fbank import FbankComputer
+
+    noise = np.random.default_rng(0).standard_normal(int(fcfg.sample_rate)).astype(np.float32)
+    return float(np.median(frame_energy_db(FbankComputer(fcfg).compute([noise])[0])))
 
 
 class SpeechGate:
-    def __init__(self, lead_rows: int, trail_rows: int):
-        self.lead, self.trail = int(lead_rows), int(trail_rows)
+    def __init__(self, lead: int, trail: int):
+        self.lead, self.trail = int(lead), int(trail)
         self.kept = self.dropped = 0
         self.new_utterance()
 
     def new_utterance(self) -> None:
-        self.since_speech = None  # rows since the last speech row; None: none yet
-        self.held: list[np.ndarray] = []  # non-speech rows that may lead into speech
+        self.since_speech = None  # items since the last speech item; None: none yet
+        self.held: list[np.ndarray] = []  # non-speech items that may lead into speech
 
-    def accept(self, rows: np.ndarray, flags: np.ndarray) -> np.ndarray:
+    def accept(self, rows: np.ndarray, flags: np.ndarray,
+               audible: np.ndarray | None = None) -> np.ndarray:
+        """`rows`: frames (or rows), one flag each; the ones kept, in order. An item that
+        is not `audible` is dropped, padding or not (it carries no sound)."""
         out = []
-        for row, speech in zip(rows, flags):
-            if speech:
+        audible = np.ones(len(flags), bool) if audible is None else audible
+        for row, speech, heard in zip(rows, flags, audible):
+            if not heard:
+                self.dropped += 1
+            elif speech:
                 out += self.held
                 self.held = []
                 out.append(row)
@@ -130,19 +172,24 @@ class SpeechGate:
 
 @dataclass(frozen=True)
 class GateSettings:
-    """The gate in seconds and dB (serve.speech_*), made into frame and row counts for
-    one feature configuration by `activity` and `row_gate`."""
+    """The gate in seconds and dB (serve.speech_*), made into frame counts for one
+    feature configuration by `activity` and `frame_gate`."""
 
     threshold_db: float = 6.0
     floor_s: float = 3.0
     smooth_ms: float = 90.0
-    pad_s: float = 0.45
+    pad_s: float = 0.15
+    min_dbfs: float = -80.0
+    steady_s: float = 0.5
+    steady_db: float = 3.0
 
     def activity(self, fcfg) -> SpeechActivity:
         shift = fcfg.frame_shift_ms / 1000.0
         return SpeechActivity(self.threshold_db, max(1, round(self.floor_s / shift)),
-                              max(1, round(self.smooth_ms / 1000.0 / shift)))
+                              max(1, round(self.smooth_ms / 1000.0 / shift)),
+                              full_scale_noise_db(fcfg) + self.min_dbfs,
+                              round(self.steady_s / shift), self.steady_db)
 
-    def row_gate(self, fcfg) -> SpeechGate:
-        rows = round(self.pad_s / (fcfg.frame_shift_ms / 1000.0 * fcfg.subsample))
-        return SpeechGate(rows, rows)
+    def frame_gate(self, fcfg) -> SpeechGate:
+        frames = round(self.pad_s / (fcfg.frame_shift_ms / 1000.0))
+        return SpeechGate(frames, frames)

@@ -75,15 +75,22 @@ class ServeConfig:
     max_active: int = 0  # 0: decode.max_active
     # A client that sends nothing for this long is closed (1001).
     idle_timeout_s: float = 30.0
-    # Speech gate (tasks/speech_activity.py): rows are recognised only in speech and
-    # speech_pad_s around it, so digital silence, hum and steady noise give no words. A
-    # frame is speech when its energy (90 ms mean) is speech_threshold_db above the
-    # lowest of the last speech_floor_s. Chosen on the dev split: docs/results/2026-11-29-serving-faults.md.
+    # Speech gate (tasks/speech_activity.py): frames are recognised only in speech and
+    # speech_pad_s around it, so digital silence, hum and steady noise give no words (and
+    # do not weigh on the speaker's mean normalisation). A frame is speech when its energy
+    # (90 ms mean) is speech_threshold_db above the stream's floor: the lowest energy of
+    # the last speech_floor_s, or of the last speech_steady_s when it held within
+    # speech_steady_db. Chosen on the dev split: docs/results/2026-11-29-serving-faults.md.
     speech_gate: bool = True  # false: every row is recognised (the offline decode's rows)
     speech_threshold_db: float = 6.0  # dB above the stream's noise floor that is speech
     speech_floor_s: float = 3.0  # the floor: the quietest frame of this many seconds before
     speech_smooth_ms: float = 90.0  # frame energies averaged over this long (causal)
-    speech_pad_s: float = 0.45  # non-speech kept before and after speech (the silence the model knows)
+    speech_pad_s: float = 0.15  # non-speech kept before and after speech (the silence the model knows)
+    speech_steady_s: float = 0.5  # energy steady this long (0: off) is the floor: a steady sound is no speech
+    speech_steady_db: float = 3.0  # "steady": within this many dB
+    # frames quieter than white noise at this level are no sound (digital silence): never
+    # recognised, not even as padding, and kept out of the speaker's mean normalisation
+    speech_min_dbfs: float = -80.0
 
     def validate(self, key: str) -> None:
         check(1 <= self.port <= 65535, f"{key}.port", "must be in [1, 65535]")
@@ -110,6 +117,8 @@ class ServeConfig:
         check(self.speech_floor_s > 0, f"{key}.speech_floor_s", "must be > 0")
         check(self.speech_smooth_ms > 0, f"{key}.speech_smooth_ms", "must be > 0")
         check(self.speech_pad_s >= 0, f"{key}.speech_pad_s", "must be >= 0")
+        check(self.speech_steady_s >= 0 and self.speech_steady_db > 0, f"{key}.speech_steady_s",
+              "speech_steady_s must be >= 0 and speech_steady_db > 0")
 
 
 @dataclass
