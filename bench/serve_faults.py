@@ -77,17 +77,19 @@ def speech_wer(rec, streams, around: np.ndarray | None = None) -> dict[str, Any]
     from decoding.lexicon import words_of
     from serving.recognizer import transcribe
 
-    scores, hyps = [], {}
+    scores, hyps, rows = [], {}, []
     for recs, waves in streams:
         if around is not None:
             waves = [np.concatenate([_level(around, w), w, _level(around, w)]) for w in waves]
         for r, f in zip(recs, transcribe(rec, waves)):
             hyps[r.utt_id] = f["final"]
             scores.append(W.score(words_of(r.text), f["final"].split(), r.condition or "unknown"))
+            rows.append({"utt_id": r.utt_id, "errors": scores[-1].errors,
+                         "ref_words": scores[-1].ref_words})
     agg = W.aggregate(scores)
     return {"wer": round(agg["wer"], 5), "ins": round(agg["ins"], 5), "ref_words": agg["ref_words"],
             "per_condition": {k: round(v, 5) for k, v in agg["per_condition"].items()},
-            "utterances": len(scores), "hyps": hyps}
+            "utterances": len(scores), "hyps": hyps, "rows": rows}
 
 
 AROUND_DB = 20.0  # the hum and noise around speech: this far below the speech's level
@@ -104,6 +106,7 @@ def _level(x: np.ndarray, speech: np.ndarray) -> np.ndarray:
 def run(ctx, args) -> dict[str, Any]:
     from amflow.steps.serve import load_assets, serve_context
     from serving.app import make_recognizer
+    from serving.export_checks import paired_delta
 
     ctx, model = serve_context(ctx, getattr(args, "model", None))
     assets = load_assets(ctx, model)
@@ -132,8 +135,12 @@ def run(ctx, args) -> dict[str, Any]:
                                     if isinstance(v, dict)), flush=True)
     base, gate = out["speech"]["no_gate"]["test"]["hyps"], out["speech"]["gate"]["test"]["hyps"]
     out["speech"]["finals_changed_by_gate"] = sum(base[u] != gate[u] for u in base)
+    out["speech"]["gate_vs_no_gate"] = {  # the WER change with its 95 % CI, per speech set
+        k: paired_delta(out["speech"]["no_gate"][k]["rows"], v["rows"])
+        for k, v in out["speech"]["gate"].items() if isinstance(v, dict)}
     for key in ("no_gate", "gate"):  # the per-utterance words stay out of the summary
         for v in out["speech"][key].values():
             if isinstance(v, dict):
                 v.pop("hyps")
+                v.pop("rows")
     return out

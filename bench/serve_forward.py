@@ -1,8 +1,12 @@
-"""`python -m bench.serve_forward [--model model.pt] [--device cuda] [--dtype fp16]`:
-the Batch Dispatch forward alone (serving.recognizer.StreamModel, no Ray, no search), per
-batch size: ms per forward of `--rows` new rows per stream, and how many real-time
-streams one forward loop could carry (33 rows/s each). Runs where Ray is not installed
-(a GPU box); without --model, a random student of the demo's size (2 x 384, 68 classes).
+"""`python -m bench.serve_forward [--model model.pt] [--device cuda] [--dtype fp16]
+[--onnx [model.streaming.onnx ...]]`: the Batch Dispatch forward alone (serving.recognizer.
+StreamModel, no Ray, no search), per batch size: ms per forward of `--rows` new rows per
+stream, and how many real-time streams one forward loop could carry (33 rows/s each).
+Runs where Ray is not installed (a GPU box); without --model, a random student of the
+demo's size (2 x 384, 68 classes). --onnx: also onnxruntime on the same model's streaming
+graph (serve.backend=onnxruntime; the graphs given, e.g. amflow export's fp32 and int8
+ones, else exported here), each size measured on every backend in turn, and the ratio of
+torch's time to each graph's.
 """
 from __future__ import annotations
 
@@ -47,6 +51,8 @@ def main(argv=None) -> None:
     p.add_argument("--rows", type=int, default=3, help="new rows per stream per forward")
     p.add_argument("--repeat", type=int, default=20)
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--onnx", nargs="*", help="streaming graphs to compare (none listed: "
+                                             "the model exported here)")
     a = p.parse_args(argv)
     torch.set_num_threads(a.threads)
     if a.model:
@@ -57,8 +63,28 @@ def main(argv=None) -> None:
     else:
         net = StudentLSTM(192, 384, 2, 68, lookahead=3).eval()
     model = StreamModel(net, a.dtype, a.device)
-    rows = measure(model, [int(b) for b in a.batches.split(",")], a.rows, a.repeat)
-    print(json.dumps({"device": a.device, "dtype": str(model.dtype), "rows": rows}, indent=1))
+    batches = [int(b) for b in a.batches.split(",")]
+    rows = measure(model, batches, a.rows, a.repeat)
+    out = {"device": a.device, "dtype": str(model.dtype), "rows": rows}
+    if a.onnx is not None:
+        out["onnxruntime"] = onnx_rows(net, a.onnx, batches, a.rows, a.repeat, a.threads, rows)
+    print(json.dumps(out, indent=1))
+
+
+def onnx_rows(net, paths: list[str], batches, rows: int, repeat: int, threads: int,
+              torch_rows: list[dict]) -> dict:
+    from serving.onnx_export import streaming_graph
+    from serving.onnx_runtime import OrtStreamModel
+
+    graphs = {p: open(p, "rb").read() for p in paths} or \
+        {"exported here": streaming_graph(net).SerializeToString()}
+    out = {}
+    for name, blob in graphs.items():
+        res = measure(OrtStreamModel(blob, threads), batches, rows, repeat)
+        for r, t in zip(res, torch_rows):
+            r["torch_over_onnx"] = round(t["ms_per_forward"] / r["ms_per_forward"], 2)
+        out[name] = res
+    return out
 
 
 if __name__ == "__main__":
