@@ -37,6 +37,10 @@ def service(ray_local, tiny_system, tmp_path_factory):  # noqa: F811
     cfg = load_config(None, [f"storage.root={tmp_path_factory.mktemp('store')}",
                              f"serve.port={port}", "serve.ingress=proxy", "serve.max_streams=6",
                              "serve.max_chunk_bytes=16000", "serve.idle_timeout_s=20",
+                             # the offline decode's rows (no speech gate), so that the
+                             # streamed words can be held to the offline ones; the gate's
+                             # own tests: tests/test_speech_activity.py
+                             "serve.speech_gate=false",
                              "serve.app_name=amflow-serve-test"])
     url = start(cfg, tiny_system["assets"])
     yield url
@@ -109,7 +113,8 @@ def test_bad_clients_get_their_close_codes_and_the_good_stream_is_unaffected(ser
             _client(service, {"sample_rate": 16000, "format": "f32le"}, []),
             _client(service, bytes(np.random.default_rng(0).integers(0, 256, 999, np.uint8)), []),
             _client(service, good_header, [b"\x00" * 20000]),
-            _client(service, good_header, [b"\x00" * 3]))
+            _client(service, good_header, [b"\x00" * 3]),
+            _client(service, {"sample_rate": 16000, "channels": "abc"}, []))
         await vanish
         release.set()
         return await good, bad, await holder
@@ -119,7 +124,8 @@ def test_bad_clients_get_their_close_codes_and_the_good_stream_is_unaffected(ser
     assert finals == tiny_system["words"] and good["code"] == P.NORMAL
     assert good["msgs"][0]["ready"] and good["msgs"][-1].get("eof")
     codes = [b["code"] for b in bad]
-    assert codes == [P.UNSUPPORTED, P.UNSUPPORTED, P.UNSUPPORTED, P.TOO_BIG, P.UNSUPPORTED], bad
+    assert codes == [P.UNSUPPORTED, P.UNSUPPORTED, P.UNSUPPORTED, P.TOO_BIG, P.UNSUPPORTED,
+                     P.UNSUPPORTED], bad
     for b in bad:
         assert "error" in b["msgs"][-1]
     assert "sample_rate 8000" in bad[0]["msgs"][-1]["error"]

@@ -6,6 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from tests.test_serving import tiny_system  # noqa: F401  (the module fixture)
+
 from core.config import FeaturesConfig
 from tasks.speech_activity import GateSettings, SpeechActivity, SpeechGate
 
@@ -84,3 +86,23 @@ def test_a_stationary_input_is_its_own_floor_at_any_level_and_a_rise_is_speech()
     loud = np.full((50, 64), 2.0 + 6.0 / 4.343 * 2, np.float32)  # 12 dB up
     flags = np.concatenate([sa.accept(quiet), sa.accept(loud), sa.accept(quiet)])
     assert not flags[:200].any() and flags[205:250].all() and not flags[260:].any()
+
+
+def test_the_served_recognizer_gates_by_default_and_gives_no_words_without_speech(tiny_system):
+    """make_recognizer with the default serve config: a second of digital silence, of a
+    constant full-scale signal and of hum are empty finals (without the gate the same
+    model makes words of them)."""
+    from core.config import ServeConfig
+    from serving.app import make_recognizer
+    from serving.recognizer import transcribe
+
+    faults = _faults()
+    waves = [np.clip(faults[k][:16000], -1, 32767 / 32768).astype(np.float32)
+             for k in ("silence", "full_scale_dc", "hum", "white")]
+    finals = {}
+    for gate in (True, False):
+        rec = make_recognizer(tiny_system["assets"],
+                              ServeConfig(device="cpu", dtype="fp32", speech_gate=gate))
+        finals[gate] = [m["final"] for m in transcribe(rec, waves)]
+    assert finals[True] == ["", "", "", ""]
+    assert any(finals[False]), finals  # the fault the gate is for
