@@ -9,10 +9,8 @@ from core.config.errors import check
 class ExportConfig:
     """`amflow export`: the student as ONNX graphs, and the checks that keep an export."""
 
-    # Where the checks take their real utterances: this split of data.corpus, at most this
-    # many utterances (0: every one of the split).
-    check_split: str = "test"
-    check_utterances: int = 0
+    check_split: str = "test"  # the split of data.corpus whose utterances the checks run on
+    check_utterances: int = 0  # at most this many of them (0: every one of the split)
     tolerance: float = 1e-4  # most |log-posterior difference| ONNX may have from torch (fp32)
     chunk_rows: int = 4  # rows per streaming step in the streaming graph's check (120 ms)
     streams: int = 8  # streams batched together in that check (their row counts differ)
@@ -63,9 +61,8 @@ class ServeConfig:
     # What runs the model: torch (model.pt) or onnxruntime (the graph `amflow export`
     # wrote, on the CPU; dtype and device are torch's). Same protocol, dispatch and metrics.
     backend: str = "torch"  # torch | onnxruntime
-    # backend onnxruntime: the exported streaming graph; "" = the run's
-    # export[-<decode.tag>]/model.streaming.onnx (…/model.streaming.int8.onnx: int8).
-    onnx_model: str = ""
+    # …/model.streaming.int8.onnx serves the int8 graph
+    onnx_model: str = ""  # backend onnxruntime: the exported streaming graph ("" = the run's export[-<decode.tag>]/model.streaming.onnx)
     threads: int = 1  # torch threads per replica
     # Search settings; 0 = the decode step's (decode.beam, decode.max_active), so the
     # streamed words are the offline decode's. acwt 0 = the one `amflow decode` tuned for
@@ -88,9 +85,8 @@ class ServeConfig:
     speech_pad_s: float = 0.15  # non-speech kept before and after speech (the silence the model knows)
     speech_steady_s: float = 0.5  # energy steady this long (0: off) is the floor: a steady sound is no speech
     speech_steady_db: float = 3.0  # "steady": within this many dB
-    # frames quieter than white noise at this level are no sound (digital silence): never
-    # recognised, not even as padding, and kept out of the speaker's mean normalisation
-    speech_min_dbfs: float = -80.0
+    # (never recognised, not even as padding; out of the speaker's mean normalisation)
+    speech_min_dbfs: float = -80.0  # frames quieter than white noise at this level are no sound (digital silence)
 
     def validate(self, key: str) -> None:
         check(1 <= self.port <= 65535, f"{key}.port", "must be in [1, 65535]")
