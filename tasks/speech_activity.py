@@ -10,12 +10,15 @@ whose level set the mean). The level itself is the cue the normalisation throws 
 speech rises well above the stream's noise floor, syllable by syllable; silence, a hum
 and steady noise stay at it.
 
-    SpeechActivity(threshold_db, floor_frames, smooth_frames, audible_db)
-        .accept(logmel [n, bins]) -> bool [n]
-        a frame is speech when its energy (all mel bins, before any normalisation) is
-        more than threshold_db above the stream's floor: the lowest frame energy of the
-        last floor_frames frames (minimum statistics; a stationary input is its own floor,
-        so it never is speech, whatever its level). Carried across chunks and utterances.
+    SpeechActivity(threshold_db, floor_frames, smooth_frames, audible_db, steady_frames,
+                   steady_db).accept(logmel [n, bins]) -> bool [n]
+        a frame is speech when its energy (all mel bins, before any normalisation; the
+        mean power of the last smooth_frames) is more than threshold_db above the stream's
+        floor: the lowest energy of the last floor_frames frames (minimum statistics; a
+        stationary input is its own floor, so it never is speech, whatever its level), or,
+        where the energy held within steady_db for steady_frames, that steady level (a
+        hum that starts after speech is not speech for floor_frames). Carried across
+        chunks and utterances.
         .audible: the frames at or above audible_db (GateSettings.min_dbfs as the energy
         of white noise at that level): below it, digital silence or a constant signal,
         there is no sound, not even to pad speech with (log(FLT_EPSILON) in every bin,
