@@ -84,6 +84,8 @@ class SpeechActivity:
         before the silence says nothing of what follows it) and the next EDGE frames are
         not counted either: their window is partly silence, their energy no level."""
         heard = raw >= self.audible_db
+        if heard.all() and not self.edge:
+            return heard  # the usual chunk: all sound, no silence just before
         for j in range(len(raw)):
             if not heard[j]:
                 self.hist, self.power, self.edge = self.hist[:0], self.power[:0], EDGE
