@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# A tiny end-to-end chain (corpus -> select -> features -> repartition -> teacher train ->
+# A tiny end-to-end chain (corpus -> select -> align -> features -> repartition -> teacher train ->
 # evaluate -> lm -> decode -> targets -> student train -> sequence -> decode) on fresh storage,
 # then a digest of every data file it wrote (scripts/identity_digest.py: timings, hosts and
 # wall-clock fields left out). Run both with the same OUT_DIR (paths are part of manifests).
@@ -20,9 +20,9 @@ T=(--set select.splits=labeled,dev,test --set train.model=teacher --set train.re
 S=(--set train.model=student --set train.recipe=ssl --set targets.teacher="$OUT/store/runs/t/train-teacher/model.pt")
 run() { echo "== amflow $*" >&2; "$AMFLOW" "$@" "${COMMON[@]}" "${TINY[@]}" > "$OUT/last.log" 2>&1 || { tail -40 "$OUT/last.log" >&2; exit 1; }; }
 run corpus --set corpus.hours=0.08
-for s in select features repartition train evaluate lm; do run $s --run-id t "${T[@]}"; done
+for s in select align features repartition train evaluate lm; do run $s --run-id t "${T[@]}"; done
 run decode --run-id t --split test "${T[@]}"
-for s in select features targets repartition train; do run $s --run-id s "${S[@]}"; done
+for s in select align features targets repartition train; do run $s --run-id s "${S[@]}"; done
 run sequence --run-id s "${S[@]}" --set select.splits=labeled,dev --set train.epochs=1
 run lm --run-id s "${S[@]}"
 run decode --run-id s --split test "${S[@]}" --set decode.tag=sequence
