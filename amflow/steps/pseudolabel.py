@@ -176,12 +176,12 @@ def render(r: dict, dev: dict, rtf: dict) -> str:
     def pct(x):
         return "   n/a" if x is None else f"{100 * x:6.2f}"
 
-    ch = dev["choice"]
+    ch, at = dev["choice"], dev["at_threshold"]
     return "\n".join([
         f"acwt {dev['acwt']} and threshold {dev['threshold']:.4f} ({dev['threshold_from']}; "
-        f"dev {dev['split']}: unfiltered WER {pct(ch['unfiltered_wer'])} %, kept "
-        f"{pct(dev['at_threshold']['wer_kept'])} % on {pct(dev['at_threshold']['kept_audio_fraction'])} "
-        f"% of the audio, rule met: {ch['rule_met']})",
+        f"on {dev['split']}: unfiltered WER {pct(ch['unfiltered_wer'])} %, kept "
+        f"{pct(at['wer_kept'])} % on {pct(at['kept_audio_fraction'])} % of the audio, rule "
+        f"met: {ch['rule_met']})",
         f"{'pseudo-labels':<14} {'utts':>6} {'WER %':>7}",
         f"{'all':<14} {r['utts']:>6} {pct(r['wer_all'])}",
         f"{'kept':<14} {r['kept_utts']:>6} {pct(r['wer_kept'])}",
