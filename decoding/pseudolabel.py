@@ -18,11 +18,15 @@ path by acoustic score and LM together: where the LM pulls in a word the audio d
 support, or where the model is torn between classes (far-field, noise), the chosen
 classes' posteriors are low. It costs one gather over posteriors the decode already holds,
 so pseudo-labelling stays as fast as decoding. The alternative the lattice offers, the
-margin between the best and second-best word sequences (kaldi-decoder's
-LatticeSimpleDecoder), needs a lattice search with no max_active and an n-best over a
-determinised word lattice per utterance: several times the search's cost, on the step
-that must run at >= 100x real time. Silence frames count too: a hypothesis that puts
-silence where speech is (deleted words) is as wrong as one that puts words there.
+margin between the best and second-best word sequences, is out of reach at that cost:
+kaldi-decoder's LatticeSimpleDecoder has no max_active and hands Python only its raw,
+undeterminised lattice (~1,000 states for 22 frames of a 6-word graph), whose n-best
+paths differ in alignment, not words; a word-level margin needs it walked, projected and
+determinised per utterance in Python, on the step that must run at >= 100x real time.
+Silence frames count too: a hypothesis that puts silence where speech is (deleted words)
+is as wrong as one that puts words there. On a weak teacher the geometric mean, the mean
+over non-silence frames, the worst 10-frame window, a frame likelihood ratio and the LM
+log-probability per word ranked no better (docs/results/2026-11-29-pseudolabels.md).
 
 am_score: the path's acoustic log-likelihood ratio, sum_t (log p(c_t | x_t) - log p(c_t))
 (unscaled: the searched scores divided by acwt); lm_score: the graph's log-probability of

@@ -134,7 +134,7 @@ def _teacher(corpus, path):
     return str(path)
 
 
-@pytest.mark.slow  # a Ray pool started twice: ~2 min on a loaded 2-core machine
+@pytest.mark.slow  # a Ray pool started three times: ~3 min on a loaded 2-core machine
 def test_pseudolabel_end_to_end_on_the_tiny_corpus(tiny_corpus, tmp_path, local_cfg, ray_local):
     from amflow.steps import pseudolabel, select
     from core.runs import SUCCESS, StepContext
@@ -145,6 +145,7 @@ def test_pseudolabel_end_to_end_on_the_tiny_corpus(tiny_corpus, tmp_path, local_
     arpa = tmp_path / "lm.arpa"
     arpa.write_text(lm.estimate(lm.generator_sentences(300, 5), 2, vocabulary=lex.prons).to_arpa())
     sets = [f"data.corpus={tiny_corpus}", "select.splits=[unlabeled]", "select.hours=0.01",
+            "select.shard_hours=0.003",
             f"decode.lm={arpa}", "decode.acwt=[0.5, 1.0]", "decode.workers=2",
             "decode.beam=8", "decode.max_active=500", "pseudolabel.min_kept=0.5"]
     cfg = local_cfg(*sets)
@@ -170,9 +171,17 @@ def test_pseudolabel_end_to_end_on_the_tiny_corpus(tiny_corpus, tmp_path, local_
     # the corpus's unlabeled records carry their transcripts: the calibration is reported
     assert m["wer_all"] is not None and m["ref_words"] > 0 and m["rtf"]["x_real_time"] > 0
     assert 0 <= m["kept_audio_fraction"] <= 1
-    # the same inputs: handed back; another threshold: labelled again, every one dropped
+    # the same inputs: handed back; killed before one shard's marker: that shard redone
     again = pseudolabel.run(StepContext(cfg, "r", "pseudolabel"), args)
     assert again["finished_at"] == done["finished_at"]
+    markers = sorted((step / "_shards").iterdir())
+    assert len(markers) == m["shards"] >= 2
+    markers[0].unlink()
+    (step / SUCCESS).unlink()
+    resumed = pseudolabel.run(StepContext(cfg, "r", "pseudolabel"), args)
+    assert resumed["metrics"]["shards_skipped"] == m["shards"] - 1
+    assert resumed["counts"] == c and pq.read_table(step / "labels").to_pylist() == labels
+    # another threshold: labelled again, every one under it dropped
     strict = local_cfg(*sets, "pseudolabel.threshold=1.0")
     redo = pseudolabel.run(StepContext(strict, "r", "pseudolabel"), args)
     assert redo["counts"]["in"] == c["in"]

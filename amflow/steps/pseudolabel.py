@@ -131,9 +131,11 @@ def write_shard(ctx: StepContext, res: dict, threshold: float) -> dict[str, Any]
                                PL.calibration_table(filtered))
     rejects = [Reject(lab.utt_id, r, PL.reject_detail(lab, r, threshold), shard)
                for lab, r in filtered if r]
+    rejects_uri = ctx.path("rejects", f"{shard}.parquet")
     if rejects:
-        nbytes += st.write_parquet(ctx.path("rejects", f"{shard}.parquet"),
-                                   rejects_table(rejects))
+        nbytes += st.write_parquet(rejects_uri, rejects_table(rejects))
+    elif st.exists(rejects_uri):  # an interrupted try's, under another threshold
+        st.delete(rejects_uri)
     marker = {"shard": shard, "tally": PL.tally(filtered), "bytes": nbytes,
               **{k: res[k] for k in ("audio_s", "featurize_s", "forward_s", "search_s",
                                      "frames")}}
