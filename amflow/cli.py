@@ -67,6 +67,11 @@ def _decode_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", help="JSON file/URI to write (default: <run>/decode/result.json)")
 
 
+def _pseudolabel_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", help="teacher checkpoint URI (default: targets.teacher, else "
+                                   "this run's train/model.pt)")
+
+
 def _compare_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("runs", nargs="+", metavar="RUN",
                    help="run ids; the first is the base the others are tested against")
@@ -194,6 +199,17 @@ STEPS: dict[str, Step] = {
         writes="--out JSON (wer, per_condition, ser, acwt, rtf), runs/<id>/decode[-<tag>]/"
                "hyps.jsonl, hyps.parquet, tuning.json, _SUCCESS.json; runs/<id>/graph/<key>/",
         add_args=_decode_args),
+    "pseudolabel": Step(
+        "amflow.steps.pseudolabel:run",
+        "the teacher's words for the unlabeled selection, with confidences; keep the confident",
+        reads="--model teacher (default targets.teacher, else runs/<id>/train/model.pt), the "
+              "decoder as `amflow decode` builds it (lexicon, decode.lm or runs/<id>/lm/"
+              "lm.arpa, graph), runs/<id>/select shards of pseudolabel.split, the transcripts "
+              "of pseudolabel.dev_split (acwt and the confidence threshold are chosen there)",
+        writes="runs/<id>/pseudolabel/labels/*.parquet (utt_id, text, confidence, am_score, "
+               "lm_score, kept, reason), calibration/*.parquet, dev.json, rejects/, "
+               "_SUCCESS.json (WER of kept vs dropped vs all, kept share of audio, x real time)",
+        add_args=_pseudolabel_args),
     "serve": Step(
         "amflow.steps.serve:run", "serve a student as a streaming recognizer (Ray Serve, WebSocket)",
         reads="--model student model.pt (CMVN, phones, priors), its run's decoding graph, "

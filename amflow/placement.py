@@ -31,7 +31,7 @@ from core.config import Config
 
 # The steps the DAGs run as Ray jobs (dags/*.py), each placed by ray.step_resources.
 DAG_STEPS = ("select", "features", "targets", "repartition", "train", "sequence", "evaluate",
-             "lm", "decode")
+             "lm", "decode", "pseudolabel")
 
 
 @dataclass(frozen=True)

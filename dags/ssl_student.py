@@ -3,6 +3,8 @@
 select -> align -> features -> targets -> repartition -> train (student, recipe ssl) -> evaluate
        -> decode;  select -> lm (word 3-gram for decoding) -> decode
 train -> sequence (sMBR on the labeled split, param) -> evaluate_sequence -> decode_sequence
+select -> lm -> pseudolabel (param `pseudolabels`: the teacher's confident words for the
+       unlabeled selection, the end-to-end students' transcripts; pseudolabel/labels/)
 
 With features.labels=align, `align` labels the labeled split with the teacher's network
 tree (its model card), so the student's classes are the teacher's, taking the teacher
@@ -52,6 +54,11 @@ SEQ_SETS = ["train.model=student", "evaluate.tag=sequence", "decode.tag=sequence
         "sequence": Param(True, type="boolean", title="Sequence-train the student",
                           description="sMBR on the labeled data from the student's model "
                                       "(sequence/), then its WER."),
+        "pseudolabels": Param(False, type="boolean", title="Pseudo-label the unlabeled audio",
+                              description="The teacher decodes the unlabeled selection; a "
+                                          "confidence threshold chosen on dev keeps the "
+                                          "confident words (pseudolabel/labels/*.parquet: "
+                                          "the end-to-end students' transcripts)."),
     },
 )
 def ssl_student():
@@ -81,7 +88,13 @@ def ssl_student():
                                                   STUDENT_SEQ_EVAL, STUDENT_SEQ_WER)
     select >> align >> features >> targets >> repartition >> train >> evaluate >> decode
     train >> sequence
-    select >> lm >> [decode, decode_sequence]
+    pseudolabel = AmflowStepOperator(task_id="pseudolabel", step="pseudolabel",
+                                     inlets=[TEACHER_MODEL], teacher_asset=TEACHER_MODEL,
+                                     enabled_by="pseudolabels",
+                                     doc_md="The teacher's words for the unlabeled selection, "
+                                            "each with a confidence; those over a threshold "
+                                            "chosen on dev are kept (WER kept vs dropped).")
+    select >> lm >> [decode, decode_sequence, pseudolabel]
     branch_gates(select.dag)
 
 

@@ -179,10 +179,11 @@ def _workers_that_fit(wanted: int, resources: dict) -> int:
 
 
 class Pool:
-    """decode.workers DecodeWorker actors behind ray.util.ActorPool."""
+    """decode.workers DecodeWorker actors (or `worker`, a subclass) behind
+    ray.util.ActorPool."""
 
     def __init__(self, ctx: StepContext, model_bytes: bytes, graph_dir: str,
-                 log_prior: np.ndarray, corpus: str):
+                 log_prior: np.ndarray, corpus: str, worker: type = DecodeWorker):
         import ray
         from ray.util import ActorPool
 
@@ -191,7 +192,7 @@ class Pool:
         init_ray(ctx.cfg)
         dc = ctx.cfg.decode
         self.workers = _workers_that_fit(dc.workers, ray.cluster_resources())
-        actor = ray.remote(num_cpus=1, **_pool_resources(ctx))(DecodeWorker)
+        actor = ray.remote(num_cpus=1, **_pool_resources(ctx))(worker)
         model_ref = ray.put(model_bytes)
         self.actors = [actor.remote(model_ref, graph_dir, log_prior, corpus, ctx.cfg.storage,
                                     dc.beam, dc.max_active) for _ in range(self.workers)]

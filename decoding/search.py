@@ -8,9 +8,14 @@
         labelling decoding.graph uses) and the 1-best path's output labels; a fresh
         decoder per utterance, so an utterance's words never depend on what was decoded
         before it.
+    Searcher.best_path(scores) -> BestPath   the same search, with the path's costs apart
+        (graph: LM + pronunciation + silence; acoustic: the scaled scores) and its class
+        per frame (pseudo-label confidences and scores: decoding/pseudolabel.py)
     log_priors(counts) -> float32 [C]   smoothed class log-priors from counts
 """
 from __future__ import annotations
+
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -44,6 +49,11 @@ class Searcher:
 
     def best_words(self, scores: np.ndarray) -> tuple[list[str], float, bool]:
         """(words, cost of the best path, reached a final state)."""
+        p = self.best_path(scores)
+        return p.words, p.cost, p.final
+
+    def best_path(self, scores: np.ndarray) -> "BestPath":
+        """The 1-best path: its words, its two costs, its class per frame."""
         import kaldi_decoder
         import kaldifst
 
@@ -58,11 +68,28 @@ class Searcher:
         final = bool(decoder.reached_final())
         ok, lattice = decoder.get_best_path()
         if not ok:
-            return [], float("inf"), final
-        ok, _, olabels, weight = kaldifst.get_linear_symbol_sequence(lattice)
+            return BestPath([], float("inf"), float("inf"), final, ok=False)
+        ok, ilabels, olabels, weight = kaldifst.get_linear_symbol_sequence(lattice)
         words = [self.graph.words[o] for o in olabels if o]
-        cost = float(weight.value1 + weight.value2) if hasattr(weight, "value1") else 0.0
-        return words, cost, final
+        graph_cost, am_cost = ((float(weight.value1), float(weight.value2))
+                               if hasattr(weight, "value1") else (0.0, 0.0))
+        # graph label i is class i - 1 (DecodableCtc's column i - 1); one label per frame
+        classes = np.asarray(ilabels, np.int64) - 1
+        return BestPath(words, graph_cost, am_cost, final, classes=classes)
+
+
+@dataclass
+class BestPath:
+    words: list[str]
+    graph_cost: float  # -log of the graph's weights on the path (LM, lexicon, silence)
+    am_cost: float  # -sum of the acoustic scores on the path (acwt-scaled, as searched)
+    final: bool  # the search reached a final state of the graph
+    ok: bool = True  # False: the search kept no path at all
+    classes: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+
+    @property
+    def cost(self) -> float:
+        return self.graph_cost + self.am_cost
 
 
 def oracle_log_posteriors(labels: np.ndarray, num_classes: int, mass: float = 0.9) -> np.ndarray:

@@ -21,7 +21,8 @@ STUDENT_EDGES = [("select", "align"), ("align", "features"), ("features", "targe
                  ("repartition", "train"), ("train", "evaluate"), ("evaluate", "decode"),
                  ("select", "lm"), ("lm", "decode"),
                  ("train", "sequence"), ("sequence", "evaluate_sequence"),
-                 ("evaluate_sequence", "decode_sequence"), ("lm", "decode_sequence")]
+                 ("evaluate_sequence", "decode_sequence"), ("lm", "decode_sequence"),
+                 ("lm", "pseudolabel")]
 TEACHER_EDGES = [("select", "align"), ("align", "features"), ("features", "repartition"), ("repartition", "train"),
                  ("train", "evaluate"), ("repartition", "train_baseline"),
                  ("train_baseline", "evaluate_baseline"), ("evaluate", "decode"),
@@ -50,7 +51,7 @@ def dagbag(tmp_path_factory):
 
 
 # Branch gates (one pool slot, no job): each skips its switch's steps when a param is off.
-STUDENT_GATE_EDGES = [("if_sequence", "sequence")]
+STUDENT_GATE_EDGES = [("if_sequence", "sequence"), ("if_pseudolabels", "pseudolabel")]
 TEACHER_GATE_EDGES = [("if_baseline", "train_baseline"),
                       ("if_baseline_and_sequence", "sequence_baseline"),
                       ("if_sequence_teacher", "sequence_teacher")]
@@ -118,7 +119,8 @@ def test_graphs(dagbag):
         "select": "select", "align": "align", "features": "features", "targets": "targets",
         "repartition": "repartition", "train": "train", "evaluate": "evaluate",
         "lm": "lm", "decode": "decode", "sequence": "sequence",
-        "evaluate_sequence": "evaluate", "decode_sequence": "decode"}
+        "evaluate_sequence": "evaluate", "decode_sequence": "decode",
+        "pseudolabel": "pseudolabel"}
     # align labels the frames only with features.labels=align, else it skips and features
     # runs anyway; the student's align labels with its teacher's tree (targets.teacher)
     for dag in (student, teacher):
@@ -206,6 +208,10 @@ def test_disabled_branches_skip_before_taking_pool_slots(dagbag):
     student = dagbag.dags["ssl_student"]
     assert _run_gate(student, "if_sequence", sequence=False) == [
         "decode_sequence", "evaluate_sequence", "sequence"]
+    assert student.params["pseudolabels"] is False  # on with the end-to-end students
+    assert _run_gate(student, "if_pseudolabels") == ["pseudolabel"]
+    assert _run_gate(student, "if_pseudolabels", pseudolabels=True) == []
+    assert student.task_dict["pseudolabel"].teacher_asset is not None
 
 
 def test_assets_wire_teacher_to_student(dagbag):

@@ -12,6 +12,7 @@ from core.config.pipeline import SelectConfig, FeaturesConfig, LABEL_KEYS, featu
 from core.config.model import StudentConfig, TeacherConfig, ModelConfig  # noqa: F401
 from core.config.train import (AlgoConfig, AugmentConfig, BatchesConfig, CheckpointsConfig, DistillConfig, GROW_RECIPE, MaskingConfig, OptimConfig, PassesConfig, SEQUENCE_RECIPE, SequenceConfig, TRAIN_KEY_ORDER, TRAIN_KEYS, TRAIN_SECTIONS, TrainConfig, replace_train, train_key_type)  # noqa: F401
 from core.config.decode import EvaluateConfig, LmConfig, DecodeConfig, ReportConfig  # noqa: F401
+from core.config.pseudolabel import PseudolabelConfig  # noqa: F401
 from core.config.serve import ServeConfig, SimulateConfig, BenchConfig, ExportConfig  # noqa: F401
 from core.config.align import AlignConfig  # noqa: F401
 from core.config.schema import Config, user_keys  # noqa: F401

@@ -12,6 +12,7 @@ from core.config.decode import DecodeConfig, EvaluateConfig, LmConfig, ReportCon
 from core.config.errors import check
 from core.config.model import ModelConfig
 from core.config.pipeline import FeaturesConfig, RepartitionConfig, SelectConfig, TargetsConfig
+from core.config.pseudolabel import PseudolabelConfig
 from core.config.platform import CostConfig, DataConfig, RayConfig, RunnerConfig, StorageConfig
 from core.config.serve import BenchConfig, ExportConfig, ServeConfig, SimulateConfig
 from core.config.train import TRAIN_KEYS, TRAIN_KEY_ORDER, TrainConfig, train_key_type
@@ -31,6 +32,7 @@ class Config:
     evaluate: EvaluateConfig = field(default_factory=EvaluateConfig)
     lm: LmConfig = field(default_factory=LmConfig)
     decode: DecodeConfig = field(default_factory=DecodeConfig)
+    pseudolabel: PseudolabelConfig = field(default_factory=PseudolabelConfig)
     serve: ServeConfig = field(default_factory=ServeConfig)
     export: ExportConfig = field(default_factory=ExportConfig)
     simulate: SimulateConfig = field(default_factory=SimulateConfig)
