@@ -238,7 +238,17 @@ def test_trigger_form_params_have_types_limits_and_local_defaults(dagbag):
     assert params["algorithm"] is None and params["workers"] is None and params["epochs"] is None
     assert schema["algorithm"]["enum"] == [None, "sgd", "gtc", "bmuf", "htm", "ma"]
     assert "null" not in schema["algorithm"]["values_display"]["null"]  # shown as empty
-    assert schema["workers"]["type"] == ["null", "integer"] and schema["workers"]["minimum"] == 1
+    assert schema["workers"]["type"] == ["null", "integer"]
+    # workers 1..1024, epochs 1..100: refused beyond, with the limit named (the form's box
+    # would clamp 0 -> 1, 1000 -> 100 silently with minimum/maximum; issue 60)
+    assert (schema["workers"]["exclusiveMinimum"], schema["workers"]["exclusiveMaximum"]) \
+        == (0, 1025) and "1 to 1,024" in params.get_param("workers").description
+    assert (schema["epochs"]["exclusiveMinimum"], schema["epochs"]["exclusiveMaximum"]) \
+        == (0, 101) and "1 to 100" in params.get_param("epochs").description
+    for dag in dagbag.dags.values():  # no number box of any DAG clamps
+        for name in dag.params:
+            s = dag.params.get_param(name).schema
+            assert not {"minimum", "maximum"} & set(s), (dag.dag_id, name, s)
     assert cfg.train.algorithm in params.get_param("algorithm").description
     assert params["teacher"] == (cfg.targets.teacher or None)
     assert "string" in schema["teacher"]["type"]
