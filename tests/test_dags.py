@@ -106,6 +106,15 @@ def test_pool_slots_give_the_teacher_both_cores_and_light_steps_room_beside(dagb
         assert slots[task] == 1
     by_weight = sorted(teacher.tasks, key=lambda t: t.priority_weight)
     assert by_weight[-1].task_id == "train"
+    # the baseline before any student step: the scheduler queues smaller tasks past one
+    # that does not fit, so a lower priority starved it through the student's run (issue 60)
+    def weight(t):  # Airflow's default "downstream" rule: its own and all downstream
+        assert str(t.weight_rule).lower().endswith("downstream")
+        return t.priority_weight + sum(d.priority_weight
+                                       for d in t.get_flat_relatives(upstream=False))
+    total = {t.task_id: weight(t) for t in teacher.tasks}
+    student = max(weight(t) for t in dagbag.dags["ssl_student"].tasks)
+    assert total["train"] > total["train_baseline"] > student
     for dag in dagbag.dags.values():
         assert {t.pool for t in dag.tasks} == {"default_pool"}, dag.dag_id
 
