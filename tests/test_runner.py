@@ -92,6 +92,9 @@ def test_a_task_short_of_pool_slots_is_told_why():
     # deferred tasks not counted by the pool: room for it, nothing to say
     assert P.waiting_note(waiter, {**pool, "include_deferred": False}, tis) == ""
     assert P.waiting_note({**waiter, "pool_slots": 5}, pool, tis) == ""
+    assert P.waiting_note(waiter, {**pool, "slots": 6}, []) == (
+        "needs 8 slots but pool default_pool has 6 in all: it cannot start until the pool "
+        "is made larger (scripts/airflow_pool.py --cores N)")
 
 
 def test_try_budget_is_capped_by_the_token_lifetime(monkeypatch):

@@ -58,6 +58,9 @@ def waiting_note(waiter: dict, pool: dict, tasks: list[dict]) -> str:
         holders = [t for t in holders if t.get("state") != "deferred"]
     taken = sum(int(t.get("pool_slots") or 1) for t in holders)
     total = int(pool.get("slots") or 0)
+    if need > total:  # Airflow never starts it, and says so only in the scheduler's log
+        return (f"needs {need} slots but pool {name} has {total} in all: it cannot start "
+                f"until the pool is made larger (scripts/airflow_pool.py --cores N)")
     open_slots = total - taken
     if open_slots >= need:
         return ""
@@ -65,4 +68,4 @@ def waiting_note(waiter: dict, pool: dict, tasks: list[dict]) -> str:
                      f"{t['state']})" for t in sorted(holders, key=lambda t: -int(
                          t.get("pool_slots") or 1)))
     return (f"waiting for {need} slots of pool {name}: {max(open_slots, 0)} of {total} open; "
-            f"held by {held or 'no amflow task'}")
+            f"held by {held or 'no task'}")
