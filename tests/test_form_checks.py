@@ -103,7 +103,7 @@ def test_middleware_rewrites_airflows_refusal_only(monkeypatch):
                 body += m.get("body", b"")
                 if not m.get("more_body"):
                     break
-            assert json.loads(body)["conf"]  # the request reached Airflow whole
+            assert json.loads(body)  # the request reached Airflow whole
             payload = json.dumps({"detail": detail}).encode()
             await send({"type": "http.response.start", "status": status,
                         "headers": [(b"content-type", b"application/json"),
@@ -113,7 +113,9 @@ def test_middleware_rewrites_airflows_refusal_only(monkeypatch):
         return app
 
     def call(app, path="/api/v2/dags/ssl_student/dagRuns"):
-        request = json.dumps({"conf": {"workers": 0, "overrides": ["a.b=1", "train.x=2"]}})
+        conf = {"workers": 0, "overrides": ["a.b=1", "train.x=2"]}
+        request = json.dumps({"conf": conf} if "dags/" in path else
+                             {"dag_id": "ssl_student", "dag_run_conf": conf})
         parts = [{"type": "http.request", "body": request[:7].encode(), "more_body": True},
                  {"type": "http.request", "body": request[7:].encode()}]
         sent = []
@@ -140,5 +142,8 @@ def test_middleware_rewrites_airflows_refusal_only(monkeypatch):
         "- Config overrides (overrides), line 1: unknown key a\n"
         "- Config overrides (overrides), line 2: unknown key train.x")
     assert call(airflow(400, "Dag has import errors")) == (400, "Dag has import errors")
+    # a backfill's refusal (422, the DAG in the body), from the UI's Backfill dialog too
+    assert call(airflow(422, raw), "/api/v2/backfills") == (422, detail)
+    assert call(airflow(422, raw), "/api/v2/backfills/dry_run") == (422, detail)
     assert call(airflow(200, "ok")) == (200, "ok")
     assert call(airflow(400, raw), "/api/v2/dags/ssl_student/dagRuns/x/clear")[1] == raw
