@@ -3,7 +3,8 @@
 Read through `core.storage` (local disk or S3), never from Airflow's database:
 - the per-condition table: every `evaluate*/result.json` of the run and, for a student
   run, of the teacher run that trained its teacher (teacher / baseline / SSL), with
-  frame accuracy, PER and, once decoding lands, WER (`decode*/_SUCCESS.json`);
+  frame accuracy, PER and, once decoding lands, WER with its 95 % CI (`decode*/_SUCCESS.json`,
+  its result.json for the CIs of older decodes);
 - every PNG under the run (report plots, learning curves), inlined as data: URIs (the
   UI shows the page in a sandboxed iframe, whose own requests carry no session cookie);
 - each step's counts, rejects and wall time from its `_SUCCESS.json`;
@@ -24,7 +25,7 @@ ROLE_ORDER = {"teacher": 0, "baseline": 1, "": 2}
 CSS = """body{font-family:system-ui,sans-serif;margin:16px;color:#1f2937}
 table{border-collapse:collapse;margin:8px 0 20px}td,th{border:1px solid #d1d5db;padding:4px 8px}
 th{background:#f3f4f6}td.n{text-align:right;font-variant-numeric:tabular-nums}
-.stale{color:#b45309;font-weight:600}img{max-width:100%;border:1px solid #e5e7eb;margin:6px 0}
+.stale{color:#b45309;font-weight:600}.ci{color:#4b5563;font-size:90%}img{max-width:100%;border:1px solid #e5e7eb;margin:6px 0}
 figure{margin:0 0 16px}figcaption{font-size:90%;color:#4b5563}"""
 
 
@@ -76,9 +77,33 @@ def _evaluations(st: Storage, root: str, run_id: str, steps: dict) -> list[dict[
                 "label": (role or ("SSL student" if "targets" in rsteps else "model"))
                 + ("" if rid == run_id else f" (run {rid})"),
                 "role": role, "result": st.read_json(uri),
-                "decode": decode.get("metrics") or {},
+                "decode": _decoded(st, decode),
                 "stale": bool(train) and train.get("finished_at", "") > summary.get("finished_at", "")})
     return sorted(found, key=lambda e: ROLE_ORDER.get(e["role"], 3))
+
+
+def _decoded(st: Storage, summary: dict[str, Any]) -> dict[str, Any]:
+    """A decode step's metrics, with the 95 % CIs of its result.json (`wer_ci95`,
+    `per_condition_ci95`) where the metrics lack them (decodes before they carried it)."""
+    metrics = dict(summary.get("metrics") or {})
+    out = summary.get("out")
+    if out and "per_condition_ci95" not in metrics and st.exists(out):
+        result = st.read_json(out)
+        for key in ("wer_ci95", "per_condition_ci95"):
+            if result.get(key) is not None:
+                metrics.setdefault(key, result[key])
+    return metrics
+
+
+def _with_ci(ev: dict[str, Any], cond: str) -> str:
+    """WER % of a model on a condition, with its 95 % CI where the decode has one."""
+    decode = ev["decode"]
+    ci = decode.get("wer_ci95") if cond == "all" else \
+        (decode.get("per_condition_ci95") or {}).get(cond)
+    text = _pct(_metric(ev, "wer", cond))
+    if text and isinstance(ci, (list, tuple)) and len(ci) == 2:
+        text += f" <span class=ci>({_pct(ci[0])}–{_pct(ci[1])})</span>"
+    return text
 
 
 def _pct(v: Any) -> str:
@@ -100,13 +125,14 @@ def conditions_table(evals: list[dict[str, Any]]) -> str:
         return "<p>No evaluation in this run yet.</p>"
     metrics = [("fa", "FA %"), ("per", "PER %")]
     if any(e["decode"].get("wer") is not None for e in evals):
-        metrics.append(("wer", "WER %"))
+        metrics.append(("wer", "WER % (95 % CI)"))
     head = "".join(f"<th>{html.escape(e['label'])} {label}"
                    f"{' <span class=stale>(stale)</span>' if e['stale'] else ''}</th>"
                    for name, label in metrics for e in evals)
     rows = []
     for cond in CONDITIONS:
-        cells = [_pct(_metric(e, name, cond)) for name, _ in metrics for e in evals]
+        cells = [_with_ci(e, cond) if name == "wer" else _pct(_metric(e, name, cond))
+                 for name, _ in metrics for e in evals]
         if any(cells):
             rows.append(f"<tr><th>{cond}</th>" + "".join(f"<td class=n>{c}</td>" for c in cells)
                         + "</tr>")
@@ -177,9 +203,13 @@ def p_text(p: float) -> str:
     return "p<0.001" if p < 0.001 else f"p={p:.2g}"
 
 
-def _delta_cell(test: dict | None) -> str:
-    if not test or test.get("delta") is None:
-        return "<td></td>"
+def _delta_cell(test: dict | None, row: dict | None = None, base: str = "") -> str:
+    if row is not None and row["run"] == base:
+        return "<td class=ns>the base</td>"
+    if not test:  # the base run has no result of this decode step to test against
+        return f"<td class=ns>no {html.escape(row['decode'] if row else 'decode')} in the base</td>"
+    if test.get("delta") is None:
+        return "<td class=ns>no WER on one side</td>"
     d = 100 * test["delta"]
     p = test.get("p_mapsswe")
     if p is None:
@@ -197,15 +227,39 @@ def compare_table(cmp: dict) -> str:
     rows = []
     for r in cmp["rows"]:
         ci = r.get("wer_ci95")
-        ci_s = f"{100 * ci[0]:.1f}–{100 * ci[1]:.1f}" if ci else ""
+        ci_s = f"{100 * ci[0]:.1f}–{100 * ci[1]:.1f}" if ci else "no per-utterance hyps"
         t = r.get("vs_base")
         werr = _pct(t.get("werr")) if t and t.get("p_mapsswe") is not None else ""
         rows.append(f"<tr><td>{html.escape(r['run'])}</td><td>{html.escape(r['decode'])}</td>"
                     f"<td class=n>{_pct(r.get('wer'))}</td><td class=n>{ci_s}</td>"
-                    f"{_delta_cell(t)}<td class=n>{werr}</td>"
+                    f"{_delta_cell(t, r, cmp['base'])}<td class=n>{werr}</td>"
                     f"<td class=model><code>{html.escape(str(r.get('model') or ''))}</code></td>"
                     "</tr>")
+    if not rows:
+        return ("<p id=headline class=stale>No decode result in these runs yet: a run has a "
+                "WER once its decode task has finished.</p>")
     return f"<table id=headline>{head}{''.join(rows)}</table>"
+
+
+def undecoded_note(cmp: dict) -> str:
+    """Why a ticked run has no row: no decode step of it has finished."""
+    shown = {r["run"] for r in cmp["rows"]}
+    missing = [r for r in cmp["runs"] if r not in shown]
+    if not missing:
+        return ""
+    names = ", ".join(f"<code>{html.escape(r)}</code>" for r in missing)
+    return (f"<p class=stale id=undecoded>No WER for {names}: no decode of "
+            f"{'it' if len(missing) == 1 else 'them'} has finished yet (its dev curves, if "
+            f"any, are below).</p>")
+
+
+def order_runs(runs: list[str], base: str) -> list[str]:
+    """The ticked runs with the base first (compare() tests each other run against its
+    first run); the base is added when it was not ticked. No base: the first ticked."""
+    runs = list(dict.fromkeys(runs))
+    if not base:
+        return runs
+    return [base, *[r for r in runs if r != base]]
 
 
 def compare_conditions(cmp: dict) -> str:
@@ -246,26 +300,38 @@ def dev_curves_svg(curves: dict[str, dict[str, list[dict]]], w: int = 640, h: in
             f"<div class=legend>{''.join(legend)}</div>")
 
 
-def run_picker(available: list[str], selected: list[str], config: str) -> str:
+def run_picker(available: list[str], selected: list[str], config: str, base: str = "") -> str:
+    """Tick the runs; pick the base the others' deltas are tested against."""
     boxes = "".join(f"<label><input type=checkbox name=runs value='{html.escape(r)}'"
                     f"{' checked' if r in selected else ''}> {html.escape(r)}</label> "
                     for r in available)
+    options = "<option value=''>the first ticked run (list order)</option>" + "".join(
+        f"<option value='{html.escape(r)}'{' selected' if r == base else ''}>"
+        f"{html.escape(r)}</option>" for r in available)
     return (f"<form method=get><input type=hidden name=config value='{html.escape(config)}'>"
-            f"<p>Runs (the first ticked is the base): {boxes or 'none found'} "
+            f"<p>Runs: {boxes or 'none found'}</p><p><label>Base (each other run's delta "
+            f"is against it): <select name=base>{options}</select></label> "
             f"<button type=submit>Compare</button></p></form>")
+
+
+PICK_RUNS = ("Tick one run to see its WER with its 95 % CI, or two or more to test each "
+             "against the base you pick; then press Compare.")
 
 
 def render_compare(cmp: dict | None, available: list[str], selected: list[str],
                    config: str, error: str = "") -> str:
     """The compare page: the run picker, then the headline table, conditions, curves."""
+    base = cmp["base"] if cmp else ""
     parts = ["<!doctype html><html><head><meta charset=utf-8><title>amflow compare</title>"
              f"<style>{CSS}{COMPARE_CSS}</style></head><body><div class=wrap>",
-             "<h2>amflow: compare runs</h2>", run_picker(available, selected, config)]
+             "<h2>amflow: compare runs</h2>", run_picker(available, selected, config, base)]
     if error:
         parts.append(f"<p class=stale>{html.escape(error)}</p>")
     if cmp:
-        parts += [f"<h3>WER, base <code>{html.escape(cmp['base'])}</code></h3>",
-                  compare_table(cmp),
+        alone = len(cmp["runs"]) == 1
+        parts += [f"<h3>WER, base <code>{html.escape(cmp['base'])}</code>"
+                  f"{' (one run: nothing to test it against)' if alone else ''}</h3>",
+                  compare_table(cmp), undecoded_note(cmp),
                   f"<p>CI: bootstrap over utterances. Δ: matched-pairs test (NIST MAPSSWE, "
                   f"utterances matched by id); <b>n.s.</b>: not significant, p ≥ "
                   f"{cmp['alpha']}.</p>",

@@ -2,7 +2,8 @@
 
 The exact command a container, a Ray job or an Airflow task runs. Step modules are
 imported only when their step runs, so `--help` is instant. The last line a step
-prints on stdout is `AMFLOW_SUMMARY <json>`: its metrics, which Airflow keeps as XCom.
+prints on stdout is `AMFLOW_SUMMARY <json>`: its metrics, which Airflow keeps as XCom;
+the line before it says the same for people (amflow.summary_line).
 """
 from __future__ import annotations
 
@@ -341,6 +342,10 @@ def main(argv: list[str] | None = None) -> int:
     except StepError as exc:
         print(f"amflow {args.step}: error: {exc}", file=sys.stderr)
         return 1
+    from amflow.summary_line import human_summary
+
+    if isinstance(summary, dict):  # for people; the JSON line after it stays the last
+        print(human_summary(args.step, summary), flush=True)
     print(SUMMARY_PREFIX + json.dumps(summary, sort_keys=True, default=str), flush=True)
     return 0
 

@@ -17,6 +17,7 @@ from core.runs import StepContext
 log = logging.getLogger(__name__)
 
 THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+AUTH_MODE_VAR = "RAY_AUTH_MODE"  # Ray's token-auth switch: token | disabled
 
 
 def init_ray(cfg: Config) -> None:
@@ -34,9 +35,25 @@ def init_ray(cfg: Config) -> None:
                  log_to_driver=True)
     else:
         os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
+        _token_auth_explicitly()
         ray.init(num_cpus=cfg.ray.num_cpus, num_gpus=cfg.ray.num_gpus,
                  include_dashboard=False, runtime_env=runtime_env,
                  logging_level=logging.WARNING, log_to_driver=True)
+
+
+def _token_auth_explicitly() -> None:
+    """Ray 2.60 turns token auth on for a new local cluster and, unless RAY_AUTH_MODE
+    says so, logs a WARNING saying it did, in every step's log. Token auth is what we
+    want (the cluster is this step's own, yet its ports listen on the node's address):
+    saying so explicitly keeps the behaviour and drops the warning. A mode the user set
+    (e.g. disabled) wins. Ray reads the mode into its config when imported, so the
+    config is refreshed after setting it, as Ray does when it turns the mode on itself."""
+    if os.environ.get(AUTH_MODE_VAR) is not None:
+        return
+    from ray._raylet import Config
+
+    os.environ[AUTH_MODE_VAR] = "token"
+    Config.initialize("")
 
 
 def step_resources(cfg: Config, step: str) -> dict[str, float]:

@@ -76,6 +76,8 @@ def default_pool_slots(step: str, sets: tuple[str, ...]) -> int:
 
 
 HOURS_LIMIT = 10_000_000
+WORKERS_LIMIT = 1024
+EPOCHS_LIMIT = 100
 EMPTY_CHOICE = "(empty: the config file's)"
 
 
@@ -119,7 +121,7 @@ def rerun_param(default: str) -> Param:
 def common_params(cfg) -> dict[str, Param]:
     """Params every pipeline DAG shows in its trigger form."""
     return {
-        "config": Param(DEFAULT_CONFIG, type="string", title="Config file",
+        "config": Param(DEFAULT_CONFIG, type="string", minLength=1, title="Config file",
                         description="YAML config, relative to the project root or absolute "
                                     "(configs/local.yaml: this machine; configs/aws.yaml: the EC2 "
                                     "Ray cluster on S3)."),
@@ -136,14 +138,19 @@ def common_params(cfg) -> dict[str, Param]:
                            title="Training algorithm",
                            description=f"train.algorithm; empty: the config's "
                                        f"(configs/local.yaml: {cfg.train.algorithm})."),
-        "workers": Param(None, type=["null", "integer"], minimum=1, maximum=1024,
-                         title="Training workers",
-                         description=f"train.workers (the repartition step makes the partition "
-                                     f"count a multiple of it); empty: the config's "
-                                     f"(configs/local.yaml: {cfg.train.workers})."),
-        "epochs": Param(None, type=["null", "integer"], minimum=1, maximum=100,
-                        title="Epochs", description="train.epochs; empty: the config's (the "
-                        "teacher's from train.teacher_recipe when it sets epochs)."),
+        # exclusive bounds here too: with minimum/maximum the number box clamps
+        # silently (workers 0 -> 1, epochs 1000 -> 100); these are refused, limit named
+        "workers": Param(None, type=["null", "integer"], exclusiveMinimum=0,
+                         exclusiveMaximum=WORKERS_LIMIT + 1, title="Training workers",
+                         description=f"train.workers, 1 to {WORKERS_LIMIT:,} (the repartition "
+                                     f"step makes the partition count a multiple of it); "
+                                     f"empty: the config's (configs/local.yaml: "
+                                     f"{cfg.train.workers})."),
+        "epochs": Param(None, type=["null", "integer"], exclusiveMinimum=0,
+                        exclusiveMaximum=EPOCHS_LIMIT + 1, title="Epochs",
+                        description=f"train.epochs, 1 to {EPOCHS_LIMIT}; empty: the config's "
+                                    "(the teacher's from train.teacher_recipe when it sets "
+                                    "epochs)."),
         "overrides": overrides_param(),
         "rerun": rerun_param("redo"),
         "run_id": Param(None, type=["null", "string"], title="amflow run id",

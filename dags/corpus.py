@@ -27,12 +27,16 @@ _cfg = local_defaults()
                   "param_sets": {"hours": "corpus.hours", "speakers": "corpus.speakers",
                                  "seed": "corpus.seed"}},
     params={
-        "config": Param(DEFAULT_CONFIG, type="string", title="Config file"),
+        "config": Param(DEFAULT_CONFIG, type="string", minLength=1, title="Config file"),
+        # exclusive bounds: with minimum/maximum the form's number box clamps silently
         "hours": Param(_cfg.corpus.hours, type="number", exclusiveMinimum=0, exclusiveMaximum=10_000,
-                       title="Hours of speech", description="corpus.hours"),
-        "speakers": Param(_cfg.corpus.speakers, type="integer", minimum=4, maximum=100_000,
-                          title="Speakers", description="corpus.speakers"),
-        "seed": Param(_cfg.corpus.seed, type="integer", minimum=0, title="Seed"),
+                       title="Hours of speech",
+                       description="corpus.hours: more than 0, less than 10,000."),
+        "speakers": Param(_cfg.corpus.speakers, type="integer", exclusiveMinimum=3,
+                          exclusiveMaximum=100_001, title="Speakers",
+                          description="corpus.speakers: 4 to 100,000."),
+        "seed": Param(_cfg.corpus.seed, type="integer", exclusiveMinimum=-1, title="Seed",
+                      description="corpus.seed: 0 or more."),
         "overrides": overrides_param(),
         # resume: triggering corpus again keeps a finished corpus of the same plan
         # (clearing the task re-synthesises it)

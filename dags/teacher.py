@@ -89,9 +89,14 @@ def teacher():
     evaluate = AmflowStepOperator(task_id="evaluate", step="evaluate", model_from="train",
                                   outlets=[TEACHER_EVAL], results=True,
                                   doc_md="Teacher frame accuracy per condition.")
+    # The baseline next, before any ssl_student step: Airflow's scheduler skips a task
+    # its pool has too few slots for and queues smaller ones, so the student's steps
+    # (triggered once the teacher is trained) took the slots as they freed and the
+    # baseline waited "scheduled" for the student's whole run. With the higher priority
+    # it takes the first moment its slots are free.
     train_baseline = AmflowStepOperator(task_id="train_baseline", step="train",
                                         sets=BASELINE_SETS, model_output=True,
-                                        enabled_by="baseline",
+                                        enabled_by="baseline", priority_weight=50,
                                         doc_md="Supervised baseline: student LSTM on labels only.")
     evaluate_baseline = AmflowStepOperator(task_id="evaluate_baseline", step="evaluate",
                                            sets=BASELINE_SETS, model_from="train_baseline",

@@ -1,5 +1,6 @@
-"""Airflow plugin: an "amflow" tab on every DAG run's page with that run's results, and an
-"amflow compare" page in the navigation (runs side by side, deltas with significance).
+"""Airflow plugin: an "amflow" tab on every DAG run's page with that run's results, an
+"Compare" page in the navigation (runs side by side, deltas with significance),
+and a refused trigger explained in plain words (amflow.trigger_refusal).
 
 A FastAPI app (mounted at /amflow by the API server) renders the run's report from its
 files (`amflow.airflow_view`); an external view puts it in the DAG run page. FastAPI
@@ -19,6 +20,7 @@ from airflow.api_fastapi.auth.managers.models.resource_details import DagAccessE
 from airflow.api_fastapi.core_api.security import requires_access_dag
 from airflow.plugins_manager import AirflowPlugin
 from amflow.form_checks import register as register_override_format
+from amflow.trigger_refusal import PlainTriggerRefusal
 
 # The API server checks trigger params here: the override format must be known to it.
 register_override_format()
@@ -85,10 +87,11 @@ def _run_ids(storage, root: str) -> list[str]:
 
 @app.get("/compare", response_class=HTMLResponse,
          dependencies=[Depends(requires_access_dag("GET", DagAccessEntity.RUN))])
-def compare_page(runs: list[str] = Query(default=[]),
+def compare_page(runs: list[str] = Query(default=[]), base: str = "",
                  config: str = "configs/local.yaml") -> HTMLResponse:
-    """Runs side by side (decoding/compare.py), under the storage of `config`."""
-    from amflow.airflow_view import render_compare
+    """Runs side by side (decoding/compare.py), under the storage of `config`; each
+    other run is tested against `base` (default: the first run ticked)."""
+    from amflow.airflow_view import PICK_RUNS, order_runs, render_compare
     from core.config import ConfigError
     from decoding.compare import compare, load_run
 
@@ -98,8 +101,8 @@ def compare_page(runs: list[str] = Query(default=[]),
         return HTMLResponse(render_compare(None, [], runs, config, f"config: {exc}"))
     available = _run_ids(storage, root)
     if not runs:
-        return HTMLResponse(render_compare(None, available, runs, config,
-                                           "Tick two or more runs and press Compare."))
+        return HTMLResponse(render_compare(None, available, runs, config, PICK_RUNS))
+    runs = order_runs(runs, base if base in available else "")
     try:
         cmp = compare([load_run(storage, root, r) for r in runs])
     except FileNotFoundError as exc:
@@ -112,5 +115,10 @@ class AmflowPlugin(AirflowPlugin):
     fastapi_apps = [{"app": app, "url_prefix": "/amflow", "name": "amflow run reports"}]
     external_views = [{"name": "amflow", "href": "amflow/runs/{DAG_ID}/{RUN_ID}",
                        "destination": "dag_run", "url_route": "amflow"},
-                      {"name": "amflow compare", "href": "amflow/compare",
+                      # the sidebar shows ~8 characters under the icon: "amflow compare"
+                      # read "amflow co..."
+                      {"name": "Compare", "href": "amflow/compare",
                        "destination": "nav", "url_route": "amflow-compare"}]
+    # a refused trigger explained in plain words, every bad param and override line
+    fastapi_root_middlewares = [{"middleware": PlainTriggerRefusal, "args": [], "kwargs": {},
+                                 "name": "amflow plain trigger refusal"}]

@@ -22,7 +22,10 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from pathlib import Path
 from urllib.parse import quote
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # amflow, for the pool's words
 
 
 class Api:
@@ -94,11 +97,48 @@ def report_ended(api: Api, dag_id: str, run_id: str, seen: dict[str, str]) -> di
     return states
 
 
+WAITS_EVERY_S = 30.0  # how often the pool is looked at for tasks short of slots
+_SAID: dict[str, dict[str, str]] = {}  # run id -> task -> the wait last said
+
+
+def explain_waits(api: Api, dag_id: str, run_id: str, said: dict[str, str]) -> None:
+    """Each task of the run that waits "scheduled" for pool slots, with an empty log: say
+    which pool, how many slots are open and which tasks hold them, here and as the task's
+    note in the UI (amflow.orchestration.pools.waiting_note); said once per change."""
+    from amflow.orchestration.pools import waiting_note
+
+    waiting = [t for t in tasks(api, dag_id, run_id) if t["state"] == "scheduled"]
+    if not waiting:
+        return
+    holding = api.call("GET", "/api/v2/dags/~/dagRuns/~/taskInstances?state=running"
+                              "&state=deferred&state=queued&limit=1000")["task_instances"]
+    pools: dict[str, dict] = {}
+    for ti in waiting:
+        name = ti.get("pool") or "default_pool"
+        pool = pools.setdefault(name, api.call("GET", f"/api/v2/pools/{quote(name)}"))
+        note = waiting_note(ti, pool, holding)
+        if note and said.get(ti["task_id"]) != note:
+            print(f"  {dag_id}.{ti['task_id']:<26} {note}", flush=True)
+            api.call("PATCH", f"/api/v2/dags/{dag_id}/dagRuns/{quote(run_id, safe='')}"
+                              f"/taskInstances/{ti['task_id']}?update_mask=note",
+                     {"note": note[:1000]})
+        said[ti["task_id"]] = note
+
+
 def wait(api: Api, dag_id: str, run_id: str, seen: dict[str, str], every_s: float = 2,
          task_id: str | None = None) -> str:
-    """Wait for the run (or, with task_id, that task of it) to end; return its state."""
+    """Wait for the run (or, with task_id, that task of it) to end; return its state.
+    A task short of pool slots is said to be (explain_waits)."""
     path = f"/api/v2/dags/{dag_id}/dagRuns/{quote(run_id, safe='')}"
+    said = _SAID.setdefault(run_id, {})
+    looked = 0.0
     while True:
+        if time.time() - looked >= WAITS_EVERY_S:
+            looked = time.time()
+            try:
+                explain_waits(api, dag_id, run_id, said)
+            except SystemExit as exc:  # a look at the pool failed: the run goes on
+                print(f"  (could not tell which tasks wait for pool slots: {exc})", flush=True)
         states = report_ended(api, dag_id, run_id, seen)
         run_state = api.call("GET", path)["state"]
         if task_id is not None and states.get(task_id) in ENDED:

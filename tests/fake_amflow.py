@@ -111,6 +111,13 @@ def main() -> int:
         Path(out_uri).write_text(json.dumps({
             "frame_accuracy": 0.65, "per": 0.4, "per_condition": conds,
             "per_condition_per": {c: round(1 - a, 4) for c, a in conds.items()}}))
+    if args.step == "decode":  # the real step's result.json and metrics keys
+        conds = {f"DP{i}": round(0.1 + 0.02 * i, 4) for i in range(1, 6)}
+        out_uri = str(step_dir / "result.json")
+        Path(out_uri).write_text(json.dumps({
+            "wer": 0.1661, "wer_ci95": [0.1423, 0.1871], "per_condition": conds,
+            "per_condition_ci95": {c: [round(w - 0.02, 4), round(w + 0.02, 4)]
+                                   for c, w in conds.items()}}))
     summary = {"step": args.step, "run_id": args.run_id, "uri": str(step_dir),
                "wall_s": round(time.time() - t0, 3), "host": socket.gethostname(),
                "started_at": _iso(t0), "finished_at": _iso(time.time()),
@@ -122,8 +129,15 @@ def main() -> int:
                "inputs": {"config": args.config}}
     if out_uri:
         summary["out"] = out_uri
-        summary["metrics"].update(json.loads(Path(out_uri).read_text()))
+        result = json.loads(Path(out_uri).read_text())
+        if args.step == "decode":
+            result = {"wer": result["wer"], "wer_ci95": result["wer_ci95"],
+                      "per_condition_wer": result["per_condition"]}
+        summary["metrics"].update(result)
     (step_dir / "_SUCCESS.json").write_text(json.dumps(summary))
+    from amflow.summary_line import human_summary  # as amflow.cli ends a step
+
+    print(human_summary(args.step, summary), flush=True)
     print("AMFLOW_SUMMARY " + json.dumps(summary, sort_keys=True), flush=True)
     return 0
 

@@ -1,14 +1,16 @@
 """A person's path through the Airflow UI, in headless Debian Chromium (playwright):
-log in, open ssl_student, trigger it from the form (empty choices shown as empty, a bad
-hours value refused), see the run succeed, open a task log; then a run triggered the way
-`make demo` triggers it: its task log is readable, the train task's duration is the
-step's wall time, the run's amflow tab shows the results table and a plot, and the
-documented CLI clear (docs/how-to/airflow.md (Backfill)) re-runs train.
+log in, open ssl_student, trigger it from the form (empty choices shown as empty, bad
+numbers kept as typed and refused in plain words with their limits), see the run succeed,
+open a task log; then a run triggered the way `make demo` triggers it: its task log is
+readable, the train task's duration is the step's wall time, the decode log ends with a
+short human line, the run's amflow tab shows the results table (WER with its CI) and a
+plot, and the documented CLI clear (docs/how-to/airflow.md (Backfill)) re-runs train; the
+compare page (an explicit base, an undecoded run, one run alone), every bad override line
+reported, the navigation label whole.
 Screenshots go to test-artifacts/airflow/."""
 from __future__ import annotations
 
 import json
-import re
 import shutil
 from pathlib import Path
 
@@ -79,14 +81,27 @@ def test_login_trigger_from_form_run_succeeds_and_task_log_shows(airflow, tmp_pa
             page.fill("input[name=element_config]", str(cfg))
             page.fill("input[name=element_teacher]", "/models/teacher.pt")
             page.screenshot(path=SHOTS / "03-trigger-form.png", full_page=True)
-            # hours of 0 is refused with a message, not rewritten to something that runs
-            page.fill("input[name=element_hours]", "0")
+            # out-of-range numbers stay as typed (the box does not clamp workers 0 -> 1,
+            # epochs 1000 -> 100) and are refused, each with its limit, in plain words
+            for name, bad in (("hours", "0"), ("workers", "0"), ("epochs", "1000")):
+                page.fill(f"input[name=element_{name}]", bad)
+                page.locator(f"input[name=element_{name}]").blur()
+                assert page.input_value(f"input[name=element_{name}]") == bad
             page.get_by_test_id("trigger-dag-submit").click()
-            expect(page.get_by_text(re.compile("less than or equal to the minimum of 0"))
-                   .first).to_be_visible()
+            for said in ("This run was not triggered: 3 problems.",
+                         "Hours of audio (hours): 0 is out of range: it must be more than 0 "
+                         "and less than 10,000,000",
+                         "Training workers (workers): 0 is out of range: it must be a whole "
+                         "number from 1 to 1,024",
+                         "Epochs (epochs): 1000 is out of range: it must be a whole number "
+                         "from 1 to 100"):
+                expect(form.get_by_text(said)).to_be_visible()
+            expect(form.get_by_text("Failed validating")).to_have_count(0)  # no schema dump
             assert "/runs/" not in page.url
-            page.screenshot(path=SHOTS / "03b-hours-refused.png", full_page=True)
+            page.screenshot(path=SHOTS / "03b-numbers-refused.png", full_page=True)
             page.fill("input[name=element_hours]", "0.5")
+            page.fill("input[name=element_workers]", "")
+            page.fill("input[name=element_epochs]", "")
             # the refusal's toast lies over the button (and stays while hovered)
             page.get_by_test_id("trigger-dag-submit").dispatch_event("click")
             page.wait_for_url("**/dags/ssl_student/runs/**")
@@ -188,12 +203,19 @@ def test_demo_style_run_log_duration_amflow_tab_and_documented_cli_clear(airflow
             expect(page.get_by_text("[train] 5/5 shards (100%)")).to_be_visible()
             expect(page.get_by_text("[amflow train] done in")).to_be_visible()
             page.screenshot(path=SHOTS / "06-demo-run-log.png", full_page=True)
+            # the decode log ends with a short line for people before the JSON one
+            page.goto(f"{airflow.base}/dags/ssl_student/runs/{run_id}/tasks/decode")
+            expect(page.get_by_text("amflow decode: WER 16.6 % (95 % CI 14.2-18.7)")
+                   .first).to_be_visible()
 
             page.goto(f"{airflow.base}/dags/ssl_student/runs/{run_id}/plugin/amflow")
             tab = page.frame_locator("iframe")
             expect(tab.get_by_text("Results per condition")).to_be_visible()
             expect(tab.locator("th", has_text="DP1").first).to_be_visible()
             expect(tab.locator("td", has_text="75.0").first).to_be_visible()
+            # WER with its 95 % CI (the fake decode's: 16.6 %, 14.2-18.7)
+            expect(tab.locator("th", has_text="WER % (95 % CI)").first).to_be_visible()
+            expect(tab.locator("td", has_text="16.6 (14.2–18.7)").first).to_be_visible()
             expect(tab.locator("img").first).to_be_visible()
             assert tab.locator("img").first.evaluate("i => i.naturalWidth") > 0
             page.screenshot(path=SHOTS / "07-amflow-tab.png", full_page=True)
@@ -305,6 +327,7 @@ def test_compare_page_form_messages_and_port_clash(airflow, tmp_path):
     write_run(store, "base", {"decode": _rows([3] * 40), "decode-sequence": _rows([2, 3] * 20)})
     write_run(store, "new", {"decode": _rows([1] * 40), "decode-sequence": _rows([3, 2] * 20)},
               model="s3://bucket/runs/new/train/model.pt")
+    write_run(store, "undecoded", {})  # trained, no decode yet
     SHOTS.mkdir(parents=True, exist_ok=True)
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
@@ -320,17 +343,37 @@ def test_compare_page_form_messages_and_port_clash(airflow, tmp_path):
             assert table.bounding_box()["width"] <= 1280  # readable without scrolling
             expect(page.locator("#devcurves polyline")).to_have_count(2)
             page.screenshot(path=SHOTS / "10-compare.png", full_page=True)
+            # the base is the one picked, whatever the list order; an undecoded run says so
+            page.select_option("select[name=base]", "new")
+            page.locator("input[value=undecoded]").check()
+            page.get_by_role("button", name="Compare").click()
+            expect(page.get_by_text("WER, base new")).to_be_visible()
+            expect(table.locator("td", has_text="the base").first).to_be_visible()
+            expect(table.locator("td", has_text="+20.00 (p<0.001)")).to_be_visible()
+            expect(page.get_by_text("No WER for undecoded: no decode of it has finished "
+                                    "yet")).to_be_visible()
+            page.screenshot(path=SHOTS / "10b-compare-base-picked.png", full_page=True)
+            # one run alone shows its WER and CI
+            page.goto(f"{airflow.base}/amflow/compare?config={cfg}&runs=base")
+            expect(page.get_by_text("one run: nothing to test it against")).to_be_visible()
+            expect(table.locator("td", has_text="30.0").first).to_be_visible()
 
             page.goto(f"{airflow.base}/dags/ssl_student")
             page.get_by_test_id("trigger-dag-button").click()
             field = page.get_by_role("dialog").locator("[name=element_overrides]")
-            for bad, message in (("train.foo=1", "unknown key train.foo"),
-                                 ("train.lr=abc", "train.lr: expected a number, got 'abc'")):
-                field.fill(bad)
-                page.get_by_test_id("trigger-dag-submit").dispatch_event("click")
+            # every bad line is reported, not only one
+            field.fill("train.foo=1\ntrain.lr=0.1\ntrain.lr=abc")
+            page.get_by_test_id("trigger-dag-submit").dispatch_event("click")
+            for message in ("Config overrides (overrides), line 1: unknown key train.foo",
+                            "Config overrides (overrides), line 3: train.lr: expected a "
+                            "number, got 'abc'"):
                 expect(page.get_by_text(message).first).to_be_visible()
-                assert "/runs/" not in page.url
+            assert "/runs/" not in page.url
             page.screenshot(path=SHOTS / "11-override-refused.png", full_page=True)
+            # the navigation's label fits (it read "amflow co..." when "amflow compare")
+            label = page.get_by_text("Compare", exact=True).first
+            expect(label).to_be_visible()
+            assert label.evaluate("e => e.scrollWidth <= e.clientWidth"), "label cut"
         finally:
             browser.close()
 

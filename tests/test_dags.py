@@ -107,6 +107,15 @@ def test_pool_slots_give_the_teacher_both_cores_and_light_steps_room_beside(dagb
         assert slots[task] == 1
     by_weight = sorted(teacher.tasks, key=lambda t: t.priority_weight)
     assert by_weight[-1].task_id == "train"
+    # the baseline before any student step: the scheduler queues smaller tasks past one
+    # that does not fit, so a lower priority starved it through the student's run (issue 60)
+    def weight(t):  # Airflow's default "downstream" rule: its own and all downstream
+        assert str(t.weight_rule).lower().endswith("downstream")
+        return t.priority_weight + sum(d.priority_weight
+                                       for d in t.get_flat_relatives(upstream=False))
+    total = {t.task_id: weight(t) for t in teacher.tasks}
+    student = max(weight(t) for t in dagbag.dags["ssl_student"].tasks)
+    assert total["train"] > total["train_baseline"] > student
     for dag in dagbag.dags.values():
         assert {t.pool for t in dag.tasks} == {"default_pool"}, dag.dag_id
 
@@ -244,7 +253,17 @@ def test_trigger_form_params_have_types_limits_and_local_defaults(dagbag):
     assert params["algorithm"] is None and params["workers"] is None and params["epochs"] is None
     assert schema["algorithm"]["enum"] == [None, "sgd", "gtc", "bmuf", "htm", "ma"]
     assert "null" not in schema["algorithm"]["values_display"]["null"]  # shown as empty
-    assert schema["workers"]["type"] == ["null", "integer"] and schema["workers"]["minimum"] == 1
+    assert schema["workers"]["type"] == ["null", "integer"]
+    # workers 1..1024, epochs 1..100: refused beyond, with the limit named (the form's box
+    # would clamp 0 -> 1, 1000 -> 100 silently with minimum/maximum; issue 60)
+    assert (schema["workers"]["exclusiveMinimum"], schema["workers"]["exclusiveMaximum"]) \
+        == (0, 1025) and "1 to 1,024" in params.get_param("workers").description
+    assert (schema["epochs"]["exclusiveMinimum"], schema["epochs"]["exclusiveMaximum"]) \
+        == (0, 101) and "1 to 100" in params.get_param("epochs").description
+    for dag in dagbag.dags.values():  # no number box of any DAG clamps
+        for name in dag.params:
+            s = dag.params.get_param(name).schema
+            assert not {"minimum", "maximum"} & set(s), (dag.dag_id, name, s)
     assert cfg.train.algorithm in params.get_param("algorithm").description
     assert params["teacher"] == (cfg.targets.teacher or None)
     assert "string" in schema["teacher"]["type"]

@@ -39,3 +39,111 @@ def test_airflow_param_refusal_carries_the_message():
         p.resolve(["train.lr=0.1", "train.foo=1"])
     with pytest.raises(ParamValidationError, match=r"train.lr: expected a number, got 'abc'"):
         p.resolve(["train.lr=abc"])
+
+
+# ------------------------------------------------------------------ a refusal in plain words
+def _ssl_params() -> dict:
+    """ssl_student's trigger params as the API server has them (name: schema, value)."""
+    import sys
+
+    from tests.airflow_env import ROOT
+
+    sys.path.insert(0, str(ROOT / "dags"))
+    from amflow_common import common_params, local_defaults
+
+    return {k: {"schema": p.schema, "value": p.value}
+            for k, p in common_params(local_defaults()).items()}
+
+
+def test_every_problem_in_plain_words_with_the_limit_named():
+    from amflow.form_checks import param_problems
+
+    problems = param_problems(_ssl_params(), {
+        "hours": -5, "workers": 0, "epochs": 1000,
+        "overrides": ["train.foo=1", "train.lr=0.1", "train.lr=abc", "bad"]})
+    assert problems == [
+        "Hours of audio (hours): -5 is out of range: it must be more than 0 and less than "
+        "10,000,000",
+        "Training workers (workers): 0 is out of range: it must be a whole number from 1 to "
+        "1,024",
+        "Epochs (epochs): 1000 is out of range: it must be a whole number from 1 to 100",
+        "Config overrides (overrides), line 1: unknown key train.foo",
+        "Config overrides (overrides), line 3: train.lr: expected a number, got 'abc'",
+        "Config overrides (overrides), line 4: " + check_override("bad")]
+    assert not any("Failed validating" in p or "schema" in p for p in problems)
+    assert param_problems(_ssl_params(), {"hours": 0.5, "workers": 1024, "epochs": 1}) == []
+
+
+def test_wrong_types_and_choices_in_words():
+    from amflow.form_checks import param_problems
+
+    problems = param_problems(_ssl_params(), {"workers": 1.5, "algorithm": "adam", "config": ""})
+    assert "Config file (config): must not be empty" in problems
+    assert "Training workers (workers): expected a whole number, got 1.5" in problems
+    assert ("Training algorithm (algorithm): 'adam' is not one of 'sgd', 'gtc', 'bmuf', "
+            "'htm', 'ma'") in problems
+
+
+def test_middleware_rewrites_airflows_refusal_only(monkeypatch):
+    """PlainTriggerRefusal around a stand-in for Airflow's trigger route: its 400
+    'Invalid input for param' text becomes every problem in words; anything else (another
+    path, another refusal, a success) goes out as it was."""
+    import asyncio
+    import json
+
+    from amflow import trigger_refusal
+
+    monkeypatch.setattr(trigger_refusal, "dag_params", lambda dag_id: _ssl_params())
+
+    def airflow(status: int, detail: str):
+        async def app(scope, receive, send):
+            body = b""
+            while True:  # the route reads the whole request, as FastAPI does
+                m = await receive()
+                body += m.get("body", b"")
+                if not m.get("more_body"):
+                    break
+            assert json.loads(body)  # the request reached Airflow whole
+            payload = json.dumps({"detail": detail}).encode()
+            await send({"type": "http.response.start", "status": status,
+                        "headers": [(b"content-type", b"application/json"),
+                                    (b"content-length", str(len(payload)).encode())]})
+            await send({"type": "http.response.body", "body": payload[:5], "more_body": True})
+            await send({"type": "http.response.body", "body": payload[5:]})
+        return app
+
+    def call(app, path="/api/v2/dags/ssl_student/dagRuns"):
+        conf = {"workers": 0, "overrides": ["a.b=1", "train.x=2"]}
+        request = json.dumps({"conf": conf} if "dags/" in path else
+                             {"dag_id": "ssl_student", "dag_run_conf": conf})
+        parts = [{"type": "http.request", "body": request[:7].encode(), "more_body": True},
+                 {"type": "http.request", "body": request[7:].encode()}]
+        sent = []
+
+        async def receive():
+            return parts.pop(0)
+
+        async def send(m):
+            sent.append(m)
+        scope = {"type": "http", "method": "POST", "path": path}
+        asyncio.run(trigger_refusal.PlainTriggerRefusal(app)(scope, receive, send))
+        body = b"".join(m.get("body", b"") for m in sent[1:])
+        length = dict(sent[0]["headers"])[b"content-length"]
+        assert int(length) == len(body)
+        return sent[0]["status"], json.loads(body)["detail"]
+
+    raw = "Invalid input for param workers: 0 is less than or equal to the minimum of 0\n\n" \
+          "Failed validating 'exclusiveMinimum' in schema: {...}"
+    status, detail = call(airflow(400, raw))
+    assert status == 400 and detail == (
+        "This run was not triggered: 3 problems.\n"
+        "- Training workers (workers): 0 is out of range: it must be a whole number from 1 "
+        "to 1,024\n"
+        "- Config overrides (overrides), line 1: unknown key a\n"
+        "- Config overrides (overrides), line 2: unknown key train.x")
+    assert call(airflow(400, "Dag has import errors")) == (400, "Dag has import errors")
+    # a backfill's refusal (422, the DAG in the body), from the UI's Backfill dialog too
+    assert call(airflow(422, raw), "/api/v2/backfills") == (422, detail)
+    assert call(airflow(422, raw), "/api/v2/backfills/dry_run") == (422, detail)
+    assert call(airflow(200, "ok")) == (200, "ok")
+    assert call(airflow(400, raw), "/api/v2/dags/ssl_student/dagRuns/x/clear")[1] == raw

@@ -307,3 +307,23 @@ def test_train_grow_grows_nothing_on_phone_classes(tmp_path, local_cfg):
     m = out["metrics"]  # the classes are phones already: trained as they are
     assert m["grown"] is False and "phone_stage_classes" not in m and m["passes"] == 1
     assert not Storage().exists(join(run, "train-grown", "phones", "summary.json"))
+
+
+def test_progress_names_the_grow_stage():
+    """Each stage counts its own minibatches from 0 %: the progress line says which stage
+    (issue 60: the % restarted between stages with no word why)."""
+    from types import SimpleNamespace as NS
+
+    from training.loop import progress_label
+
+    cfg = NS(train=NS(sequence=NS(criterion="smbr")))
+
+    def plan(**kw):
+        return NS(**{"cfg": cfg, "kind": "student", "label_tree": None, "grow": None,
+                     "num_classes": 40, **kw})
+    assert progress_label(plan()) == "train student"
+    assert progress_label(plan(label_tree={"x": 1}, num_classes=12)) == \
+        "train stage 1/2 (train.grow: 12 phone classes) student"
+    assert progress_label(plan(grow=object())) == \
+        "train stage 2/2 (train.grow: 40 leaves, from the phone model) student"
+    assert progress_label(plan(), criterion=object()) == "sequence (smbr) student"

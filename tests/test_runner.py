@@ -73,6 +73,30 @@ def test_pool_slots_are_the_cores_a_step_computes_on(tmp_path):
     assert P.pool_size(2) == 2 * per_core + P.POOL_LIGHT_SLOTS
 
 
+def test_a_task_short_of_pool_slots_is_told_why():
+    """Which pool, how many open, held by whom (deferred tasks count where the pool says)."""
+    pool = {"name": "default_pool", "slots": 10, "include_deferred": True}
+    waiter = {"dag_id": "teacher", "task_id": "train_baseline", "pool": "default_pool",
+              "pool_slots": 8, "state": "scheduled"}
+    tis = [{"dag_id": "teacher", "task_id": "evaluate", "pool": "default_pool",
+            "pool_slots": 1, "state": "running"},
+           {"dag_id": "ssl_student", "task_id": "features", "pool": "default_pool",
+            "pool_slots": 4, "state": "deferred"},
+           {"dag_id": "x", "task_id": "other_pool", "pool": "p2", "pool_slots": 9,
+            "state": "running"},
+           {"dag_id": "x", "task_id": "done", "pool": "default_pool", "pool_slots": 9,
+            "state": "success"}, waiter]
+    assert P.waiting_note(waiter, pool, tis) == (
+        "waiting for 8 slots of pool default_pool: 5 of 10 open; held by "
+        "ssl_student.features (4, deferred), teacher.evaluate (1, running)")
+    # deferred tasks not counted by the pool: room for it, nothing to say
+    assert P.waiting_note(waiter, {**pool, "include_deferred": False}, tis) == ""
+    assert P.waiting_note({**waiter, "pool_slots": 5}, pool, tis) == ""
+    assert P.waiting_note(waiter, {**pool, "slots": 6}, []) == (
+        "needs 8 slots but pool default_pool has 6 in all: it cannot start until the pool "
+        "is made larger (scripts/airflow_pool.py --cores N)")
+
+
 def test_try_budget_is_capped_by_the_token_lifetime(monkeypatch):
     monkeypatch.setenv("AIRFLOW__EXECUTION_API__JWT_EXPIRATION_TIME", "60")
     assert A.try_budget_s(600, 5) == 30

@@ -577,10 +577,7 @@ class Trainer:
         self.resume()
         total_steps = sum(self.counts)
         if self.rank == 0 and self.plan.progress:
-            what = f"sequence ({self.tc.sequence.criterion})" if self.criterion else "train"
-            if self.plan.label_tree:
-                what += " (train.grow: phone stage)"
-            self.progress = Progress(total_steps, desc=f"{what} {self.kind}",
+            self.progress = Progress(total_steps, desc=progress_label(self.plan, self.criterion),
                                      unit="minibatches", interval_s=10)
             self.progress.done = min(self.state.step, total_steps)
         while self.state.pass_index is not None:
@@ -904,6 +901,17 @@ def _dev_metrics(model, storage, dev_index, norm, tc, stack, device, unit, state
     return {"unit": unit, "step": state.step, "frames_seen": state.frames_seen,
             "loss": loss_sum / max(frames, 1.0), "frame_acc": correct / max(frames, 1.0),
             "frames": frames, "time": time.time()}
+
+
+def progress_label(plan: WorkerPlan, criterion: Any = None) -> str:
+    """The progress lines' name: which training, and with train.grow which of its two
+    stages (each counts its own minibatches from 0 %, so the restart must say why)."""
+    what = f"sequence ({plan.cfg.train.sequence.criterion})" if criterion else "train"
+    if plan.label_tree:
+        what += f" stage 1/2 (train.grow: {plan.num_classes} phone classes)"
+    elif plan.grow is not None:
+        what += f" stage 2/2 (train.grow: {plan.num_classes} leaves, from the phone model)"
+    return f"{what} {plan.kind}"
 
 
 def _nonfinite_msg(what: str, value: float, p: PassInfo, state: TrainState,
