@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import shutil
 import sqlite3
 import subprocess
 import sys
@@ -456,6 +457,7 @@ def _tiny_corpus_teacher_student(tmp_path: Path, ray_address: str, auth: dict) -
     store = tmp_path / "store"
     cfg = tmp_path / "tiny.yaml"
     cfg.write_text((ROOT / "configs" / "local.yaml").read_text())
+    shutil.copytree(ROOT / "configs" / "recipes", tmp_path / "recipes")  # the recipes it names
     common = [f"storage.root={store}", f"data.corpus={store / 'corpus'}",
               f"ray.address={ray_address}",
               f"runner.state_dir={tmp_path / 'jobs'}", "runner.poll_s=1",
