@@ -43,9 +43,14 @@ def _corpus_args(p: argparse.ArgumentParser) -> None:
 def _import_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--from", dest="source_format", required=True, choices=["kaldi", "lhotse"],
                    help="input format: a Kaldi data dir, or lhotse recordings + supervisions")
-    p.add_argument("--src", help="kaldi: the data dir (wav.scp, utt2spk, text, segments, ...); "
-                                 "lhotse: a folder with one *recordings* and one "
-                                 "*supervisions* .jsonl[.gz]")
+    p.add_argument("--src", action="append", metavar="[SPLIT=]DIR",
+                   help="kaldi: the data dir (wav.scp, utt2spk, text, segments, ...); "
+                        "lhotse: a folder with one *recordings* and one *supervisions* "
+                        ".jsonl[.gz]. SPLIT= (labeled or train, unlabeled, dev, test; "
+                        "default ingest.split) names its split; repeat for several splits "
+                        "(--src train=D1 --src dev=D2 --src test=D3). Splits already under "
+                        "--out stay; one imported there before from other inputs is "
+                        "replaced only with --force")
     p.add_argument("--recordings", help="lhotse: the recordings manifest (.jsonl or .jsonl.gz)")
     p.add_argument("--supervisions", help="lhotse: the supervisions manifest")
     p.add_argument("--out", help="corpus root URI to write (default: data.corpus)")
@@ -137,11 +142,13 @@ STEPS: dict[str, Step] = {
     "import": Step(
         "amflow.steps.import_corpus:run",
         "bring a Kaldi data dir or lhotse manifests into the input corpus format",
-        reads="--src Kaldi data dir (wav.scp, utt2spk, text, segments, reco2dur, utt2dur) or "
-              "lhotse --recordings/--supervisions JSONL(.gz), the audio they name; "
-              "ingest.* (split, locale, lexicon)",
-        writes="--out URI: metadata/split=*/part-*.jsonl, audio/<split>/ (cut or converted "
-               "audio), rejects.parquet, lexicon.txt (with ingest.lexicon), _SUCCESS.json",
+        reads="--src [SPLIT=]DIR (repeatable): Kaldi data dirs (wav.scp, utt2spk, text, "
+              "segments, reco2dur, utt2dur) or lhotse manifests (or --recordings/"
+              "--supervisions JSONL(.gz)), the audio they name; ingest.* (split, locale, "
+              "lexicon, clean)",
+        writes="--out URI: metadata/split=*/<source>-part-*.jsonl, audio/<split>/ (cut or "
+               "converted audio), _imports/<source>.json (one per split), rejects.parquet, "
+               "lexicon.txt (with ingest.lexicon), _SUCCESS.json",
         needs_run=False, add_args=_import_args),
     "select": Step(
         "amflow.steps.select:run", "sample select.hours of audio and shard it by speaker",
