@@ -93,6 +93,7 @@ class IngestConfig:
     # YAML reads an unquoted timestamp as a datetime; validate() turns it into the string.)
     created_at: Any = ""
     condition: str = ""  # written as `condition` when set (e.g. the recording setup)
+    clean: bool = False  # mark the records `clean: true` (close-talk, dry audio): clean sources for align.audio/evaluate.audio=clean and the example servers
     # Base of relative audio paths; empty = the Kaldi data dir / the recordings
     # manifest's folder.
     audio_root: str = ""
