@@ -196,8 +196,10 @@ STEPS: dict[str, Step] = {
         add_args=_evaluate_args),
     "lm": Step(
         "amflow.steps.lm:run", "estimate a word n-gram LM (interpolated Kneser-Ney), ARPA",
-        reads="lm.* (sentences from the text generator), data.lexicon or <corpus>/lexicon.txt "
-              "(vocabulary), the corpus's dev/test transcripts (perplexity only)",
+        reads="lm.* (lm.source: the text generator for the embedded corpus, the corpus's "
+              "labeled transcripts for any other, plus lm.text_file), data.lexicon or "
+              "<corpus>/lexicon.txt (vocabulary), the corpus's dev/test transcripts "
+              "(perplexity, OOV rate: a WARNING when the LM does not fit them)",
         writes="runs/<id>/lm/lm.arpa, _SUCCESS.json (perplexity, OOV rate)"),
     "decode": Step(
         "amflow.steps.decode:run", "decode a model to words with H o L o G; WER per condition",
