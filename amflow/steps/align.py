@@ -57,6 +57,7 @@ from core.storage import Storage, join
 from decoding.lexicon import LexiconError, read_lexicon, words_of
 from tasks import alignments as ref_al
 from tasks.audio import decode_audio, read_audio_bytes
+from tasks.speech.phone_sets import resolve_names
 
 log = logging.getLogger(__name__)
 
@@ -104,8 +105,27 @@ def _lexicon(ctx: StepContext) -> tuple[lg.Lang, str]:
     except LexiconError as exc:
         raise StepError(f"{uri}: {exc}") from exc
     a = ctx.cfg.align
-    return (lg.make_lang(lex.prons, a.sil_prob, set(a.closure_stops), a.shared_closure),
+    return (lg.make_lang(lex.prons, a.sil_prob, closure_stops(a.closure_stops, lex, uri),
+                         a.shared_closure),
             hashlib.sha256(text.encode()).hexdigest())
+
+
+def closure_stops(names: list[str], lex: Any, uri: str) -> set[str]:
+    """align.closure_stops spelt as the lexicon spells them (p -> P in upper-case
+    ARPAbet, said at INFO); names that match no phone of the lexicon are a WARNING, all
+    of them: a StepError (the option would silently do nothing)."""
+    phones = lex.phones()
+    found, missing = resolve_names(names, phones)
+    if found != [n for n in names if n in phones]:
+        log.info("align: align.closure_stops %s are %s in %s's phone set", names, found, uri)
+    if missing and not found:
+        raise StepError(f"align.closure_stops {names}: none is a phone of {uri} (its "
+                        f"phones: {' '.join(sorted(phones)[:40])}); set align.closure_stops "
+                        f"to its unvoiced stops, or [] for no closure phones")
+    if missing:
+        log.warning("align: align.closure_stops %s are not phones of %s: they get no closure "
+                    "phone", missing, uri)
+    return set(found)
 
 
 def _clean_uris(ctx: StepContext) -> dict[str, str] | None:

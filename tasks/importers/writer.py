@@ -45,6 +45,7 @@ from core.storage import Storage, join
 from tasks.speech.lexicon import LexiconError, read_lexicon, words_of
 import tasks.importers.kaldi as kaldi
 import tasks.importers.ledger as ledger
+import tasks.importers.lexicons as lexicons
 import tasks.importers.lhotse as lhotse
 from tasks.importers.audio import Cut, read_recording
 from tasks.importers.entries import Entry, Parsed, read_manifest
@@ -144,10 +145,13 @@ def load_vocabulary(storage: Storage, uri: str) -> tuple[set[str] | None, str]:
         raise ConfigError("ingest.lexicon", f"{uri}: {exc}") from None
 
 
-def assign_splits(entries: list[Entry], icfg: IngestConfig, vocab: set[str] | None
+def assign_splits(entries: list[Entry], icfg: IngestConfig, vocab: set[str] | None,
+                  unpronounced: dict[str, str] | None = None
                   ) -> tuple[list[tuple[Entry, str]], list[Reject]]:
     """Each entry's split (transcribed: ingest.split, else unlabeled), or a reject: a
-    dev/test entry without text, a transcript without words, or words not in `vocab`."""
+    dev/test entry without text, a transcript without words, or words not in `vocab`
+    (no_pronunciation when G2P tried them: `unpronounced` word -> why)."""
+    unpronounced = unpronounced or {}
     kept, rejects = [], []
     for e in entries:
         if e.text is None:
@@ -161,12 +165,32 @@ def assign_splits(entries: list[Entry], icfg: IngestConfig, vocab: set[str] | No
         oov = sorted({w for w in words if w not in vocab}) if vocab is not None else []
         if not words:
             rejects.append(Reject(e.utt_id, "empty_text", f"no words in {e.text!r:.80}"))
+        elif oov and any(w in unpronounced for w in oov):
+            rejects.append(Reject(e.utt_id, "no_pronunciation", "; ".join(
+                f"{w}: {unpronounced.get(w, 'not in ingest.lexicon')}" for w in oov[:10])))
         elif oov:
             rejects.append(Reject(e.utt_id, "oov_words", f"{len(oov)} not in ingest.lexicon: "
                                   f"{' '.join(oov[:20])}"))
         else:
             kept.append((e, icfg.split))
     return kept, rejects
+
+
+def pronounce_missing(storage: Storage, out: str, parsed: list[Parsed], vocab: set[str] | None,
+                      lexicon_text: str, icfg: IngestConfig
+                      ) -> tuple[dict[str, list[str]], dict[str, str]]:
+    """ingest.g2p: pronunciations for the transcripts' words that ingest.lexicon lacks
+    (every word, without one); ({}, {}) when off."""
+    if icfg.g2p == "off":
+        if vocab is None:
+            log.warning("import: no ingest.lexicon and ingest.g2p=off: %s gets no "
+                        "lexicon.txt, which align and decode need (data.lexicon); set "
+                        "ingest.g2p=espeak to make one from the transcripts' words", out)
+        return {}, {}
+    words = {w for p in parsed for e in p.entries if e.text for w in words_of(e.text)}
+    return lexicons.pronounce(storage, out, sorted(w for w in words
+                                                   if vocab is None or w not in vocab),
+                              lexicon_text, icfg)
 
 
 def fingerprint(source: Source, icfg: IngestConfig, lexicon_text: str) -> str:
@@ -287,9 +311,13 @@ def import_sources(storage: Storage, sources: dict[str, Source], out: str,
         return dict(storage.read_json(join(out, ledger.SUCCESS)), skipped=True, imported=[])
     storage.write_json(join(out, ledger.OWNER), {"generator": GENERATOR})
     parsed = {s: sources[s].parse() for s in todo}
+    made, failed = pronounce_missing(storage, out, [parsed[s] for s in todo], vocab,
+                                     lexicon_text, icfg)
+    if icfg.g2p != "off":
+        vocab = (vocab or set()) | set(made)
     kept, early = {}, {}
     for s in todo:
-        kept[s], early[s] = assign_splits(parsed[s].entries, plans[s], vocab)
+        kept[s], early[s] = assign_splits(parsed[s].entries, plans[s], vocab, failed)
     ledger.check_clashes(storage, out, {s: [(e.utt_id, sp) for e, sp in kept[s]]
                                         for s in todo},
                          [s for s in ledgers if s not in todo])
@@ -299,6 +327,7 @@ def import_sources(storage: Storage, sources: dict[str, Source], out: str,
     for s in todo:
         _write_source(storage, out, s, sources[s], parsed[s], kept[s], early[s], plans[s],
                       fps[s], lexicon_text)
+        lexicons.write_g2p(storage, out, s, made, failed, parsed[s].entries)
     return _write_root(storage, out, icfg, vocab, lexicon_text, todo, started)
 
 
@@ -369,10 +398,10 @@ def _write_root(storage: Storage, out: str, icfg: IngestConfig, vocab: set[str] 
                         "than %s, which is now %s: import them again with this one "
                         "(--force) if their words may be missing from it",
                         ", ".join(other), icfg.lexicon, join(out, LEXICON))
-        storage.write_text(join(out, LEXICON), lexicon_text)
+    lex = lexicons.write_lexicon(storage, out, lexicon_text, ledgers)
     summary = ledger.root_summary(ledgers)
     summary.update(
-        out=out, lexicon={"uri": icfg.lexicon, "words": len(vocab)} if vocab else None,
+        out=out, lexicon=lex,
         wall_s=round(time.time() - started, 3), config=asdict(icfg),
         created_at=dt.datetime.fromtimestamp(started, dt.timezone.utc).isoformat(
             timespec="seconds"))
