@@ -437,3 +437,40 @@ def test_refuses_older_import_layout(tmp_path):
     import_corpus(st, read_kaldi(st, str(d)), str(out), cfg.ingest, force=True)
     parts = sorted(p.name for p in (out / "metadata").rglob("*.jsonl"))
     assert parts == ["labeled-part-00000.jsonl"]
+
+
+def test_8khz_audio_native_or_upsampled_with_a_warning(tmp_path, caplog):
+    """8 kHz recordings: upsampled to 16 kHz by default, with a WARNING naming both ways
+    out; kept at 8 kHz (referenced in place) with ingest.sample_rate=8000."""
+    d = tmp_path / "kaldi"
+    d.mkdir()
+    a = _write(tmp_path / "a.wav", 1.0, rate=8000)
+    (d / "wav.scp").write_text(f"a {a}\n")
+    (d / "utt2spk").write_text("a s\n")
+    (d / "text").write_text("a hello\n")
+    st = Storage(_cfg(tmp_path).storage)
+    with caplog.at_level("WARNING", logger="tasks.importers.writer"):
+        up = import_corpus(st, read_kaldi(st, str(d)), str(tmp_path / "up"),
+                           _cfg(tmp_path).ingest)
+    assert "recorded at 8000 Hz were upsampled to 16000 Hz" in caplog.text
+    assert "ingest.sample_rate=8000" in caplog.text and "features.high_freq=4000" in caplog.text
+    rec = _records(tmp_path / "up")["a"]
+    assert rec["source_rate"] == 8000 and up["source_rates"] == {"8000": 1}
+    assert sf.info(tmp_path / "up" / rec["audio_uri"]).samplerate == 16000
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="tasks.importers.writer"):
+        import_corpus(st, read_kaldi(st, str(d)), str(tmp_path / "native"),
+                      _cfg(tmp_path, "ingest.sample_rate=8000").ingest)
+    assert "upsampled" not in caplog.text
+    assert _records(tmp_path / "native")["a"]["audio_uri"] == str(a)  # in the format: as is
+
+
+def test_features_at_8khz_put_the_mel_bins_below_4khz():
+    from tasks.fbank import kaldi_mel_banks
+
+    banks = kaldi_mel_banks(64, 256, 8000, 20.0, 0.0)  # [fft bins, mel bins]
+    top = np.nonzero(banks[:, -1])[0].max() * 8000 / 256
+    assert 3900 <= top <= 4000
+    up = kaldi_mel_banks(64, 512, 16000, 20.0, 0.0)  # the same audio upsampled
+    empty = sum(np.nonzero(up[:, b])[0].min() * 16000 / 512 >= 4000 for b in range(64))
+    assert empty >= 14  # ~15 of 64 bins see only the empty band

@@ -135,7 +135,7 @@ def root_summary(ledgers: dict[str, dict]) -> dict[str, Any]:
     """The corpus root's _SUCCESS.json from its imports' ledgers (counts summed; the
     fingerprint is that of every source's, so `select` sees a split added or replaced)."""
     counts = Counter()
-    per_split, seconds, reasons = Counter(), Counter(), Counter()
+    per_split, seconds, reasons, rates = Counter(), Counter(), Counter(), Counter()
     speakers: dict[str, set] = {}
     written = referenced = transcribed = 0
     for led in ledgers.values():
@@ -143,6 +143,7 @@ def root_summary(ledgers: dict[str, dict]) -> dict[str, Any]:
         per_split.update(led["per_split"])
         seconds.update(led["split_seconds"])
         reasons.update(led["rejects_by_reason"])
+        rates.update(led.get("source_rates", {}))
         for split, spk in led["speakers"].items():
             speakers.setdefault(split, set()).update(spk)
         written += led["audio_files_written"]
@@ -159,6 +160,7 @@ def root_summary(ledgers: dict[str, dict]) -> dict[str, Any]:
         "counts": {k: int(counts[k]) for k in ("in", "out", "rejected")},
         "rejects_by_reason": dict(sorted(reasons.items())),
         "utterances": int(counts["out"]), "per_split": dict(sorted(per_split.items())),
+        "source_rates": dict(sorted(rates.items())),  # utterances per recording rate (Hz)
         "split_seconds": {k: round(v, 3) for k, v in sorted(seconds.items())},
         "split_hours": {k: round(v / 3600.0, 4) for k, v in sorted(seconds.items())},
         "audio_s": round(sum(seconds.values()), 3),

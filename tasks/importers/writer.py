@@ -6,8 +6,9 @@ split beside those earlier imports wrote, and replaces one only with --force):
     metadata/split=<split>/<source>-part-NNNNN.jsonl   one record per utterance (the input
                         format, `split` always set) plus provenance: recording_id, and
                         for audio written here source_uri, source_start, source_end
-    audio/<split>/<speaker>/<utt_id>.wav      16 kHz mono 16-bit: cut segments and audio
-                        converted from other formats (and all audio with ingest.copy_audio);
+    audio/<split>/<speaker>/<utt_id>.wav      mono 16-bit at ingest.sample_rate (16 kHz):
+                        cut segments and audio converted from other formats or rates
+                        (and all audio with ingest.copy_audio);
                         audio already in the format is referenced where it is
     _imports/<source>.json, <source>.rejects.parquet   each import's ledger and rejects
     rejects.parquet     every split's rejects: utt_id, shard (the source split), reason,
@@ -217,6 +218,7 @@ def _record(cut: Cut, split: str, icfg: IngestConfig, audio_uri: str) -> dict:
         rec["clean"] = True
     rec["split"] = split
     rec["recording_id"] = e.recording_id
+    rec["source_rate"] = cut.source_rate
     if cut.wav is not None:
         rec.update(source_uri=e.audio_uri, source_start=e.start, source_end=e.end)
     return rec
@@ -228,7 +230,7 @@ def import_recording(storage: Storage, out: str, items: list[tuple[int, Entry, s
     split_of = {id(e): (i, s) for i, e, s in items}
     results: list[tuple[int, dict | Reject]] = []
     for cut in read_recording(storage, items[0][1].audio_uri, [e for _, e, _ in items],
-                              icfg.copy_audio):
+                              icfg.copy_audio, icfg.sample_rate):
         index, split = split_of[id(cut.entry)]
         if cut.reason:
             results.append((index, Reject(cut.entry.utt_id, cut.reason, cut.detail)))
@@ -370,6 +372,7 @@ def _write_source(storage: Storage, out: str, source: str, src: Source, parsed: 
     if counts["in"] != counts["out"] + counts["rejected"]:
         raise ConservationError(f"import {source}: items in ({counts['in']}) != out "
                                 f"({counts['out']}) + rejected ({counts['rejected']})")
+    warn_upsampled(records, icfg.sample_rate, source)
     parts = write_metadata(storage, out, records, source)
     new_audio = {join(out, r["audio_uri"]) for r in records if "source_uri" in r}
     for stale in sorted((old_parts - set(parts)) | (old_audio - new_audio)):
@@ -381,6 +384,22 @@ def _write_source(storage: Storage, out: str, source: str, src: Source, parsed: 
              sum(led["split_seconds"].values()) / 3600.0, counts["rejected"],
              led["rejects_by_reason"])
     return led
+
+
+def warn_upsampled(records: list[dict], rate: int, source: str) -> int:
+    """Recordings below ingest.sample_rate are upsampled: the band above their Nyquist
+    frequency is empty, and the features' mel bins there carry nothing. A WARNING with
+    the counts and the two ways out; the number of such records."""
+    low = Counter(r["source_rate"] for r in records if 0 < r["source_rate"] < rate)
+    if low:
+        native = max(low)
+        log.warning("import %s: %d utterance(s) recorded at %s Hz were upsampled to %d Hz: "
+                    "nothing above %d Hz is in them. Keep them at their rate "
+                    "(ingest.sample_rate=%d, then features.sample_rate=%d: mel bins up to "
+                    "%d Hz), or limit the mel bins (features.high_freq=%d)", source,
+                    sum(low.values()), "/".join(str(r) for r in sorted(low)), rate,
+                    native // 2, native, native, native // 2, native // 2)
+    return sum(low.values())
 
 
 def _write_root(storage: Storage, out: str, icfg: IngestConfig, vocab: set[str] | None,
@@ -428,6 +447,8 @@ def _ledger(src: Source, source: str, fp: str, counts: dict, records: list[dict]
         "counts": counts,
         "rejects_by_reason": dict(sorted(Counter(r.reason for r in rejects).items())),
         "per_split": dict(sorted(Counter(r["split"] for r in records).items())),
+        "source_rates": {str(k): v for k, v in sorted(Counter(r["source_rate"]
+                                                              for r in records).items())},
         "split_seconds": {k: round(v, 3) for k, v in sorted(seconds.items())},
         "speakers": {k: sorted(v) for k, v in sorted(speakers.items())},
         "transcribed": sum(1 for r in records if "text" in r),
