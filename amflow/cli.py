@@ -81,6 +81,11 @@ def _compare_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("runs", nargs="+", metavar="RUN",
                    help="run ids; the first is the base the others are tested against")
     p.add_argument("--out", help="also write the comparison as JSON (file or storage URI)")
+    p.add_argument("--pair", action="append", metavar="DECODE=BASE_DECODE",
+                   help="test each other run's DECODE dir against the base run's BASE_DECODE "
+                        "(e.g. decode-student=decode-baseline); without it a decode meets "
+                        "the base's of the same name, else the one of the same model kind "
+                        "and split")
 
 
 def _bench_args(p: argparse.ArgumentParser) -> None:
