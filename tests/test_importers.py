@@ -398,6 +398,10 @@ def test_several_splits_one_corpus(tmp_path, capsys):
     assert s1["imported"] == ["dev", "labeled"] and s1["per_split"] == {"dev": 2, "labeled": 2}
     assert s1["sources"]["labeled"]["counts"] == {"in": 3, "out": 2, "rejected": 1}
     assert all(r.get("clean") is True for r in _records(out).values())
+    # the clean sources align.audio=clean and the teacher's example servers read
+    from training.example_servers import load_clean_sources
+    st = Storage(_cfg(tmp_path).storage)
+    assert sorted(load_clean_sources(st, str(out))) == ["d1", "d2", "t1", "t2"]
     assert main(["import", "--from", "kaldi", "--src", f"test={te}", *sets]) == 0
     s2 = summary()
     assert s2["imported"] == ["test"]
