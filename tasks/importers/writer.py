@@ -183,10 +183,6 @@ def pronounce_missing(storage: Storage, out: str, parsed: list[Parsed], vocab: s
     """ingest.g2p: pronunciations for the transcripts' words that ingest.lexicon lacks
     (every word, without one); ({}, {}) when off."""
     if icfg.g2p == "off":
-        if vocab is None:
-            log.warning("import: no ingest.lexicon and ingest.g2p=off: %s gets no "
-                        "lexicon.txt, which align and decode need (data.lexicon); set "
-                        "ingest.g2p=espeak to make one from the transcripts' words", out)
         return {}, {}
     words = {w for p in parsed for e in p.entries if e.text for w in words_of(e.text)}
     return lexicons.pronounce(storage, out, sorted(w for w in words
@@ -330,7 +326,7 @@ def import_sources(storage: Storage, sources: dict[str, Source], out: str,
         _write_source(storage, out, s, sources[s], parsed[s], kept[s], early[s], plans[s],
                       fps[s], lexicon_text)
         lexicons.write_g2p(storage, out, s, made, failed, parsed[s].entries)
-    return _write_root(storage, out, icfg, vocab, lexicon_text, todo, started)
+    return _write_root(storage, out, icfg, lexicon_text, todo, started)
 
 
 def _to_import(ledgers: dict[str, dict], fps: dict[str, str], force: bool) -> list[str]:
@@ -402,8 +398,8 @@ def warn_upsampled(records: list[dict], rate: int, source: str) -> int:
     return sum(low.values())
 
 
-def _write_root(storage: Storage, out: str, icfg: IngestConfig, vocab: set[str] | None,
-                lexicon_text: str, imported: list[str], started: float) -> dict:
+def _write_root(storage: Storage, out: str, icfg: IngestConfig, lexicon_text: str,
+                imported: list[str], started: float) -> dict:
     """The root's rejects.parquet, lexicon.txt and _SUCCESS.json over every split."""
     ledgers = ledger.read_ledgers(storage, out)
     storage.write_parquet(join(out, ledger.REJECTS),
@@ -418,6 +414,12 @@ def _write_root(storage: Storage, out: str, icfg: IngestConfig, vocab: set[str] 
                         "(--force) if their words may be missing from it",
                         ", ".join(other), icfg.lexicon, join(out, LEXICON))
     lex = lexicons.write_lexicon(storage, out, lexicon_text, ledgers)
+    if lex is not None:
+        lex["uri"] = icfg.lexicon or None
+    else:
+        log.warning("import: no ingest.lexicon and ingest.g2p=off: %s has no lexicon.txt, "
+                    "which align, lm and decode need (data.lexicon); set ingest.g2p=espeak "
+                    "to make one from the transcripts' words", out)
     summary = ledger.root_summary(ledgers)
     summary.update(
         out=out, lexicon=lex,
