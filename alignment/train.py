@@ -28,6 +28,11 @@ from core.senones import ContextTree
 log = logging.getLogger(__name__)
 
 
+class NothingToAlign(RuntimeError):
+    """Every utterance was rejected (on load) or failed (compile, align): the step's
+    rejects say why."""
+
+
 @dataclass
 class RecipeOptions:
     num_senones: int = 500
@@ -139,7 +144,7 @@ def _rounds(jobs: list, st: Stage, iters: int, target_gauss: int, opts: RecipeOp
             stats = _sum(run_jobs(jobs, "accumulate", st.tm, st.am))
         if stats.frames == 0:
             why = sorted({v.split(":")[0] for v in failures(jobs).values()})
-            raise RuntimeError(f"{st.name} iteration {it}: every utterance failed to align "
+            raise NothingToAlign(f"{st.name} iteration {it}: every utterance failed to align "
                                f"(reasons: {', '.join(why) or 'none recorded'})")
         goal = gauss0 + (target_gauss - gauss0) * min(it + 1, grow) // grow
         gmm.update(st.tm, st.am, stats, goal)
@@ -194,7 +199,7 @@ def monophone(jobs: list, lang: lg.Lang, opts: RecipeOptions, hist: History) -> 
     fs = run_jobs(jobs, "feature_stats")
     n = sum(f[0] for f in fs)
     if n == 0:
-        raise RuntimeError("no utterance has features to align")
+        raise NothingToAlign("no utterance has features to align")
     mean = sum(f[1] for f in fs) / n
     var = sum(f[2] for f in fs) / n - mean ** 2
     tm, am = gmm.init_flat(tree, topo, mean, var)

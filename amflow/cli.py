@@ -44,9 +44,14 @@ def _corpus_args(p: argparse.ArgumentParser) -> None:
 def _import_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--from", dest="source_format", required=True, choices=["kaldi", "lhotse"],
                    help="input format: a Kaldi data dir, or lhotse recordings + supervisions")
-    p.add_argument("--src", help="kaldi: the data dir (wav.scp, utt2spk, text, segments, ...); "
-                                 "lhotse: a folder with one *recordings* and one "
-                                 "*supervisions* .jsonl[.gz]")
+    p.add_argument("--src", action="append", metavar="[SPLIT=]DIR",
+                   help="kaldi: the data dir (wav.scp, utt2spk, text, segments, ...); "
+                        "lhotse: a folder with one *recordings* and one *supervisions* "
+                        ".jsonl[.gz]. SPLIT= (labeled or train, unlabeled, dev, test; "
+                        "default ingest.split) names its split; repeat for several splits "
+                        "(--src train=D1 --src dev=D2 --src test=D3). Splits already under "
+                        "--out stay; one imported there before from other inputs is "
+                        "replaced only with --force")
     p.add_argument("--recordings", help="lhotse: the recordings manifest (.jsonl or .jsonl.gz)")
     p.add_argument("--supervisions", help="lhotse: the supervisions manifest")
     p.add_argument("--out", help="corpus root URI to write (default: data.corpus)")
@@ -77,6 +82,11 @@ def _compare_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("runs", nargs="+", metavar="RUN",
                    help="run ids; the first is the base the others are tested against")
     p.add_argument("--out", help="also write the comparison as JSON (file or storage URI)")
+    p.add_argument("--pair", action="append", metavar="DECODE=BASE_DECODE",
+                   help="test each other run's DECODE dir against the base run's BASE_DECODE "
+                        "(e.g. decode-student=decode-baseline); without it a decode meets "
+                        "the base's of the same name, else the one of the same model kind "
+                        "and split")
 
 
 def _bench_args(p: argparse.ArgumentParser) -> None:
@@ -138,11 +148,13 @@ STEPS: dict[str, Step] = {
     "import": Step(
         "amflow.steps.import_corpus:run",
         "bring a Kaldi data dir or lhotse manifests into the input corpus format",
-        reads="--src Kaldi data dir (wav.scp, utt2spk, text, segments, reco2dur, utt2dur) or "
-              "lhotse --recordings/--supervisions JSONL(.gz), the audio they name; "
-              "ingest.* (split, locale, lexicon)",
-        writes="--out URI: metadata/split=*/part-*.jsonl, audio/<split>/ (cut or converted "
-               "audio), rejects.parquet, lexicon.txt (with ingest.lexicon), _SUCCESS.json",
+        reads="--src [SPLIT=]DIR (repeatable): Kaldi data dirs (wav.scp, utt2spk, text, "
+              "segments, reco2dur, utt2dur) or lhotse manifests (or --recordings/"
+              "--supervisions JSONL(.gz)), the audio they name; ingest.* (split, locale, "
+              "lexicon, clean)",
+        writes="--out URI: metadata/split=*/<source>-part-*.jsonl, audio/<split>/ (cut or "
+               "converted audio), _imports/<source>.json (one per split), rejects.parquet, "
+               "lexicon.txt (with ingest.lexicon), _SUCCESS.json",
         needs_run=False, add_args=_import_args),
     "select": Step(
         "amflow.steps.select:run", "sample select.hours of audio and shard it by speaker",
@@ -190,8 +202,10 @@ STEPS: dict[str, Step] = {
         add_args=_evaluate_args),
     "lm": Step(
         "amflow.steps.lm:run", "estimate a word n-gram LM (interpolated Kneser-Ney), ARPA",
-        reads="lm.* (sentences from the text generator), data.lexicon or <corpus>/lexicon.txt "
-              "(vocabulary), the corpus's dev/test transcripts (perplexity only)",
+        reads="lm.* (lm.source: the text generator for the embedded corpus, the corpus's "
+              "labeled transcripts for any other, plus lm.text_file), data.lexicon or "
+              "<corpus>/lexicon.txt (vocabulary), the corpus's dev/test transcripts "
+              "(perplexity, OOV rate: a WARNING when the LM does not fit them)",
         writes="runs/<id>/lm/lm.arpa, _SUCCESS.json (perplexity, OOV rate)"),
     "decode": Step(
         "amflow.steps.decode:run", "decode a model to words with H o L o G; WER per condition",

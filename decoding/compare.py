@@ -3,8 +3,10 @@ test, dev curves, and the model each result scored.
 
     load_run(st, root, run_id) -> dict      every decode*/ result (+ its hyps.jsonl rows)
                                             and every train*/sequence* dev curve of a run
-    compare(runs) -> dict                   rows per (run, decode); the first run is the
-                                            base each other run's same decode is tested on
+    compare(runs, pairs) -> dict            rows per (run, decode); the first run is the
+                                            base each other run's decode is tested on: the
+                                            one named in `pairs`, of the same name, else of
+                                            the same model kind and split
     pairs_in_report(decoded) -> list        SSL vs baseline and sequence vs CE, paired
     render_markdown(cmp) -> str             the headline table first
 Pure over `core.storage`: the CLI step, the report and the Airflow compare page share
@@ -79,8 +81,13 @@ def _ci(dec: dict) -> list[float] | None:
     return list(bootstrap_ci([r["errors"] for r in rows], [r["ref_words"] for r in rows]))
 
 
-def compare(runs: list[dict], alpha: float = ALPHA) -> dict:
-    """One row per (run, decode step); other runs' rows carry delta / p against the base."""
+def compare(runs: list[dict], alpha: float = ALPHA,
+            pairs: dict[str, str] | None = None) -> dict:
+    """One row per (run, decode step); other runs' rows carry delta / p against the base
+    decode they pair with (`base_decode`, `paired_by`): `pairs` (decode dir -> the base's
+    decode dir) first, else the one of the same name, else the base's one decode of the
+    same model kind (the architecture in result.json's `model_kind`) and split, so a
+    student and another run's baseline meet even when their decodes are named apart."""
     if not runs:
         raise ValueError("compare needs at least one run")
     base = runs[0]
@@ -92,12 +99,30 @@ def compare(runs: list[dict], alpha: float = ALPHA) -> dict:
                    "wer": res.get("wer"), "wer_ci95": _ci(dec),
                    "per_condition": res.get("per_condition") or {},
                    "utterances": len(dec["rows"]) or None}
-            other = base["decodes"].get(step_dir)
-            if run is not base and other is not None:
-                row["vs_base"] = _paired(other, dec, alpha)
+            match, how = base_decode(base, step_dir, dec, pairs or {})
+            if run is not base and match:
+                row["vs_base"] = _paired(base["decodes"][match], dec, alpha)
+                row["base_decode"], row["paired_by"] = match, how
             rows.append(row)
     return {"base": base["run"], "runs": [r["run"] for r in runs], "alpha": alpha,
             "rows": rows, "curves": {r["run"]: r["curves"] for r in runs}}
+
+
+def base_decode(base: dict, step_dir: str, dec: dict, pairs: dict[str, str]
+                ) -> tuple[str | None, str]:
+    """(the base run's decode dir to test `dec` against, how it was chosen)."""
+    if step_dir in pairs:
+        want = pairs[step_dir]
+        if want not in base["decodes"]:
+            raise FileNotFoundError(f"--pair {step_dir}={want}: run {base['run']!r} has no "
+                                    f"{want} (it has {', '.join(base['decodes']) or 'none'})")
+        return want, "pair"
+    if step_dir in base["decodes"]:
+        return step_dir, "name"
+    kind, split = dec["result"].get("model_kind"), dec["result"].get("split")
+    same = [d for d, b in base["decodes"].items() if kind is not None
+            and b["result"].get("model_kind") == kind and b["result"].get("split") == split]
+    return (same[0], "model_kind") if len(same) == 1 else (None, "")
 
 
 def _paired(base: dict, new: dict, alpha: float) -> dict:
@@ -151,7 +176,9 @@ def render_markdown(cmp: dict) -> str:
         ci_s = f"{_pct(ci[0])}-{_pct(ci[1])}" if ci else "-"
         t = r.get("vs_base")
         werr = f"{100 * t['werr']:.1f} %" if t and t.get("werr") is not None else ""
-        lines.append(f"| {r['run']} | {r['decode']} | {_pct(r['wer'])} | {ci_s} | {mark(t)} | "
+        vs = mark(t) + (f" vs {r['base_decode']}" if t and r.get("base_decode") != r["decode"]
+                        else "")
+        lines.append(f"| {r['run']} | {r['decode']} | {_pct(r['wer'])} | {ci_s} | {vs} | "
                      f"{werr} | {r['model']} |")
     lines += ["", f"n.s.: not significant (MAPSSWE, two-sided p >= {cmp['alpha']}), "
                   "utterances matched by utt_id."]

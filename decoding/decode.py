@@ -262,7 +262,23 @@ def tune_acwt(ctx: StepContext, pool: Pool, corpus: str, lex: Lexicon) -> tuple[
         rows.append({"acwt": a, "wer": score_hyps(hyps, lex)[0]["wer"]})
         log.info("tuning on %s: acwt %.2f WER %.2f %%", dc.tune_split, a, 100 * rows[-1]["wer"])
     best = min(rows, key=lambda r: r["wer"])
+    warn_grid_edge(rows, best["acwt"], dc.tune_split)
     return rows, best["acwt"]
+
+
+def warn_grid_edge(rows: list[dict], best: float, split: str) -> str:
+    """A best acwt at the smallest or largest of decode.acwt (the WER still falling there)
+    may have a better one beyond the grid: a WARNING with the numbers; the edge or ""."""
+    grid = sorted(r["acwt"] for r in rows)
+    if len(grid) < 2 or len({r["wer"] for r in rows}) == 1 or grid[0] < best < grid[-1]:
+        return ""
+    edge, beyond = ("lowest", best / 1.5) if best == grid[0] else ("highest", best * 1.5)
+    wer = {r["acwt"]: r["wer"] for r in rows}
+    log.warning("decode: acwt %s (WER %.2f %% on %s) is the %s of decode.acwt %s (next: "
+                "%.2f %%): the best scale may lie beyond the grid; add e.g. %.3g to "
+                "decode.acwt", best, 100 * wer[best], split, edge, grid,
+                100 * wer[grid[1] if edge == "lowest" else grid[-2]], beyond)
+    return edge
 
 
 def reasons(rejects: list[Reject]) -> dict[str, int]:

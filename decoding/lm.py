@@ -257,15 +257,6 @@ def split_transcripts(storage, corpus: str, split: str, records=None) -> list[li
     return [words_of(r.text) for r in records if r.split == split and r.text]
 
 
-def lm_text(storage, lc, corpus: str, records=None) -> list[list[str]]:
-    """The LM's training sentences: lm.sentences from the text generator, plus the
-    transcripts of lm.text_split (`records`: a callable giving the corpus's records)."""
-    text = generator_sentences(lc.sentences, lc.seed) if lc.sentences else []
-    if lc.text_split:
-        text += split_transcripts(storage, corpus, lc.text_split, records() if records else None)
-    return text
-
-
 def lexicon_vocabulary(storage, lexicon_uri: str) -> set[str]:
     """The lexicon's words (every one gets unigram mass), or none without a lexicon."""
     return set(read_lexicon(storage.read_text(lexicon_uri)).prons) if storage.exists(lexicon_uri) else set()

@@ -2,7 +2,8 @@
 # `make airflow`: Airflow 3 standalone (SQLite, LocalExecutor, simple auth) with amflow's
 # DAGs and plugin. AIRFLOW_HOME lives in the project (./airflow_home, git-ignored);
 # examples are off. Env: AIRFLOW_PORT (default 8080), AIRFLOW_HOME, AMFLOW_ADMIN_PASSWORD
-# (default: generated).
+# (default: generated once, kept in a mode-600 file, never printed), AMFLOW_AIRFLOW_HOST
+# (default 127.0.0.1: this machine only; 0.0.0.0 for every interface).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -25,11 +26,10 @@ trap stop INT TERM
 trap stop_standalone EXIT
 echo "airflow standalone starting (log $AIRFLOW_HOME/standalone.log) ..."
 start_standalone "$AIRFLOW_HOME/standalone.log"
-PASSWORD=$(python -c "import json,sys; print(json.load(open(sys.argv[1]))['admin'])" "$PASSWORDS")
 cat <<MSG
 
-  Airflow UI:   http://localhost:$PORT
-  Login:        admin / $PASSWORD
+  Airflow UI:   http://localhost:$PORT  (listening on $AIRFLOW__API__HOST; AMFLOW_AIRFLOW_HOST)
+  Login:        admin, password in $PASSWORDS (mode 600; AMFLOW_ADMIN_PASSWORD sets it)
   DAGs:         ssl_student, teacher, corpus (from $ROOT/dags); each run has an amflow tab
   AIRFLOW_HOME: $AIRFLOW_HOME    (Ctrl-C stops everything)
 

@@ -9,19 +9,34 @@ export AIRFLOW__CORE__UNIT_TEST_MODE=False
 export AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION=False
 export AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS="admin:admin"
 export AIRFLOW__API__PORT="$PORT"
+# The API server (UI + REST) listens on this machine only: on a laptop on a shared network
+# 0.0.0.0 would open the admin UI to the network. AMFLOW_AIRFLOW_HOST=0.0.0.0 binds every
+# interface (then put TLS in front; logins are the simple auth manager's admin + password).
+# The task log servers (8793/8794) bind every interface in Airflow 3 whatever is set; they
+# only answer requests signed with the JWT secret below (per machine, mode 600).
+export AIRFLOW__API__HOST="${AMFLOW_AIRFLOW_HOST:-127.0.0.1}"
 export AIRFLOW__API__BASE_URL="http://localhost:$PORT"
 export AIRFLOW__CORE__EXECUTION_API_SERVER_URL="http://localhost:$PORT/execution/"
 export AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL="${AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL:-30}"
 mkdir -p "$AIRFLOW_HOME"
 PASSWORDS="$AIRFLOW_HOME/simple_auth_manager_passwords.json.generated"
 export AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE="$PASSWORDS"
+# The admin password: AMFLOW_ADMIN_PASSWORD, else one generated here once. Written before
+# Airflow starts, so that `airflow standalone` never echoes it into its log; mode 600.
+umask_was=$(umask); umask 077
 if [ -n "${AMFLOW_ADMIN_PASSWORD:-}" ]; then
   printf '{"admin": "%s"}\n' "$AMFLOW_ADMIN_PASSWORD" > "$PASSWORDS"
+elif [ ! -s "$PASSWORDS" ]; then
+  python -c "import json, secrets; print(json.dumps({'admin': secrets.token_urlsafe(12)}))" \
+    > "$PASSWORDS"
 fi
+chmod 600 "$PASSWORDS"
 # One signing secret for every component (they are separate processes).
 if [ ! -s "$AIRFLOW_HOME/.jwt_secret" ]; then
   python -c "import secrets; print(secrets.token_hex(32))" > "$AIRFLOW_HOME/.jwt_secret"
 fi
+chmod 600 "$AIRFLOW_HOME/.jwt_secret"
+umask "$umask_was"
 AIRFLOW__API_AUTH__JWT_SECRET="$(cat "$AIRFLOW_HOME/.jwt_secret")"
 export AIRFLOW__API_AUTH__JWT_SECRET
 

@@ -58,6 +58,7 @@ import numpy as np
 
 from core import records
 from core.config import FeaturesConfig
+from core.reject_hints import nothing_left
 from core.runs import SUCCESS, Reject, StepContext, StepError, rejects_table
 from core.senones import fit_frames
 from core.storage import join
@@ -483,9 +484,11 @@ def summarise(ctx: StepContext, select: dict, stats: list[dict], inventory: list
             "sumsq": np.sum([s["sumsq"] for s in train], axis=0).tolist() if train else
             [0.0] * dim,
             "dim": dim, "splits": sorted({s["split"] for s in train})}
-    if cmvn["count"] == 0:
-        raise StepError("no feature rows were produced: every utterance was rejected "
-                        f"(see {ctx.path('rejects')})")
+    if cmvn["count"] == 0:  # which reasons rejected how many, and what to change
+        reasons = [r for s in train for r, n in s.get("reasons", {}).items() for _ in range(n)]
+        raise StepError(nothing_left(f"features (splits {cmvn['splits']})",
+                                     sum(s.get("in", 0) for s in train), reasons,
+                                     ctx.path("rejects")))
     st.write_json(ctx.path("cmvn.json"), cmvn)
     st.write_json(ctx.path("shards.json"), {"order": order, "shards": [
         {k: s[k] for k in ("shard", "split", "in", "out", "rejected", "rows", "frames",

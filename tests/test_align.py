@@ -575,3 +575,47 @@ def test_ray_actor_jobs_reduce_to_the_in_process_result(tiny_corpus, ray_local):
     for x, y in zip(ra, rb):
         np.testing.assert_array_equal(x["senones"], y["senones"])
     assert len(hist.iters) == 3
+
+
+def test_align_warns_when_the_tree_has_fewer_leaves_than_asked(caplog):
+    from amflow.steps.align import warn_fewer_leaves
+
+    with caplog.at_level("WARNING", logger="amflow.steps.align"):
+        warn_fewer_leaves("align.nn_senones", 100, 100, 50.0)
+        assert not caplog.records
+        warn_fewer_leaves("align.nn_senones", 100, 32, 50.0)
+    assert "32 leaves, fewer than align.nn_senones=100" in caplog.text
+
+
+def test_align_that_rejects_everything_says_why_and_writes_its_rejects(tiny_corpus, tmp_path):
+    """align.audio=clean on a split with no clean rendering (the tiny corpus keeps one of
+    labeled and dev only): every record is a
+    no_clean_audio reject; the error names the reason, the count and the key to change."""
+    from core.runs import StepContext, StepError
+    from amflow.steps import align, select
+
+    cfg = load_config(None, [f"storage.root={tmp_path}", f"data.corpus={tiny_corpus}",
+                             "select.splits=[test]", "select.hours=0.002",
+                             "align.splits=[test]", "align.audio=clean",
+                             "align.use_ray=false", "align.mono_iters=2", "align.tri_iters=1"])
+    select.run(StepContext(cfg, "r", "select"))
+    shards = json.loads((tmp_path / "runs" / "r" / "select" / "shards.json").read_text())
+    n = sum(e["utts"] for e in shards["shards"])
+    assert n > 0
+    with pytest.raises(StepError) as err:
+        align.run(StepContext(cfg, "r", "align"))
+    assert f"all {n} utterances were rejected" in str(err.value)
+    assert f"no_clean_audio {n}" in str(err.value) and "align.audio=stored" in str(err.value)
+    rejects = pq.read_table(tmp_path / "runs" / "r" / "align" / "rejects" / "align.parquet")
+    assert rejects.num_rows == n and set(rejects.column("reason").to_pylist()) == \
+        {"no_clean_audio"}
+
+
+def test_nothing_left_names_reasons_counts_and_fixes():
+    from core.reject_hints import nothing_left
+
+    msg = nothing_left("evaluate (split 'test')", 5,
+                       ["no_clean_audio"] * 3 + ["wrong_sample_rate"] * 2, "")
+    assert msg.startswith("evaluate (split 'test'): all 5 utterances were rejected")
+    assert "no_clean_audio 3 (" in msg and "evaluate.audio=stored" in msg
+    assert "wrong_sample_rate 2 (" in msg and "features.resample=true" in msg

@@ -116,3 +116,27 @@ def test_compare_page_html(store, tmp_path):
     assert "s3://bucket/runs/b/train/model.pt" in page
     assert "<b>n.s.</b>" in page and "class='n sig'>-20.00" in page
     assert page.count("<polyline") == 2 and "value='c'>" in page
+
+
+def test_compare_pairs_by_model_kind_or_explicitly(store, tmp_path):
+    """A student decoded as decode-student meets another run's baseline (decode-baseline,
+    the same model kind and split); --pair names the pair when the kind is ambiguous."""
+    st, root = store
+    write_run(tmp_path, "base", {"decode-baseline": _rows([3] * 40),
+                                 "decode-teacher": _rows([1] * 40)}, curve=False)
+    write_run(tmp_path, "stu", {"decode-student": _rows([2] * 40)}, curve=False)
+    for run, d, kind in (("base", "decode-baseline", "lstm"), ("base", "decode-teacher", "blstm"),
+                         ("stu", "decode-student", "lstm")):
+        f = tmp_path / "runs" / run / d / "result.json"
+        f.write_text(json.dumps({**json.loads(f.read_text()), "model_kind": kind,
+                                 "split": "test"}))
+    runs = [C.load_run(st, root, "base"), C.load_run(st, root, "stu")]
+    (row,) = [r for r in C.compare(runs)["rows"] if r["run"] == "stu"]
+    assert (row["base_decode"], row["paired_by"]) == ("decode-baseline", "model_kind")
+    assert row["vs_base"]["delta"] == pytest.approx(-0.1)
+    assert "vs decode-baseline" in C.render_markdown(C.compare(runs))
+    (row,) = [r for r in C.compare(runs, pairs={"decode-student": "decode-teacher"})["rows"]
+              if r["run"] == "stu"]
+    assert row["paired_by"] == "pair" and row["vs_base"]["delta"] == pytest.approx(0.1)
+    with pytest.raises(FileNotFoundError, match="no decode-nope"):
+        C.compare(runs, pairs={"decode-student": "decode-nope"})

@@ -425,3 +425,17 @@ def test_a_built_graph_is_kept_once_and_leaves_no_temp_dir(where, tmp_path, monk
     assert local.startswith(cache)
     assert [d for d in os.listdir(tmp_path / "tmp") if d.startswith("amflow-graph-")] == []
     assert ensure_graph(*args)[0] == local
+
+
+def test_acwt_at_the_grid_edge_is_a_warning(caplog):
+    from decoding.decode import warn_grid_edge
+
+    rows = [{"acwt": a, "wer": w} for a, w in ((0.2, 0.30), (0.3, 0.25), (0.5, 0.28))]
+    with caplog.at_level("WARNING", logger="decoding.decode"):
+        assert warn_grid_edge(rows, 0.3, "dev") == ""
+        assert warn_grid_edge([dict(r, wer=0.1) for r in rows], 0.2, "dev") == ""  # all tie
+        assert not caplog.records
+        assert warn_grid_edge(rows[::-1], 0.5, "dev") == "highest"
+        assert warn_grid_edge(rows, 0.2, "dev") == "lowest"
+    assert "acwt 0.5 (WER 28.00 % on dev) is the highest of decode.acwt [0.2, 0.3, 0.5]" \
+        in caplog.text and "add e.g. 0.75" in caplog.text and "add e.g. 0.133" in caplog.text

@@ -171,3 +171,20 @@ def test_pipeline_on_tiny_espeak_corpus(tiny_corpus, local_cfg, ray_local, tmp_p
     for split in ("labeled", "unlabeled", "dev", "test"):
         index = json.loads((store / "repartition" / split / "_index.json").read_text())
         assert len(index["partitions"]) % 2 == 0
+
+
+def test_features_that_reject_everything_say_why(tmp_path):
+    """Every utterance rejected (8 kHz audio, features.resample off): the error counts
+    the reasons and names the key to change."""
+    from core.config import load_config
+    from core.runs import StepContext, StepError
+    from tasks.features import summarise
+
+    cfg = load_config(None, [f"storage.root={tmp_path}"])
+    stats = [{"split": "labeled", "count": 0, "sum": [0.0], "sumsq": [0.0], "in": 3,
+              "reasons": {"wrong_sample_rate": 3}}]
+    with pytest.raises(StepError) as err:
+        summarise(StepContext(cfg, "r", "features"), {}, stats, [], ["s0"])
+    msg = str(err.value)
+    assert "all 3 utterances were rejected" in msg and "wrong_sample_rate 3" in msg
+    assert "features.sample_rate" in msg

@@ -155,15 +155,28 @@ def test_kaldi_without_segments_durations_and_rerun(tmp_path):
     assert import_corpus(st, read_kaldi(st, str(d)), str(out), again)["skipped"] is True
     (out / "_SUCCESS.json").unlink()  # as if killed before the end: redone, not refused
     assert import_corpus(st, read_kaldi(st, str(d)), str(out), cfg.ingest)["skipped"] is False
-    # another config redoes it; copy_audio writes every file, and the old ones are kept
-    # only where the new import has them
-    cfg2 = _cfg(tmp_path, "ingest.copy_audio=true", "ingest.split=unlabeled")
-    s2 = import_corpus(st, read_kaldi(st, str(d)), str(out), cfg2.ingest)
+    # another config of the same split is refused without --force (never replace an
+    # import's records unasked); with it the split is redone: copy_audio writes every
+    # file, and the old ones are kept only where the new import has them
+    cfg2 = _cfg(tmp_path, "ingest.copy_audio=true")
+    from core.runs import StepError
+    with pytest.raises(StepError, match="--force replaces split labeled"):
+        import_corpus(st, read_kaldi(st, str(d)), str(out), cfg2.ingest)
+    s2 = import_corpus(st, read_kaldi(st, str(d)), str(out), cfg2.ingest, force=True)
     recs2 = _records(out)
     assert s2["audio_files_written"] == 2 and recs2["a"]["audio_uri"].startswith("audio/")
-    assert not (out / recs["b"]["audio_uri"]).exists()  # the labeled copy went stale
+    (out / recs2["b"]["audio_uri"]).unlink()  # so the next import must write it again
+    # the same audio as another split is a clash, refused before anything is written
+    cfg3 = _cfg(tmp_path, "ingest.split=unlabeled")
+    with pytest.raises(StepError, match="two splits.*a: in split labeled"):
+        import_corpus(st, read_kaldi(st, str(d)), str(out), cfg3.ingest)
+    assert _records(out).keys() == recs2.keys()
+    # copy_audio off again (forced): a is referenced, its copy goes stale and is removed
+    s4 = import_corpus(st, read_kaldi(st, str(d)), str(out), cfg.ingest, force=True)
+    assert s4["audio_files_written"] == 1 and not (out / recs2["a"]["audio_uri"]).exists()
+    assert (out / _records(out)["b"]["audio_uri"]).exists()
     parts = sorted(str(p.relative_to(out)) for p in (out / "metadata").rglob("*.jsonl"))
-    assert parts == ["metadata/split=unlabeled/part-00000.jsonl"]
+    assert parts == ["metadata/split=labeled/labeled-part-00000.jsonl"]
 
 
 def test_refuses_foreign_corpus_and_missing_files(tmp_path):
@@ -345,7 +358,7 @@ def test_s3_round_trip(kaldi_dir, tmp_path, s3_bucket):
     summary = import_corpus(st, read_kaldi(st, src), out, cfg.ingest)
     assert summary["counts"] == {"in": 3, "out": 2, "rejected": 1}
     assert summary["rejects_by_reason"] == {"missing_audio": 1}
-    lines = st.read_text(f"{out}/metadata/split=labeled/part-00000.jsonl").splitlines()
+    lines = st.read_text(f"{out}/metadata/split=labeled/labeled-part-00000.jsonl").splitlines()
     recs = {r["utt_id"]: r for r in map(json.loads, lines)}
     assert recs["a"]["source_uri"] == f"{src}/r.wav"
     for r in recs.values():
@@ -353,3 +366,115 @@ def test_s3_round_trip(kaldi_dir, tmp_path, s3_bucket):
         x, rate = sf.read(io.BytesIO(data))
         assert rate == 16000 and len(x) == 16000
     assert st.exists(f"{out}/_SUCCESS.json") and st.exists(f"{out}/rejects.parquet")
+
+
+def _split_dir(root: Path, name: str, utts: dict[str, str]) -> Path:
+    """A Kaldi data dir of 16 kHz utterances (utt_id -> text), one speaker per two."""
+    d = root / name
+    d.mkdir(parents=True)
+    wavs = {u: _write(root / "wav" / f"{u}.wav", 0.5) for u in utts}
+    (d / "wav.scp").write_text("".join(f"{u} {w}\n" for u, w in wavs.items()))
+    (d / "utt2spk").write_text("".join(f"{u} {name}{i // 2}\n" for i, u in enumerate(utts)))
+    (d / "text").write_text("".join(f"{u} {t}\n" for u, t in utts.items()))
+    return d
+
+
+def test_several_splits_one_corpus(tmp_path, capsys):
+    """train + dev at once, then test added: nothing earlier is lost; counts balance per
+    source; clashes and a second source of one split are refused with the reason."""
+    tr = _split_dir(tmp_path, "train", {"t1": "hello", "t2": "world", "t3": ""})
+    dv = _split_dir(tmp_path, "dev", {"d1": "good", "d2": "morning"})
+    te = _split_dir(tmp_path, "test", {"e1": "hello world"})
+    out = tmp_path / "corpus"
+    sets = ["--set", f"storage.root={tmp_path / 'store'}", "--out", str(out)]
+
+    def summary() -> dict:
+        return json.loads(capsys.readouterr().out.strip().splitlines()[-1]
+                          [len(SUMMARY_PREFIX):])
+
+    assert main(["import", "--from", "kaldi", "--src", f"train={tr}", "--src", f"dev={dv}",
+                 "--set", "ingest.clean=true", *sets]) == 0
+    s1 = summary()
+    assert s1["imported"] == ["dev", "labeled"] and s1["per_split"] == {"dev": 2, "labeled": 2}
+    assert s1["sources"]["labeled"]["counts"] == {"in": 3, "out": 2, "rejected": 1}
+    assert all(r.get("clean") is True for r in _records(out).values())
+    # the clean sources align.audio=clean and the teacher's example servers read
+    from training.example_servers import load_clean_sources
+    st = Storage(_cfg(tmp_path).storage)
+    assert sorted(load_clean_sources(st, str(out))) == ["d1", "d2", "t1", "t2"]
+    assert main(["import", "--from", "kaldi", "--src", f"test={te}", *sets]) == 0
+    s2 = summary()
+    assert s2["imported"] == ["test"]
+    assert s2["per_split"] == {"dev": 2, "labeled": 2, "test": 1}
+    assert sorted(_records(out)) == ["d1", "d2", "e1", "t1", "t2"]
+    for src in s2["sources"].values():  # in = out + rejected, per source and in all
+        assert src["counts"]["in"] == src["counts"]["out"] + src["counts"]["rejected"]
+    assert s2["counts"] == {"in": 6, "out": 5, "rejected": 1}
+    assert _rejects(out) == {"t3": "empty_text"}
+    assert "clean" not in _records(out)["e1"]
+    # the same command again: nothing to do
+    assert main(["import", "--from", "kaldi", "--src", f"test={te}", *sets]) == 0
+    assert summary()["skipped"] is True
+    # dev's utterances once more as test: refused, nothing written
+    err = main(["import", "--from", "kaldi", "--src", f"test={dv}", "--force", *sets])
+    assert err == 1 and "d1: in split dev" in capsys.readouterr().err
+    assert sorted(_records(out)) == ["d1", "d2", "e1", "t1", "t2"]
+    assert main(["import", "--from", "kaldi", "--src", f"dev={dv}", "--src", f"dev={te}",
+                 *sets]) == 1
+    assert "two sources for split dev" in capsys.readouterr().err
+    assert main(["import", "--from", "kaldi", "--src", f"eval={te}", *sets]) == 1
+    assert "eval=" in capsys.readouterr().err  # not a split: read as a directory name
+
+
+def test_refuses_older_import_layout(tmp_path):
+    """A root an older amflow import wrote (part-NNNNN.jsonl): replaced only with --force."""
+    d = _split_dir(tmp_path, "train", {"a": "hello"})
+    out = tmp_path / "corpus"
+    cfg = _cfg(tmp_path)
+    st = Storage(cfg.storage)
+    import_corpus(st, read_kaldi(st, str(d)), str(out), cfg.ingest)
+    new = out / "metadata" / "split=labeled" / "labeled-part-00000.jsonl"
+    new.rename(new.with_name("part-00000.jsonl"))
+    from core.runs import StepError
+    with pytest.raises(StepError, match="older `amflow import`"):
+        import_corpus(st, read_kaldi(st, str(d)), str(out), cfg.ingest)
+    import_corpus(st, read_kaldi(st, str(d)), str(out), cfg.ingest, force=True)
+    parts = sorted(p.name for p in (out / "metadata").rglob("*.jsonl"))
+    assert parts == ["labeled-part-00000.jsonl"]
+
+
+def test_8khz_audio_native_or_upsampled_with_a_warning(tmp_path, caplog):
+    """8 kHz recordings: upsampled to 16 kHz by default, with a WARNING naming both ways
+    out; kept at 8 kHz (referenced in place) with ingest.sample_rate=8000."""
+    d = tmp_path / "kaldi"
+    d.mkdir()
+    a = _write(tmp_path / "a.wav", 1.0, rate=8000)
+    (d / "wav.scp").write_text(f"a {a}\n")
+    (d / "utt2spk").write_text("a s\n")
+    (d / "text").write_text("a hello\n")
+    st = Storage(_cfg(tmp_path).storage)
+    with caplog.at_level("WARNING", logger="tasks.importers.writer"):
+        up = import_corpus(st, read_kaldi(st, str(d)), str(tmp_path / "up"),
+                           _cfg(tmp_path).ingest)
+    assert "recorded at 8000 Hz were upsampled to 16000 Hz" in caplog.text
+    assert "ingest.sample_rate=8000" in caplog.text and "features.high_freq=4000" in caplog.text
+    rec = _records(tmp_path / "up")["a"]
+    assert rec["source_rate"] == 8000 and up["source_rates"] == {"8000": 1}
+    assert sf.info(tmp_path / "up" / rec["audio_uri"]).samplerate == 16000
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="tasks.importers.writer"):
+        import_corpus(st, read_kaldi(st, str(d)), str(tmp_path / "native"),
+                      _cfg(tmp_path, "ingest.sample_rate=8000").ingest)
+    assert "upsampled" not in caplog.text
+    assert _records(tmp_path / "native")["a"]["audio_uri"] == str(a)  # in the format: as is
+
+
+def test_features_at_8khz_put_the_mel_bins_below_4khz():
+    from tasks.fbank import kaldi_mel_banks
+
+    banks = kaldi_mel_banks(64, 256, 8000, 20.0, 0.0)  # [fft bins, mel bins]
+    top = np.nonzero(banks[:, -1])[0].max() * 8000 / 256
+    assert 3900 <= top <= 4000
+    up = kaldi_mel_banks(64, 512, 16000, 20.0, 0.0)  # the same audio upsampled
+    empty = sum(np.nonzero(up[:, b])[0].min() * 16000 / 512 >= 4000 for b in range(64))
+    assert empty >= 14  # ~15 of 64 bins see only the empty band

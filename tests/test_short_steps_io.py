@@ -39,7 +39,7 @@ def test_lm_reads_the_corpus_metadata_once(tmp_path, local_cfg, monkeypatch):
 
     make_corpus(tmp_path / "corpus", speakers=6, utts=3, labeled=2, dev=2)
     cfg = local_cfg(f"data.corpus={tmp_path / 'corpus'}", "lm.sentences=200",
-                    "lm.text_split=labeled")
+                    "lm.text_split=labeled", "lm.source=both")
     files = set(metadata_files(Storage(cfg.storage), str(tmp_path / "corpus")))
     reads: list[str] = []
     lock = threading.Lock()

@@ -47,6 +47,7 @@ import torch
 from core.config import EvaluateConfig, FeaturesConfig
 from core.model_card import ModelCard
 from core.progress import Progress
+from core.reject_hints import nothing_left
 from core.runs import Reject, StepError
 from core.senones import ContextTree, fit_frames
 from core.storage import Storage, join
@@ -425,8 +426,8 @@ def evaluate_split(st: Storage, model: torch.nn.Module, card: ModelCard, model_u
         st, corpus, split, fcfg, card.base_phones if card.context else phones, norm,
         ecfg.audio, frame_labels if card.context else None, prons)
     if not utts:
-        reasons = sorted({r.reason for r in rejects})
-        raise StepError(f"no utterance of split '{split}' could be scored (rejects: {reasons})")
+        raise StepError(nothing_left(f"evaluate (split '{split}')", n_in,
+                                     (r.reason for r in rejects), ""))
     dim = utts[0].feats.shape[1]
     if dim != model.input_dim:
         raise StepError(f"features have {dim} dims, the model expects {model.input_dim}")

@@ -62,6 +62,7 @@ from training.inputs import InputSource, StoredPartitions, mix_seed
 from training.losses import (IGNORE, LossOut, ce_loss, distill_loss, phone_loss, phone_matrix,
                              phone_targets)
 from training.models import build_model, num_parameters
+from training.threads import torch_threads
 from training.plan import WorkerPlan
 from training.schedules import LRSchedule, PassInfo, plan_passes
 from training.sequence import NonFiniteSequenceError, SequenceCriterion, split_label_sequences
@@ -466,8 +467,10 @@ class Trainer:
         self.cfg = plan.cfg
         self.tc = tc = plan.cfg.train
         self.rank, self.world = dist_info()
-        if tc.threads > 0:
-            torch.set_num_threads(tc.threads)
+        if tc.threads > 0 or self.world == 1:  # Ray Train workers: ray.worker_threads
+            threads, why = torch_threads(tc.threads)
+            torch.set_num_threads(threads)
+            log.info("train: %d torch thread(s) (%s)", threads, why)
         # Denormal floats (a diverging model's saturated LSTM gates produce them) make CPU
         # arithmetic ~10x slower (bench trainers: htm-8 fell to 1.6k frames/s): flush to zero.
         torch.set_flush_denormal(True)

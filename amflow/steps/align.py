@@ -46,16 +46,18 @@ from alignment import reuse
 from alignment.features import FeatureOptions
 from alignment.nnet import NnetOptions
 from alignment.jobs import ShardJob, Utterance, run_jobs
-from alignment.train import (RecipeOptions, Stage, failures, frame_classes, network_tree,
-                             train)
+from alignment.train import (NothingToAlign, RecipeOptions, Stage, failures, frame_classes,
+                             network_tree, train)
 from alignment.tree import Tree
 from core.config import Config, FeaturesConfig, StorageConfig
+from core.reject_hints import nothing_left
 from core.runs import SUCCESS, Reject, StepContext, StepError, rejects_table
 from core.senones import ContextTree, ContextTreeError
 from core.storage import Storage, join
 from decoding.lexicon import LexiconError, read_lexicon, words_of
 from tasks import alignments as ref_al
 from tasks.audio import decode_audio, read_audio_bytes
+from tasks.speech.phone_sets import resolve_names
 
 log = logging.getLogger(__name__)
 
@@ -103,8 +105,27 @@ def _lexicon(ctx: StepContext) -> tuple[lg.Lang, str]:
     except LexiconError as exc:
         raise StepError(f"{uri}: {exc}") from exc
     a = ctx.cfg.align
-    return (lg.make_lang(lex.prons, a.sil_prob, set(a.closure_stops), a.shared_closure),
+    return (lg.make_lang(lex.prons, a.sil_prob, closure_stops(a.closure_stops, lex, uri),
+                         a.shared_closure),
             hashlib.sha256(text.encode()).hexdigest())
+
+
+def closure_stops(names: list[str], lex: Any, uri: str) -> set[str]:
+    """align.closure_stops spelt as the lexicon spells them (p -> P in upper-case
+    ARPAbet, said at INFO); names that match no phone of the lexicon are a WARNING, all
+    of them: a StepError (the option would silently do nothing)."""
+    phones = lex.phones()
+    found, missing = resolve_names(names, phones)
+    if found != [n for n in names if n in phones]:
+        log.info("align: align.closure_stops %s are %s in %s's phone set", names, found, uri)
+    if missing and not found:
+        raise StepError(f"align.closure_stops {names}: none is a phone of {uri} (its "
+                        f"phones: {' '.join(sorted(phones)[:40])}); set align.closure_stops "
+                        f"to its unvoiced stops, or [] for no closure phones")
+    if missing:
+        log.warning("align: align.closure_stops %s are not phones of %s: they get no closure "
+                    "phone", missing, uri)
+    return set(found)
 
 
 def _clean_uris(ctx: StepContext) -> dict[str, str] | None:
@@ -283,9 +304,18 @@ def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
 
     try:
         final, hist = train(jobs, lang, opts, on_stage)
+    except NothingToAlign:
+        rejects = _all_rejects(jobs, {})
+        _write_rejects(ctx, rejects)
+        raise StepError(nothing_left("align", sum(e["utts"] for e in shards),
+                                     (r.reason for r in rejects),
+                                     ctx.path("rejects", "align.parquet"))) from None
     except (RuntimeError, ValueError) as exc:
         raise StepError(f"align: {exc}") from exc
     results = run_jobs(jobs, "results", final.tm)
+    if final.built is not None:
+        warn_fewer_leaves("align.num_senones", ctx.cfg.align.num_senones,
+                          final.built.num_leaves, ctx.cfg.align.min_leaf_count)
     plain, nn_tree = (taken, None) if taken else _network_tree(ctx, jobs, lang, final)
     written = _write(ctx, results, shards, lang, final, stages["mono"], plain, nn_tree)
     hist.nn_senones = int(plain["num_leaves"])
@@ -330,7 +360,21 @@ def _network_tree(ctx: StepContext, jobs: list, lang: lg.Lang, final: Stage
                             acfg.min_leaf_count)
     except ValueError as exc:
         raise StepError(f"align.nn_senones: {exc}") from exc
-    return tree.to_plain(lang.phones, lang.phones[lang.sil_id]), tree
+    plain = tree.to_plain(lang.phones, lang.phones[lang.sil_id])
+    key = "align.nn_senones" if acfg.nn_senones else "align.num_senones"
+    warn_fewer_leaves(key, acfg.nn_senones or acfg.num_senones, int(plain["num_leaves"]),
+                      acfg.min_leaf_count)
+    return plain, tree
+
+
+def warn_fewer_leaves(key: str, asked: int, got: int, min_leaf_count: float) -> None:
+    """A tree grown to fewer leaves than asked (too little data: each leaf needs
+    align.min_leaf_count frames, and a split must gain) is said, with the numbers."""
+    if got < asked:
+        log.warning("align: the tree has %d leaves, fewer than %s=%d asked: too little data "
+                    "for that many (each leaf needs align.min_leaf_count=%g frames): %d are "
+                    "used (set %s=%d to ask for what the data gives, or lower "
+                    "align.min_leaf_count)", got, key, asked, min_leaf_count, got, key, got)
 
 
 def _taken_tree(ctx: StepContext, src: str, lang: lg.Lang) -> tuple[dict, dict]:
@@ -425,11 +469,8 @@ def _take(ctx: StepContext, select: dict, utts: dict[str, list[str]], src: str,
 
 def _finish(ctx: StepContext, select: dict, jobs: list, shards: list[dict], results: list,
             final: Stage, hist: Any, scores: dict, written: int) -> dict[str, Any]:
-    rejects = [r for rs in run_jobs(jobs, "load_rejects") for r in rs]
     shard_of = {r["utt_id"]: e["shard"] for e, rows in zip(shards, results) for r in rows}
-    for utt, why in failures(jobs).items():
-        reason, _, detail = why.partition(": ")
-        rejects.append(Reject(utt, reason, detail, shard_of.get(utt, "")))
+    rejects = _all_rejects(jobs, shard_of)
     n_out = sum(len(rows) for rows in results)
     reasons = _write_rejects(ctx, rejects)
     metrics = {
@@ -450,6 +491,15 @@ def _finish(ctx: StepContext, select: dict, jobs: list, shards: list[dict], resu
         inputs=_inputs(ctx, select),
         counts={"in": sum(e["utts"] for e in shards), "out": n_out, "rejected": len(rejects)},
         metrics=metrics, bytes_written=written)
+
+
+def _all_rejects(jobs: list, shard_of: dict[str, str]) -> list[Reject]:
+    """What the jobs rejected on load and what failed to compile or align."""
+    rejects = [r for rs in run_jobs(jobs, "load_rejects") for r in rs]
+    for utt, why in failures(jobs).items():
+        reason, _, detail = why.partition(": ")
+        rejects.append(Reject(utt, reason, detail, shard_of.get(utt, "")))
+    return rejects
 
 
 def _write_rejects(ctx: StepContext, rejects: list[Reject]) -> dict[str, int]:

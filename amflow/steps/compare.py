@@ -1,7 +1,9 @@
 """`amflow compare RUN [RUN ...]`: runs side by side (decoding/compare.py).
 
-The first run is the base: every other run's decode of the same name (decode,
-decode-sequence, ...) gets its WER delta and a matched-pairs test against it. Prints the
+The first run is the base: every other run's decode gets its WER delta and a
+matched-pairs test against the base's decode named by `--pair DECODE=BASE_DECODE`, else
+the one of the same name (decode, decode-sequence, ...), else the base's one decode of the
+same model kind and split (a student against another run's baseline). Prints the
 table; `--out` also writes the comparison as JSON (a file path or storage URI).
 """
 from __future__ import annotations
@@ -20,8 +22,15 @@ def run(cfg: Config, args: Any) -> dict[str, Any]:
     if "://" not in root and not os.path.isabs(root):
         root = os.path.abspath(root)
     st = Storage(cfg.storage)
+    pairs = {}
+    for p in getattr(args, "pair", None) or []:
+        new, sep, old = p.partition("=")
+        if not (sep and new and old):
+            raise StepError(f"--pair {p!r}: want DECODE=BASE_DECODE, e.g. "
+                            f"decode-student=decode-baseline")
+        pairs[new] = old
     try:
-        result = compare([load_run(st, root, r) for r in args.runs])
+        result = compare([load_run(st, root, r) for r in args.runs], pairs=pairs)
     except FileNotFoundError as exc:
         raise StepError(str(exc)) from None
     print(render_markdown(result), flush=True)

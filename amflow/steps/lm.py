@@ -7,7 +7,8 @@ import time
 from typing import Any
 
 from core.runs import StepContext
-from decoding.lm import dev_test_metrics, estimate, lexicon_vocabulary, lm_text
+from decoding.lm import dev_test_metrics, estimate, lexicon_vocabulary
+from decoding.lm_sources import fit_warnings, lm_text
 from tasks.select import read_records
 
 
@@ -20,10 +21,15 @@ def _already_done(ctx: StepContext) -> dict | None:
     metrics = done.get("metrics", {})
     settings = {k: metrics.get(k) for k in ("order", "min_count")}
     if settings == {"order": lc.order, "min_count": lc.min_count} and \
-            metrics.get("sentences_config") == [lc.sentences, lc.seed, lc.text_split]:
+            metrics.get("sentences_config") == _text_config(lc):
         print(f"lm: {ctx.step_uri} already finished with these settings; --force redoes it")
         return done
     return None
+
+
+def _text_config(lc: Any) -> list:
+    """The lm.* keys that choose the text (a finished LM of other text is redone)."""
+    return [lc.sentences, lc.seed, lc.text_split, lc.source, lc.text_file]
 
 
 def run(ctx: StepContext, args: Any = None) -> dict:
@@ -36,18 +42,19 @@ def run(ctx: StepContext, args: Any = None) -> dict:
     # the corpus's records, read once for every split that needs them (on S3 each read
     # is a round trip per metadata file)
     records = functools.cache(lambda: read_records(st, cfg.data.corpus)[0])
-    text = lm_text(st, lc, cfg.data.corpus, records)
+    text, made = lm_text(st, lc, cfg.data.corpus, records)
     lexicon_uri = cfg.data.lexicon_uri()
     model = estimate(text, lc.order, vocabulary=lexicon_vocabulary(st, lexicon_uri),
                      min_count=lc.min_count)
     arpa_uri = ctx.path("lm.arpa")
     st.write_text(arpa_uri, model.to_arpa())
     metrics: dict = {"order": lc.order, "min_count": lc.min_count,
-                     "sentences_config": [lc.sentences, lc.seed, lc.text_split], "sentences": len(text),
+                     "sentences_config": _text_config(lc), "text": made, "sentences": len(text),
                      "tokens": sum(len(s) for s in text), "vocabulary": len(model.vocabulary()),
                      "ngrams": model.num_ngrams()}
     metrics.update(dev_test_metrics(st, cfg.data.corpus, model, text, records))
-    print(f"lm: {lc.order}-gram, {metrics['sentences']} sentences, n-grams "
+    metrics["fit_warnings"] = fit_warnings(metrics, metrics["vocabulary"], made)
+    print(f"lm: {lc.order}-gram, {metrics['sentences']} sentences ({made}), n-grams "
           f"{metrics['ngrams']}; " + "; ".join(
               f"{s} perplexity {metrics[s]['perplexity']:.2f} OOV {100 * metrics[s]['oov_rate']:.2f} %"
               for s in ("dev", "test") if s in metrics), flush=True)

@@ -93,6 +93,7 @@ class IngestConfig:
     # YAML reads an unquoted timestamp as a datetime; validate() turns it into the string.)
     created_at: Any = ""
     condition: str = ""  # written as `condition` when set (e.g. the recording setup)
+    clean: bool = False  # mark the records `clean: true` (close-talk, dry audio): clean sources for align.audio/evaluate.audio=clean and the example servers
     # Base of relative audio paths; empty = the Kaldi data dir / the recordings
     # manifest's folder.
     audio_root: str = ""
@@ -101,6 +102,9 @@ class IngestConfig:
     # Segments and audio in any other format are always written to <out>/audio/.
     copy_audio: bool = False
     workers: int = 4  # recordings read at once (threads: the work is mostly I/O on S3)
+    sample_rate: int = 16000  # Hz of the audio written (mono 16-bit); audio at another rate is resampled. 8000 keeps 8 kHz telephone audio native (with features.sample_rate=8000)
+    g2p: str = "off"  # off (words not in ingest.lexicon are oov_words rejects) | espeak (espeak-ng pronounces them in the lexicon's phone set, or every word without ingest.lexicon; listed in <out>/lexicon_g2p.txt)
+    g2p_language: str = "en-us"  # the espeak-ng voice language ingest.g2p speaks the words with
 
     def validate(self, key: str) -> None:
         import datetime as _dt
@@ -109,6 +113,10 @@ class IngestConfig:
                f"must be labeled, unlabeled, dev or test, got {self.split!r}")
         check(bool(self.locale.strip()), f"{key}.locale", "must be a non-empty locale")
         check(self.workers >= 1, f"{key}.workers", "must be >= 1")
+        check(4000 <= self.sample_rate <= 96000, f"{key}.sample_rate",
+              f"must be in [4000, 96000] Hz, got {self.sample_rate}")
+        check(self.g2p in ("off", "espeak"), f"{key}.g2p", f"must be off or espeak, got "
+              f"{self.g2p!r}")
         if isinstance(self.created_at, (_dt.date, _dt.datetime)):
             self.created_at = self.created_at.isoformat()
         check(isinstance(self.created_at, str), f"{key}.created_at",

@@ -29,8 +29,11 @@ class LmConfig:
     # a seed no audio uses (never on dev/test transcripts).
     sentences: int = 100_000
     seed: int = 20261123  # seeds the generator sentences
-    # Also estimate from this corpus split's transcripts (e.g. labeled); empty = none.
+    # Also estimate from this corpus split's transcripts (e.g. labeled); empty = none
+    # (with lm.source corpus or both: labeled).
     text_split: str = ""
+    source: str = "auto"  # the LM's text: auto (generator for the embedded corpus, corpus for any other) | generator (lm.sentences of the text generator) | corpus (the corpus's transcripts, lm.text_split or labeled, + lm.text_file) | both
+    text_file: str = ""  # URI of a text of your own, one sentence per line, added to the LM's text (any lm.source)
     # Highest-order n-grams seen fewer times are pruned (their mass backs off): a 3-gram
     # of 100k generator sentences has 356k trigrams, 2/3 of them seen once; cut at 2 the
     # decoding graph is ~3x smaller at a small perplexity cost (see the lm step's metrics).
@@ -42,8 +45,12 @@ class LmConfig:
         check(self.sentences >= 0, f"{key}.sentences", "must be >= 0")
         check(self.text_split in ("", "labeled", "unlabeled"), f"{key}.text_split",
                "must be empty, labeled or unlabeled (never dev or test)")
-        check(self.sentences > 0 or bool(self.text_split), f"{key}.sentences",
-               "must be > 0 when lm.text_split is empty (no text to estimate from)")
+        check(self.source in ("auto", "generator", "corpus", "both"), f"{key}.source",
+              "must be auto, generator, corpus or both")
+        check(self.sentences > 0 or bool(self.text_split) or bool(self.text_file)
+              or self.source != "generator", f"{key}.sentences",
+              "must be > 0 when lm.source=generator and lm.text_split and lm.text_file are "
+              "empty (no text to estimate from)")
 
 
 @dataclass

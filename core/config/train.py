@@ -323,7 +323,7 @@ class TrainConfig:
     seed: int = 0  # seeds initialisation, shuffling, dropout and augmentation
     # Output dir `train` (empty tag) or `train-<tag>`, so several trainings share a run.
     tag: str = ""
-    threads: int = 0  # torch threads per worker; 0 = torch's default
+    threads: int = 0  # torch threads per worker; 0 = the CPUs Ray gives it (training/threads.py); more than that is a WARNING
     use_gpu: bool = False  # train on a GPU per worker (NCCL between them)
     # The model a sequence recipe starts from; empty = this run's train[-<tag>]/model.pt.
     # Set for the labeled / ssl recipes: training starts from it; a phone-class model is

@@ -11,14 +11,16 @@
     writer.py    the shell: read the inputs, assign splits, check words against a lexicon,
                  read recordings on threads, write metadata/, audio/, rejects.parquet,
                  lexicon.txt and _SUCCESS.json under the corpus root
+    ledger.py    the corpus root's imports, one per source split: what each wrote, the
+                 utt_id clash check, the root summary rebuilt from them
 
 A transcribed utterance without alignments is a first-class labeled record: `text` is
 set, `alignments.ctm` is not needed. An untranscribed one is unlabeled. Every input item
 ends up as exactly one record or one reject (REASONS in entries.py).
 """
 from tasks.importers.entries import REASONS, Entry, Parsed
-from tasks.importers.writer import (Source, find_lhotse, import_corpus, read_kaldi,
-                                    read_lhotse)
+from tasks.importers.writer import (Source, find_lhotse, import_corpus, import_sources,
+                                    read_kaldi, read_lhotse)
 
 __all__ = ["REASONS", "Entry", "Parsed", "Source", "find_lhotse", "import_corpus",
-           "read_kaldi", "read_lhotse"]
+           "import_sources", "read_kaldi", "read_lhotse"]

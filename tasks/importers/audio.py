@@ -1,10 +1,11 @@
-"""Read one recording and turn its entries into input-format audio (16 kHz mono 16-bit).
+"""Read one recording and turn its entries into input-format audio (mono 16-bit at
+ingest.sample_rate, 16 kHz by default).
 
 A recording is opened once (ranged reads through pyarrow's filesystem, so an S3 object is
 not downloaded to read its header) and every entry on it is either
 
-- referenced where it is: the entry spans the whole file, the file is 16 kHz mono 16-bit
-  PCM WAV/FLAC, and ingest.copy_audio is off; its duration comes from the header; or
+- referenced where it is: the entry spans the whole file, the file is mono 16-bit PCM
+  WAV/FLAC at the rate, and ingest.copy_audio is off; its duration comes from the header; or
 - cut (and downmixed, resampled) into new WAV bytes that the writer stores under audio/.
 """
 from __future__ import annotations
@@ -45,9 +46,8 @@ class Header:
     def seconds(self) -> float:
         return self.frames / float(self.rate)
 
-    @property
-    def in_format(self) -> bool:
-        return (self.rate == RATE and self.channels == 1 and self.subtype == "PCM_16"
+    def in_format(self, rate: int) -> bool:
+        return (self.rate == rate and self.channels == 1 and self.subtype == "PCM_16"
                 and self.format in _IN_PLACE_FORMATS)
 
 
@@ -61,6 +61,7 @@ class Cut:
     seconds: float = 0.0
     wav: bytes | None = None  # None and no reason: reference entry.audio_uri in place
     mtime: str = ""
+    source_rate: int = 0  # the recording's own sample rate
 
 
 def _mismatch(have: float, want: float | None) -> bool:
@@ -70,7 +71,7 @@ def _mismatch(have: float, want: float | None) -> bool:
 
 
 def read_recording(storage: Storage, uri: str, entries: list[Entry],
-                   copy_audio: bool) -> list[Cut]:
+                   copy_audio: bool, rate: int = RATE) -> list[Cut]:
     """Every entry of one recording file as a Cut (one reason for all if the file fails)."""
     def fail(reason: str, detail: str) -> list[Cut]:
         return [Cut(e, reason, detail) for e in entries]
@@ -89,13 +90,14 @@ def read_recording(storage: Storage, uri: str, entries: list[Entry],
                           mtime.isoformat(timespec="seconds"))
             if head.frames <= 0:
                 return fail("empty_audio", f"{uri}: the header says 0 samples")
-            return [_cut_entry(snd, head, e, copy_audio) for e in entries]
+            return [_cut_entry(snd, head, e, copy_audio, rate) for e in entries]
     except Exception as exc:  # noqa: BLE001 - libsndfile and pyarrow raise several types
         return fail("unreadable_audio", f"{uri}: {type(exc).__name__}: {exc}")
 
 
-def _cut_entry(snd: sf.SoundFile, head: Header, e: Entry, copy_audio: bool) -> Cut:
-    cut = Cut(e, mtime=head.mtime)
+def _cut_entry(snd: sf.SoundFile, head: Header, e: Entry, copy_audio: bool,
+               rate: int = RATE) -> Cut:
+    cut = Cut(e, mtime=head.mtime, source_rate=head.rate)
     if _mismatch(head.seconds, e.recording_s):
         cut.reason, cut.detail = "duration_mismatch", (
             f"{e.audio_uri}: {head.seconds:.3f} s of audio, the manifest says {e.recording_s} s")
@@ -109,31 +111,32 @@ def _cut_entry(snd: sf.SoundFile, head: Header, e: Entry, copy_audio: bool) -> C
             f"{e.where}: {e.start}..{e.end} s of a {head.seconds:.3f} s recording")
         return cut
     whole = s0 == 0 and s1 == head.frames and e.channels is None
-    if whole and head.in_format and not copy_audio:
+    if whole and head.in_format(rate) and not copy_audio:
         cut.seconds = head.seconds
     else:
         snd.seek(s0)
-        samples, why = _samples(snd.read(s1 - s0, dtype=_dtype(head, e), always_2d=True),
-                                head.rate, e.channels)
+        samples, why = _samples(snd.read(s1 - s0, dtype=_dtype(head, e, rate),
+                                         always_2d=True), head.rate, e.channels, rate)
         if samples is None:
             cut.reason, cut.detail = why[0], f"{e.audio_uri}: {why[1]}"
             return cut
-        cut.wav, cut.seconds = wav_bytes(samples), len(samples) / float(RATE)
+        cut.wav, cut.seconds = wav_bytes(samples, rate), len(samples) / float(rate)
     if _mismatch(cut.seconds, e.expected_s):
         cut.reason, cut.detail, cut.wav = "duration_mismatch", (
             f"{e.where}: {cut.seconds:.3f} s of audio, utt2dur says {e.expected_s} s"), None
     return cut
 
 
-def _dtype(head: Header, e: Entry) -> str:
-    """int16 when the samples go through unchanged (one channel, 16 kHz, 16-bit)."""
+def _dtype(head: Header, e: Entry, rate: int = RATE) -> str:
+    """int16 when the samples go through unchanged (one channel, the rate, 16-bit)."""
     one = head.channels == 1 or (e.channels is not None and len(e.channels) == 1)
-    return "int16" if one and head.rate == RATE and head.subtype == "PCM_16" else "float32"
+    return "int16" if one and head.rate == rate and head.subtype == "PCM_16" else "float32"
 
 
-def _samples(x: np.ndarray, rate: int, channels: tuple[int, ...] | None
-             ) -> tuple[np.ndarray | None, tuple[str, str]]:
-    """[frames, ch] as read -> (int16 mono at 16 kHz, ("", "")) or (None, (reason, detail))."""
+def _samples(x: np.ndarray, rate: int, channels: tuple[int, ...] | None,
+             out_rate: int = RATE) -> tuple[np.ndarray | None, tuple[str, str]]:
+    """[frames, ch] as read -> (int16 mono at out_rate, ("", "")) or (None, (reason,
+    detail))."""
     if channels is not None:
         x = x[:, list(channels)]
     if x.shape[0] == 0:
@@ -143,15 +146,15 @@ def _samples(x: np.ndarray, rate: int, channels: tuple[int, ...] | None
     mono = x.mean(axis=1, dtype=np.float32) if x.shape[1] > 1 else x[:, 0]
     if not np.isfinite(mono).all():
         return None, ("nonfinite_audio", f"{int((~np.isfinite(mono)).sum())} samples")
-    if rate != RATE:
-        frac = Fraction(RATE, rate)
+    if rate != out_rate:
+        frac = Fraction(out_rate, rate)
         mono = resample_poly(mono, frac.numerator, frac.denominator).astype(np.float32)
     if mono.shape[0] == 0:
         return None, ("empty_audio", "no samples left after resampling")
     return np.round(np.clip(mono, -1.0, 1.0) * 32767.0).astype(np.int16), ("", "")
 
 
-def wav_bytes(samples: np.ndarray) -> bytes:
+def wav_bytes(samples: np.ndarray, rate: int = RATE) -> bytes:
     buf = io.BytesIO()
-    sf.write(buf, samples, RATE, format="WAV", subtype="PCM_16")
+    sf.write(buf, samples, rate, format="WAV", subtype="PCM_16")
     return buf.getvalue()

@@ -21,6 +21,8 @@ REASONS = {
     "nonfinite_audio": "the samples hold NaN or inf",
     "empty_text": "the transcript is empty (or missing where the split needs one)",
     "oov_words": "the transcript has words that are not in ingest.lexicon",
+    "no_pronunciation": "a word is not in ingest.lexicon and ingest.g2p made no "
+                        "pronunciation for it (the detail says why)",
     "no_speaker": "no speaker for the utterance (utt2spk / supervision speaker)",
     "duplicate_utt_id": "the utterance id occurs again (or twice with different values)",
     "bad_segment": "segment end <= start, start < 0, or beyond the end of the recording",

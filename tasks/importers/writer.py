@@ -1,23 +1,28 @@
 """Write parsed entries as a corpus in the input format (the shell: storage, threads).
 
-Under the corpus root `out`:
+Under the corpus root `out`, one import per source split (ledger.py: an import adds a
+split beside those earlier imports wrote, and replaces one only with --force):
 
-    metadata/split=<split>/part-NNNNN.jsonl   one record per utterance (the input format,
-                        `split` always set) plus provenance: recording_id, and for audio
-                        written here source_uri, source_start, source_end
-    audio/<split>/<speaker>/<utt_id>.wav      16 kHz mono 16-bit: cut segments and audio
-                        converted from other formats (and all audio with ingest.copy_audio);
+    metadata/split=<split>/<source>-part-NNNNN.jsonl   one record per utterance (the input
+                        format, `split` always set) plus provenance: recording_id, and
+                        for audio written here source_uri, source_start, source_end
+    audio/<split>/<speaker>/<utt_id>.wav      mono 16-bit at ingest.sample_rate (16 kHz):
+                        cut segments and audio converted from other formats or rates
+                        (and all audio with ingest.copy_audio);
                         audio already in the format is referenced where it is
-    rejects.parquet     utt_id, reason, detail (core.runs.REJECT_SCHEMA)
+    _imports/<source>.json, <source>.rejects.parquet   each import's ledger and rejects
+    rejects.parquet     every split's rejects: utt_id, shard (the source split), reason,
+                        detail (core.runs.REJECT_SCHEMA)
     lexicon.txt         a copy of ingest.lexicon, when given (what `amflow decode` reads)
-    _SUCCESS.json       counts (in = out + rejected), rejects per reason, utterances and
-                        hours per split, speakers, the inputs and the fingerprint
+    _SUCCESS.json       over every split: counts (in = out + rejected, also per source),
+                        rejects per reason, utterances and hours per split, speakers, the
+                        sources and the fingerprint
     _import.json        written first: marks the root as an import's (also a killed one)
 
-Re-running with the same inputs and config is a no-op (the fingerprint in _SUCCESS.json);
-with other inputs, or --force, the import is redone and the metadata parts and audio files
-of the previous import that the new one does not have are removed. A corpus root that
-holds a corpus `amflow import` did not write is refused.
+Re-running with the same inputs and config is a no-op (each split's fingerprint); with
+other inputs, --force redoes that split and removes the metadata parts and audio files of
+its previous import that the new one does not have; without --force it is refused. A
+corpus root that holds a corpus `amflow import` did not write is refused.
 """
 from __future__ import annotations
 
@@ -29,6 +34,7 @@ import re
 import time
 from collections import Counter, defaultdict
 from concurrent.futures import ThreadPoolExecutor, as_completed
+import dataclasses
 from dataclasses import asdict, dataclass, field
 
 from core.config import ConfigError, IngestConfig
@@ -39,17 +45,16 @@ from core.storage import Storage, join
 # pure text functions, no model.
 from tasks.speech.lexicon import LexiconError, read_lexicon, words_of
 import tasks.importers.kaldi as kaldi
+import tasks.importers.ledger as ledger
+import tasks.importers.lexicons as lexicons
 import tasks.importers.lhotse as lhotse
 from tasks.importers.audio import Cut, read_recording
 from tasks.importers.entries import Entry, Parsed, read_manifest
 
 log = logging.getLogger(__name__)
 
-GENERATOR = "amflow import"
-IMPORT_VERSION = 1  # bump when the same inputs would give different output
-SUCCESS = "_SUCCESS.json"
-OWNER = "_import.json"  # marks a corpus root as written by `amflow import`
-REJECTS = "rejects.parquet"
+GENERATOR = ledger.GENERATOR
+IMPORT_VERSION = 2  # bump when the same inputs would give different output
 LEXICON = "lexicon.txt"
 PART_RECORDS = 20000
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
@@ -141,10 +146,13 @@ def load_vocabulary(storage: Storage, uri: str) -> tuple[set[str] | None, str]:
         raise ConfigError("ingest.lexicon", f"{uri}: {exc}") from None
 
 
-def assign_splits(entries: list[Entry], icfg: IngestConfig, vocab: set[str] | None
+def assign_splits(entries: list[Entry], icfg: IngestConfig, vocab: set[str] | None,
+                  unpronounced: dict[str, str] | None = None
                   ) -> tuple[list[tuple[Entry, str]], list[Reject]]:
     """Each entry's split (transcribed: ingest.split, else unlabeled), or a reject: a
-    dev/test entry without text, a transcript without words, or words not in `vocab`."""
+    dev/test entry without text, a transcript without words, or words not in `vocab`
+    (no_pronunciation when G2P tried them: `unpronounced` word -> why)."""
+    unpronounced = unpronounced or {}
     kept, rejects = [], []
     for e in entries:
         if e.text is None:
@@ -158,12 +166,28 @@ def assign_splits(entries: list[Entry], icfg: IngestConfig, vocab: set[str] | No
         oov = sorted({w for w in words if w not in vocab}) if vocab is not None else []
         if not words:
             rejects.append(Reject(e.utt_id, "empty_text", f"no words in {e.text!r:.80}"))
+        elif oov and any(w in unpronounced for w in oov):
+            rejects.append(Reject(e.utt_id, "no_pronunciation", "; ".join(
+                f"{w}: {unpronounced.get(w, 'not in ingest.lexicon')}" for w in oov[:10])))
         elif oov:
             rejects.append(Reject(e.utt_id, "oov_words", f"{len(oov)} not in ingest.lexicon: "
                                   f"{' '.join(oov[:20])}"))
         else:
             kept.append((e, icfg.split))
     return kept, rejects
+
+
+def pronounce_missing(storage: Storage, out: str, parsed: list[Parsed], vocab: set[str] | None,
+                      lexicon_text: str, icfg: IngestConfig
+                      ) -> tuple[dict[str, list[str]], dict[str, str]]:
+    """ingest.g2p: pronunciations for the transcripts' words that ingest.lexicon lacks
+    (every word, without one); ({}, {}) when off."""
+    if icfg.g2p == "off":
+        return {}, {}
+    words = {w for p in parsed for e in p.entries if e.text for w in words_of(e.text)}
+    return lexicons.pronounce(storage, out, sorted(w for w in words
+                                                   if vocab is None or w not in vocab),
+                              lexicon_text, icfg)
 
 
 def fingerprint(source: Source, icfg: IngestConfig, lexicon_text: str) -> str:
@@ -177,29 +201,6 @@ def fingerprint(source: Source, icfg: IngestConfig, lexicon_text: str) -> str:
     return digest(json.dumps(key, sort_keys=True))[:32]
 
 
-def previous_import(storage: Storage, out: str) -> tuple[bool, dict | None]:
-    """(does `out` hold an earlier import, its _SUCCESS.json if that one finished); a
-    StepError if `out` holds a corpus that `amflow import` did not write (never overwrite
-    a user's corpus). OWNER is written before anything else, so an import killed half-way
-    is still known as ours."""
-    prev = None
-    if storage.exists(join(out, SUCCESS)):
-        try:
-            prev = storage.read_json(join(out, SUCCESS))
-        except (ValueError, OSError):
-            prev = None
-    if isinstance(prev, dict) and prev.get("generator") == GENERATOR:
-        return True, prev
-    if storage.exists(join(out, OWNER)):
-        return True, None
-    if storage.list(join(out, "metadata"), recursive=True) \
-            or storage.exists(join(out, "metadata.jsonl")) \
-            or storage.exists(join(out, "alignments.ctm")):
-        raise StepError(f"{out} already holds a corpus that `amflow import` did not write; "
-                        f"choose another --out")
-    return False, None
-
-
 def _record(cut: Cut, split: str, icfg: IngestConfig, audio_uri: str) -> dict:
     e = cut.entry
     rec = {"utt_id": e.utt_id, "speaker_id": e.speaker_id, "duration": round(cut.seconds, 4),
@@ -209,8 +210,11 @@ def _record(cut: Cut, split: str, icfg: IngestConfig, audio_uri: str) -> dict:
         rec["text"] = e.text
     if icfg.condition:
         rec["condition"] = icfg.condition
+    if icfg.clean:  # the audio is a clean source (example servers, align/evaluate.audio)
+        rec["clean"] = True
     rec["split"] = split
     rec["recording_id"] = e.recording_id
+    rec["source_rate"] = cut.source_rate
     if cut.wav is not None:
         rec.update(source_uri=e.audio_uri, source_start=e.start, source_end=e.end)
     return rec
@@ -222,7 +226,7 @@ def import_recording(storage: Storage, out: str, items: list[tuple[int, Entry, s
     split_of = {id(e): (i, s) for i, e, s in items}
     results: list[tuple[int, dict | Reject]] = []
     for cut in read_recording(storage, items[0][1].audio_uri, [e for _, e, _ in items],
-                              icfg.copy_audio):
+                              icfg.copy_audio, icfg.sample_rate):
         index, split = split_of[id(cut.entry)]
         if cut.reason:
             results.append((index, Reject(cut.entry.utt_id, cut.reason, cut.detail)))
@@ -257,78 +261,182 @@ def import_all(storage: Storage, out: str, kept: list[tuple[Entry, str]],
             [r for r in ordered if isinstance(r, Reject)])
 
 
-def write_metadata(storage: Storage, out: str, records: list[dict]) -> list[str]:
-    """metadata/split=<s>/part-NNNNN.jsonl; returns the URIs written."""
+def write_metadata(storage: Storage, out: str, records: list[dict], source: str) -> list[str]:
+    """metadata/split=<s>/<source>-part-NNNNN.jsonl; returns the URIs written."""
     by_split: dict[str, list[dict]] = defaultdict(list)
     for r in records:
         by_split[r["split"]].append(r)
     written = []
     for split, recs in sorted(by_split.items()):
         for k in range(0, len(recs), PART_RECORDS):
-            uri = join(out, "metadata", f"split={split}", f"part-{k // PART_RECORDS:05d}.jsonl")
+            uri = join(out, "metadata", f"split={split}",
+                       ledger.part_name(source, k // PART_RECORDS))
             storage.write_text(uri, "".join(json.dumps(r, ensure_ascii=False) + "\n"
                                             for r in recs[k:k + PART_RECORDS]))
             written.append(uri)
     return written
 
 
-def _our_files(storage: Storage, out: str) -> tuple[set[str], set[str]]:
-    """(metadata part URIs, audio URIs) an earlier import wrote under `out`: the audio
-    is what its records point at relative to the root (files it referenced are not ours)."""
-    parts = set(storage.list(join(out, "metadata"), suffix=".jsonl", recursive=True))
-    audio = set()
-    for uri in parts:
-        for line in storage.read_text(uri).splitlines():
-            try:
-                rel = json.loads(line).get("audio_uri", "") if line.strip() else ""
-            except (ValueError, AttributeError):
-                continue  # not ours to judge: the new import rewrites the metadata anyway
-            if isinstance(rel, str) and rel and "://" not in rel and not rel.startswith("/"):
-                audio.add(join(out, rel))
-    return parts, audio
-
-
 def import_corpus(storage: Storage, source: Source, out: str, icfg: IngestConfig,
                   force: bool = False) -> dict:
-    """Parse `source`, write the corpus under `out`, return the _SUCCESS.json summary."""
+    """One source as split `ingest.split` (see import_sources)."""
+    return import_sources(storage, {icfg.split: source}, out, icfg, force=force)
+
+
+def import_sources(storage: Storage, sources: dict[str, Source], out: str,
+                   icfg: IngestConfig, force: bool = False) -> dict:
+    """Each source (source split -> Source) into the corpus at `out`, beside the splits
+    earlier imports wrote there; returns the root's _SUCCESS.json summary (the whole
+    corpus) with `imported` (the splits written now) and `skipped`.
+
+    A split already imported from the same inputs and config is skipped; from others it
+    is refused unless `force` (then replaced: its old records and audio removed). An
+    utt_id that two splits would hold is refused before anything is written."""
     started = time.time()
+    for s in sources:
+        if s not in ledger.SPLITS:
+            raise StepError(f"--src {s}=...: the split must be one of "
+                            f"{', '.join(ledger.SPLITS)} (or train, Kaldi's name for labeled)")
     vocab, lexicon_text = load_vocabulary(storage, icfg.lexicon)
-    fp = fingerprint(source, icfg, lexicon_text)
-    ours, prev = previous_import(storage, out)
-    if prev is not None and prev.get("fingerprint") == fp and not force:
-        log.info("import: %s already holds this import (%s): nothing to do", out, fp)
-        return dict(prev, skipped=True)
-    old_parts, old_audio = _our_files(storage, out) if ours else (set(), set())
-    storage.write_json(join(out, OWNER), {"generator": GENERATOR})
-    parsed = source.parse()
-    kept, rejects = assign_splits(parsed.entries, icfg, vocab)
-    rejects = parsed.rejects + rejects
-    log.info("import: %d %s items, %d entries to read from %d recordings, %d rejected so far",
-             parsed.items_in, source.format, len(kept), len({e.audio_uri for e, _ in kept}),
-             len(rejects))
+    legacy = ledger.check_root(storage, out, force)
+    ledgers = ledger.read_ledgers(storage, out)
+    plans = {s: dataclasses.replace(icfg, split=s) for s in sources}
+    fps = {s: fingerprint(src, plans[s], lexicon_text) for s, src in sources.items()}
+    todo = _to_import(ledgers, fps, force)
+    if not todo and not legacy and storage.exists(join(out, ledger.SUCCESS)):
+        log.info("import: %s already holds these imports (%s): nothing to do", out,
+                 ", ".join(sorted(sources)))
+        return dict(storage.read_json(join(out, ledger.SUCCESS)), skipped=True, imported=[])
+    storage.write_json(join(out, ledger.OWNER), {"generator": GENERATOR})
+    parsed = {s: sources[s].parse() for s in todo}
+    made, failed = pronounce_missing(storage, out, [parsed[s] for s in todo], vocab,
+                                     lexicon_text, icfg)
+    if icfg.g2p != "off":
+        vocab = (vocab or set()) | set(made)
+    kept, early = {}, {}
+    for s in todo:
+        kept[s], early[s] = assign_splits(parsed[s].entries, plans[s], vocab, failed)
+    ledger.check_clashes(storage, out, {s: [(e.utt_id, sp) for e, sp in kept[s]]
+                                        for s in todo},
+                         [s for s in ledgers if s not in todo])
+    if legacy:  # --force over an older import's corpus: its files go
+        for stale in sorted(set(legacy) | ledger.owned_files(storage, legacy, out)):
+            storage.delete(stale)
+    for s in todo:
+        _write_source(storage, out, s, sources[s], parsed[s], kept[s], early[s], plans[s],
+                      fps[s], lexicon_text)
+        lexicons.write_g2p(storage, out, s, made, failed, parsed[s].entries)
+    return _write_root(storage, out, icfg, lexicon_text, todo, started)
+
+
+def _to_import(ledgers: dict[str, dict], fps: dict[str, str], force: bool) -> list[str]:
+    """The source splits to (re)import; a StepError for a split imported from other inputs
+    or config without `force` (never replace another import's records unasked)."""
+    todo = []
+    for s, fp in sorted(fps.items()):
+        led = ledgers.get(s)
+        if led is not None and led.get("fingerprint") == fp and not force:
+            log.info("import: split %s already imported from these inputs: skipped", s)
+            continue
+        if led is not None and not force:
+            n = led.get("counts", {}).get("out", 0)
+            raise StepError(
+                f"split {s} was imported before from {led.get('inputs')} ({n} utterances) "
+                f"with other inputs or ingest.* settings; --force replaces split {s} (and "
+                f"only it), or import into another --out")
+        todo.append(s)
+    return todo
+
+
+def _write_source(storage: Storage, out: str, source: str, src: Source, parsed: Parsed,
+                  kept: list[tuple[Entry, str]], early: list[Reject], icfg: IngestConfig,
+                  fp: str, lexicon_text: str) -> dict:
+    """One source split's records, audio, rejects and ledger; what the split held before
+    and does not hold now is removed."""
+    started = time.time()
+    old_parts = set(ledger.parts_of(storage, out, [source]))
+    old_audio = ledger.owned_files(storage, old_parts, out)
+    if storage.exists(ledger.ledger_uri(out, source)):  # unfinished until rewritten
+        storage.delete(ledger.ledger_uri(out, source))
+    log.info("import %s: %d %s items, %d entries to read from %d recordings, %d rejected "
+             "so far", source, parsed.items_in, src.format, len(kept),
+             len({e.audio_uri for e, _ in kept}), len(parsed.rejects) + len(early))
     records, audio_rejects = import_all(storage, out, kept, icfg)
-    rejects += audio_rejects
+    rejects = [dataclasses.replace(r, shard=source)
+               for r in parsed.rejects + early + audio_rejects]
     counts = {"in": parsed.items_in, "out": len(records), "rejected": len(rejects)}
     if counts["in"] != counts["out"] + counts["rejected"]:
-        raise ConservationError(f"import: items in ({counts['in']}) != out ({counts['out']}) "
-                                f"+ rejected ({counts['rejected']})")
-    parts = write_metadata(storage, out, records)
+        raise ConservationError(f"import {source}: items in ({counts['in']}) != out "
+                                f"({counts['out']}) + rejected ({counts['rejected']})")
+    warn_upsampled(records, icfg.sample_rate, source)
+    parts = write_metadata(storage, out, records, source)
     new_audio = {join(out, r["audio_uri"]) for r in records if "source_uri" in r}
     for stale in sorted((old_parts - set(parts)) | (old_audio - new_audio)):
         storage.delete(stale)
-    storage.write_parquet(join(out, REJECTS), rejects_table(rejects))
+    storage.write_parquet(ledger.rejects_uri(out, source), rejects_table(rejects))
+    led = _ledger(src, source, fp, counts, records, rejects, icfg, lexicon_text, started)
+    storage.write_json(ledger.ledger_uri(out, source), led)
+    log.info("import %s: %d utterances (%.2f h), %d rejected %s", source, counts["out"],
+             sum(led["split_seconds"].values()) / 3600.0, counts["rejected"],
+             led["rejects_by_reason"])
+    return led
+
+
+def warn_upsampled(records: list[dict], rate: int, source: str) -> int:
+    """Recordings below ingest.sample_rate are upsampled: the band above their Nyquist
+    frequency is empty, and the features' mel bins there carry nothing. A WARNING with
+    the counts and the two ways out; the number of such records."""
+    low = Counter(r["source_rate"] for r in records if 0 < r["source_rate"] < rate)
+    if low:
+        native = max(low)
+        log.warning("import %s: %d utterance(s) recorded at %s Hz were upsampled to %d Hz: "
+                    "nothing above %d Hz is in them. Keep them at their rate "
+                    "(ingest.sample_rate=%d, then features.sample_rate=%d: mel bins up to "
+                    "%d Hz), or limit the mel bins (features.high_freq=%d)", source,
+                    sum(low.values()), "/".join(str(r) for r in sorted(low)), rate,
+                    native // 2, native, native, native // 2, native // 2)
+    return sum(low.values())
+
+
+def _write_root(storage: Storage, out: str, icfg: IngestConfig, lexicon_text: str,
+                imported: list[str], started: float) -> dict:
+    """The root's rejects.parquet, lexicon.txt and _SUCCESS.json over every split."""
+    ledgers = ledger.read_ledgers(storage, out)
+    storage.write_parquet(join(out, ledger.REJECTS),
+                          ledger.merged_rejects(storage, out, ledgers))
     if lexicon_text:
-        storage.write_text(join(out, LEXICON), lexicon_text)
-    summary = _summary(source, out, fp, counts, records, rejects, icfg, started)
-    summary["lexicon"] = {"uri": icfg.lexicon, "words": len(vocab)} if vocab else None
-    storage.write_json(join(out, SUCCESS), summary)
-    log.info("import: %d utterances (%.2f h) into %s, %d rejected %s", counts["out"],
-             summary["audio_s"] / 3600.0, out, counts["rejected"], summary["rejects_by_reason"])
-    return dict(summary, skipped=False)
+        digest = hashlib.sha256(lexicon_text.encode()).hexdigest()
+        other = sorted(s for s, led in ledgers.items()
+                       if led.get("lexicon_sha256") not in (None, digest))
+        if other:
+            log.warning("import: split(s) %s were checked against another ingest.lexicon "
+                        "than %s, which is now %s: import them again with this one "
+                        "(--force) if their words may be missing from it",
+                        ", ".join(other), icfg.lexicon, join(out, LEXICON))
+    lex = lexicons.write_lexicon(storage, out, lexicon_text, ledgers)
+    if lex is not None:
+        lex["uri"] = icfg.lexicon or None
+    else:
+        log.warning("import: no ingest.lexicon and ingest.g2p=off: %s has no lexicon.txt, "
+                    "which align, lm and decode need (data.lexicon); set ingest.g2p=espeak "
+                    "to make one from the transcripts' words", out)
+    summary = ledger.root_summary(ledgers)
+    summary.update(
+        out=out, lexicon=lex,
+        wall_s=round(time.time() - started, 3), config=asdict(icfg),
+        created_at=dt.datetime.fromtimestamp(started, dt.timezone.utc).isoformat(
+            timespec="seconds"))
+    storage.write_json(join(out, ledger.SUCCESS), summary)
+    log.info("import: %s holds %d utterances (%.2f h) in splits %s, %d rejected %s",
+             out, summary["counts"]["out"], summary["audio_s"] / 3600.0,
+             summary["per_split"], summary["counts"]["rejected"],
+             summary["rejects_by_reason"])
+    return dict(summary, skipped=False, imported=imported)
 
 
-def _summary(source: Source, out: str, fp: str, counts: dict, records: list[dict],
-             rejects: list[Reject], icfg: IngestConfig, started: float) -> dict:
+def _ledger(src: Source, source: str, fp: str, counts: dict, records: list[dict],
+            rejects: list[Reject], icfg: IngestConfig, lexicon_text: str,
+            started: float) -> dict:
     seconds: dict[str, float] = defaultdict(float)
     speakers: dict[str, set] = defaultdict(set)
     for r in records:
@@ -336,20 +444,20 @@ def _summary(source: Source, out: str, fp: str, counts: dict, records: list[dict
         speakers[r["split"]].add(r["speaker_id"])
     written = sum(1 for r in records if "source_uri" in r)
     return {
-        "generator": GENERATOR, "format": source.format, "inputs": source.inputs,
-        "audio_root": source.audio_root, "out": out, "fingerprint": fp, "counts": counts,
+        "generator": GENERATOR, "source": source, "format": src.format,
+        "inputs": src.inputs, "audio_root": src.audio_root, "fingerprint": fp,
+        "counts": counts,
         "rejects_by_reason": dict(sorted(Counter(r.reason for r in rejects).items())),
-        "utterances": counts["out"],
         "per_split": dict(sorted(Counter(r["split"] for r in records).items())),
+        "source_rates": {str(k): v for k, v in sorted(Counter(r["source_rate"]
+                                                              for r in records).items())},
         "split_seconds": {k: round(v, 3) for k, v in sorted(seconds.items())},
-        "split_hours": {k: round(v / 3600.0, 4) for k, v in sorted(seconds.items())},
-        "audio_s": round(sum(seconds.values()), 3),
-        "speakers": len({r["speaker_id"] for r in records}),
-        "speakers_per_split": {k: len(v) for k, v in sorted(speakers.items())},
+        "speakers": {k: sorted(v) for k, v in sorted(speakers.items())},
         "transcribed": sum(1 for r in records if "text" in r),
         "audio_files_written": written, "audio_referenced": counts["out"] - written,
+        "lexicon_sha256": (hashlib.sha256(lexicon_text.encode()).hexdigest()
+                           if lexicon_text else None),
         "wall_s": round(time.time() - started, 3),
-        "created_at": dt.datetime.fromtimestamp(started, dt.timezone.utc).isoformat(
-            timespec="seconds"),
+        "finished_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "config": asdict(icfg),
     }

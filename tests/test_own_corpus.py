@@ -1,0 +1,73 @@
+"""docs/how-to/own-corpus.md, verbatim: its mine.yaml and its commands, on an 8 kHz
+Kaldi-format corpus of three splits made here with espeak-ng (its own words, no lexicon),
+from `amflow import` to a WER. The only additions are the tiny model settings below."""
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+import soundfile as sf
+
+from tests.own_corpus_data import make_kaldi_corpus
+
+ROOT = Path(__file__).resolve().parents[1]
+HOWTO = ROOT / "docs" / "how-to" / "own-corpus.md"
+# Seconds, not minutes: small GMMs, a one-layer network, two epochs, one decode worker.
+TINY = ["align.use_ray=false", "align.mono_iters=4", "align.tri_iters=2",
+        "align.num_senones=100", "align.tri_gauss=300", "align.mono_gauss=200",
+        "align.min_leaf_count=20", "model.teacher.layers=1", "model.teacher.hidden=32",
+        "train.epochs=2", "train.finetune_epochs=0", "train.minibatch_frames=256",
+        "train.chunk_frames=16", "decode.workers=1", "decode.acwt=[0.3,0.6]"]
+
+
+def howto_blocks() -> tuple[str, list[list[str]]]:
+    """The page's mine.yaml and its commands (continuation lines joined), as argv."""
+    text = HOWTO.read_text()
+    (yaml_block,) = re.findall(r"```yaml\n(.*?)```", text, re.S)
+    (bash_block,) = re.findall(r"```bash\n(.*?)```", text, re.S)
+    joined = bash_block.replace("\\\n", " ")
+    commands = [shlex.split(line) for line in joined.splitlines() if line.strip()]
+    assert all(c[0] == "amflow" for c in commands)
+    return yaml_block, commands
+
+
+def test_howto_commands_are_what_this_test_runs():
+    yaml_block, commands = howto_blocks()
+    assert [c[1] for c in commands] == ["import", "select", "align", "features",
+                                        "repartition", "train", "lm", "decode"]
+    assert "g2p: espeak" in yaml_block and "sample_rate: 8000" in yaml_block
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+@pytest.mark.isolated  # amflow starts its Ray here, in the how-to's folder (relative paths)
+def test_own_corpus_recipe_from_kaldi_dirs_to_wer(tmp_path, monkeypatch):
+    from amflow.cli import SUMMARY_PREFIX, main
+
+    monkeypatch.chdir(tmp_path)
+    counts = make_kaldi_corpus(tmp_path / "kaldi", rate=8000)
+    yaml_block, commands = howto_blocks()
+    (tmp_path / "mine.yaml").write_text(yaml_block)
+    for argv in commands:
+        sets = [] if argv[1] == "import" else [a for s in TINY for a in ("--set", s)]
+        assert main(argv[1:] + sets) == 0, " ".join(argv)
+    corpus = tmp_path / "mine" / "corpus"
+    summary = json.loads((corpus / "_SUCCESS.json").read_text())
+    assert summary["per_split"] == {"dev": counts["dev"], "labeled": counts["train"],
+                                    "test": counts["test"]}
+    for src in summary["sources"].values():
+        assert src["counts"]["in"] == src["counts"]["out"] + src["counts"]["rejected"]
+    # 8 kHz kept as it is; a lexicon made for the corpus's own words
+    rec = json.loads(next((corpus / "metadata").rglob("*.jsonl")).read_text().splitlines()[0])
+    assert sf.info(rec["audio_uri"]).samplerate == 8000
+    assert summary["lexicon"]["g2p_words"] >= 10 and (corpus / "lexicon_g2p.txt").exists()
+    run = tmp_path / "mine" / "runs" / "mine"
+    lm = json.loads((run / "lm" / "_SUCCESS.json").read_text())["metrics"]
+    assert lm["text"]["source"] == "corpus" and lm["text"]["transcripts_labeled"] == \
+        counts["train"]
+    wer = json.loads((tmp_path / "mine" / "wer.json").read_text())
+    assert 0.0 <= wer["wer"] <= 1.5 and wer["split"] == "test" and wer["tuning"]
+    assert not wer["rejected"]
