@@ -134,13 +134,14 @@ def _setup_ours(opts: dict, utts: list[dict], work: str):
     import pyarrow as pa
 
     from core.config import load_config
-    from core.runs import StepContext
-    from tasks.features import process_shard
+    from core.storage import Storage
+    from tasks.features import FeaturesJob, process_shard
     from tasks.select import MANIFEST_SCHEMA
 
     cfg = load_config(None, [f"storage.root={work}/ours", "features.io_threads=1",
                              f"features.storage_dtype={opts['storage_dtype']}"])
-    ctx = StepContext(cfg, "bench", "features")
+    job = FeaturesJob(cfg.storage, cfg.features, f"{work}/ours/features")
+    st = Storage(cfg.storage)
     rows = sorted(utts, key=lambda u: (u["speaker_id"], u["utt_id"]))
     man = pa.table({
         "shard": ["bench"] * len(rows), "split": ["unlabeled"] * len(rows),
@@ -150,14 +151,14 @@ def _setup_ours(opts: dict, utts: list[dict], work: str):
         "created_ts": [float(i) for i in range(len(rows))], "locale": ["en-US"] * len(rows),
         "condition": [""] * len(rows), "text": [""] * len(rows),
         "audio_uri": [u["path"] for u in rows]}, schema=MANIFEST_SCHEMA)
-    ctx.storage.write_parquet(f"{work}/ours/manifest.parquet", man)
-    ctx.storage.write_parquet(f"{work}/ours/warm.parquet", man.slice(0, 3))
+    st.write_parquet(f"{work}/ours/manifest.parquet", man)
+    st.write_parquet(f"{work}/ours/warm.parquet", man.slice(0, 3))
     payload = {"manifest": f"{work}/ours/manifest.parquet", "split": "unlabeled"}
-    process_shard(ctx, "warm", dict(payload, manifest=f"{work}/ours/warm.parquet"))
+    process_shard(job, "warm", dict(payload, manifest=f"{work}/ours/warm.parquet"))
 
     def once() -> dict:
-        st = process_shard(ctx, "bench", payload)
-        return {"out": st["out"], "bytes": st["bytes"], "audio_s": st["audio_s"]}
+        stats = process_shard(job, "bench", payload)
+        return {"out": stats["out"], "bytes": stats["bytes"], "audio_s": stats["audio_s"]}
 
     return once
 

@@ -60,18 +60,21 @@ def step_resources(cfg: Config, step: str) -> dict[str, float]:
     return dict(cfg.ray.step_resources.get(step, {}))
 
 
-def _run_shard(fn: Callable[..., dict], ctx: StepContext, shard_id: str, payload: Any) -> dict:
-    stats = fn(ctx, shard_id, payload)
+def _run_shard(fn: Callable[..., dict], ctx: StepContext, job: Any, shard_id: str,
+               payload: Any) -> dict:
+    stats = fn(job, shard_id, payload)
     stats = dict(stats, shard=shard_id)
     ctx.storage.write_json(ctx.shard_marker(shard_id), stats)
     return stats
 
 
 def map_shards(ctx: StepContext, shards: Sequence[tuple[str, Any]],
-               fn: Callable[[StepContext, str, Any], dict], *, unit: str = "shards",
+               fn: Callable[[Any, str, Any], dict], job: Any, *, unit: str = "shards",
                num_cpus: float = 1, num_gpus: float = 0,
                postfix: Callable[[list[dict]], dict] | None = None) -> list[dict]:
-    """Run `fn(ctx, shard_id, payload) -> stats` once per shard not yet done.
+    """Run `fn(job, shard_id, payload) -> stats` on Ray once per shard of step `ctx` not yet
+    done (its marker, written here, says so). `job` is the library's typed plan of the
+    step (URIs and settings, shipped once to every task): libraries never see the run.
 
     Returns the stats of every shard (fresh or from its marker), in input order.
     """
@@ -93,9 +96,9 @@ def map_shards(ctx: StepContext, shards: Sequence[tuple[str, Any]],
         remote = ray.remote(_run_shard).options(
             num_cpus=num_cpus, num_gpus=num_gpus, max_retries=3,
             resources=step_resources(ctx.cfg, ctx.step) or None)
-        fn_ref = ray.put(fn)
-        ctx_ref = ray.put(ctx)
-        pending = {remote.remote(fn_ref, ctx_ref, sid, payload): sid for sid, payload in todo}
+        fn_ref, ctx_ref, job_ref = ray.put(fn), ray.put(ctx), ray.put(job)
+        pending = {remote.remote(fn_ref, ctx_ref, job_ref, sid, payload): sid
+                   for sid, payload in todo}
         with Progress(len(todo), ctx.step, unit) as bar:
             fresh: list[dict] = []
             while pending:

@@ -20,7 +20,7 @@ Public, pure functions (what `amflow evaluate` calls to featurise audio the same
     stack_frames(x, stack, subsample) -> [rows, stack * bins]
     encode_rows(x, dtype, stack) -> the feature columns of one row (uint8 / float16)
     StreamCMN(dim, window, min_window).apply(frames) -> normalised frames (stateful)
-    process_shard(ctx, shard_id, payload) -> stats       the Ray task of one shard
+    process_shard(job, shard_id, payload) -> stats       the Ray task of one shard
 
 The causal mean normalisation (Kaldi's `apply-cmvn-sliding --center=false
 --norm-vars=false`, applied to a speaker's whole stream): the speaker's utterances, sorted
@@ -52,16 +52,17 @@ import logging
 import time
 import zlib
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any, Iterator
 
 import numpy as np
 
 from core import records
-from core.config import FeaturesConfig
+from core.config import FeaturesConfig, StorageConfig
 from core.reject_hints import nothing_left
-from core.runs import SUCCESS, Reject, StepContext, StepError, rejects_table
+from core.runs import Reject, StepError, rejects_table
 from core.senones import fit_frames
-from core.storage import join
+from core.storage import Storage, join
 from tasks import alignments as al
 from tasks.audio import decode_audio, read_audio_bytes
 from tasks.fbank import FbankComputer, fbank
@@ -385,11 +386,21 @@ class ShardFeaturizer:
         return [self.rows[i] for i in perm]
 
 
-def process_shard(ctx: StepContext, shard_id: str, payload: dict[str, Any]) -> dict[str, Any]:
-    """Featurise one shard: returns its stats (also written as the shard's done-marker)."""
+@dataclass(frozen=True)
+class FeaturesJob:
+    """What every shard's task needs (Ray ships it to each): where the shards and their
+    rejects go (`out_uri`: shards/, rejects/), the storage and the feature settings."""
+    storage: StorageConfig
+    features: FeaturesConfig
+    out_uri: str
+
+
+def process_shard(job: FeaturesJob, shard_id: str, payload: dict[str, Any]) -> dict[str, Any]:
+    """Featurise one shard (`payload`: its manifest URI, split and labels): returns its
+    stats (also written as the shard's done-marker)."""
     t0, c0 = time.perf_counter(), time.process_time()
-    st = ctx.storage
-    fcfg = ctx.cfg.features
+    st = Storage(job.storage)
+    fcfg = job.features
     man = st.read_parquet(payload["manifest"]).to_pylist()
     man.sort(key=lambda r: (r["speaker_id"], r["created_ts"], r["utt_id"]))
     fz = ShardFeaturizer(fcfg, shard_id, payload.get("align") or {},
@@ -407,8 +418,9 @@ def process_shard(ctx: StepContext, shard_id: str, payload: dict[str, Any]) -> d
     fz.flush()
     rows = fz.shuffled_rows()
     out_table = records.to_table(rows, records.feature_schema(fcfg.storage_dtype))
-    nbytes = st.write_parquet(ctx.path("shards", f"{shard_id}.parquet"), out_table)
-    st.write_parquet(ctx.path("rejects", f"{shard_id}.parquet"), rejects_table(fz.rejects))
+    nbytes = st.write_parquet(join(job.out_uri, "shards", f"{shard_id}.parquet"), out_table)
+    st.write_parquet(join(job.out_uri, "rejects", f"{shard_id}.parquet"),
+                     rejects_table(fz.rejects))
     reasons = dict(collections.Counter(r.reason for r in fz.rejects))
     return {
         "split": payload["split"], "in": len(man), "out": len(rows),
@@ -421,17 +433,21 @@ def process_shard(ctx: StepContext, shard_id: str, payload: dict[str, Any]) -> d
 
 
 # --------------------------------------------------------------------------- driver
-def alignment_payloads(ctx: StepContext, index: list[dict]) -> tuple[dict, dict, list[str]]:
-    """(per-shard alignment slices, per-shard ctm errors, phone inventory)."""
-    st = ctx.storage
-    corpus = ctx.cfg.data.corpus.rstrip("/")
+def alignment_payloads(st: Storage, corpus: str, out_uri: str, manifests: dict[str, str],
+                       index: list[dict], force: bool = False
+                       ) -> tuple[dict, dict, list[str]]:
+    """features.labels=ctm: (per-shard alignment slices, per-shard ctm errors, phone
+    inventory) from the corpus's alignments.ctm; the inventory is kept in
+    `out_uri`/phones.json (read back unless `force`). `manifests`: shard id -> its
+    manifest URI."""
+    corpus = corpus.rstrip("/")
     ctm_uri = join(corpus, "alignments.ctm")
     alignments: dict[str, al.Alignment] = {}
     errors: list[tuple[int, str, str]] = []
     if st.exists(ctm_uri):
         alignments, errors = al.read_ctm(st.read_text(ctm_uri))
-    phones_uri = ctx.path("phones.json")
-    if st.exists(phones_uri) and not ctx.force:
+    phones_uri = join(out_uri, "phones.json")
+    if st.exists(phones_uri) and not force:
         inventory = st.read_json(phones_uri)
     else:
         inventory = al.load_inventory(st, corpus, alignments)
@@ -443,8 +459,8 @@ def alignment_payloads(ctx: StepContext, index: list[dict]) -> tuple[dict, dict,
     for e in index:
         if e["split"] not in LABELED_SPLITS:
             continue
-        utts = ctx.storage.read_parquet(ctx.other("select", "shards", f"{e['shard']}.parquet"),
-                                        columns=["utt_id"]).column("utt_id").to_pylist()
+        utts = st.read_parquet(manifests[e["shard"]],
+                               columns=["utt_id"]).column("utt_id").to_pylist()
         per_shard[e["shard"]] = {u: (alignments[u].starts, alignments[u].ends,
                                      alignments[u].phone_ids(ids))
                                  for u in utts if u in alignments}
@@ -452,31 +468,35 @@ def alignment_payloads(ctx: StepContext, index: list[dict]) -> tuple[dict, dict,
     return per_shard, per_shard_err, inventory
 
 
-def align_label_payloads(ctx: StepContext, index: list[dict]) -> tuple[dict, list[str]]:
-    """features.labels=align: (per-shard {utt_id: per-frame classes}, class names); writes
-    phones.json (the classes) and context.json (the network tree, for the model card)."""
-    st = ctx.storage
+def align_label_payloads(st: Storage, align_uri: str, out_uri: str, manifests: dict[str, str],
+                         index: list[dict]) -> tuple[dict, list[str]]:
+    """features.labels=align: (per-shard {utt_id: per-frame classes}, class names) from the
+    alignments at `align_uri`; writes `out_uri`/phones.json (the classes) and context.json
+    (the network tree, for the model card)."""
     try:
-        tree, labels = al.read_align_labels(st, ctx.other("align"))
+        tree, labels = al.read_align_labels(st, align_uri)
     except (al.AlignOutputsError, ValueError) as exc:
         raise StepError(f"features.labels=align: {exc}") from exc
     inventory = tree.class_names
-    st.write_json(ctx.path("phones.json"), inventory)
-    st.write_json(ctx.path("context.json"), tree.to_dict())
+    st.write_json(join(out_uri, "phones.json"), inventory)
+    st.write_json(join(out_uri, "context.json"), tree.to_dict())
     per_shard: dict[str, dict] = {}
     for e in index:
         if e["split"] not in LABELED_SPLITS:
             per_shard[e["shard"]] = {}
             continue
-        utts = st.read_parquet(ctx.other("select", "shards", f"{e['shard']}.parquet"),
+        utts = st.read_parquet(manifests[e["shard"]],
                                columns=["utt_id"]).column("utt_id").to_pylist()
         per_shard[e["shard"]] = {u: labels[u] for u in utts if u in labels}
     return per_shard, inventory
 
 
-def summarise(ctx: StepContext, select: dict, stats: list[dict], inventory: list[str],
-              order: list[str]) -> dict[str, Any]:
-    st, fcfg = ctx.storage, ctx.cfg.features
+def publish(st: Storage, out_uri: str, fcfg: FeaturesConfig, stats: list[dict],
+            inventory: list[str], order: list[str], wall: float
+            ) -> tuple[dict[str, Any], dict[str, int], int]:
+    """Write `out_uri`/cmvn.json (from the training splits' shards) and shards.json; return
+    the step's (metrics, counts, bytes written). Every utterance rejected is an error that
+    says which reasons rejected how many."""
     dim = fcfg.num_mel_bins * fcfg.stack
     train = [s for s in stats if s["split"] in TRAIN_SPLITS] or stats
     cmvn = {"count": int(sum(s["count"] for s in train)),
@@ -488,9 +508,9 @@ def summarise(ctx: StepContext, select: dict, stats: list[dict], inventory: list
         reasons = [r for s in train for r, n in s.get("reasons", {}).items() for _ in range(n)]
         raise StepError(nothing_left(f"features (splits {cmvn['splits']})",
                                      sum(s.get("in", 0) for s in train), reasons,
-                                     ctx.path("rejects")))
-    st.write_json(ctx.path("cmvn.json"), cmvn)
-    st.write_json(ctx.path("shards.json"), {"order": order, "shards": [
+                                     join(out_uri, "rejects")))
+    st.write_json(join(out_uri, "cmvn.json"), cmvn)
+    st.write_json(join(out_uri, "shards.json"), {"order": order, "shards": [
         {k: s[k] for k in ("shard", "split", "in", "out", "rejected", "rows", "frames",
                            "audio_s", "bytes")} for s in stats]})
     audio_s = sum(s["audio_s"] for s in stats)
@@ -500,7 +520,6 @@ def summarise(ctx: StepContext, select: dict, stats: list[dict], inventory: list
     for s in stats:
         for k, v in s["reasons"].items():
             reasons[k] = reasons.get(k, 0) + v
-    wall = time.time() - ctx.started
     hours = audio_s / 3600.0
     metrics = {
         "audio_hours": round(hours, 6), "frames": sum(s["frames"] for s in stats),
@@ -511,9 +530,6 @@ def summarise(ctx: StepContext, select: dict, stats: list[dict], inventory: list
         "storage_dtype": fcfg.storage_dtype, "backend": fcfg.backend,
         "feat_dim": dim, "phones": len(inventory), "reject_reasons": reasons,
     }
-    return ctx.finish(
-        inputs={"select": ctx.other("select", SUCCESS), "corpus": ctx.cfg.data.corpus,
-                "select_finished_at": select.get("finished_at")},
-        counts={"in": sum(s["in"] for s in stats), "out": sum(s["out"] for s in stats),
-                "rejected": sum(s["rejected"] for s in stats)},
-        metrics=metrics, bytes_written=nbytes)
+    counts = {"in": sum(s["in"] for s in stats), "out": sum(s["out"] for s in stats),
+              "rejected": sum(s["rejected"] for s in stats)}
+    return metrics, counts, nbytes

@@ -177,14 +177,16 @@ def test_features_that_reject_everything_say_why(tmp_path):
     """Every utterance rejected (8 kHz audio, features.resample off): the error counts
     the reasons and names the key to change."""
     from core.config import load_config
-    from core.runs import StepContext, StepError
-    from tasks.features import summarise
+    from core.runs import StepError
+    from core.storage import Storage
+    from tasks.features import publish
 
     cfg = load_config(None, [f"storage.root={tmp_path}"])
     stats = [{"split": "labeled", "count": 0, "sum": [0.0], "sumsq": [0.0], "in": 3,
               "reasons": {"wrong_sample_rate": 3}}]
     with pytest.raises(StepError) as err:
-        summarise(StepContext(cfg, "r", "features"), {}, stats, [], ["s0"])
+        publish(Storage(cfg.storage), str(tmp_path / "features"), cfg.features, stats, [],
+                ["s0"], 1.0)
     msg = str(err.value)
     assert "all 3 utterances were rejected" in msg and "wrong_sample_rate 3" in msg
     assert "features.sample_rate" in msg

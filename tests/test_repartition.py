@@ -113,8 +113,9 @@ def serial_shuffle(monkeypatch):
     from core.storage import Storage
     import amflow.steps.repartition as rp
 
-    def serial(ctx, jobs, fn, **_):
-        return [ctx.shard_done(sid) or _run_shard(fn, ctx, sid, payload) for sid, payload in jobs]
+    def serial(ctx, jobs, fn, job, **_):
+        return [ctx.shard_done(sid) or _run_shard(fn, ctx, job, sid, payload)
+                for sid, payload in jobs]
 
     reads: dict[str, int] = {}
     real_read = Storage.read_parquet

@@ -13,9 +13,10 @@ from typing import Any
 import numpy as np
 
 from core.raycluster import map_shards
-from core.runs import StepContext, StepError
+from core.runs import SUCCESS, StepContext, StepError
 from core.config import features_dict
-from tasks.features import align_label_payloads, alignment_payloads, process_shard, summarise
+from tasks.features import (FeaturesJob, align_label_payloads, alignment_payloads, process_shard,
+                            publish)
 
 
 def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
@@ -34,19 +35,23 @@ def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
     index = st.read_json(ctx.other("select", "shards.json"))["shards"]
     if not index:
         raise StepError("select produced no shards")
+    manifests = {e["shard"]: ctx.other("select", "shards", f"{e['shard']}.parquet")
+                 for e in index}
     frames: dict[str, dict] | None = None
     if fcfg.labels == "align":
         aligns, errs = {}, {}
-        frames, inventory = align_label_payloads(ctx, index)
+        frames, inventory = align_label_payloads(st, ctx.other("align"), ctx.step_uri,
+                                                 manifests, index)
     else:
-        aligns, errs, inventory = alignment_payloads(ctx, index)
+        aligns, errs, inventory = alignment_payloads(st, ctx.cfg.data.corpus, ctx.step_uri,
+                                                     manifests, index, ctx.force)
     # hierarchical shuffle, level 1: the global order of the shard files
     order = np.random.default_rng(fcfg.seed).permutation(len(index))
     shards = []
     for i in order:
         e = index[int(i)]
         sid = e["shard"]
-        shards.append((sid, {"manifest": ctx.other("select", "shards", f"{sid}.parquet"),
+        shards.append((sid, {"manifest": manifests[sid],
                              "split": e["split"], "align": aligns.get(sid),
                              "ctm_errors": errs.get(sid)}))
         if frames is not None:
@@ -57,5 +62,11 @@ def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
         audio = sum(s["audio_s"] for s in done)
         return {"audio_h": audio / 3600.0, "xRT": audio / max(1e-9, time.time() - t0)}
 
-    stats = map_shards(ctx, shards, process_shard, unit="shards", postfix=postfix)
-    return summarise(ctx, select, stats, inventory, [sid for sid, _ in shards])
+    job = FeaturesJob(ctx.cfg.storage, fcfg, ctx.step_uri)
+    stats = map_shards(ctx, shards, process_shard, job, unit="shards", postfix=postfix)
+    metrics, counts, nbytes = publish(st, ctx.step_uri, fcfg, stats, inventory,
+                                      [sid for sid, _ in shards], time.time() - ctx.started)
+    return ctx.finish(inputs={"select": ctx.other("select", SUCCESS),
+                              "corpus": ctx.cfg.data.corpus,
+                              "select_finished_at": select.get("finished_at")},
+                      counts=counts, metrics=metrics, bytes_written=nbytes)

@@ -35,13 +35,13 @@ def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
                         f"(features has {sorted(present)})")
     workers = ctx.cfg.train.workers
     plan_jobs, map_jobs, plans = shard_jobs(rcfg, workers, splits, order, info, targets is not None)
-    planned = map_shards(ctx, plan_jobs, plan_window, unit="windows")
-    mapped = map_shards(ctx, map_jobs, map_shard, unit="shards")
+    planned = map_shards(ctx, plan_jobs, plan_window, ctx, unit="windows")
+    mapped = map_shards(ctx, map_jobs, map_shard, ctx, unit="shards")
     reduce_jobs = plan_reduce_jobs(splits, plans, mapped)
     if forget_lost_buckets(ctx, reduce_jobs):
-        mapped = map_shards(ctx, map_jobs, map_shard, unit="shards")
+        mapped = map_shards(ctx, map_jobs, map_shard, ctx, unit="shards")
         reduce_jobs = plan_reduce_jobs(splits, plans, mapped)
-    stats = map_shards(ctx, reduce_jobs, reduce_partition, unit="partitions")
+    stats = map_shards(ctx, reduce_jobs, reduce_partition, ctx, unit="partitions")
     if sum(s["rows"] for s in stats) != sum(m["out"] for m in mapped):
         raise StepError(f"repartition: partitions hold {sum(s['rows'] for s in stats)} rows "
                         f"but the map stage routed {sum(m['out'] for m in mapped)}: re-run "
