@@ -30,6 +30,9 @@ STUDENT_FEATURES = Asset(name="amflow_student_features", uri="x-amflow://ssl_stu
                          group="amflow")
 STUDENT_TARGETS = Asset(name="amflow_student_targets", uri="x-amflow://ssl_student/targets",
                         group="amflow")
+# One event per data interval of daily_data: its partition (run id, URI), hours in and kept,
+# rejects by reason, the teacher that scored it.
+DAILY_DATA = Asset(name="amflow_daily_data", uri="x-amflow://daily/data", group="amflow")
 STUDENT_MODEL = Asset(name="amflow_student_model", uri="x-amflow://ssl_student/model",
                       group="amflow")
 # Evaluation results: each event's extra holds the per-condition results, flat.
@@ -375,3 +378,26 @@ class AmflowStepOperator(BaseOperator):
         from amflow.orchestration.operator import airflow_kill
 
         airflow_kill(self)
+
+
+class IntervalStepOperator(AmflowStepOperator):
+    """A step of one data interval (daily_data): its run id is the interval's partition
+    (`<daily.dataset>-YYYY-MM-DD`), select reads that interval, and the step is keyed by
+    its inputs, so a backfill hands back what is unchanged and redoes what changed
+    (amflow.orchestration.rerun: keyed)."""
+
+    keyed = True
+
+    def _interval(self, context) -> tuple[str, list[str]]:
+        from amflow.orchestration.intervals import interval_of, interval_overrides
+
+        params = context["params"]
+        return interval_overrides(str(params.get("config") or DEFAULT_CONFIG),
+                                  [str(o) for o in (params.get("overrides") or [])],
+                                  interval_of(context))
+
+    def amflow_run_id(self, context) -> str:
+        return self._interval(context)[0]
+
+    def resolved_overrides(self, context) -> list[str]:
+        return [*super().resolved_overrides(context), *self._interval(context)[1]]
