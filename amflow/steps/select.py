@@ -5,6 +5,7 @@ Reads the corpus metadata, writes `select/shards/<shard>.parquet`, `shards.json`
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import numpy as np
@@ -34,9 +35,10 @@ def _adopt_files_fingerprint(ctx: StepContext, plan: dict[str, Any]) -> None:
         st.write_json(uri, plan)
 
 
-def _inputs(ctx: StepContext, corpus: str) -> tuple[list[str], dict[str, Any], Interval | None]:
+def _inputs(ctx: StepContext, corpus: str, scfg: Any
+            ) -> tuple[list[str], dict[str, Any], Interval | None]:
     """(the metadata files to read, the selection plan, the data interval or None)."""
-    st, scfg = ctx.storage, ctx.cfg.select
+    st = ctx.storage
     if not scfg.interval_start:
         plan = selection_plan(st, corpus, scfg)
         _adopt_files_fingerprint(ctx, plan)
@@ -52,10 +54,30 @@ def _inputs(ctx: StepContext, corpus: str) -> tuple[list[str], dict[str, Any], I
     return list(versions), selection_plan(st, corpus, scfg, versions), interval
 
 
+def _splits_beside_window(ctx: StepContext) -> Any:
+    """select.* as this selection applies it: a student trained on a window of daily_data
+    partitions (repartition.days / from_date) takes its unlabeled data from them, so its
+    own selection leaves the unlabeled split out (it would select the same utterances
+    twice)."""
+    scfg, rcfg = ctx.cfg.select, ctx.cfg.repartition
+    if not (rcfg.days or rcfg.from_date) or "unlabeled" not in scfg.splits:
+        return scfg
+    rest = [s for s in scfg.splits if s != "unlabeled"]
+    if not rest:
+        raise StepError("select.splits is only unlabeled, and with repartition.days / "
+                        "from_date the unlabeled data comes from daily_data's partitions: "
+                        "select labeled (and dev) here")
+    log.info("select: the unlabeled split comes from daily_data's partitions "
+             "(repartition.days=%s, from_date=%r): selecting %s", rcfg.days, rcfg.from_date,
+             ", ".join(rest))
+    return dataclasses.replace(scfg, splits=rest)
+
+
 def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
-    cfg, st, scfg = ctx.cfg, ctx.storage, ctx.cfg.select
+    cfg, st = ctx.cfg, ctx.storage
+    scfg = cfg.select if cfg.select.interval_start else _splits_beside_window(ctx)
     corpus = cfg.data.corpus.rstrip("/")
-    files, plan, interval = _inputs(ctx, corpus)
+    files, plan, interval = _inputs(ctx, corpus, scfg)
     earlier = ctx.unplanned_summary() or ctx.resume_plan(plan)
     if earlier is not None:
         return earlier
