@@ -159,6 +159,31 @@ PARAM_SETS = {"hours": "select.hours", "algorithm": "train.algorithm",
               "workers": "train.workers", "epochs": "train.epochs",
               "teacher": "targets.teacher"}
 
+# ssl_student's training window: daily_data's interval partitions added by repartition.
+WINDOW_SETS = {"window_days": "repartition.days", "window_from": "repartition.from_date",
+               "window_to": "repartition.to_date"}
+DATE_PATTERN = r"^\d{4}-\d{2}-\d{2}$"
+
+
+def window_params() -> dict[str, Param]:
+    """The trigger form's training window: the last N days, or a date range."""
+    return {
+        "window_days": Param(None, type=["null", "integer"], minimum=1, maximum=3660,
+                             title="Train on the last N days of daily data",
+                             description="repartition.days: also train on the daily_data "
+                                         "DAG's partitions of the last N days (ending at "
+                                         "window_to, or the newest); empty: none."),
+        "window_from": Param(None, type=["null", "string"], pattern=DATE_PATTERN,
+                             title="Daily data from (YYYY-MM-DD)",
+                             description="repartition.from_date: first day of a date range "
+                                         "of daily_data partitions instead of the last N days."),
+        "window_to": Param(None, type=["null", "string"], pattern=DATE_PATTERN,
+                           title="Daily data to (YYYY-MM-DD, inclusive)",
+                           description="repartition.to_date: last day; empty: the newest "
+                                       "partition."),
+    }
+
+
 # A failed step is retried (and resumes: finished shards are kept) after this delay,
 # doubling each time; AMFLOW_RETRY_DELAY_S (read when the DAGs are parsed) changes it.
 DEFAULT_ARGS = {

@@ -24,7 +24,7 @@ has the commands.
 from __future__ import annotations
 
 import pendulum
-from airflow.sdk import Param, dag, task
+from airflow.sdk import CronDataIntervalTimetable, Param, dag, task
 
 from amflow_common import (DAILY_DATA, DEFAULT_ARGS, DEFAULT_CONFIG, RUN_END_CALLBACKS,
                            TEACHER_MODEL, IntervalStepOperator, local_defaults,
@@ -53,7 +53,9 @@ def report(**context) -> dict:
 @dag(
     **RUN_END_CALLBACKS,
     dag_id="daily_data",
-    schedule=_daily.schedule,
+    # data intervals [start, end): a plain cron string would be a CronTriggerTimetable in
+    # Airflow 3, whose runs have no interval (start = end)
+    schedule=CronDataIntervalTimetable(_daily.schedule, timezone="UTC"),
     start_date=pendulum.parse(_daily.start_date, tz="UTC"),
     catchup=_daily.catchup,
     max_active_runs=_daily.max_active_runs,
