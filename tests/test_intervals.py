@@ -244,3 +244,61 @@ def test_interval_partition_rerun_is_handed_back_and_a_new_teacher_redoes_only_t
     # the first teacher again: scored as the first time (byte for byte)
     chain(a)
     assert [p.read_bytes() for p in target_files] == scored_a
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_a_student_trains_on_a_window_of_partitions_and_its_card_names_them(
+        corpus, tmp_path, ray_local):
+    import json
+
+    from amflow.steps import features as features_step, repartition as repartition_step
+    from amflow.steps import targets as targets_step, train as train_step
+    from training.checkpoint import load_model_card
+    from core.storage import Storage
+
+    store = tmp_path / "store"
+    unlabeled_days = [p.name.split("=", 1)[1] for p in sorted((corpus / "metadata").iterdir())
+                      if '"unlabeled"' in "".join(f.read_text() for f in p.rglob("*.jsonl"))]
+    days = unlabeled_days[:2]
+    teacher = _teacher(tmp_path / "a.pt", 0)
+    for day in days:
+        iv = _day(day).to_json()
+        c = load_config(ROOT / "configs" / "local.yaml", [
+            f"storage.root={store}", f"data.corpus={corpus}", "select.splits=unlabeled",
+            f"select.interval_start={iv[0]}", f"select.interval_end={iv[1]}",
+            f"targets.teacher={teacher}", "targets.actors=1",
+            "targets.fidelity_sample_frames=100"])
+        for step in (select_step, features_step, targets_step):
+            step.run(StepContext(c, "daily-" + day, step.__name__.rsplit(".", 1)[-1]))
+
+    cfg = load_config(ROOT / "configs" / "local.yaml", [
+        f"storage.root={store}", f"data.corpus={corpus}", "features.labels=ctm",
+        "select.splits=labeled,unlabeled,dev", "repartition.days=5",
+        f"repartition.to_date={days[1]}", "train.workers=1", "train.model=student",
+        "train.recipe=ssl", "train.epochs=1"])
+    sel = select_step.run(StepContext(cfg, "stu", "select"))
+    assert sel["inputs"]["splits"] == ["labeled", "dev"]  # unlabeled: the window's
+    feats = features_step.run(StepContext(cfg, "stu", "features"))
+    rep = repartition_step.run(StepContext(cfg, "stu", "repartition"))
+    window = json.loads((store / "runs" / "stu" / "repartition" / "window.json").read_text())
+    assert [i["run_id"] for i in window["intervals"]] == [f"daily-{d}" for d in days]
+    assert len(window["missing_days"]) == 3 and days[0] not in window["missing_days"]
+    utts = sum(i["utts"] for i in window["intervals"])
+    assert rep["metrics"]["splits"]["unlabeled"]["with_targets"] == utts > 0
+    assert rep["metrics"]["window_intervals"] == 2
+    union = json.loads((store / "runs" / "stu" / "repartition" / "cmvn.json").read_text())
+    own = json.loads((store / "runs" / "stu" / "features" / "cmvn.json").read_text())
+    daily = [json.loads((store / "runs" / f"daily-{d}" / "features" / "cmvn.json").read_text())
+             for d in days]
+    assert union["count"] == own["count"] + sum(x["count"] for x in daily)
+    assert own["count"] < feats["metrics"]["rows"]  # the labeled split's (dev's aside)
+    # nothing changed: handed back; a partition made again: repartitioned
+    again = repartition_step.run(StepContext(cfg, "stu", "repartition"))
+    assert again["finished_at"] == rep["finished_at"]
+
+    train = train_step.run(StepContext(cfg, "stu", "train"))
+    card = load_model_card(Storage(cfg.storage), train["model_uri"])[1]
+    assert card.info["data_window"]["intervals"] == window["intervals"]
+    assert card.cmvn["count"] == union["count"]
+    assert train["inputs"]["data_window"] == [f"daily-{d}" for d in days]
