@@ -164,6 +164,14 @@ def test_an_empty_interval_is_an_empty_partition(corpus, tmp_path):
     cfg = load_config(ROOT / "configs" / "local.yaml", [f"storage.root={tmp_path}"])
     feats = features_step.run(StepContext(cfg, "daily-" + empty, "features"))
     assert feats["counts"] == {"in": 0, "out": 0, "rejected": 0}
+    from amflow.steps import targets as targets_step
+
+    # nothing to score: no teacher needed (targets.teacher names none that exists)
+    cfg_t = load_config(ROOT / "configs" / "local.yaml", [f"storage.root={tmp_path}",
+                                                          "targets.teacher=/nowhere/t.pt"])
+    tgt = targets_step.run(StepContext(cfg_t, "daily-" + empty, "targets"))
+    assert tgt["counts"] == {"in": 0, "out": 0, "rejected": 0}
+    assert targets_step.run(StepContext(cfg_t, "daily-" + empty, "targets")) == tgt
     # outside an interval, a selection without shards is still an error
     (tmp_path / "runs" / "daily-x").mkdir()
     shutil.copytree(tmp_path / "runs" / f"daily-{empty}" / "select",

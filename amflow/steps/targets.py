@@ -19,6 +19,8 @@ from training.checkpoint import load_model, load_model_card
 
 def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
     feats_summary = ctx.require("features")
+    if _empty_interval(feats_summary):
+        return _finish_empty(ctx, feats_summary)
     model_uri = teacher_uri(ctx)
     if not ctx.storage.exists(model_uri):
         raise StepError(f"teacher checkpoint not found at {model_uri}: set targets.teacher "
@@ -60,6 +62,24 @@ def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
     return ctx.finish(inputs={"features": feats_summary["uri"], "teacher": model_uri,
                               "teacher_digest": plan["teacher_digest"]},
                       counts=counts, metrics=metrics, bytes_written=nbytes)
+
+
+def _empty_interval(features: dict[str, Any]) -> bool:
+    """A daily_data interval with no audio (features has no rows)."""
+    return features.get("counts", {}).get("in") == 0 and \
+        not features.get("metrics", {}).get("shards")
+
+
+def _finish_empty(ctx: StepContext, features: dict[str, Any]) -> dict[str, Any]:
+    """Nothing to score: an empty partition, whatever the teacher (none is needed)."""
+    earlier = ctx.resume_plan({"features_finished_at": features.get("finished_at"),
+                               "empty": True})
+    if earlier is not None:
+        return earlier
+    return ctx.finish(inputs={"features": features["uri"], "teacher": None,
+                              "teacher_digest": None},
+                      counts={"in": 0, "out": 0, "rejected": 0},
+                      metrics={"frames": 0, "shards": 0, "shards_skipped": 0})
 
 
 def _score(ctx: StepContext, model_uri: str, todo: list[str]
