@@ -123,6 +123,7 @@ def test_backfill_reprocess_after_a_new_teacher_and_a_noop_rebackfill(airflow, t
     days = _two_days(corpus)
     store = tmp_path / "store"
     teacher_a, teacher_b = _teacher(tmp_path / "a.pt", 0), _teacher(tmp_path / "b.pt", 1)
+    (tmp_path / "ray").mkdir()
     with start_ray_head(tmp_path / "ray", num_cpus=2) as (address, _, auth), \
             _student_paused(airflow):
         conf = {"config": _config(tmp_path, corpus, address, auth)}
@@ -143,6 +144,9 @@ def test_backfill_reprocess_after_a_new_teacher_and_a_noop_rebackfill(airflow, t
             events = airflow.get(f"/api/v2/assets/events?source_dag_id={DAG}"
                                  f"&source_run_id={_q(run_id)}")["asset_events"]
             assert [e["extra"]["interval"] for e in events] == [day]
+            # the run's amflow tab shows its partition
+            page = airflow.get(f"/amflow/runs/{DAG}/{_q(run_id)}", raw=True)
+            assert f"daily-{day}" in page and "<td>targets</td>" in page, page[-1500:]
         # a new teacher: the completed intervals are re-scored, their features kept
         for run_id in runs.values():
             airflow.settle(DAG, run_id)
