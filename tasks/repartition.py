@@ -36,6 +36,10 @@ Per split (all splits the features step produced, or `repartition.splits`):
   in planned order and writes the partition atomically. All three stages go through
   `map_shards`, so a re-run skips finished windows, shards and partitions; the buckets
   are deleted once every partition is written.
+With a training window (repartition.days, from_date/to_date: amflow/steps/repartition.py)
+the shards of daily_data's interval partitions join the run's own, named
+`<partition run id>.<shard>`; the jobs of those shards carry their features and targets
+URIs (`sources`), the run's own shards are found through the run layout as before.
 A target row whose frame count differs from its feature row is rejected
 (`target_mismatch`); an unlabeled row without a target row, when targets exist, is
 rejected (`missing_targets`). Counts: in = feature rows of the partitioned splits.
