@@ -295,6 +295,7 @@ def test_a_student_trains_on_a_window_of_partitions_and_its_card_names_them(
     utts = sum(i["utts"] for i in window["intervals"])
     assert rep["metrics"]["splits"]["unlabeled"]["with_targets"] == utts > 0
     assert rep["metrics"]["window_intervals"] == 2
+    assert len(rep["metrics"]["window_teachers"]) == 1  # one teacher scored both days
     union = json.loads((store / "runs" / "stu" / "repartition" / "cmvn.json").read_text())
     own = json.loads((store / "runs" / "stu" / "features" / "cmvn.json").read_text())
     daily = [json.loads((store / "runs" / f"daily-{d}" / "features" / "cmvn.json").read_text())

@@ -5,6 +5,7 @@ Resolves features/targets through the run layout; the plan, map and reduce stage
 """
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any
 
@@ -15,6 +16,8 @@ from tasks.interval_window import (Partition, check_settings, merge_cmvn, window
 from tasks.repartition import (BUCKETS, SPLIT_ORDER, forget_lost_buckets, shard_jobs,
                                plan_fingerprint, plan_reduce_jobs, map_shard, plan_window,
                                reduce_partition, split_indexes)
+
+log = logging.getLogger(__name__)
 
 
 def _window(ctx: StepContext) -> tuple[list[Partition], list[str]]:
@@ -131,6 +134,13 @@ def write_window(ctx: StepContext, window: list[Partition], missing: list[str]
     st.write_json(ctx.path("cmvn.json"),
                   merge_cmvn([st.read_json(own) if st.exists(own) else None,
                               *(p.cmvn for p in window)]))
+    teachers = sorted({str(e["teacher_digest"]) for e in entries})
+    if len(teachers) > 1:  # e.g. a backfill after a new teacher that has not reached all days
+        log.warning("repartition: the window's partitions were scored by %d teachers (%s): "
+                    "re-score them (airflow backfill create --dag-id daily_data "
+                    "--reprocess-behavior completed ...) to learn from one", len(teachers),
+                    ", ".join(teachers))
     return {"window_intervals": len(window), "window_missing_days": len(missing),
+            "window_teachers": teachers,
             "window_first": window[0].date, "window_last": window[-1].date,
             "window_hours": round(sum(e["audio_hours"] for e in entries), 6)}
