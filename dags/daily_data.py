@@ -18,8 +18,9 @@ daily_data --from-date A --to-date B`, or the UI's Backfill dialog) runs the mis
 intervals; `--reprocess-behavior completed` runs finished ones again, which re-scores the
 ones a different teacher scored and hands back the rest (conf {"rerun": "redo"} forces
 them all). The timetable (`daily.schedule`), first interval (`daily.start_date`), catchup
-and max_active_runs come from configs/local.yaml's `daily.*`. docs/how-to/daily-data.md
-has the commands.
+and max_active_runs come from configs/local.yaml's `daily.*`. It starts paused: switch it
+on once its config points at a corpus that receives data (a backfill needs it on too).
+docs/how-to/daily-data.md has the commands.
 """
 from __future__ import annotations
 
@@ -58,6 +59,9 @@ def report(**context) -> dict:
     schedule=CronDataIntervalTimetable(_daily.schedule, timezone="UTC"),
     start_date=pendulum.parse(_daily.start_date, tz="UTC"),
     catchup=_daily.catchup,
+    # a data DAG is switched on by its user (its first run would process yesterday with the
+    # default config); backfills need it switched on too
+    is_paused_upon_creation=True,
     max_active_runs=_daily.max_active_runs,
     tags=["amflow", "daily"],
     doc_md=__doc__,

@@ -65,12 +65,15 @@ def _config(tmp_path, corpus, address: str, auth: dict) -> str:
 
 
 @contextlib.contextmanager
-def _student_paused(airflow: Standalone):
-    """Teacher events schedule ssl_student; this test's are for daily_data only."""
+def _switched(airflow: Standalone):
+    """daily_data on (it starts paused, and a paused DAG's backfill runs wait), ssl_student
+    off: teacher events schedule it, and this test's are for daily_data only."""
     airflow.request("PATCH", "/api/v2/dags/ssl_student", {"is_paused": True})
+    airflow.request("PATCH", f"/api/v2/dags/{DAG}", {"is_paused": False})
     try:
         yield
     finally:
+        airflow.request("PATCH", f"/api/v2/dags/{DAG}", {"is_paused": True})
         airflow.request("DELETE", "/api/v2/dags/ssl_student/assets/queuedEvents",
                         ok=(200, 204, 404))
         airflow.request("PATCH", "/api/v2/dags/ssl_student", {"is_paused": False})
@@ -125,7 +128,7 @@ def test_backfill_reprocess_after_a_new_teacher_and_a_noop_rebackfill(airflow, t
     teacher_a, teacher_b = _teacher(tmp_path / "a.pt", 0), _teacher(tmp_path / "b.pt", 1)
     (tmp_path / "ray").mkdir()
     with start_ray_head(tmp_path / "ray", num_cpus=2) as (address, _, auth), \
-            _student_paused(airflow):
+            _switched(airflow):
         conf = {"config": _config(tmp_path, corpus, address, auth)}
         _new_teacher(airflow, teacher_a)
         runs = _backfill(airflow, days, conf, "none")

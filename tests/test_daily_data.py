@@ -37,6 +37,7 @@ def test_graph_timetable_and_assets_come_from_config(dagbag):
     edges = {(t.task_id, d) for t in dag.tasks for d in t.downstream_task_ids}
     assert edges == {("select", "features"), ("features", "targets"), ("targets", "report")}
     assert dag.catchup is daily.catchup is False
+    assert dag.is_paused_upon_creation is True  # switched on by its user
     assert dag.max_active_runs == daily.max_active_runs
     # a data-interval timetable (a cron string alone has no intervals in Airflow 3)
     assert type(dag.timetable).__name__ == "CronDataIntervalTimetable"
