@@ -90,9 +90,15 @@ def _new_teacher(airflow: Standalone, uri: str) -> None:
 def _backfill(airflow: Standalone, days: list[str], conf: dict, reprocess: str
               ) -> dict[str, str]:
     """POST /api/v2/backfills over the days, wait until it completes: {day: run id}."""
-    bf = airflow.request("POST", "/api/v2/backfills", {
-        "dag_id": DAG, "from_date": f"{days[0]}T00:00:00Z", "to_date": f"{days[-1]}T00:00:00Z",
-        "dag_run_conf": conf, "reprocess_behavior": reprocess, "max_active_runs": 2})
+    body = {"dag_id": DAG, "from_date": f"{days[0]}T00:00:00Z",
+            "to_date": f"{days[-1]}T00:00:00Z", "dag_run_conf": conf,
+            "reprocess_behavior": reprocess, "max_active_runs": 2}
+    for _ in range(20):  # SQLite: refused (503, "Database is locked") while the scheduler writes
+        bf = airflow.request("POST", "/api/v2/backfills", body, ok=(200, 503))
+        if "id" in bf:
+            break
+        time.sleep(3)
+    assert "id" in bf, bf
     airflow.wait(lambda: airflow.get(f"/api/v2/backfills/{bf['id']}")["completed_at"], 900,
                  f"backfill {bf['id']} ({reprocess}) to complete", every=3)
     runs = airflow.get(f"/api/v2/dags/{DAG}/dagRuns?logical_date_gte={days[0]}T00:00:00Z"
