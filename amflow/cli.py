@@ -158,7 +158,9 @@ STEPS: dict[str, Step] = {
         needs_run=False, add_args=_import_args),
     "select": Step(
         "amflow.steps.select:run", "sample select.hours of audio and shard it by speaker",
-        reads="data.corpus metadata/**.jsonl",
+        reads="data.corpus metadata/**.jsonl; with select.interval_start/_end only the "
+              "metadata/date=* partitions of that data interval (daily_data's runs "
+              "<daily.dataset>-YYYY-MM-DD)",
         writes="runs/<id>/select/shards/*.parquet (manifests), rejects/, _SUCCESS.json"),
     "align": Step(
         "amflow.steps.align:run", "GMM-HMM forced alignment: monophone, tree, triphone senones",
@@ -180,8 +182,10 @@ STEPS: dict[str, Step] = {
                "_SUCCESS.json with the top-k fidelity report"),
     "repartition": Step(
         "amflow.steps.repartition:run", "join features and targets into equal training partitions",
-        reads="runs/<id>/features (and targets, when present)",
-        writes="runs/<id>/repartition/<split>/part-*.parquet, _SUCCESS.json"),
+        reads="runs/<id>/features (and targets, when present); with repartition.days or "
+              "from_date/to_date also daily_data's partitions runs/<daily.dataset>-YYYY-MM-DD/",
+        writes="runs/<id>/repartition/<split>/part-*.parquet, _SUCCESS.json; with a window "
+               "window.json (the intervals and their digests) and cmvn.json (the union's)"),
     "train": Step(
         "amflow.steps.train:run", "train the teacher or the student (train.algorithm on Ray Train)",
         reads="runs/<id>/repartition partitions, train.init_model when set (a phone-class "

@@ -171,6 +171,16 @@ class Storage:
         return {u: _version(info)
                 for u, info in sorted(self._file_infos(uri, suffix, recursive).items())}
 
+    def subdirs(self, uri: str) -> list[str]:
+        """URIs of the folders directly under `uri` (sorted). Missing dir -> []. On S3: the
+        common prefixes of one delimited listing."""
+        fs, path = self.resolve(uri)
+        sel = pafs.FileSelector(path, allow_not_found=True, recursive=False)
+        infos = self.retry(lambda: fs.get_file_info(sel), f"list {uri}")
+        base = uri.rstrip("/")
+        return sorted(f"{base}/{os.path.basename(i.path.rstrip('/'))}" for i in infos
+                      if i.type == pafs.FileType.Directory)
+
     def version(self, uri: str) -> str:
         """What changes when an object is written again: its size and modification time
         (S3: LastModified), without reading it. For inputs too large to digest (a corpus's

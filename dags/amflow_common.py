@@ -30,6 +30,9 @@ STUDENT_FEATURES = Asset(name="amflow_student_features", uri="x-amflow://ssl_stu
                          group="amflow")
 STUDENT_TARGETS = Asset(name="amflow_student_targets", uri="x-amflow://ssl_student/targets",
                         group="amflow")
+# One event per data interval of daily_data: its partition (run id, URI), hours in and kept,
+# rejects by reason, the teacher that scored it.
+DAILY_DATA = Asset(name="amflow_daily_data", uri="x-amflow://daily/data", group="amflow")
 STUDENT_MODEL = Asset(name="amflow_student_model", uri="x-amflow://ssl_student/model",
                       group="amflow")
 # Evaluation results: each event's extra holds the per-condition results, flat.
@@ -162,6 +165,31 @@ def common_params(cfg) -> dict[str, Param]:
 PARAM_SETS = {"hours": "select.hours", "algorithm": "train.algorithm",
               "workers": "train.workers", "epochs": "train.epochs",
               "teacher": "targets.teacher"}
+
+# ssl_student's training window: daily_data's interval partitions added by repartition.
+WINDOW_SETS = {"window_days": "repartition.days", "window_from": "repartition.from_date",
+               "window_to": "repartition.to_date"}
+DATE_PATTERN = r"^\d{4}-\d{2}-\d{2}$"
+
+
+def window_params() -> dict[str, Param]:
+    """The trigger form's training window: the last N days, or a date range."""
+    return {
+        "window_days": Param(None, type=["null", "integer"], minimum=1, maximum=3660,
+                             title="Train on the last N days of daily data",
+                             description="repartition.days: also train on the daily_data "
+                                         "DAG's partitions of the last N days (ending at "
+                                         "window_to, or the newest); empty: none."),
+        "window_from": Param(None, type=["null", "string"], pattern=DATE_PATTERN,
+                             title="Daily data from (YYYY-MM-DD)",
+                             description="repartition.from_date: first day of a date range "
+                                         "of daily_data partitions instead of the last N days."),
+        "window_to": Param(None, type=["null", "string"], pattern=DATE_PATTERN,
+                           title="Daily data to (YYYY-MM-DD, inclusive)",
+                           description="repartition.to_date: last day; empty: the newest "
+                                       "partition."),
+    }
+
 
 # A failed step is retried (and resumes: finished shards are kept) after this delay,
 # doubling each time; AMFLOW_RETRY_DELAY_S (read when the DAGs are parsed) changes it.
@@ -382,3 +410,26 @@ class AmflowStepOperator(BaseOperator):
         from amflow.orchestration.operator import airflow_kill
 
         airflow_kill(self)
+
+
+class IntervalStepOperator(AmflowStepOperator):
+    """A step of one data interval (daily_data): its run id is the interval's partition
+    (`<daily.dataset>-YYYY-MM-DD`), select reads that interval, and the step is keyed by
+    its inputs, so a backfill hands back what is unchanged and redoes what changed
+    (amflow.orchestration.rerun: keyed)."""
+
+    keyed = True
+
+    def _interval(self, context) -> tuple[str, list[str]]:
+        from amflow.orchestration.intervals import interval_of, interval_overrides
+
+        params = context["params"]
+        return interval_overrides(str(params.get("config") or DEFAULT_CONFIG),
+                                  [str(o) for o in (params.get("overrides") or [])],
+                                  interval_of(context))
+
+    def amflow_run_id(self, context) -> str:
+        return self._interval(context)[0]
+
+    def resolved_overrides(self, context) -> list[str]:
+        return [*super().resolved_overrides(context), *self._interval(context)[1]]

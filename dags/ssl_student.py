@@ -2,6 +2,11 @@
 
 select -> align -> features -> targets -> repartition -> train (student, recipe ssl) -> evaluate
        -> decode;  select -> lm (word 3-gram for decoding) -> decode
+
+Training on a window of daily data (params window_days, or window_from / window_to):
+repartition adds the `daily_data` DAG's interval partitions of those days as the unlabeled
+data (select then takes only the labeled split); the model card lists the intervals it
+learned from with their digests (docs/how-to/daily-data.md).
 train -> sequence (sMBR on the labeled split, param) -> evaluate_sequence -> decode_sequence
 select -> lm -> pseudolabel (param `pseudolabels`: the teacher's confident words for the
        unlabeled selection, the end-to-end students' transcripts; pseudolabel/labels/)
@@ -26,7 +31,8 @@ from airflow.sdk import Param, dag
 
 from amflow_common import (DEFAULT_ARGS, PARAM_SETS, RUN_END_CALLBACKS, STUDENT_EVAL,
                            STUDENT_FEATURES, STUDENT_MODEL, STUDENT_SEQ_EVAL, STUDENT_SEQ_WER,
-                           STUDENT_TARGETS, STUDENT_WER, TEACHER_MODEL, AmflowStepOperator,
+                           STUDENT_TARGETS, STUDENT_WER, TEACHER_MODEL, WINDOW_SETS,
+                           AmflowStepOperator, window_params,
                            align_task, branch_gates, common_params, local_defaults, sequence_chain)
 
 _cfg = local_defaults()
@@ -43,7 +49,7 @@ SEQ_SETS = ["train.model=student", "evaluate.tag=sequence", "decode.tag=sequence
     max_active_runs=2,
     tags=["amflow", "student"],
     doc_md=__doc__,
-    default_args={**DEFAULT_ARGS, "param_sets": PARAM_SETS,
+    default_args={**DEFAULT_ARGS, "param_sets": {**PARAM_SETS, **WINDOW_SETS},
                   "sets": ["train.model=student", "train.recipe=ssl"]},
     params={
         **common_params(_cfg),
@@ -51,6 +57,7 @@ SEQ_SETS = ["train.model=student", "evaluate.tag=sequence", "decode.tag=sequence
                          title="Teacher model URI",
                          description="targets.teacher. Empty: the model of the latest "
                                      "`teacher` DAG run (asset amflow_teacher_model)."),
+        **window_params(),
         "sequence": Param(True, type="boolean", title="Sequence-train the student",
                           description="sMBR on the labeled data from the student's model "
                                       "(sequence/), then its WER."),

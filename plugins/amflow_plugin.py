@@ -30,6 +30,8 @@ app = FastAPI(title="amflow", description="amflow run reports inside Airflow")
 
 
 def _dag_run_conf(dag_id: str, run_id: str) -> dict:
+    """The run's conf; for daily_data also its data interval (`_interval`: its partition
+    is the run of that interval, not one derived from the DAG run)."""
     from sqlalchemy import select
 
     from airflow.models.dagrun import DagRun
@@ -40,7 +42,10 @@ def _dag_run_conf(dag_id: str, run_id: str) -> dict:
                                                   DagRun.run_id == run_id))
         if run is None:
             raise HTTPException(404, f"no run {run_id!r} of DAG {dag_id!r}")
-        return dict(run.conf or {})
+        conf = dict(run.conf or {})
+        if dag_id == "daily_data" and run.data_interval_start and run.data_interval_end:
+            conf["_interval"] = (run.data_interval_start, run.data_interval_end)
+        return conf
 
 
 def _storage_root(conf: dict) -> tuple[object, str]:
@@ -72,6 +77,13 @@ def run_report(dag_id: str, run_id: str) -> HTMLResponse:
 
         return HTMLResponse(f"<p>This run's config cannot be read: {html.escape(str(exc))}</p>")
     amflow_run = str(conf.get("run_id") or amflow_run_id(dag_id, run_id))
+    if conf.get("_interval"):  # daily_data: the interval's partition
+        from amflow.orchestration.intervals import interval_overrides
+        from tasks.intervals import Interval
+
+        path = str(conf.get("config") or "configs/local.yaml")
+        amflow_run = interval_overrides(path, [str(o) for o in conf.get("overrides") or []],
+                                        Interval(*conf["_interval"]))[0]
     return HTMLResponse(render_run(storage, root, amflow_run,
                                    title=f"DAG {dag_id}, run {run_id}."))
 

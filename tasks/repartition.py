@@ -36,6 +36,10 @@ Per split (all splits the features step produced, or `repartition.splits`):
   in planned order and writes the partition atomically. All three stages go through
   `map_shards`, so a re-run skips finished windows, shards and partitions; the buckets
   are deleted once every partition is written.
+With a training window (repartition.days, from_date/to_date: amflow/steps/repartition.py)
+the shards of daily_data's interval partitions join the run's own, named
+`<partition run id>.<shard>`; the jobs of those shards carry their features and targets
+URIs (`sources`), the run's own shards are found through the run layout as before.
 A target row whose frame count differs from its feature row is rejected
 (`target_mismatch`); an unlabeled row without a target row, when targets exist, is
 rejected (`missing_targets`). Counts: in = feature rows of the partitioned splits.
@@ -151,7 +155,8 @@ def plan_window(ctx: StepContext, window_id: str, payload: dict[str, Any]) -> di
     """Plan one shuffle window: every utterance of its shards -> (partition, position)."""
     t0 = time.perf_counter()
     st, shards = ctx.storage, payload["shards"]
-    cols = [st.read_parquet(ctx.other("features", "shards", f"{s}.parquet"),
+    uris = payload.get("uris") or {}  # shards of daily_data partitions (a window)
+    cols = [st.read_parquet(uris.get(s) or ctx.other("features", "shards", f"{s}.parquet"),
                             columns=["utt_id", "num_frames"]) for s in shards]
     frames = np.concatenate([c.column("num_frames").to_numpy() for c in cols]) if cols \
         else np.zeros(0, np.int64)
@@ -222,10 +227,11 @@ def map_shard(ctx: StepContext, map_id: str, payload: dict[str, Any]) -> dict[st
     """Read one feature shard (and its targets) once; write one bucket per partition."""
     t0 = time.perf_counter()
     st, shard, split = ctx.storage, payload["shard"], payload["split"]
-    feats = records.read_table(st, ctx.other("features", "shards", f"{shard}.parquet"))
+    feats = records.read_table(st, payload.get("features_uri")
+                               or ctx.other("features", "shards", f"{shard}.parquet"))
     targets = None
     if payload["targets"]:
-        turi = ctx.other("targets", "shards", f"{shard}.parquet")
+        turi = payload.get("targets_uri") or ctx.other("targets", "shards", f"{shard}.parquet")
         targets = records.read_table(st, turi) if st.exists(turi) else \
             records.TARGET_SCHEMA.empty_table()
     assign = st.read_parquet(_assign_uri(ctx, shard))
@@ -271,8 +277,12 @@ def reduce_partition(ctx: StepContext, part_id: str, payload: dict[str, Any]) ->
 
 
 def shard_jobs(rcfg: RepartitionConfig, workers: int, splits: list[str], order: list[str], info: dict,
-          with_targets: bool) -> tuple[list, list, dict]:
-    """Plan jobs (one per shuffle window), map jobs (one per shard), per-split plan."""
+          with_targets: bool, sources: dict[str, tuple[str, str]] | None = None
+          ) -> tuple[list, list, dict]:
+    """Plan jobs (one per shuffle window), map jobs (one per shard), per-split plan.
+    `sources`: {shard: (features URI, targets URI)} of shards from outside the run (a
+    window of daily_data partitions); the others are the run's own."""
+    sources = sources or {}
     plan_jobs, map_jobs, plans = [], [], {}
     for si, split in enumerate(splits):
         shards = [s for s in order if info[s]["split"] == split]
@@ -290,14 +300,26 @@ def shard_jobs(rcfg: RepartitionConfig, workers: int, splits: list[str], order: 
             # one window keeps the split's seed: the plan of a global shuffle
             seed = int(seeds[0]) if len(windows) == 1 else \
                 int(np.random.SeedSequence([rcfg.seed, si, w]).generate_state(1)[0])
-            plan_jobs.append((f"plan-{split}-w{w:05d}", {
-                "split": split, "shards": [shards[i] for i in members], "parts": count,
-                "offset": offset, "seed": seed}))
+            mine = [shards[i] for i in members]
+            job = {"split": split, "shards": mine, "parts": count, "offset": offset,
+                   "seed": seed}
+            if any(x in sources for x in mine):
+                job["uris"] = {x: sources[x][0] for x in mine if x in sources}
+            plan_jobs.append((f"plan-{split}-w{w:05d}", job))
             offset += count
         plans[split] = {"parts": parts, "hours": hours, "windows": len(windows)}
-        map_jobs += [(f"map-{shard}", {"split": split, "shard": shard,
-                                       "targets": with_targets}) for shard in shards]
+        map_jobs += [(f"map-{shard}", _map_job(split, shard, with_targets, sources))
+                     for shard in shards]
     return plan_jobs, map_jobs, plans
+
+
+def _map_job(split: str, shard: str, with_targets: bool,
+             sources: dict[str, tuple[str, str]]) -> dict[str, Any]:
+    job: dict[str, Any] = {"split": split, "shard": shard,
+                           "targets": with_targets or shard in sources}
+    if shard in sources:
+        job["features_uri"], job["targets_uri"] = sources[shard]
+    return job
 
 
 def plan_reduce_jobs(splits: list[str], plans: dict[str, dict], mapped: list[dict]

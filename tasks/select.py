@@ -45,6 +45,7 @@ from core.progress import Progress
 from core.runs import Reject, StepError
 from core.storage import Storage, iter_jsonl, join
 from tasks.audio import resolve_uri
+from tasks.intervals import Interval, file_date, files_in_interval
 
 log = logging.getLogger(__name__)
 
@@ -252,13 +253,53 @@ def files_fingerprint(storage: Storage, corpus: str) -> str | None:
     return "files-" + hashlib.sha256(listing.encode()).hexdigest()[:16]
 
 
-def selection_plan(storage: Storage, corpus: str, scfg: SelectConfig) -> dict[str, Any]:
+def selection_plan(storage: Storage, corpus: str, scfg: SelectConfig,
+                   interval_files: dict[str, str] | None = None) -> dict[str, Any]:
     """What a selection depends on: the corpus (its URI and `corpus_fingerprint`) and every
     select key (`select.hours`, splits, seed, shard size). A finished selection is handed
-    back only under the same plan (`StepContext.resume_plan`)."""
-    return json.loads(json.dumps({"corpus": corpus,
-                                  "corpus_fingerprint": corpus_fingerprint(storage, corpus),
-                                  "select": asdict(scfg)}))
+    back only under the same plan (`StepContext.resume_plan`).
+
+    With a data interval (select.interval_start/_end) the corpus is known instead by the
+    metadata files of that interval (`interval_files`: {uri: version}) and alignments.ctm:
+    a day added to the corpus, or another day edited, leaves the interval's selection as
+    it is. Without one the plan is what it was before intervals existed (the interval
+    keys are left out), so selections finished before stay finished."""
+    sel = asdict(scfg)
+    if not scfg.interval_start:
+        sel.pop("interval_start", None)
+        sel.pop("interval_end", None)
+        fp = corpus_fingerprint(storage, corpus)
+    else:
+        fp = interval_fingerprint(storage, corpus, interval_files or {})
+    return json.loads(json.dumps({"corpus": corpus, "corpus_fingerprint": fp, "select": sel}))
+
+
+def interval_metadata(storage: Storage, corpus: str, interval: Interval) -> dict[str, str]:
+    """{uri: version} of the metadata files an interval reads: those under
+    `metadata/date=D/` for the interval's days D (the other days' folders are not even
+    listed) and every file not partitioned by date (metadata.jsonl, metadata/*.jsonl,
+    folders of another layout), whose records select filters by created_at."""
+    root, days = join(corpus, "metadata"), set(interval.dates())
+    found = storage.versions(root, suffix=".jsonl")
+    for sub in storage.subdirs(root):
+        day = file_date(sub.rsplit("/", 1)[-1])
+        if day is None or day in days:
+            found.update(storage.versions(sub, suffix=".jsonl", recursive=True))
+    with contextlib.suppress(FileNotFoundError):  # one stat, not exists + stat
+        found[join(corpus, "metadata.jsonl")] = storage.version(join(corpus, "metadata.jsonl"))
+    keep = files_in_interval([_relname(u, corpus) for u in found], interval)
+    return {join(corpus, rel): found[join(corpus, rel)] for rel in sorted(keep)}
+
+
+def interval_fingerprint(storage: Storage, corpus: str, versions: dict[str, str]) -> str:
+    """`interval-<sha256[:16]>` of an interval's metadata files and the corpus's
+    alignments.ctm (the split rule reads it), each named relative to the corpus with its
+    version (size and modification time, or ETag: no read of the records)."""
+    versions = dict(versions)
+    with contextlib.suppress(FileNotFoundError):
+        versions[join(corpus, "alignments.ctm")] = storage.version(join(corpus, "alignments.ctm"))
+    listing = json.dumps(sorted((_relname(u, corpus), v) for u, v in versions.items()))
+    return "interval-" + hashlib.sha256(listing.encode()).hexdigest()[:16]
 
 
 def metadata_files(storage: Storage, corpus: str) -> list[str]:

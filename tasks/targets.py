@@ -17,10 +17,9 @@ shard's done-marker, so a re-run skips finished shards.
 """
 from __future__ import annotations
 
-import json
 import logging
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
@@ -33,6 +32,9 @@ from core.records import (decode_feats, dequantize_sqrt, encode_topk, iter_rows,
 from core.runs import Reject, StepContext, StepError, rejects_table
 from core.target_codes import FP16_CODE, sqrt_levels
 from core.soft_targets import teacher_log_probs
+
+from tasks.target_plan import (OPERATIONAL_KEYS, feature_shards, scoring_plan,  # noqa: F401
+                               teacher_uri)
 
 log = logging.getLogger(__name__)
 
@@ -308,29 +310,6 @@ def inference_dtype(tc: Any, device: str) -> torch.dtype:
     return torch.float32
 
 
-def teacher_uri(ctx: StepContext) -> str:
-    return ctx.cfg.targets.teacher or ctx.other("train", "model.pt")
-
-
-# targets.* keys that place or pace the scoring, or only sample its fidelity report: the
-# stored targets are the same whatever they are.
-OPERATIONAL_KEYS = {"actors", "threads_per_actor", "batch_frames", "device",
-                    "num_gpus_per_actor", "fidelity_sample_frames", "zstd_level"}
-
-
-def scoring_plan(ctx: StepContext, features: dict[str, Any], teacher_digest: str
-                 ) -> dict[str, Any]:
-    """What the stored targets depend on: the features (when they finished), the teacher
-    (its bytes' digest, not its URI: a teacher trained again at the same URI scores
-    differently, the same file named another way does not) and the targets keys that shape
-    them (targets.teacher itself aside). A scored shard is kept only under the same plan
-    (`StepContext.resume_plan`)."""
-    keys = {k: v for k, v in asdict(ctx.cfg.targets).items()
-            if k not in OPERATIONAL_KEYS and k != "teacher"}
-    return json.loads(json.dumps({"features_finished_at": features.get("finished_at"),
-                                  "teacher_digest": teacher_digest, "targets": keys}))
-
-
 # (storage, model uri) -> (model in eval mode, model-file metadata): training.checkpoint's
 # load_model, handed in by the step so that this data-pipeline layer never imports training/.
 ModelLoader = Callable[[Any, str], tuple[torch.nn.Module, dict[str, Any]]]
@@ -422,11 +401,6 @@ def fidelity_sample(feats: Sequence[np.ndarray], frames: int) -> list[int]:
         out.append(u)
         frames -= len(x)
     return out
-
-
-def feature_shards(ctx: StepContext) -> list[str]:
-    uris = ctx.storage.list(ctx.other("features", "shards"), suffix=".parquet")
-    return [u.rsplit("/", 1)[1][: -len(".parquet")] for u in uris]
 
 
 def print_fidelity(fid: dict[str, dict[str, float]], k: int) -> None:

@@ -96,6 +96,10 @@ class Standalone:
             "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False",
             "AIRFLOW__SCHEDULER__SCHEDULER_HEARTBEAT_SEC": "2",
             "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5",
+            # the task log servers too: another Airflow on this machine (an engineer's
+            # `make airflow`) holds 8793 / 8794, and the triggerer cannot bind
+            "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(free_port()),
+            "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(free_port()),
             **self.extra_env})
 
     def start(self, timeout: float = 180, tries: int = 3) -> "Standalone":

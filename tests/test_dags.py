@@ -296,7 +296,7 @@ def test_trigger_refuses_bad_hours_and_overrides(dagbag):
 
 def test_dag_files_import_nothing_heavy():
     code = ("import sys; sys.path.insert(0, sys.argv[1]); "
-            "import ssl_student, teacher, corpus; "
+            "import ssl_student, teacher, corpus, daily_data; "
             "print(sorted(m for m in ('torch', 'ray', 'pyarrow', 'boto3', 'numpy', 'pandas') "
             "if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code, str(DAGS)], capture_output=True,

@@ -110,7 +110,7 @@ def build_plan(ctx: StepContext, train_dir: str) -> tuple[WorkerPlan, dict[str, 
     tc = cfg.train
     ctx.require("repartition")
     storage = ctx.storage
-    cmvn_uri = ctx.other("features", "cmvn.json")
+    cmvn_uri = cmvn_source(ctx)
     phones_uri = ctx.other("features", "phones.json")
     cmvn = storage.read_json(cmvn_uri) if storage.exists(cmvn_uri) else None
     if cmvn is None:
@@ -154,11 +154,26 @@ def build_plan(ctx: StepContext, train_dir: str) -> tuple[WorkerPlan, dict[str, 
         cfg=cfg, run_id=ctx.run_id, train_dir=train_dir, kind=tc.model, splits=splits,
         cmvn=cmvn, phones=list(phones), num_classes=int(num_classes), feat_dim=int(feat_dim),
         stack=cfg.features.stack, context=context, inputs=training_inputs(ctx),
+        data_window=_data_window(ctx),
         launch=LaunchSpec(storage_path=join(train_dir, "ray"),
                           name=f"{ctx.run_id}-{train_dir_name(tc.tag, tc.recipe)}-"
                                f"{tc.algorithm}"))
     init_model, grow = _init_model(ctx, plan)
     return dataclasses.replace(plan, init_model=init_model, grow=grow), report
+
+
+def cmvn_source(ctx: StepContext) -> str:
+    """The CMVN statistics to normalise with: the union's (repartition/cmvn.json) when the
+    run trains on a window of daily_data partitions too, else its features'."""
+    union = ctx.other("repartition", "cmvn.json")
+    return union if ctx.storage.exists(union) else ctx.other("features", "cmvn.json")
+
+
+def _data_window(ctx: StepContext) -> dict[str, Any] | None:
+    """The daily_data partitions repartition added (repartition/window.json): the model
+    card records which intervals, with their digests, the model learned from."""
+    uri = ctx.other("repartition", "window.json")
+    return ctx.storage.read_json(uri) if ctx.storage.exists(uri) else None
 
 
 def _init_model(ctx: StepContext, plan: WorkerPlan) -> tuple[str | None, Growth | None]:

@@ -842,7 +842,9 @@ class Trainer:
                             info={"run_id": self.plan.run_id, "train_dir": self.train_dir,
                                   "recipe": tc.recipe, "algorithm": tc.algorithm,
                                   "workers": self.world, "metrics": summary["metrics"],
-                                  **context_info(self.plan.context)})
+                                  **context_info(self.plan.context),
+                                  **({"data_window": self.plan.data_window}
+                                     if self.plan.data_window else {})})
         summary["model_uri"] = model_uri
         summary["model_bytes"] = nbytes
         return summary

@@ -68,6 +68,9 @@ class WorkerPlan:
     # training_inputs): a checkpoint resumes only into a training of the same inputs
     inputs: dict[str, Any] = field(default_factory=dict)
     progress: bool = True  # print progress on rank 0
+    # repartition/window.json: the daily_data partitions (intervals, digests) trained on
+    # beside the run's own data; the model card records it. None: no window.
+    data_window: dict[str, Any] | None = None
     launch: LaunchSpec = field(default_factory=LaunchSpec)
 
     def training_uris(self) -> list[str]:

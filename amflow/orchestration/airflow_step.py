@@ -71,6 +71,7 @@ class AirflowStep:
     redone: bool = False  # this try re-ran a step that had finished (--force)
     attempt: Attempt | None = None  # cleared / retry / backfill (None: try_number only)
     decision: Decision | None = None  # set when this try submits its job
+    keyed: bool = False  # the step is keyed by its inputs: a backfill does not force it
 
     def __post_init__(self) -> None:
         if self.attempt is None:
@@ -123,7 +124,8 @@ class AirflowStep:
         """Redo or keep the step (amflow.orchestration.rerun.decide)."""
         finished = self._already_finished()
         return decide(self.rerun, self.attempt, finished,
-                      finished and self.attempt.retry and self._finished_by_earlier_try())
+                      finished and self.attempt.retry and self._finished_by_earlier_try(),
+                      keyed=self.keyed)
 
     def reused(self, summary: dict[str, Any]) -> bool:
         """Whether the job returned the summary of an earlier execution of the step."""

@@ -97,6 +97,13 @@ def in_airflow_terms(reason: str) -> str:
             "step), or trigger the DAG again with rerun=redo]")
 
 
+def _run_id(op, context) -> str:
+    """The amflow run id: the operator's own (daily_data: the data interval's partition),
+    else the run_id param; empty: derived from the DAG run."""
+    own = op.amflow_run_id(context) if hasattr(op, "amflow_run_id") else ""
+    return str(own or context["params"].get("run_id") or "")
+
+
 def _airflow_step(op, context) -> AirflowStep:
     from airflow.sdk.exceptions import AirflowFailException
 
@@ -110,8 +117,9 @@ def _airflow_step(op, context) -> AirflowStep:
                            overrides=list(op.resolved_overrides(context)),
                            extra_args=list(op.resolved_extra_args(context)),
                            rerun=str(params.get("rerun") or "redo"),
-                           run_id=str(params.get("run_id") or ""),
+                           run_id=_run_id(op, context),
                            attempt=attempt_from_context(context),
+                           keyed=bool(getattr(op, "keyed", False)),
                            emit=lambda line: op.log.info("%s", line))
     except ConfigError as exc:  # a retry reads the same config: fail now, with the reason
         op.log.error("amflow %s: %s (not retried: a retry would read the same config)",

@@ -8,6 +8,8 @@ that finds one decides, from what Airflow tells it about this try:
   - an earlier try of this task, since it was last cleared, finished the step (the task
     failed after its job had succeeded): keep it; re-running would give the same thing.
   - the task was cleared, or its DAG run is a backfill: redo the step (`--force`).
+    Steps keyed by their inputs (daily_data's interval partitions) are not forced in a
+    backfill's run: they redo what changed themselves (rerun=redo forces them).
     Clearing or backfilling is the user's request to run it again, so the run's `rerun`
     param, which a cleared run keeps from its trigger, does not turn it into a no-op.
   - otherwise the step was finished by an earlier DAG run that names the same amflow run
@@ -87,10 +89,13 @@ class Decision:
 
 
 def decide(rerun: str, attempt: Attempt, finished: bool,
-           finished_this_attempt: bool = False) -> Decision:
+           finished_this_attempt: bool = False, keyed: bool = False) -> Decision:
     """Redo (`--force`) or keep a step, per the rules in this module's docstring.
     `finished`: its _SUCCESS.json exists; `finished_this_attempt`: a job of an earlier try
-    since the task was last cleared succeeded."""
+    since the task was last cleared succeeded. `keyed`: the step keeps its output only
+    for the same inputs (an interval partition of daily_data): a backfill's run, new or
+    reprocessed, runs it without --force unless the run's rerun param is redo, so that
+    what changed (a new teacher) is redone and the rest handed back."""
     if rerun not in RERUN_CHOICES:
         raise ValueError(f"rerun must be one of {', '.join(RERUN_CHOICES)}, got {rerun!r}")
     if not finished:
@@ -101,6 +106,13 @@ def decide(rerun: str, attempt: Attempt, finished: bool,
     if finished_this_attempt:
         return Decision(False, "an earlier try of this task finished the step: kept, "
                                "not re-run")
+    if attempt.backfill and keyed:
+        if rerun == REDO:
+            return Decision(True, "a backfill's run with rerun=redo, and the step finished "
+                                  "before: redoing it (--force)")
+        return Decision(False, "a backfill's run of a step keyed by its inputs: it is "
+                               "handed back when they are the same, redone where they "
+                               "changed (rerun=redo in the backfill's conf forces it)")
     if attempt.backfill:
         return Decision(True, "a backfill's run, and the step finished before: redoing it "
                               "(--force)")

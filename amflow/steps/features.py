@@ -15,30 +15,37 @@ import numpy as np
 from core.raycluster import map_shards
 from core.runs import SUCCESS, StepContext, StepError
 from core.config import features_dict
-from tasks.features import (FeaturesJob, align_label_payloads, alignment_payloads, process_shard,
-                            publish)
+from tasks.features import (LABELED_SPLITS, FeaturesJob, align_label_payloads,
+                            alignment_payloads, process_shard, publish)
 
 
 def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
     st, fcfg = ctx.storage, ctx.cfg.features
     select = ctx.require("select")
+    index = st.read_json(ctx.other("select", "shards.json"))["shards"]
+    # Only labeled splits carry labels: features of unlabeled audio alone (a daily_data
+    # interval) need no align step and no CTM, and have no classes (no phones.json).
+    labeled = any(e["split"] in LABELED_SPLITS for e in index)
     # Outputs and markers of an earlier attempt are only valid for the same select output
     # and settings; a finished step with the same plan is a no-op.
     plan = {"select_finished_at": select.get("finished_at"),
             "features": {k: v for k, v in features_dict(fcfg).items()
                          if k not in ("io_threads", "batch_seconds")}}
-    if fcfg.labels == "align":  # labels from this run's align step: redo when it reran
+    if fcfg.labels == "align" and labeled:  # labels from this run's align: redo when it reran
         plan["align_finished_at"] = ctx.require("align").get("finished_at")
     done = ctx.resume_plan(plan)
     if done is not None:
         return done
-    index = st.read_json(ctx.other("select", "shards.json"))["shards"]
     if not index:
+        if select.get("inputs", {}).get("interval"):  # a day with no audio: an empty partition
+            return empty_interval(ctx, select)
         raise StepError("select produced no shards")
     manifests = {e["shard"]: ctx.other("select", "shards", f"{e['shard']}.parquet")
                  for e in index}
     frames: dict[str, dict] | None = None
-    if fcfg.labels == "align":
+    if not labeled:
+        aligns, errs, inventory = {}, {}, []
+    elif fcfg.labels == "align":
         aligns, errs = {}, {}
         frames, inventory = align_label_payloads(st, ctx.other("align"), ctx.step_uri,
                                                  manifests, index)
@@ -70,3 +77,15 @@ def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
                               "corpus": ctx.cfg.data.corpus,
                               "select_finished_at": select.get("finished_at")},
                       counts=counts, metrics=metrics, bytes_written=nbytes)
+
+
+def empty_interval(ctx: StepContext, select: dict[str, Any]) -> dict[str, Any]:
+    """The features of a data interval that holds no selected audio: no shards, zero
+    counts (the partition exists, and says it is empty)."""
+    ctx.storage.write_json(ctx.path("shards.json"), {"order": [], "shards": []})
+    return ctx.finish(inputs={"select": ctx.other("select", SUCCESS),
+                              "corpus": ctx.cfg.data.corpus,
+                              "select_finished_at": select.get("finished_at")},
+                      counts={"in": 0, "out": 0, "rejected": 0},
+                      metrics={"audio_hours": 0.0, "frames": 0, "rows": 0, "shards": 0,
+                               "reject_reasons": {}})

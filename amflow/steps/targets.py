@@ -8,26 +8,31 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from amflow.placement import gpus_per_actor
-from core.progress import Progress
-from core.raycluster import init_ray, step_resources
 from core.runs import StepContext, StepError
-from tasks.targets import (TargetActor, feature_shards, print_fidelity, scoring_plan,
-                          summarise_fidelity, teacher_uri)
-from training.checkpoint import load_model, load_model_card
+from tasks.target_plan import feature_shards, scoring_plan, teacher_uri
+
+# torch, Ray and the actor code are imported once there is scoring to do: a re-run with
+# nothing changed is handed back without them (tasks/target_plan.py).
 
 
 def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
     feats_summary = ctx.require("features")
+    if _empty_interval(feats_summary):
+        return _finish_empty(ctx, feats_summary)
     model_uri = teacher_uri(ctx)
     if not ctx.storage.exists(model_uri):
         raise StepError(f"teacher checkpoint not found at {model_uri}: set targets.teacher "
                         "to a model.pt URI (e.g. from the teacher DAG)")
-    check_classes(ctx, model_uri)
     plan = scoring_plan(ctx, feats_summary, ctx.storage.digest(model_uri))
-    earlier = ctx.unplanned_summary() or ctx.resume_plan(plan)
+    earlier = ctx.unplanned_summary() or _finished(ctx, plan)
+    if earlier is not None:  # the classes were checked when it was scored
+        return earlier
+    check_classes(ctx, model_uri)
+    earlier = ctx.resume_plan(plan)
     if earlier is not None:
         return earlier
+    from tasks.targets import print_fidelity, summarise_fidelity
+
     shards = feature_shards(ctx)
     done = {s: d for s in shards if (d := ctx.shard_done(s)) is not None}
     todo = [s for s in shards if s not in done]
@@ -62,6 +67,35 @@ def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
                       counts=counts, metrics=metrics, bytes_written=nbytes)
 
 
+def _finished(ctx: StepContext, plan: dict[str, Any]) -> dict[str, Any] | None:
+    """The summary of a scoring finished under this plan (`resume_plan` would hand it back
+    too; asked first so that nothing else is done or imported)."""
+    st, uri = ctx.storage, ctx.path("_plan.json")
+    if ctx.force or not st.exists(uri):
+        return None
+    if st.read_json(uri) == plan and st.exists(ctx.path("_SUCCESS.json")):
+        return ctx.resume_plan(plan)
+    return None
+
+
+def _empty_interval(features: dict[str, Any]) -> bool:
+    """A daily_data interval with no audio (features has no rows)."""
+    return features.get("counts", {}).get("in") == 0 and \
+        not features.get("metrics", {}).get("shards")
+
+
+def _finish_empty(ctx: StepContext, features: dict[str, Any]) -> dict[str, Any]:
+    """Nothing to score: an empty partition, whatever the teacher (none is needed)."""
+    earlier = ctx.resume_plan({"features_finished_at": features.get("finished_at"),
+                               "empty": True})
+    if earlier is not None:
+        return earlier
+    return ctx.finish(inputs={"features": features["uri"], "teacher": None,
+                              "teacher_digest": None},
+                      counts={"in": 0, "out": 0, "rejected": 0},
+                      metrics={"frames": 0, "shards": 0, "shards_skipped": 0})
+
+
 def _score(ctx: StepContext, model_uri: str, todo: list[str]
            ) -> tuple[list[dict], list[dict], float, float]:
     """Score the `todo` shards on a pool of teacher actors: (each shard's stats, each
@@ -69,6 +103,12 @@ def _score(ctx: StepContext, model_uri: str, todo: list[str]
     scoring after that)."""
     import ray  # deferred: importing ray fixes its client settings (auth token) for the process
     from ray.util import ActorPool
+
+    from amflow.placement import gpus_per_actor
+    from core.progress import Progress
+    from core.raycluster import init_ray, step_resources
+    from tasks.targets import TargetActor
+    from training.checkpoint import load_model
 
     tc = ctx.cfg.targets
     t_start = time.perf_counter()
@@ -106,6 +146,7 @@ def check_classes(ctx: StepContext, model_uri: str) -> None:
     phones_uri = ctx.other("features", "phones.json")
     if not ctx.storage.exists(phones_uri):
         return
+    from training.checkpoint import load_model_card
     ours = list(ctx.storage.read_json(phones_uri))
     theirs = list(load_model_card(ctx.storage, model_uri)[1].phones)
     if theirs and ours != theirs:

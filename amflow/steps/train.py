@@ -7,8 +7,8 @@ from typing import Any
 
 from core.config import ConfigError
 from core.runs import SUCCESS, StepContext, StepError, rejects_table
-from training.launch import (build_plan, clear_outputs, store_priors, train, train_dir_name,
-                             train_grown, training_inputs)
+from training.launch import (build_plan, clear_outputs, cmvn_source, store_priors, train,
+                             train_dir_name, train_grown, training_inputs)
 from training.loop import config_fingerprint, fingerprint_changes, grows
 
 log = logging.getLogger(__name__)
@@ -52,7 +52,9 @@ def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
         metrics.update({f"phone_stage_{k}": first[k] for k in
                         ("dev_frame_acc", "dev_loss", "steps", "train_seconds") if k in first})
     inputs = {"repartition": ctx.other("repartition"),
-              "cmvn": ctx.other("features", "cmvn.json"), "splits": report["splits"]}
+              "cmvn": cmvn_source(ctx), "splits": report["splits"]}
+    if plan.data_window:  # the daily_data intervals learned from (also in the model card)
+        inputs["data_window"] = [i["run_id"] for i in plan.data_window["intervals"]]
     extra = {"model_uri": result["model_uri"], "resumed_from_step": result.get("resumed_from_step"),
              "minibatches_per_pass": result.get("minibatches_per_pass"),
              "config_fingerprint": config_fingerprint(cfg, plan.inputs)}

@@ -3,6 +3,7 @@ declared type and each section validated, errors naming the dotted key."""
 from __future__ import annotations
 
 import dataclasses
+import datetime as _dt
 import typing
 from typing import Any
 
@@ -55,6 +56,8 @@ def coerce(value: Any, tp: Any, key: str) -> Any:
     if tp is str:
         if value is None:
             return ""
+        if isinstance(value, (_dt.date, _dt.datetime)):  # YAML reads 2026-03-01 as a date
+            return value.isoformat()
         check(isinstance(value, (str, int, float)) and not isinstance(value, bool), key,
                f"must be a string, got {value!r}")
         return str(value)

@@ -2,11 +2,23 @@
 from __future__ import annotations
 
 import dataclasses
+import datetime as _dt
 from dataclasses import dataclass, field
 from typing import Any
 
 from core.target_codes import FP16_CODE, sqrt_levels
 from core.config.errors import check
+
+
+def _check_when(value: str, key: str) -> None:
+    """An optional ISO 8601 date or date-time (empty: unset)."""
+    if value:
+        try:
+            _dt.datetime.fromisoformat(value.strip())
+        except ValueError:
+            check(False, key, f"must be an ISO 8601 date or time (YYYY-MM-DD[THH:MM]), got "
+                              f"{value!r}")
+
 
 @dataclass
 class SelectConfig:
@@ -17,9 +29,21 @@ class SelectConfig:
     # Mild oversampling from the mean utterance length, then trim to `hours`.
     oversample: float = 1.05
     seed: int = 0  # seeds the uniform sample
+    interval_start: str = ""  # data interval start (ISO 8601, inclusive, UTC if naive): select only records created from then; reads only the metadata/date=* partitions of the interval; empty: the whole corpus
+    interval_end: str = ""  # data interval end (ISO 8601, exclusive); set with select.interval_start
 
     def validate(self, key: str) -> None:
         check(self.hours > 0, f"{key}.hours", "must be > 0")
+        _check_when(self.interval_start, f"{key}.interval_start")
+        _check_when(self.interval_end, f"{key}.interval_end")
+        check(bool(self.interval_start) == bool(self.interval_end), f"{key}.interval_end",
+              "select.interval_start and select.interval_end are set together (or neither)")
+        if self.interval_start:
+            a, b = (_dt.datetime.fromisoformat(v.strip()) for v in
+                    (self.interval_start, self.interval_end))
+            a, b = (t if t.tzinfo else t.replace(tzinfo=_dt.timezone.utc) for t in (a, b))
+            check(a < b, f"{key}.interval_end", f"must be after select.interval_start "
+                                                f"({self.interval_start}), got {self.interval_end}")
         check(self.shard_hours > 0, f"{key}.shard_hours", "must be > 0")
         check(self.oversample >= 1.0, f"{key}.oversample", "must be >= 1.0")
         check(bool(self.splits), f"{key}.splits", "must name at least one split")
@@ -176,9 +200,15 @@ class RepartitionConfig:
     # so the driver holds one line per shard and every shard feeds only its window's
     # partitions. 0 = one window per split (a global shuffle).
     window_shards: int = 64
+    days: int = 0  # also train on the last N days of daily_data's interval partitions (runs/<daily.dataset>-YYYY-MM-DD/), ending at repartition.to_date or the newest; 0: none
+    from_date: str = ""  # first day (YYYY-MM-DD) of daily_data's partitions to add (with to_date: a date range instead of the last N days)
+    to_date: str = ""  # last day (YYYY-MM-DD, inclusive) of the partitions to add; empty: the newest partition
 
     def validate(self, key: str) -> None:
         check(self.partition_hours > 0, f"{key}.partition_hours", "must be > 0")
+        check(self.days >= 0, f"{key}.days", "must be >= 0 (0: no daily partitions)")
+        _check_when(self.from_date, f"{key}.from_date")
+        _check_when(self.to_date, f"{key}.to_date")
         check(self.window_shards >= 0, f"{key}.window_shards", "must be >= 0")
         bad = [s for s in self.splits if s not in ("labeled", "unlabeled", "dev", "test")]
         check(not bad, f"{key}.splits", f"must be among labeled, unlabeled, dev, test; got {bad}")

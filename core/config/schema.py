@@ -8,6 +8,7 @@ from typing import Any
 
 from core.config.align import AlignConfig
 from core.config.corpus import CorpusConfig, IngestConfig
+from core.config.daily import DailyConfig
 from core.config.decode import DecodeConfig, EvaluateConfig, LmConfig, ReportConfig
 from core.config.errors import check
 from core.config.model import ModelConfig
@@ -42,6 +43,7 @@ class Config:
     ingest: IngestConfig = field(default_factory=IngestConfig)
     bench: BenchConfig = field(default_factory=BenchConfig)
     align: AlignConfig = field(default_factory=AlignConfig)
+    daily: DailyConfig = field(default_factory=DailyConfig)
 
     def validate(self, key: str) -> None:
         """What no one section can check: with features.labels=align the network's classes

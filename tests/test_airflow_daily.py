@@ -1,0 +1,185 @@
+"""daily_data on a real `airflow standalone`, with the real steps on the tiny corpus,
+driven through /api/v2 as docs/how-to/daily-data.md tells it:
+
+  a backfill of two days -> one partition per day (select, features, targets under
+  runs/daily-YYYY-MM-DD/), the report's numbers in XCom, the log and an asset event;
+  a new teacher (an amflow_teacher_model event) and a backfill with reprocess_behavior
+  completed -> every day re-scored, features kept;
+  the same backfill again -> every step handed back (nothing re-run), in seconds.
+
+The steps join one Ray head (`ray.address`): a local Ray per step costs ~10-20 s here.
+"""
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import json
+import shutil
+import sys
+import time
+
+import pytest
+
+from tests.airflow_env import ROOT, Standalone, _q, shared_standalone
+from tests.conftest import start_ray_head
+from tests.test_intervals import _teacher
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.waits]
+DAG = "daily_data"
+STEPS = ("select", "features", "targets")
+
+
+@pytest.fixture(scope="module")
+def airflow(tmp_path_factory):
+    return shared_standalone(tmp_path_factory.mktemp("standalone"))
+
+
+def _two_days(corpus) -> list[str]:
+    """Two consecutive days that both hold unlabeled audio."""
+    days = set()
+    for part in (corpus / "metadata").iterdir():
+        if any('"unlabeled"' in f.read_text() for f in part.rglob("*.jsonl")):
+            days.add(part.name.split("=", 1)[1])
+    for d in sorted(days):
+        nxt = (dt.date.fromisoformat(d) + dt.timedelta(days=1)).isoformat()
+        if nxt in days:
+            return [d, nxt]
+    raise AssertionError(f"no two consecutive days with unlabeled audio in {sorted(days)}")
+
+
+def _config(tmp_path, corpus, address: str, auth: dict) -> str:
+    cfg = {
+        "storage": {"root": str(tmp_path / "store")},
+        "data": {"corpus": str(corpus)},
+        "ray": {"address": address},
+        "targets": {"actors": 1, "fidelity_sample_frames": 100},
+        # this checkout's amflow, whatever the venv's editable install points at
+        "runner": {"mode": "local", "poll_s": 1, "state_dir": str(tmp_path / "jobs"),
+                   "command": [sys.executable, "-c",
+                               "import sys; from amflow.cli import main; sys.exit(main())"],
+                   "env": {**auth, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}},
+    }
+    path = tmp_path / "daily.yaml"
+    path.write_text(json.dumps(cfg))
+    return str(path)
+
+
+@contextlib.contextmanager
+def _switched(airflow: Standalone):
+    """daily_data on (it starts paused, and a paused DAG's backfill runs wait), ssl_student
+    off: teacher events schedule it, and this test's are for daily_data only."""
+    airflow.request("PATCH", "/api/v2/dags/ssl_student", {"is_paused": True})
+    airflow.request("PATCH", f"/api/v2/dags/{DAG}", {"is_paused": False})
+    try:
+        yield
+    finally:
+        airflow.request("PATCH", f"/api/v2/dags/{DAG}", {"is_paused": True})
+        airflow.request("DELETE", "/api/v2/dags/ssl_student/assets/queuedEvents",
+                        ok=(200, 204, 404))
+        airflow.request("PATCH", "/api/v2/dags/ssl_student", {"is_paused": False})
+
+
+def _new_teacher(airflow: Standalone, uri: str) -> None:
+    """What the teacher DAG's train task publishes: an amflow_teacher_model event."""
+    (asset,) = [a for a in airflow.get("/api/v2/assets?name_pattern=amflow_teacher_model")
+                ["assets"] if a["name"] == "amflow_teacher_model"]
+    airflow.request("POST", "/api/v2/assets/events", {"asset_id": asset["id"],
+                                                      "extra": {"uri": uri}})
+
+
+def _backfill(airflow: Standalone, days: list[str], conf: dict, reprocess: str
+              ) -> dict[str, str]:
+    """POST /api/v2/backfills over the days, wait until it completes: {day: run id}."""
+    body = {"dag_id": DAG, "from_date": f"{days[0]}T00:00:00Z",
+            "to_date": f"{days[-1]}T00:00:00Z", "dag_run_conf": conf,
+            "reprocess_behavior": reprocess, "max_active_runs": 2}
+    for _ in range(20):  # SQLite: refused (503, "Database is locked") while the scheduler writes
+        bf = airflow.request("POST", "/api/v2/backfills", body, ok=(200, 503))
+        if "id" in bf:
+            break
+        time.sleep(3)
+    assert "id" in bf, bf
+    airflow.wait(lambda: airflow.get(f"/api/v2/backfills/{bf['id']}")["completed_at"], 900,
+                 f"backfill {bf['id']} ({reprocess}) to complete", every=3)
+    runs = airflow.get(f"/api/v2/dags/{DAG}/dagRuns?logical_date_gte={days[0]}T00:00:00Z"
+                       f"&logical_date_lte={days[-1]}T00:00:00Z")["dag_runs"]
+    by_day = {r["logical_date"][:10]: r for r in runs}
+    assert sorted(by_day) == days, runs
+    for day, run in by_day.items():
+        assert run["state"] == "success", (day, airflow.task_instances(DAG, run["dag_run_id"]))
+    return {day: run["dag_run_id"] for day, run in by_day.items()}
+
+
+def _xcom(airflow: Standalone, run_id: str, task: str, key: str = "return_value"):
+    value = airflow.get(f"/api/v2/dags/{DAG}/dagRuns/{_q(run_id)}/taskInstances/{task}/"
+                        f"xcomEntries/{key}")["value"]
+    return json.loads(value) if isinstance(value, str) else value
+
+
+def _partitions(store, days: list[str]) -> dict[str, dict[str, dict]]:
+    """{day: {step: its _SUCCESS.json}} of the interval runs."""
+    out = {}
+    for day in days:
+        run = store / "runs" / f"daily-{day}"
+        out[day] = {s: json.loads((run / s / "_SUCCESS.json").read_text()) for s in STEPS}
+    return out
+
+
+def test_backfill_reprocess_after_a_new_teacher_and_a_noop_rebackfill(airflow, tiny_corpus,
+                                                                       tmp_path):
+    corpus = tmp_path / "corpus"
+    shutil.copytree(tiny_corpus, corpus)
+    days = _two_days(corpus)
+    store = tmp_path / "store"
+    teacher_a, teacher_b = _teacher(tmp_path / "a.pt", 0), _teacher(tmp_path / "b.pt", 1)
+    (tmp_path / "ray").mkdir()
+    with start_ray_head(tmp_path / "ray", num_cpus=2) as (address, _, auth), \
+            _switched(airflow):
+        conf = {"config": _config(tmp_path, corpus, address, auth)}
+        _new_teacher(airflow, teacher_a)
+        runs = _backfill(airflow, days, conf, "none")
+        first = _partitions(store, days)
+        for day, run_id in runs.items():
+            sel, feats, tgt = (first[day][s] for s in STEPS)
+            assert sel["inputs"]["interval"][0].startswith(day)
+            assert tgt["inputs"]["teacher"] == teacher_a
+            assert tgt["counts"]["out"] == feats["counts"]["out"] == sel["counts"]["selected"] > 0
+            report = _xcom(airflow, run_id, "report")
+            assert report["interval"] == day and report["run_id"] == f"daily-{day}"
+            assert report["hours_in"] >= report["hours_selected"] > 0
+            assert report["utts_kept"] == tgt["counts"]["out"]
+            log = airflow.task_log(DAG, run_id, "report", 1)
+            assert f"[amflow daily] interval {day}" in log, log[-2000:]
+            events = airflow.get(f"/api/v2/assets/events?source_dag_id={DAG}"
+                                 f"&source_run_id={_q(run_id)}")["asset_events"]
+            assert [e["extra"]["interval"] for e in events] == [day]
+            # the run's amflow tab shows its partition
+            page = airflow.get(f"/amflow/runs/{DAG}/{_q(run_id)}", raw=True)
+            assert f"daily-{day}" in page and "<td>targets</td>" in page, page[-1500:]
+        # a new teacher: the completed intervals are re-scored, their features kept
+        for run_id in runs.values():
+            airflow.settle(DAG, run_id)
+        _new_teacher(airflow, teacher_b)
+        _backfill(airflow, days, conf, "completed")
+        second = _partitions(store, days)
+        for day in days:
+            assert second[day]["features"]["finished_at"] == first[day]["features"]["finished_at"]
+            assert second[day]["select"]["finished_at"] == first[day]["select"]["finished_at"]
+            assert second[day]["targets"]["inputs"]["teacher"] == teacher_b
+            assert second[day]["targets"]["inputs"]["teacher_digest"] != \
+                first[day]["targets"]["inputs"]["teacher_digest"]
+        # the same backfill again: nothing changed, every step handed back
+        for run_id in runs.values():
+            airflow.settle(DAG, run_id)
+        t0 = time.time()
+        _backfill(airflow, days, conf, "completed")
+        took = time.time() - t0
+        assert _partitions(store, days) == second
+        for day, run_id in runs.items():
+            tis = airflow.task_instances(DAG, run_id)
+            task_s = sum(tis[s]["duration"] for s in STEPS)
+            for s in STEPS:
+                assert _xcom(airflow, run_id, s, key="runner")["reused"] is True, (day, s)
+            each = ", ".join(f"{s} {tis[s]['duration']:.1f} s" for s in STEPS)
+            print(f"no-op re-backfill, {day}: {task_s:.1f} s of task time ({each})")
+        print(f"no-op re-backfill of {len(days)} intervals: {took:.0f} s wall")
