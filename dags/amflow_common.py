@@ -175,11 +175,14 @@ DATE_PATTERN = r"^\d{4}-\d{2}-\d{2}$"
 def window_params() -> dict[str, Param]:
     """The trigger form's training window: the last N days, or a date range."""
     return {
-        "window_days": Param(None, type=["null", "integer"], minimum=1, maximum=3660,
+        # exclusive bounds: the form's number box clamps to minimum/maximum silently
+        "window_days": Param(None, type=["null", "integer"], exclusiveMinimum=0,
+                             exclusiveMaximum=3661,
                              title="Train on the last N days of daily data",
-                             description="repartition.days: also train on the daily_data "
-                                         "DAG's partitions of the last N days (ending at "
-                                         "window_to, or the newest); empty: none."),
+                             description="repartition.days, a whole number from 1 to 3,660: "
+                                         "also train on the daily_data DAG's partitions of "
+                                         "the last N days (ending at window_to, or the "
+                                         "newest); empty: none."),
         "window_from": Param(None, type=["null", "string"], pattern=DATE_PATTERN,
                              title="Daily data from (YYYY-MM-DD)",
                              description="repartition.from_date: first day of a date range "
