@@ -73,12 +73,12 @@ def run(ctx: StepContext, args: Any) -> dict[str, Any]:
                                               force=True))
         pool32_fps = pool32["metrics"]["frames_per_s"]
 
-    teacher = T.teacher_uri(ctx)  # targets.teacher, else this run's own train/model.pt
+    teacher = T.teacher_uri(cfg.targets, ctx.other("train"))  # else this run's train/model.pt
     model, card = load_model_card(ctx.storage, teacher)
     cmvn = card.cmvn or ctx.storage.read_json(ctx.other("features", "cmvn.json"))
     mean, inv_std = load_cmvn(cmvn)
     feats = []
-    for shard in T.feature_shards(ctx):
+    for shard in T.feature_shards(ctx.storage, ctx.other("features")):
         rows = read_table(ctx.storage, ctx.other("features", "shards", f"{shard}.parquet"))
         feats += [decode_feats(r) for r in iter_rows(rows)]
     threads = cfg.targets.actors * cfg.targets.threads_per_actor

@@ -63,6 +63,11 @@ def step_dir_name(step: str, tag: str = "") -> str:
     return f"{step}-{tag}" if tag else step
 
 
+def shard_marker_uri(step_uri: str, shard_id: str) -> str:
+    """A shard's done-marker in a step's output folder (written last, after its outputs)."""
+    return join(step_uri, "_shards", f"{shard_id}.json")
+
+
 # Steps whose output folder takes another step's tag: sequence[-<train.tag>].
 TAG_KEYS = {"sequence": "train.tag"}
 
@@ -177,7 +182,7 @@ class StepContext:
 
     # -- per-shard idempotency
     def shard_marker(self, shard_id: str) -> str:
-        return self.path("_shards", f"{shard_id}.json")
+        return shard_marker_uri(self.step_uri, shard_id)
 
     def shard_done(self, shard_id: str) -> dict[str, Any] | None:
         if self.force:

@@ -9,11 +9,13 @@ import json
 from dataclasses import asdict
 from typing import Any
 
-from core.runs import StepContext
+from core.config import TargetsConfig
+from core.storage import Storage
 
 
-def teacher_uri(ctx: StepContext) -> str:
-    return ctx.cfg.targets.teacher or ctx.other("train", "model.pt")
+def teacher_uri(tc: TargetsConfig, own_train_uri: str) -> str:
+    """targets.teacher, else the run's own trained model (`own_train_uri`/model.pt)."""
+    return tc.teacher or f"{own_train_uri.rstrip('/')}/model.pt"
 
 
 # targets.* keys that place or pace the scoring, or only sample its fidelity report: the
@@ -22,19 +24,20 @@ OPERATIONAL_KEYS = {"actors", "threads_per_actor", "batch_frames", "device",
                     "num_gpus_per_actor", "fidelity_sample_frames", "zstd_level"}
 
 
-def scoring_plan(ctx: StepContext, features: dict[str, Any], teacher_digest: str
+def scoring_plan(tc: TargetsConfig, features: dict[str, Any], teacher_digest: str
                  ) -> dict[str, Any]:
     """What the stored targets depend on: the features (when they finished), the teacher
     (its bytes' digest, not its URI: a teacher trained again at the same URI scores
     differently, the same file named another way does not) and the targets keys that shape
     them (targets.teacher itself aside). A scored shard is kept only under the same plan
     (`StepContext.resume_plan`)."""
-    keys = {k: v for k, v in asdict(ctx.cfg.targets).items()
+    keys = {k: v for k, v in asdict(tc).items()
             if k not in OPERATIONAL_KEYS and k != "teacher"}
     return json.loads(json.dumps({"features_finished_at": features.get("finished_at"),
                                   "teacher_digest": teacher_digest, "targets": keys}))
 
 
-def feature_shards(ctx: StepContext) -> list[str]:
-    uris = ctx.storage.list(ctx.other("features", "shards"), suffix=".parquet")
+def feature_shards(st: Storage, features_uri: str) -> list[str]:
+    """The shard ids of a features output (`features_uri`/shards/*.parquet)."""
+    uris = st.list(f"{features_uri.rstrip('/')}/shards", suffix=".parquet")
     return [u.rsplit("/", 1)[1][: -len(".parquet")] for u in uris]

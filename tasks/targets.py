@@ -26,10 +26,12 @@ import numpy as np
 import torch
 
 from core import precision
+from core.config import StorageConfig, TargetsConfig
 from core.model_card import ModelCard
 from core.records import (decode_feats, dequantize_sqrt, encode_topk, iter_rows, load_cmvn,
                           quantize_ranked, read_table, target_schema, to_table)
-from core.runs import Reject, StepContext, StepError, rejects_table
+from core.runs import Reject, StepError, rejects_table, shard_marker_uri
+from core.storage import Storage, join
 from core.target_codes import FP16_CODE, sqrt_levels
 from core.soft_targets import teacher_log_probs
 
@@ -315,20 +317,31 @@ def inference_dtype(tc: Any, device: str) -> torch.dtype:
 ModelLoader = Callable[[Any, str], tuple[torch.nn.Module, dict[str, Any]]]
 
 
+@dataclass(frozen=True)
+class TargetsJob:
+    """What every scoring actor needs: the storage, the targets settings, the features it
+    scores (`features_uri`: shards/, cmvn.json) and where the targets go (`out_uri`:
+    shards/, rejects/, and each shard's done-marker under _shards/)."""
+    storage: StorageConfig
+    targets: TargetsConfig
+    features_uri: str
+    out_uri: str
+
+
 class TargetActor:
     """One teacher per actor; scores whole shards and publishes their outputs."""
 
-    def __init__(self, ctx: StepContext, model_uri: str, load_model: ModelLoader):
-        tc = ctx.cfg.targets
+    def __init__(self, job: TargetsJob, model_uri: str, load_model: ModelLoader):
+        tc = job.targets
         torch.set_num_threads(tc.threads_per_actor)
         device = resolve_device(tc.device)
         if device == "cuda" and not torch.cuda.is_available():
             raise StepError("targets.device=cuda but this actor sees no GPU")
         self.device = device
-        self.ctx = ctx
-        model, meta = load_model(ctx.storage, model_uri)
+        self.job, self.storage = job, Storage(job.storage)
+        model, meta = load_model(self.storage, model_uri)
         card = ModelCard.from_meta(meta, model_uri)
-        cmvn = card.cmvn or ctx.storage.read_json(ctx.other("features", "cmvn.json"))
+        cmvn = card.cmvn or self.storage.read_json(join(job.features_uri, "cmvn.json"))
         mean, inv_std = load_cmvn(cmvn)
         self.num_classes = model.output.out_features
         dtype = inference_dtype(tc, device)
@@ -345,11 +358,10 @@ class TargetActor:
 
     def score_shard(self, shard_id: str, fidelity_frames: int = 0) -> dict[str, Any]:
         """Score one feature shard; measure fidelity on its first `fidelity_frames` frames."""
-        ctx = self.ctx
-        tc = ctx.cfg.targets
+        st, job, tc = self.storage, self.job, self.job.targets
         t0 = time.perf_counter()
-        rows = list(iter_rows(read_table(ctx.storage, ctx.other(
-            "features", "shards", f"{shard_id}.parquet"))))
+        rows = list(iter_rows(read_table(st, join(job.features_uri, "shards",
+                                                  f"{shard_id}.parquet"))))
         feats, keep, rejects = [], [], []
         for r in rows:
             x = decode_feats(r)
@@ -379,15 +391,15 @@ class TargetActor:
                                           code=tc.codec))
                 sample_budget -= len(sc.logits)
         out = to_table(out_rows, target_schema(out_rows[0]["topk_code"] if out_rows else None))
-        nbytes = ctx.storage.write_parquet(ctx.path("shards", f"{shard_id}.parquet"), out,
-                                           compression_level=tc.zstd_level)
-        ctx.storage.write_parquet(ctx.path("rejects", f"{shard_id}.parquet"),
-                                  rejects_table(rejects))
+        nbytes = st.write_parquet(join(job.out_uri, "shards", f"{shard_id}.parquet"), out,
+                                  compression_level=tc.zstd_level)
+        st.write_parquet(join(job.out_uri, "rejects", f"{shard_id}.parquet"),
+                         rejects_table(rejects))
         stats = {"shard": shard_id, "in": len(rows), "out": len(out_rows),
                  "rejected": len(rejects), "frames": frames, "entries": entries,
                  "bytes": nbytes,
                  "seconds": time.perf_counter() - t0, "fidelity": fid_parts}
-        ctx.storage.write_json(ctx.shard_marker(shard_id), stats)
+        st.write_json(shard_marker_uri(job.out_uri, shard_id), stats)
         return stats
 
 

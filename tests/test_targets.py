@@ -61,7 +61,7 @@ def test_targets_cover_every_row_and_rerun_is_noop(local_cfg, ray_local):
 
     scorer = T.TeacherScorer(model, *load_cmvn(meta["cmvn"]))
     agree = total = 0
-    for shard in T.feature_shards(feats):
+    for shard in T.feature_shards(feats.storage, feats.step_uri):
         frows = feats.storage.read_parquet(feats.path("shards", f"{shard}.parquet")).to_pylist()
         trows = feats.storage.read_parquet(
             feats.other("targets", "shards", f"{shard}.parquet")).to_pylist()
@@ -124,7 +124,7 @@ def test_pruned_targets_keep_fewer_entries_and_read_back_whole(local_cfg, ray_lo
     assert metrics["codec"] == "sqrt15" and metrics["bytes_per_frame"] > 0
     assert metrics["fidelity"]["5"]["entries_per_frame"] < 5
     entries = frames = 0
-    for shard in T.feature_shards(feats):
+    for shard in T.feature_shards(feats.storage, feats.step_uri):
         table = feats.storage.read_parquet(feats.other("targets", "shards", f"{shard}.parquet"))
         # the codec's dtypes, as arrays any Parquet reader sees
         assert [table.schema.field(c).type.value_type for c in

@@ -42,7 +42,7 @@ log = logging.getLogger(__name__)
 
 
 def teacher_model(ctx: StepContext, args: Any) -> str:
-    uri = getattr(args, "model", None) or teacher_uri(ctx)
+    uri = getattr(args, "model", None) or teacher_uri(ctx.cfg.targets, ctx.other("train"))
     if not ctx.storage.exists(uri):
         raise StepError(f"teacher model {uri} not found: set targets.teacher to the teacher's "
                         "model.pt (the teacher DAG's runs/<T>/train-teacher/model.pt) or pass "

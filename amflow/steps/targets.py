@@ -19,11 +19,11 @@ def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
     feats_summary = ctx.require("features")
     if _empty_interval(feats_summary):
         return _finish_empty(ctx, feats_summary)
-    model_uri = teacher_uri(ctx)
+    model_uri = teacher_uri(ctx.cfg.targets, ctx.other("train"))
     if not ctx.storage.exists(model_uri):
         raise StepError(f"teacher checkpoint not found at {model_uri}: set targets.teacher "
                         "to a model.pt URI (e.g. from the teacher DAG)")
-    plan = scoring_plan(ctx, feats_summary, ctx.storage.digest(model_uri))
+    plan = scoring_plan(ctx.cfg.targets, feats_summary, ctx.storage.digest(model_uri))
     earlier = ctx.unplanned_summary() or _finished(ctx, plan)
     if earlier is not None:  # the classes were checked when it was scored
         return earlier
@@ -33,7 +33,7 @@ def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
         return earlier
     from tasks.targets import print_fidelity, summarise_fidelity
 
-    shards = feature_shards(ctx)
+    shards = feature_shards(ctx.storage, ctx.other("features"))
     done = {s: d for s in shards if (d := ctx.shard_done(s)) is not None}
     todo = [s for s in shards if s not in done]
     tc = ctx.cfg.targets
@@ -107,7 +107,7 @@ def _score(ctx: StepContext, model_uri: str, todo: list[str]
     from amflow.placement import gpus_per_actor
     from core.progress import Progress
     from core.raycluster import init_ray, step_resources
-    from tasks.targets import TargetActor
+    from tasks.targets import TargetActor, TargetsJob
     from training.checkpoint import load_model
 
     tc = ctx.cfg.targets
@@ -120,7 +120,8 @@ def _score(ctx: StepContext, model_uri: str, todo: list[str]
     if res := step_resources(ctx.cfg, "targets"):
         opts["resources"] = res
     actor_cls = ray.remote(TargetActor).options(**opts)
-    actors = [actor_cls.remote(ctx, model_uri, load_model)
+    job = TargetsJob(ctx.cfg.storage, tc, ctx.other("features"), ctx.step_uri)
+    actors = [actor_cls.remote(job, model_uri, load_model)
               for _ in range(max(1, min(tc.actors, len(todo))))]
     actor_info = ray.get([a.ready.remote() for a in actors])
     t0 = time.perf_counter()
