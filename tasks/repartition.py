@@ -52,15 +52,17 @@ import heapq
 import logging
 import math
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from core.config import RepartitionConfig
+from core.config import RepartitionConfig, StorageConfig
 from core import records
-from core.runs import Reject, StepContext, StepError, rejects_table
+from core.runs import Reject, StepError, rejects_table, shard_marker_uri
+from core.storage import Storage, join
 
 log = logging.getLogger(__name__)
 
@@ -139,24 +141,36 @@ def _cheapest(heap: list, h: float, count: int) -> tuple[tuple, tuple]:
     return (*key, best[2]), best
 
 
-def plan_fingerprint(ctx: StepContext, feat: dict, targets: dict | None) -> dict:
-    r = ctx.cfg.repartition
-    return {"workers": ctx.cfg.train.workers, "partition_hours": r.partition_hours,
+@dataclass(frozen=True)
+class RepartitionJob:
+    """What every plan/map/reduce task needs: the storage, the run's features and targets
+    (`*_uri`: their shards/; a daily_data window's shards come by URI in the payload) and
+    where the partitions go (`out_uri`: <split>/part-*.parquet, and the shuffle's _assign/
+    and _buckets/ scratch)."""
+    storage: StorageConfig
+    features_uri: str
+    targets_uri: str
+    out_uri: str
+
+
+def plan_fingerprint(r: RepartitionConfig, workers: int, feat: dict, targets: dict | None
+                     ) -> dict:
+    return {"workers": workers, "partition_hours": r.partition_hours,
             "seed": r.seed, "splits": r.splits, "window_shards": r.window_shards,
             "features_finished_at": feat.get("finished_at"),
             "targets_finished_at": targets.get("finished_at") if targets else None}
 
 
-def _assign_uri(ctx: StepContext, shard: str) -> str:
-    return ctx.path(ASSIGN, f"{shard}.parquet")
+def _assign_uri(out_uri: str, shard: str) -> str:
+    return join(out_uri, ASSIGN, f"{shard}.parquet")
 
 
-def plan_window(ctx: StepContext, window_id: str, payload: dict[str, Any]) -> dict[str, Any]:
+def plan_window(job: RepartitionJob, window_id: str, payload: dict[str, Any]) -> dict[str, Any]:
     """Plan one shuffle window: every utterance of its shards -> (partition, position)."""
     t0 = time.perf_counter()
-    st, shards = ctx.storage, payload["shards"]
+    st, shards = Storage(job.storage), payload["shards"]
     uris = payload.get("uris") or {}  # shards of daily_data partitions (a window)
-    cols = [st.read_parquet(uris.get(s) or ctx.other("features", "shards", f"{s}.parquet"),
+    cols = [st.read_parquet(uris.get(s) or join(job.features_uri, "shards", f"{s}.parquet"),
                             columns=["utt_id", "num_frames"]) for s in shards]
     frames = np.concatenate([c.column("num_frames").to_numpy() for c in cols]) if cols \
         else np.zeros(0, np.int64)
@@ -169,7 +183,7 @@ def plan_window(ctx: StepContext, window_id: str, payload: dict[str, Any]) -> di
     start = 0
     for shard, c in zip(shards, cols):
         rows = slice(start, start + c.num_rows)
-        st.write_parquet(_assign_uri(ctx, shard), pa.table(
+        st.write_parquet(_assign_uri(job.out_uri, shard), pa.table(
             {"utt_id": c.column("utt_id"), "part": pa.array(part[rows]),
              "pos": pa.array(pos[rows])}, schema=ASSIGN_SCHEMA))
         start += c.num_rows
@@ -180,8 +194,8 @@ def plan_window(ctx: StepContext, window_id: str, payload: dict[str, Any]) -> di
             "wall_s": round(time.perf_counter() - t0, 4)}
 
 
-def _bucket_uri(ctx: StepContext, split: str, part: int, shard: str) -> str:
-    return ctx.path(BUCKETS, split, f"part-{part:05d}", f"{shard}.parquet")
+def _bucket_uri(out_uri: str, split: str, part: int, shard: str) -> str:
+    return join(out_uri, BUCKETS, split, f"part-{part:05d}", f"{shard}.parquet")
 
 
 def _join_targets(feats: pa.Table, targets: pa.Table | None, shard: str, split: str
@@ -223,18 +237,18 @@ def _join_targets(feats: pa.Table, targets: pa.Table | None, shard: str, split: 
     return pa.table(cols, schema=schema).filter(pa.array(keep)), rejects, keep
 
 
-def map_shard(ctx: StepContext, map_id: str, payload: dict[str, Any]) -> dict[str, Any]:
+def map_shard(job: RepartitionJob, map_id: str, payload: dict[str, Any]) -> dict[str, Any]:
     """Read one feature shard (and its targets) once; write one bucket per partition."""
     t0 = time.perf_counter()
-    st, shard, split = ctx.storage, payload["shard"], payload["split"]
+    st, shard, split = Storage(job.storage), payload["shard"], payload["split"]
     feats = records.read_table(st, payload.get("features_uri")
-                               or ctx.other("features", "shards", f"{shard}.parquet"))
+                               or join(job.features_uri, "shards", f"{shard}.parquet"))
     targets = None
     if payload["targets"]:
-        turi = payload.get("targets_uri") or ctx.other("targets", "shards", f"{shard}.parquet")
+        turi = payload.get("targets_uri") or join(job.targets_uri, "shards", f"{shard}.parquet")
         targets = records.read_table(st, turi) if st.exists(turi) else \
             records.TARGET_SCHEMA.empty_table()
-    assign = st.read_parquet(_assign_uri(ctx, shard))
+    assign = st.read_parquet(_assign_uri(job.out_uri, shard))
     planned = assign.column("utt_id").combine_chunks()
     at = pc.index_in(feats.column("utt_id").combine_chunks(), value_set=planned)
     if at.null_count or feats.num_rows != assign.num_rows:
@@ -249,9 +263,9 @@ def map_shard(ctx: StepContext, map_id: str, payload: dict[str, Any]) -> dict[st
     nbytes = 0
     for p in np.unique(part).tolist():
         rows = table.filter(pa.array(part == p))
-        nbytes += st.write_parquet(_bucket_uri(ctx, split, p, shard), rows)
+        nbytes += st.write_parquet(_bucket_uri(job.out_uri, split, p, shard), rows)
         buckets.append(int(p))
-    st.write_parquet(ctx.path("rejects", f"{map_id}.parquet"), rejects_table(rejects))
+    st.write_parquet(join(job.out_uri, "rejects", f"{map_id}.parquet"), rejects_table(rejects))
     reasons: dict[str, int] = {}
     for r in rejects:
         reasons[r.reason] = reasons.get(r.reason, 0) + 1
@@ -260,16 +274,17 @@ def map_shard(ctx: StepContext, map_id: str, payload: dict[str, Any]) -> dict[st
             "bucket_bytes": nbytes, "wall_s": round(time.perf_counter() - t0, 4)}
 
 
-def reduce_partition(ctx: StepContext, part_id: str, payload: dict[str, Any]) -> dict[str, Any]:
+def reduce_partition(job: RepartitionJob, part_id: str, payload: dict[str, Any]
+                     ) -> dict[str, Any]:
     """Concatenate one partition's buckets in planned order and write it."""
     t0 = time.perf_counter()
-    st, split, part = ctx.storage, payload["split"], payload["part"]
-    pieces = [st.read_parquet(_bucket_uri(ctx, split, part, shard))
+    st, split, part = Storage(job.storage), payload["split"], payload["part"]
+    pieces = [st.read_parquet(_bucket_uri(job.out_uri, split, part, shard))
               for shard in payload["shards"]]
     table = records.concat_tables(pieces) if pieces else \
         PARTITION_SCHEMA.append(pa.field("_pos", pa.int64())).empty_table()
     table = table.sort_by("_pos").drop_columns(["_pos"])
-    nbytes = st.write_parquet(ctx.path(split, f"part-{part:05d}.parquet"), table)
+    nbytes = st.write_parquet(join(job.out_uri, split, f"part-{part:05d}.parquet"), table)
     return {"split": split, "name": f"part-{part:05d}", "rows": table.num_rows,
             "frames": int(pc.sum(table.column("num_frames")).as_py() or 0),
             "bytes": nbytes, "with_targets": table.num_rows - table.column("k").null_count,
@@ -333,22 +348,22 @@ def plan_reduce_jobs(splits: list[str], plans: dict[str, dict], mapped: list[dic
             for split in splits for i in range(plans[split]["parts"])]
 
 
-def forget_lost_buckets(ctx: StepContext, reduce_jobs: list[tuple[str, dict]]) -> bool:
+def forget_lost_buckets(st: Storage, out_uri: str, reduce_jobs: list[tuple[str, dict]],
+                        force: bool = False) -> bool:
     """Un-mark the map tasks whose buckets an unfinished partition needs but are gone.
 
     Buckets are deleted once every partition is written; a partition lost after that
     (or a half-cleaned step directory) needs its source shards mapped again.
     """
-    st = ctx.storage
-    have = set(st.list(ctx.path(BUCKETS), suffix=".parquet", recursive=True))
+    have = set(st.list(join(out_uri, BUCKETS), suffix=".parquet", recursive=True))
     lost: set[str] = set()
     for part_id, job in reduce_jobs:
-        if ctx.shard_done(part_id) is not None:
+        if not force and st.exists(shard_marker_uri(out_uri, part_id)):
             continue
         lost |= {shard for shard in job["shards"]
-                 if _bucket_uri(ctx, job["split"], job["part"], shard) not in have}
+                 if _bucket_uri(out_uri, job["split"], job["part"], shard) not in have}
     for shard in sorted(lost):
-        st.delete(ctx.shard_marker(f"map-{shard}"))
+        st.delete(shard_marker_uri(out_uri, f"map-{shard}"))
     if lost:
         log.warning("repartition: buckets of %d shards are gone; mapping them again", len(lost))
     return bool(lost)

@@ -216,11 +216,11 @@ def test_shuffle_resumes_after_a_crash_and_rebuilds_a_lost_partition(
     real_reduce = rp.reduce_partition
     calls = []
 
-    def crash_on_third(ctx, part_id, payload):
+    def crash_on_third(job, part_id, payload):
         calls.append(part_id)
         if len(calls) == 3:
             raise RuntimeError("worker lost")
-        return real_reduce(ctx, part_id, payload)
+        return real_reduce(job, part_id, payload)
 
     monkeypatch.setattr(rp, "reduce_partition", crash_on_third)
     with pytest.raises(RuntimeError, match="worker lost"):

@@ -13,7 +13,7 @@ from core.raycluster import map_shards
 from core.runs import SUCCESS, StepContext, StepError
 from tasks.interval_window import (Partition, check_settings, merge_cmvn, window_asked,
                                    window_partitions)
-from tasks.repartition import (BUCKETS, SPLIT_ORDER, forget_lost_buckets, shard_jobs,
+from tasks.repartition import (BUCKETS, SPLIT_ORDER, RepartitionJob, forget_lost_buckets, shard_jobs,
                                plan_fingerprint, plan_reduce_jobs, map_shard, plan_window,
                                reduce_partition, split_indexes)
 
@@ -57,7 +57,7 @@ def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
     tsucc = ctx.other("targets", SUCCESS)
     targets = st.read_json(tsucc) if st.exists(tsucc) else None
     window, missing = _window(ctx)
-    fp = plan_fingerprint(ctx, feat, targets)
+    fp = plan_fingerprint(rcfg, ctx.cfg.train.workers, feat, targets)
     if window:  # which partitions, as made when (another version of one: redone)
         fp["window"] = [[p.run_id, p.digest] for p in window]
     done = ctx.resume_plan(fp)
@@ -75,13 +75,15 @@ def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
     with_targets = targets is not None or bool(window)
     plan_jobs, map_jobs, plans = shard_jobs(rcfg, workers, splits, order, info,
                                             targets is not None, sources)
-    planned = map_shards(ctx, plan_jobs, plan_window, ctx, unit="windows")
-    mapped = map_shards(ctx, map_jobs, map_shard, ctx, unit="shards")
+    job = RepartitionJob(ctx.cfg.storage, ctx.other("features"), ctx.other("targets"),
+                         ctx.step_uri)
+    planned = map_shards(ctx, plan_jobs, plan_window, job, unit="windows")
+    mapped = map_shards(ctx, map_jobs, map_shard, job, unit="shards")
     reduce_jobs = plan_reduce_jobs(splits, plans, mapped)
-    if forget_lost_buckets(ctx, reduce_jobs):
-        mapped = map_shards(ctx, map_jobs, map_shard, ctx, unit="shards")
+    if forget_lost_buckets(st, ctx.step_uri, reduce_jobs, ctx.force):
+        mapped = map_shards(ctx, map_jobs, map_shard, job, unit="shards")
         reduce_jobs = plan_reduce_jobs(splits, plans, mapped)
-    stats = map_shards(ctx, reduce_jobs, reduce_partition, ctx, unit="partitions")
+    stats = map_shards(ctx, reduce_jobs, reduce_partition, job, unit="partitions")
     if sum(s["rows"] for s in stats) != sum(m["out"] for m in mapped):
         raise StepError(f"repartition: partitions hold {sum(s['rows'] for s in stats)} rows "
                         f"but the map stage routed {sum(m['out'] for m in mapped)}: re-run "
