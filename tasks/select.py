@@ -257,7 +257,7 @@ def selection_plan(storage: Storage, corpus: str, scfg: SelectConfig,
                    interval_files: dict[str, str] | None = None) -> dict[str, Any]:
     """What a selection depends on: the corpus (its URI and `corpus_fingerprint`) and every
     select key (`select.hours`, splits, seed, shard size). A finished selection is handed
-    back only under the same plan (`StepContext.resume_plan`).
+    back only under the same plan (the step's resume_plan).
 
     With a data interval (select.interval_start/_end) the corpus is known instead by the
     metadata files of that interval (`interval_files`: {uri: version}) and alignments.ctm:

@@ -30,7 +30,7 @@ def scoring_plan(tc: TargetsConfig, features: dict[str, Any], teacher_digest: st
     (its bytes' digest, not its URI: a teacher trained again at the same URI scores
     differently, the same file named another way does not) and the targets keys that shape
     them (targets.teacher itself aside). A scored shard is kept only under the same plan
-    (`StepContext.resume_plan`)."""
+    (the step's resume_plan)."""
     keys = {k: v for k, v in asdict(tc).items()
             if k not in OPERATIONAL_KEYS and k != "teacher"}
     return json.loads(json.dumps({"features_finished_at": features.get("finished_at"),
