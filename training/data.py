@@ -97,6 +97,8 @@ class SplitIndex:
     rows_in: int = 0
     rejected: dict[str, int] = field(default_factory=dict)
     reject_ids: list[tuple[str, str]] = field(default_factory=list)
+    # target "tokens" (the CTC student): each row's token ids (training/ctc/data.py)
+    tokens: list[np.ndarray] | None = None
 
     def __len__(self) -> int:
         return len(self.row)
@@ -111,9 +113,12 @@ class SplitIndex:
 
     @classmethod
     def load(cls, storage: Storage, uris: Sequence[str], target: str = "labels",
-             feat_dim: int | None = None) -> "SplitIndex":
-        """`target`: labels (hard labels needed), topk (soft targets needed), or auto
-        (labels when any row has them, else topk)."""
+             feat_dim: int | None = None, transcripts: dict[str, np.ndarray] | None = None,
+             out_per_row: float = 1.0) -> "SplitIndex":
+        """`target`: labels (hard labels needed), topk (soft targets needed), auto
+        (labels when any row has them, else topk), or tokens (a transcript in
+        `transcripts`, utt_id -> token ids, that fits the row's frames at `out_per_row`
+        model outputs per stored row: the CTC student's)."""
         metas = []
         for i, uri in enumerate(uris):
             t = records.read_table(storage, uri, ["utt_id", "condition", "num_frames",
@@ -155,7 +160,7 @@ class SplitIndex:
             (m["pruned_len"] == -1) & (m["topk_len"] == full_topk))
         if target == "auto":
             target = "labels" if bool((has_labels | has_flabels).any()) else "topk"
-        if target not in ("labels", "topk"):
+        if target not in ("labels", "topk", "tokens"):
             raise ValueError(f"unknown target kind {target!r}")
         dims = m["dim"][frames > 0]
         if feat_dim is None:
@@ -165,6 +170,10 @@ class SplitIndex:
         reason[(reason == "") & (m["dim"] != feat_dim)] = "feat_dim_mismatch"
         if target == "labels":
             reason[(reason == "") & ~(has_labels | has_flabels)] = "missing_labels"
+        elif target == "tokens":
+            from training.ctc.data import token_reasons
+
+            reason = token_reasons(reason, m["utt"], frames, transcripts or {}, out_per_row)
         else:
             reason[(reason == "") & ~has_topk] = "missing_soft_targets"
         ok = reason == ""
@@ -174,10 +183,13 @@ class SplitIndex:
             rejected[reason[i]] = rejected.get(reason[i], 0) + 1
             reject_ids.append((m["utt"][i], str(reason[i])))
         keep = np.nonzero(ok)[0]
+        tokens = ([transcripts[m["utt"][i]] for i in keep]  # type: ignore[index]
+                  if target == "tokens" else None)
         return cls(list(uris), target, m["part"][keep], m["row"][keep], frames[keep],
                    has_flabels[keep] & (target == "labels"),
                    [m["utt"][i] for i in keep], [m["cond"][i] for i in keep], int(feat_dim),
-                   rows_in=len(frames), rejected=rejected, reject_ids=reject_ids)
+                   rows_in=len(frames), rejected=rejected, reject_ids=reject_ids,
+                   tokens=tokens)
 
     def subset(self, keep: np.ndarray) -> "SplitIndex":
         keep = np.asarray(keep)
@@ -186,7 +198,8 @@ class SplitIndex:
         return replace(self, part=self.part[keep], row=self.row[keep], frames=self.frames[keep],
                        has_frame_labels=self.has_frame_labels[keep],
                        utt_ids=[self.utt_ids[i] for i in keep],
-                       conditions=[self.conditions[i] for i in keep])
+                       conditions=[self.conditions[i] for i in keep],
+                       tokens=None if self.tokens is None else [self.tokens[i] for i in keep])
 
 
 def rank_partitions(uris: Sequence[str], rank: int, world: int, split: str) -> list[str]:
@@ -235,7 +248,10 @@ class PassPlan:
 
 
 def effective_offset(index: SplitIndex, offset: int) -> np.ndarray:
-    """Per row: the offset actually used (0 where no 100 Hz labels allow another)."""
+    """Per row: the offset actually used (0 where no 100 Hz labels allow another; a
+    transcript fits any offset: every row of two or more frames takes it)."""
+    if index.target == "tokens" and offset:
+        return np.where(index.frames > 1, offset, 0).astype(np.int64)
     if index.target != "labels" or offset == 0:
         return np.zeros(len(index), np.int64)
     return np.where(index.has_frame_labels, offset, 0).astype(np.int64)
@@ -361,13 +377,16 @@ class Batch:
     topk_logit: torch.Tensor | None = None  # [B, T, k] float32
     frames: int = 0  # scored frames
     utts: list[int] | None = None  # index rows (full mode only; for per-utterance scoring)
+    tokens: torch.Tensor | None = None  # [B, L] int64 CTC targets, zero padded
+    token_lengths: torch.Tensor | None = None  # [B] int64
 
     def to(self, device: torch.device | str) -> "Batch":
         if str(device) == "cpu":
             return self
         mv = {k: (getattr(self, k).to(device, non_blocking=True)
                   if isinstance(getattr(self, k), torch.Tensor) else getattr(self, k))
-              for k in ("x", "mask", "labels", "topk_idx", "topk_logit")}
+              for k in ("x", "mask", "labels", "topk_idx", "topk_logit", "tokens",
+                        "token_lengths")}
         return replace(self, **mv)
 
 
@@ -387,8 +406,9 @@ class _Utterances:
     def load_parts(self, parts: list[int], needed: np.ndarray) -> None:
         self.cache.clear()
         self.tables.clear()
-        want = FEATURE_COLUMNS + (["labels", "frame_labels"] if self.index.target == "labels"
-                                  else list(records.TARGET_COLUMNS))
+        target = self.index.target
+        want = FEATURE_COLUMNS + (["labels", "frame_labels"] if target == "labels"
+                                  else list(records.TARGET_COLUMNS) if target == "topk" else [])
         for p in parts:
             t = records.read_table(self.storage, self.index.uris[p], want)
             self.tables[p] = records.columns(t)  # the arrays as numpy views, no copy
@@ -410,6 +430,8 @@ class _Utterances:
             x = records.shift_offset(x, o, self.stack)
         x = self.norm(x).astype(np.float32, copy=False)
         n = x.shape[0]
+        if idx.target == "tokens":
+            return x, idx.tokens[u]  # type: ignore[index]
         if idx.target == "labels":
             lab = records.decode_int16(row.get("labels"))
             if o == 0 and lab is not None and len(lab) == n:
@@ -430,6 +452,10 @@ class _Utterances:
         return x, ti, tv
 
     def collate(self, pieces: np.ndarray, keep_utts: bool) -> Batch:
+        if self.index.target == "tokens":
+            from training.ctc.data import collate_tokens
+
+            return collate_tokens(self.cache, pieces, self.index.feat_dim, keep_utts)
         b = len(pieces)
         lens = (pieces[:, 2] - pieces[:, 1]).astype(np.int64)
         t = int(lens.max())

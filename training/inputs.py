@@ -86,7 +86,9 @@ class StoredPartitions:
 
     def __init__(self, storage: Storage, tc: TrainConfig, splits: dict[str, list[str]],
                  kinds: set[str], rank: int, world: int, feat_dim: int, stack: int,
-                 right: int, norm: Normalizer):
+                 right: int, norm: Normalizer,
+                 transcripts: dict[str, np.ndarray] | None = None, out_per_row: float = 1.0):
+        """`transcripts` (utt_id -> token ids): the CTC student's targets, for every split."""
         self.storage, self.tc, self.rank = storage, tc, rank
         self.stack, self.right, self.norm = stack, right, norm
         split_names = {"labeled": tc.batches.labeled_split, "unlabeled": tc.batches.unlabeled_split}
@@ -97,7 +99,9 @@ class StoredPartitions:
                 raise StepError(f"recipe '{tc.recipe}' needs the '{split_names[k]}' split, "
                                 "which has no partitions")
             mine = rank_partitions(uris, rank, world, split_names[k])
-            self.indexes[k] = SplitIndex.load(storage, mine, SPLIT_TARGETS[k], feat_dim)
+            target = SPLIT_TARGETS[k] if transcripts is None else "tokens"
+            self.indexes[k] = SplitIndex.load(storage, mine, target, feat_dim, transcripts,
+                                              out_per_row)
 
     def spec(self, p: PassInfo) -> PassSpec:
         return pass_spec(self.tc, p, self.rank, self.stack, self.right)

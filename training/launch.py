@@ -43,6 +43,7 @@ from core.runs import SUCCESS, Reject, StepContext, StepError, step_dir_name
 from core.senones import ContextTree
 from core.storage import join
 from training.checkpoint import load_model
+from training.ctc.plan import build_ctc_plan
 from training.data import SplitIndex, partition_uris
 from training.distributed import run_distributed
 from training.grow import GrowError, class_phones, leaf_log_shares, output_sources
@@ -116,6 +117,13 @@ def build_plan(ctx: StepContext, train_dir: str) -> tuple[WorkerPlan, dict[str, 
     if cmvn is None:
         raise StepError(f"{cmvn_uri} not found: the features step writes the global CMVN "
                         "stats the trainer normalises with")
+    launch = LaunchSpec(storage_path=join(train_dir, "ray"),
+                        name=f"{ctx.run_id}-{train_dir_name(tc.tag, tc.recipe)}-{tc.algorithm}")
+    if tc.model == "ctc":  # the CTC student: transcripts and tokens, not phone classes
+        plan, report = build_ctc_plan(ctx, train_dir, cmvn, training_inputs(ctx), launch)
+        init_model, _ = _init_model(ctx, plan)
+        return dataclasses.replace(plan, init_model=init_model,
+                                   data_window=_data_window(ctx)), report
     phones = storage.read_json(phones_uri) if storage.exists(phones_uri) else []
     context_uri = ctx.other("features", "context.json")
     context = storage.read_json(context_uri) if storage.exists(context_uri) else None
@@ -155,9 +163,7 @@ def build_plan(ctx: StepContext, train_dir: str) -> tuple[WorkerPlan, dict[str, 
         cmvn=cmvn, phones=list(phones), num_classes=int(num_classes), feat_dim=int(feat_dim),
         stack=cfg.features.stack, context=context, inputs=training_inputs(ctx),
         data_window=_data_window(ctx),
-        launch=LaunchSpec(storage_path=join(train_dir, "ray"),
-                          name=f"{ctx.run_id}-{train_dir_name(tc.tag, tc.recipe)}-"
-                               f"{tc.algorithm}"))
+        launch=launch)
     init_model, grow = _init_model(ctx, plan)
     return dataclasses.replace(plan, init_model=init_model, grow=grow), report
 

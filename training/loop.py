@@ -54,6 +54,8 @@ from core.runs import StepError
 from core.storage import Storage, join
 from training.algorithms import build_algorithm
 from training.checkpoint import Checkpointer, load_model, save_model
+from training.ctc.data import read_transcripts
+from training.ctc.loss import ctc_batch_loss
 from training.curves import plot_learning_curve
 from training.data import Batch, BatchLoader, Normalizer, PassSpec, SplitIndex, spec_augment
 from training.example_servers import ExampleServers, load_clean_sources
@@ -203,7 +205,10 @@ def batch_loss(model: nn.Module, batch: Any, tc: TrainConfig,
                to_phone: torch.Tensor | None = None) -> LossOut:
     """CE on hard labels or distillation from top-k targets; with `to_phone` (the
     [classes, phones] 0/1 map of `phone_matrix`) plus train.phone_weight x the same
-    criterion on phones."""
+    criterion on phones. A minibatch of transcripts (the CTC student's) is scored by CTC
+    (training/ctc/loss.py)."""
+    if batch.tokens is not None:
+        return ctc_batch_loss(model, batch)
     logits = batch_logits(model, batch)
     fill, temperature = tc.distill.topk_fill, tc.distill.temperature
     if batch.labels is not None:
@@ -361,15 +366,18 @@ def train_fingerprint(tc: TrainConfig) -> dict[str, Any]:
 def plan_fingerprint(plan: WorkerPlan) -> dict[str, Any]:
     """What makes two trainings the same training: a checkpoint resumes, and train.grow's
     finished phone stage is taken, only under the same fingerprint."""
-    return {"train": train_fingerprint(plan.cfg.train),
-            "model": _model_fingerprint(plan.cfg.model, plan.kind), "kind": plan.kind,
-            "splits": plan.splits, "num_classes": plan.num_classes, "inputs": plan.inputs}
+    fp = {"train": train_fingerprint(plan.cfg.train),
+          "model": _model_fingerprint(plan.cfg.model, plan.kind), "kind": plan.kind,
+          "splits": plan.splits, "num_classes": plan.num_classes, "inputs": plan.inputs}
+    if plan.ctc is not None:  # the CTC student's targets: its tokenizer and transcripts
+        fp["tokens"] = {"tokenizer": plan.ctc.tokenizer["digest"], "counts": plan.ctc.counts}
+    return fp
 
 
 def grows(tc: TrainConfig) -> bool:
     """Whether `amflow train` trains train.grow's phone stage first: unless a model to
     start from is given (the sequence recipe's always is)."""
-    return tc.grow and tc.recipe != "sequence" and not tc.init_model
+    return tc.grow and tc.recipe != "sequence" and not tc.init_model and tc.model != "ctc"
 
 
 def config_fingerprint(cfg: Config, inputs: dict[str, Any]) -> dict[str, Any]:
@@ -511,7 +519,7 @@ class Trainer:
             self.model = self.model.to(self.device)
         else:
             self.model = build_model(self.kind, plan.feat_dim, plan.num_classes,
-                                     self.cfg.model).to(self.device)
+                                     self.cfg.model, stack=plan.stack).to(self.device)
         self.model.train()
         self.optimizer = build_optimizer(tc, self.model)
         local_opt: Any = self.optimizer
@@ -526,6 +534,9 @@ class Trainer:
         self.passes = plan_passes(tc, self.stack)
         self.sched = LRSchedule(tc, self.passes)
         self.norm = Normalizer.from_stats(plan.cmvn, plan.feat_dim)
+        # the CTC student's targets: every worker reads the driver's tokenised transcripts
+        self.transcripts = (read_transcripts(self.storage, plan.ctc.transcripts_uri)
+                            if plan.ctc is not None else None)
         right = tc.batches.chunk_right_context
         if right < 0:
             right = (getattr(self.model, "lookahead", None) if self.kind == "student"
@@ -533,7 +544,9 @@ class Trainer:
         self.input = build_input(self, int(right))
         self.dev_index = None
         if plan.splits.get("dev"):
-            full_dev = SplitIndex.load(self.storage, plan.splits["dev"], "auto", plan.feat_dim)
+            full_dev = SplitIndex.load(self.storage, plan.splits["dev"],
+                                       "auto" if self.transcripts is None else "tokens",
+                                       plan.feat_dim, self.transcripts, self.out_per_row)
             self.dev_index = full_dev.subset(np.arange(len(full_dev)) % self.world == self.rank)
         # Every worker runs the same number of minibatches per pass (sync algorithms need it).
         local_counts = [self.input.num_batches(p) for p in self.passes]
@@ -566,7 +579,7 @@ class Trainer:
     def _to_phone(self) -> torch.Tensor | None:
         """The class -> phone map for train.phone_weight (built once, not per minibatch),
         which needs context-dependent classes."""
-        if self.tc.phone_weight == 0:
+        if self.tc.phone_weight == 0 or self.plan.ctc is not None:  # no phones in ctc
             return None
         if not self.plan.context:
             raise StepError("train.phone_weight needs context-dependent classes (the leaves "
@@ -574,6 +587,11 @@ class Trainer:
                             "phones already")
         leaf_center = ContextTree.from_dict(self.plan.context).leaf_center
         return phone_matrix(torch.as_tensor(leaf_center)).to(self.device)
+
+    @property
+    def out_per_row(self) -> float:
+        """Model outputs per stored row (the CTC model subsamples the 10 ms frames)."""
+        return self.stack / getattr(self.model, "subsampling", self.stack)
 
     # -- phases
     def run(self) -> dict[str, Any]:
@@ -844,7 +862,9 @@ class Trainer:
                                   "workers": self.world, "metrics": summary["metrics"],
                                   **context_info(self.plan.context),
                                   **({"data_window": self.plan.data_window}
-                                     if self.plan.data_window else {})})
+                                     if self.plan.data_window else {}),
+                                  **({"tokenizer": self.plan.ctc.tokenizer}
+                                     if self.plan.ctc is not None else {})})
         summary["model_uri"] = model_uri
         summary["model_bytes"] = nbytes
         return summary
@@ -877,7 +897,8 @@ def build_input(trainer: Trainer, right: int) -> InputSource:
     share of the labeled split every pass (training/example_servers.py)."""
     t = trainer
     stored = StoredPartitions(t.storage, t.tc, t.plan.splits, {p.kind for p in t.passes},
-                              t.rank, t.world, t.plan.feat_dim, t.stack, right, t.norm)
+                              t.rank, t.world, t.plan.feat_dim, t.stack, right, t.norm,
+                              t.transcripts, t.out_per_row)
     if not t.tc.augment.enabled:
         return stored
     cfg = t.cfg

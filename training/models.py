@@ -196,8 +196,14 @@ def resolve_num_classes(model_cfg: ModelConfig, phones: Sequence[str] | None,
     return len(phones)
 
 
-def build_model(kind: str, input_dim: int, num_classes: int, model_cfg: ModelConfig) -> nn.Module:
-    """`kind` is 'student' or 'teacher'; sizes come from `model_cfg` (config.model)."""
+def build_model(kind: str, input_dim: int, num_classes: int, model_cfg: ModelConfig,
+                stack: int = 3) -> nn.Module:
+    """`kind` is 'student', 'teacher' or 'ctc'; sizes come from `model_cfg` (config.model);
+    `stack` (features.stack) is how the CTC model unstacks its input into fbank frames."""
+    if kind == "ctc":
+        from training.ctc.model import ctc_model_from_config
+
+        return ctc_model_from_config(input_dim, num_classes, stack, model_cfg.ctc)
     if kind == "student":
         s = model_cfg.student
         return StudentLSTM(input_dim, s.hidden, s.layers, num_classes, s.lookahead,
@@ -211,6 +217,8 @@ def build_model(kind: str, input_dim: int, num_classes: int, model_cfg: ModelCon
 
 def model_spec(model: nn.Module) -> dict[str, Any]:
     """What is needed to rebuild `model` from a checkpoint (plain JSON types)."""
+    if getattr(model, "kind", "") == "ctc":
+        return {"format": SPEC_FORMAT, "kind": "ctc", **model.config}
     lstm = model.lstm
     spec = {"format": SPEC_FORMAT, "kind": model.kind, "input_dim": lstm.input_size,
             "hidden": lstm.hidden_size, "layers": lstm.num_layers,
@@ -222,6 +230,10 @@ def model_spec(model: nn.Module) -> dict[str, Any]:
 
 
 def model_from_spec(spec: dict[str, Any]) -> nn.Module:
+    if spec["kind"] == "ctc":
+        from training.ctc.model import CtcModel
+
+        return CtcModel(**{k: v for k, v in spec.items() if k not in ("format", "kind")})
     if spec["kind"] == "student":
         return StudentLSTM(spec["input_dim"], spec["hidden"], spec["layers"],
                            spec["num_classes"], spec.get("lookahead", 0), spec.get("dropout", 0.0))

@@ -67,6 +67,8 @@ class WorkerPlan:
     # what the training reads besides its config, by identity (training.launch.
     # training_inputs): a checkpoint resumes only into a training of the same inputs
     inputs: dict[str, Any] = field(default_factory=dict)
+    # train.model ctc: the tokenizer and the tokenised transcripts (training/ctc/data.py)
+    ctc: Any = None  # training.ctc.data.CtcData
     progress: bool = True  # print progress on rank 0
     # repartition/window.json: the daily_data partitions (intervals, digests) trained on
     # beside the run's own data; the model card records it. None: no window.

@@ -61,7 +61,8 @@ def plan_passes(train_cfg: TrainConfig, stack: int) -> list[PassInfo]:
             raise ValueError(f"train.finetune_epochs ({tc.passes.finetune_epochs}) exceeds "
                              f"train.epochs ({units})")
         for u in range(units):
-            mode = "full" if u >= units - full else "chunk"
+            # the CTC student's targets are whole transcripts: every pass is full-sequence
+            mode = "full" if u >= units - full or tc.model == "ctc" else "chunk"
             passes.append(PassInfo(len(passes), u, "labeled", mode, u % stack, 0, 1, 1.0, True))
     elif tc.recipe == "ssl":
         # The paper makes one pass over its million hours; a small unlabeled pool may be

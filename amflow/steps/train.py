@@ -38,7 +38,8 @@ def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
     if report["rejects"]:
         ctx.storage.write_parquet(ctx.path("rejects", "rejects.parquet"),
                                   rejects_table(report["rejects"]))
-    store_priors(ctx, plan, result["model_uri"])
+    if plan.ctc is None:  # class priors are for hybrid decoding; a CTC model has none
+        store_priors(ctx, plan, result["model_uri"])
     counts = dict(result["counts"])
     metrics = dict(result["metrics"])
     metrics["model_uri"] = result["model_uri"]
@@ -51,6 +52,10 @@ def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
         metrics["phone_stage_classes"] = phone_stage["classes"]
         metrics.update({f"phone_stage_{k}": first[k] for k in
                         ("dev_frame_acc", "dev_loss", "steps", "train_seconds") if k in first})
+    if plan.ctc is not None:
+        metrics["tokenizer"] = {k: plan.ctc.tokenizer[k] for k in ("kind", "digest")}
+        metrics["tokens"] = len(plan.ctc.tokenizer["symbols"])
+        metrics["transcripts"] = plan.ctc.counts
     inputs = {"repartition": ctx.other("repartition"),
               "cmvn": cmvn_source(ctx), "splits": report["splits"]}
     if plan.data_window:  # the daily_data intervals learned from (also in the model card)

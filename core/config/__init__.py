@@ -9,7 +9,7 @@ from core.config.errors import ConfigError  # noqa: F401
 from core.config.platform import S3Config, StorageConfig, DataConfig, RayConfig, RunnerConfig, CostConfig  # noqa: F401
 from core.config.corpus import CorpusConfig, IngestConfig  # noqa: F401
 from core.config.pipeline import SelectConfig, FeaturesConfig, LABEL_KEYS, features_dict, TargetsConfig, RepartitionConfig  # noqa: F401
-from core.config.model import StudentConfig, TeacherConfig, ModelConfig  # noqa: F401
+from core.config.model import StudentConfig, TeacherConfig, CtcConfig, ModelConfig  # noqa: F401
 from core.config.train import (AlgoConfig, AugmentConfig, BatchesConfig, CheckpointsConfig, DistillConfig, GROW_RECIPE, MaskingConfig, OptimConfig, PassesConfig, SEQUENCE_RECIPE, SequenceConfig, TRAIN_KEY_ORDER, TRAIN_KEYS, TRAIN_SECTIONS, TrainConfig, replace_train, train_key_type)  # noqa: F401
 from core.config.decode import EvaluateConfig, LmConfig, DecodeConfig, ReportConfig  # noqa: F401
 from core.config.pseudolabel import PseudolabelConfig  # noqa: F401

@@ -74,8 +74,21 @@ class DecodeConfig:
     # Ray actors that featurise, run the model and search (each one CPU).
     workers: int = 2
     batch_frames: int = 20000  # frames per forward batch of the model
+    # A CTC model (train.model ctc): tlg searches T o L o G (CTC topology, the tokens'
+    # spelling of each word, the LM; decoding/ctc_graph.py), greedy takes the best token
+    # per frame (no lexicon or LM).
+    ctc_search: str = "tlg"
+    # tlg: LM weights (the acoustic scale is their inverse) and blank penalties (subtracted
+    # from the blank's log-probability) tried on decode.tune_split, every pair; the best
+    # pair scores the split.
+    ctc_lm_weights: list[float] = field(default_factory=lambda: [0.3, 0.5, 0.8, 1.2])
+    blank_penalties: list[float] = field(default_factory=lambda: [0.0, 1.0, 2.0])
 
     def validate(self, key: str) -> None:
+        check(self.ctc_search in ("tlg", "greedy"), f"{key}.ctc_search", "must be tlg or greedy")
+        check(bool(self.ctc_lm_weights) and all(w > 0 for w in self.ctc_lm_weights),
+              f"{key}.ctc_lm_weights", "must be a non-empty list of weights > 0")
+        check(bool(self.blank_penalties), f"{key}.blank_penalties", "must be a non-empty list")
         check(bool(self.acwt) and all(a > 0 for a in self.acwt), f"{key}.acwt",
                "must be a non-empty list of scales > 0")
         check(self.tune_split in ("", "dev", "labeled"), f"{key}.tune_split",

@@ -32,8 +32,48 @@ class TeacherConfig:
 
 
 @dataclass
+class CtcConfig:
+    """The end-to-end CTC student (train.model: ctc; training/ctc/model.py): DeepSpeech2's
+    2-D convolutions over the fbank frames, recurrent layers, a CTC output over tokens."""
+
+    tokens: str = "char"  # output units: char (DS2's characters) or bpe (sentencepiece)
+    bpe_vocab: int = 64  # bpe: pieces to learn from the labeled transcripts (about)
+    channels: list[int] = field(default_factory=lambda: [32, 32])  # per 2-D convolution
+    # Per convolution, over the 10 ms frames: time strides (their product is the output's
+    # subsampling: 3 = the 33 Hz of the hybrid student), frequency strides, time kernels.
+    time_strides: list[int] = field(default_factory=lambda: [3, 1])
+    freq_strides: list[int] = field(default_factory=lambda: [2, 2])
+    time_kernels: list[int] = field(default_factory=lambda: [7, 3])
+    freq_kernel: int = 11  # mel bins each convolution spans
+    rnn: str = "gru"  # recurrent cell: gru, lstm or rnn (DS2's simple recurrence)
+    layers: int = 3  # recurrent layers, each with sequence-wise BatchNorm on its input
+    hidden: int = 256  # units per recurrent layer (per direction)
+    bidirectional: bool = False  # true: bidirectional layers (not streamable)
+    lookahead: int = 3  # unidirectional: row-convolution future steps (DS2 sec. 3.7)
+    dropout: float = 0.0  # between layers and before the output layer
+
+    def validate(self, key: str) -> None:
+        check(self.tokens in ("char", "bpe"), f"{key}.tokens", "must be char or bpe")
+        check(self.bpe_vocab >= 8, f"{key}.bpe_vocab", "must be >= 8")
+        n = len(self.channels)
+        check(n >= 1 and min(self.channels) >= 1, f"{key}.channels",
+              "must be a non-empty list of channel counts >= 1")
+        for name in ("time_strides", "freq_strides", "time_kernels"):
+            v = getattr(self, name)
+            check(len(v) == n and min(v) >= 1, f"{key}.{name}",
+                  f"must have one value >= 1 per convolution ({n}, as {key}.channels)")
+        check(self.freq_kernel >= 1, f"{key}.freq_kernel", "must be >= 1")
+        check(self.rnn in ("gru", "lstm", "rnn"), f"{key}.rnn", "must be gru, lstm or rnn")
+        check(self.layers >= 1, f"{key}.layers", "must be >= 1")
+        check(self.hidden >= 1, f"{key}.hidden", "must be >= 1")
+        check(self.lookahead >= 0, f"{key}.lookahead", "must be >= 0")
+        check(0 <= self.dropout < 1, f"{key}.dropout", "must be in [0, 1)")
+
+
+@dataclass
 class ModelConfig:
     student: StudentConfig = field(default_factory=StudentConfig)
     teacher: TeacherConfig = field(default_factory=TeacherConfig)
+    ctc: CtcConfig = field(default_factory=CtcConfig)  # the CTC student (train.model: ctc)
     # 0 = the run's phone inventory size; a larger number (e.g. 3183 senones) in config.
     num_classes: int = 0

@@ -312,7 +312,7 @@ TRAIN_SECTIONS: dict[str, type] = {
 class TrainConfig:
     """`train.*`, the user's flat keys grouped into typed sections (see TRAIN_KEYS)."""
 
-    model: str = "student"  # teacher | student
+    model: str = "student"  # teacher | student | ctc (the end-to-end student: model.ctc)
     # labeled: CE on hard labels; ssl: scheduled learning over unlabeled soft targets;
     # sequence: a sequence criterion (train.criterion mmi | smbr) on the labeled split,
     # starting from a CE / distilled model (train.init_model), the petabyte recipe's last
@@ -330,6 +330,11 @@ class TrainConfig:
     # grown into this run's context-dependent leaves (training/grow.py), else the classes
     # must be this run's.
     init_model: str = ""
+    # train.model ctc: the pseudo-labels to train on beside the labeled split's
+    # transcripts: a run id (its runs/<id>/pseudolabel/ step) or the URI of such a step's
+    # dir; its kept labels (labels/*.parquet, kept = true) of utterances in the unlabeled
+    # split's partitions. Empty: the labeled split alone (the CTC baseline).
+    pseudolabels: str = ""
     # With context-dependent classes: + phone_weight x the same criterion on each frame's
     # phone (the classes' probabilities summed per phone; training/losses.py phone_loss).
     # The logged train loss includes the term; the dev loss is the classes' CE alone.
@@ -378,7 +383,9 @@ class TrainConfig:
         return getattr(self, section) if section else self
 
     def validate(self, key: str) -> None:
-        check(self.model in ("teacher", "student"), f"{key}.model", "must be teacher or student")
+        check(self.model in ("teacher", "student", "ctc"), f"{key}.model",
+              "must be teacher, student or ctc")
+        self._validate_ctc(key)
         check(self.recipe in ("labeled", "ssl", "sequence"), f"{key}.recipe",
                "must be labeled, ssl or sequence")
         check(self.algorithm in ("sgd", "gtc", "bmuf", "htm", "ma"), f"{key}.algorithm",
@@ -407,6 +414,19 @@ class TrainConfig:
                f"is {criterion} with train.recipe={self.recipe}: the sequence recipe "
                "takes mmi or smbr, the labeled and ssl recipes take ce")
 
+    def _validate_ctc(self, key: str) -> None:
+        """The CTC student trains on whole transcripts (labeled + pseudo-labels), one recipe.
+        train.grow and train.phone_weight (phone classes) do not apply to it: ignored."""
+        if self.model != "ctc":
+            check(not self.pseudolabels, f"{key}.pseudolabels",
+                  f"are transcripts for train.model ctc (train.model is {self.model})")
+            return
+        check(self.recipe == "labeled", f"{key}.recipe",
+              "must be labeled with train.model ctc (pseudo-labels: train.pseudolabels)")
+        check(not self.augment.enabled, f"{key}.augment.enabled",
+              "the example servers render frame labels; train.model ctc reads transcripts "
+              "(SpecAugment: train.freq_masks / train.time_masks)")
+
 
 def _section_keys() -> dict[str, str]:
     keys = {f.name: "" for f in dataclasses.fields(TrainConfig) if f.name not in TRAIN_SECTIONS}
@@ -434,7 +454,7 @@ TRAIN_KEY_ORDER: tuple[str, ...] = (
     "natural_gradient", "ng_alpha", "use_gpu", "criterion", "sequence_numerator",
     "sequence_ce_weight", "sequence_l2", "leaky_hmm", "sequence_am_scale",
     "sequence_prior_scale", "den_ngram_order", "den_min_count", "teacher_recipe",
-    "sequence_recipe", "init_model", "phone_weight", "grow", "grow_recipe")
+    "sequence_recipe", "init_model", "phone_weight", "grow", "grow_recipe", "pseudolabels")
 
 
 assert set(TRAIN_KEY_ORDER) == set(TRAIN_KEYS) and len(TRAIN_KEY_ORDER) == len(TRAIN_KEYS)

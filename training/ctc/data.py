@@ -1,0 +1,175 @@
+"""The CTC student's training data: transcripts as token ids beside the stored features.
+
+The features are the repartition step's partitions, as for the hybrid students (the
+labeled split; with train.pseudolabels also the unlabeled split); the targets are not
+frame labels but each utterance's transcript, tokenised:
+
+    prepare_transcripts(storage, cfg, train_dir) -> CtcData      (the driver, once)
+        the labeled split's transcripts (corpus metadata `text`) train the tokenizer
+        (model.ctc.tokens: char | bpe); those, the dev split's and the kept pseudo-labels
+        (train.pseudolabels: <run>/pseudolabel/labels/*.parquet, kept = true) are
+        tokenised into <train_dir>/tokens/transcripts.parquet (utt_id, tokens, source);
+        the tokenizer is kept in <train_dir>/tokens/tokenizer.json (and bpe.model), and
+        reused as it is when a killed training is re-run
+    read_transcripts(storage, uri) -> {utt_id: int32 token ids}   (every worker)
+    token_reasons(...)    why a row cannot be trained on: no_transcript, or
+                          too_short_for_tokens (fewer model outputs than CTC needs)
+    collate_tokens(...)   whole utterances -> a `training.data.Batch` with tokens
+
+An utterance of the labeled split keeps its own transcript over a pseudo-label.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import torch
+
+from core.runs import StepError
+from core.storage import Storage, join
+from training.ctc.tokens import Tokenizer, TokenizerError, ctc_min_frames, train_tokenizer
+
+log = logging.getLogger(__name__)
+
+TOKENS_DIR = "tokens"
+PSEUDO_COLUMNS = ("utt_id", "text", "kept")
+
+
+@dataclass(frozen=True)
+class CtcData:
+    """What the workers of a CTC training read besides the partitions."""
+
+    tokenizer: dict[str, Any]  # Tokenizer.to_dict()
+    transcripts_uri: str  # <train_dir>/tokens/transcripts.parquet
+    counts: dict[str, int]  # transcripts per source (labeled, dev, pseudo)
+
+
+def pseudolabel_dir(root: str, value: str) -> str:
+    """train.pseudolabels: a run id (its pseudolabel step) or the step dir's URI."""
+    if "/" in value:
+        return value.rstrip("/")
+    return join(root, "runs", value, "pseudolabel")
+
+
+def read_pseudolabels(storage: Storage, step_dir: str) -> dict[str, str]:
+    """{utt_id: text} of the kept pseudo-labels of a finished pseudolabel step."""
+    if not storage.exists(join(step_dir, "_SUCCESS.json")):
+        raise StepError(f"train.pseudolabels: {step_dir} has no _SUCCESS.json (run `amflow "
+                        "pseudolabel` for that run first, or clear train.pseudolabels)")
+    uris = storage.list(join(step_dir, "labels"), suffix=".parquet")
+    if not uris:
+        raise StepError(f"train.pseudolabels: {step_dir}/labels holds no *.parquet")
+    out: dict[str, str] = {}
+    for uri in uris:
+        t = storage.read_parquet(uri, columns=list(PSEUDO_COLUMNS))
+        t = t.filter(pc.equal(t.column("kept"), True))
+        out.update(zip(t.column("utt_id").to_pylist(), t.column("text").to_pylist()))
+    return {u: x for u, x in out.items() if x}
+
+
+def split_texts(storage: Storage, corpus: str, split: str) -> dict[str, str]:
+    from tasks.select import records_of_split
+
+    recs, _ = records_of_split(storage, corpus, split)
+    return {r.utt_id: r.text for r in recs if r.text}
+
+
+def _tokenizer(storage: Storage, tok_dir: str, texts: list[str], cfg: Any) -> Tokenizer:
+    """The training's tokenizer: the one kept in `tok_dir` (a re-run), else trained."""
+    uri = join(tok_dir, "tokenizer.json")
+    if storage.exists(uri):
+        return Tokenizer.from_dict(storage.read_json(uri))
+    try:
+        tok = train_tokenizer(texts, cfg.tokens, cfg.bpe_vocab)
+    except TokenizerError as exc:
+        raise StepError(f"model.ctc.tokens: {exc}") from exc
+    storage.write_json(uri, tok.to_dict())
+    if tok.sp_model:
+        storage.write_bytes(join(tok_dir, "bpe.model"), tok.sp_model)
+    storage.write_text(join(tok_dir, "tokens.txt"),
+                       "".join(f"{s} {i}\n" for i, s in enumerate(tok.symbols)))
+    return tok
+
+
+def prepare_transcripts(storage: Storage, cfg: Any, train_dir: str) -> CtcData:
+    """Tokenizer and tokenised transcripts of a CTC training (see the module doc)."""
+    tc = cfg.train
+    corpus = cfg.data.corpus
+    labeled = split_texts(storage, corpus, tc.batches.labeled_split)
+    if not labeled:
+        raise StepError(f"the corpus {corpus} has no transcripts (`text`) in split "
+                        f"'{tc.batches.labeled_split}' for train.model ctc")
+    tok_dir = join(train_dir, TOKENS_DIR)
+    tok = _tokenizer(storage, tok_dir, [labeled[u] for u in sorted(labeled)], cfg.model.ctc)
+    sources: dict[str, dict[str, str]] = {"labeled": labeled}
+    if tc.batches.dev_split:
+        sources["dev"] = split_texts(storage, corpus, tc.batches.dev_split)
+    if tc.pseudolabels:
+        pseudo = read_pseudolabels(storage, pseudolabel_dir(cfg.storage.root, tc.pseudolabels))
+        sources["pseudo"] = {u: x for u, x in pseudo.items() if u not in labeled}
+    rows: dict[str, tuple[list[int], str]] = {}
+    for source, texts in sources.items():
+        for u in sorted(texts):
+            ids = tok.encode(texts[u])
+            if ids and u not in rows:
+                rows[u] = (ids, source)
+    utts = sorted(rows)
+    table = pa.table({"utt_id": utts,
+                      "tokens": pa.array([rows[u][0] for u in utts], pa.list_(pa.int32())),
+                      "source": [rows[u][1] for u in utts]})
+    uri = join(tok_dir, "transcripts.parquet")
+    storage.write_parquet(uri, table)
+    counts = {s: sum(1 for u in utts if rows[u][1] == s) for s in sources}
+    log.info("ctc transcripts: %s, %d %s tokens", counts, tok.num_classes, tok.kind)
+    return CtcData(tok.to_dict(), uri, counts)
+
+
+def read_transcripts(storage: Storage, uri: str) -> dict[str, np.ndarray]:
+    t = storage.read_parquet(uri, columns=["utt_id", "tokens"])
+    return {u: np.asarray(v, np.int64) for u, v in
+            zip(t.column("utt_id").to_pylist(), t.column("tokens").to_pylist())}
+
+
+def token_reasons(reason: np.ndarray, utts: list[str], frames: np.ndarray,
+                  transcripts: dict[str, np.ndarray], out_per_row: float) -> np.ndarray:
+    """`reason` (per row, "" = usable so far) with the rows that have no transcript or
+    too few model outputs for theirs marked. One row is kept in hand for frame offsets."""
+    reason = reason.copy()
+    for i, u in enumerate(utts):
+        if reason[i]:
+            continue
+        ids = transcripts.get(u)
+        if ids is None or len(ids) == 0:
+            reason[i] = "no_transcript"
+        elif int((frames[i] - 1) * out_per_row) < ctc_min_frames(ids.tolist()):
+            reason[i] = "too_short_for_tokens"
+    return reason
+
+
+def collate_tokens(cache: dict[int, tuple], pieces: np.ndarray, feat_dim: int,
+                   keep_utts: bool):
+    """Whole utterances (full-sequence pieces) -> a Batch with zero-padded features and
+    token targets."""
+    from training.data import Batch
+
+    if bool((pieces[:, 1] != 0).any()) or bool((pieces[:, 3] != 0).any()):
+        raise StepError("train.model ctc trains on whole utterances: a chunked pass reached "
+                        "it (training/schedules.py plans full passes for ctc)")
+    b = len(pieces)
+    lens = (pieces[:, 2] - pieces[:, 1]).astype(np.int64)
+    x = np.zeros((b, int(lens.max()), feat_dim), np.float32)
+    mask = np.zeros(x.shape[:2], bool)
+    toks = [cache[int(u)][1] for u in pieces[:, 0]]
+    y = np.zeros((b, max(len(t) for t in toks)), np.int64)
+    for i, (u, s0, e0, _, _) in enumerate(pieces):
+        x[i, :e0 - s0] = cache[int(u)][0][s0:e0]
+        mask[i, :e0 - s0] = True
+        y[i, :len(toks[i])] = toks[i]
+    tl = torch.tensor([len(t) for t in toks], dtype=torch.long)
+    return Batch(torch.from_numpy(x), torch.from_numpy(lens), torch.from_numpy(mask),
+                 frames=int(tl.sum()), utts=[int(u) for u in pieces[:, 0]] if keep_utts else None,
+                 tokens=torch.from_numpy(y), token_lengths=tl)

@@ -1,0 +1,66 @@
+"""The CTC student's `WorkerPlan`: what `training.launch.build_plan` resolves for
+train.model ctc.
+
+    splits   labeled: the labeled split's partitions, plus with train.pseudolabels the
+             unlabeled split's (their rows with a kept pseudo-label train, the rest are
+             counted as no_transcript); dev: the dev split's
+    classes  the tokenizer's symbols (blank first), not phones.json
+    ctc      the tokenizer and the tokenised transcripts (training/ctc/data.py)
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from core.runs import Reject, StepContext, StepError
+from training.ctc.data import prepare_transcripts, read_transcripts
+from training.data import SplitIndex, partition_uris
+from training.plan import LaunchSpec, WorkerPlan
+
+
+def _split_uris(ctx: StepContext, name: str, why: str) -> list[str]:
+    uris = partition_uris(ctx.storage, ctx.other("repartition", name))
+    if not uris:
+        raise StepError(f"train.model ctc{why} needs split '{name}', but "
+                        f"{ctx.other('repartition', name)} has no part-*.parquet")
+    return uris
+
+
+def build_ctc_plan(ctx: StepContext, train_dir: str, cmvn: dict, inputs: dict[str, Any],
+                   launch: LaunchSpec) -> tuple[WorkerPlan, dict[str, Any]]:
+    cfg = ctx.cfg
+    tc = cfg.train
+    data = prepare_transcripts(ctx.storage, cfg, train_dir)
+    transcripts = read_transcripts(ctx.storage, data.transcripts_uri)
+    out_per_row = cfg.features.stack / math.prod(cfg.model.ctc.time_strides)
+    names = [tc.batches.labeled_split] + ([tc.batches.unlabeled_split] if tc.pseudolabels else [])
+    report: dict[str, Any] = {"splits": {}, "rejects": [], "transcripts": data.counts}
+    labeled: list[str] = []
+    feat_dim = None
+    for name in names:
+        uris = _split_uris(ctx, name, " (train.pseudolabels)" if labeled else "")
+        index = SplitIndex.load(ctx.storage, uris, "tokens", feat_dim, transcripts, out_per_row)
+        feat_dim = feat_dim or index.feat_dim
+        labeled += uris
+        report["splits"][name] = {"partitions": len(uris), "rows": index.rows_in,
+                                  "usable": len(index), "rejected": index.rejected,
+                                  "frames": index.total_frames}
+        report["rejects"] += [Reject(u, r, f"split {name}", name) for u, r in index.reject_ids]
+    if not report["splits"][tc.batches.labeled_split]["usable"]:
+        raise StepError(f"split '{tc.batches.labeled_split}' has no row with a transcript "
+                        f"that fits its frames: {report['splits']}")
+    if len(labeled) < tc.workers:
+        raise StepError(f"{len(labeled)} partitions, fewer than train.workers={tc.workers}: "
+                        "re-run repartition for that many workers")
+    splits = {"labeled": labeled}
+    dev = (partition_uris(ctx.storage, ctx.other("repartition", tc.batches.dev_split))
+           if tc.batches.dev_split else [])
+    if dev:
+        splits["dev"] = dev
+        report["splits"][tc.batches.dev_split] = {"partitions": len(dev)}
+    symbols = list(data.tokenizer["symbols"])
+    plan = WorkerPlan(cfg=cfg, run_id=ctx.run_id, train_dir=train_dir, kind="ctc",
+                      splits=splits, cmvn=cmvn, phones=symbols, num_classes=len(symbols),
+                      feat_dim=int(feat_dim or 0), stack=cfg.features.stack, inputs=inputs,
+                      launch=launch, ctc=data)
+    return plan, report
