@@ -1,0 +1,145 @@
+"""The decoding graph T o L o G of a CTC model (training/ctc/): tokens to words.
+
+    build_tlg(tokenizer, arpa_text, words=None) -> DecodingGraph
+        L: the token-to-word lexicon: each word of the vocabulary (the LM's unigrams, or
+           `words`) spelled by the model's tokenizer (Tokenizer.encode_word: the word-start
+           piece, then characters or BPE pieces), with disambiguation symbols #1.. on
+           spellings that are prefixes or duplicates of others (decoding.graph's rule) and
+           a #0 self-loop that passes G's back-off disambiguator; no optional silence (a
+           CTC model's blank covers pauses). Words the tokenizer can only spell with
+           <unk> are left out (counted in info.unspellable).
+        G: the ARPA LM (kaldilm.arpa2fst).
+        LG = det(L o G), minimised, disambiguators removed (decoding.graph.build_lg's
+           steps), then T, the CTC topology: every token arc becomes an entry arc and a
+           state that loops on the token (a token lasts one frame or more) and leaves by
+           epsilon, and every state gets a blank self-loop (blanks before, between and
+           after tokens). Like k2's compact CTC topology it also lets two equal tokens
+           follow each other without a blank between them.
+        Input labels: class id + 1 (class 0, the blank, is label 1): kaldi-decoder's
+        DecodableCtc reads column i-1 for label i, so the score matrix is the model's
+        log-probabilities (acwt-scaled, blank penalty subtracted) as they come.
+
+The search is decoding.search.Searcher's (FasterDecoder), as for the hybrid graphs.
+"""
+from __future__ import annotations
+
+import time
+from typing import Iterable
+
+from decoding.graph import (DISAMBIG_BACKOFF, EPS, DecodingGraph, GraphError, _add_self_loops,
+                            _disambiguated, _remove_disambig)
+from decoding.lexicon import Lexicon
+
+BLANK_LABEL = 1
+
+
+def lm_words(arpa_text: str) -> list[str]:
+    """The LM's unigrams, <s>, </s> and <unk> aside."""
+    out, section = set(), None
+    for line in arpa_text.splitlines():
+        if line.startswith("\\"):
+            section = line.strip()
+            continue
+        if section == "\\1-grams:" and "\t" in line:
+            out.add(line.split("\t")[1].strip())
+    return sorted(out - {"<s>", "</s>", "<unk>"})
+
+
+def spelling_lexicon(tokenizer, words: Iterable[str]) -> tuple[Lexicon, list[str]]:
+    """(word -> its token spelling as a Lexicon, the words left out as unspellable)."""
+    lex, skipped = Lexicon(), []
+    for w in words:
+        if tokenizer.spellable(w):
+            lex.add(w, [tokenizer.symbols[i] for i in tokenizer.encode_word(w)])
+        else:
+            skipped.append(w)
+    return lex, skipped
+
+
+def _l_text(lex: Lexicon, token_label: dict[str, int], word_id: dict[str, int],
+            disambig_label: list[int]) -> str:
+    """L as FST text: one loop state (0) that every spelling leaves and returns to."""
+    lines = [f"0 0 {disambig_label[0]} {word_id[DISAMBIG_BACKOFF]} 0"]
+    next_state = 1
+    entries, _ = _disambiguated(lex)
+    for word, spelling, k in entries:
+        labels = [token_label[t] for t in spelling] + ([disambig_label[k]] if k else [])
+        src, out = 0, word_id[word]
+        for lab in labels[:-1]:
+            lines.append(f"{src} {next_state} {lab} {out} 0")
+            src, out, next_state = next_state, 0, next_state + 1
+        lines.append(f"{src} 0 {labels[-1]} {out} 0")
+    lines.append("0 0")
+    return "\n".join(lines) + "\n"
+
+
+def _lg_text(lex: Lexicon, arpa_text: str, symbols: list[str]) -> tuple[str, list[str], dict]:
+    import os
+    import tempfile
+
+    import kaldifst
+    import kaldilm
+
+    token_label = {s: i + 1 for i, s in enumerate(symbols)}
+    _, max_disambig = _disambiguated(lex)
+    disambig_label = [len(symbols) + 1 + k for k in range(max_disambig + 1)]
+    words = [EPS] + sorted(lex.prons) + [DISAMBIG_BACKOFF, "<s>", "</s>"]
+    word_id = {w: i for i, w in enumerate(words)}
+    with tempfile.TemporaryDirectory() as tmp:
+        sym, arpa = os.path.join(tmp, "words.txt"), os.path.join(tmp, "lm.arpa")
+        with open(sym, "w") as f:
+            f.writelines(f"{w} {i}\n" for i, w in enumerate(words))
+        with open(arpa, "w") as f:
+            f.write(arpa_text)
+        g_text = kaldilm.arpa2fst(input_arpa=arpa, disambig_symbol=DISAMBIG_BACKOFF,
+                                  read_symbol_table=sym, max_arpa_warnings=0)
+    G = kaldifst.compile(g_text, acceptor=False)
+    L = kaldifst.compile(_l_text(lex, token_label, word_id, disambig_label))
+    kaldifst.arcsort(L, sort_type="olabel")
+    kaldifst.arcsort(G, sort_type="ilabel")
+    LG = kaldifst.compose(L, G)
+    if kaldifst.determinize_star(LG, use_log=True):
+        raise GraphError("determinisation of L o G stopped early")
+    kaldifst.minimize_encoded(LG)
+    text = _remove_disambig(LG.to_str(show_weight_one=True), disambig_label[0])
+    info = {"words": len(words) - 4, "disambig_symbols": max_disambig,
+            "G_states": G.num_states, "LG_states": LG.num_states}
+    return text, words, info
+
+
+def _states(text: str) -> set[int]:
+    states = set()
+    for r in text.strip().splitlines():
+        f = r.split()
+        states.add(int(f[0]))
+        if len(f) > 2:
+            states.add(int(f[1]))
+    return states
+
+
+def _ctc_topology(lg_text: str, num_classes: int) -> str:
+    """T applied to LG's text: token arcs expanded (entry + self-loop + epsilon exit), and
+    a blank self-loop on each of LG's own states only: a blank inside a token's state
+    would let "t <blank> t" read as one t, where CTC reads two."""
+    blank_loops = "".join(f"{s} {s} {BLANK_LABEL} 0 0\n" for s in sorted(_states(lg_text)))
+    return _add_self_loops(lg_text, num_classes) + blank_loops
+
+
+def build_tlg(tokenizer, arpa_text: str, words: Iterable[str] | None = None) -> DecodingGraph:
+    """T o L o G for `tokenizer`'s model (see the module doc)."""
+    import kaldifst
+
+    t0 = time.time()
+    vocab = list(words) if words is not None else lm_words(arpa_text)
+    lex, skipped = spelling_lexicon(tokenizer, vocab)
+    if not lex.prons:
+        raise GraphError("no word of the LM can be spelled with the model's tokens")
+    lg, out_words, info = _lg_text(lex, arpa_text, list(tokenizer.symbols))
+    # tokens are labels 2..V (class + 1); the blank (label 1) gets no entry/loop state
+    fst = kaldifst.compile(_ctc_topology(lg, tokenizer.num_classes))
+    kaldifst.arcsort(fst, sort_type="ilabel")
+    info = {"kind": "TLG", "tokens": tokenizer.num_classes, "tokenizer": tokenizer.digest,
+            **info, "unspellable": len(skipped), "TLG_states": fst.num_states,
+            "TLG_arcs": sum(fst.num_arcs(s) for s in range(fst.num_states)),
+            "build_s": round(time.time() - t0, 2)}
+    return DecodingGraph(fst, out_words, info)
