@@ -24,7 +24,7 @@ import os
 import shutil
 import tempfile
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -95,12 +95,14 @@ def _build(lex: Lexicon, arpa: str, classes: Sequence[str], sil_prob: float,
     return G.build_graph(lex, arpa, classes, sil_prob)
 
 
-def ensure_graph(storage, graph_root: str, lex: Lexicon, lex_text: str, arpa: str,
+def ensure_graph(storage, graph_root: str, lex: Lexicon | None, lex_text: str, arpa: str,
                  classes: Sequence[str], sil_prob: float,
-                 context: dict | None = None) -> tuple[str, dict]:
+                 context: dict | None = None,
+                 builder: Callable[[], G.DecodingGraph] | None = None) -> tuple[str, dict]:
     """A local directory holding HLG for (lexicon, LM, classes): cached under graph_root.
     With `context` (ModelCard.context) the classes are the network tree's leaves and the
-    graph is H o C o L o G (decoding/context.py)."""
+    graph is H o C o L o G (decoding/context.py). `builder`: another graph of these inputs
+    (a CTC model's T o L o G, decoding/ctc_graph.py), cached the same way."""
     key_classes = list(classes) + ([json.dumps(context, sort_keys=True)] if context else [])
     key = G.graph_key(lex_text, arpa, key_classes, sil_prob)
     remote = join(graph_root, key)
@@ -111,7 +113,7 @@ def ensure_graph(storage, graph_root: str, lex: Lexicon, lex_text: str, arpa: st
         _copy_graph(storage, remote, local)
         return local, G.read_graph(local).info
     try:
-        graph = _build(lex, arpa, classes, sil_prob, context)
+        graph = builder() if builder else _build(lex, arpa, classes, sil_prob, context)
     except (G.GraphError, ContextTreeError) as exc:
         raise StepError(f"cannot build the decoding graph: {exc}") from exc
     tmp = tempfile.mkdtemp(prefix="amflow-graph-")

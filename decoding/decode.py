@@ -180,10 +180,12 @@ def _workers_that_fit(wanted: int, resources: dict) -> int:
 
 class Pool:
     """decode.workers DecodeWorker actors (or `worker`, a subclass) behind
-    ray.util.ActorPool."""
+    ray.util.ActorPool; a worker of another kind (decoding/ctc_decode.py's) with the same
+    score / search methods takes `worker_args` after the model's bytes."""
 
     def __init__(self, ctx: StepContext, model_bytes: bytes, graph_dir: str,
-                 log_prior: np.ndarray, corpus: str, worker: type = DecodeWorker):
+                 log_prior: np.ndarray | None, corpus: str, worker: type = DecodeWorker,
+                 worker_args: tuple | None = None):
         import ray
         from ray.util import ActorPool
 
@@ -194,8 +196,9 @@ class Pool:
         self.workers = _workers_that_fit(dc.workers, ray.cluster_resources())
         actor = ray.remote(num_cpus=1, **_pool_resources(ctx))(worker)
         model_ref = ray.put(model_bytes)
-        self.actors = [actor.remote(model_ref, graph_dir, log_prior, corpus, ctx.cfg.storage,
-                                    dc.beam, dc.max_active) for _ in range(self.workers)]
+        args = worker_args if worker_args is not None else (
+            graph_dir, log_prior, corpus, ctx.cfg.storage, dc.beam, dc.max_active)
+        self.actors = [actor.remote(model_ref, *args) for _ in range(self.workers)]
         self.pool = ActorPool(self.actors)
 
     def score(self, shards: list[list], desc: str) -> list[dict]:
@@ -207,7 +210,9 @@ class Pool:
         prog.close()
         return out
 
-    def search(self, scored: list[dict], acwt: float, desc: str) -> tuple[list, float, int]:
+    def search(self, scored: list[dict], acwt: Any, desc: str) -> tuple[list, float, int]:
+        """Hyps of every scored utterance; `acwt` is what the workers' search takes (the
+        hybrid's acoustic scale, a CTC worker's setting)."""
         prog = Progress(sum(len(s["utts"]) for s in scored), desc=desc, unit="utts",
                         interval_s=10)
         hyps, search_s, frames = [], 0.0, 0
@@ -305,6 +310,11 @@ def write_hyps(ctx: StepContext, rows: list[dict]) -> None:
     ctx.storage.write_parquet(ctx.path("hyps.parquet"), pa.Table.from_pylist(rows))
 
 
+def _blank(setting: dict) -> str:
+    """A CTC search's blank penalty beside its acwt (decoding/ctc_decode.py)."""
+    return f" blank {setting['blank_penalty']}" if "blank_penalty" in setting else ""
+
+
 def render(result: dict) -> str:
     lines = [f"{'condition':<10} {'words':>6} {'WER %':>7} {'SER %':>7} {'sub':>6} {'del':>6} {'ins':>6}"]
     for c, d in result["per_condition_detail"].items():
@@ -313,8 +323,9 @@ def render(result: dict) -> str:
     lines.append(f"{'all':<10} {result['ref_words']:>6} {100 * result['wer']:>7.2f} "
                  f"{100 * result['ser']:>7.2f} {100 * result['sub']:>6.2f} "
                  f"{100 * result['del']:>6.2f} {100 * result['ins']:>6.2f}")
-    tuned = ", ".join(f"{r['acwt']}: {100 * r['wer']:.2f} %" for r in result["tuning"])
-    lines.append(f"acwt {result['acwt']} (tuned on {result['tune_split'] or 'nothing'}: {tuned}); "
+    tuned = ", ".join(f"{r['acwt']}{_blank(r)}: {100 * r['wer']:.2f} %"
+                      for r in result["tuning"])
+    lines.append(f"acwt {result['acwt']}{_blank(result)} (tuned on {result['tune_split'] or 'nothing'}: {tuned}); "
                  f"{result['rtf']['x_real_time_per_core']}x real time per core "
                  f"(model + search)")
     return "\n".join(lines)

@@ -127,6 +127,43 @@ def _decode(ctx: StepContext, a: DecoderAssets, corpus: str, split: str) -> tupl
     return result, dict(metrics=metrics, counts=counts)
 
 
+def _card(read: dict[str, bytes], model: str):
+    from training.checkpoint import card_from_bytes
+
+    return card_from_bytes(read[model], model)[1]
+
+
+def ctc_graph(ctx: StepContext, card, read: dict[str, bytes]) -> tuple[str, dict, set]:
+    """A CTC model's T o L o G over the LM's words (cached in runs/<R>/graph/<key>/):
+    (local dir, info, vocabulary)."""
+    from decoding.assets import ensure_graph, load_lm
+    from decoding.ctc_graph import build_tlg, lm_words
+    from training.ctc.tokens import Tokenizer
+
+    lm, hint = lm_uri(ctx)
+    arpa = load_lm(ctx.storage, lm, hint, read)
+    tok = Tokenizer.from_dict(card.info["tokenizer"])
+    graph_dir, info = ensure_graph(ctx.storage, ctx.other("graph"), None, "", arpa,
+                                   [*tok.symbols, tok.digest, "ctc-tlg"], 0.0,
+                                   builder=lambda: build_tlg(tok, arpa))
+    return graph_dir, info, set(lm_words(arpa))
+
+
+def _decode_ctc(ctx: StepContext, model: str, read: dict[str, bytes], card, corpus: str,
+                split: str) -> tuple[dict, dict]:
+    from decoding.ctc_decode import check_ctc_card, decode_ctc
+
+    check_ctc_card(card, model)
+    graph = ctc_graph(ctx, card, read) if ctx.cfg.decode.ctc_search == "tlg" else None
+    model_bytes = read[model]
+    read.clear()
+    result, summary = decode_ctc(ctx, model, model_bytes, card, corpus, split, graph)
+    if summary["rejects"]:
+        ctx.storage.write_parquet(ctx.path("rejects", "rejects.parquet"),
+                                  rejects_table(summary["rejects"]))
+    return result, summary
+
+
 def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
     ctx = _context(ctx)
     dc = ctx.cfg.decode
@@ -141,9 +178,13 @@ def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
     done = ctx.finished_on(inputs, out_uri)
     if done is not None:
         return done
-    assets = load_assets(ctx, model, corpus, read)
-    read.clear()  # the LM's text is in the graph now: not held through the decode
-    result, summary = _decode(ctx, assets, corpus, split)
+    card = _card(read, model)
+    if card.kind == "ctc":  # an end-to-end model: tokens to words (decoding/ctc_decode.py)
+        result, summary = _decode_ctc(ctx, model, read, card, corpus, split)
+    else:
+        assets = load_assets(ctx, model, corpus, read)
+        read.clear()  # the LM's text is in the graph now: not held through the decode
+        result, summary = _decode(ctx, assets, corpus, split)
     ctx.storage.write_json(out_uri, result)
     print(D.render(result), flush=True)
     return ctx.finish(inputs=inputs,

@@ -1,0 +1,194 @@
+"""Decoding a CTC model (train.model ctc) to words: `amflow decode` with a CTC model.
+
+    amflow decode --model runs/<R>/train-ctc/model.pt --run-id R [--split test] [--out F]
+
+Same inputs, outputs and `--out` JSON as the hybrid decode (decoding/decode.py: WER, CIs,
+per condition, S/D/I, errors.txt, hyps), with the CTC model's own search:
+    decode.ctc_search tlg     T o L o G (decoding/ctc_graph.py; the LM is the run's
+                              lm/lm.arpa or decode.lm; cached under runs/<R>/graph/<key>/)
+                              searched by FasterDecoder over acwt x log p, the blank's
+                              log-probability lowered by the blank penalty
+    decode.ctc_search greedy  the best token per frame, repeats and blanks removed
+The LM weight (acwt = 1 / weight) and the blank penalty are tuned on decode.tune_split
+over decode.ctc_lm_weights x decode.blank_penalties (greedy: the penalties alone); the
+best pair scores --split. The model's tokenizer comes from its model card (info.tokenizer).
+"""
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any, Sequence
+
+import numpy as np
+
+from core.runs import StepContext, StepError
+from core.storage import Storage
+from decoding import decode as D
+from decoding import error_analysis
+from decoding.graph import read_graph
+from decoding.search import Searcher
+
+log = logging.getLogger(__name__)
+
+
+def ctc_scores(log_probs: np.ndarray, acwt: float, blank_penalty: float) -> np.ndarray:
+    """The matrix DecodableCtc reads: acwt x log p, the blank's column minus the penalty."""
+    x = np.array(log_probs, dtype=np.float32)
+    x[:, 0] -= blank_penalty
+    return np.ascontiguousarray(acwt * x, dtype=np.float32)
+
+
+def greedy_words(log_probs: np.ndarray, tokenizer, blank_penalty: float = 0.0) -> list[str]:
+    best = ctc_scores(log_probs, 1.0, blank_penalty).argmax(-1)
+    keep = np.ones(len(best), bool)
+    keep[1:] = best[1:] != best[:-1]
+    return tokenizer.decode(int(i) for i in best[keep] if i != 0)
+
+
+def ctc_log_probs(model, feats: Sequence[np.ndarray], batch_frames: int = 20000
+                  ) -> list[np.ndarray]:
+    """Per utterance, the model's log-probabilities over its output frames [T', C];
+    length-sorted padded batches (padding never reaches a real frame's output)."""
+    import torch
+
+    order = sorted(range(len(feats)), key=lambda i: len(feats[i]))
+    out: list[Any] = [None] * len(feats)
+    batches: list[list[int]] = [[]]
+    for i in order:
+        if batches[-1] and len(feats[i]) * (len(batches[-1]) + 1) > batch_frames:
+            batches.append([])
+        batches[-1].append(i)
+    for batch in (b for b in batches if b):
+        lens = torch.tensor([len(feats[i]) for i in batch])
+        x = torch.zeros(len(batch), int(lens.max()), feats[batch[0]].shape[1])
+        for j, i in enumerate(batch):
+            x[j, :lens[j]] = torch.from_numpy(feats[i])
+        with torch.no_grad():
+            y = torch.log_softmax(model(x, lens).float(), -1).numpy()
+            n = model.output_lengths(lens).clamp_max(y.shape[1]).tolist()
+        for j, i in enumerate(batch):
+            out[i] = y[j, :n[j]]
+    return out
+
+
+class CtcDecodeWorker:
+    """A Ray actor holding a CTC model and (tlg) its graph: featurises, scores, searches."""
+
+    def __init__(self, model_bytes: bytes, graph_dir: str, corpus: str, storage_cfg: Any,
+                 beam: float, max_active: int, batch_frames: int = 20000, threads: int = 1):
+        import torch
+
+        from training.checkpoint import card_from_bytes
+        from training.ctc.tokens import Tokenizer
+
+        torch.set_num_threads(threads)
+        self.model, self.card = card_from_bytes(model_bytes)
+        self.tokenizer = Tokenizer.from_dict(self.card.info["tokenizer"])
+        self.searcher = Searcher(read_graph(graph_dir), beam, max_active) if graph_dir else None
+        self.corpus, self.batch_frames = corpus, batch_frames
+        self.storage = Storage(storage_cfg)
+
+    def score(self, records: list) -> dict:
+        t0 = time.perf_counter()
+        feats, rejects, audio_s = D.featurize(self.storage, self.corpus, records, self.card)
+        t1 = time.perf_counter()
+        lp = ctc_log_probs(self.model, [x for _, x in feats], self.batch_frames)
+        return {"utts": list(zip([r for r, _ in feats], lp)), "rejects": rejects,
+                "audio_s": audio_s, "featurize_s": t1 - t0, "forward_s": time.perf_counter() - t1}
+
+    def search(self, utts: list, setting: dict) -> dict:
+        t0 = time.perf_counter()
+        hyps = []
+        for rec, lp in utts:
+            if self.searcher is None:
+                hyps.append((rec, greedy_words(lp, self.tokenizer, setting["blank_penalty"]), True))
+                continue
+            words, _, final = self.searcher.best_words(
+                ctc_scores(lp, setting["acwt"], setting["blank_penalty"]))
+            hyps.append((rec, words, final))
+        return {"hyps": hyps, "search_s": time.perf_counter() - t0,
+                "frames": sum(len(lp) for _, lp in utts)}
+
+
+def settings(dc, greedy: bool) -> list[dict]:
+    """The (LM weight, blank penalty) pairs tuning tries; greedy: the penalties alone."""
+    weights = [1.0] if greedy else list(dc.ctc_lm_weights)
+    return [{"lm_weight": w, "acwt": round(1.0 / w, 6), "blank_penalty": float(b)}
+            for w in weights for b in dc.blank_penalties]
+
+
+def tune(ctx: StepContext, pool: D.Pool, corpus: str, vocab, greedy: bool
+         ) -> tuple[list[dict], dict]:
+    """WER on decode.tune_split per setting; the best (first on ties)."""
+    dc = ctx.cfg.decode
+    grid = settings(dc, greedy)
+    if not dc.tune_split or len(grid) == 1:
+        return [], grid[0]
+    recs, _ = D.split_records(ctx, corpus, dc.tune_split)
+    scored = pool.score(D.shards_of(recs, 2 * dc.workers), f"tune on {dc.tune_split}: features+model")
+    rows = []
+    for s in grid:
+        hyps, _, _ = pool.search(scored, s, f"tune lm {s['lm_weight']} blank {s['blank_penalty']}")
+        rows.append({**s, "wer": D.score_hyps(hyps, vocab)[0]["wer"]})
+        log.info("tuning on %s: %s WER %.2f %%", dc.tune_split, s, 100 * rows[-1]["wer"])
+    best = min(rows, key=lambda r: r["wer"])
+    return rows, {k: best[k] for k in ("lm_weight", "acwt", "blank_penalty")}
+
+
+def decode_ctc(ctx: StepContext, model_uri: str, model_bytes: bytes, card, corpus: str,
+               split: str, graph: tuple[str, dict, set] | None) -> tuple[dict, dict]:
+    """Tune, score and search `split` with a CTC model; (result.json body, step summary).
+    `graph`: (local graph dir, its info, its vocabulary) for tlg, None for greedy."""
+    dc = ctx.cfg.decode
+    recs, rejects = D.split_records(ctx, corpus, split)
+    n_in = len(recs) + len(rejects)
+    graph_dir, info, vocab = graph or ("", {}, None)
+    t0 = time.perf_counter()
+    pool = D.Pool(ctx, model_bytes, graph_dir, None, corpus, worker=CtcDecodeWorker,
+                  worker_args=(graph_dir, corpus, ctx.cfg.storage, dc.beam, dc.max_active,
+                               dc.batch_frames))
+    tuning, best = tune(ctx, pool, corpus, vocab or _AnyWord(), graph is None)
+    scored = pool.score(D.shards_of(recs, 2 * dc.workers), f"decode {split}: features+model")
+    hyps, search_s, frames = pool.search(scored, best, f"decode {split}: search")
+    wall = time.perf_counter() - t0
+    rejects += [r for s in scored for r in s["rejects"]]
+    result, rows, oov = D.score_hyps(hyps, vocab or _AnyWord())
+    result.update(error_analysis.result_fields(rows))
+    audio_s = sum(s["audio_s"] for s in scored)
+    result.update({
+        "model": model_uri, "data": corpus, "split": split, **best,
+        "search": "greedy" if graph is None else "tlg", "tune_split": dc.tune_split,
+        "tuning": tuning, "lm": _lm_uri(ctx) if graph is not None else None, "graph": info,
+        "priors_from": None, "oov": oov, "rejected": D.reasons(rejects),
+        "audio_s": round(audio_s, 2), "rtf": D.rtf(scored, search_s, audio_s, wall, pool.workers),
+        "model_kind": card.kind,
+        "tokenizer": {k: card.info["tokenizer"][k] for k in ("kind", "digest")}})
+    D.write_hyps(ctx, rows)
+    ctx.storage.write_text(ctx.path("errors.txt"), error_analysis.render(rows))
+    metrics = {"wer": result["wer"], "ser": result["ser"], "per_condition_wer": result["per_condition"],
+               "per_condition": result["per_condition"], **best, "search": result["search"],
+               "rtf_per_core": result["rtf"]["total_per_core"], "oov_rate": oov["rate"],
+               "frames": frames, "forward_s": round(sum(s["forward_s"] for s in scored), 2)}
+    return result, {"metrics": metrics, "rejects": rejects,
+                    "counts": {"in": n_in, "out": len(hyps), "rejected": len(rejects)}}
+
+
+def _lm_uri(ctx: StepContext) -> str:
+    """The LM's URI as the step resolves it (decode.lm, else the run's lm step)."""
+    return ctx.cfg.decode.lm or ctx.other("lm", "lm.arpa")
+
+
+class _AnyWord:
+    """Greedy decoding has no vocabulary: no reference word is out of it."""
+
+    def __contains__(self, word: str) -> bool:
+        return True
+
+
+def check_ctc_card(card, model_uri: str) -> None:
+    if "tokenizer" not in card.info:
+        raise StepError(f"{model_uri} is a ctc model without its tokenizer (info.tokenizer): "
+                        "retrain it with this version of amflow")
+    if not card.cmvn or not card.features:
+        raise StepError(f"{model_uri} carries no cmvn/features: decode needs a "
+                        "self-describing model.pt")

@@ -1,0 +1,168 @@
+"""The CTC student (training/ctc/, decoding/ctc_*.py): tokens, model, training in the
+existing loop (loss falls, resume is exact), T o L o G decoding of a known path."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from core import records
+from core.runs import StepContext, StepError
+from core.storage import Storage, join
+from amflow.steps import train as train_step
+from decoding.ctc_decode import ctc_scores, greedy_words
+from decoding.ctc_graph import build_tlg
+from decoding.lexicon import words_of
+from decoding.lm import estimate
+from decoding.search import Searcher
+from training.checkpoint import load_model_card
+from training.ctc.model import CtcModel
+from training.ctc.tokens import Tokenizer, ctc_min_frames, train_tokenizer
+from training.data import make_synthetic_run
+from training.loop import InjectedFailure
+
+torch.set_num_threads(1)
+
+TEXTS = ["The cat sat on the mat.", "the dog ran", "a cat ran to the dog", "then hello, Bob's cat",
+         "all the small balls fell off the wall"]
+
+
+@pytest.mark.parametrize("kind", ["char", "bpe"])
+def test_tokenizer_round_trip(kind):
+    tok = train_tokenizer(TEXTS, kind, vocab_size=40)
+    assert tok.symbols[0] == "<blk>"
+    for text in TEXTS:
+        ids = tok.encode(text)
+        assert 0 not in ids and tok.decode(ids) == words_of(text)
+        # a transcript is its words' spellings one after another (what L spells)
+        assert ids == [i for w in words_of(text) for i in tok.encode_word(w)]
+    again = Tokenizer.from_dict(json.loads(json.dumps(tok.to_dict())))
+    assert again.symbols == tok.symbols and again.digest == tok.digest
+    assert again.encode(TEXTS[3]) == tok.encode(TEXTS[3])
+    assert not tok.spellable("zebra") and tok.spellable("cat")  # z is in no transcript
+
+
+def test_ctc_min_frames_counts_blanks_between_repeats():
+    assert ctc_min_frames([3, 4, 4, 4, 5]) == 7 and ctc_min_frames([]) == 0
+
+
+@pytest.mark.parametrize("bidirectional", [False, True])
+def test_an_utterance_scores_the_same_alone_and_in_a_padded_batch(bidirectional):
+    torch.manual_seed(0)
+    model = CtcModel(48, 9, stack=3, channels=(4, 4), hidden=16, layers=2,
+                     bidirectional=bidirectional, lookahead=2)
+    model.train()
+    model(torch.randn(3, 30, 48), torch.tensor([30, 22, 17]))  # BatchNorm running stats
+    model.eval()
+    x = torch.randn(2, 25, 48)
+    x[1, 14:] = 0
+    lens = torch.tensor([25, 14])
+    with torch.no_grad():
+        both = model(x, lens)
+        alone = model(x[1:, :14], lens[1:])
+    n = int(model.output_lengths(lens)[1])
+    assert n == alone.shape[1] == 14  # time strides (3, 1) over 3-stacked rows: the row rate
+    assert torch.allclose(both[1, :n], alone[0], atol=1e-5)
+
+
+def _known_path(tok: Tokenizer, text: str) -> np.ndarray:
+    """Log-probabilities whose best path spells `text`: each token 2 frames, blanks
+    between tokens."""
+    frames = []
+    for i in tok.encode(text):
+        frames += [i, i, 0]
+    lp = np.full((len(frames), tok.num_classes), np.log(0.1 / (tok.num_classes - 1)), np.float32)
+    lp[np.arange(len(frames)), frames] = np.log(0.9)
+    return lp
+
+
+@pytest.mark.parametrize("kind", ["char", "bpe"])
+def test_tlg_decodes_a_known_path_to_its_words(kind):
+    tok = train_tokenizer(TEXTS, kind, vocab_size=40)
+    arpa = estimate([words_of(t) for t in TEXTS], order=2).to_arpa()
+    graph = build_tlg(tok, arpa)
+    assert graph.info["unspellable"] == 0 and graph.info["words"] >= 15
+    search = Searcher(graph, beam=13, max_active=2000)
+    for text in ("all the balls fell", "the cat ran to the dog", "hello bob's small wall"):
+        lp = _known_path(tok, text)
+        words, _, final = search.best_words(ctc_scores(lp, 1.0, 0.0))
+        assert final and words == words_of(text)
+        assert greedy_words(lp, tok) == words_of(text)
+    # "ll" spelled with a blank between its l's is two l's ("all"), never one ("al")
+    lp = _known_path(tok, "all")
+    assert search.best_words(ctc_scores(lp, 1.0, 0.0))[0] == ["all"]
+
+
+# ----------------------------------------------------------------- training in the loop
+TINY = ["train.model=ctc", "train.threads=1", "train.minibatch_frames=600", "train.lr=0.003",
+        "train.final_lr=0.001", "train.log_every=2", "model.ctc.hidden=48",
+        "model.ctc.layers=2", "model.ctc.channels=[6,6]", "train.sortagrad=true"]
+
+
+def _ctc_run(root: str) -> str:
+    """A synthetic run (features, labeled + dev partitions) and a corpus whose transcripts
+    spell each utterance's phone sequence, one one-letter word per phone."""
+    out = make_synthetic_run(Storage(), join(root, "runs", "r"), noise=1.0, splits={
+        "labeled": {"utts": 32, "parts": 2}, "dev": {"utts": 8, "parts": 1}})
+    lines = []
+    for split, uris in out["splits"].items():
+        for uri in uris:
+            for row in pq.read_table(uri, columns=["utt_id", "labels"]).to_pylist():
+                lab = records.decode_int16(row["labels"])
+                seq = [int(lab[0])] + [int(b) for a, b in zip(lab, lab[1:]) if a != b]
+                lines.append(json.dumps({
+                    "utt_id": row["utt_id"], "speaker_id": "s", "duration": 1.0,
+                    "created_at": "2026-01-01T00:00:00", "locale": "en-US", "audio_uri": "a.wav",
+                    "text": " ".join("abcdefgh"[c] for c in seq), "split": split}))
+    corpus = join(root, "corpus")
+    Storage().write_text(join(corpus, "metadata.jsonl"), "\n".join(lines) + "\n")
+    return corpus
+
+
+def _train(local_cfg, corpus, *sets, expect=None):
+    ctx = StepContext(local_cfg(f"data.corpus={corpus}", *TINY, *sets), "r", "train")
+    if expect is None:
+        return train_step.run(ctx, None)
+    with pytest.raises(expect) as err:
+        train_step.run(ctx, None)
+    return err.value
+
+
+def _losses(path) -> list[float]:
+    return [json.loads(line)["loss"] for line in open(path)
+            if json.loads(line)["kind"] == "train"]
+
+
+def test_ctc_student_learns_and_resumes_exactly(tmp_path, local_cfg):
+    corpus = _ctc_run(str(tmp_path / "store"))
+    common = ["train.epochs=3", "train.checkpoint_every=3", "model.ctc.dropout=0.1",
+              "train.freq_masks=1", "train.time_masks=1"]
+    ref = _train(local_cfg, corpus, *common, "train.tag=ref")
+    run = tmp_path / "store" / "runs" / "r"
+    losses = _losses(run / "train-ref" / "metrics.jsonl")
+    assert losses[-1] < 0.8 * losses[0]  # the CTC loss falls within a few steps
+    m = ref["metrics"]
+    assert m["model"] == "ctc" and m["transcripts"] == {"labeled": 32, "dev": 8}
+    model, card = load_model_card(Storage(), m["model_uri"])
+    tok = Tokenizer.from_dict(card.info["tokenizer"])
+    assert card.kind == "ctc" and card.phones == tok.symbols and tok.kind == "char"
+    assert card.priors is None  # no class priors: a CTC model is not a hybrid
+    # killed mid-pass, re-run: the same model, bitwise
+    fail = 5
+    _train(local_cfg, corpus, *common, "train.tag=res", f"train.fail_after={fail}",
+           expect=InjectedFailure)
+    res = _train(local_cfg, corpus, *common, "train.tag=res", f"train.fail_after={fail}")
+    assert res["resumed_from_step"] == 3
+    a, b = model.state_dict(), load_model_card(Storage(), res["metrics"]["model_uri"])[0].state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert _losses(run / "train-res" / "metrics.jsonl") == losses
+
+
+def test_ctc_pseudolabels_must_name_a_finished_step(tmp_path, local_cfg):
+    corpus = _ctc_run(str(tmp_path / "store"))
+    err = _train(local_cfg, corpus, "train.epochs=1", "train.pseudolabels=nowhere",
+                 expect=StepError)
+    assert "train.pseudolabels" in str(err) and "amflow pseudolabel" in str(err)
