@@ -115,10 +115,9 @@ class SplitIndex:
     def load(cls, storage: Storage, uris: Sequence[str], target: str = "labels",
              feat_dim: int | None = None, transcripts: dict[str, np.ndarray] | None = None,
              out_per_row: float = 1.0) -> "SplitIndex":
-        """`target`: labels (hard labels needed), topk (soft targets needed), auto
-        (labels when any row has them, else topk), or tokens (a transcript in
-        `transcripts`, utt_id -> token ids, that fits the row's frames at `out_per_row`
-        model outputs per stored row: the CTC student's)."""
+        """`target`: labels (hard labels needed), topk (soft targets needed), auto (labels
+        when any row has them, else topk), or tokens (the CTC student's: a transcript in
+        `transcripts` that fits the row at `out_per_row` model outputs per row)."""
         metas = []
         for i, uri in enumerate(uris):
             t = records.read_table(storage, uri, ["utt_id", "condition", "num_frames",
@@ -171,20 +170,15 @@ class SplitIndex:
         if target == "labels":
             reason[(reason == "") & ~(has_labels | has_flabels)] = "missing_labels"
         elif target == "tokens":
-            from training.ctc.data import token_reasons
+            from training.ctc.batches import token_reasons
 
             reason = token_reasons(reason, m["utt"], frames, transcripts or {}, out_per_row)
         else:
             reason[(reason == "") & ~has_topk] = "missing_soft_targets"
         ok = reason == ""
-        rejected: dict[str, int] = {}
-        reject_ids = []
-        for i in np.nonzero(~ok)[0]:
-            rejected[reason[i]] = rejected.get(reason[i], 0) + 1
-            reject_ids.append((m["utt"][i], str(reason[i])))
+        rejected, reject_ids = _count_rejects(reason, m["utt"])
         keep = np.nonzero(ok)[0]
-        tokens = ([transcripts[m["utt"][i]] for i in keep]  # type: ignore[index]
-                  if target == "tokens" else None)
+        tokens = [transcripts[m["utt"][i]] for i in keep] if transcripts else None
         return cls(list(uris), target, m["part"][keep], m["row"][keep], frames[keep],
                    has_flabels[keep] & (target == "labels"),
                    [m["utt"][i] for i in keep], [m["cond"][i] for i in keep], int(feat_dim),
@@ -200,6 +194,17 @@ class SplitIndex:
                        utt_ids=[self.utt_ids[i] for i in keep],
                        conditions=[self.conditions[i] for i in keep],
                        tokens=None if self.tokens is None else [self.tokens[i] for i in keep])
+
+
+def _count_rejects(reason: np.ndarray, utts: list[str]
+                   ) -> tuple[dict[str, int], list[tuple[str, str]]]:
+    """({reason: rows}, [(utt_id, reason)]) of the rows with a reason."""
+    rejected: dict[str, int] = {}
+    reject_ids = []
+    for i in np.nonzero(reason != "")[0]:
+        rejected[reason[i]] = rejected.get(reason[i], 0) + 1
+        reject_ids.append((utts[i], str(reason[i])))
+    return rejected, reject_ids
 
 
 def rank_partitions(uris: Sequence[str], rank: int, world: int, split: str) -> list[str]:
@@ -453,9 +458,12 @@ class _Utterances:
 
     def collate(self, pieces: np.ndarray, keep_utts: bool) -> Batch:
         if self.index.target == "tokens":
-            from training.ctc.data import collate_tokens
+            from training.ctc.batches import pad_tokens
 
-            return collate_tokens(self.cache, pieces, self.index.feat_dim, keep_utts)
+            x, lens, mask, toks, tok_lens = pad_tokens(self.cache, pieces, self.index.feat_dim)
+            return Batch(x, lens, mask, frames=int(tok_lens.sum()), tokens=toks,
+                         token_lengths=tok_lens,
+                         utts=[int(u) for u in pieces[:, 0]] if keep_utts else None)
         b = len(pieces)
         lens = (pieces[:, 2] - pieces[:, 1]).astype(np.int64)
         t = int(lens.max())

@@ -12,9 +12,8 @@ frame labels but each utterance's transcript, tokenised:
         the tokenizer is kept in <train_dir>/tokens/tokenizer.json (and bpe.model), and
         reused as it is when a killed training is re-run
     read_transcripts(storage, uri) -> {utt_id: int32 token ids}   (every worker)
-    token_reasons(...)    why a row cannot be trained on: no_transcript, or
-                          too_short_for_tokens (fewer model outputs than CTC needs)
-    collate_tokens(...)   whole utterances -> a `training.data.Batch` with tokens
+
+training/ctc/batches.py has what the loader (training/data.py) does with them.
 
 An utterance of the labeled split keeps its own transcript over a pseudo-label.
 """
@@ -27,11 +26,10 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import torch
 
 from core.runs import StepError
 from core.storage import Storage, join
-from training.ctc.tokens import Tokenizer, TokenizerError, ctc_min_frames, train_tokenizer
+from training.ctc.tokens import Tokenizer, TokenizerError, train_tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -132,44 +130,3 @@ def read_transcripts(storage: Storage, uri: str) -> dict[str, np.ndarray]:
     t = storage.read_parquet(uri, columns=["utt_id", "tokens"])
     return {u: np.asarray(v, np.int64) for u, v in
             zip(t.column("utt_id").to_pylist(), t.column("tokens").to_pylist())}
-
-
-def token_reasons(reason: np.ndarray, utts: list[str], frames: np.ndarray,
-                  transcripts: dict[str, np.ndarray], out_per_row: float) -> np.ndarray:
-    """`reason` (per row, "" = usable so far) with the rows that have no transcript or
-    too few model outputs for theirs marked. One row is kept in hand for frame offsets."""
-    reason = reason.copy()
-    for i, u in enumerate(utts):
-        if reason[i]:
-            continue
-        ids = transcripts.get(u)
-        if ids is None or len(ids) == 0:
-            reason[i] = "no_transcript"
-        elif int((frames[i] - 1) * out_per_row) < ctc_min_frames(ids.tolist()):
-            reason[i] = "too_short_for_tokens"
-    return reason
-
-
-def collate_tokens(cache: dict[int, tuple], pieces: np.ndarray, feat_dim: int,
-                   keep_utts: bool):
-    """Whole utterances (full-sequence pieces) -> a Batch with zero-padded features and
-    token targets."""
-    from training.data import Batch
-
-    if bool((pieces[:, 1] != 0).any()) or bool((pieces[:, 3] != 0).any()):
-        raise StepError("train.model ctc trains on whole utterances: a chunked pass reached "
-                        "it (training/schedules.py plans full passes for ctc)")
-    b = len(pieces)
-    lens = (pieces[:, 2] - pieces[:, 1]).astype(np.int64)
-    x = np.zeros((b, int(lens.max()), feat_dim), np.float32)
-    mask = np.zeros(x.shape[:2], bool)
-    toks = [cache[int(u)][1] for u in pieces[:, 0]]
-    y = np.zeros((b, max(len(t) for t in toks)), np.int64)
-    for i, (u, s0, e0, _, _) in enumerate(pieces):
-        x[i, :e0 - s0] = cache[int(u)][0][s0:e0]
-        mask[i, :e0 - s0] = True
-        y[i, :len(toks[i])] = toks[i]
-    tl = torch.tensor([len(t) for t in toks], dtype=torch.long)
-    return Batch(torch.from_numpy(x), torch.from_numpy(lens), torch.from_numpy(mask),
-                 frames=int(tl.sum()), utts=[int(u) for u in pieces[:, 0]] if keep_utts else None,
-                 tokens=torch.from_numpy(y), token_lengths=tl)
