@@ -14,7 +14,7 @@ from core.runs import StepContext, StepError
 from core.storage import Storage, join
 from amflow.steps import train as train_step
 from decoding.ctc_decode import ctc_scores, greedy_words
-from decoding.ctc_graph import build_tlg
+from decoding.ctc_graph import build_tlg, lm_words
 from decoding.lexicon import words_of
 from decoding.lm import estimate
 from decoding.search import Searcher
@@ -166,3 +166,56 @@ def test_ctc_pseudolabels_must_name_a_finished_step(tmp_path, local_cfg):
     err = _train(local_cfg, corpus, "train.epochs=1", "train.pseudolabels=nowhere",
                  expect=StepError)
     assert "train.pseudolabels" in str(err) and "amflow pseudolabel" in str(err)
+
+
+# ----------------------------------------------------------------- the decode step
+@pytest.mark.slow  # ~30-70 s: a tiny corpus, Ray, two decodes
+def test_decode_step_scores_a_ctc_model_into_the_decode_json(tiny_corpus, ray_local, tmp_path,
+                                                             local_cfg):
+    """`amflow decode` with a CTC model: tuned on dev (LM weight x blank penalty), the
+    hybrid's --out JSON (WER, CI, per condition), every test utterance accounted for. The
+    model is untrained: this checks the plumbing, not the words."""
+    import argparse
+
+    from amflow.steps import decode as decode_step
+    from core.config import features_dict
+    from tasks.select import read_records
+    from training.checkpoint import save_model
+
+    st = Storage()
+    recs, _, _ = read_records(st, str(tiny_corpus))
+    tok = train_tokenizer([r.text for r in recs if r.split == "labeled"], "char")
+    cfg = local_cfg(f"data.corpus={tiny_corpus}", "decode.workers=1",
+                    "decode.ctc_lm_weights=[0.5,1.0]", "decode.blank_penalties=[0,2]")
+    feat_dim = cfg.features.num_mel_bins * cfg.features.stack
+    torch.manual_seed(0)
+    model = CtcModel(feat_dim, tok.num_classes, cfg.features.stack, channels=(4,), time_strides=(3,),
+                     freq_strides=(4,), time_kernels=(3,), hidden=16, layers=1).eval()
+    uri = str(tmp_path / "ctc" / "model.pt")
+    save_model(st, uri, model, cmvn={"count": 1, "sum": [0.0] * feat_dim, "sumsq": [1.0] * feat_dim},
+               phones=tok.symbols, features=features_dict(cfg.features),
+               info={"tokenizer": tok.to_dict()})
+    ctx = StepContext(cfg, "r", "decode")
+    arpa = estimate([words_of(r.text) for r in recs if r.split in ("labeled", "unlabeled")],
+                    order=2, vocabulary=[w for r in recs for w in words_of(r.text)]).to_arpa()
+    ctx.storage.write_text(ctx.other("lm", "lm.arpa"), arpa)
+    out = tmp_path / "result.json"
+    summary = decode_step.run(ctx, argparse.Namespace(model=uri, data=None, split="test",
+                                                      out=str(out)))
+    result = json.loads(out.read_text())
+    assert result["model_kind"] == "ctc" and result["search"] == "tlg"
+    assert len(result["tuning"]) == 4 and result["tune_split"] == "dev"
+    assert {"wer", "wer_ci95", "per_condition", "sub", "del", "ins"} <= set(result)
+    assert result["tokenizer"]["digest"] == tok.digest
+    tests = sum(1 for r in recs if r.split == "test")
+    assert summary["counts"]["in"] == tests == summary["counts"]["out"] + summary["counts"]["rejected"]
+    hyps = [json.loads(line) for line in (tmp_path / "store" / "runs" / "r" / "decode" /
+                                          "hyps.jsonl").read_text().splitlines()]
+    assert len(hyps) == summary["counts"]["out"]
+    vocab = set(lm_words(arpa))  # T o L o G outputs the LM's words only
+    assert all(w in vocab for h in hyps for w in h["hyp"].split())
+    greedy = decode_step.run(
+        StepContext(local_cfg(f"data.corpus={tiny_corpus}", "decode.workers=1",
+                              "decode.ctc_search=greedy", "decode.tag=greedy"), "r", "decode"),
+        argparse.Namespace(model=uri, data=None, split="test", out=None))
+    assert greedy["metrics"]["search"] == "greedy"
