@@ -310,7 +310,9 @@ def clear_outputs(ctx: StepContext, keep_phone_stage: bool = False) -> None:
     """--force: remove a previous training's state and outputs; train.grow's phone stage
     too unless `keep_phone_stage` (a growing training: `_finished_phone_stage` keeps it
     only when it trained the same config on the same inputs)."""
-    for sub in ("checkpoints", "metrics", "rejects") + (() if keep_phone_stage else (PHONE_STAGE,)):
+    # tokens: a CTC training's tokenizer and transcripts (training/ctc/data.py)
+    subs = ("checkpoints", "metrics", "rejects", "tokens")
+    for sub in subs + (() if keep_phone_stage else (PHONE_STAGE,)):
         for uri in ctx.storage.list(ctx.path(sub), recursive=True):
             ctx.storage.delete(uri)
     for name in ("model.pt", "metrics.jsonl", "learning_curve.png", "_fault_injected.json",

@@ -19,6 +19,7 @@ An utterance of the labeled split keeps its own transcript over a pseudo-label.
 """
 from __future__ import annotations
 
+import hashlib
 import logging
 from dataclasses import dataclass
 from typing import Any
@@ -77,15 +78,20 @@ def split_texts(storage: Storage, corpus: str, split: str) -> dict[str, str]:
 
 
 def _tokenizer(storage: Storage, tok_dir: str, texts: list[str], cfg: Any) -> Tokenizer:
-    """The training's tokenizer: the one kept in `tok_dir` (a re-run), else trained."""
+    """The training's tokenizer: the one kept in `tok_dir` when it was trained the same
+    way on the same transcripts (a re-run of a killed training), else trained anew."""
     uri = join(tok_dir, "tokenizer.json")
+    trained_with = {"tokens": cfg.tokens, "bpe_vocab": cfg.bpe_vocab,
+                    "texts": hashlib.sha256("\n".join(texts).encode()).hexdigest()[:16]}
     if storage.exists(uri):
-        return Tokenizer.from_dict(storage.read_json(uri))
+        kept = storage.read_json(uri)
+        if kept.get("trained_with") == trained_with:
+            return Tokenizer.from_dict(kept)
     try:
         tok = train_tokenizer(texts, cfg.tokens, cfg.bpe_vocab)
     except TokenizerError as exc:
         raise StepError(f"model.ctc.tokens: {exc}") from exc
-    storage.write_json(uri, tok.to_dict())
+    storage.write_json(uri, {**tok.to_dict(), "trained_with": trained_with})
     if tok.sp_model:
         storage.write_bytes(join(tok_dir, "bpe.model"), tok.sp_model)
     storage.write_text(join(tok_dir, "tokens.txt"),
