@@ -189,9 +189,11 @@ STEPS: dict[str, Step] = {
     "train": Step(
         "amflow.steps.train:run", "train the teacher or the student (train.algorithm on Ray Train)",
         reads="runs/<id>/repartition partitions, train.init_model when set (a phone-class "
-              "model is grown into the run's leaves)",
+              "model is grown into the run's leaves); train.model=ctc: the corpus's labeled "
+              "and dev transcripts and train.pseudolabels' kept labels",
         writes="runs/<id>/train/ (train-<train.tag> when tagged): checkpoints/, model.pt, "
-               "metrics.jsonl, learning_curve.png, _SUCCESS.json"),
+               "metrics.jsonl, learning_curve.png, _SUCCESS.json; ctc: tokens/ (tokenizer, "
+               "tokenised transcripts)"),
     "sequence": Step(
         "amflow.steps.sequence:run", "sequence training (sMBR / MMI) of a trained model",
         reads="runs/<id>/repartition labeled partitions, train.init_model (default: the "
@@ -212,9 +214,11 @@ STEPS: dict[str, Step] = {
               "(perplexity, OOV rate: a WARNING when the LM does not fit them)",
         writes="runs/<id>/lm/lm.arpa, _SUCCESS.json (perplexity, OOV rate)"),
     "decode": Step(
-        "amflow.steps.decode:run", "decode a model to words with H o L o G; WER per condition",
-        reads="--model checkpoint (priors, CMVN, phones), --data corpus (transcripts, audio), "
-              "data.lexicon or <corpus>/lexicon.txt, decode.lm or runs/<id>/lm/lm.arpa",
+        "amflow.steps.decode:run", "decode a model to words with H o L o G (a CTC model: "
+        "T o L o G or greedy); WER per condition",
+        reads="--model checkpoint (priors, CMVN, phones; ctc: its tokenizer), --data corpus "
+              "(transcripts, audio), data.lexicon or <corpus>/lexicon.txt (hybrid), decode.lm "
+              "or runs/<id>/lm/lm.arpa",
         writes="--out JSON (wer, per_condition, ser, acwt, rtf), runs/<id>/decode[-<tag>]/"
                "hyps.jsonl, hyps.parquet, tuning.json, _SUCCESS.json; runs/<id>/graph/<key>/",
         add_args=_decode_args),

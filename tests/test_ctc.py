@@ -102,21 +102,32 @@ TINY = ["train.model=ctc", "train.threads=1", "train.minibatch_frames=600", "tra
         "model.ctc.layers=2", "model.ctc.channels=[6,6]", "train.sortagrad=true"]
 
 
-def _ctc_run(root: str) -> str:
-    """A synthetic run (features, labeled + dev partitions) and a corpus whose transcripts
-    spell each utterance's phone sequence, one one-letter word per phone."""
-    out = make_synthetic_run(Storage(), join(root, "runs", "r"), noise=1.0, splits={
-        "labeled": {"utts": 32, "parts": 2}, "dev": {"utts": 8, "parts": 1}})
+def _spelled(uri: str) -> list[tuple[str, str]]:
+    """(utt_id, transcript) of a synthetic partition's rows: each phone of the row's
+    frame labels as a one-letter word."""
+    out = []
+    for row in pq.read_table(uri, columns=["utt_id", "labels"]).to_pylist():
+        lab = records.decode_int16(row["labels"])
+        seq = [int(lab[0])] + [int(b) for a, b in zip(lab, lab[1:]) if a != b]
+        out.append((row["utt_id"], " ".join("abcdefgh"[c] for c in seq)))
+    return out
+
+
+def _ctc_run(root: str, unlabeled: int = 0) -> str:
+    """A synthetic run (features, labeled + dev (+ unlabeled) partitions) and a corpus
+    whose transcripts spell each utterance's phone sequence."""
+    splits = {"labeled": {"utts": 32, "parts": 2}, "dev": {"utts": 8, "parts": 1}}
+    if unlabeled:
+        splits["unlabeled"] = {"utts": unlabeled, "parts": 2}
+    out = make_synthetic_run(Storage(), join(root, "runs", "r"), noise=1.0, splits=splits)
     lines = []
     for split, uris in out["splits"].items():
         for uri in uris:
-            for row in pq.read_table(uri, columns=["utt_id", "labels"]).to_pylist():
-                lab = records.decode_int16(row["labels"])
-                seq = [int(lab[0])] + [int(b) for a, b in zip(lab, lab[1:]) if a != b]
+            for utt, text in _spelled(uri):
                 lines.append(json.dumps({
-                    "utt_id": row["utt_id"], "speaker_id": "s", "duration": 1.0,
+                    "utt_id": utt, "speaker_id": "s", "duration": 1.0,
                     "created_at": "2026-01-01T00:00:00", "locale": "en-US", "audio_uri": "a.wav",
-                    "text": " ".join("abcdefgh"[c] for c in seq), "split": split}))
+                    "text": "" if split == "unlabeled" else text, "split": split}))
     corpus = join(root, "corpus")
     Storage().write_text(join(corpus, "metadata.jsonl"), "\n".join(lines) + "\n")
     return corpus
@@ -159,6 +170,33 @@ def test_ctc_student_learns_and_resumes_exactly(tmp_path, local_cfg):
     a, b = model.state_dict(), load_model_card(Storage(), res["metrics"]["model_uri"])[0].state_dict()
     assert all(torch.equal(a[k], b[k]) for k in a)
     assert _losses(run / "train-res" / "metrics.jsonl") == losses
+
+
+def test_ctc_trains_on_the_kept_pseudolabels_beside_the_labeled_split(tmp_path, local_cfg):
+    """train.pseudolabels=<run>: the pseudolabel step's kept labels of unlabeled utterances
+    join the labeled transcripts; dropped ones do not; every unlabeled row is counted."""
+    import pyarrow as pa
+
+    root = tmp_path / "store"
+    corpus = _ctc_run(str(root), unlabeled=12)
+    spelled = [x for u in sorted((root / "runs" / "r" / "repartition" / "unlabeled").glob("part-*"))
+               for x in _spelled(str(u))]
+    kept = [i % 3 != 0 for i in range(len(spelled))]  # 8 kept, 4 dropped
+    labels = pa.table({"utt_id": [u for u, _ in spelled], "text": [t for _, t in spelled],
+                       "confidence": [0.9] * 12, "am_score": [-1.0] * 12, "lm_score": [-2.0] * 12,
+                       "kept": kept, "reason": ["" if k else "low_confidence" for k in kept]})
+    step = root / "runs" / "teach" / "pseudolabel"
+    Storage().write_parquet(str(step / "labels" / "part-00000.parquet"), labels)
+    (step / "_SUCCESS.json").write_text("{}")
+    res = _train(local_cfg, corpus, "train.epochs=1", "train.pseudolabels=teach")
+    assert res["metrics"]["transcripts"] == {"labeled": 32, "dev": 8, "pseudo": 8}
+    split = res["inputs"]["splits"]["unlabeled"]
+    assert split["rows"] == 12 and split["usable"] == 8 and split["rejected"] == {"no_transcript": 4}
+    # a rerun is handed the finished model, until the pseudo-labels are made again
+    assert _train(local_cfg, corpus, "train.epochs=1", "train.pseudolabels=teach") == res
+    (step / "_SUCCESS.json").write_text('{"again": true}')
+    err = _train(local_cfg, corpus, "train.epochs=1", "train.pseudolabels=teach", expect=StepError)
+    assert "inputs.pseudolabels" in str(err)
 
 
 def test_ctc_pseudolabels_must_name_a_finished_step(tmp_path, local_cfg):

@@ -43,7 +43,7 @@ from core.runs import SUCCESS, Reject, StepContext, StepError, step_dir_name
 from core.senones import ContextTree
 from core.storage import join
 from training.checkpoint import load_model
-from training.ctc.plan import build_ctc_plan
+from training.ctc.plan import build_ctc_plan, ctc_inputs
 from training.data import SplitIndex, partition_uris
 from training.distributed import run_distributed
 from training.grow import GrowError, class_phones, leaf_log_shares, output_sources
@@ -102,6 +102,8 @@ def training_inputs(ctx: StepContext) -> dict[str, Any]:
     if cfg.train.recipe == "sequence" or cfg.train.init_model:
         uri = init_model_uri(cfg, ctx.run_id)
         inputs["init_model"] = st.digest(uri) if st.exists(uri) else None
+    if cfg.train.model == "ctc":  # its targets: the corpus's transcripts, the pseudo-labels
+        inputs.update(ctc_inputs(st, cfg))
     return inputs
 
 

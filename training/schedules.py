@@ -57,7 +57,7 @@ def plan_passes(train_cfg: TrainConfig, stack: int) -> list[PassInfo]:
         # graph); more than `epochs` means all of them
         finetune = tc.passes.finetune_epochs
         full = min(finetune, units) if tc.recipe == "sequence" else finetune
-        if full > units:
+        if full > units and tc.model != "ctc":  # ctc: every epoch is full-sequence
             raise ValueError(f"train.finetune_epochs ({tc.passes.finetune_epochs}) exceeds "
                              f"train.epochs ({units})")
         for u in range(units):

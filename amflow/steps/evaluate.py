@@ -104,6 +104,9 @@ def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
                         "--model URI")
     read = read_models(ctx, model_uri)
     model, card = card_from_bytes(read[model_uri], model_uri)
+    if card.kind == "ctc":
+        raise StepError(f"{model_uri} is a CTC model: it has no frame classes to score; "
+                        "`amflow decode` gives its WER")
     has_ctm = st.exists(join(corpus.rstrip("/"), "alignments.ctm"))
     inputs = evaluate_inputs(ctx, model_uri, corpus, split,
                              "ctm" if has_ctm else "align" if card.context else "lexicon", read)

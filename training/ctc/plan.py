@@ -13,9 +13,22 @@ import math
 from typing import Any
 
 from core.runs import Reject, StepContext, StepError
-from training.ctc.data import prepare_transcripts, read_transcripts
+from training.ctc.data import prepare_transcripts, pseudolabel_dir, read_transcripts
 from training.data import SplitIndex, partition_uris
 from training.plan import LaunchSpec, WorkerPlan
+
+
+def ctc_inputs(storage, cfg) -> dict[str, Any]:
+    """The identity of a CTC training's transcripts (training.launch.training_inputs): the
+    corpus's fingerprint and the pseudolabel step's _SUCCESS.json digest, so a finished
+    training is not handed back after either was made again."""
+    from tasks.select import corpus_fingerprint
+
+    out: dict[str, Any] = {"corpus": corpus_fingerprint(storage, cfg.data.corpus)}
+    if cfg.train.pseudolabels:
+        uri = pseudolabel_dir(cfg.storage.root, cfg.train.pseudolabels) + "/_SUCCESS.json"
+        out["pseudolabels"] = storage.digest(uri) if storage.exists(uri) else None
+    return out
 
 
 def _split_uris(ctx: StepContext, name: str, why: str) -> list[str]:
