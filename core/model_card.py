@@ -46,6 +46,13 @@ class ModelCard:
         return [ctx["phones"][int(p)] for p in sorted(ctx["roots"], key=int)]
 
     @property
+    def tokenizer(self) -> dict[str, Any] | None:
+        """A CTC model's tokenizer (training/ctc/tokens.py Tokenizer.to_dict: kind, symbols,
+        digest, the sentencepiece model); None for the hybrid models, whose classes are
+        `phones`. A CTC model's `phones` are the tokenizer's symbols (class 0 the blank)."""
+        return self.info.get("tokenizer")
+
+    @property
     def kind(self) -> str:
         return str(self.spec["kind"])
 

@@ -83,7 +83,7 @@ class CtcDecodeWorker:
 
         torch.set_num_threads(threads)
         self.model, self.card = card_from_bytes(model_bytes)
-        self.tokenizer = Tokenizer.from_dict(self.card.info["tokenizer"])
+        self.tokenizer = Tokenizer.from_dict(self.card.tokenizer)
         self.searcher = Searcher(read_graph(graph_dir), beam, max_active) if graph_dir else None
         self.corpus, self.batch_frames = corpus, batch_frames
         self.storage = Storage(storage_cfg)
@@ -162,7 +162,7 @@ def decode_ctc(ctx: StepContext, model_uri: str, model_bytes: bytes, card, corpu
         "priors_from": None, "oov": oov, "rejected": D.reasons(rejects),
         "audio_s": round(audio_s, 2), "rtf": D.rtf(scored, search_s, audio_s, wall, pool.workers),
         "model_kind": card.kind,
-        "tokenizer": {k: card.info["tokenizer"][k] for k in ("kind", "digest")}})
+        "tokenizer": {k: card.tokenizer[k] for k in ("kind", "digest")}})
     D.write_hyps(ctx, rows)
     ctx.storage.write_text(ctx.path("errors.txt"), error_analysis.render(rows))
     metrics = {"wer": result["wer"], "ser": result["ser"], "per_condition_wer": result["per_condition"],
@@ -186,7 +186,7 @@ class _AnyWord:
 
 
 def check_ctc_card(card, model_uri: str) -> None:
-    if "tokenizer" not in card.info:
+    if not card.tokenizer:
         raise StepError(f"{model_uri} is a ctc model without its tokenizer (info.tokenizer): "
                         "retrain it with this version of amflow")
     if not card.cmvn or not card.features:

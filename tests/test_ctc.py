@@ -158,7 +158,7 @@ def test_ctc_student_learns_and_resumes_exactly(tmp_path, local_cfg):
     m = ref["metrics"]
     assert m["model"] == "ctc" and m["transcripts"] == {"labeled": 32, "dev": 8}
     model, card = load_model_card(Storage(), m["model_uri"])
-    tok = Tokenizer.from_dict(card.info["tokenizer"])
+    tok = Tokenizer.from_dict(card.tokenizer)
     assert card.kind == "ctc" and card.phones == tok.symbols and tok.kind == "char"
     assert card.priors is None  # no class priors: a CTC model is not a hybrid
     # killed mid-pass, re-run: the same model, bitwise
@@ -197,6 +197,38 @@ def test_ctc_trains_on_the_kept_pseudolabels_beside_the_labeled_split(tmp_path, 
     (step / "_SUCCESS.json").write_text('{"again": true}')
     err = _train(local_cfg, corpus, "train.epochs=1", "train.pseudolabels=teach", expect=StepError)
     assert "inputs.pseudolabels" in str(err)
+
+
+def _train_each(rank: int, world: int, plans: list) -> list[dict]:
+    from training.loop import train_worker
+
+    return [train_worker(p) for p in plans]
+
+
+@pytest.mark.slow  # ~40-90 s: two spawned ranks, four trainings
+def test_every_trainer_trains_the_ctc_student_on_two_ranks(tmp_path, local_cfg):
+    """gtc, bmuf, htm and ma train the CTC model unchanged (sgd: the tests above)."""
+    import dataclasses
+
+    from training import launch
+    from training.distributed import spawn_local
+
+    corpus = _ctc_run(str(tmp_path / "store"))
+    plans = []
+    for algo in ("gtc", "bmuf", "htm", "ma"):
+        ctx = StepContext(local_cfg(f"data.corpus={corpus}", *TINY, "train.epochs=2",
+                                    "train.workers=2", f"train.algorithm={algo}",
+                                    f"train.tag={algo}", "train.block_size=2",
+                                    "train.ma_samples=200"), "r", f"train-{algo}")
+        plan, _ = launch.build_plan(ctx, ctx.step_uri)
+        plans.append(dataclasses.replace(plan, progress=False))
+    results = spawn_local(_train_each, 2, plans, timeout=600)
+    for algo, res in zip(("gtc", "bmuf", "htm", "ma"), results[0]):
+        m = res["metrics"]
+        assert m["workers"] == 2 and m["algorithm"] == algo and m["algo_bytes_sent"] > 0
+        assert res["counts"] == {"in": 32, "out": 32, "rejected": 0}
+        losses = _losses(tmp_path / "store" / "runs" / "r" / f"train-{algo}" / "metrics.jsonl")
+        assert np.isfinite(m["dev_loss"]) and losses[-1] < losses[0], (algo, losses)
 
 
 def test_ctc_pseudolabels_must_name_a_finished_step(tmp_path, local_cfg):

@@ -142,7 +142,7 @@ def ctc_graph(ctx: StepContext, card, read: dict[str, bytes]) -> tuple[str, dict
 
     lm, hint = lm_uri(ctx)
     arpa = load_lm(ctx.storage, lm, hint, read)
-    tok = Tokenizer.from_dict(card.info["tokenizer"])
+    tok = Tokenizer.from_dict(card.tokenizer)
     graph_dir, info = ensure_graph(ctx.storage, ctx.other("graph"), None, "", arpa,
                                    [*tok.symbols, tok.digest, "ctc-tlg"], 0.0,
                                    builder=lambda: build_tlg(tok, arpa))
