@@ -26,6 +26,7 @@ from core.storage import Storage
 from decoding import decode as D
 from decoding import error_analysis
 from decoding.graph import read_graph
+from decoding.ctc_prefix import prefix_beam_search, rescore
 from decoding.search import Searcher
 
 log = logging.getLogger(__name__)
@@ -45,10 +46,11 @@ def greedy_words(log_probs: np.ndarray, tokenizer, blank_penalty: float = 0.0) -
     return tokenizer.decode(int(i) for i in best[keep] if i != 0)
 
 
-def ctc_log_probs(model, feats: Sequence[np.ndarray], batch_frames: int = 20000
-                  ) -> list[np.ndarray]:
-    """Per utterance, the model's log-probabilities over its output frames [T', C];
-    length-sorted padded batches (padding never reaches a real frame's output)."""
+def ctc_log_probs(model, feats: Sequence[np.ndarray], batch_frames: int = 20000,
+                  keep_encoder: bool = False) -> list[Any]:
+    """Per utterance, the model's log-probabilities over its output frames [T', C]
+    (with `keep_encoder`: (those, the encoder's outputs [T', D]), for attention
+    rescoring); length-sorted padded batches (padding never reaches a real frame)."""
     import torch
 
     order = sorted(range(len(feats)), key=lambda i: len(feats[i]))
@@ -64,18 +66,21 @@ def ctc_log_probs(model, feats: Sequence[np.ndarray], batch_frames: int = 20000
         for j, i in enumerate(batch):
             x[j, :lens[j]] = torch.from_numpy(feats[i])
         with torch.no_grad():
-            y = torch.log_softmax(model(x, lens).float(), -1).numpy()
-            n = model.output_lengths(lens).clamp_max(y.shape[1]).tolist()
+            h, n = model.encode(x, lens)
+            y = torch.log_softmax(model.ctc_output(h, n).float(), -1).numpy()
+            n = n.clamp_max(y.shape[1]).tolist()
         for j, i in enumerate(batch):
-            out[i] = y[j, :n[j]]
+            out[i] = (y[j, :n[j]], h[j, :n[j]].numpy()) if keep_encoder else y[j, :n[j]]
     return out
 
 
 class CtcDecodeWorker:
-    """A Ray actor holding a CTC model and (tlg) its graph: featurises, scores, searches."""
+    """A Ray actor holding a CTC model and (tlg) its graph: featurises, scores, searches
+    (`mode`: decode.ctc_search)."""
 
     def __init__(self, model_bytes: bytes, graph_dir: str, corpus: str, storage_cfg: Any,
-                 beam: float, max_active: int, batch_frames: int = 20000, threads: int = 1):
+                 beam: float, max_active: int, batch_frames: int = 20000, threads: int = 1,
+                 mode: str = "tlg", nbest: int = 8):
         import torch
 
         from training.checkpoint import card_from_bytes
@@ -86,28 +91,46 @@ class CtcDecodeWorker:
         self.tokenizer = Tokenizer.from_dict(self.card.tokenizer)
         self.searcher = Searcher(read_graph(graph_dir), beam, max_active) if graph_dir else None
         self.corpus, self.batch_frames = corpus, batch_frames
+        self.mode, self.nbest = mode, nbest
+        if mode == "rescore" and getattr(self.model, "decoder", None) is None:
+            raise StepError("decode.ctc_search rescore needs a joint CTC/attention model "
+                            "(model.ctc.attention_weight > 0); this one has no decoder")
         self.storage = Storage(storage_cfg)
 
     def score(self, records: list) -> dict:
         t0 = time.perf_counter()
         feats, rejects, audio_s = D.featurize(self.storage, self.corpus, records, self.card)
         t1 = time.perf_counter()
-        lp = ctc_log_probs(self.model, [x for _, x in feats], self.batch_frames)
-        return {"utts": list(zip([r for r, _ in feats], lp)), "rejects": rejects,
+        out = ctc_log_probs(self.model, [x for _, x in feats], self.batch_frames,
+                            keep_encoder=self.mode == "rescore")
+        utts = [(r, *o) if isinstance(o, tuple) else (r, o) for (r, _), o in zip(feats, out)]
+        return {"utts": utts, "rejects": rejects,
                 "audio_s": audio_s, "featurize_s": t1 - t0, "forward_s": time.perf_counter() - t1}
 
     def search(self, utts: list, setting: dict) -> dict:
         t0 = time.perf_counter()
         hyps = []
-        for rec, lp in utts:
-            if self.searcher is None:
+        for rec, lp, *enc in utts:
+            if self.mode == "rescore":
+                hyps.append((rec, self._rescored(lp, enc[0], setting["blank_penalty"]), True))
+            elif self.searcher is None:
                 hyps.append((rec, greedy_words(lp, self.tokenizer, setting["blank_penalty"]), True))
-                continue
-            words, _, final = self.searcher.best_words(
-                ctc_scores(lp, setting["acwt"], setting["blank_penalty"]))
-            hyps.append((rec, words, final))
+            else:
+                words, _, final = self.searcher.best_words(
+                    ctc_scores(lp, setting["acwt"], setting["blank_penalty"]))
+                hyps.append((rec, words, final))
         return {"hyps": hyps, "search_s": time.perf_counter() - t0,
-                "frames": sum(len(lp) for _, lp in utts)}
+                "frames": sum(len(u[1]) for u in utts)}
+
+    def _rescored(self, lp: np.ndarray, enc: np.ndarray, blank_penalty: float) -> list[str]:
+        """The CTC prefix beam's n-best rescored by the attention decoder."""
+        import torch
+
+        nbest = prefix_beam_search(lp, self.nbest, blank_penalty)
+        att = self.model.decoder.score(torch.from_numpy(enc), len(enc),
+                                       [list(y) for y, _ in nbest])
+        best = rescore(nbest, att, self.model.attention_weight)
+        return self.tokenizer.decode(nbest[best][0]) if best >= 0 else []
 
 
 def settings(dc, greedy: bool) -> list[dict]:
@@ -138,7 +161,8 @@ def tune(ctx: StepContext, pool: D.Pool, corpus: str, vocab, greedy: bool
 def decode_ctc(ctx: StepContext, model_uri: str, model_bytes: bytes, card, corpus: str,
                split: str, graph: tuple[str, dict, set] | None) -> tuple[dict, dict]:
     """Tune, score and search `split` with a CTC model; (result.json body, step summary).
-    `graph`: (local graph dir, its info, its vocabulary) for tlg, None for greedy."""
+    `graph`: (local graph dir, its info, its vocabulary) for tlg, None for greedy and
+    rescore (no LM: the penalties alone are tuned)."""
     dc = ctx.cfg.decode
     recs, rejects = D.split_records(ctx, corpus, split)
     n_in = len(recs) + len(rejects)
@@ -146,7 +170,7 @@ def decode_ctc(ctx: StepContext, model_uri: str, model_bytes: bytes, card, corpu
     t0 = time.perf_counter()
     pool = D.Pool(ctx, model_bytes, graph_dir, None, corpus, worker=CtcDecodeWorker,
                   worker_args=(graph_dir, corpus, ctx.cfg.storage, dc.beam, dc.max_active,
-                               dc.batch_frames))
+                               dc.batch_frames, 1, dc.ctc_search, dc.ctc_nbest))
     tuning, best = tune(ctx, pool, corpus, vocab or _AnyWord(), graph is None)
     scored = pool.score(D.shards_of(recs, 2 * dc.workers), f"decode {split}: features+model")
     hyps, search_s, frames = pool.search(scored, best, f"decode {split}: search")
@@ -157,7 +181,7 @@ def decode_ctc(ctx: StepContext, model_uri: str, model_bytes: bytes, card, corpu
     audio_s = sum(s["audio_s"] for s in scored)
     result.update({
         "model": model_uri, "data": corpus, "split": split, **best,
-        "search": "greedy" if graph is None else "tlg", "tune_split": dc.tune_split,
+        "search": dc.ctc_search, "tune_split": dc.tune_split,
         "tuning": tuning, "lm": _lm_uri(ctx) if graph is not None else None, "graph": info,
         "priors_from": None, "oov": oov, "rejected": D.reasons(rejects),
         "audio_s": round(audio_s, 2), "rtf": D.rtf(scored, search_s, audio_s, wall, pool.workers),

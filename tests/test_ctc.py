@@ -289,3 +289,56 @@ def test_decode_step_scores_a_ctc_model_into_the_decode_json(tiny_corpus, ray_lo
                               "decode.ctc_search=greedy", "decode.tag=greedy"), "r", "decode"),
         argparse.Namespace(model=uri, data=None, split="test", out=None))
     assert greedy["metrics"]["search"] == "greedy"
+    # a joint CTC/attention model: the prefix beam's n-best rescored by its decoder
+    joint = CtcModel(feat_dim, tok.num_classes, cfg.features.stack, channels=(4,),
+                     time_strides=(3,), freq_strides=(4,), time_kernels=(3,), hidden=16,
+                     layers=1, attention_weight=0.3, decoder_hidden=8).eval()
+    juri = str(tmp_path / "joint" / "model.pt")
+    save_model(st, juri, joint, cmvn={"count": 1, "sum": [0.0] * feat_dim,
+                                      "sumsq": [1.0] * feat_dim},
+               phones=tok.symbols, features=features_dict(cfg.features),
+               info={"tokenizer": tok.to_dict()})
+    rescored = decode_step.run(
+        StepContext(local_cfg(f"data.corpus={tiny_corpus}", "decode.workers=1",
+                              "decode.ctc_search=rescore", "decode.tag=joint",
+                              "decode.blank_penalties=[0]", "decode.ctc_nbest=4"), "r", "decode"),
+        argparse.Namespace(model=juri, data=None, split="test", out=None))
+    assert rescored["metrics"]["search"] == "rescore" and rescored["counts"]["out"] == tests
+
+
+# ----------------------------------------------------------------- joint CTC/attention
+def test_prefix_beam_search_scores_are_the_ctc_probabilities():
+    """A wide beam's n-best carries each label sequence's total CTC log-probability (what
+    torch's ctc_loss sums over all alignments), best first."""
+    from decoding.ctc_prefix import prefix_beam_search, rescore
+
+    rng = np.random.default_rng(0)
+    lp = torch.log_softmax(torch.from_numpy(rng.standard_normal((6, 4))), -1).numpy()
+    nbest = prefix_beam_search(lp, beam=500)
+    assert [s for _, s in nbest] == sorted((s for _, s in nbest), reverse=True)
+    for y, score in nbest[:10]:
+        if not y:
+            continue
+        ref = -torch.nn.functional.ctc_loss(torch.from_numpy(lp)[:, None], torch.tensor([y]),
+                                            torch.tensor([6]), torch.tensor([len(y)]),
+                                            reduction="sum")
+        assert abs(score - float(ref)) < 1e-6
+    assert rescore(nbest[:3], [-9.0, 0.0, -9.0], weight=0.99) == 1
+
+
+def test_joint_ctc_attention_student_learns(tmp_path, local_cfg):
+    """model.ctc.attention_weight > 0: the decoder trains beside CTC in the same loop, and
+    its scores are the log-likelihoods it trains on."""
+    corpus = _ctc_run(str(tmp_path / "store"))
+    res = _train(local_cfg, corpus, "train.epochs=3", "model.ctc.attention_weight=0.3",
+                 "model.ctc.decoder_hidden=32")
+    losses = _losses(tmp_path / "store" / "runs" / "r" / "train" / "metrics.jsonl")
+    assert losses[-1] < 0.8 * losses[0]
+    model, card = load_model_card(Storage(), res["metrics"]["model_uri"])
+    assert model.decoder is not None and card.spec["attention_weight"] == 0.3
+    with torch.no_grad():
+        h, n = model.encode(torch.randn(1, 40, 48))
+    y = [3, 4, 5]
+    with torch.no_grad():
+        nll = model.decoder.nll(h, n, torch.tensor([y]), torch.tensor([3]))
+    assert abs(model.decoder.score(h[0], int(n[0]), [y])[0] + float(nll)) < 1e-4

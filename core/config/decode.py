@@ -77,7 +77,10 @@ class DecodeConfig:
     # A CTC model (train.model ctc): tlg searches T o L o G (CTC topology, the tokens'
     # spelling of each word, the LM; decoding/ctc_graph.py), greedy takes the best token
     # per frame (no lexicon or LM).
+    # rescore (a joint CTC/attention model, model.ctc.attention_weight > 0): the CTC prefix
+    # beam's decode.ctc_nbest best rescored by the attention decoder (no LM).
     ctc_search: str = "tlg"
+    ctc_nbest: int = 8  # rescore: the prefix beam's width and n-best
     # tlg: LM weights (the acoustic scale is their inverse) and blank penalties (subtracted
     # from the blank's log-probability) tried on decode.tune_split, every pair; the best
     # pair scores the split.
@@ -86,7 +89,9 @@ class DecodeConfig:
     blank_penalties: list[float] = field(default_factory=lambda: [0.0, 1.0, 2.0, 3.0])
 
     def validate(self, key: str) -> None:
-        check(self.ctc_search in ("tlg", "greedy"), f"{key}.ctc_search", "must be tlg or greedy")
+        check(self.ctc_search in ("tlg", "greedy", "rescore"), f"{key}.ctc_search",
+              "must be tlg, greedy or rescore")
+        check(self.ctc_nbest >= 1, f"{key}.ctc_nbest", "must be >= 1")
         check(bool(self.ctc_lm_weights) and all(w > 0 for w in self.ctc_lm_weights),
               f"{key}.ctc_lm_weights", "must be a non-empty list of weights > 0")
         check(bool(self.blank_penalties), f"{key}.blank_penalties", "must be a non-empty list")

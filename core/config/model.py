@@ -53,9 +53,16 @@ class CtcConfig:
     bidirectional: bool = False  # true: bidirectional layers (not streamable)
     lookahead: int = 3  # unidirectional: row-convolution future steps (DS2 sec. 3.7)
     dropout: float = 0.0  # between layers and before the output layer
+    # Joint CTC/attention (training/ctc/attention.py): > 0 adds an attention decoder over
+    # the encoder, trained on (1 - w) x CTC + w x its cross-entropy; decode.ctc_search
+    # rescore uses it. 0: the CTC model alone.
+    attention_weight: float = 0.0
+    decoder_hidden: int = 128  # the attention decoder's GRU units
 
     def validate(self, key: str) -> None:
         check(self.tokens in ("char", "bpe"), f"{key}.tokens", "must be char or bpe")
+        check(0 <= self.attention_weight < 1, f"{key}.attention_weight", "must be in [0, 1)")
+        check(self.decoder_hidden >= 1, f"{key}.decoder_hidden", "must be >= 1")
         check(self.bpe_vocab >= 8, f"{key}.bpe_vocab", "must be >= 8")
         n = len(self.channels)
         check(n >= 1 and min(self.channels) >= 1, f"{key}.channels",

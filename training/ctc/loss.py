@@ -37,12 +37,18 @@ def token_errors(hyps: list[list[int]], refs: list[list[int]]) -> int:
 
 
 def ctc_batch_loss(model: nn.Module, batch) -> LossOut:
-    logits = model(batch.x, batch.lengths)
-    out_len = model.output_lengths(batch.lengths).clamp_max(logits.shape[1])
+    """See the module doc; a joint CTC/attention model (model.decoder) is trained on
+    (1 - w) x CTC + w x the decoder's cross-entropy, w = model.attention_weight."""
+    h, n = model.encode(batch.x, batch.lengths)
+    logits = model.ctc_output(h, n)
+    out_len = n.clamp_max(logits.shape[1])
     logp = torch.log_softmax(logits.float(), -1)
     tok, tok_len = batch.tokens, batch.token_lengths
     nll = nn.functional.ctc_loss(logp.transpose(0, 1), tok, out_len, tok_len, blank=0,
                                  reduction="sum", zero_infinity=True)
+    if getattr(model, "decoder", None) is not None:
+        w = model.attention_weight
+        nll = (1 - w) * nll + w * model.decoder.nll(h, out_len, tok, tok_len)
     tokens = int(tok_len.sum())
     refs = [t[:n].tolist() for t, n in zip(tok.cpu(), tok_len.cpu().tolist())]
     with torch.no_grad():

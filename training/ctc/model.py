@@ -25,6 +25,8 @@ from typing import Any, Sequence
 import torch
 from torch import nn
 
+from training.ctc.attention import AttentionDecoder
+
 RNN_TYPES = {"gru": nn.GRU, "lstm": nn.LSTM, "rnn": nn.RNN}
 
 
@@ -84,7 +86,8 @@ class CtcModel(nn.Module):
                  channels: Sequence[int] = (32, 32), time_strides: Sequence[int] = (3, 1),
                  freq_strides: Sequence[int] = (2, 2), time_kernels: Sequence[int] = (7, 3),
                  freq_kernel: int = 11, rnn: str = "gru", layers: int = 3, hidden: int = 256,
-                 bidirectional: bool = False, lookahead: int = 3, dropout: float = 0.0):
+                 bidirectional: bool = False, lookahead: int = 3, dropout: float = 0.0,
+                 attention_weight: float = 0.0, decoder_hidden: int = 128):
         super().__init__()
         if input_dim % stack:
             raise ValueError(f"input_dim {input_dim} is not a multiple of stack {stack}")
@@ -98,7 +101,8 @@ class CtcModel(nn.Module):
                        "freq_strides": list(freq_strides), "time_kernels": list(time_kernels),
                        "freq_kernel": freq_kernel, "rnn": rnn, "layers": layers,
                        "hidden": hidden, "bidirectional": bidirectional,
-                       "lookahead": lookahead, "dropout": dropout}
+                       "lookahead": lookahead, "dropout": dropout,
+                       "attention_weight": attention_weight, "decoder_hidden": decoder_hidden}
         self.stack, self.bins = stack, input_dim // stack
         self.bidirectional, self.lookahead = bidirectional, lookahead
         convs, c_in, f = [], 1, self.bins
@@ -119,6 +123,10 @@ class CtcModel(nn.Module):
         self.out_norm = MaskedBatchNorm(dim)
         self.output = nn.Linear(dim, num_classes)
         self.drop = nn.Dropout(dropout)
+        # joint CTC/attention (training/ctc/attention.py): a decoder over the same encoder
+        self.attention_weight = float(attention_weight)
+        self.decoder = (AttentionDecoder(dim, num_classes, decoder_hidden)
+                        if attention_weight > 0 else None)
 
     @property
     def num_classes(self) -> int:
@@ -143,6 +151,16 @@ class CtcModel(nn.Module):
         return n
 
     def forward(self, x: torch.Tensor, lengths: torch.Tensor | None = None) -> torch.Tensor:
+        return self.ctc_output(*self.encode(x, lengths))
+
+    def ctc_output(self, h: torch.Tensor, n: torch.Tensor) -> torch.Tensor:
+        """CTC logits [B, T', C] of the encoder's outputs."""
+        return self.output(self.drop(self.out_norm(h, _mask(n, h.shape[1]))))
+
+    def encode(self, x: torch.Tensor, lengths: torch.Tensor | None = None
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(encoder outputs [B, T', D], their lengths [B]): what the CTC output layer and
+        the attention decoder read."""
         b, t, _ = x.shape
         if lengths is None:
             lengths = torch.full((b,), t, dtype=torch.long, device=x.device)
@@ -156,8 +174,8 @@ class CtcModel(nn.Module):
         for norm, rnn in zip(self.norms, self.rnns):
             h = self._recurrent(rnn, norm(self.drop(h), m), n) * m[:, :, None]
         if self.row_conv is not None:
-            h = self.row_conv(h)
-        return self.output(self.drop(self.out_norm(h, m)))
+            h = self.row_conv(h) * m[:, :, None]
+        return h, n
 
     def _recurrent(self, rnn: nn.Module, h: torch.Tensor, n: torch.Tensor) -> torch.Tensor:
         if not self.bidirectional or bool((n == h.shape[1]).all()):
@@ -174,4 +192,5 @@ def ctc_model_from_config(input_dim: int, num_classes: int, stack: int, cfg: Any
                     time_strides=cfg.time_strides, freq_strides=cfg.freq_strides,
                     time_kernels=cfg.time_kernels, freq_kernel=cfg.freq_kernel, rnn=cfg.rnn,
                     layers=cfg.layers, hidden=cfg.hidden, bidirectional=cfg.bidirectional,
-                    lookahead=cfg.lookahead, dropout=cfg.dropout)
+                    lookahead=cfg.lookahead, dropout=cfg.dropout,
+                    attention_weight=cfg.attention_weight, decoder_hidden=cfg.decoder_hidden)
