@@ -84,9 +84,10 @@ class DecodeConfig:
     # tlg: LM weights (the acoustic scale is their inverse) and blank penalties (subtracted
     # from the blank's log-probability) tried on decode.tune_split, every pair; the best
     # pair scores the split.
-    # (The embedded corpus's CTC baseline, dev: best at 0.8-1.2 and 2-3.)
-    ctc_lm_weights: list[float] = field(default_factory=lambda: [0.5, 0.8, 1.2, 1.6])
-    blank_penalties: list[float] = field(default_factory=lambda: [0.0, 1.0, 2.0, 3.0])
+    # (The embedded corpus's CTC baseline, dev: flat within 1 point over lm 1.6-3.0 x blank
+    # 3-5; docs/results/2026-11-29-ctc-baseline.md.)
+    ctc_lm_weights: list[float] = field(default_factory=lambda: [0.8, 1.2, 1.6, 2.4])
+    blank_penalties: list[float] = field(default_factory=lambda: [0.0, 1.5, 3.0, 4.5])
 
     def validate(self, key: str) -> None:
         check(self.ctc_search in ("tlg", "greedy", "rescore"), f"{key}.ctc_search",

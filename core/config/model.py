@@ -43,9 +43,9 @@ class CtcConfig:
     channels: list[int] = field(default_factory=lambda: [16, 16])  # per 2-D convolution
     # Per convolution, over the 10 ms frames: time strides (their product is the output's
     # subsampling: 3 = the 33 Hz of the hybrid student), frequency strides, time kernels.
-    time_strides: list[int] = field(default_factory=lambda: [3, 1])
-    freq_strides: list[int] = field(default_factory=lambda: [2, 2])
-    time_kernels: list[int] = field(default_factory=lambda: [7, 3])
+    time_strides: list[int] = field(default_factory=lambda: [3, 1])  # per convolution
+    freq_strides: list[int] = field(default_factory=lambda: [2, 2])  # per convolution, mel bins
+    time_kernels: list[int] = field(default_factory=lambda: [7, 3])  # per convolution, frames
     freq_kernel: int = 11  # mel bins each convolution spans
     rnn: str = "gru"  # recurrent cell: gru, lstm or rnn (DS2's simple recurrence)
     layers: int = 3  # recurrent layers, each with sequence-wise BatchNorm on its input
