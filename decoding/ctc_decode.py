@@ -127,7 +127,7 @@ class CtcDecodeWorker:
         import torch
 
         nbest = prefix_beam_search(lp, self.nbest, blank_penalty)
-        att = self.model.decoder.score(torch.from_numpy(enc), len(enc),
+        att = self.model.decoder.score(torch.tensor(enc), len(enc),
                                        [list(y) for y, _ in nbest])
         best = rescore(nbest, att, self.model.attention_weight)
         return self.tokenizer.decode(nbest[best][0]) if best >= 0 else []
