@@ -210,7 +210,7 @@ def test_every_trainer_trains_the_ctc_student_on_two_ranks(tmp_path, local_cfg):
     """gtc, bmuf, htm and ma train the CTC model unchanged (sgd: the tests above)."""
     import dataclasses
 
-    from training import launch
+    from amflow.steps import train_plan as launch
     from training.distributed import spawn_local
 
     corpus = _ctc_run(str(tmp_path / "store"))

@@ -10,7 +10,8 @@ from core.runs import StepContext, StepError
 from core.senones import CONTEXT_KIND, ContextTree
 from core.storage import Storage, join
 from amflow.steps import train as train_step
-from training import launch
+from amflow.steps import train_plan as launch
+from training.priors import class_counts
 from training.checkpoint import load_model, save_model
 from training.data import make_synthetic_run
 from training.grow import (GrowError, class_phones, grow_output, leaf_log_shares,
@@ -235,7 +236,7 @@ def test_train_grow_grows_an_ssl_student_on_leaf_targets(tmp_path, local_cfg):
     assert first.num_classes == 4
     # its priors: the soft targets' mass and the labels, per phone (all of each frame's)
     counts = np.array(meta["priors"]["counts"])
-    leaves = launch.class_counts(st, [join(run, "repartition", s, "part-00000.parquet")
+    leaves = class_counts(st, [join(run, "repartition", s, "part-00000.parquet")
                                       for s in ("labeled", "unlabeled")], 8)
     assert np.allclose(counts, np.bincount(ContextTree.from_dict(TREE).leaf_center,
                                            weights=leaves, minlength=4))

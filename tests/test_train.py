@@ -14,7 +14,7 @@ import torch
 from core.runs import StepContext, StepError
 from core.storage import Storage, join
 from amflow.steps import train as train_step
-from training import launch
+from amflow.steps import train_plan as launch
 from training.checkpoint import load_model
 from training.data import make_synthetic_run, rows_table, synthetic_rows
 from training.loop import InjectedFailure, train_worker

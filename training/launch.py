@@ -1,33 +1,12 @@
-"""Training a model of a run: the library behind `amflow train` and `amflow sequence`
-(their steps: amflow/steps/train.py, amflow/steps/sequence.py).
+"""Training a model from a typed plan: the library behind `amflow train` and `amflow
+sequence` (their steps, amflow/steps/train.py and amflow/steps/train_plan.py, resolve the
+run layout into a `training.plan.WorkerPlan`).
 
-Reads   runs/<R>/repartition/<split>/part-*.parquet (labeled, unlabeled, dev splits as
-        `train.recipe` needs), runs/<R>/features/cmvn.json and phones.json.
-Writes  runs/<R>/train[-<tag>]/ (the dir is `train` when `train.tag` is empty):
-          model.pt            the self-describing final model (training.checkpoint)
-          checkpoints/        resumable per-rank state, latest.json
-          metrics/ + metrics.jsonl   per-block records (loss, frame_acc, lr, frames/s,
-                              bytes_sent, comm_seconds) and dev scores per epoch
-          learning_curve.png
-          rejects/rejects.parquet  rows that cannot be trained on, with the reason
-          phones/             train.grow's phone-class model (model.pt with priors,
-                              checkpoints/, metrics, summary.json), grown into model.pt
-          _SUCCESS.json       final metrics (dev frame accuracy when a dev split exists)
-
-The sequence recipe (train.recipe=sequence) is the same training with a sequence criterion
-(train.criterion mmi | smbr, training/sequence.py) on the labeled split, starting from
-train.init_model (default: this run's train[-<tag>]/model.pt), into runs/<R>/sequence[-<tag>]/.
-The labeled and ssl recipes start from train.init_model when it is set: a model with this
-run's classes trains on, a phone-class model is grown into this run's context-dependent
-leaves first (training/grow.py). With train.grow they train that phone-class model
-themselves first, on the leaf labels read as their phones and the leaf targets summed per
-phone (`train_grown`).
-
-`build_plan` resolves the inputs into one typed `training.plan.WorkerPlan`; `train` runs
-it on one worker in this process, or with `train.workers` > 1 on Ray Train through
-`training.distributed.run_distributed`. A killed training resumes from its last
-checkpoint when re-run; `--force` starts over (`clear_outputs`; a finished phone stage of
-the same config and inputs is kept: `_finished_phone_stage`).
+`train` runs a plan on one worker in this process, or with `train.workers` > 1 on Ray Train
+through `training.distributed.run_distributed`. `start_from` checks the model a training
+starts from against the plan's classes, growing a phone-class model into context-dependent
+leaves (training/grow.py); `phone_stage_plan` is train.grow's first stage, one class per
+phone; `store_priors` counts the class priors hybrid decoding divides by.
 """
 from __future__ import annotations
 
@@ -37,174 +16,32 @@ from typing import Any
 
 import numpy as np
 
-from core.config import Config, Resolved, grown_stage, with_overrides
+from core.config import with_overrides
 from core.model_card import ModelCard
-from core.runs import SUCCESS, Reject, StepContext, StepError, step_dir_name
+from core.runs import StepError
 from core.senones import ContextTree
-from core.storage import join
+from core.storage import Storage, join
 from training.checkpoint import load_model
-from training.ctc.plan import build_ctc_plan, ctc_inputs
-from training.data import SplitIndex, partition_uris
 from training.distributed import run_distributed
 from training.grow import GrowError, class_phones, leaf_log_shares, output_sources
-from training.loop import fingerprint_changes, plan_fingerprint, train_worker
-from training.models import resolve_num_classes
-from training.plan import Growth, LaunchSpec, WorkerPlan
+from training.loop import train_worker
+from training.plan import Growth, WorkerPlan
 from training.priors import attach_priors, class_counts
 
 log = logging.getLogger(__name__)
 
 
-def train_dir_name(tag: str = "", recipe: str = "labeled") -> str:
-    """The training's output dir: train[-<tag>], or sequence[-<tag>] for the sequence
-    recipe (which starts from train[-<tag>]'s model)."""
-    return step_dir_name("sequence" if recipe == "sequence" else "train", tag)
-
-
-def model_dir_name(tag: str = "") -> str:
-    """The dir of the model that evaluate / decode with `<step>.tag=tag` score by default:
-    a tag naming a sequence training (`sequence`, `sequence-<train tag>`) is that dir,
-    any other tag is train[-<tag>]."""
-    if tag == "sequence" or tag.startswith("sequence-"):
-        return tag
-    return train_dir_name(tag)
-
-
-def model_uri(cfg: Config, run_id: str, tag: str | None = None) -> str:
-    """Where `amflow train` leaves the final model of `run_id` (tag: train.tag)."""
-    tag = cfg.train.tag if tag is None else tag
-    return join(cfg.storage.root, "runs", run_id, train_dir_name(tag), "model.pt")
-
-
-def init_model_uri(cfg: Config, run_id: str) -> str:
-    """The model a sequence training starts from."""
-    return cfg.train.init_model or model_uri(cfg, run_id)
-
-
-def _split_kinds(cfg: Config) -> dict[str, str]:
-    """{kind: split name} of the training data the recipe needs."""
-    tc = cfg.train
-    if tc.recipe == "ssl":
-        return {"unlabeled": tc.batches.unlabeled_split, "labeled": tc.batches.labeled_split}
-    return {"labeled": tc.batches.labeled_split}
-
-
-def training_inputs(ctx: StepContext) -> dict[str, Any]:
-    """What a training reads besides its config, by identity: when the features (CMVN) and
-    the repartition (the examples) it trains on finished, and the digest of the model it
-    starts from. A finished training or a checkpoint is taken only for the same inputs: a
-    rerun after those steps ran again, or after the model to start from was trained again,
-    is told so instead of being handed the old model."""
-    st = ctx.storage
-    inputs: dict[str, Any] = {f"{step}_finished_at": ctx.finished_at(step)
-                              for step in ("features", "repartition")}
-    cfg = ctx.cfg
-    if cfg.train.recipe == "sequence" or cfg.train.init_model:
-        uri = init_model_uri(cfg, ctx.run_id)
-        inputs["init_model"] = st.digest(uri) if st.exists(uri) else None
-    if cfg.train.model == "ctc":  # its targets: the corpus's transcripts, the pseudo-labels
-        inputs.update(ctc_inputs(st, cfg))
-    return inputs
-
-
-def build_plan(ctx: StepContext, train_dir: str) -> tuple[WorkerPlan, dict[str, Any]]:
-    """(the plan for `training.loop.train_worker`, the data report: splits, rejects)."""
-    cfg = ctx.cfg
-    tc = cfg.train
-    ctx.require("repartition")
-    storage = ctx.storage
-    cmvn_uri = cmvn_source(ctx)
-    phones_uri = ctx.other("features", "phones.json")
-    cmvn = storage.read_json(cmvn_uri) if storage.exists(cmvn_uri) else None
-    if cmvn is None:
-        raise StepError(f"{cmvn_uri} not found: the features step writes the global CMVN "
-                        "stats the trainer normalises with")
-    launch = LaunchSpec(storage_path=join(train_dir, "ray"),
-                        name=f"{ctx.run_id}-{train_dir_name(tc.tag, tc.recipe)}-{tc.algorithm}")
-    if tc.model == "ctc":  # the CTC student: transcripts and tokens, not phone classes
-        plan, report = build_ctc_plan(ctx, train_dir, cmvn, training_inputs(ctx), launch)
-        init_model, _ = _init_model(ctx, plan)
-        return dataclasses.replace(plan, init_model=init_model,
-                                   data_window=_data_window(ctx)), report
-    phones = storage.read_json(phones_uri) if storage.exists(phones_uri) else []
-    context_uri = ctx.other("features", "context.json")
-    context = storage.read_json(context_uri) if storage.exists(context_uri) else None
-    try:
-        num_classes = resolve_num_classes(cfg.model, phones, tree_leaves=context is not None)
-    except ValueError as exc:
-        raise StepError(f"{exc} ({phones_uri})") from exc
-
-    splits: dict[str, list[str]] = {}
-    report: dict[str, Any] = {"splits": {}, "rejects": []}
-    feat_dim = None
-    for kind, name in _split_kinds(cfg).items():
-        uris = partition_uris(storage, ctx.other("repartition", name))
-        if not uris:
-            raise StepError(f"recipe '{tc.recipe}' needs split '{name}', but "
-                            f"{ctx.other('repartition', name)} has no part-*.parquet")
-        index = SplitIndex.load(storage, uris, "labels" if kind == "labeled" else "topk", feat_dim)
-        if len(index) == 0:
-            hint = (" (run `amflow targets` before repartition)" if kind == "unlabeled" else "")
-            raise StepError(f"split '{name}' has no usable rows{hint}: rejected {index.rejected}")
-        feat_dim = index.feat_dim
-        splits[kind] = uris
-        report["splits"][name] = {"partitions": len(uris), "rows": index.rows_in,
-                                  "usable": len(index), "rejected": index.rejected,
-                                  "frames": index.total_frames}
-        report["rejects"] += [Reject(u, r, f"split {name}", name) for u, r in index.reject_ids]
-        if len(uris) < tc.workers:
-            raise StepError(f"split '{name}' has {len(uris)} partitions, fewer than "
-                            f"train.workers={tc.workers}: re-run repartition for that many workers")
-    dev_uris = (partition_uris(storage, ctx.other("repartition", tc.batches.dev_split))
-                if tc.batches.dev_split else [])
-    if dev_uris:
-        splits["dev"] = dev_uris
-        report["splits"][tc.batches.dev_split] = {"partitions": len(dev_uris)}
-    plan = WorkerPlan(
-        cfg=cfg, run_id=ctx.run_id, train_dir=train_dir, kind=tc.model, splits=splits,
-        cmvn=cmvn, phones=list(phones), num_classes=int(num_classes), feat_dim=int(feat_dim),
-        stack=cfg.features.stack, context=context, inputs=training_inputs(ctx),
-        data_window=_data_window(ctx),
-        launch=launch)
-    init_model, grow = _init_model(ctx, plan)
-    return dataclasses.replace(plan, init_model=init_model, grow=grow), report
-
-
-def cmvn_source(ctx: StepContext) -> str:
-    """The CMVN statistics to normalise with: the union's (repartition/cmvn.json) when the
-    run trains on a window of daily_data partitions too, else its features'."""
-    union = ctx.other("repartition", "cmvn.json")
-    return union if ctx.storage.exists(union) else ctx.other("features", "cmvn.json")
-
-
-def _data_window(ctx: StepContext) -> dict[str, Any] | None:
-    """The daily_data partitions repartition added (repartition/window.json): the model
-    card records which intervals, with their digests, the model learned from."""
-    uri = ctx.other("repartition", "window.json")
-    return ctx.storage.read_json(uri) if ctx.storage.exists(uri) else None
-
-
-def _init_model(ctx: StepContext, plan: WorkerPlan) -> tuple[str | None, Growth | None]:
-    """The model a training starts from, checked against this run's data: the sequence
-    recipe's CE model (default: this run's), or `train.init_model` for the labeled and
-    ssl recipes."""
-    cfg = plan.cfg
-    if cfg.train.recipe != "sequence" and not cfg.train.init_model:
-        return None, None
-    return _start_from(ctx, plan, init_model_uri(cfg, ctx.run_id))
-
-
-def _start_from(ctx: StepContext, plan: WorkerPlan, uri: str) -> tuple[str, Growth | None]:
+def start_from(storage: Storage, plan: WorkerPlan, uri: str) -> tuple[str, Growth | None]:
     """(uri, None) when the model at `uri` has this run's classes; a phone-class model
     starting a run whose classes are context-dependent leaves is grown into them
     (training/grow.py): (uri, its Growth)."""
     cfg = plan.cfg
     num_classes, feat_dim, phones = plan.num_classes, plan.feat_dim, plan.phones
-    if not ctx.storage.exists(uri):
+    if not storage.exists(uri):
         hint = (f"(run `amflow train` with train.tag={cfg.train.tag!r} first, or set "
                 "train.init_model)" if cfg.train.recipe == "sequence" else "")
         raise StepError(f"train.init_model {uri} not found {hint}".rstrip())
-    model, meta = load_model(ctx.storage, uri)
+    model, meta = load_model(storage, uri)
     card = ModelCard.from_meta(meta, uri)
     if card.kind != cfg.train.model or model.input_dim != feat_dim:
         raise StepError(f"train.init_model {uri} is a {card.kind} with {model.input_dim} "
@@ -223,7 +60,7 @@ def _start_from(ctx: StepContext, plan: WorkerPlan, uri: str) -> tuple[str, Grow
         raise StepError(f"train.init_model {uri}: {exc}") from exc
     # the labeled split's hard labels only: an ssl run's unlabeled top-k targets would be
     # read and decoded on the driver for the same shares
-    counts = class_counts(ctx.storage, plan.splits["labeled"], num_classes)
+    counts = class_counts(storage, plan.splits["labeled"], num_classes)
     shares = leaf_log_shares(counts, sources)
     log.info("train.init_model %s: %d phone classes grown into %d leaves", uri,
              model.num_classes, num_classes)
@@ -251,77 +88,6 @@ def phone_stage_plan(plan: WorkerPlan) -> WorkerPlan:
                                    name=f"{plan.launch.name}-{PHONE_STAGE}"))
 
 
-def train_grown(ctx: StepContext, plan: WorkerPlan
-                ) -> tuple[WorkerPlan, dict[str, Any] | None]:
-    """train.grow: train the phone stage (`phone_stage_plan`; kept and not redone once its
-    summary.json is written), then (the plan of the grown stage: train.grow_recipe's
-    values over the recipe's, starting from the phone model grown into the leaves, the
-    phone stage's summary); (plan, None) when the classes are one per phone. The two-run
-    way (`train.init_model` = a phone-class run's model) gives the same model: the phone
-    tree is what align.nn_senones = the number of phones builds, and the leaves' phones
-    are the same frames' phones."""
-    if not plan.context or ContextTree.from_dict(plan.context).context_free:
-        # a run labelled from a CTM, or a tree without questions (too few frames to split):
-        # the classes are phones already, what the phone stage would train
-        log.info("train.grow: this run's %d classes are one per phone: nothing to grow, "
-                 "trained as they are", plan.num_classes)
-        return plan, None
-    first = phone_stage_plan(plan)
-    summary = _finished_phone_stage(ctx, first)
-    if summary is None:
-        log.info("train.grow: phone stage, %d phone classes on the labels of %d leaves, "
-                 "into %s", first.num_classes, plan.num_classes, first.train_dir)
-        result = train(first)
-        store_priors(ctx, first, result["model_uri"])
-        summary = {"model_uri": result["model_uri"], "classes": first.num_classes,
-                   "metrics": result["metrics"], "counts": result["counts"],
-                   "fingerprint": plan_fingerprint(first)}
-        ctx.storage.write_json(join(first.train_dir, "summary.json"), summary)
-    second = dataclasses.replace(plan, cfg=grown_stage(Resolved(plan.cfg)).config)
-    uri, growth = _start_from(ctx, second, summary["model_uri"])
-    return dataclasses.replace(second, init_model=uri, grow=growth), summary
-
-
-def _finished_phone_stage(ctx: StepContext, first: WorkerPlan) -> dict[str, Any] | None:
-    """The summary of train.grow's finished phone stage when it trained `first` (the same
-    config and inputs: retraining it would give the same model, so even --force keeps it;
-    the grown stage is what a changed grow_recipe retrains). None: it is to be trained,
-    after --force cleared what another phone stage left. A different finished one without
-    --force is refused, naming what differs."""
-    st, summary_uri = ctx.storage, join(first.train_dir, "summary.json")
-    if st.exists(summary_uri):
-        summary = st.read_json(summary_uri)
-        changed = fingerprint_changes(summary.get("fingerprint", {}), plan_fingerprint(first))
-        if not changed:
-            log.info("train.grow: the phone stage trained with this config on these inputs "
-                     "is done (%s)%s", summary_uri, "; kept under --force too (remove "
-                     f"{first.train_dir} to train it again)" if ctx.force else "")
-            return summary
-        if not ctx.force:
-            raise StepError(f"{first.train_dir} holds the phone stage of a different "
-                            f"training (differs in: {', '.join(changed)}); re-run with "
-                            "--force to start over, or use another train.tag")
-        log.info("train.grow: the phone stage differs in %s: trained again", ", ".join(changed))
-    if ctx.force:
-        for uri in st.list(first.train_dir, recursive=True):
-            st.delete(uri)
-    return None
-
-
-def clear_outputs(ctx: StepContext, keep_phone_stage: bool = False) -> None:
-    """--force: remove a previous training's state and outputs; train.grow's phone stage
-    too unless `keep_phone_stage` (a growing training: `_finished_phone_stage` keeps it
-    only when it trained the same config on the same inputs)."""
-    # tokens: a CTC training's tokenizer and transcripts (training/ctc/data.py)
-    subs = ("checkpoints", "metrics", "rejects", "tokens")
-    for sub in subs + (() if keep_phone_stage else (PHONE_STAGE,)):
-        for uri in ctx.storage.list(ctx.path(sub), recursive=True):
-            ctx.storage.delete(uri)
-    for name in ("model.pt", "metrics.jsonl", "learning_curve.png", "_fault_injected.json",
-                 SUCCESS):
-        ctx.storage.delete(ctx.path(name))
-
-
 def train(plan: WorkerPlan) -> dict[str, Any]:
     """Run the plan's training: one worker here, or `train.workers` on Ray Train; rank 0's
     summary (metrics, counts, model_uri, ...)."""
@@ -335,13 +101,13 @@ def train(plan: WorkerPlan) -> dict[str, Any]:
     return result
 
 
-def store_priors(ctx: StepContext, plan: WorkerPlan, model_uri: str) -> None:
+def store_priors(storage: Storage, plan: WorkerPlan, model_uri: str) -> None:
     """Class priors (for hybrid decoding: posterior / prior) counted over the training
     targets the model saw, stored in model.pt (training/priors.py)."""
     if plan.label_tree:  # train.grow's phone stage: the leaves' counts summed per phone
         tree = ContextTree.from_dict(plan.label_tree)
-        leaves = class_counts(ctx.storage, plan.training_uris(), tree.num_leaves)
+        leaves = class_counts(storage, plan.training_uris(), tree.num_leaves)
         counts = np.bincount(tree.leaf_center, weights=leaves, minlength=plan.num_classes)
     else:
-        counts = class_counts(ctx.storage, plan.training_uris(), plan.num_classes)
-    attach_priors(ctx.storage, model_uri, counts, "training targets")
+        counts = class_counts(storage, plan.training_uris(), plan.num_classes)
+    attach_priors(storage, model_uri, counts, "training targets")

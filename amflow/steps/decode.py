@@ -18,7 +18,7 @@ from decoding import decode as D
 from decoding import error_analysis
 from decoding.assets import DecoderAssets
 from tasks.select import corpus_fingerprint
-from training.launch import model_dir_name
+from amflow.steps.train_plan import model_dir_name
 
 
 def _context(ctx: StepContext) -> StepContext:

@@ -35,7 +35,7 @@ from amflow.steps import decode as decode_step
 from core.runs import StepContext, StepError, step_dir_name
 from core.storage import digest_of
 from decoding.assets import tuned_acwt
-from training.launch import model_dir_name
+from amflow.steps.train_plan import model_dir_name
 
 FORMATS = ("onnx",)
 QUANTIZE = ("int8",)

@@ -15,7 +15,7 @@ from core.runs import StepContext, StepError, step_dir_name
 from amflow.steps import decode as decode_step
 from decoding.assets import tuned_acwt
 from serving import app
-from training.launch import train_dir_name
+from amflow.steps.train_plan import train_dir_name
 
 
 def serve_context(ctx_or_cfg, model: str | None) -> tuple[StepContext, str]:

@@ -1,5 +1,5 @@
-"""`amflow train`: train the teacher or the student of a run (training/launch.py has the
-library: inputs, the worker plan, Ray Train, priors)."""
+"""`amflow train`: train the teacher or the student of a run (amflow/steps/train_plan.py
+resolves its inputs into the worker plan; training/launch.py trains it: Ray Train, priors)."""
 from __future__ import annotations
 
 import logging
@@ -7,8 +7,9 @@ from typing import Any
 
 from core.config import ConfigError
 from core.runs import SUCCESS, StepContext, StepError, rejects_table
-from training.launch import (build_plan, clear_outputs, cmvn_source, store_priors, train,
-                             train_dir_name, train_grown, training_inputs)
+from amflow.steps.train_plan import (build_plan, clear_outputs, cmvn_source, train_dir_name,
+                                     train_grown, training_inputs)
+from training.launch import store_priors, train
 from training.loop import config_fingerprint, fingerprint_changes, grows
 
 log = logging.getLogger(__name__)
@@ -39,7 +40,7 @@ def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
         ctx.storage.write_parquet(ctx.path("rejects", "rejects.parquet"),
                                   rejects_table(report["rejects"]))
     if plan.ctc is None:  # class priors are for hybrid decoding; a CTC model has none
-        store_priors(ctx, plan, result["model_uri"])
+        store_priors(ctx.storage, plan, result["model_uri"])
     counts = dict(result["counts"])
     metrics = dict(result["metrics"])
     metrics["model_uri"] = result["model_uri"]

@@ -12,7 +12,9 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from core.runs import Reject, StepContext, StepError
+from core.config import Config
+from core.runs import Reject, StepError
+from core.storage import Storage, join
 from training.ctc.data import prepare_transcripts, pseudolabel_dir, read_transcripts
 from training.data import SplitIndex, partition_uris
 from training.plan import LaunchSpec, WorkerPlan
@@ -31,28 +33,31 @@ def ctc_inputs(storage, cfg) -> dict[str, Any]:
     return out
 
 
-def _split_uris(ctx: StepContext, name: str, why: str) -> list[str]:
-    uris = partition_uris(ctx.storage, ctx.other("repartition", name))
+def _split_uris(storage: Storage, repartition_uri: str, name: str, why: str) -> list[str]:
+    uris = partition_uris(storage, join(repartition_uri, name))
     if not uris:
         raise StepError(f"train.model ctc{why} needs split '{name}', but "
-                        f"{ctx.other('repartition', name)} has no part-*.parquet")
+                        f"{join(repartition_uri, name)} has no part-*.parquet")
     return uris
 
 
-def build_ctc_plan(ctx: StepContext, train_dir: str, cmvn: dict, inputs: dict[str, Any],
-                   launch: LaunchSpec) -> tuple[WorkerPlan, dict[str, Any]]:
-    cfg = ctx.cfg
+def build_ctc_plan(storage: Storage, cfg: Config, run_id: str, repartition_uri: str,
+                   train_dir: str, cmvn: dict, inputs: dict[str, Any], launch: LaunchSpec
+                   ) -> tuple[WorkerPlan, dict[str, Any]]:
+    """The CTC student's plan: its transcripts tokenised (kept in `train_dir`), the
+    partitions of `repartition_uri`'s splits it trains on, and the data report."""
     tc = cfg.train
-    data = prepare_transcripts(ctx.storage, cfg, train_dir)
-    transcripts = read_transcripts(ctx.storage, data.transcripts_uri)
+    data = prepare_transcripts(storage, cfg, train_dir)
+    transcripts = read_transcripts(storage, data.transcripts_uri)
     out_per_row = cfg.features.stack / math.prod(cfg.model.ctc.time_strides)
     names = [tc.batches.labeled_split] + ([tc.batches.unlabeled_split] if tc.pseudolabels else [])
     report: dict[str, Any] = {"splits": {}, "rejects": [], "transcripts": data.counts}
     labeled: list[str] = []
     feat_dim = None
     for name in names:
-        uris = _split_uris(ctx, name, " (train.pseudolabels)" if labeled else "")
-        index = SplitIndex.load(ctx.storage, uris, "tokens", feat_dim, transcripts, out_per_row)
+        uris = _split_uris(storage, repartition_uri, name,
+                           " (train.pseudolabels)" if labeled else "")
+        index = SplitIndex.load(storage, uris, "tokens", feat_dim, transcripts, out_per_row)
         feat_dim = feat_dim or index.feat_dim
         labeled += uris
         report["splits"][name] = {"partitions": len(uris), "rows": index.rows_in,
@@ -66,13 +71,13 @@ def build_ctc_plan(ctx: StepContext, train_dir: str, cmvn: dict, inputs: dict[st
         raise StepError(f"{len(labeled)} partitions, fewer than train.workers={tc.workers}: "
                         "re-run repartition for that many workers")
     splits = {"labeled": labeled}
-    dev = (partition_uris(ctx.storage, ctx.other("repartition", tc.batches.dev_split))
+    dev = (partition_uris(storage, join(repartition_uri, tc.batches.dev_split))
            if tc.batches.dev_split else [])
     if dev:
         splits["dev"] = dev
         report["splits"][tc.batches.dev_split] = {"partitions": len(dev)}
     symbols = list(data.tokenizer["symbols"])
-    plan = WorkerPlan(cfg=cfg, run_id=ctx.run_id, train_dir=train_dir, kind="ctc",
+    plan = WorkerPlan(cfg=cfg, run_id=run_id, train_dir=train_dir, kind="ctc",
                       splits=splits, cmvn=cmvn, phones=symbols, num_classes=len(symbols),
                       feat_dim=int(feat_dim or 0), stack=cfg.features.stack, inputs=inputs,
                       launch=launch, ctc=data)
