@@ -104,7 +104,7 @@ def run(ctx: StepContext, args: Any) -> dict[str, Any]:
     run_dir, train_dir = model_uri.rsplit("/", 2)[:2]
     tuned = join(run_dir, train_dir.replace("train", "decode", 1), "result.json")
     acwt, _ = tuned_acwt(st, tuned, cfg.decode.acwt[0])
-    recs, _ = D.split_records(ctx, corpus, "test")
+    recs, _ = D.split_records(ctx.storage, corpus, "test")
     feats, _, audio_s = D.featurize(st, corpus, recs, a.card)
 
     t0 = time.process_time()

@@ -39,7 +39,7 @@ def speaker_sessions(ctx, corpus: str, seconds: float) -> list[list]:
     """Per test speaker, its first utterances (time order) up to `seconds` of audio."""
     from decoding.decode import split_records
 
-    recs, _ = split_records(ctx, corpus, "test")
+    recs, _ = split_records(ctx.storage, corpus, "test")
     by: dict[str, list] = defaultdict(list)
     for r in sorted(recs, key=lambda r: (r.speaker_id, r.created_ts, r.utt_id)):
         if sum(x.duration for x in by[r.speaker_id]) < seconds:

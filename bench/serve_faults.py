@@ -58,7 +58,7 @@ def speaker_streams(ctx, corpus: str, split: str = "test") -> list[tuple[list, l
     from bench.serve import load_audio
     from decoding.decode import split_records
 
-    recs, _ = split_records(ctx, corpus, split)
+    recs, _ = split_records(ctx.storage, corpus, split)
     by: dict[str, list] = defaultdict(list)
     for r in sorted(recs, key=lambda r: (r.speaker_id, r.created_ts, r.utt_id)):
         by[r.speaker_id].append(r)

@@ -21,8 +21,9 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from core.runs import StepContext, StepError
-from core.storage import Storage
+from core.config import Config, DecodeConfig
+from core.runs import StepError
+from core.storage import Storage, join
 from decoding import decode as D
 from decoding import error_analysis
 from decoding.graph import read_graph
@@ -140,14 +141,13 @@ def settings(dc, greedy: bool) -> list[dict]:
             for w in weights for b in dc.blank_penalties]
 
 
-def tune(ctx: StepContext, pool: D.Pool, corpus: str, vocab, greedy: bool
+def tune(dc: DecodeConfig, storage: Storage, pool: D.Pool, corpus: str, vocab, greedy: bool
          ) -> tuple[list[dict], dict]:
     """WER on decode.tune_split per setting; the best (first on ties)."""
-    dc = ctx.cfg.decode
     grid = settings(dc, greedy)
     if not dc.tune_split or len(grid) == 1:
         return [], grid[0]
-    recs, _ = D.split_records(ctx, corpus, dc.tune_split)
+    recs, _ = D.split_records(storage, corpus, dc.tune_split)
     scored = pool.score(D.shards_of(recs, 2 * dc.workers), f"tune on {dc.tune_split}: features+model")
     rows = []
     for s in grid:
@@ -158,20 +158,22 @@ def tune(ctx: StepContext, pool: D.Pool, corpus: str, vocab, greedy: bool
     return rows, {k: best[k] for k in ("lm_weight", "acwt", "blank_penalty")}
 
 
-def decode_ctc(ctx: StepContext, model_uri: str, model_bytes: bytes, card, corpus: str,
-               split: str, graph: tuple[str, dict, set] | None) -> tuple[dict, dict]:
-    """Tune, score and search `split` with a CTC model; (result.json body, step summary).
-    `graph`: (local graph dir, its info, its vocabulary) for tlg, None for greedy and
-    rescore (no LM: the penalties alone are tuned)."""
-    dc = ctx.cfg.decode
-    recs, rejects = D.split_records(ctx, corpus, split)
+def decode_ctc(cfg: Config, out_uri: str, model_uri: str, model_bytes: bytes, card,
+               corpus: str, split: str, graph: tuple[str, dict, set] | None, lm_uri: str | None
+               ) -> tuple[dict, dict]:
+    """Tune, score and search `split` with a CTC model, writing hyps and errors.txt into
+    `out_uri`; (result.json body, step summary). `graph`: (local graph dir, its info, its
+    vocabulary) for tlg (built with the LM at `lm_uri`), None for greedy and rescore (no
+    LM: the penalties alone are tuned)."""
+    dc, storage = cfg.decode, Storage(cfg.storage)
+    recs, rejects = D.split_records(storage, corpus, split)
     n_in = len(recs) + len(rejects)
     graph_dir, info, vocab = graph or ("", {}, None)
     t0 = time.perf_counter()
-    pool = D.Pool(ctx, model_bytes, graph_dir, None, corpus, worker=CtcDecodeWorker,
-                  worker_args=(graph_dir, corpus, ctx.cfg.storage, dc.beam, dc.max_active,
+    pool = D.Pool(cfg, model_bytes, graph_dir, None, corpus, worker=CtcDecodeWorker,
+                  worker_args=(graph_dir, corpus, cfg.storage, dc.beam, dc.max_active,
                                dc.batch_frames, 1, dc.ctc_search, dc.ctc_nbest))
-    tuning, best = tune(ctx, pool, corpus, vocab or _AnyWord(), graph is None)
+    tuning, best = tune(dc, storage, pool, corpus, vocab or _AnyWord(), graph is None)
     scored = pool.score(D.shards_of(recs, 2 * dc.workers), f"decode {split}: features+model")
     hyps, search_s, frames = pool.search(scored, best, f"decode {split}: search")
     wall = time.perf_counter() - t0
@@ -182,24 +184,19 @@ def decode_ctc(ctx: StepContext, model_uri: str, model_bytes: bytes, card, corpu
     result.update({
         "model": model_uri, "data": corpus, "split": split, **best,
         "search": dc.ctc_search, "tune_split": dc.tune_split,
-        "tuning": tuning, "lm": _lm_uri(ctx) if graph is not None else None, "graph": info,
+        "tuning": tuning, "lm": lm_uri if graph is not None else None, "graph": info,
         "priors_from": None, "oov": oov, "rejected": D.reasons(rejects),
         "audio_s": round(audio_s, 2), "rtf": D.rtf(scored, search_s, audio_s, wall, pool.workers),
         "model_kind": card.kind,
         "tokenizer": {k: card.tokenizer[k] for k in ("kind", "digest")}})
-    D.write_hyps(ctx, rows)
-    ctx.storage.write_text(ctx.path("errors.txt"), error_analysis.render(rows))
+    D.write_hyps(storage, out_uri, rows)
+    storage.write_text(join(out_uri, "errors.txt"), error_analysis.render(rows))
     metrics = {"wer": result["wer"], "ser": result["ser"], "per_condition_wer": result["per_condition"],
                "per_condition": result["per_condition"], **best, "search": result["search"],
                "rtf_per_core": result["rtf"]["total_per_core"], "oov_rate": oov["rate"],
                "frames": frames, "forward_s": round(sum(s["forward_s"] for s in scored), 2)}
     return result, {"metrics": metrics, "rejects": rejects,
                     "counts": {"in": n_in, "out": len(hyps), "rejected": len(rejects)}}
-
-
-def _lm_uri(ctx: StepContext) -> str:
-    """The LM's URI as the step resolves it (decode.lm, else the run's lm step)."""
-    return ctx.cfg.decode.lm or ctx.other("lm", "lm.arpa")
 
 
 class _AnyWord:

@@ -31,16 +31,16 @@ import json
 import logging
 import time
 from collections import defaultdict
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 import pyarrow as pa
 
-from core.config import StorageConfig
+from core.config import Config, DecodeConfig, StorageConfig
 from core.model_card import ModelCard
 from core.progress import Progress
-from core.runs import Reject, StepContext, StepError
-from core.storage import Storage
+from core.runs import Reject, StepError
+from core.storage import Storage, join
 from decoding import wer as W
 from decoding.graph import read_graph
 from decoding.lexicon import Lexicon, words_of
@@ -139,9 +139,9 @@ def featurize(storage, corpus: str, records: Sequence, card: ModelCard):
 
 
 # ----------------------------------------------------------------- inputs
-def split_records(ctx: StepContext, corpus: str, split: str) -> tuple[list, list[Reject]]:
+def split_records(storage: Storage, corpus: str, split: str) -> tuple[list, list[Reject]]:
     """Records of `split` with a transcript; the rest rejected with the reason."""
-    recs, _ = records_of_split(ctx.storage, corpus, split)  # malformed lines: no split
+    recs, _ = records_of_split(storage, corpus, split)  # malformed lines: no split
     keep, rejects = [], []
     for r in recs:
         if not r.text or not words_of(r.text):
@@ -183,7 +183,7 @@ class Pool:
     ray.util.ActorPool; a worker of another kind (decoding/ctc_decode.py's) with the same
     score / search methods takes `worker_args` after the model's bytes."""
 
-    def __init__(self, ctx: StepContext, model_bytes: bytes, graph_dir: str,
+    def __init__(self, cfg: Config, model_bytes: bytes, graph_dir: str,
                  log_prior: np.ndarray | None, corpus: str, worker: type = DecodeWorker,
                  worker_args: tuple | None = None):
         import ray
@@ -191,13 +191,13 @@ class Pool:
 
         from core.raycluster import init_ray
 
-        init_ray(ctx.cfg)
-        dc = ctx.cfg.decode
+        init_ray(cfg)
+        dc = cfg.decode
         self.workers = _workers_that_fit(dc.workers, ray.cluster_resources())
-        actor = ray.remote(num_cpus=1, **_pool_resources(ctx))(worker)
+        actor = ray.remote(num_cpus=1, **_pool_resources(cfg))(worker)
         model_ref = ray.put(model_bytes)
         args = worker_args if worker_args is not None else (
-            graph_dir, log_prior, corpus, ctx.cfg.storage, dc.beam, dc.max_active)
+            graph_dir, log_prior, corpus, cfg.storage, dc.beam, dc.max_active)
         self.actors = [actor.remote(model_ref, *args) for _ in range(self.workers)]
         self.pool = ActorPool(self.actors)
 
@@ -226,8 +226,8 @@ class Pool:
         return hyps, search_s, frames
 
 
-def _pool_resources(ctx: StepContext) -> dict:
-    res = ctx.cfg.ray.step_resources.get("decode") or {}
+def _pool_resources(cfg: Config) -> dict:
+    res = cfg.ray.step_resources.get("decode") or {}
     return {"resources": dict(res)} if res else {}
 
 
@@ -250,13 +250,13 @@ def score_hyps(hyps: list, lex: Lexicon) -> tuple[dict, list[dict], dict]:
 
 
 # ----------------------------------------------------------------- tuning, reporting
-def tune_acwt(ctx: StepContext, pool: Pool, corpus: str, lex: Lexicon) -> tuple[list[dict], float]:
+def tune_acwt(dc: DecodeConfig, storage: Storage, pool: Pool, corpus: str, lex: Lexicon
+              ) -> tuple[list[dict], float]:
     """WER on decode.tune_split for each decode.acwt; the best scale (first on ties)."""
-    dc = ctx.cfg.decode
     if not dc.tune_split or len(dc.acwt) == 1:
         return [], dc.acwt[0]
     try:
-        recs, _ = split_records(ctx, corpus, dc.tune_split)
+        recs, _ = split_records(storage, corpus, dc.tune_split)
     except StepError as exc:
         log.warning("no tuning: %s; using decode.acwt[0] = %s", exc, dc.acwt[0])
         return [], dc.acwt[0]
@@ -305,9 +305,10 @@ def rtf(scored: list[dict], search_s: float, audio_s: float, wall: float, worker
             "wall_x_real_time": round(a / max(wall, 1e-9), 1), "workers": workers}
 
 
-def write_hyps(ctx: StepContext, rows: list[dict]) -> None:
-    ctx.storage.write_text(ctx.path("hyps.jsonl"), "".join(json.dumps(r) + "\n" for r in rows))
-    ctx.storage.write_parquet(ctx.path("hyps.parquet"), pa.Table.from_pylist(rows))
+def write_hyps(storage: Storage, out_uri: str, rows: list[dict]) -> None:
+    """The hypotheses, one row per utterance, as `out_uri`/hyps.jsonl and hyps.parquet."""
+    storage.write_text(join(out_uri, "hyps.jsonl"), "".join(json.dumps(r) + "\n" for r in rows))
+    storage.write_parquet(join(out_uri, "hyps.parquet"), pa.Table.from_pylist(rows))
 
 
 def _blank(setting: dict) -> str:

@@ -235,11 +235,11 @@ def test_decode_and_evaluate_follow_the_split_rule(tmp_path, local_cfg):
 
     make_corpus(tmp_path / "corpus", speakers=4, utts=2, labeled=2, with_split=False)
     ctx = StepContext(local_cfg(), "r", "decode")
-    labeled, rejects = split_records(ctx, str(tmp_path / "corpus"), "labeled")
-    unlabeled, _ = split_records(ctx, str(tmp_path / "corpus"), "unlabeled")
+    labeled, rejects = split_records(ctx.storage, str(tmp_path / "corpus"), "labeled")
+    unlabeled, _ = split_records(ctx.storage, str(tmp_path / "corpus"), "unlabeled")
     assert len(labeled) == 4 and len(unlabeled) == 4 and not rejects
     with pytest.raises(StepError, match="splits found: labeled, unlabeled"):
-        split_records(ctx, str(tmp_path / "corpus"), "test")
+        split_records(ctx.storage, str(tmp_path / "corpus"), "test")
 
 
 def test_a_finished_decode_is_handed_back_only_for_the_same_model_lm_and_search(
@@ -301,7 +301,7 @@ def test_oracle_posteriors_decode_the_tiny_corpus(tiny_corpus, tmp_path):
     from core.runs import StepContext
 
     ctx = StepContext(load_config(None, [f"storage.root={tmp_path}"]), "r", "decode")
-    recs, _ = split_records(ctx, str(tiny_corpus), "test")
+    recs, _ = split_records(ctx.storage, str(tiny_corpus), "test")
     fcfg = FeaturesConfig()
     ids = {p: i for i, p in enumerate(classes)}
     search = Searcher(graph, beam=12)

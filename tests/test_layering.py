@@ -152,3 +152,16 @@ def test_importing_the_steps_does_not_import_ray():
                          timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == "False"
+
+
+def test_libraries_never_take_a_step_context(graph):
+    """The run layout is the app's: a library takes URIs, a Storage and typed plans, never
+    the `core.runs.StepContext` that resolves runs/<id>/<step>/ (amflow/steps does)."""
+    takers = []
+    for top in LIBRARIES:
+        for path in (ROOT / top).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.ImportFrom) and node.module == "core.runs" and \
+                        any(a.name == "StepContext" for a in node.names):
+                    takers.append(str(path.relative_to(ROOT)))
+    assert not takers, f"libraries importing StepContext: {takers}"

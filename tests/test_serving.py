@@ -32,7 +32,7 @@ def _speaker_waves(corpus: Path, split: str = "unlabeled", limit: int = 3):
     from decoding.decode import split_records
 
     ctx = StepContext(load_config(None, [f"storage.root={corpus.parent / 'store'}"]), "r", "x")
-    recs, _ = split_records(ctx, str(corpus), split)
+    recs, _ = split_records(ctx.storage, str(corpus), split)
     counts: dict[str, int] = {}
     for r in recs:
         counts[r.speaker_id] = counts.get(r.speaker_id, 0) + 1

@@ -95,11 +95,11 @@ def decode_inputs(ctx: StepContext, model: str, corpus: str, split: str,
 def _decode(ctx: StepContext, a: DecoderAssets, corpus: str, split: str) -> tuple[dict, dict]:
     """Tune acwt, score and search `split`; (result.json body, step metrics)."""
     dc = ctx.cfg.decode
-    recs, rejects = D.split_records(ctx, corpus, split)
+    recs, rejects = D.split_records(ctx.storage, corpus, split)
     n_in = len(recs) + len(rejects)
     t0 = time.perf_counter()
-    pool = D.Pool(ctx, a.model_bytes, a.graph_dir, a.log_prior, corpus)
-    tuning, acwt = D.tune_acwt(ctx, pool, corpus, a.lexicon)
+    pool = D.Pool(ctx.cfg, a.model_bytes, a.graph_dir, a.log_prior, corpus)
+    tuning, acwt = D.tune_acwt(dc, ctx.storage, pool, corpus, a.lexicon)
     scored = pool.score(D.shards_of(recs, 2 * dc.workers), f"decode {split}: features+model")
     hyps, search_s, frames = pool.search(scored, acwt, f"decode {split}: search")
     wall = time.perf_counter() - t0
@@ -114,7 +114,7 @@ def _decode(ctx: StepContext, a: DecoderAssets, corpus: str, split: str) -> tupl
         "rejected": D.reasons(rejects), "audio_s": round(audio_s, 2),
         "rtf": D.rtf(scored, search_s, audio_s, wall, pool.workers),
         "model_kind": a.card.kind})
-    D.write_hyps(ctx, rows)
+    D.write_hyps(ctx.storage, ctx.step_uri, rows)
     ctx.storage.write_text(ctx.path("errors.txt"), error_analysis.render(rows))  # sclite-like
     if rejects:
         ctx.storage.write_parquet(ctx.path("rejects", "rejects.parquet"), rejects_table(rejects))
@@ -157,7 +157,8 @@ def _decode_ctc(ctx: StepContext, model: str, read: dict[str, bytes], card, corp
     graph = ctc_graph(ctx, card, read) if ctx.cfg.decode.ctc_search == "tlg" else None
     model_bytes = read[model]
     read.clear()
-    result, summary = decode_ctc(ctx, model, model_bytes, card, corpus, split, graph)
+    result, summary = decode_ctc(ctx.cfg, ctx.step_uri, model, model_bytes, card, corpus, split,
+                                 graph, lm_uri(ctx)[0])
     if summary["rejects"]:
         ctx.storage.write_parquet(ctx.path("rejects", "rejects.parquet"),
                                   rejects_table(summary["rejects"]))

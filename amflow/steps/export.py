@@ -97,7 +97,7 @@ def check_inputs(ctx: StepContext, decoder, corpus: str) -> tuple[list, list[np.
     from decoding.decode import featurize, split_records
 
     ec = ctx.cfg.export
-    recs, _ = split_records(ctx, corpus, ec.check_split)
+    recs, _ = split_records(ctx.storage, corpus, ec.check_split)
     if not recs:
         raise StepError(f"export.check_split={ec.check_split!r}: no utterances with a "
                         f"transcript in {corpus}; set it to a split the corpus has")

@@ -99,7 +99,7 @@ def dev_choice(ctx: StepContext, pool: D.Pool, corpus: str) -> dict[str, Any]:
     if ctx.storage.exists(uri):
         return ctx.storage.read_json(uri)
     pc, dc = ctx.cfg.pseudolabel, ctx.cfg.decode
-    recs, _ = D.split_records(ctx, corpus, pc.dev_split)
+    recs, _ = D.split_records(ctx.storage, corpus, pc.dev_split)
     scored = pool.score(D.shards_of(recs, 2 * dc.workers),
                         f"pseudolabel dev ({pc.dev_split}): features+model")
     tuning, by_acwt = [], {}
@@ -205,7 +205,7 @@ def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
         return earlier
     assets = decode_step.load_assets(ctx, model, corpus, read)
     read.clear()  # the LM's text is in the graph now
-    pool = D.Pool(ctx, assets.model_bytes, assets.graph_dir, assets.log_prior, corpus,
+    pool = D.Pool(ctx.cfg, assets.model_bytes, assets.graph_dir, assets.log_prior, corpus,
                   worker=PL.PseudoLabelWorker)
     dev = dev_choice(ctx, pool, corpus)
     done = {e["shard"]: m for e in entries if (m := ctx.shard_done(e["shard"])) is not None}
