@@ -1,0 +1,130 @@
+#!/usr/bin/env bash
+# `make quickstart`: the whole teacher/student recipe on a toy corpus through the CLI alone
+# (no Airflow), top to bottom, each stage one `amflow <step>`: the same calls, in the same
+# order, that the DAGs make (dags/teacher.py, dags/ssl_student.py). ~3 minutes on 2 cores.
+#
+#   stage 0  corpus       synthesise a ~20-minute espeak-ng corpus (labeled, unlabeled, dev, test)
+#   teacher run (<run_id>-teacher), the labeled data:
+#   stage 1  select       every labeled and dev utterance, in shards by speaker
+#   stage 2  align        transcripts -> frame labels (GMM-HMM flat start, tree, triphones)
+#   stage 3  features     log-mel fbank, CMVN, low frame rate, the frame labels joined
+#   stage 4  repartition  equal training partitions
+#   stage 5  train        the teacher (BLSTM) on the labeled data (train.teacher_recipe)
+#   stage 6  train        the baseline: the student's LSTM on the labeled data alone
+#   stage 7  lm           a word 3-gram LM for decoding
+#   stage 8  decode       teacher and baseline to words on the test split: WER
+#   SSL run (<run_id>-ssl), the unlabeled data:
+#   stage 9  select, align (takes the teacher run's alignments), features
+#   stage 10 targets      the teacher's top-k soft targets over the unlabeled audio
+#   stage 11 repartition, train: the SSL student (scheduled learning on the soft targets)
+#   stage 12 lm, decode   the SSL student's WER on the same test split
+#   stage 13 compare      the WER table: each model's WER with its 95 % confidence interval
+#
+# Env: CONFIG (default configs/tiny.yaml), RUN_ID (default quickstart-<UTC time>; the same
+# id again resumes: finished steps are kept), QUICKSTART_SETS (extra space-separated
+# key=value overrides for every step, e.g. "storage.root=/tmp/qs data.corpus=/tmp/qs/corpus"),
+# STAGE / STOP_STAGE (run only stages STAGE..STOP_STAGE, as a Kaldi run.sh's --stage).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export PATH="$PWD/.venv/bin:$PATH"
+CONFIG=${CONFIG:-configs/tiny.yaml}
+RUN_ID=${RUN_ID:-quickstart-$(date -u +%Y%m%d-%H%M%S)}
+read -r -a SETS <<< "${QUICKSTART_SETS:-}"
+TEACHER_RUN="$RUN_ID-teacher"
+SSL_RUN="$RUN_ID-ssl"
+STAGE=${STAGE:-0}
+STOP_STAGE=${STOP_STAGE:-13}
+START=$(date +%s)
+
+set_args=()
+for s in "${SETS[@]}"; do set_args+=(--set "$s"); done
+# `if stage N "what"; then ...; fi`: true (and says so) when N is within STAGE..STOP_STAGE.
+stage() {
+  [ "$1" -ge "$STAGE" ] && [ "$1" -le "$STOP_STAGE" ] || return 1
+  printf '\n=== [%4ds] stage %s\n' "$(( $(date +%s) - START ))" "$*"
+}
+# One step: its log goes to the step's own file; on failure the log's end is shown.
+LOGS=$(mktemp -d "${TMPDIR:-/tmp}/amflow-quickstart.XXXXXX")
+step() {
+  local name=$1; shift
+  local log="$LOGS/$name.log"
+  if ! amflow "$@" --config "$CONFIG" "${set_args[@]}" > "$log" 2>&1; then
+    tail -n 40 "$log" >&2
+    echo "quickstart: \`amflow $*\` failed (its log: $log)" >&2
+    exit 1
+  fi
+  grep -v '^AMFLOW_SUMMARY ' "$log" | grep -E '^(lm:|condition|DP[1-5] |all )' || true
+}
+
+# The teacher DAG's overrides (dags/teacher.py TEACHER_SETS, BASELINE_SETS).
+teacher=(--run-id "$TEACHER_RUN" --set select.splits=labeled,dev --set train.model=teacher
+         --set train.recipe=labeled --set train.tag=teacher --set evaluate.tag=teacher
+         --set decode.tag=teacher)
+baseline=(--run-id "$TEACHER_RUN" --set select.splits=labeled,dev --set train.model=student
+          --set train.recipe=labeled --set train.tag=baseline --set evaluate.tag=baseline
+          --set decode.tag=baseline)
+
+if stage 0 "corpus"; then
+  step corpus corpus
+fi
+
+if stage 1 "select (run $TEACHER_RUN)"; then
+  step select-teacher select "${teacher[@]}"
+fi
+if stage 2 "align"; then
+  step align-teacher align "${teacher[@]}"
+fi
+if stage 3 "features"; then
+  step features-teacher features "${teacher[@]}"
+fi
+if stage 4 "repartition"; then
+  step repartition-teacher repartition "${teacher[@]}"
+fi
+if stage 5 "train the teacher"; then
+  step train-teacher train "${teacher[@]}"
+fi
+if stage 6 "train the baseline"; then
+  step train-baseline train "${baseline[@]}"
+fi
+if stage 7 "lm"; then
+  step lm lm "${teacher[@]}"
+fi
+if stage 8 "decode the teacher and the baseline"; then
+  step decode-teacher decode "${teacher[@]}" --split test
+  step decode-baseline decode "${baseline[@]}" --split test
+fi
+
+# The SSL DAG's overrides (dags/ssl_student.py) and the teacher it distils.
+root=$(python - "$CONFIG" "${SETS[@]}" <<'PY'
+import os, sys
+from core.config import load_config
+root = load_config(sys.argv[1], sys.argv[2:]).storage.root
+print(root if "://" in root else os.path.abspath(root))
+PY
+)
+TEACHER_URI="$root/runs/$TEACHER_RUN/train-teacher/model.pt"
+ssl=(--run-id "$SSL_RUN" --set train.model=student --set train.recipe=ssl
+     --set "targets.teacher=$TEACHER_URI")
+
+if stage 9 "select, align, features (run $SSL_RUN)"; then
+  step select-ssl select "${ssl[@]}"
+  step align-ssl align "${ssl[@]}"
+  step features-ssl features "${ssl[@]}"
+fi
+if stage 10 "targets from the teacher"; then
+  step targets targets "${ssl[@]}"
+fi
+if stage 11 "repartition, train the SSL student"; then
+  step repartition-ssl repartition "${ssl[@]}"
+  step train-ssl train "${ssl[@]}"
+fi
+if stage 12 "lm, decode the SSL student"; then
+  step lm-ssl lm "${ssl[@]}"
+  step decode-ssl decode "${ssl[@]}" --split test
+fi
+if stage 13 "compare: WER on the test split"; then
+  amflow compare "$TEACHER_RUN" "$SSL_RUN" --config "$CONFIG" "${set_args[@]}" 2>/dev/null \
+    | grep -v '^AMFLOW_SUMMARY '
+fi
+printf '\n=== done in %d s\n' "$(( $(date +%s) - START ))"
+echo "outputs: $root/runs/$TEACHER_RUN/<step>/ and $root/runs/$SSL_RUN/<step>/ (step logs: $LOGS)"

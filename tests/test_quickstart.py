@@ -1,0 +1,65 @@
+"""The quickstart (`make quickstart`: scripts/quickstart.sh on configs/tiny.yaml) end to end:
+the suite's smoke test. Every step of both runs finishes (its _SUCCESS.json), and the WER
+table printed at the end has a row per decoded model, each WER a number in [0, 100]
+inside its 95 % CI and equal to the WER in that decode's result.json."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT
+
+pytestmark = [pytest.mark.slow, pytest.mark.integration]
+
+RUN = "qs"
+# The steps the quickstart runs, as they lie under <storage.root>/runs/<run_id>/.
+STEPS = {
+    f"{RUN}-teacher": ["select", "align", "features", "repartition", "train-teacher",
+                       "train-baseline", "lm", "decode-teacher", "decode-baseline"],
+    f"{RUN}-ssl": ["select", "align", "features", "targets", "repartition", "train", "lm",
+                   "decode"],
+}
+ROW = re.compile(r"^\| (?P<run>\S+) \| (?P<decode>\S+) \| (?P<wer>[^|]+) \| "
+                 r"(?P<lo>[0-9.]+)-(?P<hi>[0-9.]+) \|")
+
+
+def _quickstart(store: Path, logs: Path) -> subprocess.CompletedProcess:
+    env = dict(os.environ)
+    env.update({
+        "RUN_ID": RUN,
+        "QUICKSTART_SETS": f"storage.root={store} data.corpus={store / 'corpus'}",
+        # the checkout under test, and the interpreter running the tests (its amflow)
+        "PYTHONPATH": os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep),
+        "PATH": os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")]),
+        "TMPDIR": str(logs),
+    })
+    return subprocess.run(["bash", str(ROOT / "scripts" / "quickstart.sh")], env=env,
+                          capture_output=True, text=True, timeout=3600)
+
+
+def test_quickstart_runs_every_step_and_prints_the_wer_table(tmp_path):
+    store, logs = tmp_path / "store", tmp_path / "logs"
+    logs.mkdir()
+    done = _quickstart(store, logs)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    assert json.loads((store / "corpus" / "_SUCCESS.json").read_text())
+    for run, steps in STEPS.items():
+        for step in steps:
+            marker = store / "runs" / run / step / "_SUCCESS.json"
+            assert marker.is_file(), f"{run}/{step} did not finish"
+            assert json.loads(marker.read_text())["step"]
+    rows = {(m["run"], m["decode"]): m for m in map(ROW.match, done.stdout.splitlines()) if m}
+    assert set(rows) == {(f"{RUN}-teacher", "decode-teacher"),
+                         (f"{RUN}-teacher", "decode-baseline"), (f"{RUN}-ssl", "decode")}, \
+        done.stdout[-3000:]
+    for (run, decode), m in rows.items():
+        wer, lo, hi = float(m["wer"]), float(m["lo"]), float(m["hi"])
+        assert 0 <= lo <= wer <= hi <= 100, m.group(0)
+        result = json.loads((store / "runs" / run / decode / "result.json").read_text())
+        assert abs(100 * result["wer"] - wer) < 0.006, (run, decode)
