@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.amflow-installed
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: setup system-deps docs demo test test-fast test-exhaustive airflow bench serve bench-serve rehearsal clean image test-image
+.PHONY: setup system-deps docs quickstart demo test test-fast test-exhaustive airflow bench serve bench-serve rehearsal clean image test-image
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -18,6 +18,11 @@ system-deps:
 	@bash scripts/system-deps.sh
 
 setup: $(STAMP) system-deps
+
+# The CLI alone (no Airflow) on configs/tiny.yaml: corpus -> ... -> decode, a WER table;
+# ~3 min on 2 cores (docs/tutorial/quickstart.md). Env: RUN_ID, QUICKSTART_SETS, STAGE.
+quickstart: setup
+	bash scripts/quickstart.sh
 
 demo: setup
 	bash scripts/demo.sh
@@ -81,4 +86,4 @@ bench-serve: setup
 	$(VENV)/bin/amflow bench serve --config configs/local.yaml --run-id demo-ssl
 
 clean:
-	rm -rf data/runs .pytest_cache site
+	rm -rf data/runs data/quickstart/runs .pytest_cache site

@@ -23,7 +23,8 @@
 # Env: CONFIG (default configs/tiny.yaml), RUN_ID (default quickstart-<UTC time>; the same
 # id again resumes: finished steps are kept), QUICKSTART_SETS (extra space-separated
 # key=value overrides for every step, e.g. "storage.root=/tmp/qs data.corpus=/tmp/qs/corpus"),
-# STAGE / STOP_STAGE (run only stages STAGE..STOP_STAGE, as a Kaldi run.sh's --stage).
+# STAGE / STOP_STAGE (run only stages STAGE..STOP_STAGE, as a Kaldi run.sh's --stage),
+# DRY_RUN=1 (print the commands, run none).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="$PWD/.venv/bin:$PATH"
@@ -43,26 +44,30 @@ stage() {
   [ "$1" -ge "$STAGE" ] && [ "$1" -le "$STOP_STAGE" ] || return 1
   printf '\n=== [%4ds] stage %s\n' "$(( $(date +%s) - START ))" "$*"
 }
-# One step: its log goes to the step's own file; on failure the log's end is shown.
+# `step LOG STEP ARGS...`: `amflow STEP --config $CONFIG ARGS...`, printed, its output in
+# $LOGS/LOG.log; then its wall time and what it prints for people (LM perplexity, WER
+# per condition). A failure shows the log's end and stops the script.
 LOGS=$(mktemp -d "${TMPDIR:-/tmp}/amflow-quickstart.XXXXXX")
 step() {
-  local name=$1; shift
-  local log="$LOGS/$name.log"
-  if ! amflow "$@" --config "$CONFIG" "${set_args[@]}" > "$log" 2>&1; then
+  local log="$LOGS/$1.log" name=$2; shift 2
+  local cmd=(amflow "$name" --config "$CONFIG" "$@" "${set_args[@]}")
+  echo "\$ ${cmd[*]}"
+  [ -z "${DRY_RUN:-}" ] || return 0
+  if ! "${cmd[@]}" > "$log" 2>&1; then
     tail -n 40 "$log" >&2
-    echo "quickstart: \`amflow $*\` failed (its log: $log)" >&2
+    echo "quickstart: amflow $name failed (its log: $log)" >&2
     exit 1
   fi
-  grep -v '^AMFLOW_SUMMARY ' "$log" | grep -E '^(lm:|condition|DP[1-5] |all )' || true
+  grep -E '^(lm:|condition |DP[1-5] |all |acwt )' "$log" || true
+  echo "  ($name done in $(sed -n 's/^AMFLOW_SUMMARY .*"wall_s": \([0-9.]*\).*/\1/p' "$log") s)"
 }
 
 # The teacher DAG's overrides (dags/teacher.py TEACHER_SETS, BASELINE_SETS).
+# (Their evaluate.tag is left out: the quickstart runs no `amflow evaluate`.)
 teacher=(--run-id "$TEACHER_RUN" --set select.splits=labeled,dev --set train.model=teacher
-         --set train.recipe=labeled --set train.tag=teacher --set evaluate.tag=teacher
-         --set decode.tag=teacher)
+         --set train.recipe=labeled --set train.tag=teacher --set decode.tag=teacher)
 baseline=(--run-id "$TEACHER_RUN" --set select.splits=labeled,dev --set train.model=student
-          --set train.recipe=labeled --set train.tag=baseline --set evaluate.tag=baseline
-          --set decode.tag=baseline)
+          --set train.recipe=labeled --set train.tag=baseline --set decode.tag=baseline)
 
 if stage 0 "corpus"; then
   step corpus corpus
@@ -123,8 +128,11 @@ if stage 12 "lm, decode the SSL student"; then
   step decode-ssl decode "${ssl[@]}" --split test
 fi
 if stage 13 "compare: WER on the test split"; then
-  amflow compare "$TEACHER_RUN" "$SSL_RUN" --config "$CONFIG" "${set_args[@]}" 2>/dev/null \
-    | grep -v '^AMFLOW_SUMMARY '
+  cmd=(amflow compare "$TEACHER_RUN" "$SSL_RUN" --config "$CONFIG" "${set_args[@]}")
+  echo "\$ ${cmd[*]}"
+  [ -n "${DRY_RUN:-}" ] || "${cmd[@]}" 2> "$LOGS/compare.log" | grep -v '^AMFLOW_SUMMARY ' \
+    || { cat "$LOGS/compare.log" >&2; exit 1; }
 fi
 printf '\n=== done in %d s\n' "$(( $(date +%s) - START ))"
+[ -z "${DRY_RUN:-}" ] || rmdir "$LOGS"
 echo "outputs: $root/runs/$TEACHER_RUN/<step>/ and $root/runs/$SSL_RUN/<step>/ (step logs: $LOGS)"

@@ -1,7 +1,11 @@
-"""The quickstart (`make quickstart`: scripts/quickstart.sh on configs/tiny.yaml) end to end:
-the suite's smoke test. Every step of both runs finishes (its _SUCCESS.json), and the WER
-table printed at the end has a row per decoded model, each WER a number in [0, 100]
-inside its 95 % CI and equal to the WER in that decode's result.json."""
+"""The quickstart (`make quickstart`: scripts/quickstart.sh on configs/tiny.yaml).
+
+- End to end, the suite's smoke test: every step of both runs finishes (its _SUCCESS.json),
+  the commands it ran are the ones docs/tutorial/quickstart.md lists, and the WER table
+  printed at the end has a row per decoded model, each WER a number in [0, 100] inside its
+  95 % CI and equal to the WER in that decode's result.json.
+- Its dry run (DRY_RUN=1, seconds) prints exactly the tutorial's commands.
+"""
 from __future__ import annotations
 
 import json
@@ -15,7 +19,7 @@ import pytest
 
 from tests.conftest import ROOT
 
-pytestmark = [pytest.mark.slow, pytest.mark.integration]
+pytestmark = pytest.mark.integration
 
 RUN = "qs"
 # The steps the quickstart runs, as they lie under <storage.root>/runs/<run_id>/.
@@ -29,25 +33,59 @@ ROW = re.compile(r"^\| (?P<run>\S+) \| (?P<decode>\S+) \| (?P<wer>[^|]+) \| "
                  r"(?P<lo>[0-9.]+)-(?P<hi>[0-9.]+) \|")
 
 
-def _quickstart(store: Path, logs: Path) -> subprocess.CompletedProcess:
+TUTORIAL = ROOT / "docs" / "tutorial" / "quickstart.md"
+
+
+def _quickstart(store: Path | None, logs: Path, **extra: str) -> subprocess.CompletedProcess:
     env = dict(os.environ)
     env.update({
         "RUN_ID": RUN,
-        "QUICKSTART_SETS": f"storage.root={store} data.corpus={store / 'corpus'}",
+        "QUICKSTART_SETS": f"storage.root={store} data.corpus={store / 'corpus'}" if store else "",
         # the checkout under test, and the interpreter running the tests (its amflow)
         "PYTHONPATH": os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep),
         "PATH": os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")]),
         "TMPDIR": str(logs),
+        **extra,
     })
     return subprocess.run(["bash", str(ROOT / "scripts" / "quickstart.sh")], env=env,
                           capture_output=True, text=True, timeout=3600)
 
 
+def _printed_commands(stdout: str, root: Path, sets: str = "") -> list[str]:
+    """The `$ amflow ...` lines the script printed, in the tutorial's spelling: the run ids
+    as $RUN_ID-..., storage.root as $ROOT, without the test's own overrides."""
+    out = []
+    for line in stdout.splitlines():
+        if line.startswith("$ amflow "):
+            line = line[2:].replace(sets, "").replace(str(root), "$ROOT")
+            out.append(re.sub(rf"\b{RUN}-(teacher|ssl)\b", r"$RUN_ID-\1", line))
+    return out
+
+
+def _tutorial_commands() -> list[str]:
+    """The commands of the tutorial's block that starts with `amflow corpus`."""
+    blocks = re.findall(r"^```bash\n(.*?)^```", TUTORIAL.read_text(), re.M | re.S)
+    (block,) = [b for b in blocks if b.startswith("amflow corpus")]
+    return [" ".join(line.split()) for line in block.replace("\\\n", " ").splitlines()]
+
+
+def test_the_tutorial_lists_the_commands_the_script_runs(tmp_path):
+    done = _quickstart(None, tmp_path, DRY_RUN="1")
+    assert done.returncode == 0, done.stderr[-3000:]
+    printed = _printed_commands(done.stdout, ROOT / "data" / "quickstart")
+    assert printed == _tutorial_commands()
+    assert len(printed) == 1 + sum(map(len, STEPS.values())) + 1  # corpus, steps, compare
+    assert not list(tmp_path.iterdir())  # a dry run leaves no log folder
+
+
+@pytest.mark.slow  # about 3 minutes on 2 idle cores (docs/tutorial/quickstart.md)
 def test_quickstart_runs_every_step_and_prints_the_wer_table(tmp_path):
     store, logs = tmp_path / "store", tmp_path / "logs"
     logs.mkdir()
     done = _quickstart(store, logs)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    sets = f" --set storage.root={store} --set data.corpus={store / 'corpus'}"
+    assert _printed_commands(done.stdout, store, sets) == _tutorial_commands()
     assert json.loads((store / "corpus" / "_SUCCESS.json").read_text())
     for run, steps in STEPS.items():
         for step in steps:
