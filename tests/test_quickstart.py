@@ -78,7 +78,7 @@ def test_the_tutorial_lists_the_commands_the_script_runs(tmp_path):
     assert not list(tmp_path.iterdir())  # a dry run writes nothing
 
 
-@pytest.mark.slow  # 3-4 minutes on 2 cores, ~200 CPU-seconds (docs/tutorial/quickstart.md)
+@pytest.mark.slow  # under 3 minutes on 2 cores, ~190 CPU-seconds (docs/tutorial/quickstart.md)
 def test_quickstart_runs_every_step_and_prints_the_wer_table(tmp_path):
     store, logs = tmp_path / "store", tmp_path / "logs"
     done = _quickstart(store, logs)
