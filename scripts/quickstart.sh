@@ -46,8 +46,9 @@ stage() {
   printf '\n=== [%4ds] stage %s\n' "$(( $(date +%s) - START ))" "$*"
 }
 # `step LOG STEP ARGS...`: `amflow STEP --config $CONFIG ARGS...`, printed, its output in
-# $LOGS/LOG.log; then how long it took and what it prints for people (LM perplexity, WER
-# per condition; a step that had finished in this run before is kept, in seconds). A failure shows the log's end and stops the script.
+# $LOGS/LOG.log; then what it prints for people (LM perplexity, WER per condition) and how
+# long it took (a step that had finished in this run before is kept: seconds). A failure
+# shows the log's end and stops the script.
 LOGS=""
 if [ -z "${DRY_RUN:-}" ]; then
   LOGS=${QUICKSTART_LOGS:-$(mktemp -d "${TMPDIR:-/tmp}/amflow-quickstart.XXXXXX")}
