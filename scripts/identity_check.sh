@@ -4,7 +4,8 @@
 # then a digest of every data file it wrote (scripts/identity_digest.py: timings, hosts and
 # wall-clock fields left out). Run both with the same OUT_DIR (paths are part of manifests).
 # For refactors that promise "the same outputs to the byte": run it on the old and the new
-# code and diff the two lists.   usage: scripts/identity_check.sh OUT_DIR > sums.txt
+# code and diff the two lists (keep a copy of the first tree: scripts/identity_compare.py
+# names what differs in the files whose digests do).   usage: scripts/identity_check.sh OUT_DIR > sums.txt
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=$(realpath -m "$1")
