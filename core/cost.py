@@ -143,14 +143,23 @@ def estimate(run_uri: str, measured: Config, target: Config, hours: float,
     return out
 
 
+def planned_classes(cfg: Config) -> int:
+    """The class count a config will train (0: unknown before its run): the network tree's
+    leaves with features.labels=align, at most align.nn_senones (align.num_senones when 0);
+    else model.num_classes (0: the run's phone inventory)."""
+    if cfg.features.labels == "align" and not cfg.model.num_classes:
+        return cfg.align.nn_senones or cfg.align.num_senones
+    return cfg.model.num_classes
+
+
 def _model_scales(storage: Storage, run_uri: str, measured: Config,
                   target: Config) -> dict[str, float]:
     """Per model step: target compute per audio hour over the measured run's."""
     train = _step_summary(storage, run_uri, "train") or {}
     student_params = (train.get("metrics") or {}).get("parameters")
     classes = (_classes_from_params(measured, "student", int(student_params))
-               if student_params else max(1, target.model.num_classes))
-    t_classes = target.model.num_classes or classes
+               if student_params else max(1, planned_classes(target)))
+    t_classes = planned_classes(target) or classes
     student = lstm_params(target, "student", t_classes) / (
         student_params or lstm_params(measured, "student", classes))
     teacher_params = None

@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 CLUSTER = ROOT / "infra" / "ray" / "cluster-aws.yaml"
 INTENDED = {"select": "x1", "repartition": "x1", "features": "c4", "targets": "p3",
             "train": "p3", "sequence": "p3", "evaluate": "p3", "lm": "x1", "decode": "c4",
-            "align": "c4"}
+            "align": "c4", "pseudolabel": "c4"}
 
 
 @pytest.fixture(scope="module")
