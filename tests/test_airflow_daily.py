@@ -24,7 +24,7 @@ from tests.airflow_env import ROOT, Standalone, _q, shared_standalone
 from tests.conftest import start_ray_head
 from tests.test_intervals import _teacher
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.waits]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.waits, pytest.mark.backfill]
 DAG = "daily_data"
 STEPS = ("select", "features", "targets")
 
