@@ -26,8 +26,8 @@ from __future__ import annotations
 import time
 from typing import Iterable
 
-from decoding.graph import (DISAMBIG_BACKOFF, EPS, DecodingGraph, GraphError, _add_self_loops,
-                            _disambiguated, _remove_disambig)
+from decoding.graph import (DISAMBIG_BACKOFF, EPS, DecodingGraph, GraphError, _add_self_loops, _disambiguated,
+                            _remove_disambig, compile_g)
 from decoding.lexicon import Lexicon
 
 BLANK_LABEL = 1
@@ -74,26 +74,15 @@ def _l_text(lex: Lexicon, token_label: dict[str, int], word_id: dict[str, int],
 
 
 def _lg_text(lex: Lexicon, arpa_text: str, symbols: list[str]) -> tuple[str, list[str], dict]:
-    import os
-    import tempfile
 
     import kaldifst
-    import kaldilm
 
     token_label = {s: i + 1 for i, s in enumerate(symbols)}
     _, max_disambig = _disambiguated(lex)
     disambig_label = [len(symbols) + 1 + k for k in range(max_disambig + 1)]
     words = [EPS] + sorted(lex.prons) + [DISAMBIG_BACKOFF, "<s>", "</s>"]
     word_id = {w: i for i, w in enumerate(words)}
-    with tempfile.TemporaryDirectory() as tmp:
-        sym, arpa = os.path.join(tmp, "words.txt"), os.path.join(tmp, "lm.arpa")
-        with open(sym, "w") as f:
-            f.writelines(f"{w} {i}\n" for i, w in enumerate(words))
-        with open(arpa, "w") as f:
-            f.write(arpa_text)
-        g_text = kaldilm.arpa2fst(input_arpa=arpa, disambig_symbol=DISAMBIG_BACKOFF,
-                                  read_symbol_table=sym, max_arpa_warnings=0)
-    G = kaldifst.compile(g_text, acceptor=False)
+    G = compile_g(words, arpa_text)
     L = kaldifst.compile(_l_text(lex, token_label, word_id, disambig_label))
     kaldifst.arcsort(L, sort_type="olabel")
     kaldifst.arcsort(G, sort_type="ilabel")

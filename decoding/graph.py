@@ -27,7 +27,7 @@ import os
 import tempfile
 import time
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Sequence
 
 from decoding.lexicon import SIL, Lexicon
 
@@ -154,7 +154,6 @@ def build_lg(lex: Lexicon, arpa_text: str, classes: Sequence[str], sil_prob: flo
     """det(L o G) with the disambiguators removed, as FST text whose input labels are
     phone ids (index in `classes` + 1); its word list; sizes for the graph's info."""
     import kaldifst
-    import kaldilm
 
     missing = sorted(lex.phones() - set(classes))
     if missing:
@@ -169,16 +168,7 @@ def build_lg(lex: Lexicon, arpa_text: str, classes: Sequence[str], sil_prob: flo
     words = [EPS] + sorted(set(lex.prons) | (lm_words - {"<s>", "</s>", "<unk>"}))
     words += [DISAMBIG_BACKOFF, "<s>", "</s>"]
     word_id = {w: i for i, w in enumerate(words)}
-    with tempfile.TemporaryDirectory() as tmp:
-        sym = os.path.join(tmp, "words.txt")
-        arpa = os.path.join(tmp, "lm.arpa")
-        with open(sym, "w") as f:
-            f.writelines(f"{w} {i}\n" for i, w in enumerate(words))
-        with open(arpa, "w") as f:
-            f.write(arpa_text)
-        g_text = kaldilm.arpa2fst(input_arpa=arpa, disambig_symbol=DISAMBIG_BACKOFF,
-                                  read_symbol_table=sym, max_arpa_warnings=0)
-    G = kaldifst.compile(g_text, acceptor=False)
+    G = compile_g(words, arpa_text)
     L = kaldifst.compile(_lexicon_fst_text(lex, phone_id, word_id, disambig_id, sil_prob))
     kaldifst.arcsort(L, sort_type="olabel")
     kaldifst.arcsort(G, sort_type="ilabel")
@@ -211,3 +201,20 @@ def build_graph(lex: Lexicon, arpa_text: str, classes: Sequence[str],
     t0 = time.time()
     lg_text, words, info = build_lg(lex, arpa_text, classes, sil_prob)
     return finish_graph(lg_text, len(classes), words, info, t0)
+
+
+def compile_g(words: list[str], arpa_text: str) -> Any:
+    """G: the ARPA LM as an FST over `words` (their index is the label; the back-off
+    disambiguation symbol among them), as the hybrid and the CTC graphs both build it."""
+    import kaldifst
+    import kaldilm
+
+    with tempfile.TemporaryDirectory() as tmp:
+        sym, arpa = os.path.join(tmp, "words.txt"), os.path.join(tmp, "lm.arpa")
+        with open(sym, "w") as f:
+            f.writelines(f"{w} {i}\n" for i, w in enumerate(words))
+        with open(arpa, "w") as f:
+            f.write(arpa_text)
+        g_text = kaldilm.arpa2fst(input_arpa=arpa, disambig_symbol=DISAMBIG_BACKOFF,
+                                  read_symbol_table=sym, max_arpa_warnings=0)
+    return kaldifst.compile(g_text, acceptor=False)
