@@ -94,6 +94,17 @@ def _stable(obj):
     return obj
 
 
+def _unplaced(rec):
+    """A step's recorded config (`_config.json`) without `runner.mode`: the one key the two
+    runs set apart on purpose, as their host differs; every other key must match."""
+    if isinstance(rec, dict) and "config" in rec and "argv" in rec:
+        rec = json.loads(json.dumps(rec))
+        rec["config"].get("runner", {}).pop("mode", None)
+        rec["argv"] = [a for a in rec["argv"] if not a.startswith("runner.mode=")]
+        rec.get("sources", {}).pop("runner.mode", None)
+    return rec
+
+
 def _tree(root: Path) -> dict[str, Path]:
     return {str(p.relative_to(root)): p for p in sorted(root.rglob("*")) if p.is_file()}
 
@@ -105,8 +116,10 @@ def _differences(a: Path, b: Path) -> list[str]:
         x, y = ta[rel].read_bytes(), tb[rel].read_bytes()
         if x == y:
             continue
-        if rel.endswith(".json") and _stable(json.loads(x)) == _stable(json.loads(y)):
-            continue  # a run record: equal but for its timings and host
+        same = rel.endswith(".json") and (_stable(_unplaced(json.loads(x)))
+                                          == _stable(_unplaced(json.loads(y))))
+        if same:
+            continue  # a run record: equal but for its timings and host (and runner mode)
         out.append(rel)
     return out
 
