@@ -174,10 +174,8 @@ class Storage:
     def subdirs(self, uri: str) -> list[str]:
         """URIs of the folders directly under `uri` (sorted). Missing dir -> []. On S3: the
         common prefixes of one delimited listing."""
-        fs, path = self.resolve(uri)
-        sel = pafs.FileSelector(path, allow_not_found=True, recursive=False)
-        infos = self.retry(lambda: fs.get_file_info(sel), f"list {uri}")
         base = uri.rstrip("/")
+        _, infos = self._listing(uri, recursive=False)
         return sorted(f"{base}/{os.path.basename(i.path.rstrip('/'))}" for i in infos
                       if i.type == pafs.FileType.Directory)
 
@@ -191,10 +189,14 @@ class Storage:
             raise FileNotFoundError(uri)
         return _version(info)
 
-    def _file_infos(self, uri: str, suffix: str, recursive: bool) -> dict[str, pafs.FileInfo]:
+    def _listing(self, uri: str, recursive: bool) -> tuple[str, list[pafs.FileInfo]]:
+        """(the store's path of `uri`, the infos under it); a missing folder lists empty."""
         fs, path = self.resolve(uri)
         sel = pafs.FileSelector(path, allow_not_found=True, recursive=recursive)
-        infos = self.retry(lambda: fs.get_file_info(sel), f"list {uri}")
+        return path, self.retry(lambda: fs.get_file_info(sel), f"list {uri}")
+
+    def _file_infos(self, uri: str, suffix: str, recursive: bool) -> dict[str, pafs.FileInfo]:
+        path, infos = self._listing(uri, recursive)
         base = uri.rstrip("/")
         out = {}
         for info in infos:

@@ -57,7 +57,8 @@ class LmConfig:
 class DecodeConfig:
     """`amflow decode`: WFST decoding to words and WER (decoding/decode.py)."""
 
-    # ARPA LM URI; empty = this run's `amflow lm` output (built first when missing).
+    # ARPA LM URI; empty = this run's `amflow lm` output (decode refuses, naming that
+    # command, when it is missing).
     lm: str = ""
     # Output dir `decode` (empty tag) or `decode-<tag>`; default --model as for evaluate.
     tag: str = ""

@@ -150,7 +150,8 @@ class TargetsConfig:
     # posteriors at 67 classes (docs/results/2026-11-27-targets-codec.md).
     codec: str = FP16_CODE
     zstd_level: int = 9  # of the target shards' Parquet; the sqrt codes gain from 19
-    # Not applied when storing (logits are kept raw); training uses train.temperature.
+    # Kept only so configs that set it still load: targets are stored as raw logits, the
+    # temperature is training's (train.temperature); any value but 1 is refused.
     temperature: float = 1.0
     actors: int = 2  # teacher actors scoring in parallel (one CPU core or GPU each)
     threads_per_actor: int = 1  # torch threads per CPU actor
@@ -178,7 +179,9 @@ class TargetsConfig:
         check(self.device in ("auto", "cpu", "cuda"), f"{key}.device", "must be auto, cpu or cuda")
         check(self.cpu_precision in ("auto", "fp32", "bf16"), f"{key}.cpu_precision",
                "must be auto, fp32 or bf16")
-        check(self.temperature > 0, f"{key}.temperature", "must be > 0")
+        check(self.temperature == 1.0, f"{key}.temperature",
+              "is not applied (targets are stored as raw logits); set train.temperature, "
+              "the distillation temperature, instead")
         if self.codec != FP16_CODE:
             try:
                 sqrt_levels(self.codec)
