@@ -54,6 +54,7 @@ def test_override_types_and_nesting():
     ("targets.codec=sqrt1", "targets.codec"),
     ("targets.codec=sqrt256", "targets.codec"),
     ("targets.zstd_level=0", "targets.zstd_level"),
+    ("targets.temperature=2", "targets.temperature"),  # not applied: train.temperature is
     ("train.phone_weight=-1", "train.phone_weight"),
 ])
 def test_bad_values_name_the_key(override, key):
