@@ -26,6 +26,7 @@ from core.runs import StepError
 from core.storage import Storage, join
 from decoding import decode as D
 from decoding import error_analysis
+from decoding.batching import batched
 from decoding.graph import read_graph
 from decoding.ctc_prefix import prefix_beam_search, rescore
 from decoding.search import Searcher
@@ -54,25 +55,15 @@ def ctc_log_probs(model, feats: Sequence[np.ndarray], batch_frames: int = 20000,
     rescoring); length-sorted padded batches (padding never reaches a real frame)."""
     import torch
 
-    order = sorted(range(len(feats)), key=lambda i: len(feats[i]))
-    out: list[Any] = [None] * len(feats)
-    batches: list[list[int]] = [[]]
-    for i in order:
-        if batches[-1] and len(feats[i]) * (len(batches[-1]) + 1) > batch_frames:
-            batches.append([])
-        batches[-1].append(i)
-    for batch in (b for b in batches if b):
-        lens = torch.tensor([len(feats[i]) for i in batch])
-        x = torch.zeros(len(batch), int(lens.max()), feats[batch[0]].shape[1])
-        for j, i in enumerate(batch):
-            x[j, :lens[j]] = torch.from_numpy(feats[i])
+    def forward(x: np.ndarray, lens: np.ndarray) -> list[Any]:
         with torch.no_grad():
-            h, n = model.encode(x, lens)
+            h, n = model.encode(torch.from_numpy(x), torch.from_numpy(lens))
             y = torch.log_softmax(model.ctc_output(h, n).float(), -1).numpy()
             n = n.clamp_max(y.shape[1]).tolist()
-        for j, i in enumerate(batch):
-            out[i] = (y[j, :n[j]], h[j, :n[j]].numpy()) if keep_encoder else y[j, :n[j]]
-    return out
+        return [(y[j, :n[j]], h[j, :n[j]].numpy()) if keep_encoder else y[j, :n[j]]
+                for j in range(len(n))]
+
+    return batched(feats, forward, batch_frames)
 
 
 class CtcDecodeWorker:

@@ -42,6 +42,7 @@ from core.progress import Progress
 from core.runs import Reject, StepError
 from core.storage import Storage, join
 from decoding import wer as W
+from decoding.batching import batched
 from decoding.graph import read_graph
 from decoding.lexicon import Lexicon, words_of
 from decoding.search import Searcher, acoustic_scores
@@ -96,28 +97,13 @@ def log_posteriors(model, feats: Sequence[np.ndarray], batch_frames: int = 20000
     lengths, so padding never reaches a real frame's output)."""
     import torch
 
-    order = sorted(range(len(feats)), key=lambda i: len(feats[i]))
-    out: list[np.ndarray | None] = [None] * len(feats)
-    batch: list[int] = []
-
-    def flush() -> None:
-        lens = torch.tensor([len(feats[i]) for i in batch])
-        x = torch.zeros(len(batch), int(lens.max()), feats[batch[0]].shape[1])
-        for j, i in enumerate(batch):
-            x[j, :lens[j]] = torch.from_numpy(feats[i])
+    def forward(x: np.ndarray, lens: np.ndarray) -> list[np.ndarray]:
         with torch.no_grad():
-            y = torch.log_softmax(model(x, lens).float(), -1).numpy()
-        for j, i in enumerate(batch):
-            out[i] = y[j, :int(lens[j])]
-        batch.clear()
+            y = torch.log_softmax(model(torch.from_numpy(x), torch.from_numpy(lens)).float(),
+                                  -1).numpy()
+        return [y[j, :n] for j, n in enumerate(lens)]
 
-    for i in order:
-        if batch and len(feats[i]) * (len(batch) + 1) > batch_frames:
-            flush()
-        batch.append(i)
-    if batch:
-        flush()
-    return out  # type: ignore[return-value]
+    return batched(feats, forward, batch_frames)
 
 
 def featurize(storage, corpus: str, records: Sequence, card: ModelCard):

@@ -69,24 +69,10 @@ def utterance_log_posteriors(sess, feats: Sequence[np.ndarray], batch_frames: in
     """Log-posteriors per utterance from the whole-utterance graph: length-sorted, zero-
     padded batches (the student is causal but for its look-ahead, which sees zeros past an
     utterance's end either way), as decoding.decode.log_posteriors batches them."""
-    order = sorted(range(len(feats)), key=lambda i: len(feats[i]))
-    out: list[np.ndarray | None] = [None] * len(feats)
-    batch: list[int] = []
+    from decoding.batching import batched
 
-    def flush() -> None:
-        lens = [len(feats[i]) for i in batch]
-        x = np.zeros((len(batch), max(lens), feats[batch[0]].shape[1]), np.float32)
-        for j, i in enumerate(batch):
-            x[j, :lens[j]] = feats[i]
+    def forward(x: np.ndarray, lens: np.ndarray) -> list[np.ndarray]:
         (y,) = sess.run(None, {"x": x})
-        for j, i in enumerate(batch):
-            out[i] = y[j, :lens[j]]
-        batch.clear()
+        return [y[j, :n] for j, n in enumerate(lens)]
 
-    for i in order:
-        if batch and len(feats[i]) * (len(batch) + 1) > batch_frames:
-            flush()
-        batch.append(i)
-    if batch:
-        flush()
-    return out  # type: ignore[return-value]
+    return batched(feats, forward, batch_frames)

@@ -21,21 +21,37 @@ from tasks.select import corpus_fingerprint
 from amflow.steps.train_plan import model_dir_name
 
 
-def _context(ctx: StepContext) -> StepContext:
-    """The context of decode[-<decode.tag>] (the CLI gives the plain step name)."""
-    step = step_dir_name("decode", ctx.cfg.decode.tag)
-    if ctx.step == step:
+def tagged_context(ctx: StepContext, step: str = "decode") -> StepContext:
+    """The context of <step>[-<decode.tag>] (the CLI gives the plain step name): decode's
+    and export's, which resolve their inputs alike (`resolve_inputs`)."""
+    name = step_dir_name(step, ctx.cfg.decode.tag)
+    if ctx.step == name:
         return ctx
-    new = StepContext(ctx.cfg, ctx.run_id, step, force=ctx.force)
+    new = StepContext(ctx.cfg, ctx.run_id, name, force=ctx.force)
     new.started = ctx.started
     return new
 
 
-def model_uri(ctx: StepContext, args: Any) -> str:
-    uri = getattr(args, "model", None) or ctx.other(model_dir_name(ctx.cfg.decode.tag), "model.pt")
+def model_uri(ctx: StepContext, model: str | None) -> str:
+    """--model: a train step of this run (its model.pt: `train-baseline`) or a model URI;
+    by default train[-<decode.tag>]/model.pt."""
+    if not model:
+        uri = ctx.other(model_dir_name(ctx.cfg.decode.tag), "model.pt")
+    elif "/" in model or "://" in model or model.endswith(".pt"):
+        uri = model
+    else:
+        uri = ctx.other(model, "model.pt")
     if not ctx.storage.exists(uri):
-        raise StepError(f"model {uri} not found: train one with `amflow train` or pass --model URI")
+        raise StepError(f"model {uri} not found: train one with `amflow train`, or pass "
+                        f"--model a train step of run {ctx.run_id} (e.g. train-baseline) or "
+                        "a model.pt URI")
     return uri
+
+
+def resolve_inputs(ctx: StepContext, args: Any) -> tuple[str, str]:
+    """(the model's URI, the corpus) of --model and --data (default data.corpus)."""
+    corpus = getattr(args, "data", None) or ctx.cfg.data.corpus
+    return model_uri(ctx, getattr(args, "model", None)), corpus
 
 
 def lm_uri(ctx: StepContext) -> tuple[str, str]:
@@ -166,14 +182,13 @@ def _decode_ctc(ctx: StepContext, model: str, read: dict[str, bytes], card, corp
 
 
 def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
-    ctx = _context(ctx)
+    ctx = tagged_context(ctx)
     dc = ctx.cfg.decode
-    corpus = getattr(args, "data", None) or ctx.cfg.data.corpus
     split = getattr(args, "split", None) or "test"
     if split == dc.tune_split:
         raise StepError(f"--split {split} is decode.tune_split: tune on one split, score another")
     out_uri = getattr(args, "out", None) or ctx.path("result.json")
-    model = model_uri(ctx, args)
+    model, corpus = resolve_inputs(ctx, args)
     read = read_inputs(ctx, model, corpus)
     inputs = decode_inputs(ctx, model, corpus, split, read)
     done = ctx.finished_on(inputs, out_uri)
