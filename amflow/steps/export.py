@@ -35,33 +35,9 @@ from amflow.steps import decode as decode_step
 from core.runs import StepContext, StepError, step_dir_name
 from core.storage import digest_of
 from decoding.assets import tuned_acwt
-from amflow.steps.train_plan import model_dir_name
 
 FORMATS = ("onnx",)
 QUANTIZE = ("int8",)
-
-
-def _context(ctx: StepContext) -> StepContext:
-    step = step_dir_name("export", ctx.cfg.decode.tag)
-    if ctx.step == step:
-        return ctx
-    new = StepContext(ctx.cfg, ctx.run_id, step, force=ctx.force)
-    new.started = ctx.started
-    return new
-
-
-def model_uri(ctx: StepContext, model: str | None) -> str:
-    """--model: a train step of this run (its model.pt), or a model URI."""
-    if not model:
-        uri = ctx.other(model_dir_name(ctx.cfg.decode.tag), "model.pt")
-    elif "/" in model or "://" in model or model.endswith(".pt"):
-        uri = model
-    else:
-        uri = ctx.other(model, "model.pt")
-    if not ctx.storage.exists(uri):
-        raise StepError(f"model {uri} not found: pass --model a train step of run "
-                        f"{ctx.run_id} (e.g. train-baseline) or a model.pt URI")
-    return uri
 
 
 def graphs(model, card, quantize: str | None) -> dict[str, bytes]:
@@ -158,33 +134,65 @@ def export_inputs(ctx: StepContext, uri: str, data: bytes, corpus: str, fmt: str
                   quantize: str | None) -> dict[str, Any]:
     return {"model": uri, "model_digest": digest_of(data), "data": corpus, "format": fmt,
             "quantize": quantize, "export": dataclasses.asdict(ctx.cfg.export),
-            "decode": {k: getattr(ctx.cfg.decode, k) for k in ("beam", "max_active", "acwt")}}
+            "decode": {k: getattr(ctx.cfg.decode, k) for k in ("beam", "max_active", "acwt", "blank_penalties")}}
 
 
 def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
-    ctx = _context(ctx)
+    ctx = decode_step.tagged_context(ctx, "export")
     fmt = getattr(args, "format", None) or "onnx"
     quantize = getattr(args, "quantize", None)
     if fmt not in FORMATS or (quantize and quantize not in QUANTIZE):
         raise StepError(f"--format {fmt} --quantize {quantize}: amflow exports --format "
                         f"{'|'.join(FORMATS)} with --quantize {'|'.join(QUANTIZE)} or none")
-    corpus = getattr(args, "data", None) or ctx.cfg.data.corpus
-    uri = model_uri(ctx, getattr(args, "model", None))
+    uri, corpus = decode_step.resolve_inputs(ctx, args)
     data = ctx.storage.read_bytes(uri)
     inputs = export_inputs(ctx, uri, data, corpus, fmt, quantize)
     done = ctx.finished_on(inputs, ctx.path("checks.json"))
     if done is not None:
         return done
+    from training.checkpoint import card_from_bytes
+
+    model, card = card_from_bytes(data, uri)
+    if card.kind == "ctc":
+        return export_ctc(ctx, model, card, corpus, quantize, inputs, uri)
+    if card.kind != "student":
+        raise StepError(f"{uri} is a {card.kind}: amflow export takes the hybrid LSTM "
+                        "student (a streaming model) or the CTC student; pass --model a "
+                        "student's train step")
     decoder = decode_step.load_assets(ctx, uri, corpus, read={uri: data})
-    if decoder.card.kind != "student":
-        raise StepError(f"{uri} is a {decoder.card.kind}: amflow export takes the hybrid LSTM "
-                        "student (a streaming model); pass --model a student's train step")
     acwt, acwt_from = tuned_acwt(ctx.storage, ctx.other(step_dir_name(
         "decode", ctx.cfg.decode.tag), "result.json"), ctx.cfg.decode.acwt[0])
     files = graphs(decoder.model, decoder.card, quantize)
     recs, feats, rejected = check_inputs(ctx, decoder, corpus)
     checks = run_checks(ctx, decoder, files, recs, feats, acwt)
     files.update({k: v.encode() for k, v in beside(decoder, acwt, acwt_from, ctx.cfg.decode).items()})
+    return _keep(ctx, files, checks, len(recs), rejected, inputs)
+
+
+def export_ctc(ctx: StepContext, model, card, corpus: str, quantize: str | None,
+               inputs: dict, uri: str) -> dict[str, Any]:
+    """The CTC student's export (amflow/steps/export_ctc.py); the joint CTC/attention
+    model's encoder and CTC output (its attention decoder is not exported)."""
+    from amflow.steps import export_ctc as E
+    from decoding.ctc_decode import check_ctc_card
+    from training.ctc.tokens import Tokenizer
+
+    check_ctc_card(card, uri)
+    tokenizer = Tokenizer.from_dict(card.tokenizer)
+    penalty, penalty_from = E.blank_penalty(ctx)
+    files = E.graphs(model, card, penalty, quantize)
+    files.update({k: v.encode() for k, v in
+                  E.beside(model, card, tokenizer, penalty, penalty_from).items()})
+    ci = E.check_inputs(ctx, card, corpus)
+    checks = E.run_checks(ctx, model, card, tokenizer, files, ci, penalty)
+    checks["attention_decoder"] = ("not exported (decode.ctc_search rescore needs it: "
+                                   "amflow's torch decode)" if model.decoder is not None else None)
+    return _keep(ctx, files, checks, len(ci.recs), ci.rejected, inputs)
+
+
+def _keep(ctx: StepContext, files: dict[str, bytes], checks: dict, n: int, rejected: int,
+          inputs: dict) -> dict[str, Any]:
+    """Write the files and checks.json; fail the step when a held check failed."""
     for name, blob in files.items():
         ctx.storage.write_bytes(ctx.path(name), blob)
     ctx.storage.write_json(ctx.path("checks.json"), checks)
@@ -196,11 +204,11 @@ def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
                                     for n, g in checks["graphs"].items() if g["passed"] is False))
     metrics = {"passed": True, "utterances": checks["utterances"],
                "tolerance": ctx.cfg.export.tolerance,
-               **{f"{n}.max_abs_diff": g["max_abs_diff"] for n, g in checks["graphs"].items()},
-               **{f"{n}.same_words": g["same_words"] for n, g in checks["graphs"].items()},
+               **{f"{k}.max_abs_diff": g["max_abs_diff"] for k, g in checks["graphs"].items()},
+               **{f"{k}.same_words": g["same_words"] for k, g in checks["graphs"].items()},
                "checks": checks}
     # counts: the check utterances (an unreadable one is rejected, the others checked)
-    counts = {"in": len(recs) + rejected, "out": len(recs), "rejected": rejected}
+    counts = {"in": n + rejected, "out": n, "rejected": rejected}
     return ctx.finish(inputs=inputs, counts=counts,
                       metrics=metrics, bytes_written=sum(len(b) for b in files.values()),
                       extra={"out": ctx.path("checks.json"), "files": sorted(files)})
@@ -213,7 +221,8 @@ def render(checks: dict) -> str:
     for name, g in checks["graphs"].items():
         w = g["wer_vs_torch"]
         verdict = {True: "ok", False: "FAILED", None: "measured"}[g["passed"]]
-        lines.append(f"  {name:28s} max |diff| {g['max_abs_diff']:.2e}  same words "
+        diff = "-" if g["max_abs_diff"] is None else f"{g['max_abs_diff']:.2e}"
+        lines.append(f"  {name:28s} max |diff| {diff:>8s}  same words "
                      f"{g['same_words']}/{checks['utterances']}  WER {w['wer_b']:.4f} "
                      f"(delta {w['delta']:+.4f}, 95% CI {w['delta_ci95']})  {g['seconds']} s  "
                      f"{verdict}")

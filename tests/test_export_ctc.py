@@ -1,0 +1,182 @@
+"""`amflow export` of the CTC student (amflow/steps/export_ctc.py, serving/ctc_onnx.py):
+its graphs give torch's log-probabilities (1e-4) and greedy words on real utterances, and
+sherpa-onnx's recognizer, fed the audio, gives amflow's greedy words."""
+from __future__ import annotations
+
+import dataclasses
+import json
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from core.config import FeaturesConfig
+
+
+def _ctc_model(tokens: int, bidirectional: bool = False, seed: int = 0):
+    """A small random CTC student with peaky outputs (varied tokens, so words come out)
+    and BatchNorm statistics away from the identity (the export folds them)."""
+    import torch
+
+    from training.ctc.model import CtcModel
+
+    torch.manual_seed(seed)
+    model = CtcModel(192, tokens, 3, channels=(8, 8), hidden=32, layers=2, lookahead=2,
+                     bidirectional=bidirectional)
+    with torch.no_grad():
+        for mod in model.modules():
+            if isinstance(mod, torch.nn.BatchNorm1d):
+                mod.running_mean.uniform_(-0.3, 0.3)
+                mod.running_var.uniform_(0.5, 2.0)
+        model.output.weight.mul_(6.0)
+    return model.eval()
+
+
+@pytest.fixture(scope="module")
+def ctc_run(tiny_corpus, tmp_path_factory):
+    from core.config import load_config
+    from tasks.select import records_of_split
+    from core.storage import Storage
+    from training.checkpoint import model_payload, to_bytes
+    from training.ctc.tokens import train_tokenizer
+
+    recs, _ = records_of_split(Storage(), str(tiny_corpus), "labeled")
+    tok = train_tokenizer([r.text for r in recs if r.text], "char")
+    model = _ctc_model(tok.num_classes)
+    cmvn = {"count": 10, "sum": [20.0] * 64, "sumsq": [90.0] * 64}
+    payload = model_payload(model, cmvn=cmvn, phones=tok.symbols,
+                            features=dataclasses.asdict(FeaturesConfig()),
+                            info={"tokenizer": tok.to_dict()})
+    root = tmp_path_factory.mktemp("export_ctc")
+    run = root / "runs" / "r"
+    (run / "train-ctc").mkdir(parents=True)
+    (run / "train-ctc" / "model.pt").write_bytes(to_bytes(payload))
+    cfg = load_config(None, [f"storage.root={root}", f"data.corpus={tiny_corpus}",
+                             "export.check_utterances=4", "decode.blank_penalties=[0.5]"])
+    return cfg, run, tok
+
+
+def test_ctc_export_is_checked_against_torch_and_sherpa_onnx_gives_its_words(ctc_run):
+    pytest.importorskip("sherpa_onnx")
+    from amflow.steps import export
+    from core.runs import StepContext
+
+    cfg, run, tok = ctc_run
+    summary = export.run(StepContext(cfg, "r", "export"), SimpleNamespace(
+        model="train-ctc", format="onnx", quantize="int8", data=None))
+    out = run / "export"
+    for name in ("model.onnx", "model.sherpa.onnx", "model.int8.onnx", "model.sherpa.int8.onnx",
+                 "tokens.txt", "card.json", "features.json", "decoding.json", "_SUCCESS.json"):
+        assert (out / name).exists(), name
+    checks = json.loads((out / "checks.json").read_text())
+    assert checks["passed"] and checks["utterances"] == 4 and checks["blank_penalty"] == 0.5
+    for name in ("model.onnx", "model.sherpa.onnx"):
+        g = checks["graphs"][name]
+        assert g["checked"] and g["max_abs_diff"] <= 1e-4 and g["same_words"] == 4, (name, g)
+    assert checks["torch_hyp_words"] >= 4  # words came out: a vacuous check would have none
+    # sherpa-onnx, fed the audio, computes the fbank itself: the same words as amflow's
+    # greedy decode of each utterance
+    runtime = checks["graphs"]["sherpa-onnx:model.sherpa.onnx"]
+    assert runtime["same_words"] == 4, runtime
+    assert "delta_ci95" in checks["graphs"]["sherpa-onnx:model.sherpa.int8.onnx"]["wer_vs_torch"]
+    lines = (out / "tokens.txt").read_text().splitlines()
+    assert lines[0] == "<blk> 0" and len(lines) == tok.num_classes
+    sherpa = json.loads((out / "features.json").read_text())["sherpa_onnx"]
+    assert sherpa["snip_edges"] is True and sherpa["normalize_samples"] is False
+    assert summary["metrics"]["model.sherpa.onnx.same_words"] == 4
+
+
+def test_sherpa_onnx_decodes_with_the_files_alone(ctc_run, tiny_corpus):
+    """What a deployment runs: the directory's files, sherpa-onnx, audio; no amflow."""
+    pytest.importorskip("sherpa_onnx")
+    from core.storage import Storage
+    from decoding.ctc_decode import greedy_words
+    from decoding.decode import featurize
+    from serving import sherpa_decode
+    from serving.ctc_onnx import sherpa_features  # noqa: F401 (features.json holds them)
+    from tasks.audio import decode_audio, resolve_uri
+    from tasks.select import records_of_split
+    from training.checkpoint import load_model_card
+    from decoding.ctc_decode import ctc_log_probs
+
+    cfg, run, tok = ctc_run
+    out = run / "export"
+    if not (out / "_SUCCESS.json").exists():
+        test_ctc_export_is_checked_against_torch_and_sherpa_onnx_gives_its_words(ctc_run)
+    feats = json.loads((out / "features.json").read_text())["sherpa_onnx"]
+    rec = sherpa_decode.recognizer(str(out / "model.sherpa.onnx"), str(out / "tokens.txt"), feats)
+    st = Storage()
+    recs = sorted(records_of_split(st, str(tiny_corpus), "dev")[0], key=lambda r: r.utt_id)[:3]
+    model, card = load_model_card(st, str(run / "train-ctc" / "model.pt"))
+    fcfg = FeaturesConfig()
+    waves = [decode_audio(st.read_bytes(resolve_uri(str(tiny_corpus), r.audio_uri)), fcfg,
+                          r.duration).samples for r in recs]
+    got = sherpa_decode.words(rec, waves, 16000)
+    alone = [featurize(st, str(tiny_corpus), [dataclasses.replace(r, speaker_id=r.utt_id)],
+                       card)[0][0][1] for r in recs]
+    want = [greedy_words(lp, tok, 0.5) for lp in ctc_log_probs(model, alone)]
+    assert got == want and any(got)
+
+
+@pytest.mark.parametrize("bidirectional", [False, True])
+def test_the_ctc_graph_equals_torch_alone_and_in_a_padded_batch(bidirectional):
+    import onnxruntime as ort
+    import torch
+
+    from serving.ctc_onnx import utterance_graph
+
+    model = _ctc_model(20, bidirectional)
+    card = SimpleNamespace(features={}, cmvn=None)
+    sess = ort.InferenceSession(utterance_graph(model, card), providers=["CPUExecutionProvider"])
+    lens = torch.tensor([37, 50, 5, 12])
+    x = torch.randn(4, 50, 192)
+    with torch.no_grad():
+        h, n = model.encode(x, lens)
+        ref = torch.log_softmax(model.ctc_output(h, n), -1).numpy()
+    lp, ln = sess.run(None, {"x": x.numpy(), "x_lens": lens.numpy()})
+    assert ln.tolist() == n.tolist()
+    for i, k in enumerate(n.tolist()):
+        assert np.abs(ref[i, :k] - lp[i, :k]).max() < 1e-4
+    alone, _ = sess.run(None, {"x": x[2:3, :5].numpy(), "x_lens": lens[2:3].numpy()})
+    assert np.abs(alone[0, :n[2]] - lp[2, :n[2]]).max() < 1e-5
+
+
+@pytest.mark.parametrize("window,min_window", [(600, 100), (20, 7)])
+def test_the_in_graph_front_end_is_amflows_per_utterance_normalisation(window, min_window):
+    """Causal mean normalisation (cold start included), stacking and CMVN as
+    tasks.features computes them for an utterance alone, in a batch padded as sherpa-onnx
+    pads (log 1e-10), for lengths around the windows and shorter than one row."""
+    import torch
+
+    from serving.ctc_onnx import UtteranceFrontEnd
+    from tasks.features import StreamCMN, stack_frames
+    from training.data import Normalizer
+
+    rng = np.random.default_rng(0)
+    fcfg = dataclasses.replace(FeaturesConfig(), cmn_window=window, cmn_min_window=min_window)
+    cmvn = {"count": 10, "sum": list(rng.normal(size=64) * 10),
+            "sumsq": list(rng.uniform(100, 300, 64) * 10)}
+    norm = Normalizer.from_stats(cmvn, 192)
+    lens = [700, 50, 3, 2, 1300]
+    xs = [rng.normal(size=(n, 64)).astype(np.float32) * 3 + 12 for n in lens]
+    x = np.full((5, max(lens), 64), -23.0258, np.float32)
+    for i, a in enumerate(xs):
+        x[i, :len(a)] = a
+    rows, r_lens = UtteranceFrontEnd(fcfg, cmvn, 192)(torch.from_numpy(x), torch.tensor(lens))
+    for i, a in enumerate(xs):
+        ref = norm(stack_frames(StreamCMN(64, window, min_window).apply(a), 3, 3))
+        assert int(r_lens[i]) == len(ref)
+        if len(ref):  # 2 frames: no row
+            assert np.abs(rows[i, :len(ref)].numpy() - ref).max() < 1e-5
+
+
+def test_tokens_and_features_sherpa_onnx_cannot_take_are_refused():
+    from serving.ctc_onnx import sherpa_features, tokens_txt
+    from training.ctc.tokens import Tokenizer
+
+    assert tokens_txt(Tokenizer("char", ["<blk>", "<unk>", "\u2581", "a"])).splitlines() == [
+        "<blk> 0", "<unk> 1", "\u2581 2", "a 3"]
+    card = SimpleNamespace(features=dataclasses.asdict(
+        dataclasses.replace(FeaturesConfig(), window_type="hamming")))
+    with pytest.raises(ValueError, match="features.window_type"):
+        sherpa_features(card)
