@@ -241,13 +241,16 @@ STEPS: dict[str, Step] = {
                "API at ws://.../ws and /stats, until interrupted",
         needs_run=False, add_args=_serve_args),
     "export": Step(
-        "amflow.steps.export:run", "export a student to ONNX (streaming and whole-utterance "
-        "graphs, optional int8), checked against torch",
-        reads="--model a train step or model.pt URI, the run's lexicon, LM and graph, the acwt "
-              "decode tuned, export.check_split's utterances of data.corpus",
-        writes="runs/<id>/export[-<decode.tag>]/model.onnx, model.streaming.onnx "
-               "(+ *.int8.onnx), card.json, classes.txt, features.json, decoding.json, "
-               "checks.json, _SUCCESS.json (only when the checks pass)",
+        "amflow.steps.export:run", "export a student to ONNX (the hybrid student: streaming "
+        "and whole-utterance graphs; the CTC student: a whole-utterance graph and one "
+        "sherpa-onnx loads; optional int8), checked against torch",
+        reads="--model a train step or model.pt URI, the run's lexicon, LM and graph (hybrid), "
+              "the acwt or greedy blank penalty decode tuned, export.check_split's "
+              "utterances of data.corpus",
+        writes="runs/<id>/export[-<decode.tag>]/model.onnx, model.streaming.onnx (hybrid) or "
+               "model.sherpa.onnx + tokens.txt (CTC) (+ *.int8.onnx), card.json, "
+               "classes.txt (hybrid), features.json, decoding.json, checks.json, "
+               "_SUCCESS.json (only when the checks pass)",
         add_args=_export_args),
     "simulate": Step(
         "amflow.steps.simulate:run", "project trainer throughput to 16-128 workers",

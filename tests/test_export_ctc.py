@@ -57,7 +57,6 @@ def ctc_run(tiny_corpus, tmp_path_factory):
 
 
 def test_ctc_export_is_checked_against_torch_and_sherpa_onnx_gives_its_words(ctc_run):
-    pytest.importorskip("sherpa_onnx")
     from amflow.steps import export
     from core.runs import StepContext
 
@@ -88,7 +87,6 @@ def test_ctc_export_is_checked_against_torch_and_sherpa_onnx_gives_its_words(ctc
 
 def test_sherpa_onnx_decodes_with_the_files_alone(ctc_run, tiny_corpus):
     """What a deployment runs: the directory's files, sherpa-onnx, audio; no amflow."""
-    pytest.importorskip("sherpa_onnx")
     from core.storage import Storage
     from decoding.ctc_decode import greedy_words
     from decoding.decode import featurize

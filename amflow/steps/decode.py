@@ -32,6 +32,9 @@ def tagged_context(ctx: StepContext, step: str = "decode") -> StepContext:
     return new
 
 
+_context = tagged_context  # decode's own name for it (tests/test_decoding.py)
+
+
 def model_uri(ctx: StepContext, model: str | None) -> str:
     """--model: a train step of this run (its model.pt: `train-baseline`) or a model URI;
     by default train[-<decode.tag>]/model.pt."""
