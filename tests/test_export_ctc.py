@@ -13,7 +13,8 @@ import pytest
 from core.config import FeaturesConfig
 
 
-def _ctc_model(tokens: int, bidirectional: bool = False, seed: int = 0):
+def _ctc_model(tokens: int, bidirectional: bool = False, seed: int = 0,
+               attention_weight: float = 0.0):
     """A small random CTC student with peaky outputs (varied tokens, so words come out)
     and BatchNorm statistics away from the identity (the export folds them)."""
     import torch
@@ -22,7 +23,7 @@ def _ctc_model(tokens: int, bidirectional: bool = False, seed: int = 0):
 
     torch.manual_seed(seed)
     model = CtcModel(192, tokens, 3, channels=(8, 8), hidden=32, layers=2, lookahead=2,
-                     bidirectional=bidirectional)
+                     bidirectional=bidirectional, attention_weight=attention_weight)
     with torch.no_grad():
         for mod in model.modules():
             if isinstance(mod, torch.nn.BatchNorm1d):
@@ -116,14 +117,17 @@ def test_sherpa_onnx_decodes_with_the_files_alone(ctc_run, tiny_corpus):
     assert got == want and any(got)
 
 
-@pytest.mark.parametrize("bidirectional", [False, True])
-def test_the_ctc_graph_equals_torch_alone_and_in_a_padded_batch(bidirectional):
+@pytest.mark.parametrize("bidirectional,attention", [(False, 0.0), (True, 0.0), (False, 0.3)])
+def test_the_ctc_graph_equals_torch_alone_and_in_a_padded_batch(bidirectional, attention):
+    """Causal and bidirectional layers (the backward one reversed within each length), and
+    the joint CTC/attention model's encoder + CTC output."""
     import onnxruntime as ort
     import torch
 
     from serving.ctc_onnx import utterance_graph
 
-    model = _ctc_model(20, bidirectional)
+    model = _ctc_model(20, bidirectional, attention_weight=attention)
+    assert (model.decoder is not None) == (attention > 0)
     card = SimpleNamespace(features={}, cmvn=None)
     sess = ort.InferenceSession(utterance_graph(model, card), providers=["CPUExecutionProvider"])
     lens = torch.tensor([37, 50, 5, 12])
