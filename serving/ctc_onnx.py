@@ -167,7 +167,7 @@ class SherpaCtc(nn.Module):
 
     def __init__(self, model, card, blank_penalty: float = 0.0):
         super().__init__()
-        self.front = UtteranceFrontEnd(_fcfg(card), card.cmvn, model.input_dim)
+        self.front = UtteranceFrontEnd(features_config(card), card.cmvn, model.input_dim)
         self.encoder = CtcEncoderExport(model)
         pen = torch.zeros(model.num_classes)
         pen[0] = -float(blank_penalty)
@@ -179,7 +179,7 @@ class SherpaCtc(nn.Module):
         return lp + self.penalty, n
 
 
-def _fcfg(card):
+def features_config(card):
     from core.config import FeaturesConfig
     from training.loop import dataclass_from_dict
 
@@ -214,7 +214,7 @@ def utterance_graph(model, card) -> bytes:
 
 
 def sherpa_graph(model, card, blank_penalty: float = 0.0) -> bytes:
-    bins = int(_fcfg(card).num_mel_bins)
+    bins = int(features_config(card).num_mel_bins)
     x = torch.randn(2, 130, bins) * 3 + 10
     meta = metadata(model, card, "amflow_ctc_sherpa", "log-mel fbank frames")
     meta["blank_penalty"] = str(float(blank_penalty))
@@ -247,7 +247,7 @@ def sherpa_features(card) -> dict[str, Any]:
     """FeatureExtractorConfig arguments computing amflow's fbank: samples taken at the
     int16 scale (normalize_samples False: amflow's fbank multiplies by 32768 too), the
     same mel range, dither and framing."""
-    f = _fcfg(card)
+    f = features_config(card)
     for key, want in SHERPA_FIXED.items():
         if getattr(f, key) != want:
             raise ValueError(f"features.{key}={getattr(f, key)!r}: sherpa-onnx computes fbank "

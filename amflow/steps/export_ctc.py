@@ -97,7 +97,7 @@ def check_inputs(ctx: StepContext, card, corpus: str) -> CheckInputs:
     from decoding.decode import featurize, split_records
     from tasks.features import featurize_records
     from tasks.fbank import FbankComputer, fbank
-    from serving.ctc_onnx import _fcfg
+    from serving.ctc_onnx import features_config
     from training.data import Normalizer
 
     ec = ctx.cfg.export
@@ -108,7 +108,7 @@ def check_inputs(ctx: StepContext, card, corpus: str) -> CheckInputs:
     recs = sorted(recs, key=lambda r: (r.speaker_id, r.created_ts, r.utt_id))
     recs = recs[:ec.check_utterances] if ec.check_utterances else recs
     streams, rejects, _ = featurize(ctx.storage, corpus, recs, card)
-    fcfg, norm = _fcfg(card), Normalizer.from_stats(card.cmvn, card.input_dim)
+    fcfg, norm = features_config(card), Normalizer.from_stats(card.cmvn, card.input_dim)
     computer = FbankComputer(fcfg)
     alone = {r.utt_id: (w, x) for r, w, x in featurize_records(
         ctx.storage, corpus, [dataclasses.replace(r, speaker_id=r.utt_id) for r in recs],
