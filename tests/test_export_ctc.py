@@ -182,3 +182,36 @@ def test_tokens_and_features_sherpa_onnx_cannot_take_are_refused():
         dataclasses.replace(FeaturesConfig(), window_type="hamming")))
     with pytest.raises(ValueError, match="features.window_type"):
         sherpa_features(card)
+
+
+def test_the_sherpa_graph_equals_torch_past_the_mean_window_and_padded_as_sherpa_pads():
+    """The exported front end + model (traced on a short input) on utterances longer than
+    cmn_window (600 frames), shorter than cmn_min_window and than one row, padded with
+    sherpa-onnx's log(1e-10): torch's outputs, each utterance's own alone or in the batch."""
+    import onnxruntime as ort
+    import torch
+
+    from serving.ctc_onnx import SherpaCtc, sherpa_graph
+
+    model = _ctc_model(20)
+    rng = np.random.default_rng(1)
+    card = SimpleNamespace(features=dataclasses.asdict(FeaturesConfig()),
+                           cmvn={"count": 10, "sum": list(rng.normal(size=64) * 10),
+                                 "sumsq": list(rng.uniform(100, 300, 64) * 10)})
+    sess = ort.InferenceSession(sherpa_graph(model, card, 1.5), providers=["CPUExecutionProvider"])
+    lens = np.array([1700, 650, 90, 2])
+    x = np.full((4, 1700, 64), -23.02585, np.float32)
+    for i, n in enumerate(lens):
+        x[i, :n] = rng.normal(size=(n, 64)) * 3 + 12
+    lp, n_out = sess.run(None, {"x": x, "x_lens": lens})
+    with torch.no_grad():
+        ref, n_ref = SherpaCtc(model, card, 1.5)(torch.from_numpy(x), torch.from_numpy(lens))
+        plain = SherpaCtc(model, card, 0.0)(torch.from_numpy(x), torch.from_numpy(lens))[0]
+    # the blank penalty lowers the blank's log-probability by it, and nothing else
+    assert torch.allclose(ref[..., 0] + 1.5, plain[..., 0]) and torch.equal(ref[..., 1:],
+                                                                           plain[..., 1:])
+    assert n_out.tolist() == n_ref.tolist() == [566, 216, 30, 0]
+    for i, k in enumerate(n_out[:3]):
+        assert np.abs(lp[i, :k] - ref[i, :k].numpy()).max() < 1e-4
+        alone, _ = sess.run(None, {"x": x[i:i + 1, :lens[i]], "x_lens": lens[i:i + 1]})
+        assert np.abs(alone[0, :k] - lp[i, :k]).max() < 1e-5
