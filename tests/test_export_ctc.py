@@ -76,6 +76,7 @@ def test_ctc_export_is_checked_against_torch_and_sherpa_onnx_gives_its_words(ctc
     assert checks["torch_hyp_words"] >= 4  # words came out: a vacuous check would have none
     # sherpa-onnx, fed the audio, computes the fbank itself: the same words as amflow's
     # greedy decode of each utterance
+    assert checks["sherpa_onnx_runtime"] == "sherpa-onnx 2.0.1"
     runtime = checks["graphs"]["sherpa-onnx:model.sherpa.onnx"]
     assert runtime["same_words"] == 4, runtime
     assert "delta_ci95" in checks["graphs"]["sherpa-onnx:model.sherpa.int8.onnx"]["wer_vs_torch"]

@@ -183,8 +183,11 @@ def run_checks(ctx: StepContext, model, card, tokenizer, files: dict[str, bytes]
                   for x in lp]
         out[name] = _graph_row(ref[key], lp, ref_words[key], hyps, ci.recs, ref_rows, tol,
                                ".int8." not in name, secs)
-    out.update(sherpa_runtime(files, card, ci, ref_words, ref_rows))
-    return {"utterances": len(ci.recs), "frames": sum(len(x) for x in ci.rows),
+    runtime = sherpa_runtime(files, card, ci, ref_words, ref_rows)
+    out.update(runtime)
+    return {"sherpa_onnx_runtime": _sherpa_version() if runtime else (
+                "not checked: the sherpa_onnx package is not installed (pip install "
+                "sherpa-onnx==2.0.1, amflow's test extra)"),"utterances": len(ci.recs), "frames": sum(len(x) for x in ci.rows),
             "split": ctx.cfg.export.check_split, "tolerance": tol, "search": "greedy",
             "blank_penalty": penalty, "torch_seconds": round(torch_s, 2),
             "torch_wer": round(sum(r["errors"] for r in ref_rows) /
@@ -195,6 +198,12 @@ def run_checks(ctx: StepContext, model, card, tokenizer, files: dict[str, bytes]
                 ref_rows, X.wer_rows(ci.recs, ref_words["alone"])),
             "torch_hyp_words": sum(len(w) for w in ref_words["streams"]), "graphs": out,
             "passed": all(g["passed"] for g in out.values() if g["checked"])}
+
+
+def _sherpa_version() -> str:
+    from importlib.metadata import version
+
+    return f"sherpa-onnx {version('sherpa-onnx')}"
 
 
 def sherpa_runtime(files, card, ci: CheckInputs, ref_words, ref_rows) -> dict[str, dict]:
