@@ -2,10 +2,12 @@
 
     amflow serve --model M [--config C] [--run-id R]
 
-Reads   --model  model.pt (a student: CMVN, phones, features config and priors inside);
+Reads   --model  model.pt (a student: CMVN, phones, features config and priors inside;
+        or a unidirectional CTC student: CMVN, features config and tokenizer inside);
         the decoding graph of its run (runs/<R>/graph/<key>/, built with the decode step's
-        lexicon and LM when missing) and the acoustic scale that `amflow decode` tuned
-        (runs/<R>/decode[-<tag>]/result.json), unless serve.acwt is set.
+        lexicon and LM when missing: H o L o G, or a CTC model's T o L o G) and the scales
+        that `amflow decode` tuned for it (runs/<R>/decode[-<tag>]/result.json: the acwt,
+        and a CTC model's LM weight and blank penalty), unless serve.acwt is set.
 Serves  http://<serve.host>:<serve.port>/    the page (microphone or a dropped WAV)
         ws://.../ws                          the streaming API (serving/protocol.py)
         GET /stats                           this replica's streams and batch-size histogram
@@ -47,10 +49,30 @@ def replica_assets(decoder: DecoderAssets, serve_cfg, decode_cfg, acwt: float,
         raise StepError(f"{decoder.model_uri} is a {decoder.card.kind}: only a student "
                         "(unidirectional LSTM with look-ahead) can stream")
     sc, dc = serve_cfg, decode_cfg
-    return {"model": decoder.model_bytes, "model_uri": decoder.model_uri,
+    return {"model": decoder.model_bytes, "model_uri": decoder.model_uri, "kind": "student",
             "graph": decoder.graph_bytes(), "graph_info": decoder.graph_info,
             "log_prior": decoder.log_prior, "acwt": sc.acwt or acwt, "acwt_from":
             "serve.acwt" if sc.acwt else acwt_from, "beam": sc.beam or dc.beam,
+            "max_active": sc.max_active or dc.max_active}
+
+
+def ctc_replica_assets(model_bytes: bytes, model_uri: str, model, graph_dir: str,
+                       graph_info: dict, serve_cfg, decode_cfg, tuned: dict) -> dict[str, Any]:
+    """replica_assets for a CTC model: its T o L o G and the LM weight (acwt = 1 / weight)
+    and blank penalty `amflow decode` tuned (`tuned`: lm_weight, acwt, blank_penalty,
+    from); serve.acwt, when set, wins over the tuned acwt."""
+    from decoding.assets import GRAPH_FILES
+
+    if getattr(model, "bidirectional", False):
+        raise StepError(f"{model_uri} is a bidirectional CTC model: it reads whole utterances "
+                        "and cannot stream (train one with model.ctc.bidirectional=false)")
+    sc, dc = serve_cfg, decode_cfg
+    graph = {n: Path(graph_dir, n).read_bytes() for n in GRAPH_FILES}
+    return {"model": model_bytes, "model_uri": model_uri, "kind": "ctc", "graph": graph,
+            "graph_info": graph_info, "log_prior": None, "acwt": sc.acwt or tuned["acwt"],
+            "acwt_from": "serve.acwt" if sc.acwt else tuned["from"],
+            "lm_weight": round(1.0 / (sc.acwt or tuned["acwt"]), 6),
+            "blank_penalty": tuned["blank_penalty"], "beam": sc.beam or dc.beam,
             "max_active": sc.max_active or dc.max_active}
 
 
@@ -69,7 +91,8 @@ def make_recognizer(assets: dict, scfg) -> Any:
         return Recognizer(assets["model"], graph_dir, assets["log_prior"], assets["acwt"],
                           assets["beam"], assets["max_active"], scfg.dtype, device,
                           gate=speech_gate(scfg), onnx=_onnx_graph(assets, scfg),
-                          threads=scfg.threads)
+                          threads=scfg.threads,
+                          blank_penalty=assets.get("blank_penalty", 0.0))
 
 
 def _onnx_graph(assets: dict, scfg) -> bytes | None:
@@ -121,6 +144,7 @@ class StreamHandler:
         return {**self.dispatcher.stats(), "cpu_s": round(time.process_time(), 3),
                 "admitted": self.admitted, "refused": self.refused,
                 "max_streams": self.scfg.max_streams, "acwt": self.rec.acwt,
+                "model_kind": self.rec.kind, "blank_penalty": self.rec.blank_penalty,
                 "beam": self.rec.beam, "dtype": str(self.rec.model.dtype),
                 "backend": self.scfg.backend}
 

@@ -4,11 +4,15 @@ search, and one stream's session.
     StreamModel(model, dtype).forward(rows, states) -> (log posteriors, states)
         one LSTM forward over a batch of streams, each with its own (h, c), each with its
         own number of new rows (packed, so a short stream's state stops at its last row)
-    StreamSearch(graph, log_prior, acwt, beam, max_active)
+    StreamSearch(graph, scores, beam, max_active)
         kaldi-decoder's FasterDecoder driven incrementally: init_decoding once, then
         advance_decoding over the frames that arrived (the offline `decode()` is exactly
         init_decoding + advance_decoding over all frames, so the pruning, the best path
-        and the words are the offline search's); partial = best path so far
+        and the words are the offline search's); partial = best path so far. `scores`
+        turns log-posteriors into the matrix DecodableCtc reads, as the offline decode of
+        the model's kind does: a hybrid's acwt x (log posterior - log prior) over H o L o G
+        (decoding.search.acoustic_scores), a CTC model's acwt x log p with the blank
+        penalty over T o L o G (decoding.ctc_decode.ctc_scores, acwt = 1 / LM weight)
     Session(recognizer, send)
         one stream: PCM queued -> (featurize(), all streams' fbank at once, before each
         forward) StreamFeatures -> rows pending for the model -> (after the forward)
@@ -16,7 +20,10 @@ search, and one stream's session.
         final messages through `send`. Utterance ends keep the speaker's CMN
         state and reset the fbank, LFR, LSTM and search, as the offline decode treats a
         speaker's utterances.
-    Recognizer(model_bytes, graph_dir, log_prior, acwt, ...)   what a replica holds once
+    Recognizer(model_bytes, graph_dir, log_prior, acwt, ...)   what a replica holds once;
+        the model card's kind picks the streaming step and the scores: "student" (the
+        hybrid LSTM, StreamModel) or "ctc" (serving/ctc_stream.py: the look-ahead inside
+        the step; log_prior unused, blank_penalty used)
 
 Look-ahead: the student's logits[t] need rows up to t + lookahead. Offline, the model pads
 each utterance with `lookahead` zero rows and drops its first `lookahead` outputs; here the
@@ -102,34 +109,31 @@ class StreamModel:
 
 
 class StreamSearch:
-    def __init__(self, graph, log_prior: np.ndarray, acwt: float, beam: float,
+    def __init__(self, graph, scores: Callable[[np.ndarray], np.ndarray], beam: float,
                  max_active: int, min_active: int = 20):
         import kaldi_decoder
 
         opts = kaldi_decoder.FasterDecoderOptions()
         opts.beam, opts.max_active, opts.min_active = float(beam), int(max_active), int(min_active)
         self.graph = graph
-        self.log_prior = np.asarray(log_prior, np.float32)
-        self.acwt = float(acwt)
+        self.to_scores = scores
         self.decoder = kaldi_decoder.FasterDecoder(graph.fst, opts)
         self.decoder.init_decoding()
-        self.scores = np.zeros((0, len(self.log_prior)), np.float32)
+        self.scores: np.ndarray | None = None
         self.history: collections.deque = collections.deque()  # (rows, words) of partials
         self.partial_at = 0  # rows when the last partial was made
 
     @property
     def frames(self) -> int:
-        return len(self.scores)
+        return 0 if self.scores is None else len(self.scores)
 
     def advance(self, log_post: np.ndarray) -> None:
         import kaldi_decoder
 
-        from decoding.search import acoustic_scores
-
         if not len(log_post):
             return
-        self.scores = np.concatenate([self.scores, acoustic_scores(log_post, self.log_prior,
-                                                                   self.acwt)])
+        new = self.to_scores(log_post)
+        self.scores = new if self.scores is None else np.concatenate([self.scores, new])
         # DecodableCtc holds all rows so far; advance_decoding resumes at the first row
         # the decoder has not consumed (num_frames_decoded), so each row is searched once.
         self.decoder.advance_decoding(kaldi_decoder.DecodableCtc(self.scores))
@@ -168,16 +172,23 @@ class StreamSearch:
         return words, stable
 
 
-class Recognizer:
-    """What one replica holds: the model's streaming step, the graph, priors, scales."""
+STREAMING_KINDS = ("student", "ctc")
 
-    def __init__(self, model_bytes: bytes, graph_dir: str, log_prior: np.ndarray, acwt: float,
-                 beam: float, max_active: int, dtype: str = "auto", device: str = "cpu",
-                 gate=None, onnx: bytes | None = None, threads: int = 1):
+
+class Recognizer:
+    """What one replica holds: the model's streaming step, the graph, the scores' scales
+    (and a hybrid's priors)."""
+
+    def __init__(self, model_bytes: bytes, graph_dir: str, log_prior: np.ndarray | None,
+                 acwt: float, beam: float, max_active: int, dtype: str = "auto",
+                 device: str = "cpu", gate=None, onnx: bytes | None = None, threads: int = 1,
+                 blank_penalty: float = 0.0):
         """`gate`: tasks.speech_activity.GateSettings (serve.speech_*), or None: every row
         is recognised, silence and noise too (the offline decode's rows). `onnx`: the
         exported streaming graph of this model (amflow export): onnxruntime runs the model
-        (serving/onnx_runtime.py), model_bytes still give the card (features, CMVN)."""
+        (serving/onnx_runtime.py), model_bytes still give the card (features, CMVN).
+        A CTC model (card kind "ctc"): `graph_dir` holds its T o L o G, `acwt` is 1 / the
+        LM weight, `blank_penalty` the decode's, `log_prior` is not used."""
         from core.config import FeaturesConfig
         from decoding.graph import read_graph
         from training.checkpoint import card_from_bytes
@@ -185,18 +196,43 @@ class Recognizer:
         from training.loop import dataclass_from_dict
 
         model, self.card = card_from_bytes(model_bytes)
-        if self.card.kind != "student":
-            raise ValueError("only a student (unidirectional LSTM) model can stream; "
-                             f"this one is a {self.card.kind}")
-        self.model = StreamModel(model, dtype, device) if onnx is None else \
-            _onnx_model(onnx, model, threads)
+        self.kind = self.card.kind
+        if self.kind not in STREAMING_KINDS:
+            raise ValueError("only a student (unidirectional LSTM) or a unidirectional CTC "
+                             f"model can stream; this one is a {self.kind}")
+        self.acwt, self.beam, self.max_active = float(acwt), float(beam), int(max_active)
+        self.blank_penalty = float(blank_penalty)
+        self.log_prior = None if log_prior is None else np.asarray(log_prior, np.float32)
+        self.model, self.scores = self._model_and_scores(model, dtype, device, onnx, threads)
         self.fcfg = dataclass_from_dict(FeaturesConfig, self.card.features)
         self.norm = Normalizer.from_stats(self.card.cmvn, self.model.input_dim)
         self.graph = read_graph(graph_dir)
-        self.log_prior = np.asarray(log_prior, np.float32)
-        self.acwt, self.beam, self.max_active = float(acwt), float(beam), int(max_active)
         self.fbank = None  # the streams' shared FbankComputer (numpy backend)
         self.gate = gate
+
+    def _model_and_scores(self, model, dtype: str, device: str, onnx: bytes | None,
+                          threads: int):
+        """(the streaming step, log-posteriors -> the search's scores) of the model's kind,
+        the scores as its offline decode makes them."""
+        from functools import partial
+
+        if self.kind == "ctc":
+            from decoding.ctc_decode import ctc_scores
+            from serving.ctc_stream import CtcStreamModel
+
+            if onnx is not None:
+                raise ValueError("serve.backend=onnxruntime serves the hybrid student's "
+                                 "exported graph only: serve a CTC model with serve.backend="
+                                 "torch")
+            return (CtcStreamModel(model, dtype, device),
+                    partial(ctc_scores, acwt=self.acwt, blank_penalty=self.blank_penalty))
+        from decoding.search import acoustic_scores
+
+        if self.log_prior is None:
+            raise ValueError("a hybrid student needs its class log-priors")
+        step = StreamModel(model, dtype, device) if onnx is None else \
+            _onnx_model(onnx, model, threads)
+        return step, partial(acoustic_scores, log_prior=self.log_prior, acwt=self.acwt)
 
     def features(self):
         from serving.features import StreamFeatures
@@ -210,7 +246,7 @@ class Recognizer:
                               computer=self.fbank, gate=self.gate)
 
     def search(self) -> StreamSearch:
-        return StreamSearch(self.graph, self.log_prior, self.acwt, self.beam, self.max_active)
+        return StreamSearch(self.graph, self.scores, self.beam, self.max_active)
 
 
 def _onnx_model(graph: bytes, model, threads: int):
@@ -239,6 +275,9 @@ class Session:
         self.waiting_since: float | None = None  # when the oldest input (audio, rows) came
         self.state = rec.model.zero_state()
         self.skip = rec.model.lookahead  # outputs still to drop (the look-ahead)
+        # the model is told which forward carries an utterance's last rows (a CTC step
+        # pads the end itself), else zero rows pad it (the hybrid LSTM's look-ahead)
+        self.ends_with_state = hasattr(rec.model, "utterance_end")
         self.utt = 0
         self.utt_rows = 0  # rows of the current utterance so far
         self.utt_searched = 0  # utterances the search has finished
@@ -329,6 +368,9 @@ class Session:
             parts.append(r)
             n += len(r)
         self.in_flight = True
+        if self.pending and self.pending[0] is END and self.ends_with_state:
+            # the utterance's last rows: a CTC step flushes its look-ahead on them
+            self.state = self.rec.model.utterance_end(self.state)
         rest = bool(self.audio) or any(x is not END for x in self.pending)
         self.waiting_since = time.perf_counter() if rest else None
         return parts[0] if len(parts) == 1 else np.concatenate(parts)

@@ -2,18 +2,22 @@
 serving until interrupted.
 
 Resolves the model's run (…/runs/<R>/<train dir>/model.pt, or --run-id), its lexicon,
-LM and graph cache as `amflow decode` does (decoding.assets.DecoderAssets), and the acwt
-by decoding.assets.tuned_acwt's rule (decode[-<tag>]/result.json, else decode.acwt[0];
-serve.acwt overrides it).
+LM and graph cache as `amflow decode` does (decoding.assets.DecoderAssets; a CTC model:
+its T o L o G, amflow.steps.decode.ctc_graph), and the scales `amflow decode` tuned for
+it (`decode_record`: decode[-<tag>]/result.json when it is of the model's kind, else the
+run's decode dir whose result names this model; else decode.acwt[0], or for a CTC model
+decode.ctc_lm_weights[0] and decode.blank_penalties[0]; serve.acwt overrides the acwt).
+The model card's kind says which: no flag names it.
 """
 from __future__ import annotations
 
+import os
 import time
 from typing import Any
 
 from core.runs import StepContext, StepError, step_dir_name
 from amflow.steps import decode as decode_step
-from decoding.assets import tuned_acwt
+from core.storage import join
 from serving import app
 from amflow.steps.train_plan import train_dir_name
 
@@ -31,19 +35,82 @@ def serve_context(ctx_or_cfg, model: str | None) -> tuple[StepContext, str]:
     return StepContext(ctx_or_cfg, run_id, "serve"), model
 
 
+def _same_model(a: str | None, b: str) -> bool:
+    if not a:
+        return False
+    if "://" in a or "://" in b:
+        return a == b
+    return os.path.abspath(a) == os.path.abspath(b)
+
+
+def decode_record(ctx: StepContext, model_uri: str, kind: str) -> tuple[dict | None, str]:
+    """(the result.json `amflow decode` wrote for this model, its URI), or (None, ""):
+    decode[-<decode.tag>]'s when it decoded a model of this kind (a CTC one: with its
+    T o L o G, what serving searches), else the run's decode* dir whose result names this
+    model (a CTC student decoded with decode.tag=ctc is found without that tag)."""
+    st = ctx.storage
+    first = ctx.other(step_dir_name("decode", ctx.cfg.decode.tag), "result.json")
+    others = [join(d, "result.json") for d in st.subdirs(ctx.run_uri)
+              if os.path.basename(d.rstrip("/")).startswith("decode")]
+    for uri in [first] + [u for u in others if u != first]:
+        if not st.exists(uri):
+            continue
+        r = st.read_json(uri)
+        if r.get("model_kind", "student") != kind or (kind == "ctc" and r.get("search") != "tlg"):
+            continue
+        if uri == first or _same_model(r.get("model"), model_uri):
+            return r, uri
+    return None, ""
+
+
+def tuned_scales(ctx: StepContext, model_uri: str, kind: str) -> dict[str, Any]:
+    """acwt (and a CTC model's blank penalty) from decode_record, else the config's
+    first grid point; `from` says which."""
+    dc = ctx.cfg.decode
+    rec, uri = decode_record(ctx, model_uri, kind)
+    if kind == "ctc":
+        if rec is None:
+            w = dc.ctc_lm_weights[0]
+            return {"acwt": round(1.0 / w, 6), "lm_weight": w,
+                    "blank_penalty": dc.blank_penalties[0],
+                    "from": "decode.ctc_lm_weights[0], decode.blank_penalties[0]"}
+        return {"acwt": float(rec["acwt"]), "lm_weight": float(rec["lm_weight"]),
+                "blank_penalty": float(rec["blank_penalty"]), "from": uri}
+    return ({"acwt": float(rec["acwt"]), "from": uri} if rec is not None
+            else {"acwt": dc.acwt[0], "from": "decode.acwt[0]"})
+
+
 def load_assets(ctx: StepContext, model_uri: str) -> dict[str, Any]:
-    """What every replica needs (serving.app.replica_assets) for the run's decoder."""
+    """What every replica needs (serving.app.replica_assets) for the run's decoder; the
+    model card's kind picks the hybrid's or the CTC model's."""
+    from training.checkpoint import card_from_bytes
+
     cfg = ctx.cfg
     if not ctx.storage.exists(model_uri):
         raise StepError(f"model {model_uri} not found")
-    decoder = decode_step.load_assets(ctx, model_uri, cfg.data.corpus)
-    result_uri = ctx.other(step_dir_name("decode", cfg.decode.tag), "result.json")
-    acwt, acwt_from = tuned_acwt(ctx.storage, result_uri, cfg.decode.acwt[0])
-    assets = app.replica_assets(decoder, cfg.serve, cfg.decode, acwt, acwt_from)
+    data = ctx.storage.read_bytes(model_uri)
+    model, card = card_from_bytes(data, model_uri)
+    if card.kind == "ctc":
+        return _ctc_assets(ctx, model_uri, data, model, card)
+    decoder = decode_step.load_assets(ctx, model_uri, cfg.data.corpus, read={model_uri: data})
+    tuned = tuned_scales(ctx, model_uri, card.kind)
+    assets = app.replica_assets(decoder, cfg.serve, cfg.decode, tuned["acwt"], tuned["from"])
     if cfg.serve.backend == "onnxruntime":
         assets["onnx_uri"] = onnx_uri(ctx)
         assets["onnx"] = ctx.storage.read_bytes(assets["onnx_uri"])
     return assets
+
+
+def _ctc_assets(ctx: StepContext, model_uri: str, data: bytes, model, card) -> dict[str, Any]:
+    from decoding.ctc_decode import check_ctc_card
+
+    check_ctc_card(card, model_uri)
+    if ctx.cfg.serve.backend != "torch":
+        raise StepError(f"serve.backend={ctx.cfg.serve.backend}: a CTC model is served by "
+                        "torch only (set serve.backend=torch)")
+    graph_dir, info, _ = decode_step.ctc_graph(ctx, card, {})
+    return app.ctc_replica_assets(data, model_uri, model, graph_dir, info, ctx.cfg.serve,
+                                  ctx.cfg.decode, tuned_scales(ctx, model_uri, "ctc"))
 
 
 def onnx_uri(ctx: StepContext) -> str:
@@ -64,7 +131,9 @@ def run(ctx_or_cfg, args) -> dict:
     assets = load_assets(ctx, model)
     url = app.start(ctx.cfg, assets)
     print(f"amflow serve: {assets.get('onnx_uri') or assets['model_uri']} on {url} (ws {url.replace('http', 'ws')}ws), "
-          f"acwt {assets['acwt']} ({assets['acwt_from']}), beam {assets['beam']}, "
+          f"{assets['kind']}, acwt {assets['acwt']} ({assets['acwt_from']})"
+          f"{', blank penalty ' + str(assets['blank_penalty']) if assets['kind'] == 'ctc' else ''}, "
+          f"beam {assets['beam']}, "
           f"{ctx.cfg.serve.replicas} replica(s); up in {time.perf_counter() - t0:.1f} s",
           flush=True)
     summary = {"url": url, "model": assets["model_uri"], "acwt": assets["acwt"]}
