@@ -104,6 +104,9 @@ def _bench_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--backends", help="serve: deploy the run's recognizer once per serve.backend "
                                       "listed (torch,onnxruntime) and measure each, side by side "
                                       "(instead of --url)")
+    p.add_argument("--models", help="serve: deploy each model.pt listed (e.g. the hybrid student's "
+                                    "and the CTC student's) in turn and measure each, side by "
+                                    "side (instead of --url)")
 
 
 def _serve_args(p: argparse.ArgumentParser) -> None:
@@ -235,8 +238,9 @@ STEPS: dict[str, Step] = {
         add_args=_pseudolabel_args),
     "serve": Step(
         "amflow.steps.serve:run", "serve a student as a streaming recognizer (Ray Serve, WebSocket)",
-        reads="--model student model.pt (CMVN, phones, priors), its run's decoding graph, "
-              "lexicon and LM (as `amflow decode`), the acwt decode tuned (decode/result.json)",
+        reads="--model student model.pt (CMVN, phones, priors; or a CTC student: its tokenizer), "
+              "its run's decoding graph, lexicon and LM (as `amflow decode`), the acwt (a CTC "
+              "student's LM weight and blank penalty) decode tuned (decode/result.json)",
         writes="nothing: serves the page at http://<serve.host>:<serve.port>/, the stream "
                "API at ws://.../ws and /stats, until interrupted",
         needs_run=False, add_args=_serve_args),

@@ -18,6 +18,13 @@ the offline words; what the level cost (cores of the replica, from its /stats, a
 the clients: one asyncio process for all streams, on the same machine). Writes
 runs/<R>/bench/serve.json ({"rows": [{streams, p50_ms, p98_ms, wer, ...}]}) and, beside
 it, serve_latency.png (figure 6) and serve_batch_sizes.png (figure 5).
+
+Side by side, each deployed by the bench in turn (same levels, same audio, same config
+otherwise): `--backends torch,onnxruntime` (serve.backend), or `--models A,B` (model.pt
+URIs of any streaming kind: the hybrid student beside the CTC student; each model's
+offline words are those of the decode that tuned it, amflow.steps.serve.decode_record).
+The first one's result is the usual JSON; `backends` / `models` hold each one's, `ratios`
+first / other per level.
 """
 from __future__ import annotations
 
@@ -227,10 +234,18 @@ def cpu_row(n: int, sessions: list[list], wall: float, client_s: float,
             else round(replica_s / audio_s, 5)}
 
 
-def offline_hyps(ctx) -> dict[str, str]:
+def offline_hyps(ctx, model: str | None = None) -> dict[str, str]:
+    """The offline decode's words per utterance: decode[-<decode.tag>]'s, or with `model`
+    the decode that tuned that model (its kind's record, amflow.steps.serve.decode_record)."""
     tag = ctx.cfg.decode.tag
     uri = ctx.other(f"decode-{tag}" if tag else "decode", "hyps.jsonl")
-    if not ctx.storage.exists(uri):
+    if model:
+        from amflow.steps.serve import decode_record
+        from training.checkpoint import load_model_card
+
+        _, record = decode_record(ctx, model, load_model_card(ctx.storage, model)[1].kind)
+        uri = record.rsplit("/", 1)[0] + "/hyps.jsonl" if record else ""
+    if not uri or not ctx.storage.exists(uri):
         return {}
     return {d["utt_id"]: d["hyp"] for d in map(json.loads, ctx.storage.read_text(uri).splitlines())}
 
@@ -239,14 +254,20 @@ def run(ctx, args) -> dict[str, Any]:
     """Against the running service (--url), or with --backends, against a service this
     bench deploys once per backend (serve.backend), one after the other, side by side."""
     backends = [b for b in (getattr(args, "backends", None) or "").split(",") if b]
+    models = [m for m in (getattr(args, "models", None) or "").split(",") if m]
+    if backends and models:
+        raise StepError("bench serve: --backends or --models, not both")
     if backends:
         return run_backends(ctx, args, backends)
+    if models:
+        return run_models(ctx, args, models)
     sc = ctx.cfg.serve
     url = (getattr(args, "url", None) or f"http://{sc.host}:{sc.port}/")
     return measure(ctx, args, url)
 
 
-def measure(ctx, args, url: str, plot_tag: str = "") -> dict[str, Any]:
+def measure(ctx, args, url: str, plot_tag: str = "", model: str | None = None
+            ) -> dict[str, Any]:
     from core.storage import join
 
     ws_url = url.replace("http", "ws", 1).rstrip("/") + "/ws"
@@ -259,7 +280,7 @@ def measure(ctx, args, url: str, plot_tag: str = "") -> dict[str, Any]:
     sessions = speaker_sessions(ctx, corpus, seconds)
     audio = load_audio(ctx, corpus, sessions)
     refs = {r.utt_id: r.text for s in sessions for r in s}
-    offline = offline_hyps(ctx)
+    offline = offline_hyps(ctx, model)
     rows = [measure_level(url, ws_url, n, sessions, audio, chunk_ms, speed, refs, offline)
             for n in levels]
     out_dir = join(ctx.run_uri, "bench")
@@ -295,6 +316,35 @@ def run_backends(ctx, args, backends: list[str]) -> dict[str, Any]:
     usual JSON (`rows` ...), `backends` holds each one's, `ratios` first / other per level."""
     import dataclasses
 
+    model = getattr(args, "model", None)
+    variants = [(b, dataclasses.replace(ctx.cfg, serve=dataclasses.replace(ctx.cfg.serve, backend=b)),
+                 model) for b in backends]
+    return side_by_side(ctx, args, variants, "backend")
+
+
+def run_models(ctx, args, models: list[str]) -> dict[str, Any]:
+    """Deploy each model in turn (its kind from its card: a hybrid student, a CTC student),
+    same config otherwise; labelled by kind (kind-2, ... when a kind repeats)."""
+    from training.checkpoint import load_model_card
+
+    variants, seen = [], Counter()
+    for m in models:
+        if not ctx.storage.exists(m):
+            raise StepError(f"bench serve --models: {m} not found")
+        kind = load_model_card(ctx.storage, m)[1].kind
+        seen[kind] += 1
+        variants.append((kind if seen[kind] == 1 else f"{kind}-{seen[kind]}", ctx.cfg, m))
+    out = side_by_side(ctx, args, variants, "model")
+    out["models"] = {label: {**r, "model": m} for (label, _, m), r in
+                     zip(variants, out.pop("models").values())}
+    return out
+
+
+def side_by_side(ctx, args, variants: list[tuple[str, Any, str | None]], what: str
+                 ) -> dict[str, Any]:
+    """Deploy each (label, config, model) in turn, measure the same levels against each:
+    the first's result is the usual JSON, `<what>s` holds each one's, `ratios` first /
+    other per level; every row says its `<what>`."""
     from ray import serve
 
     from amflow.steps.serve import load_assets, serve_context
@@ -302,22 +352,23 @@ def run_backends(ctx, args, backends: list[str]) -> dict[str, Any]:
     from serving import app
 
     per: dict[str, dict] = {}
-    for b in backends:
-        cfg = dataclasses.replace(ctx.cfg, serve=dataclasses.replace(ctx.cfg.serve, backend=b))
-        bctx, model = serve_context(StepContext(cfg, ctx.run_id, ctx.step), getattr(args, "model", None))
-        url = app.start(cfg, load_assets(bctx, model))
-        print(f"bench serve: backend {b} on {url}", flush=True)
+    for label, cfg, model in variants:
+        vctx, model_uri = serve_context(StepContext(cfg, ctx.run_id, ctx.step), model)
+        url = app.start(cfg, load_assets(vctx, model_uri))
+        print(f"bench serve: {what} {label} on {url}", flush=True)
         try:
-            per[b] = measure(bctx, args, url, plot_tag=f"_{b}")
+            per[label] = measure(vctx, args, url, plot_tag=f"_{label}",
+                                 model=model_uri if what == "model" else None)
         finally:
             serve.shutdown()
-        for row in per[b]["rows"]:
-            row["backend"] = b
-    first = per[backends[0]]
-    return {**first, "backends": {b: {"rows": r["rows"], "plots": r["plots"],
+        for row in per[label]["rows"]:
+            row[what] = label
+    labels = [v[0] for v in variants]
+    first = per[labels[0]]
+    return {**first, f"{what}s": {b: {"rows": r["rows"], "plots": r["plots"],
                                       "max_streams_p98_le_70ms": r["max_streams_p98_le_70ms"]}
                                   for b, r in per.items()},
-            "ratios": {b: backend_ratios(first["rows"], per[b]["rows"]) for b in backends[1:]}}
+            "ratios": {b: backend_ratios(first["rows"], per[b]["rows"]) for b in labels[1:]}}
 
 
 def backend_ratios(base: list[dict], other: list[dict]) -> list[dict]:
