@@ -1,7 +1,7 @@
 """The CTC student in the recognizer: serving.recognizer.StreamModel's interface on
 training.ctc.streaming.CtcStreamingStep.
 
-    CtcStreamModel(model, dtype, device)
+    CtcStreamModel(model, torch_dtype, device)
         .forward(rows, states) -> (log posteriors, states)   a batch of streams, each with
             its own rows (any count, 0 too) and state; the outputs are the frames the rows
             completed (the model's look-ahead is inside the step: `lookahead` is 0, the
@@ -26,14 +26,14 @@ class CtcState:
 class CtcStreamModel:
     lookahead = 0  # the step holds its own look-ahead back (training/ctc/streaming.py)
 
-    def __init__(self, model, dtype: str = "auto", device: str = "cpu"):
+    def __init__(self, model, dtype=None, device: str = "cpu"):
+        """`dtype`: a torch dtype (serving.recognizer.torch_dtype's), None: float32."""
         import torch
 
-        from serving.recognizer import torch_dtype
         from training.ctc.streaming import CtcStreamingStep
 
         self.device = device
-        self.dtype = torch_dtype(dtype, device)
+        self.dtype = dtype or torch.float32
         self.step = CtcStreamingStep(model.to(device=device, dtype=self.dtype).eval())
         self.input_dim = model.input_dim
         self.num_classes = model.num_classes

@@ -224,7 +224,7 @@ class Recognizer:
                 raise ValueError("serve.backend=onnxruntime serves the hybrid student's "
                                  "exported graph only: serve a CTC model with serve.backend="
                                  "torch")
-            return (CtcStreamModel(model, dtype, device),
+            return (CtcStreamModel(model, torch_dtype(dtype, device), device),
                     partial(ctc_scores, acwt=self.acwt, blank_penalty=self.blank_penalty))
         from decoding.search import acoustic_scores
 
