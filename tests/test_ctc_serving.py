@@ -75,6 +75,9 @@ def test_streaming_step_equals_the_whole_utterance_forward(shape):
             for got, want in zip(_stream(step, utts, chunk), whole):
                 assert got.shape == want.shape
                 assert float((got - want).abs().max()) <= TOL
+        # the branch-free step (for tracing/export) gives the same outputs
+        for got, want in zip(_stream(CtcStreamingStep(model, branch_free=True), utts, 2), whole):
+            assert got.shape == want.shape and float((got - want).abs().max()) <= TOL
     # the look-ahead: the first convolutions' 2 frames and the row convolution's `la`
     assert step.lookahead_rows == 2 + la if strides == (3, 1) else step.lookahead_rows >= la
 
@@ -95,6 +98,43 @@ def test_an_utterance_flushed_by_a_final_call_without_rows_and_a_later_stream_st
         lp2, n2, *st = step(torch.zeros(1, 1, 48), torch.tensor([0]), torch.tensor([True]), *st)
         got = torch.cat([lp[0, :n[0]], lp2[0, :n2[0]]])
     assert got.shape == want.shape and float((got - want).abs().max()) <= TOL
+
+
+def test_the_branch_free_step_exports_to_onnx_and_runs_the_same_in_onnxruntime():
+    """What an export (another module's job) starts from: torch.onnx (TorchScript
+    exporter) traces the branch-free step once, and onnxruntime runs that graph on other
+    batch sizes, row counts, ragged lengths and final flags as the eager step does."""
+    import io
+    import warnings
+
+    ort = pytest.importorskip("onnxruntime")
+    torch.manual_seed(0)
+    model = _trained_bn(CtcModel(48, 9, stack=3, channels=(4, 4), hidden=16, layers=2,
+                                 lookahead=2), 48)
+    step, ref = CtcStreamingStep(model, branch_free=True), CtcStreamingStep(model)
+    names = ["x", "lengths", "final", *step.state_names]
+    axes = {n: {1 if n.startswith("rnn_") else 0: "B"} for n in names}
+    axes["x"] = {0: "B", 1: "T"}
+    buf = io.BytesIO()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(step, (torch.randn(2, 4, 48), torch.tensor([4, 3]),
+                                 torch.tensor([False, False]), *step.zero_state(2)),
+                          buf, dynamo=False, opset_version=17, input_names=names,
+                          dynamic_axes=axes)
+    sess = ort.InferenceSession(buf.getvalue(), providers=["CPUExecutionProvider"])
+    got_state, want_state = [t.numpy() for t in ref.zero_state(3)], ref.zero_state(3)
+    with torch.no_grad():
+        for t, lens, final in [(5, [5, 2, 0], [False] * 3), (3, [3, 3, 1], [False, True, False]),
+                               (7, [7, 0, 2], [True, False, True])]:
+            x = torch.randn(3, t, 48)
+            got, n_got, *got_state = sess.run(None, dict(zip(names, [
+                x.numpy(), np.array(lens), np.array(final), *got_state])))
+            want, n_want, *want_state = ref(x, torch.tensor(lens), torch.tensor(final),
+                                            *want_state)
+            assert n_got.tolist() == n_want.tolist()
+            for i, k in enumerate(n_want.tolist()):
+                assert np.abs(got[i, :k] - want[i, :k].numpy()).max(initial=0.0) <= TOL
 
 
 def test_a_bidirectional_model_is_refused():

@@ -2,6 +2,10 @@
 out, all state explicit (tensors only: serving batches it, and it can be traced/exported).
 
     step = CtcStreamingStep(model)            a unidirectional CtcModel, eval mode
+    CtcStreamingStep(model, branch_free=True)  the same outputs with no Python branch on
+        the inputs' values: one trace serves every input (torch.onnx.export with
+        dynamo=False, opset 17, exports it; onnxruntime gives the eager outputs on other
+        batch sizes and ragged lengths: tests/test_ctc_serving.py)
     state = step.zero_state(batch)            tuple of tensors, names: step.state_names
     log_probs, out_lengths, *state = step(x, lengths, final, *state)
 
@@ -79,8 +83,12 @@ def _steps(n: torch.Tensor, size: int) -> torch.Tensor:
 
 
 class CtcStreamingStep(nn.Module):
-    def __init__(self, model):
+    def __init__(self, model, branch_free: bool = False):
+        """`branch_free`: no Python branch on the inputs' values (every shift gathered,
+        the recurrent layers always packed, no cut to the valid length), so one trace
+        (torch.jit.trace, torch.onnx) serves every input; the same outputs, slower."""
         super().__init__()
+        self.branch_free = branch_free
         if model.bidirectional:
             raise NotStreamable("a bidirectional CTC model reads the whole utterance: only a "
                                 "unidirectional one (model.ctc.bidirectional=false) streams")
@@ -155,7 +163,7 @@ class CtcStreamingStep(nn.Module):
         off = (self.delay - before).clamp(min=0)
         off = torch.minimum(off, n)
         g = n - off
-        if bool((off > 0).any()):  # only at an utterance's start
+        if self.branch_free or bool((off > 0).any()):  # only at an utterance's start
             h = _take(h, off, h.shape[1], 1)
         h = h * _steps(g, h.shape[1])[:, :, None].to(h.dtype)
         h, rnn_state = self._recurrent(h, g, rnn_state)
@@ -183,7 +191,8 @@ class CtcStreamingStep(nn.Module):
         new_ctx = _take(z, m * s, c, 2)
         out = F.conv2d(z, conv.conv.weight, None, stride=conv.stride,
                        padding=(0, conv.conv.padding[1]))
-        out = out[:, :, :int(m.max()) if len(m) else 0]  # windows over the padding: none valid
+        if not self.branch_free:  # windows over the padding: none valid
+            out = out[:, :, :int(m.max()) if len(m) else 0]
         out = torch.clamp(_bn(conv.bn, out, 1), 0.0, 20.0)
         pos = (rows_seen * self.rates[i] - self.spurious[i])[:, None] + \
             torch.arange(out.shape[2], device=out.device)[None, :]
@@ -200,7 +209,7 @@ class CtcStreamingStep(nn.Module):
         new_h, new_c = [], []
         # unpacked only when every stream fills the padded length (a recurrent layer run
         # over padding would carry it into the state)
-        ragged = h.shape[1] == 0 or bool((g != h.shape[1]).any())
+        ragged = self.branch_free or h.shape[1] == 0 or bool((g != h.shape[1]).any())
         for j, (norm, rnn) in enumerate(zip(m.norms, m.rnns)):
             h0 = (hs[j][None], cs[j][None]) if self.lstm else hs[j][None]
             inp = _bn(norm, h, 2) * mask
@@ -235,7 +244,7 @@ class CtcStreamingStep(nn.Module):
         valid = g + la * final.to(g.dtype)
         off = torch.minimum((la - h_before).clamp(min=0), valid)  # windows before the utterance
         count = valid - off
-        if bool((off > 0).any()):  # only at an utterance's start
+        if self.branch_free or bool((off > 0).any()):  # only at an utterance's start
             r = _take(r, off, r.shape[1], 1)
         r = r * _steps(count, r.shape[1])[:, :, None].to(r.dtype)
         return r, count, new_buf
