@@ -28,7 +28,10 @@ search, and one stream's session.
 Look-ahead: the student's logits[t] need rows up to t + lookahead. Offline, the model pads
 each utterance with `lookahead` zero rows and drops its first `lookahead` outputs; here the
 first `lookahead` outputs of an utterance are dropped and `lookahead` zero rows are fed
-at its end, which gives the same outputs row for row.
+at its end, which gives the same outputs row for row. A CTC step holds its look-ahead
+back itself (its `lookahead` is 0: nothing dropped, no zero rows) and is told, through
+`utterance_end(state)`, which forward carries an utterance's last rows, on which it pads
+the end as the whole-utterance forward does.
 """
 from __future__ import annotations
 
