@@ -352,17 +352,21 @@ def side_by_side(ctx, args, variants: list[tuple[str, Any, str | None]], what: s
     from serving import app
 
     per: dict[str, dict] = {}
-    for label, cfg, model in variants:
-        vctx, model_uri = serve_context(StepContext(cfg, ctx.run_id, ctx.step), model)
-        url = app.start(cfg, load_assets(vctx, model_uri))
-        print(f"bench serve: {what} {label} on {url}", flush=True)
-        try:
+    try:
+        for label, cfg, model in variants:
+            vctx, model_uri = serve_context(StepContext(cfg, ctx.run_id, ctx.step), model)
+            url = app.start(cfg, load_assets(vctx, model_uri))
+            print(f"bench serve: {what} {label} on {url}", flush=True)
             per[label] = measure(vctx, args, url, plot_tag=f"_{label}",
                                  model=model_uri if what == "model" else None)
-        finally:
-            serve.shutdown()
-        for row in per[label]["rows"]:
-            row[what] = label
+            # the app goes, Serve stays: a shutdown and a new start on a loaded machine
+            # could meet the old controller, which ignores the new http_options (the next
+            # app came up on Serve's default port while the bench called serve.port)
+            serve.delete(cfg.serve.app_name)
+            for row in per[label]["rows"]:
+                row[what] = label
+    finally:
+        serve.shutdown()
     labels = [v[0] for v in variants]
     first = per[labels[0]]
     return {**first, f"{what}s": {b: {"rows": r["rows"], "plots": r["plots"],
