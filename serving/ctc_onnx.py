@@ -17,6 +17,11 @@ within its own length (as the packed sequences do), and no boolean indexing.
         decodes utterances, not a speaker's stream), the low-frame-rate stacking, the
         global CMVN, the model; the blank's log-probability lowered by `blank_penalty`
         (amflow's greedy search setting: sherpa-onnx's greedy search has none)
+    streaming_graph(model, card) -> bytes      one streaming step (CtcStreamingStep,
+        branch_free): x [B, T, D] model rows, lengths [B] int64, final [B] bool, the state
+        (streaming_state(model): names, shapes, dtypes, batch axes) -> log_probs
+        [B, T_out, C], out_lengths [B] int64, the state out (each name + "_out"); a
+        unidirectional model only (NotStreamable otherwise)
     tokens_txt(tokenizer) -> str    "symbol id" per line, <blk> 0 (sherpa-onnx's blank)
     sherpa_features(card) -> dict   sherpa_onnx.FeatureExtractorConfig's arguments that
         give amflow's fbank (refused, naming the features.* key, where sherpa-onnx has no
@@ -219,6 +224,77 @@ def sherpa_graph(model, card, blank_penalty: float = 0.0) -> bytes:
     meta = metadata(model, card, "amflow_ctc_sherpa", "log-mel fbank frames")
     meta["blank_penalty"] = str(float(blank_penalty))
     return _export(SherpaCtc(model, card, blank_penalty), x, meta)
+
+
+STREAM_INPUTS = ("x", "lengths", "final")
+STREAM_OUTPUTS = ("log_probs", "out_lengths")
+
+
+def streaming_state(step) -> list[dict[str, Any]]:
+    """The streaming graph's state tensors: name, shape ("B" the batch), dtype, batch axis
+    (a fresh utterance's state is all zeros)."""
+    out = []
+    for name, t in zip(step.state_names, step.zero_state(1)):
+        axis = 1 if name.startswith("rnn_") else 0
+        shape: list = list(t.shape)
+        shape[axis] = "B"
+        out.append({"name": name, "shape": shape, "batch_axis": axis,
+                    "dtype": "int64" if t.dtype == torch.int64 else "float32"})
+    return out
+
+
+def streaming_graph(model, card) -> bytes:
+    """CtcStreamingStep(branch_free=True) traced once (no branch on the inputs' values: the
+    one trace serves every batch size, row count and `final`)."""
+    import warnings
+
+    import onnx
+    from onnx import helper
+
+    from training.ctc.streaming import CtcStreamingStep
+
+    step = CtcStreamingStep(model.eval(), branch_free=True)
+    state = streaming_state(step)
+    names = [s["name"] for s in state]
+    axes = {n: {a: "B"} for n, a in zip(names, (s["batch_axis"] for s in state))}
+    axes.update({f"{n}_out": {a: "B"} for n, a in zip(names, (s["batch_axis"] for s in state))})
+    axes.update({"x": {0: "B", 1: "T"}, "lengths": {0: "B"}, "final": {0: "B"},
+                 "log_probs": {0: "B", 1: "T_out"}, "out_lengths": {0: "B"}})
+    args = (torch.randn(2, 4, model.input_dim), torch.tensor([4, 3]),
+            torch.tensor([False, True]), *step.zero_state(2))
+    buf = io.BytesIO()
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the legacy exporter's deprecation and GRU batch notes
+        torch.onnx.export(step, args, buf, dynamo=False, opset_version=OPSET,
+                          input_names=[*STREAM_INPUTS, *names],
+                          output_names=[*STREAM_OUTPUTS, *(f"{n}_out" for n in names)],
+                          dynamic_axes=axes, do_constant_folding=True)
+    m = onnx.load_from_string(buf.getvalue())
+    m.producer_name = "amflow"
+    meta = metadata(model, card, "amflow_ctc_streaming", "model rows, one chunk a call")
+    meta.update({"streaming": "1", "state": json.dumps(state),
+                 "lookahead_rows": str(step.lookahead_rows), "num_classes": str(
+                     model.num_classes)})
+    helper.set_model_props(m, meta)
+    onnx.checker.check_model(m, full_check=True)
+    return m.SerializeToString()
+
+
+def streaming_json(model) -> dict[str, Any]:
+    """streaming.json: how to drive model.streaming.onnx (beside the graph's metadata)."""
+    from training.ctc.streaming import CtcStreamingStep
+
+    step = CtcStreamingStep(model.eval(), branch_free=True)
+    return {"graph": "model.streaming.onnx", "inputs": [*STREAM_INPUTS, *step.state_names],
+            "outputs": [*STREAM_OUTPUTS, *(f"{n}_out" for n in step.state_names)],
+            "state": streaming_state(step), "lookahead_rows": step.lookahead_rows,
+            "protocol": "per utterance: the state starts at zeros (shapes above, B = the "
+                        "streams of the call); each call takes each stream's new rows (x, "
+                        "zero rows past `lengths`), returns the output frames they complete "
+                        "(the first out_lengths[b] of log_probs[b]) and the state for the "
+                        "next call; final[b] on the call carrying an utterance's last rows "
+                        "(no rows allowed) flushes the look-ahead. The outputs of an "
+                        "utterance, concatenated, are model.onnx's of its rows"}
 
 
 def metadata(model, card, model_type: str, inputs: str) -> dict[str, str]:

@@ -1,6 +1,9 @@
 """The CTC student in the recognizer: serving.recognizer.StreamModel's interface on
 training.ctc.streaming.CtcStreamingStep.
 
+    CtcStreams                                 the shared part of both backends (the state
+        per stream, batching in numpy); serving.onnx_runtime.OrtCtcStreamModel is the
+        exported streaming graph's
     CtcStreamModel(model, torch_dtype, device)
         .forward(rows, states) -> (log posteriors, states)   a batch of streams, each with
             its own rows (any count, 0 too) and state; the outputs are the frames the rows
@@ -23,9 +26,46 @@ class CtcState:
     final: bool = False
 
 
-class CtcStreamModel:
-    lookahead = 0  # the step holds its own look-ahead back (training/ctc/streaming.py)
+class CtcStreams:
+    """What both CTC streaming backends share: a stream's state is a CtcState (its tensors
+    without the batch axis); forward batches the streams' rows and states in numpy, runs
+    the step (`_run`, the backend's), and splits the outputs per stream. The torch step
+    (CtcStreamModel) and the exported graph in onnxruntime
+    (serving.onnx_runtime.OrtCtcStreamModel) differ only in `_run`."""
 
+    lookahead = 0  # the step holds its own look-ahead back (training/ctc/streaming.py)
+    batch_axis: list[int]  # the batch axis of each state tensor
+    input_dim: int
+    _zero: CtcState
+
+    def zero_state(self) -> CtcState:
+        return self._zero
+
+    def utterance_end(self, state: CtcState) -> CtcState:
+        return replace(state, final=True)
+
+    def _run(self, x: np.ndarray, lens: np.ndarray, final: np.ndarray,
+             states: list[np.ndarray]) -> tuple[np.ndarray, list[int], list[np.ndarray]]:
+        """(log_probs [B, T_out, C], out_lengths, the new state tensors), numpy."""
+        raise NotImplementedError
+
+    def forward(self, rows: list[np.ndarray], states: list[CtcState]
+                ) -> tuple[list[np.ndarray], list[CtcState]]:
+        lens = [len(r) for r in rows]
+        x = np.zeros((len(rows), max(lens + [1]), self.input_dim), np.float32)
+        for i, r in enumerate(rows):
+            x[i, :lens[i]] = r
+        stacked = [np.stack([s.tensors[k] for s in states], a)
+                   for k, a in enumerate(self.batch_axis)]
+        logp, n, new = self._run(x, np.asarray(lens, np.int64),
+                                 np.asarray([s.final for s in states], bool), stacked)
+        outs = [logp[i, :k] for i, k in enumerate(n)]
+        return outs, [CtcState(tuple(np.array(np.take(t, i, axis=a))
+                                     for t, a in zip(new, self.batch_axis)))
+                      for i in range(len(rows))]
+
+
+class CtcStreamModel(CtcStreams):
     def __init__(self, model, dtype=None, device: str = "cpu"):
         """`dtype`: a torch dtype (serving.recognizer.torch_dtype's), None: float32."""
         import torch
@@ -45,34 +85,16 @@ class CtcStreamModel:
                                             else t.numpy(), 0, axis=a)
                                     for t, a in zip(zero, self.batch_axis)))
 
-    def zero_state(self) -> CtcState:
-        return self._zero
-
-    def utterance_end(self, state: CtcState) -> CtcState:
-        return replace(state, final=True)
-
-    def forward(self, rows: list[np.ndarray], states: list[CtcState]
-                ) -> tuple[list[np.ndarray], list[CtcState]]:
+    def _run(self, x, lens, final, states):
         import torch
 
-        lens = [len(r) for r in rows]
-        x = np.zeros((len(rows), max(lens + [1]), self.input_dim), np.float32)
-        for i, r in enumerate(rows):
-            x[i, :lens[i]] = r
-        stacked = [np.stack([s.tensors[k] for s in states], a)
-                   for k, a in enumerate(self.batch_axis)]
         with torch.inference_mode():
             st = [torch.from_numpy(t).to(self.device) if t.dtype == np.int64
-                  else torch.from_numpy(t).to(self.device, self.dtype) for t in stacked]
+                  else torch.from_numpy(t).to(self.device, self.dtype) for t in states]
             out, n, *new = self.step(torch.from_numpy(x).to(self.device, self.dtype),
-                                     torch.tensor(lens, device=self.device),
-                                     torch.tensor([s.final for s in states], device=self.device),
-                                     *st)
+                                     torch.from_numpy(lens).to(self.device),
+                                     torch.from_numpy(final).to(self.device), *st)
             logp = out.float().cpu().numpy()
-            n = n.cpu().tolist()
             new = [t.float().cpu().numpy() if t.is_floating_point() else t.cpu().numpy()
                    for t in new]
-        outs = [logp[i, :k] for i, k in enumerate(n)]
-        return outs, [CtcState(tuple(np.array(np.take(t, i, axis=a))
-                                     for t, a in zip(new, self.batch_axis)))
-                      for i in range(len(rows))]
+        return logp, n.cpu().tolist(), new

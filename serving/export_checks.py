@@ -3,9 +3,11 @@ its words are the same (amflow export runs these on real utterances of the run).
 
     streamed_log_posteriors(stream_model, feats, chunk_rows, streams)
         utterances run as concurrent streams through a streaming model (StreamModel or
-        OrtStreamModel), `streams` at a time, each fed chunk_rows rows a step (a few
-        streams with one row more, so batches mix row counts, as Batch Dispatch's do),
-        the look-ahead handled as serving.recognizer.Session does
+        OrtStreamModel, or the CTC student's CtcStreamModel or OrtCtcStreamModel),
+        `streams` at a time, each fed chunk_rows rows a step (a few streams with one row
+        more, so batches mix row counts, as Batch Dispatch's do), the look-ahead handled
+        as serving.recognizer.Session does (a CTC step is told which call carries an
+        utterance's last rows: it pads the end itself)
     compare(torch_lp, other_lp) -> max |difference| over every frame
     words(searcher, lps, log_prior, acwt) -> 1-best words per utterance
     wer_rows(records, hyps) -> per-utterance scores (hyps.jsonl's fields)
@@ -32,11 +34,16 @@ def _stream_group(model, feats: Sequence[np.ndarray], chunk_rows: int) -> list[n
     step = [chunk_rows + (i % 2) for i in range(len(xs))]
     pos = [0] * len(xs)
     states = [model.zero_state() for _ in xs]
+    ends = hasattr(model, "utterance_end")
     outs: list[list[np.ndarray]] = [[] for _ in xs]
     while True:
         live = [i for i in range(len(xs)) if pos[i] < len(xs[i])]
         if not live:
             break
+        if ends:  # a CTC step flushes its look-ahead on the call with the last rows
+            for i in live:
+                if pos[i] + step[i] >= len(xs[i]):
+                    states[i] = model.utterance_end(states[i])
         lp, st = model.forward([xs[i][pos[i]:pos[i] + step[i]] for i in live],
                                [states[i] for i in live])
         for i, y, s in zip(live, lp, st):

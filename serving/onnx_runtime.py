@@ -6,6 +6,10 @@ streaming step and the whole-utterance log-posteriors, no torch.
         onnxruntime: .forward(rows, states) -> (log posteriors, states), each stream with
         its own (h, c) and its own row count (the LSTM's sequence_lens: a short stream's
         state is taken at its last row, as torch's packed sequences do)
+    OrtCtcStreamModel(model_bytes, threads)   serving.ctc_stream.CtcStreamModel's interface
+        on the CTC student's exported streaming graph (serving/ctc_onnx.py): the same
+        per-stream state and batching (serving.ctc_stream.CtcStreams), onnxruntime's step
+    stream_model(model_bytes, threads)   the one of the two the graph's metadata names
     utterance_log_posteriors(sess, feats, batch_frames) -> list of [T_i, C]
         decoding.decode.log_posteriors with the whole-utterance graph
 """
@@ -14,6 +18,8 @@ from __future__ import annotations
 from typing import Sequence
 
 import numpy as np
+
+from serving.ctc_stream import CtcState, CtcStreams
 
 
 def session(model_bytes: bytes, threads: int = 1):
@@ -62,6 +68,48 @@ class OrtStreamModel:
         outs = [logp[i, :n] for i, n in enumerate(lens)]
         hc = np.stack([h, c])
         return outs, [np.ascontiguousarray(hc[:, :, i]) for i in range(len(rows))]
+
+
+class OrtCtcStreamModel(CtcStreams):
+    """The CTC student's streaming graph (model_type amflow_ctc_streaming): its state
+    tensors' names, shapes and batch axes are in the graph's metadata (`state`)."""
+
+    def __init__(self, model_bytes: bytes, threads: int = 1):
+        import json
+
+        self.sess = session(model_bytes, threads)
+        meta = graph_metadata(self.sess)
+        if meta.get("model_type") != "amflow_ctc_streaming":
+            raise ValueError("this ONNX graph is not the CTC student's streaming graph (its "
+                             f"metadata says model_type={meta.get('model_type')!r}): serve "
+                             "the model.streaming.onnx `amflow export` wrote for this model")
+        state = json.loads(meta["state"])
+        self.state_names = [s["name"] for s in state]
+        self.batch_axis = [int(s["batch_axis"]) for s in state]
+        self.input_dim, self.num_classes = int(meta["input_dim"]), int(meta["vocab_size"])
+        self.lookahead_rows = int(meta["lookahead_rows"])
+        self.state_shapes = [tuple(d for d in s["shape"] if d != "B") for s in state]
+        self._zero = CtcState(tuple(
+            np.zeros(sh, np.int64 if s["dtype"] == "int64" else np.float32)
+            for sh, s in zip(self.state_shapes, state)))
+        self.dtype = f"onnxruntime {meta.get('quantization', 'fp32')}"
+
+    def _run(self, x, lens, final, states):
+        feed = {"x": x, "lengths": lens, "final": final}
+        feed.update({n: np.ascontiguousarray(t) for n, t in zip(self.state_names, states)})
+        logp, n, *new = self.sess.run(None, feed)
+        return logp, n.tolist(), new
+
+
+def stream_model(model_bytes: bytes, threads: int = 1):
+    """The streaming wrapper of an exported streaming graph, by its metadata's model_type:
+    the hybrid student's (OrtStreamModel) or the CTC student's (OrtCtcStreamModel)."""
+    import onnx
+
+    m = onnx.load_from_string(model_bytes, load_external_data=False)
+    kind = {p.key: p.value for p in m.metadata_props}.get("model_type")
+    return (OrtCtcStreamModel if kind == "amflow_ctc_streaming" else OrtStreamModel)(
+        model_bytes, threads)
 
 
 def utterance_log_posteriors(sess, feats: Sequence[np.ndarray], batch_frames: int = 20000

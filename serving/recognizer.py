@@ -189,7 +189,8 @@ class Recognizer:
         """`gate`: tasks.speech_activity.GateSettings (serve.speech_*), or None: every row
         is recognised, silence and noise too (the offline decode's rows). `onnx`: the
         exported streaming graph of this model (amflow export): onnxruntime runs the model
-        (serving/onnx_runtime.py), model_bytes still give the card (features, CMVN).
+        (serving/onnx_runtime.py: the hybrid's or the CTC student's streaming graph),
+        model_bytes still give the card (features, CMVN).
         A CTC model (card kind "ctc"): `graph_dir` holds its T o L o G, `acwt` is 1 / the
         LM weight, `blank_penalty` the decode's, `log_prior` is not used."""
         from core.config import FeaturesConfig
@@ -223,12 +224,9 @@ class Recognizer:
             from decoding.ctc_decode import ctc_scores
             from serving.ctc_stream import CtcStreamModel
 
-            if onnx is not None:
-                raise ValueError("serve.backend=onnxruntime serves the hybrid student's "
-                                 "exported graph only: serve a CTC model with serve.backend="
-                                 "torch")
-            return (CtcStreamModel(model, torch_dtype(dtype, device), device),
-                    partial(ctc_scores, acwt=self.acwt, blank_penalty=self.blank_penalty))
+            step = CtcStreamModel(model, torch_dtype(dtype, device), device) if onnx is None \
+                else _onnx_ctc_model(onnx, model, threads)
+            return step, partial(ctc_scores, acwt=self.acwt, blank_penalty=self.blank_penalty)
         from decoding.search import acoustic_scores
 
         if self.log_prior is None:
@@ -263,6 +261,25 @@ def _onnx_model(graph: bytes, model, threads: int):
     if got != want:
         raise ValueError(f"the ONNX graph (lookahead, input, state, classes) {got} is not "
                          f"the model's {want}: export this model (amflow export --model ...)")
+    return ort
+
+
+def _onnx_ctc_model(graph: bytes, model, threads: int):
+    """The CTC student's exported streaming graph in onnxruntime, refused when it is not
+    this model's shape (its inputs, classes, look-ahead and state tensors)."""
+    from serving.onnx_runtime import OrtCtcStreamModel
+    from training.ctc.streaming import CtcStreamingStep
+
+    ort = OrtCtcStreamModel(graph, threads)
+    step = CtcStreamingStep(model)
+    want = (model.input_dim, model.num_classes, step.lookahead_rows, list(step.state_names),
+            [tuple(t.shape[:a] + t.shape[a + 1:]) for t, a in
+             zip(step.zero_state(1), (1 if n.startswith("rnn_") else 0 for n in step.state_names))])
+    got = (ort.input_dim, ort.num_classes, ort.lookahead_rows, ort.state_names, ort.state_shapes)
+    if got != want:
+        raise ValueError(f"the ONNX graph (input, classes, look-ahead rows, state names, state "
+                         f"shapes) {got} is not the model's {want}: export this model "
+                         "(amflow export --model ...)")
     return ort
 
 

@@ -185,6 +185,9 @@ def export_ctc(ctx: StepContext, model, card, corpus: str, quantize: str | None,
                   E.beside(model, card, tokenizer, penalty, penalty_from).items()})
     ci = E.check_inputs(ctx, card, corpus)
     checks = E.run_checks(ctx, model, card, tokenizer, files, ci, penalty)
+    checks["streaming_graph"] = ("not exported: a bidirectional model reads whole "
+                                 "utterances (it cannot stream)" if model.bidirectional
+                                 else "model.streaming.onnx (streaming.json)")
     checks["attention_decoder"] = ("not exported (decode.ctc_search rescore needs it: "
                                    "amflow's torch decode)" if model.decoder is not None else None)
     return _keep(ctx, files, checks, len(ci.recs), ci.rejected, inputs)

@@ -6,13 +6,24 @@ Writes  runs/<R>/export[-<decode.tag>]/
           model.sherpa.onnx     sherpa-onnx (zipformer-CTC loader): x [N, T, bins] fbank
                                 frames, x_lens -> log_probs, log_probs_len; amflow's
                                 normalisation, stacking and CMVN inside
-          model.int8.onnx, model.sherpa.int8.onnx    with --quantize int8
+          model.streaming.onnx  one streaming step (unidirectional models): x, lengths,
+                                final, the state -> log_probs, out_lengths, the state
+                                out (serving/ctc_onnx.py streaming_graph; streaming.json
+                                and the graph's metadata name the state tensors, their
+                                shapes and batch axes); serve.backend=onnxruntime runs it
+          model.int8.onnx, model.sherpa.int8.onnx, model.streaming.int8.onnx
+                                with --quantize int8
           tokens.txt            "symbol id", <blk> 0 (amflow's and sherpa-onnx's class list)
+          streaming.json        model.streaming.onnx's inputs, outputs, state, protocol
           card.json, features.json (with `sherpa_onnx`: FeatureExtractorConfig's arguments),
           decoding.json (greedy search, its blank penalty), checks.json, _SUCCESS.json
 The checks, on export.check_split's utterances:
   model.onnx         on amflow's features (per-speaker streams, as decode): log-probs
                      within export.tolerance of torch's, the same greedy words
+  model.streaming.onnx  the same rows as concurrent streams (export.streams a batch,
+                     export.chunk_rows (+1 for every other stream) rows a call, `final` on
+                     each utterance's last): log-probs within export.tolerance of torch's
+                     whole-utterance forward, the same greedy words
   model.sherpa.onnx  on amflow's fbank frames of each utterance alone: log-probs within
                      export.tolerance of torch's on amflow's rows of that utterance alone,
                      the same greedy words (the blank penalty is in the graph)
@@ -49,11 +60,13 @@ def blank_penalty(ctx: StepContext) -> tuple[float, str]:
 
 
 def graphs(model, card, penalty: float, quantize: str | None) -> dict[str, bytes]:
-    from serving.ctc_onnx import sherpa_graph, utterance_graph
+    from serving.ctc_onnx import sherpa_graph, streaming_graph, utterance_graph
     from serving.onnx_export import quantize_int8
 
     out = {"model.onnx": utterance_graph(model, card),
            "model.sherpa.onnx": sherpa_graph(model, card, penalty)}
+    if not model.bidirectional:  # a bidirectional model reads whole utterances
+        out["model.streaming.onnx"] = streaming_graph(model, card)
     if quantize == "int8":
         for name in list(out):
             out[name.replace(".onnx", ".int8.onnx")] = quantize_int8(out[name])
@@ -61,7 +74,7 @@ def graphs(model, card, penalty: float, quantize: str | None) -> dict[str, bytes
 
 
 def beside(model, card, tokenizer, penalty: float, penalty_from: str) -> dict[str, str]:
-    from serving.ctc_onnx import sherpa_features, tokens_txt
+    from serving.ctc_onnx import sherpa_features, streaming_json, tokens_txt
     from serving.onnx_export import features_json
 
     feats = features_json(card)
@@ -77,7 +90,9 @@ def beside(model, card, tokenizer, penalty: float, penalty_from: str) -> dict[st
                 "blank_penalty_in": "model.sherpa.onnx subtracts it from the blank's log-"
                 "probability; model.onnx does not (subtract it before the search)",
                 "subsampling": model.subsampling, "tokenizer": tokenizer.kind}
-    return {"card.json": json.dumps(card.to_meta(), indent=1),
+    out = {} if model.bidirectional else {
+        "streaming.json": json.dumps(streaming_json(model), indent=1)}
+    return {**out, "card.json": json.dumps(card.to_meta(), indent=1),
             "tokens.txt": tokens_txt(tokenizer),
             "features.json": json.dumps(feats, indent=1),
             "decoding.json": json.dumps(decoding, indent=1)}
@@ -163,6 +178,7 @@ def run_checks(ctx: StepContext, model, card, tokenizer, files: dict[str, bytes]
                ci: CheckInputs, penalty: float) -> dict[str, Any]:
     from decoding.ctc_decode import ctc_log_probs, greedy_words
     from serving import export_checks as X
+    from serving.onnx_runtime import OrtCtcStreamModel
 
     tol = ctx.cfg.export.tolerance
     t0 = time.perf_counter()
@@ -174,7 +190,11 @@ def run_checks(ctx: StepContext, model, card, tokenizer, files: dict[str, bytes]
     for name in [n for n in files if n.endswith(".onnx")]:
         sherpa = ".sherpa." in name
         t0 = time.perf_counter()
-        lp = _ort_log_probs(files[name], ci.frames if sherpa else ci.rows)
+        if ".streaming." in name:
+            lp = X.streamed_log_posteriors(OrtCtcStreamModel(files[name]), ci.rows,
+                                           ctx.cfg.export.chunk_rows, ctx.cfg.export.streams)
+        else:
+            lp = _ort_log_probs(files[name], ci.frames if sherpa else ci.rows)
         secs = time.perf_counter() - t0
         hyps = [greedy_words(x, tokenizer, 0.0 if sherpa else penalty) for x in lp]
         key = "alone" if sherpa else "streams"

@@ -105,12 +105,13 @@ def _ctc_assets(ctx: StepContext, model_uri: str, data: bytes, model, card) -> d
     from decoding.ctc_decode import check_ctc_card
 
     check_ctc_card(card, model_uri)
-    if ctx.cfg.serve.backend != "torch":
-        raise StepError(f"serve.backend={ctx.cfg.serve.backend}: a CTC model is served by "
-                        "torch only (set serve.backend=torch)")
     graph_dir, info, _ = decode_step.ctc_graph(ctx, card, {})
-    return app.ctc_replica_assets(data, model_uri, model, graph_dir, info, ctx.cfg.serve,
-                                  ctx.cfg.decode, tuned_scales(ctx, model_uri, "ctc"))
+    assets = app.ctc_replica_assets(data, model_uri, model, graph_dir, info, ctx.cfg.serve,
+                                    ctx.cfg.decode, tuned_scales(ctx, model_uri, "ctc"))
+    if ctx.cfg.serve.backend == "onnxruntime":  # the CTC export's model.streaming.onnx
+        assets["onnx_uri"] = onnx_uri(ctx)
+        assets["onnx"] = ctx.storage.read_bytes(assets["onnx_uri"])
+    return assets
 
 
 def onnx_uri(ctx: StepContext) -> str:
