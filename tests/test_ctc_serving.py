@@ -192,18 +192,37 @@ def ctc_system(tiny_corpus, tmp_path_factory):
     return {"assets": assets, "graph_dir": str(gdir), "waves": waves, "words": words}
 
 
-def test_a_ctc_model_streams_the_offline_decode_words_through_batch_dispatch(ctc_system):
+def _with_streaming_graph(assets: dict) -> dict:
+    """The assets with the model's exported streaming graph (amflow export's
+    model.streaming.onnx), as `amflow serve` ships it for serve.backend=onnxruntime."""
+    from serving.ctc_onnx import streaming_graph
+    from training.checkpoint import card_from_bytes
+
+    model, card = card_from_bytes(assets["model"])
+    return {**assets, "onnx": streaming_graph(model, card)}
+
+
+@pytest.mark.parametrize("backend", ["torch", "onnxruntime"])
+def test_a_ctc_model_streams_the_offline_decode_words_through_batch_dispatch(ctc_system,
+                                                                            backend):
     """Three concurrent streams of the speaker's utterances in different chunk sizes
     through the dispatcher (features batched, rows of several streams in one forward):
-    every final equals the offline CTC decode's words; partials come first."""
+    every final equals the offline CTC decode's words; partials come first. With
+    serve.backend=onnxruntime the exported streaming graph runs the model: the same
+    finals."""
     from core.config import ServeConfig
     from serving.app import make_recognizer
     from serving.dispatch import BatchDispatcher
     from serving.recognizer import Session, featurize, transcribe
 
-    rec = make_recognizer(ctc_system["assets"], ServeConfig(device="cpu", dtype="fp32",
-                                                            speech_gate=False))
+    assets = ctc_system["assets"]
+    if backend == "onnxruntime":
+        pytest.importorskip("onnxruntime")
+        assets = _with_streaming_graph(assets)
+    rec = make_recognizer(assets, ServeConfig(device="cpu", dtype="fp32", speech_gate=False,
+                                              backend=backend))
     assert rec.kind == "ctc" and rec.model.lookahead == 0
+    assert str(rec.model.dtype).startswith("onnxruntime") == (backend == "onnxruntime")
     assert [m["final"] for m in transcribe(rec, ctc_system["waves"])] == ctc_system["words"]
 
     async def main():
@@ -236,6 +255,25 @@ def test_a_ctc_model_streams_the_offline_decode_words_through_batch_dispatch(ctc
         assert [m["final"] for m in msgs if "final" in m] == ctc_system["words"]
         assert any("partial" in m for m in msgs)
     assert max(batches) >= 2  # streams shared forwards
+
+
+def test_a_streaming_graph_of_another_model_is_refused(ctc_system):
+    """serve.onnx_model pointing at another CTC model's graph (other classes) or at the
+    whole-utterance graph: refused at start, naming what differs."""
+    from core.config import ServeConfig
+    from serving.app import make_recognizer
+    from serving.ctc_onnx import streaming_graph, utterance_graph
+    from training.checkpoint import card_from_bytes
+
+    pytest.importorskip("onnxruntime")
+    model, card = card_from_bytes(ctc_system["assets"]["model"])
+    other = CtcModel(model.input_dim, model.num_classes + 1, model.stack, channels=(4, 4),
+                     hidden=32, layers=2, lookahead=2).eval()
+    scfg = ServeConfig(device="cpu", dtype="fp32", speech_gate=False, backend="onnxruntime")
+    with pytest.raises(ValueError, match="is not the model's"):
+        make_recognizer({**ctc_system["assets"], "onnx": streaming_graph(other, card)}, scfg)
+    with pytest.raises(ValueError, match="not the CTC student's streaming graph"):
+        make_recognizer({**ctc_system["assets"], "onnx": utterance_graph(model, card)}, scfg)
 
 
 @pytest.mark.integration
