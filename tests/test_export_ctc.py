@@ -223,3 +223,35 @@ def test_the_sherpa_graph_equals_torch_past_the_mean_window_and_padded_as_sherpa
         assert np.abs(lp[i, :k] - ref[i, :k].numpy()).max() < 1e-4
         alone, _ = sess.run(None, {"x": x[i:i + 1, :lens[i]], "x_lens": lens[i:i + 1]})
         assert np.abs(alone[0, :k] - lp[i, :k]).max() < 1e-5
+
+
+def test_amflow_serve_runs_the_exported_streaming_graph_with_torchs_finals(ctc_run,
+                                                                           tiny_corpus):
+    """serve.backend=onnxruntime with a CTC model: `amflow serve`'s assets carry the
+    export's model.streaming.onnx, and the recognizer on it gives torch's finals."""
+    from amflow.steps.serve import load_assets
+    from core.runs import StepContext
+    from decoding.lexicon import words_of
+    from decoding.lm import estimate
+    from serving.app import make_recognizer
+    from serving.recognizer import transcribe
+    from tests.test_serving import _speaker_waves
+
+    cfg, run, _ = ctc_run
+    if not (run / "export" / "_SUCCESS.json").exists():  # run alone: export first
+        test_ctc_export_is_checked_against_torch_and_sherpa_onnx_gives_its_words(ctc_run)
+    recs, waves = _speaker_waves(tiny_corpus, split="test", limit=3)
+    (run / "lm").mkdir(exist_ok=True)
+    texts = [words_of(r.text) for r in recs]
+    (run / "lm" / "lm.arpa").write_text(estimate(texts * 3, order=2).to_arpa())
+    serve = dataclasses.replace(cfg.serve, device="cpu", dtype="fp32", backend="onnxruntime",
+                                speech_gate=False)
+    ctx = StepContext(dataclasses.replace(cfg, serve=serve), "r", "serve")
+    assets = load_assets(ctx, str(run / "train-ctc" / "model.pt"))
+    assert assets["kind"] == "ctc" and assets["onnx_uri"].endswith("export/model.streaming.onnx")
+    words = {}
+    for backend in ("torch", "onnxruntime"):
+        rec = make_recognizer(assets, dataclasses.replace(serve, backend=backend))
+        words[backend] = [m["final"] for m in transcribe(rec, waves, chunk=1000)]
+    assert words["torch"] == words["onnxruntime"] and any(words["torch"])
+    assert str(rec.model.dtype) == "onnxruntime fp32"
