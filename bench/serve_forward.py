@@ -1,18 +1,20 @@
-"""`python -m bench.serve_forward [--model model.pt] [--device cuda] [--dtype fp16]
+"""`python -m bench.serve_forward [--model model.pt | --ctc] [--device cuda] [--dtype fp16]
 [--onnx [model.streaming.onnx ...]]`: the Batch Dispatch forward alone (serving.recognizer.
-StreamModel, no Ray, no search), per batch size: ms per forward of `--rows` new rows per
-stream, and how many real-time streams one forward loop could carry (33 rows/s each).
-Runs where Ray is not installed (a GPU box); without --model, a random student of the
-demo's size (2 x 384, 68 classes). --onnx: also onnxruntime on the same model's streaming
-graph (serve.backend=onnxruntime; the graphs given, e.g. amflow export's fp32 and int8
-ones, else exported here), each size measured on every backend in turn, and the ratio of
-torch's time to each graph's.
+StreamModel, or serving.ctc_stream.CtcStreamModel for a CTC student; no Ray, no search),
+per batch size: ms per forward of `--rows` new rows per stream, and how many real-time
+streams one forward loop could carry (33 rows/s each). Runs where Ray is not installed (a
+GPU box); without --model, a random student of the demo's size (2 x 384, 68 classes;
+--ctc: a CTC student, 3 x 256 GRU, 30 tokens). --onnx: also onnxruntime on the same
+model's streaming graph (serve.backend=onnxruntime; the graphs given, e.g. amflow export's
+fp32 and int8 ones, else exported here), each size measured on every backend in turn, and
+the ratio of torch's time to each graph's.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import time
+from types import SimpleNamespace
 
 import numpy as np
 
@@ -25,7 +27,8 @@ def measure(model, batches, rows: int, repeat: int) -> list[dict]:
     for b in batches:
         x = [rng.standard_normal((rows, model.input_dim)).astype(np.float32) for _ in range(b)]
         st = [model.zero_state() for _ in range(b)]
-        model.forward(x, st)  # warm-up (kernels, caches)
+        for _ in range(3):  # warm-up (kernels, caches), into mid-utterance state (a CTC
+            _, st = model.forward(x, st)  # step's first calls drop the pre-utterance frames)
         t0 = time.perf_counter()
         for _ in range(repeat):
             model.forward(x, st)
@@ -40,7 +43,6 @@ def measure(model, batches, rows: int, repeat: int) -> list[dict]:
 def main(argv=None) -> None:
     import torch
 
-    from serving.recognizer import StreamModel
     from training.models import StudentLSTM
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -51,6 +53,8 @@ def main(argv=None) -> None:
     p.add_argument("--rows", type=int, default=3, help="new rows per stream per forward")
     p.add_argument("--repeat", type=int, default=20)
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--ctc", action="store_true", help="without --model: a random CTC "
+                   "student (3 x 256 GRU, 30 tokens, lookahead 3) instead of the hybrid's")
     p.add_argument("--onnx", nargs="*", help="streaming graphs to compare (none listed: "
                                              "the model exported here)")
     a = p.parse_args(argv)
@@ -60,9 +64,13 @@ def main(argv=None) -> None:
 
         with open(a.model, "rb") as f:
             net, _ = model_from_bytes(f.read())
+    elif a.ctc:
+        from training.ctc.model import CtcModel
+
+        net = CtcModel(192, 30, 3, channels=(16, 16), hidden=256, layers=3, lookahead=3).eval()
     else:
         net = StudentLSTM(192, 384, 2, 68, lookahead=3).eval()
-    model = StreamModel(net, a.dtype, a.device)
+    model = stream_model(net, a.dtype, a.device)
     batches = [int(b) for b in a.batches.split(",")]
     rows = measure(model, batches, a.rows, a.repeat)
     out = {"device": a.device, "dtype": str(model.dtype), "rows": rows}
@@ -71,16 +79,33 @@ def main(argv=None) -> None:
     print(json.dumps(out, indent=1))
 
 
+def stream_model(net, dtype: str, device: str):
+    """The recognizer's torch streaming step of the model's kind."""
+    from serving.recognizer import StreamModel, torch_dtype
+
+    if getattr(net, "kind", None) == "ctc":
+        from serving.ctc_stream import CtcStreamModel
+
+        return CtcStreamModel(net, torch_dtype(dtype, device), device)
+    return StreamModel(net, dtype, device)
+
+
 def onnx_rows(net, paths: list[str], batches, rows: int, repeat: int, threads: int,
               torch_rows: list[dict]) -> dict:
-    from serving.onnx_export import streaming_graph
-    from serving.onnx_runtime import OrtStreamModel
+    from serving.onnx_runtime import stream_model as ort_stream_model
 
-    graphs = {p: open(p, "rb").read() for p in paths} or \
-        {"exported here": streaming_graph(net).SerializeToString()}
+    if getattr(net, "kind", None) == "ctc":
+        from serving.ctc_onnx import streaming_graph
+
+        here = streaming_graph(net, SimpleNamespace(features={}))
+    else:
+        from serving.onnx_export import streaming_graph
+
+        here = streaming_graph(net).SerializeToString()
+    graphs = {p: open(p, "rb").read() for p in paths} or {"exported here": here}
     out = {}
     for name, blob in graphs.items():
-        res = measure(OrtStreamModel(blob, threads), batches, rows, repeat)
+        res = measure(ort_stream_model(blob, threads), batches, rows, repeat)
         for r, t in zip(res, torch_rows):
             r["torch_over_onnx"] = round(t["ms_per_forward"] / r["ms_per_forward"], 2)
         out[name] = res
