@@ -94,15 +94,7 @@ def onnx_rows(net, paths: list[str], batches, rows: int, repeat: int, threads: i
               torch_rows: list[dict]) -> dict:
     from serving.onnx_runtime import stream_model as ort_stream_model
 
-    if getattr(net, "kind", None) == "ctc":
-        from serving.ctc_onnx import streaming_graph
-
-        here = streaming_graph(net, SimpleNamespace(features={}))
-    else:
-        from serving.onnx_export import streaming_graph
-
-        here = streaming_graph(net).SerializeToString()
-    graphs = {p: open(p, "rb").read() for p in paths} or {"exported here": here}
+    graphs = {p: open(p, "rb").read() for p in paths} or {"exported here": _export(net)}
     out = {}
     for name, blob in graphs.items():
         res = measure(ort_stream_model(blob, threads), batches, rows, repeat)
@@ -110,6 +102,16 @@ def onnx_rows(net, paths: list[str], batches, rows: int, repeat: int, threads: i
             r["torch_over_onnx"] = round(t["ms_per_forward"] / r["ms_per_forward"], 2)
         out[name] = res
     return out
+
+
+def _export(net) -> bytes:
+    if getattr(net, "kind", None) == "ctc":
+        from serving.ctc_onnx import streaming_graph
+
+        return streaming_graph(net, SimpleNamespace(features={}))
+    from serving.onnx_export import streaming_graph as hybrid_graph
+
+    return hybrid_graph(net).SerializeToString()
 
 
 if __name__ == "__main__":

@@ -106,7 +106,7 @@ def stream_model(model_bytes: bytes, threads: int = 1):
     the hybrid student's (OrtStreamModel) or the CTC student's (OrtCtcStreamModel)."""
     import onnx
 
-    m = onnx.load_from_string(model_bytes, load_external_data=False)
+    m = onnx.load_from_string(model_bytes)
     kind = {p.key: p.value for p in m.metadata_props}.get("model_type")
     return (OrtCtcStreamModel if kind == "amflow_ctc_streaming" else OrtStreamModel)(
         model_bytes, threads)
