@@ -246,13 +246,15 @@ STEPS: dict[str, Step] = {
         needs_run=False, add_args=_serve_args),
     "export": Step(
         "amflow.steps.export:run", "export a student to ONNX (the hybrid student: streaming "
-        "and whole-utterance graphs; the CTC student: a whole-utterance graph and one "
-        "sherpa-onnx loads; optional int8), checked against torch",
+        "and whole-utterance graphs; the CTC student: a whole-utterance graph, one "
+        "sherpa-onnx loads and (unidirectional) a streaming graph; optional int8), checked "
+        "against torch",
         reads="--model a train step or model.pt URI, the run's lexicon, LM and graph (hybrid), "
               "the acwt or greedy blank penalty decode tuned, export.check_split's "
               "utterances of data.corpus",
-        writes="runs/<id>/export[-<decode.tag>]/model.onnx, model.streaming.onnx (hybrid) or "
-               "model.sherpa.onnx + tokens.txt (CTC) (+ *.int8.onnx), card.json, "
+        writes="runs/<id>/export[-<decode.tag>]/model.onnx, model.streaming.onnx (hybrid; "
+               "CTC: unidirectional, with streaming.json), model.sherpa.onnx + tokens.txt "
+               "(CTC) (+ *.int8.onnx), card.json, "
                "classes.txt (hybrid), features.json, decoding.json, checks.json, "
                "_SUCCESS.json (only when the checks pass)",
         add_args=_export_args),
