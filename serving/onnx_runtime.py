@@ -46,6 +46,10 @@ class OrtStreamModel:
             raise ValueError("this ONNX graph is not amflow's streaming graph (its metadata "
                              "says streaming=" f"{meta.get('streaming')!r}): serve "
                              "model.streaming.onnx")
+        if meta.get("model_type") != "amflow_hybrid_lstm":
+            raise ValueError("this ONNX graph is not the hybrid student's streaming graph "
+                             f"(model_type={meta.get('model_type')!r}): serve the "
+                             "model.streaming.onnx `amflow export` wrote for this model")
         self.lookahead = int(meta["lookahead"])
         self.input_dim = int(meta["input_dim"])
         self.state_shape = (int(meta["num_layers"]), int(meta["hidden_size"]))

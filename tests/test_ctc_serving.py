@@ -274,6 +274,11 @@ def test_a_streaming_graph_of_another_model_is_refused(ctc_system):
         make_recognizer({**ctc_system["assets"], "onnx": streaming_graph(other, card)}, scfg)
     with pytest.raises(ValueError, match="not the CTC student's streaming graph"):
         make_recognizer({**ctc_system["assets"], "onnx": utterance_graph(model, card)}, scfg)
+    # and the hybrid wrapper refuses the CTC graph (a hybrid model served with it)
+    from serving.onnx_runtime import OrtStreamModel
+
+    with pytest.raises(ValueError, match="not the hybrid student's streaming graph"):
+        OrtStreamModel(streaming_graph(model, card))
 
 
 @pytest.mark.integration
