@@ -109,19 +109,14 @@ class CheckInputs:
 
 
 def check_inputs(ctx: StepContext, card, corpus: str) -> CheckInputs:
-    from decoding.decode import featurize, split_records
+    from amflow.steps.export import check_records
+    from decoding.decode import featurize
     from tasks.features import featurize_records
     from tasks.fbank import FbankComputer, fbank
     from serving.ctc_onnx import features_config
     from training.data import Normalizer
 
-    ec = ctx.cfg.export
-    recs, _ = split_records(ctx.storage, corpus, ec.check_split)
-    if not recs:
-        raise StepError(f"export.check_split={ec.check_split!r}: no utterances with a "
-                        f"transcript in {corpus}; set it to a split the corpus has")
-    recs = sorted(recs, key=lambda r: (r.speaker_id, r.created_ts, r.utt_id))
-    recs = recs[:ec.check_utterances] if ec.check_utterances else recs
+    recs = check_records(ctx, corpus)
     streams, rejects, _ = featurize(ctx.storage, corpus, recs, card)
     fcfg, norm = features_config(card), Normalizer.from_stats(card.cmvn, card.input_dim)
     computer = FbankComputer(fcfg)
