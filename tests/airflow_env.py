@@ -53,13 +53,9 @@ def airflow_env(home: Path, port: int | None = None, **extra: str) -> dict[str, 
     return env
 
 
-# pysqlite waits this long for a lock (its default 5 s is short for a scheduler loop on a
-# loaded 2-core machine: API writes then fail with 'database is locked').
-SQLITE_BUSY_TIMEOUT_S = 30
-
-
 def sqlite_settings(home: Path) -> dict[str, str]:
-    """The metadata database of a test Airflow (SQLite) made to hold up under load.
+    """The metadata database of a test Airflow (SQLite) and its clients, made to hold up
+    on a loaded machine.
 
     - No connection pool: every session opens its own connection and closes it. A pooled
       connection that went back to the pool with a statement not read to its end (e.g.
@@ -69,14 +65,13 @@ def sqlite_settings(home: Path) -> dict[str, str]:
       it fail ('database is locked' -> 500 "Database error"). That is how make test failed
       on 2026-11-29 (GET /api/v2/backfills/3 -> 404 right after its POST answered 3, then
       the next tests' new runs 404 and their PATCHes 500).
-    - A longer busy timeout (SQLITE_BUSY_TIMEOUT_S): a write waits for the scheduler's
-      instead of failing after 5 s.
+    - Workers wait 30 s, not 5, for the execution API: a task whose start call times out
+      is killed (SIGKILL) and fails its try. SQLite's own busy timeout stays at 5 s (a run
+      with 30 s, at load 25, saw a POST /api/v2/backfills take over 60 s and a task's
+      start call time out: waits chain up behind the lock instead of failing fast).
     """
-    return {
-        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN":
-            f"sqlite:///{home / 'airflow.db'}?timeout={SQLITE_BUSY_TIMEOUT_S}",
-        "AIRFLOW__DATABASE__SQL_ALCHEMY_POOL_ENABLED": "False",
-    }
+    return {"AIRFLOW__DATABASE__SQL_ALCHEMY_POOL_ENABLED": "False",
+            "AIRFLOW__WORKERS__EXECUTION_API_TIMEOUT": "30"}
 
 
 def fake_config(dir: Path, plan: dict | None = None, **runner) -> Path:
@@ -194,13 +189,14 @@ class Standalone:
                 self._token = json.load(r)["access_token"]
         return self._token
 
-    def request(self, method: str, path: str, body=None, ok=(200,), raw: bool = False):
+    def request(self, method: str, path: str, body=None, ok=(200,), raw: bool = False,
+                timeout: float = 120):
         """One /api/v2 call; answers Airflow gives when SQLite was locked (a 503 "Database
         is locked", a 500 "Database error": the request's transaction was rolled back)
         are asked again for LOCKED_RETRY_S, unless the caller takes them (`ok`)."""
         deadline = time.time() + LOCKED_RETRY_S
         while True:
-            status, data = self._send(method, path, body)
+            status, data = self._send(method, path, body, timeout)
             if status in ok or not _locked(status, data) or time.time() > deadline:
                 break
             time.sleep(2)
@@ -210,14 +206,14 @@ class Standalone:
             return data.decode()
         return json.loads(data) if data else {}
 
-    def _send(self, method: str, path: str, body) -> tuple[int, bytes]:
+    def _send(self, method: str, path: str, body, timeout: float) -> tuple[int, bytes]:
         req = urllib.request.Request(f"{self.base}{path}", method=method,
                                      data=None if body is None else json.dumps(body).encode(),
                                      headers={"Authorization": f"Bearer {self.token()}",
                                               "Content-Type": "application/json",
                                               "Accept": "application/json"})
         try:
-            with urllib.request.urlopen(req, timeout=60) as r:
+            with urllib.request.urlopen(req, timeout=timeout) as r:
                 return r.status, r.read()
         except urllib.error.HTTPError as e:
             return e.code, e.read()
