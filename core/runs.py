@@ -131,11 +131,12 @@ class StepContext:
         are kept only for the same plan; with another plan (or --force) the step's folder
         is cleared first. The plan is then written for the next attempt to compare."""
         st, plan_uri = self.storage, self.path(name)
-        same = st.exists(plan_uri) and st.read_json(plan_uri) == plan
-        if not self.force and same and st.exists(self.path(SUCCESS)):
+        done = self.planned_summary(plan, name)
+        if done is not None:
             log.info("%s: %s exists, nothing to do (use --force to redo)", self.step,
                      self.path(SUCCESS))
-            return st.read_json(self.path(SUCCESS))
+            return done
+        same = st.exists(plan_uri) and st.read_json(plan_uri) == plan
         if self.force or (st.exists(plan_uri) and not same):
             if not self.force:
                 log.warning("%s: inputs or settings changed since the last attempt; "
@@ -143,6 +144,15 @@ class StepContext:
             st.delete_dir(self.step_uri)
         st.write_json(plan_uri, plan)
         return None
+
+    def planned_summary(self, plan: Any, name: str = "_plan.json") -> dict[str, Any] | None:
+        """The summary of this step when it finished under the same `plan` (and no
+        --force): what `resume_plan` hands back, asked without writing anything (an Airflow
+        task asks it before it starts a job: amflow.orchestration.handback)."""
+        st, plan_uri = self.storage, self.path(name)
+        if self.force or not st.exists(self.path(SUCCESS)) or not st.exists(plan_uri):
+            return None
+        return st.read_json(self.path(SUCCESS)) if st.read_json(plan_uri) == plan else None
 
     def unplanned_summary(self, name: str = "_plan.json") -> dict[str, Any] | None:
         """The summary of a step that finished before amflow kept the step's plan (an older

@@ -39,6 +39,9 @@ def airflow_env(home: Path, port: int | None = None, **extra: str) -> dict[str, 
         "AIRFLOW__API_AUTH__JWT_SECRET": secrets.token_hex(32),
         "AMFLOW_RUNNER_STATE": str(home / "amflow_jobs"),
         "OMP_NUM_THREADS": "1",
+        # this checkout's amflow in the tasks, whatever checkout the venv's editable
+        # install points at (a git worktree shares the main checkout's venv)
+        "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p),
     })
     if port is not None:
         env.update({
@@ -48,6 +51,27 @@ def airflow_env(home: Path, port: int | None = None, **extra: str) -> dict[str, 
         })
     env.update(extra)
     return env
+
+
+def sqlite_settings(home: Path) -> dict[str, str]:
+    """The metadata database of a test Airflow (SQLite) and its clients, made to hold up
+    on a loaded machine.
+
+    - No connection pool: every session opens its own connection and closes it. A pooled
+      connection that went back to the pool with a statement not read to its end (e.g.
+      one held by the traceback of a 'database is locked' error) keeps its read
+      transaction, and in WAL mode every later request on it reads the database as it was
+      then: a backfill or DAG run the API has just created answers 404, and writes through
+      it fail ('database is locked' -> 500 "Database error"). That is how make test failed
+      on 2026-11-29 (GET /api/v2/backfills/3 -> 404 right after its POST answered 3, then
+      the next tests' new runs 404 and their PATCHes 500).
+    - Workers wait 30 s, not 5, for the execution API: a task whose start call times out
+      is killed (SIGKILL) and fails its try. SQLite's own busy timeout stays at 5 s (a run
+      with 30 s, at load 25, saw a POST /api/v2/backfills take over 60 s and a task's
+      start call time out: waits chain up behind the lock instead of failing fast).
+    """
+    return {"AIRFLOW__DATABASE__SQL_ALCHEMY_POOL_ENABLED": "False",
+            "AIRFLOW__WORKERS__EXECUTION_API_TIMEOUT": "30"}
 
 
 def fake_config(dir: Path, plan: dict | None = None, **runner) -> Path:
@@ -100,6 +124,7 @@ class Standalone:
             # `make airflow`) holds 8793 / 8794, and the triggerer cannot bind
             "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(free_port()),
             "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(free_port()),
+            **sqlite_settings(self.home),
             **self.extra_env})
 
     def start(self, timeout: float = 180, tries: int = 3) -> "Standalone":
@@ -164,23 +189,34 @@ class Standalone:
                 self._token = json.load(r)["access_token"]
         return self._token
 
-    def request(self, method: str, path: str, body=None, ok=(200,), raw: bool = False):
+    def request(self, method: str, path: str, body=None, ok=(200,), raw: bool = False,
+                timeout: float = 120):
+        """One /api/v2 call; answers Airflow gives when SQLite was locked (a 503 "Database
+        is locked", a 500 "Database error": the request's transaction was rolled back)
+        are asked again for LOCKED_RETRY_S, unless the caller takes them (`ok`)."""
+        deadline = time.time() + LOCKED_RETRY_S
+        while True:
+            status, data = self._send(method, path, body, timeout)
+            if status in ok or not _locked(status, data) or time.time() > deadline:
+                break
+            time.sleep(2)
+        if status not in ok:
+            raise AssertionError(f"{method} {path} -> {status}: {data[:2000]!r}")
+        if raw:
+            return data.decode()
+        return json.loads(data) if data else {}
+
+    def _send(self, method: str, path: str, body, timeout: float) -> tuple[int, bytes]:
         req = urllib.request.Request(f"{self.base}{path}", method=method,
                                      data=None if body is None else json.dumps(body).encode(),
                                      headers={"Authorization": f"Bearer {self.token()}",
                                               "Content-Type": "application/json",
                                               "Accept": "application/json"})
         try:
-            with urllib.request.urlopen(req, timeout=60) as r:
-                data = r.read()
-                status = r.status
+            with urllib.request.urlopen(req, timeout=timeout) as r:
+                return r.status, r.read()
         except urllib.error.HTTPError as e:
-            data, status = e.read(), e.code
-        if status not in ok:
-            raise AssertionError(f"{method} {path} -> {status}: {data[:2000]!r}")
-        if raw:
-            return data.decode()
-        return json.loads(data) if data else {}
+            return e.code, e.read()
 
     def get(self, path: str, **kw):
         return self.request("GET", path, **kw)
@@ -254,6 +290,16 @@ class Standalone:
     def task_instances(self, dag_id: str, run_id: str) -> dict[str, dict]:
         data = self.get(f"/api/v2/dags/{dag_id}/dagRuns/{_q(run_id)}/taskInstances")
         return {t["task_id"]: t for t in data["task_instances"]}
+
+
+LOCKED_RETRY_S = 90
+
+
+def _locked(status: int, data: bytes) -> bool:
+    """An answer of Airflow's API to a request that met SQLite's lock."""
+    text = data.lower()
+    return (status == 503 and b"database is locked" in text) or \
+        (status == 500 and b"database error" in text)
 
 
 def _q(run_id: str) -> str:

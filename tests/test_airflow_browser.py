@@ -6,7 +6,7 @@ readable, the train task's duration is the step's wall time, the decode log ends
 short human line, the run's amflow tab shows the results table (WER with its CI) and a
 plot, and the documented CLI clear (docs/how-to/airflow.md (Backfill)) re-runs train; the
 compare page (an explicit base, an undecoded run, one run alone), every bad override line
-reported, the navigation label whole.
+reported, the navigation label whole; the Backfill dialog of daily_data starts a backfill.
 Screenshots go to test-artifacts/airflow/."""
 from __future__ import annotations
 
@@ -385,3 +385,52 @@ def test_compare_page_form_messages_and_port_clash(airflow, tmp_path):
     assert out.returncode != 0 and time.time() - t0 < 15
     assert f"port {airflow.port} is busy" in out.stderr and "Nothing was started" in out.stderr
     assert not (home / "standalone.log").exists()  # nothing was launched
+
+
+# Far from the tiny corpus's March days, which test_airflow_daily backfills on this Airflow.
+DIALOG_DAYS = ("2026-10-01", "2026-10-02")
+
+
+def test_backfill_dialog_starts_a_backfill_of_daily_data(airflow):
+    """Trigger -> Backfill on daily_data: a date range of two days (Missing Runs, 2 at a
+    time, the DAG left paused) starts a backfill, which the REST API then lists over those
+    days. It is cancelled at once: its runs never start (the DAG is paused)."""
+    from playwright.sync_api import expect, sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        page.set_default_timeout(60_000)
+        try:
+            _login(page, airflow)
+            page.goto(f"{airflow.base}/dags/daily_data")
+            page.get_by_test_id("trigger-dag-button").click()
+            dialog = page.get_by_role("dialog")
+            dialog.get_by_text("Backfill", exact=True).click()
+            dialog.locator("input[name=max_active_runs]").fill("2")
+            unpause = dialog.get_by_role("checkbox", name="Unpause daily_data on trigger")
+            if unpause.count() and unpause.is_checked():  # leave it paused: no step runs
+                dialog.get_by_text("Unpause daily_data on trigger").click()
+            for i, day in enumerate(DIALOG_DAYS):  # From, To: a date and time picker each
+                dialog.get_by_test_id("datetime-input").nth(i).click()
+                page.get_by_placeholder("YYYY/MM/DD").fill(day.replace("-", "/"))
+                page.get_by_placeholder("HH:mm").fill("00:00")
+                dialog.get_by_text("Date Range", exact=True).click()  # closes the picker
+            expect(dialog.get_by_text("2 runs will be triggered.")).to_be_visible()
+            page.screenshot(path=SHOTS / "12-backfill-dialog.png", full_page=True)
+            dialog.get_by_role("button", name="Run Backfill").click()
+            created = airflow.wait(lambda: _backfill_of(airflow, DIALOG_DAYS), 60,
+                                   "the dialog's backfill")
+        finally:
+            browser.close()
+    try:
+        assert created["to_date"].startswith(DIALOG_DAYS[1]), created
+        assert created["reprocess_behavior"] == "none" and created["max_active_runs"] == 2
+    finally:
+        airflow.request("PUT", f"/api/v2/backfills/{created['id']}/cancel", ok=(200, 409))
+    assert airflow.get("/api/v2/dags/daily_data")["is_paused"] is True
+
+
+def _backfill_of(airflow, days: tuple[str, str]) -> dict | None:
+    backfills = airflow.get("/api/v2/backfills?dag_id=daily_data")["backfills"]
+    return next((b for b in backfills if b["from_date"].startswith(days[0])), None)

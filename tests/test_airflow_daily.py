@@ -64,16 +64,19 @@ def _config(tmp_path, corpus, address: str, auth: dict) -> str:
     return str(path)
 
 
+def _paused(airflow: Standalone, paused: bool) -> None:
+    airflow.request("PATCH", f"/api/v2/dags/{DAG}", {"is_paused": paused})
+
+
 @contextlib.contextmanager
 def _switched(airflow: Standalone):
-    """daily_data on (it starts paused, and a paused DAG's backfill runs wait), ssl_student
-    off: teacher events schedule it, and this test's are for daily_data only."""
+    """ssl_student off: teacher events schedule it, and this test's are for daily_data only.
+    daily_data (it starts paused) is switched on by each backfill once created."""
     airflow.request("PATCH", "/api/v2/dags/ssl_student", {"is_paused": True})
-    airflow.request("PATCH", f"/api/v2/dags/{DAG}", {"is_paused": False})
     try:
         yield
     finally:
-        airflow.request("PATCH", f"/api/v2/dags/{DAG}", {"is_paused": True})
+        _paused(airflow, True)
         airflow.request("DELETE", "/api/v2/dags/ssl_student/assets/queuedEvents",
                         ok=(200, 204, 404))
         airflow.request("PATCH", "/api/v2/dags/ssl_student", {"is_paused": False})
@@ -93,12 +96,14 @@ def _backfill(airflow: Standalone, days: list[str], conf: dict, reprocess: str
     body = {"dag_id": DAG, "from_date": f"{days[0]}T00:00:00Z",
             "to_date": f"{days[-1]}T00:00:00Z", "dag_run_conf": conf,
             "reprocess_behavior": reprocess, "max_active_runs": 2}
-    for _ in range(20):  # SQLite: refused (503, "Database is locked") while the scheduler writes
-        bf = airflow.request("POST", "/api/v2/backfills", body, ok=(200, 503))
-        if "id" in bf:
-            break
-        time.sleep(3)
-    assert "id" in bf, bf
+    # Created while daily_data is paused (the scheduler leaves a paused DAG's runs alone),
+    # then switched on. A creation SQLite refuses deletes the runs it had made; a scheduler
+    # scheduling them then died on it (StaleDataError: "UPDATE statement on table 'dag_run'
+    # expected to update 2 row(s); 1 were matched", 2026-11-29) and no run moved again.
+    _paused(airflow, True)
+    bf = airflow.wait(lambda: _create(airflow, body), 240, f"backfill ({reprocess}) created",
+                      every=3)
+    _paused(airflow, False)
     airflow.wait(lambda: airflow.get(f"/api/v2/backfills/{bf['id']}")["completed_at"], 900,
                  f"backfill {bf['id']} ({reprocess}) to complete", every=3)
     runs = airflow.get(f"/api/v2/dags/{DAG}/dagRuns?logical_date_gte={days[0]}T00:00:00Z"
@@ -108,6 +113,16 @@ def _backfill(airflow: Standalone, days: list[str], conf: dict, reprocess: str
     for day, run in by_day.items():
         assert run["state"] == "success", (day, airflow.task_instances(DAG, run["dag_run_id"]))
     return {day: run["dag_run_id"] for day, run in by_day.items()}
+
+
+def _create(airflow: Standalone, body: dict) -> dict | None:
+    """POST /api/v2/backfills once: the backfill, or None when SQLite refused it. A 503
+    ("Database is locked", the request's runs rolled back) is asked again; a 409 after one
+    is the refused request's backfill row, committed before its runs: the scheduler marks
+    such an orphan complete within 2 minutes, then the POST goes through."""
+    # creating one clears or creates each run, each write waiting for SQLite's lock
+    bf = airflow.request("POST", "/api/v2/backfills", body, ok=(200, 409, 503), timeout=300)
+    return bf if "id" in bf else None
 
 
 def _xcom(airflow: Standalone, run_id: str, task: str, key: str = "return_value"):

@@ -138,6 +138,46 @@ def test_select_reads_only_the_interval_and_is_keyed_by_its_files(corpus, tmp_pa
     assert plan.read_text() != before and redone["started_at"] >= first["finished_at"]
 
 
+def test_an_airflow_task_hands_an_unchanged_partition_back_without_a_job(corpus, tmp_path):
+    """A backfill's task of a keyed step on unchanged inputs returns the finished summary
+    and starts no job (amflow.orchestration.handback); inputs that changed, rerun=redo, or
+    a step that never finished start the job as before."""
+    import json
+
+    from amflow.orchestration.airflow_step import AirflowStep
+    from amflow.orchestration.rerun import Attempt
+
+    day = _days_with_data(corpus)[1]
+    iv = _day(day).to_json()
+    sets = ["select.splits=unlabeled", "select.hours=1000",
+            f"select.interval_start={iv[0]}", f"select.interval_end={iv[1]}"]
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text(json.dumps({"storage": {"root": str(tmp_path / "store")},
+                               "data": {"corpus": str(corpus)},
+                               "runner": {"state_dir": str(tmp_path / "jobs")}}))
+
+    def task(step: str = "select", rerun: str = "resume", lines: list | None = None):
+        return AirflowStep(step=step, dag_id="daily_data", airflow_run_id="backfill__" + day,
+                           task_id=step, try_number=1, config=str(cfg), overrides=sets,
+                           rerun=rerun, run_id="daily-" + day, keyed=True,
+                           attempt=Attempt(backfill=True),
+                           emit=(lines if lines is not None else []).append)
+
+    assert task().hand_back() is None  # nothing finished yet: its job runs
+    first = _select(corpus, tmp_path / "store", "daily-" + day, day)
+    lines: list[str] = []
+    kept = task(lines=lines).hand_back()
+    assert kept is not None and kept.ok and kept.summary == first
+    assert "handed back, no job started" in lines[-1]
+    assert not (tmp_path / "jobs").exists() or not any((tmp_path / "jobs").iterdir())
+    assert task(rerun="redo").hand_back() is None  # a backfill with rerun=redo forces it
+    assert task(step="features").hand_back() is None  # never ran: its job runs
+    # one of the interval's files rewritten: the selection is redone by its job
+    f = sorted((corpus / "metadata" / f"date={day}").rglob("*.jsonl"))[0]
+    os.utime(f, (f.stat().st_atime, f.stat().st_mtime + 5))
+    assert task().hand_back() is None
+
+
 def test_an_interval_alone_is_byte_identical_to_the_same_interval_in_a_range(corpus, tmp_path):
     """A partition depends on its interval only: selected after other days, or alone on
     another storage root, its manifests are the same bytes."""
@@ -213,6 +253,7 @@ def test_interval_partition_rerun_is_handed_back_and_a_new_teacher_redoes_only_t
     """features.labels=align (the demo's) on unlabeled audio alone: no align step needed."""
     import time
 
+    from amflow.orchestration.handback import unchanged_summary
     from amflow.steps import features as features_step, targets as targets_step
 
     day = _days_with_data(corpus)[1]
@@ -241,6 +282,11 @@ def test_interval_partition_rerun_is_handed_back_and_a_new_teacher_redoes_only_t
     assert tgt["counts"]["out"] == feats["counts"]["out"]
     target_files = sorted((tmp_path / "store" / "runs" / run / "targets" / "shards").iterdir())
     scored_a = [p.read_bytes() for p in target_files]
+    # nothing changed: what an Airflow task asks first (amflow.orchestration.handback)
+    for step, done in (("select", sel), ("features", feats), ("targets", tgt)):
+        assert unchanged_summary(cfg(a), run, step) == done, step
+    assert unchanged_summary(cfg(b), run, "targets") is None  # a new teacher
+    assert unchanged_summary(cfg(b), run, "features") == feats
     # nothing changed: every step handed back, in seconds
     sel2, feats2, tgt2, took = chain(a)
     assert [x["finished_at"] for x in (sel2, feats2, tgt2)] == \

@@ -11,6 +11,7 @@ from core.config import load_config
 from amflow.jobs import (STOPPED, SUCCEEDED, TERMINAL, Emit, Outcome, RunnerError, StepRunner,
                          amflow_run_id, default_state_dir, job_id, make_backend, step_command)
 from amflow.jobs.base import resolve_config
+from amflow.orchestration.handback import unchanged_summary
 from amflow.orchestration.rerun import REDO, Attempt, Decision, decide, reused_summary
 from core.runs import SUCCESS, TAG_KEYS, step_dir_name
 from core.storage import Storage, join
@@ -72,6 +73,7 @@ class AirflowStep:
     attempt: Attempt | None = None  # cleared / retry / backfill (None: try_number only)
     decision: Decision | None = None  # set when this try submits its job
     keyed: bool = False  # the step is keyed by its inputs: a backfill does not force it
+    handed_back: bool = False  # this try handed the finished step back with no job
 
     def __post_init__(self) -> None:
         if self.attempt is None:
@@ -129,6 +131,8 @@ class AirflowStep:
 
     def reused(self, summary: dict[str, Any]) -> bool:
         """Whether the job returned the summary of an earlier execution of the step."""
+        if self.handed_back:
+            return True
         try:
             submitted = self.backend.submitted_at(self.job_id)
         except RunnerError:
@@ -146,6 +150,27 @@ class AirflowStep:
             except RunnerError:
                 continue
         return None
+
+    def hand_back(self) -> Outcome | None:
+        """A keyed step that this try would not force and whose inputs are unchanged: its
+        finished summary, with no job started (amflow.orchestration.handback). None: start
+        or follow its job (as well when a job of this task already exists, or the storage
+        root is relative to where the steps run)."""
+        root = self.cfg.storage.root
+        if not self.keyed or self._where_steps_run(root) != root or \
+                self.backend.exists(self.job_id) or self._adopt_running_previous_try():
+            return None
+        decision = self.decide()
+        if decision.force:
+            return None
+        summary = unchanged_summary(self.cfg, self.run_id, self.step)
+        if summary is None:
+            return None
+        self.decision, self.handed_back = decision, True
+        self.runner.emit(f"[amflow-runner] step {self.step} of run {self.run_id}, try "
+                         f"{self.try_number}: {decision.reason}; its inputs are unchanged: "
+                         f"handed back, no job started")
+        return Outcome(self.job_id, SUCCEEDED, submitted=False, summary=summary, pokes=0)
 
     def start(self) -> bool:
         """Submit this try's job once, or attach to it (or to a still running job of an

@@ -19,7 +19,8 @@ from tasks.features import (LABELED_SPLITS, FeaturesJob, align_label_payloads,
                             alignment_payloads, process_shard, publish)
 
 
-def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
+def _plan(ctx: StepContext) -> tuple[dict[str, Any], dict[str, Any], list[dict], bool]:
+    """(the plan, select's summary, select's shard index, whether any shard is labeled)."""
     st, fcfg = ctx.storage, ctx.cfg.features
     select = ctx.require("select")
     index = st.read_json(ctx.other("select", "shards.json"))["shards"]
@@ -33,6 +34,22 @@ def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
                          if k not in ("io_threads", "batch_seconds")}}
     if fcfg.labels == "align" and labeled:  # labels from this run's align: redo when it reran
         plan["align_finished_at"] = ctx.require("align").get("finished_at")
+    return plan, select, index, labeled
+
+
+def unchanged(ctx: StepContext) -> dict[str, Any] | None:
+    """The finished features when their plan (select's output, features.*) is unchanged:
+    what `run` would hand back, found without writing anything; None otherwise."""
+    try:
+        plan = _plan(ctx)[0]
+    except (StepError, FileNotFoundError):
+        return None
+    return ctx.planned_summary(plan)
+
+
+def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
+    st, fcfg = ctx.storage, ctx.cfg.features
+    plan, select, index, labeled = _plan(ctx)
     done = ctx.resume_plan(plan)
     if done is not None:
         return done

@@ -73,9 +73,29 @@ def _splits_beside_window(ctx: StepContext) -> Any:
     return dataclasses.replace(scfg, splits=rest)
 
 
+def _applied(ctx: StepContext) -> Any:
+    """select.* as this run applies it (an interval's, or beside a training window)."""
+    return ctx.cfg.select if ctx.cfg.select.interval_start else _splits_beside_window(ctx)
+
+
+def unchanged(ctx: StepContext) -> dict[str, Any] | None:
+    """The finished selection of a data interval whose plan (its metadata files, select.*)
+    is unchanged: what `run` would hand back, found without writing anything. None
+    otherwise (no interval, another plan, --force): `run` decides."""
+    scfg = ctx.cfg.select
+    if not scfg.interval_start:
+        return None
+    corpus = ctx.cfg.data.corpus.rstrip("/")
+    try:
+        _, plan, _ = _inputs(ctx, corpus, scfg)
+    except StepError:
+        return None
+    return ctx.planned_summary(plan)
+
+
 def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
     cfg, st = ctx.cfg, ctx.storage
-    scfg = cfg.select if cfg.select.interval_start else _splits_beside_window(ctx)
+    scfg = _applied(ctx)
     corpus = cfg.data.corpus.rstrip("/")
     files, plan, interval = _inputs(ctx, corpus, scfg)
     earlier = ctx.unplanned_summary() or ctx.resume_plan(plan)

@@ -67,6 +67,21 @@ def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
                       counts=counts, metrics=metrics, bytes_written=nbytes)
 
 
+def unchanged(ctx: StepContext) -> dict[str, Any] | None:
+    """The finished targets when their plan (the features, the teacher's digest,
+    targets.*) is unchanged: what `run` would hand back, found without writing anything
+    (nor importing torch or Ray); None otherwise (an empty interval's too: `run` decides)."""
+    try:
+        feats_summary = ctx.require("features")
+    except StepError:
+        return None
+    model_uri = teacher_uri(ctx.cfg.targets, ctx.other("train"))
+    if _empty_interval(feats_summary) or not ctx.storage.exists(model_uri):
+        return None
+    plan = scoring_plan(ctx.cfg.targets, feats_summary, ctx.storage.digest(model_uri))
+    return ctx.planned_summary(plan)
+
+
 def _finished(ctx: StepContext, plan: dict[str, Any]) -> dict[str, Any] | None:
     """The summary of a scoring finished under this plan (`resume_plan` would hand it back
     too; asked first so that nothing else is done or imported)."""
