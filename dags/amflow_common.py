@@ -311,7 +311,8 @@ class AmflowStepOperator(BaseOperator):
                  param_sets: dict[str, str] | None = None, model_from: str | None = None,
                  teacher_asset: Asset | None = None, model_output: bool = False,
                  enabled_by: str | tuple[str, ...] | None = None, results: bool = False,
-                 skip_when: Callable[[Any], str] | None = None, **kwargs: Any) -> None:
+                 skip_when: Callable[[Any], str] | None = None,
+                 pseudolabels_from: str | None = None, **kwargs: Any) -> None:
         if "pool_slots" not in kwargs:  # the cores its step uses (amflow.orchestration.pools.pool_slots)
             kwargs["pool_slots"] = default_pool_slots(step, tuple(sets or ()))
         super().__init__(**kwargs)
@@ -319,6 +320,8 @@ class AmflowStepOperator(BaseOperator):
         self.sets = list(sets or [])
         self.param_sets = dict(param_sets or {})
         self.model_from = model_from
+        # the task whose pseudolabel step dir (its summary's uri) is train.pseudolabels
+        self.pseudolabels_from = pseudolabels_from
         self.teacher_asset = teacher_asset
         self.model_output = model_output
         # boolean params that must all be true, else the task skips
@@ -343,8 +346,23 @@ class AmflowStepOperator(BaseOperator):
             if uri:
                 self.log.info("teacher model from asset %s: %s", self.teacher_asset.name, uri)
                 out.append(f"targets.teacher={uri}")
+        if self.pseudolabels_from:
+            out.append(f"train.pseudolabels={self._pseudolabels_uri(context)}")
         out += [str(o) for o in (params.get("overrides") or [])]
         return out
+
+    def _pseudolabels_uri(self, context) -> str:
+        """The pseudolabel step dir of this DAG run (the `pseudolabels_from` task's summary):
+        the run id is derived at run time, so it cannot be a fixed --set."""
+        summary = context["ti"].xcom_pull(task_ids=self.pseudolabels_from)
+        uri = summary.get("uri") if isinstance(summary, dict) else None
+        if not uri:
+            from airflow.sdk.exceptions import AirflowFailException
+
+            raise AirflowFailException(
+                f"task {self.pseudolabels_from!r} left no pseudolabel step dir (its summary's "
+                f"uri) for train.pseudolabels: clear it to run `amflow pseudolabel` again")
+        return str(uri)
 
     def resolved_extra_args(self, context) -> list[str]:
         if not self.model_from:

@@ -10,6 +10,11 @@ learned from with their digests (docs/how-to/daily-data.md).
 train -> sequence (sMBR on the labeled split, param) -> evaluate_sequence -> decode_sequence
 select -> lm -> pseudolabel (param `pseudolabels`: the teacher's confident words for the
        unlabeled selection, the end-to-end students' transcripts; pseudolabel/labels/)
+repartition -> train_ctc_baseline -> decode_ctc_baseline       (param `ctc`)
+[repartition, pseudolabel] -> train_ctc -> decode_ctc     (params `ctc` and `pseudolabels`)
+       the end-to-end CTC student (train.model=ctc, its recipe train.ctc_recipe) on the
+       labeled split alone (the CTC baseline) and on labeled + kept pseudo-labels (the CTC
+       SSL student), both from this run's features, decoded with T o L o G (tuned on dev)
 
 With features.labels=align, `align` labels the labeled split with the teacher's network
 tree (its model card), so the student's classes are the teacher's, taking the teacher
@@ -38,6 +43,12 @@ from amflow_common import (DEFAULT_ARGS, PARAM_SETS, RUN_END_CALLBACKS, STUDENT_
 _cfg = local_defaults()
 # `amflow sequence` on the student's model writes sequence/; evaluate / decode it alike.
 SEQ_SETS = ["train.model=student", "evaluate.tag=sequence", "decode.tag=sequence"]
+# The end-to-end CTC students: sizes and epochs are the config's (model.ctc, and
+# train.ctc_recipe over train.*); the CTC student trains one recipe, labeled, on the labeled
+# transcripts and (train_ctc) the pseudolabel task's kept labels.
+CTC_BASELINE_SETS = ["train.model=ctc", "train.recipe=labeled", "train.tag=ctc-baseline",
+                     "decode.tag=ctc-baseline"]
+CTC_SETS = ["train.model=ctc", "train.recipe=labeled", "train.tag=ctc", "decode.tag=ctc"]
 
 
 @dag(
@@ -66,6 +77,10 @@ SEQ_SETS = ["train.model=student", "evaluate.tag=sequence", "decode.tag=sequence
                                           "confidence threshold chosen on dev keeps the "
                                           "confident words (pseudolabel/labels/*.parquet: "
                                           "the end-to-end students' transcripts)."),
+        "ctc": Param(False, type="boolean", title="Train the end-to-end CTC students",
+                     description="The CTC baseline (labeled transcripts alone) and, with "
+                                 "pseudolabels on, the CTC SSL student (labeled + kept "
+                                 "pseudo-labels), each decoded with T o L o G."),
     },
 )
 def ssl_student():
@@ -102,7 +117,33 @@ def ssl_student():
                                             "each with a confidence; those over a threshold "
                                             "chosen on dev are kept (WER kept vs dropped).")
     select >> lm >> [decode, decode_sequence, pseudolabel]
+    ctc_students(repartition, pseudolabel, lm)
     branch_gates(select.dag)
+
+
+def ctc_students(repartition, pseudolabel, lm) -> None:
+    """train_ctc_baseline -> decode_ctc_baseline, train_ctc -> decode_ctc (see the doc)."""
+    train_base = AmflowStepOperator(task_id="train_ctc_baseline", step="train",
+                                    sets=CTC_BASELINE_SETS, model_output=True, enabled_by="ctc",
+                                    doc_md="CTC baseline: the end-to-end student on the "
+                                           "labeled transcripts alone.")
+    decode_base = AmflowStepOperator(task_id="decode_ctc_baseline", step="decode",
+                                     sets=CTC_BASELINE_SETS, model_from="train_ctc_baseline",
+                                     enabled_by="ctc", results=True,
+                                     doc_md="CTC baseline WER per condition (T o L o G, "
+                                            "LM weight and blank penalty tuned on dev).")
+    train = AmflowStepOperator(task_id="train_ctc", step="train", sets=CTC_SETS,
+                               model_output=True, enabled_by=("ctc", "pseudolabels"),
+                               pseudolabels_from="pseudolabel",
+                               doc_md="CTC SSL student: labeled + the teacher's kept "
+                                      "pseudo-labels (train.pseudolabels).")
+    decode = AmflowStepOperator(task_id="decode_ctc", step="decode", sets=CTC_SETS,
+                                model_from="train_ctc", enabled_by=("ctc", "pseudolabels"),
+                                results=True,
+                                doc_md="CTC SSL student WER per condition (T o L o G).")
+    repartition >> train_base >> decode_base
+    [repartition, pseudolabel] >> train >> decode
+    lm >> [decode_base, decode]
 
 
 ssl_student()

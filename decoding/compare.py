@@ -6,7 +6,9 @@ test, dev curves, and the model each result scored.
     compare(runs, pairs) -> dict            rows per (run, decode); the first run is the
                                             base each other run's decode is tested on: the
                                             one named in `pairs`, of the same name, else of
-                                            the same model kind and split
+                                            the same model kind and split; `pairs` also
+                                            pairs the base run's own decodes (a CTC and a
+                                            hybrid student of one run: any two kinds)
     pairs_in_report(decoded) -> list        SSL vs baseline and sequence vs CE, paired
     render_markdown(cmp) -> str             the headline table first
 Pure over `core.storage`: the CLI step, the report and the Airflow compare page share
@@ -96,11 +98,14 @@ def compare(runs: list[dict], alpha: float = ALPHA,
         for step_dir, dec in run["decodes"].items():
             res = dec["result"]
             row = {"run": run["run"], "decode": step_dir, "model": dec["model"],
+                   "model_kind": res.get("model_kind"), "search": res.get("search"),
                    "wer": res.get("wer"), "wer_ci95": _ci(dec),
                    "per_condition": res.get("per_condition") or {},
                    "utterances": len(dec["rows"]) or None}
             match, how = base_decode(base, step_dir, dec, pairs or {})
-            if run is not base and match:
+            # the base run's own decodes meet each other when --pair names them (a CTC
+            # student against the hybrid student of the same run: models of two kinds)
+            if match and (run is not base or (how == "pair" and match != step_dir)):
                 row["vs_base"] = _paired(base["decodes"][match], dec, alpha)
                 row["base_decode"], row["paired_by"] = match, how
             rows.append(row)
@@ -139,7 +144,13 @@ def pairs_in_report(decoded_rows: dict[str, list[dict]], alpha: float = ALPHA) -
     pairs = [("SSL vs baseline", "baseline", "ssl"),
              ("sequence vs CE: teacher", "teacher", "seq_teacher"),
              ("sequence vs CE: baseline", "baseline", "seq_baseline"),
-             ("sequence vs CE: SSL", "ssl", "seq_ssl")]
+             ("sequence vs CE: SSL", "ssl", "seq_ssl"),
+             # the end-to-end students (tasks/e2e_table.py): CTC SSL vs its baseline, and
+             # each against the hybrid SSL student
+             ("CTC SSL vs CTC baseline", "ctc_baseline", "ctc_ssl"),
+             ("CTC baseline vs hybrid SSL", "ssl", "ctc_baseline"),
+             ("CTC SSL vs hybrid SSL", "ssl", "ctc_ssl"),
+             ("joint CTC/attention SSL vs hybrid SSL", "ssl", "ctc_joint_ssl")]
     out = []
     for name, a, b in pairs:
         if decoded_rows.get(a) and decoded_rows.get(b):
@@ -178,8 +189,9 @@ def render_markdown(cmp: dict) -> str:
         werr = f"{100 * t['werr']:.1f} %" if t and t.get("werr") is not None else ""
         vs = mark(t) + (f" vs {r['base_decode']}" if t and r.get("base_decode") != r["decode"]
                         else "")
+        kind = f" ({r['model_kind']})" if r.get("model_kind") else ""
         lines.append(f"| {r['run']} | {r['decode']} | {_pct(r['wer'])} | {ci_s} | {vs} | "
-                     f"{werr} | {r['model']} |")
+                     f"{werr} | {r['model']}{kind} |")
     lines += ["", f"n.s.: not significant (MAPSSWE, two-sided p >= {cmp['alpha']}), "
                   "utterances matched by utt_id."]
     return "\n".join(lines) + "\n"

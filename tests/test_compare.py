@@ -140,3 +140,37 @@ def test_compare_pairs_by_model_kind_or_explicitly(store, tmp_path):
     assert row["paired_by"] == "pair" and row["vs_base"]["delta"] == pytest.approx(0.1)
     with pytest.raises(FileNotFoundError, match="no decode-nope"):
         C.compare(runs, pairs={"decode-student": "decode-nope"})
+
+
+def test_compare_across_kinds_a_ctc_student_against_the_hybrid_one(store, tmp_path, capsys):
+    """One run holds the hybrid SSL student (decode) and the CTC students (decode-ctc,
+    decode-ctc-baseline): --pair tests two of its own decodes of different kinds; against
+    another run, a CTC decode meets the base's CTC decode by kind, never a hybrid one."""
+    from amflow.cli import main
+
+    st, root = store
+    write_run(tmp_path, "ssl", {"decode": _rows([2] * 40), "decode-ctc": _rows([3] * 40),
+                                "decode-ctc-baseline": _rows([5] * 40)}, curve=False)
+    write_run(tmp_path, "other", {"decode-ctc2": _rows([4] * 40)}, curve=False)
+    for run, d, kind, search in (("ssl", "decode", "lstm", None),
+                                 ("ssl", "decode-ctc", "ctc", "tlg"),
+                                 ("ssl", "decode-ctc-baseline", "ctc", "tlg"),
+                                 ("other", "decode-ctc2", "ctc", "tlg")):
+        f = tmp_path / "runs" / run / d / "result.json"
+        f.write_text(json.dumps({**json.loads(f.read_text()), "model_kind": kind,
+                                 "split": "test", "search": search}))
+    cmp = C.compare([C.load_run(st, root, "ssl")], pairs={"decode-ctc": "decode"})
+    rows = {r["decode"]: r for r in cmp["rows"]}
+    assert rows["decode-ctc"]["vs_base"]["delta"] == pytest.approx(0.1)
+    assert rows["decode-ctc"]["vs_base"]["significant"]
+    assert rows["decode-ctc"]["model_kind"] == "ctc" and rows["decode"]["model_kind"] == "lstm"
+    assert "vs_base" not in rows["decode"] and "vs_base" not in rows["decode-ctc-baseline"]
+    # by kind: two CTC decodes in the base, so none is chosen without --pair
+    two = C.compare([C.load_run(st, root, "ssl"), C.load_run(st, root, "other")])
+    (row,) = [r for r in two["rows"] if r["run"] == "other"]
+    assert "vs_base" not in row
+    assert main(["compare", "ssl", "other", "--set", f"storage.root={tmp_path}",
+                 "--pair", "decode-ctc2=decode"]) == 0
+    out = capsys.readouterr().out
+    assert "| other | decode-ctc2 | 40.00 |" in out and "+20.00 (p<0.001) vs decode |" in out
+    assert "(ctc)" in out and "(lstm)" in out

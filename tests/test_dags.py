@@ -23,7 +23,11 @@ STUDENT_EDGES = [("select", "align"), ("align", "features"), ("features", "targe
                  ("select", "lm"), ("lm", "decode"),
                  ("train", "sequence"), ("sequence", "evaluate_sequence"),
                  ("evaluate_sequence", "decode_sequence"), ("lm", "decode_sequence"),
-                 ("lm", "pseudolabel")]
+                 ("lm", "pseudolabel"),
+                 # the end-to-end CTC students (params ctc, pseudolabels)
+                 ("repartition", "train_ctc_baseline"), ("train_ctc_baseline", "decode_ctc_baseline"),
+                 ("repartition", "train_ctc"), ("pseudolabel", "train_ctc"),
+                 ("train_ctc", "decode_ctc"), ("lm", "decode_ctc_baseline"), ("lm", "decode_ctc")]
 TEACHER_EDGES = [("select", "align"), ("align", "features"), ("features", "repartition"), ("repartition", "train"),
                  ("train", "evaluate"), ("repartition", "train_baseline"),
                  ("train_baseline", "evaluate_baseline"), ("evaluate", "decode"),
@@ -52,7 +56,8 @@ def dagbag(tmp_path_factory):
 
 
 # Branch gates (one pool slot, no job): each skips its switch's steps when a param is off.
-STUDENT_GATE_EDGES = [("if_sequence", "sequence"), ("if_pseudolabels", "pseudolabel")]
+STUDENT_GATE_EDGES = [("if_sequence", "sequence"), ("if_pseudolabels", "pseudolabel"),
+                      ("if_ctc", "train_ctc_baseline"), ("if_ctc_and_pseudolabels", "train_ctc")]
 TEACHER_GATE_EDGES = [("if_baseline", "train_baseline"),
                       ("if_baseline_and_sequence", "sequence_baseline"),
                       ("if_sequence_teacher", "sequence_teacher")]
@@ -130,7 +135,8 @@ def test_graphs(dagbag):
         "repartition": "repartition", "train": "train", "evaluate": "evaluate",
         "lm": "lm", "decode": "decode", "sequence": "sequence",
         "evaluate_sequence": "evaluate", "decode_sequence": "decode",
-        "pseudolabel": "pseudolabel"}
+        "pseudolabel": "pseudolabel", "train_ctc_baseline": "train",
+        "decode_ctc_baseline": "decode", "train_ctc": "train", "decode_ctc": "decode"}
     # align labels the frames only with features.labels=align, else it skips and features
     # runs anyway; the student's align labels with its teacher's tree (targets.teacher)
     for dag in (student, teacher):
@@ -182,6 +188,36 @@ def _run_gate(dag, task_id: str, **params) -> list[str]:
     return []
 
 
+def test_ctc_students_train_from_the_run_with_the_configs_recipe(dagbag):
+    """train_ctc_baseline / train_ctc: train.model ctc, sized by the config (model.ctc and
+    train.ctc_recipe), not by the DAG; train_ctc reads this DAG run's pseudolabel step dir
+    (the pseudolabel task's summary) as train.pseudolabels; each decodes under its tag."""
+    from unittest import mock
+
+    from amflow.orchestration.pools import POOL_SLOTS_PER_CORE
+
+    student = dagbag.dags["ssl_student"]
+    base, ssl = student.task_dict["train_ctc_baseline"], student.task_dict["train_ctc"]
+    for task, tag in ((base, "ctc-baseline"), (ssl, "ctc")):
+        assert {"train.model=ctc", f"train.tag={tag}", f"decode.tag={tag}"} <= set(task.sets)
+        assert not [s for s in task.sets if s.startswith(("model.", "train.epochs"))]
+        cfg = load_config(ROOT / "configs" / "local.yaml", task.sets)
+        assert cfg.train.ctc_recipe and cfg.train.threads == cfg.train.ctc_recipe["threads"]
+        assert task.pool_slots == POOL_SLOTS_PER_CORE * cfg.train.threads
+    decode = student.task_dict["decode_ctc"]
+    assert decode.model_from == "train_ctc" and "decode.tag=ctc" in decode.sets
+    assert student.task_dict["decode_ctc_baseline"].model_from == "train_ctc_baseline"
+    uri = "/data/runs/r1/pseudolabel"
+    ti = mock.Mock()
+    ti.xcom_pull.side_effect = lambda task_ids: {"uri": uri} if task_ids == "pseudolabel" else None
+    context = {"params": dict(student.params), "ti": ti}
+    assert f"train.pseudolabels={uri}" in ssl.resolved_overrides(context)
+    assert not [o for o in base.resolved_overrides(context) if "pseudolabels" in o]
+    ti.xcom_pull.side_effect = lambda task_ids: None
+    with pytest.raises(Exception, match="pseudolabel"):
+        ssl.resolved_overrides(context)
+
+
 def test_disabled_branches_skip_before_taking_pool_slots(dagbag):
     """issue 31: sequence_teacher (off) waited for its 8 pool slots only to skip. A gate per
     switch (one slot, no job, no upstream: it runs as the run starts) skips the switch's
@@ -219,8 +255,12 @@ def test_disabled_branches_skip_before_taking_pool_slots(dagbag):
     assert _run_gate(student, "if_sequence", sequence=False) == [
         "decode_sequence", "evaluate_sequence", "sequence"]
     assert student.params["pseudolabels"] is False  # on with the end-to-end students
-    assert _run_gate(student, "if_pseudolabels") == ["pseudolabel"]
+    assert _run_gate(student, "if_pseudolabels") == ["decode_ctc", "pseudolabel", "train_ctc"]
     assert _run_gate(student, "if_pseudolabels", pseudolabels=True) == []
+    assert student.params["ctc"] is False  # the CTC students: on in make demo
+    assert _run_gate(student, "if_ctc") == ["decode_ctc_baseline", "train_ctc_baseline"]
+    assert _run_gate(student, "if_ctc_and_pseudolabels", ctc=True) == ["decode_ctc", "train_ctc"]
+    assert _run_gate(student, "if_ctc_and_pseudolabels", ctc=True, pseudolabels=True) == []
     assert student.task_dict["pseudolabel"].teacher_asset is not None
 
 

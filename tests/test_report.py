@@ -103,3 +103,47 @@ def test_wer_section_names_the_graph_the_student_was_decoded_on():
     assert "Decoded with H o C o L o G, 200 classes" in "\n".join(wer_section([], ctx))
     phones = {**ctx, "graph": {"classes": 67}}
     assert "Decoded with H o L o G, 67 classes" in "\n".join(wer_section([], phones))
+
+
+def test_report_puts_the_ctc_students_beside_the_hybrid_ones(local_cfg):
+    """decode-ctc-baseline / decode-ctc of the SSL run: rows with CIs per condition, the
+    CTC SSL student's WERR over the CTC baseline, its WER x the hybrid SSL student's, and
+    paired tests against the hybrid SSL student (from small fake decode JSONs)."""
+    import json
+
+    cfg = local_cfg("report.teacher_run=t1")
+    t = StepContext(cfg, "t1", "evaluate-teacher")
+    t.storage.write_json(t.other("evaluate-baseline", "result.json"), _eval(0.8))
+    t.storage.write_json(t.other("decode-baseline", "result.json"), _decode(0.3))
+    ssl = StepContext(cfg, "s1", "evaluate")
+    ssl.storage.write_json(ssl.other("evaluate", "result.json"), _eval(0.86))
+
+    def decoded(rel, wer, errors):
+        ssl.storage.write_json(ssl.other(rel, "result.json"),
+                               {**_decode(wer), "wer_ci95": [wer - 0.02, wer + 0.02],
+                                "model_kind": "ctc" if "ctc" in rel else "lstm"})
+        rows = [{"utt_id": f"u{i}", "condition": "DP1", "ref": "", "hyp": "",
+                 "errors": e, "ref_words": 10} for i, e in enumerate(errors)]
+        ssl.storage.write_text(ssl.other(rel, "hyps.jsonl"),
+                               "".join(json.dumps(r) + "\n" for r in rows))
+
+    decoded("decode", 0.2, [2] * 30)
+    decoded("decode-ctc-baseline", 0.4, [4] * 30)
+    decoded("decode-ctc", 0.22, [2, 3] * 15)
+    summary = run(StepContext(cfg, "s1", "report"))
+    e2e = summary["metrics"]["table_ii_e2e"]
+    names = [r["model"] for r in e2e["rows"]]
+    assert names == ["baseline", "ssl", "ctc_baseline", "ctc_ssl"]
+    ctc = e2e["rows"][-1]
+    assert ctc["x_hybrid_ssl"] == pytest.approx(1.1) and ctc["wer_ci95"] == [0.2, 0.24]
+    assert e2e["werr"]["all"] == pytest.approx(0.45)
+    assert e2e["werr"]["DP5"] == pytest.approx((0.5 - 0.32) / 0.5)
+    md = ssl.storage.read_text(ssl.other("report", "report.md"))
+    assert "| CTC SSL student (labeled + pseudo-labels) | 22.0 | 20.0-24.0 |" in md
+    assert "| CTC SSL's WERR over the CTC baseline % | 45.0 |" in md
+    report = json.loads(ssl.storage.read_text(ssl.other("report", "report.json")))
+    tests = {t["comparison"]: t for t in report["significance"]["tests"]}
+    assert tests["CTC SSL vs CTC baseline"]["significant"]
+    assert tests["CTC SSL vs hybrid SSL"]["delta"] == pytest.approx(0.05)
+    assert "CTC baseline vs hybrid SSL" in tests
+    assert md.index("## End-to-end students") < md.index("## How sure")

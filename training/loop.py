@@ -79,7 +79,7 @@ OPERATIONAL_KEYS = {"checkpoint_every", "prefetch", "log_every", "keep_checkpoin
 # so what it changes is in those keys already; as a mapping of its own it would make a
 # training it does not apply to differ, e.g. the phone stage when only the grown stage's
 # recipe changed, or a teacher's checkpoint when only the sequence recipe did.
-RECIPE_KEYS = {"teacher_recipe", "sequence_recipe", "grow_recipe"}
+RECIPE_KEYS = {"teacher_recipe", "ctc_recipe", "sequence_recipe", "grow_recipe"}
 
 
 class InjectedFailure(RuntimeError):

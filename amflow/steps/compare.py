@@ -3,7 +3,9 @@
 The first run is the base: every other run's decode gets its WER delta and a
 matched-pairs test against the base's decode named by `--pair DECODE=BASE_DECODE`, else
 the one of the same name (decode, decode-sequence, ...), else the base's one decode of the
-same model kind and split (a student against another run's baseline). Prints the
+same model kind and split (a student against another run's baseline). `--pair` also pairs
+two decodes of the first run itself, of any kinds: `amflow compare SSL_RUN --pair
+decode-ctc=decode` tests the CTC SSL student against the hybrid one. Prints the
 table; `--out` also writes the comparison as JSON (a file path or storage URI).
 """
 from __future__ import annotations

@@ -10,6 +10,7 @@ from typing import Any
 from core.runs import StepContext, StepError, run_uri, step_dir_name
 from core.storage import join
 from decoding.compare import significance_section
+from tasks.e2e_table import E2E_TAGS, e2e_rows, e2e_werr, render_e2e
 from tasks.report import (CONDITIONS, bar_png, curves_png, pct, read_json_or_none, run_steps,
                           render_steps, render_table_ii, sequence_section,
                           sequence_wer_table, table_ii, wer_section, wer_table)
@@ -46,7 +47,10 @@ def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
                 if any(seq_decoded.values()) else [])
     runs = [teacher_run] if teacher_run == ctx.run_id else [teacher_run, ctx.run_id]
     steps = [s for r in runs for s in run_steps(ctx.storage, run_uri(ctx.cfg, r))]
-    sig_md, significance = significance_section(ctx.storage, decodes, seq_decodes)
+    e2e_decodes = {k: _result(root, ctx.run_id, "decode", tag) for k, tag in E2E_TAGS.items()}
+    e2e_md, e2e = _e2e_section(ctx, decoded, e2e_decodes)
+    sig_md, significance = significance_section(ctx.storage, {**decodes, **e2e_decodes},
+                                                seq_decodes)
 
     parts = ["# amflow report", "",
              f"Runs: teacher/baseline `{teacher_run}`, SSL student `{ctx.run_id}`. "
@@ -56,6 +60,7 @@ def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
         parts += wer_section(wer_rows, decoded["ssl"])
     if seq_rows:
         parts += sequence_section(seq_rows)
+    parts += e2e_md
     parts += sig_md  # CIs and paired tests (decoding/compare.py)
     parts += ["## Frame accuracy and phone error rate (cf. Table II)", "",
               render_table_ii(rows), "", "![frame accuracy](accuracy.png)", ""]
@@ -64,13 +69,7 @@ def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
     if gains:
         parts += [f"SSL relative frame-error reduction in DP2..DP5: min {pct(min(gains))} %, "
                   f"max {pct(max(gains))} %.", ""]
-    curves = curves_png(ctx.storage, {
-        "teacher": join(root, teacher_run, step_dir_name("train", "teacher"), "metrics.jsonl"),
-        "baseline": join(root, teacher_run, step_dir_name("train", "baseline"), "metrics.jsonl"),
-        "SSL student": join(root, ctx.run_id, "train", "metrics.jsonl")})
-    if curves:
-        ctx.storage.write_bytes(ctx.path("learning_curves.png"), curves)
-        parts += ["## Learning curves", "", "![learning curves](learning_curves.png)", ""]
+    parts += _curves_part(ctx, root, teacher_run)
     for title, rel in [("Distributed trainers (cf. Table I)", "bench/trainers.md"),
                        ("Scaling simulator (cf. HTM paper Table 1)", "simulate/table.md")]:
         for r in runs:
@@ -87,11 +86,42 @@ def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
                                                      "evaluations": evals, "decodes": decodes,
                                                      "sequence_decodes": seq_decodes,
                                                      "significance": significance,
+                                                     "table_ii_e2e": e2e,
+                                                     "e2e_decodes": e2e_decodes,
                                                      "steps": steps})
     print(md)
     metrics = {"table_ii": rows, "table_ii_wer": wer_rows, "table_ii_wer_sequence": seq_rows,
-               "report": ctx.path("report.md")}
+               "table_ii_e2e": e2e, "report": ctx.path("report.md")}
     return ctx.finish(inputs=evals, counts={"in": len(rows), "out": len(rows)}, metrics=metrics)
+
+
+def _curves_part(ctx: StepContext, root: str, teacher_run: str) -> list[str]:
+    curves = curves_png(ctx.storage, {
+        "teacher": join(root, teacher_run, step_dir_name("train", "teacher"), "metrics.jsonl"),
+        "baseline": join(root, teacher_run, step_dir_name("train", "baseline"), "metrics.jsonl"),
+        "SSL student": join(root, ctx.run_id, "train", "metrics.jsonl")})
+    if not curves:
+        return []
+    ctx.storage.write_bytes(ctx.path("learning_curves.png"), curves)
+    return ["## Learning curves", "", "![learning curves](learning_curves.png)", ""]
+
+
+def _e2e_section(ctx: StepContext, decoded: dict, e2e_decodes: dict[str, str]
+                 ) -> tuple[list[str], dict]:
+    """The end-to-end students' rows beside the hybrid ones (tasks/e2e_table.py), from the
+    SSL run's decode-ctc-baseline / decode-ctc / decode-ctc-joint results."""
+    e2e = {k: read_json_or_none(ctx.storage, v) for k, v in e2e_decodes.items()}
+    if not any(e2e.values()):
+        return [], {"rows": [], "werr": {}}
+    both = {"baseline": decoded.get("baseline"), "ssl": decoded.get("ssl"), **e2e}
+    rows, werr = e2e_rows(both), e2e_werr(both)
+    md = ["## End-to-end students beside the hybrid ones (cf. Table II)", "",
+          render_e2e(rows, werr), "",
+          "WER % on the test split; CTC models decoded with T o L o G (their tokens spelled "
+          "into the LM's words), LM weight and blank penalty tuned on dev; hybrid ones with "
+          "H o (C o) L o G. x hybrid SSL: the model's WER over the hybrid SSL student's. "
+          "Paired tests against the hybrid SSL student: the next section.", ""]
+    return md, {"rows": rows, "werr": werr}
 
 
 def _result(root: str, run_id: str, step: str, tag: str = "") -> str:

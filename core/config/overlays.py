@@ -1,7 +1,8 @@
 """The recipes as overlays: train.* values laid over a config's own for one kind of training,
 and the record of where each key's value came from.
 
-`train.teacher_recipe` (when train.model is teacher), `train.sequence_recipe` (when
+`train.teacher_recipe` (when train.model is teacher), `train.ctc_recipe` (when train.model
+is ctc), `train.sequence_recipe` (when
 train.recipe is sequence) and `train.grow_recipe` (train.grow's grown stage) are each a
 mapping of train.* keys, or the path of a YAML file holding one (relative to the config file
 that names it; `--set` paths relative to the working directory). The sequence and grow
@@ -20,7 +21,7 @@ from core.config.train import GROW_RECIPE, RECIPES_DIR, TRAIN_KEYS, TrainConfig,
     read_recipe_file, train_key_type
 
 DEFAULT = "default"
-RECIPE_NAMES = ("teacher_recipe", "sequence_recipe", "grow_recipe")
+RECIPE_NAMES = ("teacher_recipe", "ctc_recipe", "sequence_recipe", "grow_recipe")
 # A grown stage's recipe (train.grow_recipe, train.teacher_recipe.grow_recipe) is the same
 # training, grown: it cannot set what starts or names it.
 NOT_IN_A_GROWN_RECIPE = frozenset({"grow", "init_model", "tag", "grow_recipe"})
@@ -69,7 +70,8 @@ def read_recipe_files(data: dict[str, Any], base_dir: Path, labels: dict[str, st
 
 def apply_recipes(data: dict[str, Any], explicit: set[str], sources: dict[str, str],
                   labels: dict[str, str]) -> None:
-    """train.teacher_recipe's keys replace train.* when train.model is teacher, then
+    """train.teacher_recipe's keys replace train.* when train.model is teacher (the
+    end-to-end student's, train.ctc_recipe, when it is ctc), then
     train.sequence_recipe's when train.recipe is sequence; sources records each.
 
     The teacher is trained differently from the students (bigger, longer, regularised
@@ -85,6 +87,7 @@ def apply_recipes(data: dict[str, Any], explicit: set[str], sources: dict[str, s
         train["grow_recipe"] = {**GROW_RECIPE, **train["grow_recipe"]}
     _recipe_keys(train, "grow_recipe")  # checked here, applied by train.grow's second stage
     for name, applies in (("teacher_recipe", train.get("model") == "teacher"),
+                          ("ctc_recipe", train.get("model") == "ctc"),
                           ("sequence_recipe", train.get("recipe") == "sequence")):
         recipe = _recipe_keys(train, name)
         if applies:

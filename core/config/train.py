@@ -355,6 +355,9 @@ class TrainConfig:
     # grow_recipe, a mapping, goes over train.grow_recipe's values for the teacher's
     # grown stage.
     teacher_recipe: dict[str, Any] = field(default_factory=dict)
+    # train.* values used instead when train.model is ctc (the end-to-end student; an
+    # explicit --set train.<key> still wins), e.g. configs/recipes/ctc.yaml.
+    ctc_recipe: dict[str, Any] = field(default_factory=dict)
     # train.* values used instead when train.recipe is sequence (after teacher_recipe's).
     sequence_recipe: dict[str, Any] = field(default_factory=lambda: dict(SEQUENCE_RECIPE))
     optim: OptimConfig = field(default_factory=OptimConfig)
@@ -454,7 +457,8 @@ TRAIN_KEY_ORDER: tuple[str, ...] = (
     "natural_gradient", "ng_alpha", "use_gpu", "criterion", "sequence_numerator",
     "sequence_ce_weight", "sequence_l2", "leaky_hmm", "sequence_am_scale",
     "sequence_prior_scale", "den_ngram_order", "den_min_count", "teacher_recipe",
-    "sequence_recipe", "init_model", "phone_weight", "grow", "grow_recipe", "pseudolabels")
+    "sequence_recipe", "init_model", "phone_weight", "grow", "grow_recipe", "pseudolabels",
+    "ctc_recipe")
 
 
 assert set(TRAIN_KEY_ORDER) == set(TRAIN_KEYS) and len(TRAIN_KEY_ORDER) == len(TRAIN_KEYS)
