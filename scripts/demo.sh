@@ -6,7 +6,10 @@
 #                           baseline student on the labeled split (the baseline then
 #                           sMBR-trained: sequence_baseline), WER of each
 #   3. DAG ssl_student      teacher top-k targets over the unlabeled split, scheduled learning,
-#                           then sMBR on the labeled split (sequence), WER of each
+#                           then sMBR on the labeled split (sequence), WER of each; the
+#                           teacher's pseudo-labels of the unlabeled split, the end-to-end
+#                           CTC baseline (labeled only) and CTC SSL student (labeled +
+#                           pseudo-labels), WER of each (params ctc, pseudolabels)
 #      (both triggered on an `airflow standalone` this script starts and stops: scheduled
 #      runs with task logs and true durations, browsable with `make airflow` afterwards)
 #   4. amflow simulate      trainer scaling projection from the measured step times
@@ -79,7 +82,7 @@ run_dags() {
 # `make demo` reuses finished work.
 TEACHER_URI="$root/runs/$TEACHER_RUN/train-teacher/model.pt"
 TEACHER_CONF="{\"config\": \"$CONFIG\", \"run_id\": \"$TEACHER_RUN\", \"hours\": 1000000, \"rerun\": \"resume\", \"overrides\": $overrides_json}"
-SSL_CONF="{\"config\": \"$CONFIG\", \"run_id\": \"$SSL_RUN\", \"hours\": 1000000, \"rerun\": \"resume\", \"teacher\": \"$TEACHER_URI\", \"overrides\": $overrides_json}"
+SSL_CONF="{\"config\": \"$CONFIG\", \"run_id\": \"$SSL_RUN\", \"hours\": 1000000, \"rerun\": \"resume\", \"teacher\": \"$TEACHER_URI\", \"ctc\": true, \"pseudolabels\": true, \"overrides\": $overrides_json}"
 stage "2/5 DAG teacher (run $TEACHER_RUN), 3/5 DAG ssl_student (run $SSL_RUN) once the teacher is trained"
 run_dags "$TEACHER_CONF" "$SSL_CONF"
 

@@ -15,9 +15,11 @@
 #   stage 7  decode       teacher and baseline (side by side) to words on the test split: WER
 #   SSL run (<run_id>-ssl), the unlabeled data:
 #   stage 8  select, align (takes the teacher run's alignments), features
-#   stage 9  targets      the teacher's top-k soft targets over the unlabeled audio
-#   stage 10 repartition, train: the SSL student (scheduled learning on the soft targets)
-#   stage 11 lm, decode   the SSL student's WER on the same test split
+#   stage 9  lm; targets  the teacher's top-k soft targets over the unlabeled audio, and beside
+#                         it pseudolabel: the teacher's confident words for the same audio
+#   stage 10 repartition, train: the SSL student (scheduled learning on the soft targets) and
+#                         beside it the CTC student (labeled + kept pseudo-labels)
+#   stage 11 decode       the SSL and CTC students' WER on the same test split (side by side)
 #   stage 12 compare      the WER table: each model's WER with its 95 % confidence interval
 #
 # Env: CONFIG (default configs/tiny.yaml), RUN_ID (default quickstart-<UTC time>; the same
@@ -133,22 +135,26 @@ PY
 TEACHER_URI="$root/runs/$TEACHER_RUN/train-teacher/model.pt"
 ssl=(--run-id "$SSL_RUN" --set train.model=student --set train.recipe=ssl
      --set "targets.teacher=$TEACHER_URI")
+# The ssl_student DAG's CTC SSL student (dags/ssl_student.py CTC_SETS): its size and recipe
+# are the config's (model.ctc, train.ctc_recipe); the pseudo-labels are this run's.
+ctc=(--run-id "$SSL_RUN" --set train.model=ctc --set train.recipe=labeled --set train.tag=ctc
+     --set decode.tag=ctc --set "train.pseudolabels=$SSL_RUN")
 
 if stage 8 "select, align, features (run $SSL_RUN)"; then
   step select-ssl select "${ssl[@]}"
   step align-ssl align "${ssl[@]}"
   step features-ssl features "${ssl[@]}"
 fi
-if stage 9 "targets from the teacher"; then
-  step targets targets "${ssl[@]}"
-fi
-if stage 10 "repartition, train the SSL student"; then
-  step repartition-ssl repartition "${ssl[@]}"
-  step train-ssl train "${ssl[@]}"
-fi
-if stage 11 "lm, decode the SSL student"; then
+if stage 9 "lm; targets and pseudo-labels from the teacher"; then
   step lm-ssl lm "${ssl[@]}"
-  step decode-ssl decode "${ssl[@]}" --split test
+  side_by_side targets targets "${ssl[@]}" -- pseudolabel pseudolabel "${ssl[@]}"
+fi
+if stage 10 "repartition; train the SSL student and the CTC student"; then
+  step repartition-ssl repartition "${ssl[@]}"
+  side_by_side train-ssl train "${ssl[@]}" -- train-ctc train "${ctc[@]}"
+fi
+if stage 11 "decode the SSL student and the CTC student"; then
+  side_by_side decode-ssl decode "${ssl[@]}" --split test -- decode-ctc decode "${ctc[@]}" --split test
 fi
 if stage 12 "compare: WER on the test split"; then
   cmd=(amflow compare "$TEACHER_RUN" "$SSL_RUN" --config "$CONFIG" "${set_args[@]}")

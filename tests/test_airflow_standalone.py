@@ -54,9 +54,13 @@ def test_trigger_log_xcom_long_step_and_clear_one_task(airflow, tmp_path):
     elapsed = time.time() - t0
     tis = airflow.task_instances("ssl_student", run_id)
     # align labels frames only with features.labels=align (this config: ctm): skipped,
-    # and features runs anyway; pseudolabel runs only when the trigger asks (param pseudolabels)
+    # and features runs anyway; pseudolabel runs only when the trigger asks (param pseudolabels),
+    # the CTC students only when it asks for them (param ctc)
     assert {k: v["state"] for k, v in tis.items()} == {
         "align": "skipped", "pseudolabel": "skipped", **{
+            t: "skipped" for t in ("train_ctc_baseline", "decode_ctc_baseline", "train_ctc",
+                                   "decode_ctc")},
+        **{t: "success" for t in ("if_ctc", "if_ctc_and_pseudolabels")}, **{
             t: "success" for t in ("select", "features", "targets", "repartition", "train",
                                    "evaluate", "lm", "decode", "sequence", "evaluate_sequence",
                                    "decode_sequence", "if_sequence", "if_pseudolabels")}}

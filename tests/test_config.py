@@ -201,6 +201,26 @@ def test_teacher_recipe_applies_to_the_teacher_only_and_set_wins():
         assert err.value.key == key
 
 
+def test_ctc_recipe_applies_to_the_ctc_student_only_and_set_wins():
+    recipe = "train.ctc_recipe={epochs: 21, sortagrad: true, lr: 0.002}"
+    student = load_config(None, [recipe, "train.epochs=5"])
+    assert (student.train.passes.epochs, student.train.passes.sortagrad) == (5, False)
+    ctc = load_config(None, [recipe, "train.epochs=5", "train.model=ctc"])
+    assert (ctc.train.passes.epochs, ctc.train.passes.sortagrad, ctc.train.optim.lr) == (
+        5, True, 0.002)
+    assert load_config(None, [recipe, "train.model=ctc"]).train.passes.epochs == 21
+    teacher = load_config(None, [recipe, "train.model=teacher"])
+    assert teacher.train.passes.epochs != 21
+    for bad, key in (("{epochz: 3}", "train.ctc_recipe.epochz"),
+                     ("{model: student}", "train.ctc_recipe.model")):
+        with pytest.raises(ConfigError) as err:
+            load_config(None, [f"train.ctc_recipe={bad}"])
+        assert err.value.key == key
+    # the demo's: configs/local.yaml names configs/recipes/ctc.yaml
+    local = load_config(ROOT / "configs" / "local.yaml", ["train.model=ctc"])
+    assert local.train.ctc_recipe and local.train.threads == local.train.ctc_recipe["threads"]
+
+
 def test_cli_fails_fast_naming_the_key(tmp_path):
     for override, key in [("storage.root=", "storage.root"), ("corpus.hours=-1", "corpus.hours"),
                           ("corpus.bogus=1", "corpus.bogus")]:

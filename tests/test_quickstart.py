@@ -26,8 +26,8 @@ RUN = "qs"
 STEPS = {
     f"{RUN}-teacher": ["select", "align", "features", "repartition", "train-teacher",
                        "train-baseline", "lm", "decode-teacher", "decode-baseline"],
-    f"{RUN}-ssl": ["select", "align", "features", "targets", "repartition", "train", "lm",
-                   "decode"],
+    f"{RUN}-ssl": ["select", "align", "features", "lm", "targets", "pseudolabel", "repartition",
+                   "train", "train-ctc", "decode", "decode-ctc"],
 }
 ROW = re.compile(r"^\| (?P<run>\S+) \| (?P<decode>\S+) \| (?P<wer>[^|]+) \| "
                  r"(?P<lo>[0-9.]+)-(?P<hi>[0-9.]+) \|")
@@ -93,10 +93,16 @@ def test_quickstart_runs_every_step_and_prints_the_wer_table(tmp_path):
             assert json.loads(marker.read_text())["step"]
     rows = {(m["run"], m["decode"]): m for m in map(ROW.match, done.stdout.splitlines()) if m}
     assert set(rows) == {(f"{RUN}-teacher", "decode-teacher"),
-                         (f"{RUN}-teacher", "decode-baseline"), (f"{RUN}-ssl", "decode")}, \
+                         (f"{RUN}-teacher", "decode-baseline"), (f"{RUN}-ssl", "decode"),
+                         (f"{RUN}-ssl", "decode-ctc")}, \
         done.stdout[-3000:]
     for (run, decode), m in rows.items():
         wer, lo, hi = float(m["wer"]), float(m["lo"]), float(m["hi"])
         assert 0 <= lo <= wer <= hi <= 100, m.group(0)
         result = json.loads((store / "runs" / run / decode / "result.json").read_text())
         assert abs(100 * result["wer"] - wer) < 0.006, (run, decode)
+    # the tiny CTC student learned from the labeled transcripts and the kept pseudo-labels
+    ctc = json.loads((store / "runs" / f"{RUN}-ssl" / "train-ctc" / "_SUCCESS.json").read_text())
+    assert ctc["metrics"]["transcripts"]["pseudo"] > 0, ctc["metrics"]
+    assert json.loads((store / "runs" / f"{RUN}-ssl" / "decode-ctc" / "result.json")
+                      .read_text())["model_kind"] == "ctc"
