@@ -67,7 +67,7 @@ step() {
     echo "quickstart: amflow $name failed (its log: $log)" >&2
     exit 1
   fi
-  grep -E '^(lm:|condition |DP[1-5] |all |acwt )' "$log" || true
+  grep -E '^(lm:|condition |DP[1-5] |all |kept |acwt )' "$log" || true
   echo "  (amflow $name took $((SECONDS - t0)) s)"
 }
 
