@@ -187,3 +187,28 @@ def test_pseudolabel_end_to_end_on_the_tiny_corpus(tiny_corpus, tmp_path, local_
     assert redo["counts"]["in"] == c["in"]
     assert redo["counts"]["out"] == sum(r["kept"] and r["confidence"] >= 1.0 for r in labels)
     assert json.loads((step / SUCCESS).read_text())["metrics"]["threshold"] == 1.0
+
+
+def test_select_shard_paths_of_a_relative_corpus_reach_the_decode_actors(tmp_path, monkeypatch):
+    """select stores audio_uri joined to data.corpus; with a relative corpus (local.yaml's
+    ./data/corpus) the actors' second join made ./data/corpus/./data/corpus/...: every
+    unlabeled utterance was dropped as missing_audio. shard_records makes them absolute."""
+    from core.config import load_config
+    from core.runs import StepContext
+    from amflow.steps.pseudolabel import shard_records
+    from tasks.audio import resolve_uri
+    from tasks.select import Record, manifest_table
+
+    monkeypatch.chdir(tmp_path)
+    wav = tmp_path / "data" / "corpus" / "audio" / "u1.wav"
+    wav.parent.mkdir(parents=True)
+    wav.write_bytes(b"RIFF")
+    cfg = load_config(None, ["storage.root=./data", "data.corpus=./data/corpus"])
+    ctx = StepContext(cfg, "r", "pseudolabel")
+    rec = Record(utt_id="u1", speaker_id="s", duration=1.0, created_at="", created_ts=0,
+                 locale="en", condition="DP1", text="", audio_uri="audio/u1.wav", split="unlabeled")
+    ctx.storage.write_parquet(ctx.other("select", "shards", "s0.parquet"),
+                              manifest_table("s0", "unlabeled", [rec], cfg.data.corpus))
+    (got,) = shard_records(ctx, "s0")
+    assert got.audio_uri == str(wav)
+    assert resolve_uri(cfg.data.corpus, got.audio_uri) == str(wav)  # what the actors open

@@ -27,6 +27,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import os
 import time
 from typing import Any
 
@@ -63,9 +64,17 @@ def selected_shards(ctx: StepContext) -> list[dict]:
 
 
 def shard_records(ctx: StepContext, shard: str) -> list[Record]:
+    """A select shard's records, each audio_uri made absolute: select wrote them joined to
+    data.corpus already, and the decode actors join them to it again (features'
+    resolve_uri), which keeps only absolute ones; a relative corpus (configs/local.yaml's
+    ./data/corpus) otherwise made every path ./data/corpus/./data/corpus/...: missing."""
     t = ctx.storage.read_parquet(ctx.other("select", "shards", f"{shard}.parquet"))
     names = [f.name for f in dataclasses.fields(Record)]
-    return [Record(**{k: row[k] for k in names}) for row in t.to_pylist()]
+    recs = [Record(**{k: row[k] for k in names}) for row in t.to_pylist()]
+    for r in recs:
+        if "://" not in r.audio_uri and not os.path.isabs(r.audio_uri):
+            r.audio_uri = os.path.abspath(r.audio_uri)
+    return recs
 
 
 def plan_of(ctx: StepContext, model: str, corpus: str, select: dict,
