@@ -67,23 +67,10 @@ def beside(decoder, acwt: float, acwt_from: str, dc) -> dict[str, str]:
             "decoding.json": json.dumps(decoding, indent=1)}
 
 
-def check_records(ctx: StepContext, corpus: str) -> list:
-    """export.check_split's transcribed utterances in stream order (speaker, time), the
-    first export.check_utterances of them (0: all)."""
-    from decoding.decode import split_records
-
-    ec = ctx.cfg.export
-    recs, _ = split_records(ctx.storage, corpus, ec.check_split)
-    if not recs:
-        raise StepError(f"export.check_split={ec.check_split!r}: no utterances with a "
-                        f"transcript in {corpus}; set it to a split the corpus has")
-    recs = sorted(recs, key=lambda r: (r.speaker_id, r.created_ts, r.utt_id))
-    return recs[:ec.check_utterances] if ec.check_utterances else recs
-
-
 def check_inputs(ctx: StepContext, decoder, corpus: str) -> tuple[list, list[np.ndarray], int]:
     """export.check_split's utterances (up to export.check_utterances), featurised as the
     decode step does (per-speaker streams)."""
+    from amflow.steps.export_ctc import check_records
     from decoding.decode import featurize
 
     recs = check_records(ctx, corpus)

@@ -108,8 +108,21 @@ class CheckInputs:
     rejected: int
 
 
+def check_records(ctx: StepContext, corpus: str) -> list:
+    """export.check_split's transcribed utterances in stream order (speaker, time), the
+    first export.check_utterances of them (0: all)."""
+    from decoding.decode import split_records
+
+    ec = ctx.cfg.export
+    recs, _ = split_records(ctx.storage, corpus, ec.check_split)
+    if not recs:
+        raise StepError(f"export.check_split={ec.check_split!r}: no utterances with a "
+                        f"transcript in {corpus}; set it to a split the corpus has")
+    recs = sorted(recs, key=lambda r: (r.speaker_id, r.created_ts, r.utt_id))
+    return recs[:ec.check_utterances] if ec.check_utterances else recs
+
+
 def check_inputs(ctx: StepContext, card, corpus: str) -> CheckInputs:
-    from amflow.steps.export import check_records
     from decoding.decode import featurize
     from tasks.features import featurize_records
     from tasks.fbank import FbankComputer, fbank
