@@ -131,6 +131,12 @@ def _xcom(airflow: Standalone, run_id: str, task: str, key: str = "return_value"
     return json.loads(value) if isinstance(value, str) else value
 
 
+def _runner_lines(airflow: Standalone, run_id: str, task: str, try_number: int) -> list[str]:
+    """The [amflow-runner] lines of a task's try: why it started a job or handed back."""
+    log = airflow.task_log(DAG, run_id, task, try_number)
+    return [line[-400:] for line in log.splitlines() if "amflow" in line][-12:]
+
+
 def _partitions(store, days: list[str]) -> dict[str, dict[str, dict]]:
     """{day: {step: its _SUCCESS.json}} of the interval runs."""
     out = {}
@@ -194,7 +200,9 @@ def test_backfill_reprocess_after_a_new_teacher_and_a_noop_rebackfill(airflow, t
             tis = airflow.task_instances(DAG, run_id)
             task_s = sum(tis[s]["duration"] for s in STEPS)
             for s in STEPS:
-                assert _xcom(airflow, run_id, s, key="runner")["reused"] is True, (day, s)
+                runner = _xcom(airflow, run_id, s, key="runner")
+                assert runner.get("reused") is True, (day, s, runner, _runner_lines(
+                    airflow, run_id, s, tis[s]["try_number"]))
             each = ", ".join(f"{s} {tis[s]['duration']:.1f} s" for s in STEPS)
             print(f"no-op re-backfill, {day}: {task_s:.1f} s of task time ({each})")
         print(f"no-op re-backfill of {len(days)} intervals: {took:.0f} s wall")
