@@ -92,7 +92,43 @@ def _new_teacher(airflow: Standalone, uri: str) -> None:
 
 def _backfill(airflow: Standalone, days: list[str], conf: dict, reprocess: str
               ) -> dict[str, str]:
-    """POST /api/v2/backfills over the days, wait until it completes: {day: run id}."""
+    """POST /api/v2/backfills over the days, wait until it completes: {day: run id}.
+    A reprocessing backfill is asked once more for the days whose steps it did not run
+    again (their tries did not move), as a user would who sees nothing happen: Airflow 3.3
+    can lose the clear of a run that the scheduler is still marking finished
+    (Standalone.settle), and a reprocess skips a run it holds in flight."""
+    before = _tries(airflow, days)
+    runs = _backfill_once(airflow, days, conf, reprocess)
+    if reprocess == "none":
+        return runs
+    stale = [d for d in days if not _moved(before[d], _tries(airflow, [d])[d])]
+    if stale:
+        print(f"backfill ({reprocess}): Airflow did not run {stale} again; asked once more")
+        for day in stale:
+            airflow.settle(DAG, runs[day])
+        _backfill_once(airflow, stale, conf, reprocess)
+        after = _tries(airflow, days)
+        assert all(_moved(before[d], after[d]) for d in days), (before, after)
+    return runs
+
+
+def _tries(airflow: Standalone, days: list[str]) -> dict[str, dict[str, int]]:
+    """{day: {step: try number}} of the days' runs (empty for a day with no run yet)."""
+    out = {}
+    for day in days:
+        runs = airflow.get(f"/api/v2/dags/{DAG}/dagRuns?logical_date_gte={day}T00:00:00Z"
+                           f"&logical_date_lte={day}T00:00:00Z")["dag_runs"]
+        tis = airflow.task_instances(DAG, runs[0]["dag_run_id"]) if runs else {}
+        out[day] = {s: tis[s]["try_number"] for s in STEPS if s in tis}
+    return out
+
+
+def _moved(before: dict[str, int], after: dict[str, int]) -> bool:
+    return all(after[s] > before.get(s, 0) for s in STEPS)
+
+
+def _backfill_once(airflow: Standalone, days: list[str], conf: dict, reprocess: str
+                   ) -> dict[str, str]:
     body = {"dag_id": DAG, "from_date": f"{days[0]}T00:00:00Z",
             "to_date": f"{days[-1]}T00:00:00Z", "dag_run_conf": conf,
             "reprocess_behavior": reprocess, "max_active_runs": 2}
