@@ -10,6 +10,7 @@ reported, the navigation label whole; the Backfill dialog of daily_data starts a
 Screenshots go to test-artifacts/airflow/."""
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import time
@@ -49,79 +50,67 @@ def airflow(tmp_path_factory):
 
 
 def test_login_trigger_from_form_run_succeeds_and_task_log_shows(airflow, tmp_path):
-    from playwright.sync_api import expect, sync_playwright
+    from playwright.sync_api import expect
 
     shutil.rmtree(SHOTS, ignore_errors=True)
     SHOTS.mkdir(parents=True)
     work = tmp_path / "work"
     cfg = fake_config(work, plan={"train": {"seconds": 2, "lines": 4}}, poll_s=0.5)
 
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-        page = browser.new_page(viewport={"width": 1400, "height": 1000})
-        page.set_default_timeout(60_000)
-        try:
-            page.goto(f"{airflow.base}/")
-            page.fill("input[name=username]", "admin")
-            page.fill("input[name=password]", airflow.password)
-            page.screenshot(path=SHOTS / "01-login.png")
-            page.click("button[type=submit]")
-            page.wait_for_url(f"{airflow.base}/")
+    with _logged_in_page(airflow, login_shot=SHOTS / "01-login.png",
+                         last_shot=SHOTS / "99-last.png") as page:
 
-            page.goto(f"{airflow.base}/dags/ssl_student")
-            expect(page.get_by_text("repartition").first).to_be_visible()
-            page.screenshot(path=SHOTS / "02-dag.png")
+        page.goto(f"{airflow.base}/dags/ssl_student")
+        expect(page.get_by_text("repartition").first).to_be_visible()
+        page.screenshot(path=SHOTS / "02-dag.png")
 
-            page.get_by_test_id("trigger-dag-button").click()
-            form = page.get_by_role("dialog")
-            expect(form.get_by_text("Hours of audio")).to_be_visible()
-            expect(form.get_by_text("Training algorithm")).to_be_visible()
-            # an unset choice reads as empty, not as the literal null
-            expect(form.get_by_text(EMPTY_CHOICE).first).to_be_visible()
-            expect(form.get_by_text("null", exact=True)).to_have_count(0)
-            page.fill("input[name=element_config]", str(cfg))
-            page.fill("input[name=element_teacher]", "/models/teacher.pt")
-            page.screenshot(path=SHOTS / "03-trigger-form.png", full_page=True)
-            # out-of-range numbers stay as typed (the box does not clamp workers 0 -> 1,
-            # epochs 1000 -> 100) and are refused, each with its limit, in plain words
-            for name, bad in (("hours", "0"), ("workers", "0"), ("epochs", "1000")):
-                page.fill(f"input[name=element_{name}]", bad)
-                page.locator(f"input[name=element_{name}]").blur()
-                assert page.input_value(f"input[name=element_{name}]") == bad
-            page.get_by_test_id("trigger-dag-submit").click()
-            for said in ("This run was not triggered: 3 problems.",
-                         "Hours of audio (hours): 0 is out of range: it must be more than 0 "
-                         "and less than 10,000,000",
-                         "Training workers (workers): 0 is out of range: it must be a whole "
-                         "number from 1 to 1,024",
-                         "Epochs (epochs): 1000 is out of range: it must be a whole number "
-                         "from 1 to 100"):
-                expect(form.get_by_text(said)).to_be_visible()
-            expect(form.get_by_text("Failed validating")).to_have_count(0)  # no schema dump
-            assert "/runs/" not in page.url
-            page.screenshot(path=SHOTS / "03b-numbers-refused.png", full_page=True)
-            page.fill("input[name=element_hours]", "0.5")
-            page.fill("input[name=element_workers]", "")
-            page.fill("input[name=element_epochs]", "")
-            # the refusal's toast lies over the button (and stays while hovered)
-            page.get_by_test_id("trigger-dag-submit").dispatch_event("click")
-            page.wait_for_url("**/dags/ssl_student/runs/**")
-            run_id = page.url.split("/runs/")[1].split("/")[0].split("?")[0]
-            from urllib.parse import unquote
+        page.get_by_test_id("trigger-dag-button").click()
+        form = page.get_by_role("dialog")
+        expect(form.get_by_text("Hours of audio")).to_be_visible()
+        expect(form.get_by_text("Training algorithm")).to_be_visible()
+        # an unset choice reads as empty, not as the literal null
+        expect(form.get_by_text(EMPTY_CHOICE).first).to_be_visible()
+        expect(form.get_by_text("null", exact=True)).to_have_count(0)
+        page.fill("input[name=element_config]", str(cfg))
+        page.fill("input[name=element_teacher]", "/models/teacher.pt")
+        page.screenshot(path=SHOTS / "03-trigger-form.png", full_page=True)
+        # out-of-range numbers stay as typed (the box does not clamp workers 0 -> 1,
+        # epochs 1000 -> 100) and are refused, each with its limit, in plain words
+        for name, bad in (("hours", "0"), ("workers", "0"), ("epochs", "1000")):
+            page.fill(f"input[name=element_{name}]", bad)
+            page.locator(f"input[name=element_{name}]").blur()
+            assert page.input_value(f"input[name=element_{name}]") == bad
+        page.get_by_test_id("trigger-dag-submit").click()
+        for said in ("This run was not triggered: 3 problems.",
+                     "Hours of audio (hours): 0 is out of range: it must be more than 0 "
+                     "and less than 10,000,000",
+                     "Training workers (workers): 0 is out of range: it must be a whole "
+                     "number from 1 to 1,024",
+                     "Epochs (epochs): 1000 is out of range: it must be a whole number "
+                     "from 1 to 100"):
+            expect(form.get_by_text(said)).to_be_visible()
+        expect(form.get_by_text("Failed validating")).to_have_count(0)  # no schema dump
+        assert "/runs/" not in page.url
+        page.screenshot(path=SHOTS / "03b-numbers-refused.png", full_page=True)
+        page.fill("input[name=element_hours]", "0.5")
+        page.fill("input[name=element_workers]", "")
+        page.fill("input[name=element_epochs]", "")
+        # the refusal's toast lies over the button (and stays while hovered)
+        page.get_by_test_id("trigger-dag-submit").dispatch_event("click")
+        page.wait_for_url("**/dags/ssl_student/runs/**")
+        run_id = page.url.split("/runs/")[1].split("/")[0].split("?")[0]
+        from urllib.parse import unquote
 
-            run_id = unquote(run_id)
-            assert airflow.wait_run("ssl_student", run_id, timeout=240) == "success"
-            page.reload()
-            expect(page.get_by_text("Success").first).to_be_visible()
-            page.screenshot(path=SHOTS / "04-run-success.png")
+        run_id = unquote(run_id)
+        assert airflow.wait_run("ssl_student", run_id, timeout=240) == "success"
+        page.reload()
+        expect(page.get_by_text("Success").first).to_be_visible()
+        page.screenshot(path=SHOTS / "04-run-success.png")
 
-            page.goto(f"{airflow.base}/dags/ssl_student/runs/{run_id}/tasks/features")
-            expect(page.get_by_text("[features] 3/3 shards (100%)")).to_be_visible()
-            expect(page.get_by_text("[amflow features] done in")).to_be_visible()
-            page.screenshot(path=SHOTS / "05-task-log.png", full_page=True)
-        finally:
-            page.screenshot(path=SHOTS / "99-last.png")
-            browser.close()
+        page.goto(f"{airflow.base}/dags/ssl_student/runs/{run_id}/tasks/features")
+        expect(page.get_by_text("[features] 3/3 shards (100%)")).to_be_visible()
+        expect(page.get_by_text("[amflow features] done in")).to_be_visible()
+        page.screenshot(path=SHOTS / "05-task-log.png", full_page=True)
 
     # The form's values reached the steps.
     (run_dir,) = [d for d in (work / "store" / "runs").iterdir() if d.is_dir()]
@@ -172,7 +161,7 @@ def _demo_style_run(airflow, cfg: Path) -> str:
 def test_demo_style_run_log_duration_amflow_tab_and_documented_cli_clear(airflow, tmp_path):
     import subprocess
 
-    from playwright.sync_api import expect, sync_playwright
+    from playwright.sync_api import expect
 
     SHOTS.mkdir(parents=True, exist_ok=True)
     work = tmp_path / "work"
@@ -194,64 +183,56 @@ def test_demo_style_run_log_duration_amflow_tab_and_documented_cli_clear(airflow
     assert len(fired) == 1, [x.get("event") for x in log]  # it deferred: the path under test
     _assert_duration_is_the_steps(train, summary, fired[0])
 
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-        page = browser.new_page(viewport={"width": 1400, "height": 1000})
-        page.set_default_timeout(60_000)
-        try:
-            _login(page, airflow)
-            page.goto(f"{airflow.base}/dags/ssl_student/runs/{run_id}/tasks/train")
-            expect(page.get_by_text("[train] 5/5 shards (100%)")).to_be_visible()
-            expect(page.get_by_text("[amflow train] done in")).to_be_visible()
-            page.screenshot(path=SHOTS / "06-demo-run-log.png", full_page=True)
-            # the decode log ends with a short line for people before the JSON one
-            page.goto(f"{airflow.base}/dags/ssl_student/runs/{run_id}/tasks/decode")
-            expect(page.get_by_text("amflow decode: WER 16.6 % (95 % CI 14.2-18.7)")
-                   .first).to_be_visible()
+    with _logged_in_page(airflow, last_shot=SHOTS / "99-last-demo.png") as page:
+        page.goto(f"{airflow.base}/dags/ssl_student/runs/{run_id}/tasks/train")
+        expect(page.get_by_text("[train] 5/5 shards (100%)")).to_be_visible()
+        expect(page.get_by_text("[amflow train] done in")).to_be_visible()
+        page.screenshot(path=SHOTS / "06-demo-run-log.png", full_page=True)
+        # the decode log ends with a short line for people before the JSON one
+        page.goto(f"{airflow.base}/dags/ssl_student/runs/{run_id}/tasks/decode")
+        expect(page.get_by_text("amflow decode: WER 16.6 % (95 % CI 14.2-18.7)")
+               .first).to_be_visible()
 
-            page.goto(f"{airflow.base}/dags/ssl_student/runs/{run_id}/plugin/amflow")
-            tab = page.frame_locator("iframe")
-            expect(tab.get_by_text("Results per condition")).to_be_visible()
-            expect(tab.locator("th", has_text="DP1").first).to_be_visible()
-            expect(tab.locator("td", has_text="75.0").first).to_be_visible()
-            # WER with its 95 % CI (the fake decode's: 16.6 %, 14.2-18.7)
-            expect(tab.locator("th", has_text="WER % (95 % CI)").first).to_be_visible()
-            expect(tab.locator("td", has_text="16.6 (14.2–18.7)").first).to_be_visible()
-            expect(tab.locator("img").first).to_be_visible()
-            assert tab.locator("img").first.evaluate("i => i.naturalWidth") > 0
-            page.screenshot(path=SHOTS / "07-amflow-tab.png", full_page=True)
+        page.goto(f"{airflow.base}/dags/ssl_student/runs/{run_id}/plugin/amflow")
+        tab = page.frame_locator("iframe")
+        expect(tab.get_by_text("Results per condition")).to_be_visible()
+        expect(tab.locator("th", has_text="DP1").first).to_be_visible()
+        expect(tab.locator("td", has_text="75.0").first).to_be_visible()
+        # WER with its 95 % CI (the fake decode's: 16.6 %, 14.2-18.7)
+        expect(tab.locator("th", has_text="WER % (95 % CI)").first).to_be_visible()
+        expect(tab.locator("td", has_text="16.6 (14.2–18.7)").first).to_be_visible()
+        expect(tab.locator("img").first).to_be_visible()
+        assert tab.locator("img").first.evaluate("i => i.naturalWidth") > 0
+        page.screenshot(path=SHOTS / "07-amflow-tab.png", full_page=True)
 
-            # docs/how-to/airflow.md (Backfill)'s CLI clear, as written, on this run's logical date
-            logical = airflow.get(base)["logical_date"]
-            evaluated = airflow.task_instances("ssl_student", run_id)["evaluate"]["try_number"]
-            cli = next(line for line in _doc_cli() if "-t train -d" in line)
-            cli = cli.replace("2026-01-01T10:00:00+00:00", logical)
-            out = subprocess.run(["bash", "-c", cli], env=airflow.env, cwd=ROOT,
-                                 capture_output=True, text=True, timeout=300)
-            assert out.returncode == 0, out.stderr[-3000:]
-            airflow.wait(lambda: (lambda t: t["try_number"] > evaluated
-                                  and t["state"] == "success")(
-                airflow.task_instances("ssl_student", run_id)["evaluate"]), 240,
-                "train and evaluate re-run")
-            # The clear redid the step (--force) exactly once, in its first try. Airflow's
-            # deferral race can fail that try afterwards; the retry then keeps what the
-            # redone job wrote. Airflow 3.3 may also drop the failed try from the task's
-            # history (CI 2026-11-28: tries 1 and 3 listed, no 2), so the tries are read
-            # from its API and the redo from the step's own calls, not counted.
-            after = _tries_after(airflow, run_id, tries)
-            assert [c["force"] for c in calls(work / "store", "demo-style-ssl")
-                    if c["step"] == "train"].count(True) == 1
-            said = [(_REDO in text, _KEPT in text) for text in after.values()]
-            assert all(redo != keep for redo, keep in said), after  # one or the other
-            assert all(keep for _, keep in said[1:]), after  # only the first try redoes
-            shown = min(after)  # the clear's try, or, if Airflow dropped it, its retry
-            page.goto(f"{airflow.base}/dags/ssl_student/runs/{run_id}/tasks/train"
-                      f"?try_number={shown}")
-            expect(page.get_by_text(_REDO if said[0][0] else _KEPT)).to_be_visible()
-            page.screenshot(path=SHOTS / "08-cleared-train-log.png", full_page=True)
-        finally:
-            page.screenshot(path=SHOTS / "99-last-demo.png")
-            browser.close()
+        # docs/how-to/airflow.md (Backfill)'s CLI clear, as written, on this run's logical date
+        logical = airflow.get(base)["logical_date"]
+        evaluated = airflow.task_instances("ssl_student", run_id)["evaluate"]["try_number"]
+        cli = next(line for line in _doc_cli() if "-t train -d" in line)
+        cli = cli.replace("2026-01-01T10:00:00+00:00", logical)
+        out = subprocess.run(["bash", "-c", cli], env=airflow.env, cwd=ROOT,
+                             capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0, out.stderr[-3000:]
+        airflow.wait(lambda: (lambda t: t["try_number"] > evaluated
+                              and t["state"] == "success")(
+            airflow.task_instances("ssl_student", run_id)["evaluate"]), 240,
+            "train and evaluate re-run")
+        # The clear redid the step (--force) exactly once, in its first try. Airflow's
+        # deferral race can fail that try afterwards; the retry then keeps what the
+        # redone job wrote. Airflow 3.3 may also drop the failed try from the task's
+        # history (CI 2026-11-28: tries 1 and 3 listed, no 2), so the tries are read
+        # from its API and the redo from the step's own calls, not counted.
+        after = _tries_after(airflow, run_id, tries)
+        assert [c["force"] for c in calls(work / "store", "demo-style-ssl")
+                if c["step"] == "train"].count(True) == 1
+        said = [(_REDO in text, _KEPT in text) for text in after.values()]
+        assert all(redo != keep for redo, keep in said), after  # one or the other
+        assert all(keep for _, keep in said[1:]), after  # only the first try redoes
+        shown = min(after)  # the clear's try, or, if Airflow dropped it, its retry
+        page.goto(f"{airflow.base}/dags/ssl_student/runs/{run_id}/tasks/train"
+                  f"?try_number={shown}")
+        expect(page.get_by_text(_REDO if said[0][0] else _KEPT)).to_be_visible()
+        page.screenshot(path=SHOTS / "08-cleared-train-log.png", full_page=True)
 
 
 _REDO = "finished before: redoing it (--force)"
@@ -298,12 +279,30 @@ def json_value(value):
     return json.loads(value) if isinstance(value, str) else value
 
 
-def _login(page, airflow) -> None:
-    page.goto(f"{airflow.base}/")
-    page.fill("input[name=username]", "admin")
-    page.fill("input[name=password]", airflow.password)
-    page.click("button[type=submit]")
-    page.wait_for_url(f"{airflow.base}/")
+@contextlib.contextmanager
+def _logged_in_page(airflow, viewport: tuple[int, int] = (1400, 1000),
+                    login_shot: Path | None = None, last_shot: Path | None = None):
+    """A headless Chromium page logged in to `airflow`, patient as a page (60 s); the
+    browser is closed after, `last_shot` taken first (what the page showed on a failure)."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        page = browser.new_page(viewport={"width": viewport[0], "height": viewport[1]})
+        page.set_default_timeout(60_000)
+        try:
+            page.goto(f"{airflow.base}/")
+            page.fill("input[name=username]", "admin")
+            page.fill("input[name=password]", airflow.password)
+            if login_shot:
+                page.screenshot(path=login_shot)
+            page.click("button[type=submit]")
+            page.wait_for_url(f"{airflow.base}/")
+            yield page
+        finally:
+            if last_shot:
+                page.screenshot(path=last_shot)
+            browser.close()
 
 
 def _doc_cli() -> list[str]:
@@ -319,7 +318,7 @@ def test_compare_page_form_messages_and_port_clash(airflow, tmp_path):
     import subprocess
     import time
 
-    from playwright.sync_api import expect, sync_playwright
+    from playwright.sync_api import expect
 
     from tests.test_compare import _rows, write_run
 
@@ -330,53 +329,46 @@ def test_compare_page_form_messages_and_port_clash(airflow, tmp_path):
               model="s3://bucket/runs/new/train/model.pt")
     write_run(store, "undecoded", {})  # trained, no decode yet
     SHOTS.mkdir(parents=True, exist_ok=True)
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-        page = browser.new_page(viewport={"width": 1280, "height": 900})
-        page.set_default_timeout(60_000)
-        try:
-            _login(page, airflow)
-            page.goto(f"{airflow.base}/amflow/compare?config={cfg}&runs=base&runs=new")
-            table = page.locator("#headline")
-            expect(table.get_by_text("s3://bucket/runs/new/train/model.pt").first).to_be_visible()
-            expect(table.locator("td", has_text="-20.00 (p<0.001)")).to_be_visible()
-            expect(table.get_by_text("n.s.").first).to_be_visible()
-            assert table.bounding_box()["width"] <= 1280  # readable without scrolling
-            expect(page.locator("#devcurves polyline")).to_have_count(2)
-            page.screenshot(path=SHOTS / "10-compare.png", full_page=True)
-            # the base is the one picked, whatever the list order; an undecoded run says so
-            page.select_option("select[name=base]", "new")
-            page.locator("input[value=undecoded]").check()
-            page.get_by_role("button", name="Compare").click()
-            expect(page.get_by_text("WER, base new")).to_be_visible()
-            expect(table.locator("td", has_text="the base").first).to_be_visible()
-            expect(table.locator("td", has_text="+20.00 (p<0.001)")).to_be_visible()
-            expect(page.get_by_text("No WER for undecoded: no decode of it has finished "
-                                    "yet")).to_be_visible()
-            page.screenshot(path=SHOTS / "10b-compare-base-picked.png", full_page=True)
-            # one run alone shows its WER and CI
-            page.goto(f"{airflow.base}/amflow/compare?config={cfg}&runs=base")
-            expect(page.get_by_text("one run: nothing to test it against")).to_be_visible()
-            expect(table.locator("td", has_text="30.0").first).to_be_visible()
+    with _logged_in_page(airflow, viewport=(1280, 900)) as page:
+        page.goto(f"{airflow.base}/amflow/compare?config={cfg}&runs=base&runs=new")
+        table = page.locator("#headline")
+        expect(table.get_by_text("s3://bucket/runs/new/train/model.pt").first).to_be_visible()
+        expect(table.locator("td", has_text="-20.00 (p<0.001)")).to_be_visible()
+        expect(table.get_by_text("n.s.").first).to_be_visible()
+        assert table.bounding_box()["width"] <= 1280  # readable without scrolling
+        expect(page.locator("#devcurves polyline")).to_have_count(2)
+        page.screenshot(path=SHOTS / "10-compare.png", full_page=True)
+        # the base is the one picked, whatever the list order; an undecoded run says so
+        page.select_option("select[name=base]", "new")
+        page.locator("input[value=undecoded]").check()
+        page.get_by_role("button", name="Compare").click()
+        expect(page.get_by_text("WER, base new")).to_be_visible()
+        expect(table.locator("td", has_text="the base").first).to_be_visible()
+        expect(table.locator("td", has_text="+20.00 (p<0.001)")).to_be_visible()
+        expect(page.get_by_text("No WER for undecoded: no decode of it has finished "
+                                "yet")).to_be_visible()
+        page.screenshot(path=SHOTS / "10b-compare-base-picked.png", full_page=True)
+        # one run alone shows its WER and CI
+        page.goto(f"{airflow.base}/amflow/compare?config={cfg}&runs=base")
+        expect(page.get_by_text("one run: nothing to test it against")).to_be_visible()
+        expect(table.locator("td", has_text="30.0").first).to_be_visible()
 
-            page.goto(f"{airflow.base}/dags/ssl_student")
-            page.get_by_test_id("trigger-dag-button").click()
-            field = page.get_by_role("dialog").locator("[name=element_overrides]")
-            # every bad line is reported, not only one
-            field.fill("train.foo=1\ntrain.lr=0.1\ntrain.lr=abc")
-            page.get_by_test_id("trigger-dag-submit").dispatch_event("click")
-            for message in ("Config overrides (overrides), line 1: unknown key train.foo",
-                            "Config overrides (overrides), line 3: train.lr: expected a "
-                            "number, got 'abc'"):
-                expect(page.get_by_text(message).first).to_be_visible()
-            assert "/runs/" not in page.url
-            page.screenshot(path=SHOTS / "11-override-refused.png", full_page=True)
-            # the navigation's label fits (it read "amflow co..." when "amflow compare")
-            label = page.get_by_text("Compare", exact=True).first
-            expect(label).to_be_visible()
-            assert label.evaluate("e => e.scrollWidth <= e.clientWidth"), "label cut"
-        finally:
-            browser.close()
+        page.goto(f"{airflow.base}/dags/ssl_student")
+        page.get_by_test_id("trigger-dag-button").click()
+        field = page.get_by_role("dialog").locator("[name=element_overrides]")
+        # every bad line is reported, not only one
+        field.fill("train.foo=1\ntrain.lr=0.1\ntrain.lr=abc")
+        page.get_by_test_id("trigger-dag-submit").dispatch_event("click")
+        for message in ("Config overrides (overrides), line 1: unknown key train.foo",
+                        "Config overrides (overrides), line 3: train.lr: expected a "
+                        "number, got 'abc'"):
+            expect(page.get_by_text(message).first).to_be_visible()
+        assert "/runs/" not in page.url
+        page.screenshot(path=SHOTS / "11-override-refused.png", full_page=True)
+        # the navigation's label fits (it read "amflow co..." when "amflow compare")
+        label = page.get_by_text("Compare", exact=True).first
+        expect(label).to_be_visible()
+        assert label.evaluate("e => e.scrollWidth <= e.clientWidth"), "label cut"
 
     home = tmp_path / "clash_home"
     env = {**os.environ, "AIRFLOW_PORT": str(airflow.port), "AIRFLOW_HOME": str(home)}
@@ -396,37 +388,30 @@ def test_backfill_dialog_starts_a_backfill_of_daily_data(airflow):
     """Trigger -> Backfill on daily_data: a date range of two days (Missing Runs, 2 at a
     time, the DAG left paused) starts a backfill, which the REST API then lists over those
     days. It is cancelled at once: its runs never start (the DAG is paused)."""
-    from playwright.sync_api import expect, sync_playwright
+    from playwright.sync_api import expect
 
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-        page = browser.new_page(viewport={"width": 1400, "height": 1000})
-        page.set_default_timeout(60_000)
-        try:
-            _login(page, airflow)
-            page.goto(f"{airflow.base}/dags/daily_data")
-            page.get_by_test_id("trigger-dag-button").click()
-            dialog = page.get_by_role("dialog")
-            dialog.get_by_text("Backfill", exact=True).click()
-            dialog.locator("input[name=max_active_runs]").fill("2")
-            unpause = dialog.get_by_role("checkbox", name="Unpause daily_data on trigger")
-            if unpause.count() and unpause.is_checked():  # leave it paused: no step runs
-                dialog.get_by_text("Unpause daily_data on trigger").click()
-            for i, (label, day) in enumerate(zip(("From", "To"), DIALOG_DAYS)):
-                # a date and time picker each; the From picker may still be open when the
-                # To one opens (on a quick machine), so each field is found by its label and
-                # the time field in the same picker as that date field
-                dialog.get_by_test_id("datetime-input").nth(i).click()
-                date = page.get_by_role("textbox", name=label, exact=True)
-                date.fill(day.replace("-", "/"))
-                picker = date.locator("xpath=ancestor::*[.//input[@placeholder='HH:mm']][1]")
-                picker.get_by_placeholder("HH:mm").fill("00:00")
-                dialog.get_by_text("Date Range", exact=True).click()  # closes the picker
-            expect(dialog.get_by_text("2 runs will be triggered.")).to_be_visible()
-            page.screenshot(path=SHOTS / "12-backfill-dialog.png", full_page=True)
-            created = _run_backfill(airflow, dialog.get_by_role("button", name="Run Backfill"))
-        finally:
-            browser.close()
+    with _logged_in_page(airflow) as page:
+        page.goto(f"{airflow.base}/dags/daily_data")
+        page.get_by_test_id("trigger-dag-button").click()
+        dialog = page.get_by_role("dialog")
+        dialog.get_by_text("Backfill", exact=True).click()
+        dialog.locator("input[name=max_active_runs]").fill("2")
+        unpause = dialog.get_by_role("checkbox", name="Unpause daily_data on trigger")
+        if unpause.count() and unpause.is_checked():  # leave it paused: no step runs
+            dialog.get_by_text("Unpause daily_data on trigger").click()
+        for i, (label, day) in enumerate(zip(("From", "To"), DIALOG_DAYS)):
+            # a date and time picker each; the From picker may still be open when the
+            # To one opens (on a quick machine), so each field is found by its label and
+            # the time field in the same picker as that date field
+            dialog.get_by_test_id("datetime-input").nth(i).click()
+            date = page.get_by_role("textbox", name=label, exact=True)
+            date.fill(day.replace("-", "/"))
+            picker = date.locator("xpath=ancestor::*[.//input[@placeholder='HH:mm']][1]")
+            picker.get_by_placeholder("HH:mm").fill("00:00")
+            dialog.get_by_text("Date Range", exact=True).click()  # closes the picker
+        expect(dialog.get_by_text("2 runs will be triggered.")).to_be_visible()
+        page.screenshot(path=SHOTS / "12-backfill-dialog.png", full_page=True)
+        created = _run_backfill(airflow, dialog.get_by_role("button", name="Run Backfill"))
     try:
         assert created["to_date"].startswith(DIALOG_DAYS[1]), created
         assert created["reprocess_behavior"] == "none" and created["max_active_runs"] == 2
