@@ -212,8 +212,8 @@ def test_a_ctc_model_streams_the_offline_decode_words_through_batch_dispatch(ctc
     finals."""
     from core.config import ServeConfig
     from serving.app import make_recognizer
-    from serving.dispatch import BatchDispatcher
-    from serving.recognizer import Session, featurize, transcribe
+    from serving.recognizer import featurize, transcribe
+    from tests.stream_driver import drive_streams
 
     assets = ctc_system["assets"]
     if backend == "onnxruntime":
@@ -225,32 +225,9 @@ def test_a_ctc_model_streams_the_offline_decode_words_through_batch_dispatch(ctc
     assert str(rec.model.dtype).startswith("onnxruntime") == (backend == "onnxruntime")
     assert [m["final"] for m in transcribe(rec, ctc_system["waves"])] == ctc_system["words"]
 
-    async def main():
-        disp = BatchDispatcher(rec.model, max_batch=8, max_rows=16, prepare=featurize)
-        task = asyncio.create_task(disp.run())
-        loop = asyncio.get_running_loop()
-
-        async def one(chunk: int) -> list[dict]:
-            msgs: list[dict] = []
-            s = Session(rec, lambda m: loop.call_soon_threadsafe(msgs.append, m))
-            disp.add(s)
-            for w in ctc_system["waves"]:
-                for i in range(0, len(w), chunk):
-                    s.feed(w[i:i + chunk])
-                    disp.notify()
-                    await asyncio.sleep(0.001)
-                s.end_utterance()
-                disp.notify()
-            while sum("final" in m for m in msgs) < len(ctc_system["waves"]):
-                await asyncio.sleep(0.01)
-            disp.remove(s)
-            return msgs
-
-        out = await asyncio.wait_for(asyncio.gather(one(1600), one(700), one(4000)), 120)
-        task.cancel()
-        return out, disp.batch_sizes
-
-    results, batches = asyncio.run(main())
+    results, batches = drive_streams(rec, ctc_system["waves"],
+                                     [(1600, True), (700, True), (4000, True)],
+                                     prepare=featurize)
     for msgs in results:
         assert [m["final"] for m in msgs if "final" in m] == ctc_system["words"]
         assert any("partial" in m for m in msgs)

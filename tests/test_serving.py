@@ -213,45 +213,15 @@ def test_streamed_words_equal_the_offline_decode_through_batch_dispatch(tiny_sys
     each final equals the offline decode's words; partials come before finals. Features
     batched across the streams before each forward and partial rows waiting for company
     (as served), or each stream's features alone and eager dispatch."""
-    from serving.dispatch import BatchDispatcher
-    from serving.recognizer import Session, featurize
+    from serving.recognizer import featurize
+    from tests.stream_driver import drive_streams
 
     rec = _recognizer(tiny_system)
 
-    async def main():
-        disp = BatchDispatcher(_Slow(rec.model), max_batch=8, max_rows=16,
-                               prepare=featurize if batched_features else None,
-                               max_wait_s=max_wait_s)
-        task = asyncio.create_task(disp.run())
-        loop = asyncio.get_running_loop()
-
-        async def one(chunk: int, pause: bool = True) -> list[dict]:
-            msgs: list[dict] = []
-            s = Session(rec, lambda m: loop.call_soon_threadsafe(msgs.append, m))
-            disp.add(s)
-            for w in tiny_system["waves"]:
-                for i in range(0, len(w), chunk):
-                    s.feed(w[i:i + chunk])
-                    disp.notify()
-                    if pause:
-                        await asyncio.sleep(0)
-                s.end_utterance()
-                disp.notify()
-                if not pause:  # the next utterance and its end arrive while a forward holds
-                    while s.ready():  # this one's last rows (a client faster than real time)
-                        await asyncio.sleep(0.001)
-                await asyncio.sleep(0.002 if pause else 0)
-            while sum("final" in m for m in msgs) < len(tiny_system["waves"]):
-                await asyncio.sleep(0.01)
-            disp.remove(s)
-            return msgs
-
-        out = await asyncio.wait_for(asyncio.gather(one(1600), one(700), one(4000),
-                                                    one(100000, pause=False)), 120)
-        task.cancel()
-        return out, disp.batch_sizes
-
-    results, batches = asyncio.run(main())
+    results, batches = drive_streams(
+        rec, tiny_system["waves"], [(1600, True), (700, True), (4000, True), (100000, False)],
+        model=_Slow(rec.model), prepare=featurize if batched_features else None,
+        max_wait_s=max_wait_s)
     for msgs in results:
         assert [m["final"] for m in msgs if "final" in m] == tiny_system["words"]
         assert any("partial" in m for m in msgs)
