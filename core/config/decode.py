@@ -88,7 +88,7 @@ class DecodeConfig:
     # (The embedded corpus's CTC baseline, dev: flat within 1 point over lm 1.6-3.0 x blank
     # 3-5; docs/results/2026-11-29-ctc-baseline.md.)
     ctc_lm_weights: list[float] = field(default_factory=lambda: [0.8, 1.2, 1.6, 2.4])
-    blank_penalties: list[float] = field(default_factory=lambda: [0.0, 1.5, 3.0, 4.5])
+    blank_penalties: list[float] = field(default_factory=lambda: [0.0, 1.5, 3.0, 4.5])  # tlg, greedy: subtracted from the blank's log-probability per frame; tried with each LM weight (greedy: alone) on decode.tune_split
 
     def validate(self, key: str) -> None:
         check(self.ctc_search in ("tlg", "greedy", "rescore"), f"{key}.ctc_search",
