@@ -182,10 +182,7 @@ def decode_ctc(cfg: Config, out_uri: str, model_uri: str, model_bytes: bytes, ca
         "tokenizer": {k: card.tokenizer[k] for k in ("kind", "digest")}})
     D.write_hyps(storage, out_uri, rows)
     storage.write_text(join(out_uri, "errors.txt"), error_analysis.render(rows))
-    metrics = {"wer": result["wer"], "ser": result["ser"], "per_condition_wer": result["per_condition"],
-               "per_condition": result["per_condition"], **best, "search": result["search"],
-               "rtf_per_core": result["rtf"]["total_per_core"], "oov_rate": oov["rate"],
-               "frames": frames, "forward_s": round(sum(s["forward_s"] for s in scored), 2)}
+    metrics = D.step_metrics(result, scored, frames, **best, search=result["search"])
     return result, {"metrics": metrics, "rejects": rejects,
                     "counts": {"in": n_in, "out": len(hyps), "rejected": len(rejects)}}
 

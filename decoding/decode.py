@@ -279,6 +279,17 @@ def reasons(rejects: list[Reject]) -> dict[str, int]:
     return out
 
 
+def step_metrics(result: dict, scored: list[dict], frames: int, **extra: Any) -> dict:
+    """A decode step's metrics (its summary, the Airflow XCom and asset event) from its
+    result.json body, the same for every model kind: WER with its CI, SER, per condition,
+    speed; `extra`: the kind's tuned scales."""
+    return {"wer": result["wer"], "wer_ci95": result["wer_ci95"], "ser": result["ser"],
+            "per_condition_wer": result["per_condition"],
+            "per_condition": result["per_condition"], **extra,
+            "rtf_per_core": result["rtf"]["total_per_core"], "oov_rate": result["oov"]["rate"],
+            "frames": frames, "forward_s": round(sum(s["forward_s"] for s in scored), 2)}
+
+
 def rtf(scored: list[dict], search_s: float, audio_s: float, wall: float, workers: int) -> dict:
     """Real-time factors per core (CPU seconds per audio second), and the speed-ups."""
     feat = sum(s["featurize_s"] for s in scored)

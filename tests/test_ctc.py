@@ -280,6 +280,9 @@ def test_decode_step_scores_a_ctc_model_into_the_decode_json(tiny_corpus, ray_lo
     assert len(result["tuning"]) == 4 and result["tune_split"] == "dev"
     assert {"wer", "wer_ci95", "per_condition", "sub", "del", "ins"} <= set(result)
     assert result["tokenizer"]["digest"] == tok.digest
+    # the step's metrics (summary, XCom) say what a hybrid decode's say: WER with its CI
+    assert summary["metrics"]["wer_ci95"] == result["wer_ci95"]
+    assert {"lm_weight", "blank_penalty", "rtf_per_core"} <= set(summary["metrics"])
     tests = sum(1 for r in recs if r.split == "test")
     assert summary["counts"]["in"] == tests == summary["counts"]["out"] + summary["counts"]["rejected"]
     hyps = [json.loads(line) for line in (tmp_path / "store" / "runs" / "r" / "decode" /

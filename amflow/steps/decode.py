@@ -137,11 +137,7 @@ def _decode(ctx: StepContext, a: DecoderAssets, corpus: str, split: str) -> tupl
     ctx.storage.write_text(ctx.path("errors.txt"), error_analysis.render(rows))  # sclite-like
     if rejects:
         ctx.storage.write_parquet(ctx.path("rejects", "rejects.parquet"), rejects_table(rejects))
-    metrics = {"wer": result["wer"], "wer_ci95": result["wer_ci95"], "ser": result["ser"],
-               "per_condition_wer": result["per_condition"],
-               "per_condition": result["per_condition"], "acwt": acwt,
-               "rtf_per_core": result["rtf"]["total_per_core"], "oov_rate": oov["rate"],
-               "frames": frames, "forward_s": round(sum(s["forward_s"] for s in scored), 2)}
+    metrics = D.step_metrics(result, scored, frames, acwt=acwt)
     counts = {"in": n_in, "out": len(hyps), "rejected": len(rejects)}
     return result, dict(metrics=metrics, counts=counts)
 
