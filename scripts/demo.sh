@@ -10,9 +10,9 @@
 #                           DEMO_CTC=1 also the teacher's pseudo-labels of the unlabeled
 #                           split, the end-to-end CTC baseline (labeled only) and CTC SSL
 #                           student (labeled + pseudo-labels), WER of each (params ctc,
-#                           pseudolabels). Off by default: ~1,350 CPU-s more (measured step
-#                           by step: docs/results/2026-11-29-ctc-ssl-demo-teacher.md; the CTC
-#                           SSL student's 927 s on one core) would take the demo past 35 min.
+#                           pseudolabels). Off by default: with them the demo took 41.5 min
+#                           on 2 cores, past the 35-min budget (where the time goes:
+#                           docs/results/2026-11-29-ctc-ssl-demo-teacher.md).
 #      (both triggered on an `airflow standalone` this script starts and stops: scheduled
 #      runs with task logs and true durations, browsable with `make airflow` afterwards)
 #   4. amflow simulate      trainer scaling projection from the measured step times
