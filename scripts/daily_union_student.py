@@ -34,8 +34,9 @@ sys.path.insert(0, str(ROOT))
 os.chdir(ROOT)  # configs name ./data relative to the project
 
 from amflow.cli import SUMMARY_PREFIX, main as amflow  # noqa: E402
+from amflow.orchestration.intervals import interval_overrides  # noqa: E402
 from core.config import load_config  # noqa: E402
-from tasks.intervals import Interval, interval_run_id  # noqa: E402
+from tasks.intervals import Interval  # noqa: E402
 
 STUDENT_STEPS = ("select", "align", "features", "lm")
 
@@ -70,19 +71,16 @@ def _snapshot(config: str, run_id: str, sets: list[str]) -> dict:
 
 
 def _partitions(config: str, sets: list[str], days: list[str]) -> dict[str, float]:
-    """Each day as daily_data makes it: {day: seconds}."""
-    cfg = load_config(config, sets)
+    """Each day as daily_data makes it (its run id and select keys: the DAG's own
+    interval_overrides): {day: seconds}."""
     took = {}
     for day in days:
         start = dt.datetime.fromisoformat(day).replace(tzinfo=dt.timezone.utc)
-        interval = Interval(start, start + dt.timedelta(days=1))
-        lo, hi = interval.to_json()
-        keys = [*sets, f"select.splits={','.join(cfg.daily.splits)}",
-                f"select.hours={cfg.daily.hours}", f"select.interval_start={lo}",
-                f"select.interval_end={hi}"]
+        run_id, keys = interval_overrides(config, sets,
+                                          Interval(start, start + dt.timedelta(days=1)))
         t0 = time.perf_counter()
         for step in ("select", "features", "targets"):
-            _step(step, config, interval_run_id(cfg.daily.dataset, interval), keys)
+            _step(step, config, run_id, [*sets, *keys])
         took[day] = round(time.perf_counter() - t0, 1)
     return took
 
