@@ -97,34 +97,40 @@ def _backfill(airflow: Standalone, days: list[str], conf: dict, reprocess: str
     again (their tries did not move), as a user would who sees nothing happen: Airflow 3.3
     can lose the clear of a run that the scheduler is still marking finished
     (Standalone.settle), and a reprocess skips a run it holds in flight."""
-    before = _tries(airflow, days)
+    if reprocess == "none":  # new runs: nothing to compare with
+        return _backfill_once(airflow, days, conf, reprocess)
+    before = _tries(airflow, _runs(airflow, days))
     runs = _backfill_once(airflow, days, conf, reprocess)
-    if reprocess == "none":
-        return runs
-    stale = [d for d in days if not _moved(before[d], _tries(airflow, [d])[d])]
+    after = _tries(airflow, runs)
+    stale = [d for d in days if not _moved(before[d], after[d])]
     if stale:
         print(f"backfill ({reprocess}): Airflow did not run {stale} again; asked once more")
         for day in stale:
             airflow.settle(DAG, runs[day])
         _backfill_once(airflow, stale, conf, reprocess)
-        after = _tries(airflow, days)
+        after = _tries(airflow, runs)
         assert all(_moved(before[d], after[d]) for d in days), (before, after)
     return runs
 
 
-def _tries(airflow: Standalone, days: list[str]) -> dict[str, dict[str, int]]:
-    """{day: {step: try number}} of the days' runs (empty for a day with no run yet)."""
+def _runs(airflow: Standalone, days: list[str]) -> dict[str, dict]:
+    """{day: its daily_data run} over the days' logical dates."""
+    runs = airflow.get(f"/api/v2/dags/{DAG}/dagRuns?logical_date_gte={days[0]}T00:00:00Z"
+                       f"&logical_date_lte={days[-1]}T00:00:00Z")["dag_runs"]
+    return {r["logical_date"][:10]: r for r in runs}
+
+
+def _tries(airflow: Standalone, runs: dict[str, dict | str]) -> dict[str, dict[str, int]]:
+    """{day: {step: try number}} of the runs ({day: run or run id})."""
     out = {}
-    for day in days:
-        runs = airflow.get(f"/api/v2/dags/{DAG}/dagRuns?logical_date_gte={day}T00:00:00Z"
-                           f"&logical_date_lte={day}T00:00:00Z")["dag_runs"]
-        tis = airflow.task_instances(DAG, runs[0]["dag_run_id"]) if runs else {}
-        out[day] = {s: tis[s]["try_number"] for s in STEPS if s in tis}
+    for day, run in runs.items():
+        tis = airflow.task_instances(DAG, run if isinstance(run, str) else run["dag_run_id"])
+        out[day] = {s: tis[s]["try_number"] for s in STEPS}
     return out
 
 
 def _moved(before: dict[str, int], after: dict[str, int]) -> bool:
-    return all(after[s] > before.get(s, 0) for s in STEPS)
+    return all(after[s] > before[s] for s in STEPS)
 
 
 def _backfill_once(airflow: Standalone, days: list[str], conf: dict, reprocess: str
@@ -142,10 +148,8 @@ def _backfill_once(airflow: Standalone, days: list[str], conf: dict, reprocess: 
     _paused(airflow, False)
     airflow.wait(lambda: airflow.get(f"/api/v2/backfills/{bf['id']}")["completed_at"], 900,
                  f"backfill {bf['id']} ({reprocess}) to complete", every=3)
-    runs = airflow.get(f"/api/v2/dags/{DAG}/dagRuns?logical_date_gte={days[0]}T00:00:00Z"
-                       f"&logical_date_lte={days[-1]}T00:00:00Z")["dag_runs"]
-    by_day = {r["logical_date"][:10]: r for r in runs}
-    assert sorted(by_day) == days, runs
+    by_day = _runs(airflow, days)
+    assert sorted(by_day) == days, by_day
     for day, run in by_day.items():
         assert run["state"] == "success", (day, airflow.task_instances(DAG, run["dag_run_id"]))
     return {day: run["dag_run_id"] for day, run in by_day.items()}
@@ -168,7 +172,8 @@ def _xcom(airflow: Standalone, run_id: str, task: str, key: str = "return_value"
 
 
 def _runner_lines(airflow: Standalone, run_id: str, task: str, try_number: int) -> list[str]:
-    """The [amflow-runner] lines of a task's try: why it started a job or handed back."""
+    """A task try's amflow lines (its run id, the [amflow-runner] decision, the step's own):
+    why it started a job or handed back."""
     log = airflow.task_log(DAG, run_id, task, try_number)
     return [line[-400:] for line in log.splitlines() if "amflow" in line][-12:]
 
