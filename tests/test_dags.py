@@ -122,6 +122,9 @@ def test_pool_slots_give_the_teacher_both_cores_and_light_steps_room_beside(dagb
     total = {t.task_id: weight(t) for t in teacher.tasks}
     student = max(weight(t) for t in dagbag.dags["ssl_student"].tasks)
     assert total["train"] > total["train_baseline"] > student
+    # the CTC SSL student (the student run's longest step) first of the student's trainings
+    ssl = {t.task_id: weight(t) for t in dagbag.dags["ssl_student"].tasks}
+    assert ssl["train_ctc"] > max(ssl["train"], ssl["train_ctc_baseline"], total["sequence_baseline"])
     for dag in dagbag.dags.values():
         assert {t.pool for t in dag.tasks} == {"default_pool"}, dag.dag_id
 
