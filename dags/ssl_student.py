@@ -44,17 +44,12 @@ _cfg = local_defaults()
 # `amflow sequence` on the student's model writes sequence/; evaluate / decode it alike.
 SEQ_SETS = ["train.model=student", "evaluate.tag=sequence", "decode.tag=sequence"]
 # The end-to-end CTC students: size and recipe are the config's (model.ctc, and
-# train.ctc_recipe over train.*; the SSL student's epochs below); the CTC student trains one recipe, labeled, on the labeled
-# transcripts and (train_ctc) the pseudolabel task's kept labels.
+# train.ctc_recipe over train.*; the SSL student's epochs: train.pseudolabel_epochs); the
+# CTC student trains one recipe, labeled, on the labeled transcripts and (train_ctc) the
+# pseudolabel task's kept labels.
 CTC_BASELINE_SETS = ["train.model=ctc", "train.recipe=labeled", "train.tag=ctc-baseline",
                      "decode.tag=ctc-baseline"]
-# The CTC SSL student trains 14 epochs, whatever the recipe says (the baseline trains the
-# recipe's): over 4.8x the baseline's audio, 14 of the demo recipe's 20 are as good (test
-# 16.45 against 16.21 %) at 0.7x the cost, which keeps both CTC students inside the demo's
-# 35 minutes, while the baseline at 14 is undertrained (37.6 against 29.2 %:
-# docs/results/2026-11-29-ctc-in-the-demo.md). A trigger's overrides (every step) still win.
-CTC_SETS = ["train.model=ctc", "train.recipe=labeled", "train.tag=ctc", "decode.tag=ctc",
-            "train.epochs=14"]
+CTC_SETS = ["train.model=ctc", "train.recipe=labeled", "train.tag=ctc", "decode.tag=ctc"]
 
 
 @dag(

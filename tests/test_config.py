@@ -89,7 +89,7 @@ def test_every_flat_train_key_lives_in_one_section_and_round_trips(tmp_path):
 
     cfg = load_config(ROOT / "configs/local.yaml", ["train.gtc_tau=0.5", "train.log_every=3"])
     flat = cfg.to_dict()["train"]
-    assert set(flat) == set(TRAIN_KEYS) and len(flat) == 76  # 75th: train.pseudolabels, 76th: ctc_recipe
+    assert set(flat) == set(TRAIN_KEYS) and len(flat) == 77  # 75th: train.pseudolabels, 76th: ctc_recipe, 77th: pseudolabel_epochs
     assert (cfg.train.algo.gtc_tau, cfg.train.checkpoints.log_every) == (0.5, 3)
     assert cfg.get("train.gtc_tau") == 0.5
     assert cfg.get("train.augment.servers") == cfg.train.augment.servers
@@ -219,6 +219,29 @@ def test_ctc_recipe_applies_to_the_ctc_student_only_and_set_wins():
     # the demo's: configs/local.yaml names configs/recipes/ctc.yaml
     local = load_config(ROOT / "configs" / "local.yaml", ["train.model=ctc"])
     assert local.train.ctc_recipe and local.train.threads == local.train.ctc_recipe["threads"]
+
+
+def test_pseudolabel_epochs_are_the_ctc_ssl_students_and_set_epochs_wins():
+    from core.config.loading import resolve_config
+
+    base = ["train.model=ctc", "train.ctc_recipe={epochs: 20, pseudolabel_epochs: 14}"]
+    assert load_config(None, base).train.passes.epochs == 20  # the CTC baseline
+    ssl = [*base, "train.pseudolabels=r1"]
+    resolved = resolve_config(None, ssl)
+    assert resolved.config.train.passes.epochs == 14
+    assert resolved.source("train.epochs").startswith("train.pseudolabel_epochs")
+    assert load_config(None, [*ssl, "train.epochs=5"]).train.passes.epochs == 5
+    # 0 (the default) leaves train.epochs alone; not the hybrid student's
+    assert load_config(None, [*base[:1], "train.pseudolabels=r1", "train.epochs=7"]
+                       ).train.passes.epochs == 7
+    assert load_config(None, ["train.pseudolabel_epochs=3", "train.epochs=7"]
+                       ).train.passes.epochs == 7
+    with pytest.raises(ConfigError) as err:
+        load_config(None, ["train.pseudolabel_epochs=-1"])
+    assert err.value.key == "train.pseudolabel_epochs"
+    local = load_config(ROOT / "configs" / "local.yaml", ["train.model=ctc", "train.pseudolabels=r1"])
+    assert local.train.passes.epochs < load_config(
+        ROOT / "configs" / "local.yaml", ["train.model=ctc"]).train.passes.epochs
 
 
 def test_cli_fails_fast_naming_the_key(tmp_path):

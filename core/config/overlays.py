@@ -92,6 +92,19 @@ def apply_recipes(data: dict[str, Any], explicit: set[str], sources: dict[str, s
         recipe = _recipe_keys(train, name)
         if applies:
             _lay_over(train, recipe, explicit, sources, labels[name])
+    _pseudolabel_epochs(train, explicit, sources)
+
+
+def _pseudolabel_epochs(train: dict[str, Any], explicit: set[str],
+                        sources: dict[str, str]) -> None:
+    """train.pseudolabel_epochs replaces train.epochs for the CTC SSL student (train.model
+    ctc with train.pseudolabels), unless train.epochs was --set."""
+    epochs = train.get("pseudolabel_epochs")
+    if (train.get("model") == "ctc" and train.get("pseudolabels") and epochs
+            and "train.epochs" not in explicit):
+        train["epochs"] = epochs
+        sources["train.epochs"] = (f"train.pseudolabel_epochs "
+                                   f"({sources.get('train.pseudolabel_epochs', DEFAULT)})")
 
 
 def _lay_over(train: dict[str, Any], recipe: dict[str, Any], explicit: set[str],

@@ -150,9 +150,15 @@ class PassesConfig:
     unlabeled_passes: int = 1  # ssl: passes over the unlabeled data (the paper: 1)
     # SortaGrad (DeepSpeech2): the first epoch's minibatches in increasing utterance length.
     sortagrad: bool = False
+    # train.model ctc with train.pseudolabels: train.epochs becomes this (0: no change), an
+    # explicit --set train.epochs still wins. The SSL student sees several times the
+    # baseline's audio per epoch, so it needs fewer epochs than the baseline's recipe
+    # (configs/recipes/ctc.yaml says what was measured).
+    pseudolabel_epochs: int = 0
 
     def validate(self, key: str) -> None:
         check(self.epochs >= 1, f"{key}.epochs", "must be >= 1")
+        check(self.pseudolabel_epochs >= 0, f"{key}.pseudolabel_epochs", "must be >= 0")
         check(self.unlabeled_passes >= 1, f"{key}.unlabeled_passes", "must be >= 1")
         check(self.finetune_epochs >= 0, f"{key}.finetune_epochs", "must be >= 0")
         check(self.sub_epochs >= 1, f"{key}.sub_epochs", "must be >= 1")
@@ -458,7 +464,7 @@ TRAIN_KEY_ORDER: tuple[str, ...] = (
     "sequence_ce_weight", "sequence_l2", "leaky_hmm", "sequence_am_scale",
     "sequence_prior_scale", "den_ngram_order", "den_min_count", "teacher_recipe",
     "sequence_recipe", "init_model", "phone_weight", "grow", "grow_recipe", "pseudolabels",
-    "ctc_recipe")
+    "ctc_recipe", "pseudolabel_epochs")
 
 
 assert set(TRAIN_KEY_ORDER) == set(TRAIN_KEYS) and len(TRAIN_KEY_ORDER) == len(TRAIN_KEYS)
