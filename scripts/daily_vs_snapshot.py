@@ -43,12 +43,22 @@ def _teacher(cfg, path: Path) -> str:
 
 
 def _chain(base: list[str], run_id: str, start: str, end: str) -> tuple[float, dict]:
-    """select -> features -> targets of one interval [start, end): (wall s, summaries)."""
+    """select -> features -> targets of one interval [start, end): (wall s, summaries, each
+    with its step's wall time as `_s`)."""
     cfg = load_config(ROOT / "configs" / "local.yaml",
                       [*base, f"select.interval_start={start}", f"select.interval_end={end}"])
     t0 = time.perf_counter()
-    out = {name: mod.run(StepContext(cfg, run_id, name)) for name, mod in STEPS}
+    out = {}
+    for name, mod in STEPS:
+        t = time.perf_counter()
+        out[name] = {**mod.run(StepContext(cfg, run_id, name)), "_s": time.perf_counter() - t}
     return time.perf_counter() - t0, out
+
+
+def _per_step(chains: list[dict]) -> dict[str, float]:
+    """Mean wall seconds of each step over `chains` (summaries as _chain returns them)."""
+    return {name: round(sum(c[name]["_s"] for c in chains) / len(chains), 2)
+            for name, _ in STEPS}
 
 
 def _days(corpus: Path) -> list[str]:
@@ -84,6 +94,8 @@ def main() -> int:
         "backfill_s": round(sum(s for s, _ in daily), 1),
         "ratio": round(sum(s for s, _ in daily) / snap_s, 2),
         "noop_s_per_interval": round(sum(noop) / len(noop), 2),
+        # where an interval's time goes: a day's steps against the snapshot's
+        "step_s": {"snapshot": _per_step([snap]), "per_day": _per_step([o for _, o in daily])},
         "utterances": {"snapshot": snap["targets"]["counts"]["out"],
                        "days": sum(o["targets"]["counts"]["out"] for _, o in daily)},
         "frames": {"snapshot": snap["targets"]["metrics"].get("frames", 0),
