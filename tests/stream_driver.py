@@ -8,12 +8,16 @@ from typing import Any, Callable, Sequence
 
 def drive_streams(rec: Any, waves: Sequence[Any], clients: Sequence[tuple[int, bool]], *,
                   model: Any = None, prepare: Callable | None = None, max_wait_s: float = 0.0,
-                  timeout_s: float = 120.0) -> tuple[list[list[dict]], list[int]]:
+                  pause_s: float = 0.0, timeout_s: float = 120.0
+                  ) -> tuple[list[list[dict]], list[int]]:
     """Each client (chunk samples, pause) streams every wave at once with the others, in
-    chunks of its size; `pause` yields to the loop after each chunk (a real-time client),
-    else it sends as fast as it can, its next utterance arriving while a forward still
-    holds the last one's rows. Returns each client's messages and the dispatcher's batch
-    sizes. `model`: what the dispatcher forwards (default rec.model)."""
+    chunks of its size; `pause` sleeps `pause_s` after each chunk (0: only yields to the
+    loop; a real-time client), else it sends as fast as it can, its next utterance arriving
+    while a forward still holds the last one's rows. Returns each client's messages and the
+    dispatcher's batch sizes. `model`: what the dispatcher forwards (default rec.model).
+    A test that wants partials from a model that is not slowed needs `pause_s` > 0: with
+    bare yields a loaded machine may see every chunk of an utterance fed before its first
+    forward, and so no partial."""
     from serving.dispatch import BatchDispatcher
     from serving.recognizer import Session
 
@@ -32,7 +36,7 @@ def drive_streams(rec: Any, waves: Sequence[Any], clients: Sequence[tuple[int, b
                     s.feed(w[i:i + chunk])
                     disp.notify()
                     if pause:
-                        await asyncio.sleep(0)
+                        await asyncio.sleep(pause_s)
                 s.end_utterance()
                 disp.notify()
                 if not pause:  # the next utterance and its end arrive while a forward holds
