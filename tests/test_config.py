@@ -231,11 +231,11 @@ def test_pseudolabel_epochs_are_the_ctc_ssl_students_and_set_epochs_wins():
     assert resolved.config.train.passes.epochs == 14
     assert resolved.source("train.epochs").startswith("train.pseudolabel_epochs")
     assert load_config(None, [*ssl, "train.epochs=5"]).train.passes.epochs == 5
-    # 0 (the default) leaves train.epochs alone; not the hybrid student's
-    assert load_config(None, [*base[:1], "train.pseudolabels=r1", "train.epochs=7"]
-                       ).train.passes.epochs == 7
-    assert load_config(None, ["train.pseudolabel_epochs=3", "train.epochs=7"]
-                       ).train.passes.epochs == 7
+    # 0 (the default) leaves the recipe's train.epochs alone; the hybrid student ignores it
+    assert load_config(None, ["train.model=ctc", "train.ctc_recipe={epochs: 7}",
+                              "train.pseudolabels=r1"]).train.passes.epochs == 7
+    assert load_config(None, ["train.pseudolabel_epochs=3"]).train.passes.epochs == \
+        load_config(None, []).train.passes.epochs
     with pytest.raises(ConfigError) as err:
         load_config(None, ["train.pseudolabel_epochs=-1"])
     assert err.value.key == "train.pseudolabel_epochs"
