@@ -1,6 +1,7 @@
 """Airflow plugin: an "amflow" tab on every DAG run's page with that run's results, an
 "Compare" page in the navigation (runs side by side, deltas with significance),
-and a refused trigger explained in plain words (amflow.trigger_refusal).
+and a refused trigger explained in plain words (amflow.trigger_refusal) where the user
+looks (amflow.refusal_in_view).
 
 A FastAPI app (mounted at /amflow by the API server) renders the run's report from its
 files (`amflow.airflow_view`); an external view puts it in the DAG run page. FastAPI
@@ -20,6 +21,7 @@ from airflow.api_fastapi.auth.managers.models.resource_details import DagAccessE
 from airflow.api_fastapi.core_api.security import requires_access_dag
 from airflow.plugins_manager import AirflowPlugin
 from amflow.form_checks import register as register_override_format
+from amflow.refusal_in_view import RefusalInView
 from amflow.trigger_refusal import PlainTriggerRefusal
 
 # The API server checks trigger params here: the override format must be known to it.
@@ -131,6 +133,9 @@ class AmflowPlugin(AirflowPlugin):
                       # read "amflow co..."
                       {"name": "Compare", "href": "amflow/compare",
                        "destination": "nav", "url_route": "amflow-compare"}]
-    # a refused trigger explained in plain words, every bad param and override line
+    # a refused trigger explained in plain words, every bad param and override line, and
+    # that explanation scrolled into view with its first line in Airflow's toast
     fastapi_root_middlewares = [{"middleware": PlainTriggerRefusal, "args": [], "kwargs": {},
-                                 "name": "amflow plain trigger refusal"}]
+                                 "name": "amflow plain trigger refusal"},
+                                {"middleware": RefusalInView, "args": [], "kwargs": {},
+                                 "name": "amflow trigger refusal in view"}]

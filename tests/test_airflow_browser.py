@@ -1,6 +1,7 @@
 """A person's path through the Airflow UI, in headless Debian Chromium (playwright):
 log in, open ssl_student, trigger it from the form (empty choices shown as empty, bad
-numbers kept as typed and refused in plain words with their limits), see the run succeed,
+numbers kept as typed and refused in plain words with their limits, the reasons scrolled
+into view and named in the toast), see the run succeed,
 open a task log; then a run triggered the way `make demo` triggers it: its task log is
 readable, the train task's duration is the step's wall time, the decode log ends with a
 short human line, the run's amflow tab shows the results table (WER with its CI) and a
@@ -90,6 +91,12 @@ def test_login_trigger_from_form_run_succeeds_and_task_log_shows(airflow, tmp_pa
                      "from 1 to 100"):
             expect(form.get_by_text(said)).to_be_visible()
         expect(form.get_by_text("Failed validating")).to_have_count(0)  # no schema dump
+        # seen: the reasons, at the top of a dialog taller than the window, are scrolled
+        # into view, and Airflow's toast says more than "Bad Request"
+        expect(form.get_by_text("This run was not triggered: 3 problems.")).to_be_in_viewport()
+        expect(page.get_by_text("This run was not triggered: 3 problems. The reasons are at "
+                                "the top of the dialog.")).to_be_visible()
+        expect(page.get_by_text("Bad Request", exact=True)).to_have_count(0)
         assert "/runs/" not in page.url
         page.screenshot(path=SHOTS / "03b-numbers-refused.png", full_page=True)
         page.fill("input[name=element_hours]", "0.5")

@@ -147,3 +147,51 @@ def test_middleware_rewrites_airflows_refusal_only(monkeypatch):
     assert call(airflow(422, raw), "/api/v2/backfills/dry_run") == (422, detail)
     assert call(airflow(200, "ok")) == (200, "ok")
     assert call(airflow(400, raw), "/api/v2/dags/ssl_student/dagRuns/x/clear")[1] == raw
+
+
+def test_refusal_in_view_adds_its_script_to_the_ui_pages_only():
+    """RefusalInView around a stand-in for Airflow's API server: the UI's HTML (which
+    Airflow would gzip) goes out uncompressed with the script before </head> and the right
+    length; an API answer, a static file and a POST go out as they were."""
+    import asyncio
+
+    from amflow.refusal_in_view import RefusalInView, TAG
+
+    page = b"<html><head><title>Airflow</title></head><body>" + b"x" * 2000 + b"</body></html>"
+
+    async def airflow(scope, receive, send):
+        gzip = any(k == b"accept-encoding" for k, _ in scope["headers"])
+        html = not scope["path"].startswith(("/api/", "/static/"))
+        body = page if html else b'{"ok": true}'
+        headers = [(b"content-type", b"text/html; charset=utf-8" if html else b"application/json"),
+                   (b"content-length", str(len(body)).encode())]
+        if gzip:  # a stand-in for the compression: marked, left readable
+            headers.append((b"content-encoding", b"gzip"))
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": body[:10], "more_body": True})
+        await send({"type": "http.response.body", "body": body[10:]})
+
+    def get(path, method="GET"):
+        sent = []
+
+        async def receive():
+            return {"type": "http.request", "body": b""}
+
+        async def send(m):
+            sent.append(m)
+        scope = {"type": "http", "method": method, "path": path,
+                 "headers": [(b"accept-encoding", b"gzip, deflate")]}
+        asyncio.run(RefusalInView(airflow)(scope, receive, send))
+        headers = dict(sent[0]["headers"])
+        body = b"".join(m.get("body", b"") for m in sent[1:])
+        assert int(headers[b"content-length"]) == len(body)
+        return headers, body
+
+    headers, body = get("/dags/ssl_student")
+    assert b"content-encoding" not in headers
+    assert body == page.replace(b"</head>", TAG + b"</head>")
+    assert b"This run was not triggered" in TAG  # the script looks for trigger_refusal's text
+    for path, method in (("/api/v2/dags", "GET"), ("/static/assets/x.js", "GET"),
+                         ("/dags/ssl_student", "POST")):
+        headers, body = get(path, method)
+        assert TAG not in body and headers[b"content-encoding"] == b"gzip"
