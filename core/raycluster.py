@@ -2,13 +2,17 @@
 
 `map_shards` is the shell every data step shares: one Ray task per shard file, shards
 that already have a done-marker are skipped (idempotent re-runs), each finished task
-publishes its marker itself, and the driver shows progress as tasks complete.
+publishes its marker itself, and the driver shows progress as tasks complete. A step
+whose input is smaller than `ray.inline_hours` runs the same shard function in its own
+process instead (`runs_inline`): for a few minutes of audio, Ray's worker start and
+imports cost more than the work.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 from core.config import Config
 from core.progress import Progress
@@ -60,6 +64,26 @@ def step_resources(cfg: Config, step: str) -> dict[str, float]:
     return dict(cfg.ray.step_resources.get(step, {}))
 
 
+def runs_inline(cfg: Config, audio_hours: float | None) -> bool:
+    """Whether a step with `audio_hours` of input runs in its own process (below
+    `ray.inline_hours`; an unknown size runs on Ray)."""
+    return audio_hours is not None and audio_hours < cfg.ray.inline_hours
+
+
+@contextlib.contextmanager
+def worker_threads(cfg: Config) -> Iterator[None]:
+    """Torch's threads as a Ray task has them (`ray.worker_threads`), for work done in the
+    step's process: the same arithmetic, so the same bytes, as on Ray."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(max(1, int(cfg.ray.worker_threads)))
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 def _run_shard(fn: Callable[..., dict], ctx: StepContext, job: Any, shard_id: str,
                payload: Any) -> dict:
     stats = fn(job, shard_id, payload)
@@ -71,15 +95,15 @@ def _run_shard(fn: Callable[..., dict], ctx: StepContext, job: Any, shard_id: st
 def map_shards(ctx: StepContext, shards: Sequence[tuple[str, Any]],
                fn: Callable[[Any, str, Any], dict], job: Any, *, unit: str = "shards",
                num_cpus: float = 1, num_gpus: float = 0,
-               postfix: Callable[[list[dict]], dict] | None = None) -> list[dict]:
+               postfix: Callable[[list[dict]], dict] | None = None,
+               inline: bool = False) -> list[dict]:
     """Run `fn(job, shard_id, payload) -> stats` on Ray once per shard of step `ctx` not yet
-    done (its marker, written here, says so). `job` is the library's typed plan of the
-    step (URIs and settings, shipped once to every task): libraries never see the run.
+    done (its marker, written here, says so); with `inline`, one after another in this
+    process. `job` is the library's typed plan of the step (URIs and settings, shipped
+    once to every task): libraries never see the run.
 
     Returns the stats of every shard (fresh or from its marker), in input order.
     """
-    import ray
-
     results: dict[str, dict] = {}
     todo = []
     for shard_id, payload in shards:
@@ -91,7 +115,16 @@ def map_shards(ctx: StepContext, shards: Sequence[tuple[str, Any]],
     if len(results):
         log.info("%s: %d of %d shards already done, skipping them", ctx.step, len(results),
                  len(shards))
-    if todo:
+    if todo and inline:
+        with worker_threads(ctx.cfg), Progress(len(todo), ctx.step, unit) as bar:
+            fresh = []
+            for sid, payload in todo:
+                results[sid] = _run_shard(fn, ctx, job, sid, payload)
+                fresh.append(results[sid])
+                bar.update(1, **(postfix(fresh) if postfix else {}))
+    elif todo:
+        import ray
+
         init_ray(ctx.cfg)
         remote = ray.remote(_run_shard).options(
             num_cpus=num_cpus, num_gpus=num_gpus, max_retries=3,

@@ -350,11 +350,13 @@ class TargetActor:
         self.scorer = TeacherScorer(model, mean, inv_std, device=device, dtype=dtype,
                                     batch_frames=tc.batch_frames, max_frames=tc.max_frames)
 
+    def info(self) -> dict[str, Any]:
+        return {"device": self.device, "fp16": self.fp16, "precision": self.precision}
+
     def ready(self) -> dict[str, Any]:
         import ray  # deferred: importing ray fixes its client settings (auth token) for the process
 
-        return {"device": self.device, "fp16": self.fp16, "precision": self.precision,
-                "gpu_ids": ray.get_gpu_ids()}
+        return {**self.info(), "gpu_ids": ray.get_gpu_ids()}
 
     def score_shard(self, shard_id: str, fidelity_frames: int = 0) -> dict[str, Any]:
         """Score one feature shard; measure fidelity on its first `fidelity_frames` frames."""

@@ -62,15 +62,18 @@ def test_an_interval_task_reads_its_interval_into_its_own_run(dagbag):
     task = dagbag.dags["daily_data"].get_task("select")
     ctx = _context(dt.datetime(2026, 3, 8, tzinfo=UTC), dt.datetime(2026, 3, 9, tzinfo=UTC),
                    overrides=["select.interval_start=2020-01-01",
-                              "select.interval_end=2020-01-02", "daily.hours=2"])
+                              "select.interval_end=2020-01-02", "daily.hours=2",
+                              "daily.inline_hours=0.25"])
     assert task.amflow_run_id(ctx) == "daily-2026-03-08"
     sets = task.resolved_overrides(ctx)
     # the interval comes last: an override cannot move the partition to another interval
-    assert sets[-4:] == ["select.splits=unlabeled", "select.hours=2.0",
+    assert sets[-5:] == ["select.splits=unlabeled", "select.hours=2.0",
+                         "ray.inline_hours=0.25",
                          "select.interval_start=2026-03-08T00:00:00+00:00",
                          "select.interval_end=2026-03-09T00:00:00+00:00"]
     cfg = load_config(ROOT / "configs" / "local.yaml", sets)
     assert cfg.select.interval_start.startswith("2026-03-08") and cfg.select.hours == 2.0
+    assert cfg.ray.inline_hours == 0.25  # a day below it runs without Ray workers
     other = _context(dt.datetime(2026, 3, 8, tzinfo=UTC), dt.datetime(2026, 3, 9, tzinfo=UTC),
                      overrides=["daily.dataset=calls"])
     assert task.amflow_run_id(other) == "calls-2026-03-08"

@@ -73,7 +73,9 @@ def test_interval_config_keys_are_checked():
                        "select.interval_start"),
                       (["daily.dataset=my-data"], "daily.dataset"),
                       (["repartition.from_date=3 March"], "repartition.from_date"),
-                      (["repartition.days=-1"], "repartition.days")):
+                      (["repartition.days=-1"], "repartition.days"),
+                      (["daily.inline_hours=-1"], "daily.inline_hours"),
+                      (["ray.inline_hours=-0.5"], "ray.inline_hours")):
         with pytest.raises(ConfigError) as err:
             load_config(None, sets)
         assert key in str(err.value), (sets, err.value)
@@ -260,16 +262,17 @@ def test_interval_partition_rerun_is_handed_back_and_a_new_teacher_redoes_only_t
     iv = _day(day).to_json()
     run = "daily-" + day
 
-    def cfg(teacher: str):
+    def cfg(teacher: str, store: str = "store", inline: float = 0.0):
         return load_config(ROOT / "configs" / "local.yaml", [
-            f"storage.root={tmp_path / 'store'}", f"data.corpus={corpus}",
+            f"storage.root={tmp_path / store}", f"data.corpus={corpus}",
             "select.splits=unlabeled", "select.hours=1000", f"select.interval_start={iv[0]}",
             f"select.interval_end={iv[1]}", f"targets.teacher={teacher}", "targets.actors=1",
-            "targets.fidelity_sample_frames=100"])
+            "targets.fidelity_sample_frames=100", f"ray.inline_hours={inline}"])
 
-    def chain(teacher: str) -> tuple[dict, dict, dict, float]:
+    def chain(teacher: str, store: str = "store", inline: float = 0.0
+              ) -> tuple[dict, dict, dict, float]:
         t0 = time.perf_counter()
-        c = cfg(teacher)
+        c = cfg(teacher, store, inline)
         out = (select_step.run(StepContext(c, run, "select")),
                features_step.run(StepContext(c, run, "features")),
                targets_step.run(StepContext(c, run, "targets")))
@@ -301,6 +304,18 @@ def test_interval_partition_rerun_is_handed_back_and_a_new_teacher_redoes_only_t
     # the first teacher again: scored as the first time (byte for byte)
     chain(a)
     assert [p.read_bytes() for p in target_files] == scored_a
+    # below ray.inline_hours (a small day, as daily_data runs it): no Ray task or actor,
+    # the steps' own processes, and the same partition byte for byte
+    _, feats_in, tgt_in, _ = chain(a, "inline", inline=1000.0)
+    assert feats_in["metrics"]["executor"] == tgt_in["metrics"]["executor"] == "inline"
+    assert feats["metrics"]["executor"] == "ray" and tgt_in["metrics"]["actors"][0]["inline"]
+    for step in ("features", "targets"):
+        ray_dir = tmp_path / "store" / "runs" / run / step
+        files = sorted(p.relative_to(ray_dir) for p in ray_dir.rglob("*.parquet"))
+        assert files, step
+        for f in files:
+            assert (tmp_path / "inline" / "runs" / run / step / f).read_bytes() == \
+                (ray_dir / f).read_bytes(), (step, f)
 
 
 @pytest.mark.integration

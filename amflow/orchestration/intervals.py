@@ -49,13 +49,14 @@ def interval_of(context: dict[str, Any]) -> Interval:
 def interval_overrides(config: str, overrides: list[str], interval: Interval
                        ) -> tuple[str, list[str]]:
     """(the interval's run id, the overrides that make select read it): the splits and
-    hours of `daily.*` in the run's config, and the interval itself (last: an override
-    cannot move a partition to another interval)."""
+    hours of `daily.*` in the run's config, the size below which its steps skip Ray, and
+    the interval itself (last: an override cannot move a partition to another interval)."""
     cfg = load_config(resolve_config(config), overrides)
     d = cfg.daily
     start, end = interval.to_json()
     return interval_run_id(d.dataset, interval), [
         f"select.splits={','.join(d.splits)}", f"select.hours={d.hours}",
+        f"ray.inline_hours={d.inline_hours}",
         f"select.interval_start={start}", f"select.interval_end={end}"]
 
 

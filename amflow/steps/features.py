@@ -1,7 +1,7 @@
 """`amflow features`: log-mel fbank, causal CMN, global CMVN, low frame rate for the run.
 
 Resolves select's shards through the run layout, fans `tasks.features.process_shard` out
-over Ray, then publishes cmvn.json, phones.json and shards.json. With features.labels=align
+over Ray (or, below `ray.inline_hours` of audio, runs it in this process), then publishes cmvn.json, phones.json and shards.json. With features.labels=align
 the labels are this run's `amflow align` outputs (network-tree leaves; context.json holds
 the tree) instead of the corpus CTM's phones.
 """
@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from core.raycluster import map_shards
+from core.raycluster import map_shards, runs_inline
 from core.runs import SUCCESS, StepContext, StepError
 from core.config import features_dict
 from tasks.features import (LABELED_SPLITS, FeaturesJob, align_label_payloads,
@@ -87,9 +87,12 @@ def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
         return {"audio_h": audio / 3600.0, "xRT": audio / max(1e-9, time.time() - t0)}
 
     job = FeaturesJob(ctx.cfg.storage, fcfg, ctx.step_uri)
-    stats = map_shards(ctx, shards, process_shard, job, unit="shards", postfix=postfix)
+    inline = runs_inline(ctx.cfg, select.get("metrics", {}).get("audio_hours"))
+    stats = map_shards(ctx, shards, process_shard, job, unit="shards", postfix=postfix,
+                       inline=inline)
     metrics, counts, nbytes = publish(st, ctx.step_uri, fcfg, stats, inventory,
                                       [sid for sid, _ in shards], time.time() - ctx.started)
+    metrics["executor"] = "inline" if inline else "ray"
     return ctx.finish(inputs={"select": ctx.other("select", SUCCESS),
                               "corpus": ctx.cfg.data.corpus,
                               "select_finished_at": select.get("finished_at")},

@@ -1,4 +1,5 @@
-"""`amflow targets`: the teacher labels the run's features on a pool of Ray actors.
+"""`amflow targets`: the teacher labels the run's features on a pool of Ray actors (or,
+below `ray.inline_hours` of audio, in this process).
 
 Resolves the teacher (targets.teacher or this run's train/model.pt) and the feature shards
 through the run layout; scoring and top-k live in `tasks.targets.TargetActor`.
@@ -8,6 +9,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from core.raycluster import runs_inline
 from core.runs import StepContext, StepError
 from tasks.target_plan import feature_shards, scoring_plan, teacher_uri
 
@@ -38,7 +40,9 @@ def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
     todo = [s for s in shards if s not in done]
     tc = ctx.cfg.targets
     stats = list(done.values())
-    scored, actor_info, startup, wall = _score(ctx, model_uri, todo) if todo else ([], [], 0.0, 0.0)
+    inline = runs_inline(ctx.cfg, feats_summary.get("metrics", {}).get("audio_hours"))
+    score = _score_inline if inline else _score
+    scored, actor_info, startup, wall = score(ctx, model_uri, todo) if todo else ([], [], 0.0, 0.0)
     stats += scored
     fid = summarise_fidelity(p for s in stats for p in s.get("fidelity", []))
     total_frames = sum(s["frames"] for s in stats)
@@ -48,7 +52,7 @@ def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
     print_fidelity(fid, tc.k)
     metrics = {
         "frames": total_frames, "k": tc.k, "mass": tc.mass, "codec": tc.codec,
-        "actors": actor_info,
+        "actors": actor_info, "executor": "inline" if inline else "ray",
         # entries stored per frame: k, or fewer with targets.mass < 1
         "entries_per_frame": round(sum(s.get("entries", s["frames"] * tc.k) for s in stats)
                                    / total_frames, 3) if total_frames else None,
@@ -154,6 +158,29 @@ def _score(ctx: StepContext, model_uri: str, todo: list[str]
     for a in actors:
         ray.kill(a)
     return stats, actor_info, t0 - t_start, time.perf_counter() - t0
+
+
+def _score_inline(ctx: StepContext, model_uri: str, todo: list[str]
+                  ) -> tuple[list[dict], list[dict], float, float]:
+    """`_score` for a small input: the actor's class, its teacher loaded once in this
+    process (no Ray start, no actor process), scores the shards one after another."""
+    from core.progress import Progress
+    from tasks.targets import TargetActor, TargetsJob
+    from training.checkpoint import load_model
+
+    tc = ctx.cfg.targets
+    t_start = time.perf_counter()
+    job = TargetsJob(ctx.cfg.storage, tc, ctx.other("features"), ctx.step_uri)
+    teacher = TargetActor(job, model_uri, load_model)
+    t0 = time.perf_counter()
+    fid_frames = -(-tc.fidelity_sample_frames // len(todo))
+    stats: list[dict] = []
+    with Progress(len(todo), "targets", "shards") as bar:
+        for shard in todo:
+            stats.append(teacher.score_shard(shard, fid_frames))
+            bar.update(1, frames_per_s=sum(s["frames"] for s in stats)
+                       / (time.perf_counter() - t0))
+    return stats, [{**teacher.info(), "inline": True}], t0 - t_start, time.perf_counter() - t0
 
 
 def check_classes(ctx: StepContext, model_uri: str) -> None:

@@ -22,6 +22,7 @@ class DailyConfig:
     max_active_runs: int = 2  # daily_data runs (intervals) in flight at once
     splits: list[str] = field(default_factory=lambda: ["unlabeled"])  # splits selected per interval (select.splits for daily_data)
     hours: float = 10000.0  # audio hours selected per interval at most (select.hours for daily_data): all of a day by default
+    inline_hours: float = 1.0  # an interval with less audio than this is processed in its steps' own processes, without Ray workers or a teacher actor (ray.inline_hours for daily_data)
 
     def validate(self, key: str) -> None:
         check(bool(_DATASET.match(self.dataset)), f"{key}.dataset",
@@ -34,6 +35,7 @@ class DailyConfig:
             check(False, f"{key}.start_date", f"must be a date YYYY-MM-DD, got {self.start_date!r}")
         check(self.max_active_runs >= 1, f"{key}.max_active_runs", "must be >= 1")
         check(self.hours > 0, f"{key}.hours", "must be > 0")
+        check(self.inline_hours >= 0, f"{key}.inline_hours", "must be >= 0 hours")
         bad = [s for s in self.splits if s not in ("labeled", "unlabeled", "dev", "test")]
         check(bool(self.splits) and not bad, f"{key}.splits",
               f"must name splits among labeled, unlabeled, dev, test; got {self.splits}")
