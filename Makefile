@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.amflow-installed
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: setup system-deps docs quickstart demo test test-fast test-exhaustive airflow bench serve bench-serve rehearsal clean image test-image
+.PHONY: setup system-deps docs quickstart demo test test-fast test-exhaustive test-backfill bench-daily airflow bench serve bench-serve rehearsal clean image test-image
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -44,13 +44,18 @@ test: setup
 # The daily_data DAG backfilled over a live Airflow alone (4-9 min on a loaded 2-core
 # machine; make test runs it too, among the tests marked waits).
 test-backfill: setup
-	$(VENV)/bin/pytest -q -rs -m backfill tests
+	$(VENV)/bin/pytest -q -rs -m "backfill and not benchmark" tests
+
+# Every day of a corpus backfilled through a live Airflow against one run of all of them:
+# wall, task and step time side by side (AMFLOW_BENCH_CORPUS=data/corpus: the demo's).
+bench-daily: setup
+	$(VENV)/bin/pytest -q -rs -s -m benchmark tests/test_airflow_daily.py | grep -E "AMFLOW_BENCH|passed|failed"
 
 test-exhaustive: setup
 	$(VENV)/bin/pytest -q -rs -m exhaustive tests
 
 test-fast: setup
-	$(VENV)/bin/pytest -q -rs -m "not slow and not isolated and not cluster and not exhaustive" tests
+	$(VENV)/bin/pytest -q -rs -m "not slow and not isolated and not cluster and not exhaustive and not benchmark" tests
 
 # Both DAGs the cluster way on this machine: local S3 (moto) with injected faults, a Ray
 # head + pool nodes, Ray jobs, nodes killed mid-step; checks and per-step overhead vs local

@@ -17,6 +17,7 @@ import json
 import shutil
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -247,3 +248,96 @@ def test_backfill_reprocess_after_a_new_teacher_and_a_noop_rebackfill(airflow, t
             each = ", ".join(f"{s} {tis[s]['duration']:.1f} s" for s in STEPS)
             print(f"no-op re-backfill, {day}: {task_s:.1f} s of task time ({each})")
         print(f"no-op re-backfill of {len(days)} intervals: {took:.0f} s wall")
+
+
+def _all_days(corpus) -> list[str]:
+    """Every day from the first to the last with unlabeled audio (a backfill runs the days
+    between too)."""
+    with_data = sorted(p.name.split("=", 1)[1] for p in (corpus / "metadata").iterdir()
+                       if any('"unlabeled"' in f.read_text() for f in p.rglob("*.jsonl")))
+    first, last = (dt.date.fromisoformat(d) for d in (with_data[0], with_data[-1]))
+    return [(first + dt.timedelta(days=i)).isoformat() for i in range((last - first).days + 1)]
+
+
+def _run_times(airflow: Standalone, run_ids: list[str]) -> dict[str, float]:
+    """Wall (first start to last end), task time and the steps' own time (their
+    _SUCCESS.json's started/finished) over the runs."""
+    starts, ends, task_s = [], [], 0.0
+    for run_id in run_ids:
+        run = airflow.get(f"/api/v2/dags/{DAG}/dagRuns/{_q(run_id)}")
+        starts.append(dt.datetime.fromisoformat(run["start_date"]))
+        ends.append(dt.datetime.fromisoformat(run["end_date"]))
+        task_s += sum(ti["duration"] or 0.0 for ti in airflow.task_instances(DAG, run_id).values())
+    return {"wall_s": round((max(ends) - min(starts)).total_seconds(), 1),
+            "task_s": round(task_s, 1)}
+
+
+def _steps_s(store, run_ids: list[str]) -> float:
+    total = 0.0
+    for run_id in run_ids:
+        for s in STEPS:
+            done = json.loads((store / "runs" / run_id / s / "_SUCCESS.json").read_text())
+            total += (dt.datetime.fromisoformat(done["finished_at"])
+                      - dt.datetime.fromisoformat(done["started_at"])).total_seconds()
+    return round(total, 1)
+
+
+def _bench_conf(tmp_path, corpus, address: str, auth: dict) -> dict:
+    """daily_data's conf for the benchmark: with AMFLOW_BENCH_TEACHER (a model.pt of the
+    corpus's features, e.g. make demo's teacher) configs/local.yaml as it is, else this
+    module's config (steps on the shared Ray head) and a random 10-class teacher."""
+    import os
+
+    teacher = os.environ.get("AMFLOW_BENCH_TEACHER")
+    if not teacher:
+        return {"config": _config(tmp_path, corpus, address, auth),
+                "teacher": _teacher(tmp_path / "a.pt", 0)}
+    return {"config": str(ROOT / "configs" / "local.yaml"), "teacher": str(Path(teacher).resolve()),
+            "overrides": [f"storage.root={tmp_path / 'store'}", f"data.corpus={corpus}",
+                          f"runner.state_dir={tmp_path / 'jobs'}", "runner.poll_s=1"]}
+
+
+@pytest.mark.benchmark
+def test_backfill_cost_against_one_snapshot_run(airflow, tiny_corpus, tmp_path):
+    """Every day of a corpus backfilled (2 runs at a time) against one daily_data run whose
+    data interval spans them all (a snapshot), both through this Airflow with the real
+    steps: wall time, task time and the steps' own time, side by side, and the same
+    utterances kept; then the backfill again with nothing changed (every step handed
+    back): what Airflow itself costs per interval. The corpus: AMFLOW_BENCH_CORPUS (e.g. data/corpus after `make demo`),
+    else the tiny one. `make bench-daily`; prints JSON, asserts no timing."""
+    import os
+
+    corpus = Path(os.environ.get("AMFLOW_BENCH_CORPUS") or tiny_corpus).resolve()
+    days = _all_days(corpus)
+    store = tmp_path / "store"
+    (tmp_path / "ray").mkdir()
+    with start_ray_head(tmp_path / "ray", num_cpus=2) as (address, _, auth), \
+            _switched(airflow):
+        conf = _bench_conf(tmp_path, corpus, address, auth)
+        # the snapshot: one run, its data interval all the days (daily.dataset's run of
+        # it); its logical date the day after them, which the backfill leaves free
+        end = f"{dt.date.fromisoformat(days[-1]) + dt.timedelta(days=1)}T00:00:00Z"
+        _paused(airflow, False)
+        snap = airflow.request("POST", f"/api/v2/dags/{DAG}/dagRuns", {
+            "dag_run_id": "bench-snapshot", "logical_date": end,
+            "data_interval_start": f"{days[0]}T00:00:00Z", "data_interval_end": end,
+            "conf": conf})
+        assert airflow.settle(DAG, snap["dag_run_id"], timeout=900) == "success"
+        runs = _backfill_once(airflow, days, conf, "none")
+        snap_report = _xcom(airflow, snap["dag_run_id"], "report")
+        kept = sum(_xcom(airflow, r, "report")["utts_kept"] for r in runs.values())
+        assert kept == snap_report["utts_kept"] > 0
+        snapshot = {**_run_times(airflow, [snap["dag_run_id"]]),
+                    "steps_s": _steps_s(store, [snap_report["run_id"]])}
+        backfill = {**_run_times(airflow, list(runs.values())),
+                    "steps_s": _steps_s(store, [f"daily-{d}" for d in days])}
+        # Airflow's own floor: the same backfill again, every step handed back (no work)
+        for run_id in runs.values():
+            airflow.settle(DAG, run_id)
+        noop = _run_times(airflow, list(_backfill(airflow, days, conf, "completed").values()))
+    report = {"corpus": str(corpus), "days": len(days),
+              "hours_selected": snap_report["hours_selected"], "utterances": kept,
+              "snapshot": snapshot, "backfill": backfill, "noop_rebackfill": noop,
+              "ratio": {k: round(backfill[k] / snapshot[k], 2) for k in snapshot},
+              "noop_ratio": {k: round(noop[k] / snapshot[k], 2) for k in noop}}
+    print("AMFLOW_BENCH " + json.dumps(report))
