@@ -115,31 +115,39 @@ def map_shards(ctx: StepContext, shards: Sequence[tuple[str, Any]],
     if len(results):
         log.info("%s: %d of %d shards already done, skipping them", ctx.step, len(results),
                  len(shards))
-    if todo and inline:
-        with worker_threads(ctx.cfg), Progress(len(todo), ctx.step, unit) as bar:
-            fresh = []
-            for sid, payload in todo:
-                results[sid] = _run_shard(fn, ctx, job, sid, payload)
-                fresh.append(results[sid])
-                bar.update(1, **(postfix(fresh) if postfix else {}))
-    elif todo:
-        import ray
-
-        init_ray(ctx.cfg)
-        remote = ray.remote(_run_shard).options(
-            num_cpus=num_cpus, num_gpus=num_gpus, max_retries=3,
-            resources=step_resources(ctx.cfg, ctx.step) or None)
-        fn_ref, ctx_ref, job_ref = ray.put(fn), ray.put(ctx), ray.put(job)
-        pending = {remote.remote(fn_ref, ctx_ref, job_ref, sid, payload): sid
-                   for sid, payload in todo}
+    if todo:
+        finished = (_inline(ctx, fn, job, todo) if inline
+                    else _on_ray(ctx, fn, job, todo, num_cpus, num_gpus))
         with Progress(len(todo), ctx.step, unit) as bar:
             fresh: list[dict] = []
-            while pending:
-                ready, _ = ray.wait(list(pending), num_returns=1)
-                for ref in ready:
-                    sid = pending.pop(ref)
-                    stats = ray.get(ref)
-                    results[sid] = stats
-                    fresh.append(stats)
-                    bar.update(1, **(postfix(fresh) if postfix else {}))
+            for sid, stats in finished:
+                results[sid] = stats
+                fresh.append(stats)
+                bar.update(1, **(postfix(fresh) if postfix else {}))
     return [results[sid] for sid, _ in shards]
+
+
+def _inline(ctx: StepContext, fn: Callable[..., dict], job: Any,
+            todo: list[tuple[str, Any]]) -> Iterator[tuple[str, dict]]:
+    """(shard id, stats) of each shard, run one after another in this process."""
+    with worker_threads(ctx.cfg):
+        for sid, payload in todo:
+            yield sid, _run_shard(fn, ctx, job, sid, payload)
+
+
+def _on_ray(ctx: StepContext, fn: Callable[..., dict], job: Any, todo: list[tuple[str, Any]],
+            num_cpus: float, num_gpus: float) -> Iterator[tuple[str, dict]]:
+    """(shard id, stats) of each shard as its Ray task finishes (a task per shard)."""
+    import ray
+
+    init_ray(ctx.cfg)
+    remote = ray.remote(_run_shard).options(
+        num_cpus=num_cpus, num_gpus=num_gpus, max_retries=3,
+        resources=step_resources(ctx.cfg, ctx.step) or None)
+    fn_ref, ctx_ref, job_ref = ray.put(fn), ray.put(ctx), ray.put(job)
+    pending = {remote.remote(fn_ref, ctx_ref, job_ref, sid, payload): sid
+               for sid, payload in todo}
+    while pending:
+        ready, _ = ray.wait(list(pending), num_returns=1)
+        for ref in ready:
+            yield pending.pop(ref), ray.get(ref)

@@ -144,9 +144,7 @@ def _score(ctx: StepContext, model_uri: str, todo: list[str]
               for _ in range(max(1, min(tc.actors, len(todo))))]
     actor_info = ray.get([a.ready.remote() for a in actors])
     t0 = time.perf_counter()
-    # The fidelity sample is a budget for the whole step, spread over the shards: the
-    # full softmax per k costs more than scoring itself.
-    fid_frames = -(-tc.fidelity_sample_frames // len(todo))
+    fid_frames = _fidelity_frames(tc, len(todo))
     stats: list[dict] = []
     frames = 0
     with Progress(len(todo), "targets", "shards") as bar:
@@ -158,6 +156,12 @@ def _score(ctx: StepContext, model_uri: str, todo: list[str]
     for a in actors:
         ray.kill(a)
     return stats, actor_info, t0 - t_start, time.perf_counter() - t0
+
+
+def _fidelity_frames(tc, shards: int) -> int:
+    """Each shard's share of the fidelity sample: a budget for the whole step, spread over
+    the shards (the full softmax per k costs more than scoring itself)."""
+    return -(-tc.fidelity_sample_frames // shards)
 
 
 def _score_inline(ctx: StepContext, model_uri: str, todo: list[str]
@@ -173,7 +177,7 @@ def _score_inline(ctx: StepContext, model_uri: str, todo: list[str]
     job = TargetsJob(ctx.cfg.storage, tc, ctx.other("features"), ctx.step_uri)
     teacher = TargetActor(job, model_uri, load_model)
     t0 = time.perf_counter()
-    fid_frames = -(-tc.fidelity_sample_frames // len(todo))
+    fid_frames = _fidelity_frames(tc, len(todo))
     stats: list[dict] = []
     with Progress(len(todo), "targets", "shards") as bar:
         for shard in todo:
