@@ -17,7 +17,11 @@ from airflow.providers.standard.operators.python import ShortCircuitOperator
 from airflow.sdk import Asset, BaseOperator, Param
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_CONFIG = "configs/local.yaml"
+# The config file the trigger forms and the scheduled runs (daily_data's, which no form
+# starts) default to, and that daily_data's timetable comes from: AMFLOW_CONFIG in
+# Airflow's environment (e.g. configs/aws.yaml on the cluster's Airflow), read when the
+# DAGs are parsed; else the embedded default.
+DEFAULT_CONFIG = os.environ.get("AMFLOW_CONFIG") or "configs/local.yaml"
 ALGORITHMS = ["sgd", "gtc", "bmuf", "htm", "ma"]
 
 # Asset URIs use a private scheme: what changes per run (the storage URI of a run's
@@ -61,7 +65,8 @@ STUDENT_SEQ_WER = Asset(name="amflow_student_sequence_wer",
 
 
 def local_defaults():
-    """The embedded default config (configs/local.yaml), for the trigger forms' defaults."""
+    """The default config (DEFAULT_CONFIG), for the trigger forms' defaults and
+    daily_data's timetable."""
     from core.config import Config, load_config
 
     path = PROJECT_ROOT / DEFAULT_CONFIG

@@ -58,6 +58,33 @@ def _context(start, end, **params):
             "data_interval_start": start, "data_interval_end": end}
 
 
+def test_the_deployment_names_the_default_config_of_forms_and_scheduled_runs(tmp_path):
+    """AMFLOW_CONFIG in Airflow's environment (e.g. configs/aws.yaml on the cluster's
+    Airflow): daily_data's scheduled runs (no form starts them) use it, and its timetable
+    comes from it. Parsed in a fresh process: the DAG modules read it when imported."""
+    import json
+    import os
+    import subprocess
+
+    cfg = tmp_path / "deployed.yaml"
+    cfg.write_text(json.dumps({"storage": {"root": str(tmp_path / "store")},
+                               "daily": {"schedule": "0 6 * * *", "start_date": "2026-05-01"}}))
+    code = ("import json, sys; sys.path.insert(0, sys.argv[1]);"
+            "from airflow.dag_processing.dagbag import DagBag;"
+            "b = DagBag(dag_folder=sys.argv[1]); d = b.dags['daily_data'];"
+            "print(json.dumps([b.import_errors == {}, d.params['config'],"
+            " b.dags['ssl_student'].params['config'], d.timetable.expression,"
+            " d.start_date.date().isoformat()]))")
+    env = {**os.environ, "AMFLOW_CONFIG": str(cfg), "AIRFLOW_HOME": str(tmp_path / "home"),
+           "PYTHONPATH": str(ROOT)}
+    out = subprocess.run([sys.executable, "-c", code, str(DAGS)], capture_output=True,
+                         text=True, env=env, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    ok, daily_config, student_config, cron, start = json.loads(out.stdout.splitlines()[-1])
+    assert ok and daily_config == student_config == str(cfg)
+    assert (cron, start) == ("0 6 * * *", "2026-05-01")
+
+
 def test_an_interval_task_reads_its_interval_into_its_own_run(dagbag):
     task = dagbag.dags["daily_data"].get_task("select")
     ctx = _context(dt.datetime(2026, 3, 8, tzinfo=UTC), dt.datetime(2026, 3, 9, tzinfo=UTC),
