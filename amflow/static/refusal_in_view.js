@@ -34,8 +34,16 @@
       });
   }
 
+  // at most once a frame, and only while a dialog is open: the pages poll and re-render
+  var queued = false;
+  function onChange() {
+    if (queued || !document.querySelector('[role="dialog"]')) return;
+    queued = true;
+    requestAnimationFrame(function () { queued = false; showReason(); });
+  }
+
   function start() {
-    new MutationObserver(showReason).observe(document.body,
+    new MutationObserver(onChange).observe(document.body,
       {childList: true, subtree: true, characterData: true});
   }
   if (document.body) start(); else document.addEventListener("DOMContentLoaded", start);
