@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from amflow.held_response import header, holding_send
+
 SCRIPT = (Path(__file__).parent / "static" / "refusal_in_view.js").read_text()
 TAG = b"<script>" + SCRIPT.encode() + b"</script>"
 # the UI's HTML is served for every path the single-page app routes; not these
@@ -44,28 +46,14 @@ class RefusalInView:
         # uncompressed, so that the page can be read (a page is small; Airflow gzips it)
         scope = {**scope, "headers": [(k, v) for k, v in scope.get("headers", [])
                                       if k.lower() != b"accept-encoding"]}
-        held: dict = {}
-        chunks: list[bytes] = []
-
-        async def send_page(message) -> None:
-            if message["type"] == "http.response.start":
-                headers = dict((k.lower(), v) for k, v in message.get("headers", []))
-                if headers.get(b"content-type", b"").startswith(b"text/html") \
-                        and b"content-encoding" not in headers:
-                    held["start"] = message
-                    return
-            if "start" not in held:
-                await send(message)
-                return
-            chunks.append(message.get("body", b""))
-            if not message.get("more_body", False):
-                await _send_whole(send, held["start"], with_script(b"".join(chunks)))
-
-        await self.app(scope, receive, send_page)
+        await self.app(scope, receive, holding_send(send, _readable_page, _with_script))
 
 
-async def _send_whole(send, start, body: bytes) -> None:
-    headers = [(k, v) for k, v in start.get("headers", []) if k.lower() != b"content-length"]
-    headers.append((b"content-length", str(len(body)).encode()))
-    await send({**start, "headers": headers})
-    await send({"type": "http.response.body", "body": body, "more_body": False})
+def _readable_page(start) -> bool:
+    """An HTML page Airflow sent uncompressed."""
+    return (header(start, b"content-type") or b"").startswith(b"text/html") \
+        and header(start, b"content-encoding") is None
+
+
+async def _with_script(start, html: bytes) -> bytes:
+    return with_script(html)

@@ -18,6 +18,8 @@ import json
 import re
 from typing import Any
 
+from amflow.held_response import header, holding_send
+
 TRIGGER_PATH = re.compile(r"^/api/v2/dags/(?P<dag>[^/]+)/dagRuns/?$")
 # a backfill (the UI's Backfill dialog) checks its dag_run_conf the same way; its refusal
 # is a 422 with the same text, the DAG named in the request body
@@ -83,38 +85,26 @@ class PlainTriggerRefusal:
                 body.extend(message.get("body", b""))
             return message
 
-        held: dict[str, Any] = {}
-        chunks: list[bytes] = []
+        async def answer(start, payload: bytes) -> bytes:
+            return await _answer(start, payload, dag_id, bytes(body))
 
-        async def send_or_hold(message) -> None:
-            if message["type"] == "http.response.start" and message["status"] in REFUSED:
-                held["start"] = message  # decided once the body is complete
-                return
-            if "start" not in held:
-                await send(message)
-                return
-            chunks.append(message.get("body", b""))
-            if not message.get("more_body", False):
-                await self._answer(send, held["start"], b"".join(chunks), dag_id,
-                                   bytes(body))
+        await self.app(scope, keep_body, holding_send(send, _refused, answer))
 
-        await self.app(scope, keep_body, send_or_hold)
 
-    async def _answer(self, send, start, payload: bytes, dag_id: str, request: bytes) -> None:
-        from starlette.concurrency import run_in_threadpool
+def _refused(start) -> bool:
+    return start["status"] in REFUSED
 
-        headers = [(k, v) for k, v in start.get("headers", [])]
-        text = ""
-        if not any(k.lower() == b"content-encoding" for k, _ in headers):
-            try:
-                detail = json.loads(payload).get("detail")
-            except (ValueError, AttributeError):
-                detail = None
-            if isinstance(detail, str):
-                text = await run_in_threadpool(explain, dag_id, request, detail)
-        if text:
-            payload = json.dumps({"detail": text}).encode()
-            headers = [(k, v) for k, v in headers if k.lower() != b"content-length"]
-            headers.append((b"content-length", str(len(payload)).encode()))
-        await send({**start, "headers": headers})
-        await send({"type": "http.response.body", "body": payload, "more_body": False})
+
+async def _answer(start, payload: bytes, dag_id: str, request: bytes) -> bytes:
+    """The refusal's body in plain words, or as Airflow wrote it."""
+    from starlette.concurrency import run_in_threadpool
+
+    if header(start, b"content-encoding") is not None:
+        return payload
+    try:
+        detail = json.loads(payload).get("detail")
+    except (ValueError, AttributeError):
+        return payload
+    text = await run_in_threadpool(explain, dag_id, request, detail) \
+        if isinstance(detail, str) else ""
+    return json.dumps({"detail": text}).encode() if text else payload
