@@ -35,12 +35,15 @@ def airflow(tmp_path_factory):
     return shared_standalone(tmp_path_factory.mktemp("standalone"))
 
 
+def _unlabeled_days(corpus) -> list[str]:
+    """The days whose metadata partition holds unlabeled audio, in order."""
+    return sorted(p.name.split("=", 1)[1] for p in (corpus / "metadata").iterdir()
+                  if any('"unlabeled"' in f.read_text() for f in p.rglob("*.jsonl")))
+
+
 def _two_days(corpus) -> list[str]:
     """Two consecutive days that both hold unlabeled audio."""
-    days = set()
-    for part in (corpus / "metadata").iterdir():
-        if any('"unlabeled"' in f.read_text() for f in part.rglob("*.jsonl")):
-            days.add(part.name.split("=", 1)[1])
+    days = set(_unlabeled_days(corpus))
     for d in sorted(days):
         nxt = (dt.date.fromisoformat(d) + dt.timedelta(days=1)).isoformat()
         if nxt in days:
@@ -253,15 +256,14 @@ def test_backfill_reprocess_after_a_new_teacher_and_a_noop_rebackfill(airflow, t
 def _all_days(corpus) -> list[str]:
     """Every day from the first to the last with unlabeled audio (a backfill runs the days
     between too)."""
-    with_data = sorted(p.name.split("=", 1)[1] for p in (corpus / "metadata").iterdir()
-                       if any('"unlabeled"' in f.read_text() for f in p.rglob("*.jsonl")))
+    with_data = _unlabeled_days(corpus)
     first, last = (dt.date.fromisoformat(d) for d in (with_data[0], with_data[-1]))
     return [(first + dt.timedelta(days=i)).isoformat() for i in range((last - first).days + 1)]
 
 
 def _run_times(airflow: Standalone, run_ids: list[str]) -> dict[str, float]:
-    """Wall (first start to last end), task time and the steps' own time (their
-    _SUCCESS.json's started/finished) over the runs."""
+    """Wall (first start to last end) and task time (the task instances' durations) over
+    the runs."""
     starts, ends, task_s = [], [], 0.0
     for run_id in run_ids:
         run = airflow.get(f"/api/v2/dags/{DAG}/dagRuns/{_q(run_id)}")
@@ -273,6 +275,7 @@ def _run_times(airflow: Standalone, run_ids: list[str]) -> dict[str, float]:
 
 
 def _steps_s(store, run_ids: list[str]) -> float:
+    """The steps' own time over the runs: their _SUCCESS.json's started to finished."""
     total = 0.0
     for run_id in run_ids:
         for s in STEPS:
@@ -303,8 +306,8 @@ def test_backfill_cost_against_one_snapshot_run(airflow, tiny_corpus, tmp_path):
     data interval spans them all (a snapshot), both through this Airflow with the real
     steps: wall time, task time and the steps' own time, side by side, and the same
     utterances kept; then the backfill again with nothing changed (every step handed
-    back): what Airflow itself costs per interval. The corpus: AMFLOW_BENCH_CORPUS (e.g. data/corpus after `make demo`),
-    else the tiny one. `make bench-daily`; prints JSON, asserts no timing."""
+    back): what Airflow itself costs per interval. The corpus: AMFLOW_BENCH_CORPUS (e.g.
+    data/corpus after `make demo`), else the tiny one. `make bench-daily`; prints JSON, asserts no timing."""
     import os
 
     corpus = Path(os.environ.get("AMFLOW_BENCH_CORPUS") or tiny_corpus).resolve()

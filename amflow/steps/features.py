@@ -1,9 +1,10 @@
 """`amflow features`: log-mel fbank, causal CMN, global CMVN, low frame rate for the run.
 
 Resolves select's shards through the run layout, fans `tasks.features.process_shard` out
-over Ray (or, below `ray.inline_hours` of audio, runs it in this process), then publishes cmvn.json, phones.json and shards.json. With features.labels=align
-the labels are this run's `amflow align` outputs (network-tree leaves; context.json holds
-the tree) instead of the corpus CTM's phones.
+over Ray (or, below `ray.inline_hours` of audio, runs it in this process), then publishes
+cmvn.json, phones.json and shards.json. With features.labels=align the labels are this
+run's `amflow align` outputs (network-tree leaves; context.json holds the tree) instead of
+the corpus CTM's phones.
 """
 from __future__ import annotations
 

@@ -7,7 +7,7 @@ through the run layout; scoring and top-k live in `tasks.targets.TargetActor`.
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, Iterable
 
 from core.raycluster import runs_inline
 from core.runs import StepContext, StepError
@@ -124,7 +124,6 @@ def _score(ctx: StepContext, model_uri: str, todo: list[str]
     from ray.util import ActorPool
 
     from amflow.placement import gpus_per_actor
-    from core.progress import Progress
     from core.raycluster import init_ray, step_resources
     from tasks.targets import TargetActor, TargetsJob
     from training.checkpoint import load_model
@@ -145,14 +144,8 @@ def _score(ctx: StepContext, model_uri: str, todo: list[str]
     actor_info = ray.get([a.ready.remote() for a in actors])
     t0 = time.perf_counter()
     fid_frames = _fidelity_frames(tc, len(todo))
-    stats: list[dict] = []
-    frames = 0
-    with Progress(len(todo), "targets", "shards") as bar:
-        for s in ActorPool(actors).map_unordered(
-                lambda a, shard: a.score_shard.remote(shard, fid_frames), todo):
-            stats.append(s)
-            frames += s["frames"]
-            bar.update(1, frames_per_s=frames / (time.perf_counter() - t0))
+    stats = _with_progress(ActorPool(actors).map_unordered(
+        lambda a, shard: a.score_shard.remote(shard, fid_frames), todo), len(todo))
     for a in actors:
         ray.kill(a)
     return stats, actor_info, t0 - t_start, time.perf_counter() - t0
@@ -164,11 +157,24 @@ def _fidelity_frames(tc, shards: int) -> int:
     return -(-tc.fidelity_sample_frames // shards)
 
 
+def _with_progress(scored: Iterable[dict[str, Any]], shards: int) -> list[dict[str, Any]]:
+    """Each shard's stats as its scoring ends, with the bar and the frames per second."""
+    from core.progress import Progress
+
+    stats: list[dict[str, Any]] = []
+    frames, t0 = 0, time.perf_counter()
+    with Progress(shards, "targets", "shards") as bar:
+        for s in scored:
+            stats.append(s)
+            frames += s["frames"]
+            bar.update(1, frames_per_s=frames / (time.perf_counter() - t0))
+    return stats
+
+
 def _score_inline(ctx: StepContext, model_uri: str, todo: list[str]
                   ) -> tuple[list[dict], list[dict], float, float]:
     """`_score` for a small input: the actor's class, its teacher loaded once in this
     process (no Ray start, no actor process), scores the shards one after another."""
-    from core.progress import Progress
     from tasks.targets import TargetActor, TargetsJob
     from training.checkpoint import load_model
 
@@ -178,12 +184,8 @@ def _score_inline(ctx: StepContext, model_uri: str, todo: list[str]
     teacher = TargetActor(job, model_uri, load_model)
     t0 = time.perf_counter()
     fid_frames = _fidelity_frames(tc, len(todo))
-    stats: list[dict] = []
-    with Progress(len(todo), "targets", "shards") as bar:
-        for shard in todo:
-            stats.append(teacher.score_shard(shard, fid_frames))
-            bar.update(1, frames_per_s=sum(s["frames"] for s in stats)
-                       / (time.perf_counter() - t0))
+    stats = _with_progress((teacher.score_shard(shard, fid_frames) for shard in todo),
+                           len(todo))
     return stats, [{**teacher.info(), "inline": True}], t0 - t_start, time.perf_counter() - t0
 
 
