@@ -6,6 +6,9 @@
                  pure, lhotse itself is not needed
     entries.py   `Entry` (a stretch of one recording, its speaker and transcript),
                  `Parsed` (entries, rejects, items in), the reject reasons
+    text_normalize.py  the transcript rule per ingest.locale (NFKC, case, accents,
+                 punctuation, digits): normalized text, or a reject naming what it cannot
+                 make words of
     audio.py     one recording's entries -> audio in the format (referenced in place, or
                  cut / downmixed / resampled to 16 kHz mono 16-bit WAV)
     writer.py    the shell: read the inputs, assign splits, check words against a lexicon,

@@ -20,6 +20,11 @@ REASONS = {
     "empty_audio": "the audio (or the cut segment) holds no samples",
     "nonfinite_audio": "the samples hold NaN or inf",
     "empty_text": "the transcript is empty (or missing where the split needs one)",
+    "untranscribable_text": "the transcript holds characters the ingest.locale text rule "
+                            "cannot make words of (symbols, emoji, letters outside the "
+                            "locale's alphabet; the detail names them)",
+    "unreadable_number": "the transcript holds a number the ingest.locale text rule does "
+                         "not spell out (English: only 0..99 and 1st..99th)",
     "oov_words": "the transcript has words that are not in ingest.lexicon",
     "no_pronunciation": "a word is not in ingest.lexicon and ingest.g2p made no "
                         "pronunciation for it (the detail says why)",
@@ -38,7 +43,7 @@ REASONS = {
 class Entry:
     utt_id: str
     speaker_id: str
-    text: str | None  # None: not transcribed
+    text: str | None  # None: not transcribed; normalized (text_normalize.py) before writing
     audio_uri: str  # absolute URI of the recording file
     recording_id: str
     start: float = 0.0
@@ -47,6 +52,7 @@ class Entry:
     expected_s: float | None = None  # the utterance's length from utt2dur, if given
     recording_s: float | None = None  # the recording's length from reco2dur, if given
     where: str = ""  # provenance for reject details, e.g. "segments:12"
+    text_original: str | None = None  # the transcript as given, where normalizing changed it
 
     @property
     def whole(self) -> bool:

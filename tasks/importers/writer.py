@@ -4,8 +4,11 @@ Under the corpus root `out`, one import per source split (ledger.py: an import a
 split beside those earlier imports wrote, and replaces one only with --force):
 
     metadata/split=<split>/<source>-part-NNNNN.jsonl   one record per utterance (the input
-                        format, `split` always set) plus provenance: recording_id, and
-                        for audio written here source_uri, source_start, source_end
+                        format, `split` always set; `text` normalized by the
+                        ingest.locale rule, text_normalize.py, the transcript as given in
+                        `text_original` where that changed it) plus provenance:
+                        recording_id, and for audio written here source_uri,
+                        source_start, source_end
     audio/<split>/<speaker>/<utt_id>.wav      mono 16-bit at ingest.sample_rate (16 kHz):
                         cut segments and audio converted from other formats or rates
                         (and all audio with ingest.copy_audio);
@@ -48,13 +51,14 @@ import tasks.importers.kaldi as kaldi
 import tasks.importers.ledger as ledger
 import tasks.importers.lexicons as lexicons
 import tasks.importers.lhotse as lhotse
+import tasks.importers.text_normalize as text_normalize
 from tasks.importers.audio import Cut, read_recording
 from tasks.importers.entries import Entry, Parsed, read_manifest
 
 log = logging.getLogger(__name__)
 
 GENERATOR = ledger.GENERATOR
-IMPORT_VERSION = 2  # bump when the same inputs would give different output
+IMPORT_VERSION = 3  # bump when the same inputs would give different output (3: transcripts normalized)
 LEXICON = "lexicon.txt"
 PART_RECORDS = 20000
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
@@ -146,6 +150,14 @@ def load_vocabulary(storage: Storage, uri: str) -> tuple[set[str] | None, str]:
         raise ConfigError("ingest.lexicon", f"{uri}: {exc}") from None
 
 
+def text_rule(icfg: IngestConfig) -> text_normalize.Rule:
+    """The transcript rule of ingest.locale; a ConfigError naming it when there is none."""
+    try:
+        return text_normalize.rule_for(icfg.locale)
+    except ValueError as exc:
+        raise ConfigError("ingest.locale", str(exc)) from None
+
+
 def assign_splits(entries: list[Entry], icfg: IngestConfig, vocab: set[str] | None,
                   unpronounced: dict[str, str] | None = None
                   ) -> tuple[list[tuple[Entry, str]], list[Reject]]:
@@ -208,6 +220,8 @@ def _record(cut: Cut, split: str, icfg: IngestConfig, audio_uri: str) -> dict:
            "audio_uri": audio_uri}
     if e.text is not None:
         rec["text"] = e.text
+        if e.text_original is not None:  # normalizing changed it: the transcript as given
+            rec["text_original"] = e.text_original
     if icfg.condition:
         rec["condition"] = icfg.condition
     if icfg.clean:  # the audio is a clean source (example servers, align/evaluate.audio)
@@ -297,6 +311,7 @@ def import_sources(storage: Storage, sources: dict[str, Source], out: str,
         if s not in ledger.SPLITS:
             raise StepError(f"--src {s}=...: the split must be one of "
                             f"{', '.join(ledger.SPLITS)} (or train, Kaldi's name for labeled)")
+    rule = text_rule(icfg)
     vocab, lexicon_text = load_vocabulary(storage, icfg.lexicon)
     legacy = ledger.check_root(storage, out, force)
     ledgers = ledger.read_ledgers(storage, out)
@@ -309,6 +324,8 @@ def import_sources(storage: Storage, sources: dict[str, Source], out: str,
         return dict(storage.read_json(join(out, ledger.SUCCESS)), skipped=True, imported=[])
     storage.write_json(join(out, ledger.OWNER), {"generator": GENERATOR})
     parsed = {s: sources[s].parse() for s in todo}
+    for s in todo:  # before G2P and the OOV check: they see the normalized words only
+        text_normalize.normalize_entries(parsed[s], rule)
     made, failed = pronounce_missing(storage, out, [parsed[s] for s in todo], vocab,
                                      lexicon_text, icfg)
     if icfg.g2p != "off":

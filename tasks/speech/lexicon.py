@@ -36,7 +36,9 @@ import numpy as np
 from tasks.speech import espeak
 from tasks.speech import text as T
 
-_WORD = re.compile(r"[a-z0-9]+(?:'[a-z0-9]+)*")
+# Letters (any alphabet's, so `été` stays one word: a-z alone split it into fragments)
+# and digits, with single inner apostrophes; on ASCII text the same as [a-z0-9]+('...)*.
+_WORD = re.compile(r"[^\W_]+(?:'[^\W_]+)*")
 SIL = "sil"
 
 
