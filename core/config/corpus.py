@@ -85,7 +85,7 @@ class IngestConfig:
     # Split of the records with a transcript; a record without one is unlabeled (with
     # dev/test, which need transcripts, it is an empty_text reject).
     split: str = "labeled"
-    locale: str = "en-US"  # written to the metadata
+    locale: str = "en-US"  # written to the metadata; its language picks the transcript rule (en, fr, de, es, it, pt: how-to/import)
     # Kaldi lexicon.txt URI: transcripts with a word not in it are oov_words rejects, and
     # it is copied to <out>/lexicon.txt (what `amflow decode` reads). Empty: no check.
     lexicon: str = ""
