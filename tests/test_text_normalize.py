@@ -178,3 +178,31 @@ def test_import_refuses_a_locale_without_a_rule_before_writing(tmp_path):
     with pytest.raises(ConfigError, match="ingest.locale.*no transcript rule"):
         _import(tmp_path, "ingest.locale=sw-KE")
     assert not (tmp_path / "corpus").exists()
+
+
+def test_lhotse_supervisions_take_the_same_rule(tmp_path):
+    m = tmp_path / "m"
+    m.mkdir()
+    sf.write(m / "r1.wav", 0.1 * np.sin(np.arange(48000) / 5.0), 16000, subtype="PCM_16")
+    (m / "recordings.jsonl").write_text(json.dumps(
+        {"id": "r1", "sources": [{"type": "file", "channels": [0], "source": "r1.wav"}],
+         "sampling_rate": 16000, "num_samples": 48000, "duration": 3.0,
+         "channel_ids": [0]}) + "\n")
+    sups = [("s1", 0.0, "Séven 🙂"), ("s2", 1.0, "Good-bye, Zoë!"), ("s3", 2.0, "fine")]
+    (m / "supervisions.jsonl").write_text("".join(json.dumps(
+        {"id": i, "recording_id": "r1", "start": t, "duration": 1.0, "channel": 0,
+         "text": x, "speaker": "a"}, ensure_ascii=False) + "\n" for i, t, x in sups),
+        encoding="utf-8")
+    from tasks.importers import read_lhotse
+
+    cfg = load_config(None, [f"storage.root={tmp_path / 'store'}"])
+    st = Storage(cfg.storage)
+    s = import_corpus(st, read_lhotse(st, str(m / "recordings.jsonl"),
+                                      str(m / "supervisions.jsonl")),
+                      str(tmp_path / "corpus"), cfg.ingest)
+    assert s["counts"] == {"in": 3, "out": 2, "rejected": 1}
+    assert s["rejects_by_reason"] == {"untranscribable_text": 1}
+    lines = (tmp_path / "corpus" / "metadata" / "split=labeled" /
+             "labeled-part-00000.jsonl").read_text(encoding="utf-8").splitlines()
+    got = {r["utt_id"]: (r["text"], r.get("text_original")) for r in map(json.loads, lines)}
+    assert got == {"s2": ("good bye zoe", "Good-bye, Zoë!"), "s3": ("fine", None)}

@@ -58,7 +58,8 @@ from tasks.importers.entries import Entry, Parsed, read_manifest
 log = logging.getLogger(__name__)
 
 GENERATOR = ledger.GENERATOR
-IMPORT_VERSION = 3  # bump when the same inputs would give different output (3: transcripts normalized)
+# Bump when the same inputs would give different output (3: transcripts normalized).
+IMPORT_VERSION = 3
 LEXICON = "lexicon.txt"
 PART_RECORDS = 20000
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
