@@ -95,7 +95,9 @@ def test_other_locales_spell_no_numbers():
     ("привет", "U+043F CYRILLIC SMALL LETTER PE"),
     ("10%", "U+0025 PERCENT SIGN"), ("A & B", "U+0026 AMPERSAND"),
     ("$5", "U+0024 DOLLAR SIGN"), ("and/or", "U+002F SOLIDUS"), ("ok 👍🏽", "U+1F3FD"),
-    ("a\u200db", "ZERO WIDTH JOINER"), ("1 + 1", "PLUS SIGN")])
+    ("a\u200db", "ZERO WIDTH JOINER"), ("1 + 1", "PLUS SIGN"),
+    ("hello [noise]", "LEFT SQUARE BRACKET"), ("{breath} hi", "LEFT CURLY BRACKET"),
+    ("<unk>", "LESS-THAN SIGN")])
 def test_what_the_rule_cannot_make_words_of_is_rejected_naming_it(text, named):
     reason, detail = _reject(text)
     assert reason == "untranscribable_text" and named in detail

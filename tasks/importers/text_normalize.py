@@ -18,9 +18,10 @@ The rule, in order (docs/how-to/import.md#transcripts shows it with examples):
    `seven` in English, `Dvořák` -> `dvorak` in German; `æ` `œ` `ø` `ß` `ł` `ð` `þ` by a
    small table), and is otherwise untranscribable (Cyrillic, CJK, ...).
 4. Punctuation (Unicode category P) separates words and is removed, except the marks
-   said as words (`%` `‰` `#` `&` `@` `*` `/` `\\` `§` `¶` `†` `‡`: untranscribable, see 6)
-   and a mark between two digits (`3.5`, `1,000`, `2:30`: part of the number, see 5). An
-   apostrophe (`'`, `’`, `‘`, `ʼ`, `` ` ``) between two letters is kept, as `'`
+   said as words (`%` `‰` `#` `&` `@` `*` `/` `\\` `§` `¶` `†` `‡`) and the brackets of
+   event markers (`[noise]`, `{breath}`: read as words they would teach `noise` as
+   speech), which are untranscribable (see 6), and a mark between two digits (`3.5`,
+   `1,000`, `2:30`: part of the number, see 5). An apostrophe (`'`, `’`, `‘`, `ʼ`, `` ` ``) between two letters is kept, as `'`
    (`don't`, `l'homme`); at a word's edge it is removed (`'quoted'` -> `quoted`). A
    hyphen or dash is punctuation: the words it joins become separate words (`e-mail` ->
    `e mail`, `twenty-one` -> `twenty one`), each a word said in turn. Invisible format
@@ -52,9 +53,10 @@ from tasks.importers.entries import Parsed
 
 ASCII = "abcdefghijklmnopqrstuvwxyz"
 APOSTROPHES = "'\u2019\u2018\u02bc`"
-# Punctuation (category Po) that is said as a word ("percent", "and", "at", "slash"...):
-# untranscribable, never dropped.
-SPOKEN_MARKS = "%\u2030\u2031#&@*/\\\u00a7\u00b6\u2020\u2021"
+# Punctuation that is said as a word ("percent", "and", "at", "slash"...), and the square
+# and curly brackets of Kaldi's event markers ([noise], {breath}: not words that were
+# said): untranscribable, never dropped.
+SPOKEN_MARKS = "%\u2030\u2031#&@*/\\\u00a7\u00b6\u2020\u2021[]{}"
 DIGITS = "0123456789"
 # Letters NFD does not split into a base letter and an accent.
 FOLD = {"æ": "ae", "œ": "oe", "ø": "o", "ß": "ss", "ł": "l", "đ": "d", "ð": "d", "þ": "th",
