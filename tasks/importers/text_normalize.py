@@ -21,9 +21,9 @@ The rule, in order (docs/how-to/import.md#transcripts shows it with examples):
    said as words (`%` `‰` `#` `&` `@` `*` `/` `\\` `§` `¶` `†` `‡`) and the brackets of
    event markers (`[noise]`, `{breath}`: read as words they would teach `noise` as
    speech), which are untranscribable (see 6), and a mark between two digits (`3.5`,
-   `1,000`, `2:30`: part of the number, see 5). An apostrophe (`'`, `’`, `‘`, `ʼ`, `` ` ``) between two letters is kept, as `'`
-   (`don't`, `l'homme`); at a word's edge it is removed (`'quoted'` -> `quoted`). A
-   hyphen or dash is punctuation: the words it joins become separate words (`e-mail` ->
+   `1,000`, `2:30`: part of the number, see 5). An apostrophe (`'`, `’`, `‘`, `ʼ`,
+   `` ` ``) between two letters is kept, as `'` (`don't`, `l'homme`); at a word's edge it
+   is removed (`'quoted'` -> `quoted`). A hyphen or dash is punctuation: the words it joins become separate words (`e-mail` ->
    `e mail`, `twenty-one` -> `twenty one`), each a word said in turn. Invisible format
    characters (soft hyphen, zero-width space) are removed.
 5. Digits: English spells out the numbers whose reading the text fixes, 0..99 and the
