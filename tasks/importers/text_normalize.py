@@ -23,9 +23,10 @@ The rule, in order (docs/how-to/import.md#transcripts shows it with examples):
    speech), which are untranscribable (see 6), and a mark between two digits (`3.5`,
    `1,000`, `2:30`: part of the number, see 5). An apostrophe (`'`, `’`, `‘`, `ʼ`,
    `` ` ``) between two letters is kept, as `'` (`don't`, `l'homme`); at a word's edge it
-   is removed (`'quoted'` -> `quoted`). A hyphen or dash is punctuation: the words it joins become separate words (`e-mail` ->
-   `e mail`, `twenty-one` -> `twenty one`), each a word said in turn. Invisible format
-   characters (soft hyphen, zero-width space) are removed.
+   is removed (`'quoted'` -> `quoted`). A hyphen or dash is punctuation: the words it
+   joins become separate words (`e-mail` -> `e mail`, `twenty-one` -> `twenty one`), each
+   a word said in turn. Invisible format characters (soft hyphen, zero-width space) are
+   removed.
 5. Digits: English spells out the numbers whose reading the text fixes, 0..99 and the
    ordinals 1st..99th (`42` -> `forty two`, `21st` -> `twenty first`); any other token
    with a digit (years, 100 and up, leading zeros, `3.5`, `2:30`, `x2`) is an
