@@ -22,7 +22,8 @@ def main(argv: list[str] | None = None) -> int:
                     "streaming its output; SIGTERM/SIGINT stops the job.")
     sub = parser.add_subparsers(dest="cmd", required=True)
     run = sub.add_parser("run", help="run a step to completion (submit or re-attach, follow)")
-    run.add_argument("step")
+    run.add_argument("step", choices=STEPS, metavar="STEP",
+                     help="a step of `amflow` (amflow.steps.registry)")
     run.add_argument("--config", default="configs/local.yaml")
     run.add_argument("--run-id", required=True)
     run.add_argument("--job-id", help="submission id (default: amflow-cli-<step>-<run-id>)")
