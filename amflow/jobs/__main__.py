@@ -12,6 +12,7 @@ from core.config import load_config
 from amflow.jobs import StepRunner, default_state_dir, make_backend
 from amflow.jobs.base import resolve_config
 from amflow.jobs.naming import SUMMARY_PREFIX, slug, step_command
+from amflow.steps.registry import STEPS
 
 
 def main(argv: list[str] | None = None) -> int:
