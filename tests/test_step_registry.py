@@ -250,3 +250,29 @@ def test_a_step_declares_known_values_only():
         toy(resources="gpus")
     with pytest.raises(ValueError, match="report='first'"):
         toy(report="first")
+
+
+def test_steps_outside_a_run_read_config_and_force_from_their_context(monkeypatch, local_cfg):
+    """corpus (and import, serve) once told a Config from a StepContext by isinstance; now
+    either context gives them the config and --force."""
+    from types import SimpleNamespace
+
+    from amflow.steps import corpus
+
+    seen = []
+    monkeypatch.setattr(corpus, "build_corpus", lambda cfg, out, force, use_ray:
+                        seen.append((cfg.data.corpus, out, force)) or {})
+    cfg = local_cfg()
+    corpus.run(R.step_context("corpus", cfg, None, force=True), SimpleNamespace(out=None))
+    corpus.run(R.step_context("corpus", cfg, "r1"), SimpleNamespace(out="o", force=False))
+    assert seen == [(cfg.data.corpus, cfg.data.corpus, True), (cfg.data.corpus, "o", False)]
+
+
+def test_asset_event_results_are_named_by_the_registry(register):
+    from amflow.orchestration.operator import flat_results
+
+    metrics = {"per_condition": {"DP1": 0.51234}}
+    assert flat_results(metrics, "decode") == {"wer_DP1": 0.5123}
+    assert flat_results(metrics, "toy") == {"per_condition_DP1": 0.5123}
+    register(per_condition="toy_score")
+    assert flat_results(metrics, "toy") == {"toy_score_DP1": 0.5123}

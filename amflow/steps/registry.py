@@ -69,6 +69,7 @@ class Step:
     unchanged: str = ""  # "module:function": finished summary when its inputs are unchanged
     report: str = ""  # REPORT_PLACES: where the report's timings table lists it
     cost: str = ""  # COSTS: how the cost model scales it ("": not priced)
+    per_condition: str = ""  # what its summary's bare `per_condition` holds (asset events)
 
     def __post_init__(self) -> None:
         for name, value, allowed in (("resources", self.resources, RESOURCES),
@@ -271,7 +272,8 @@ STEPS: dict[str, Step] = {
         "amflow.steps.evaluate:run", "frame accuracy and phone error rate per condition",
         reads="--model checkpoint, --data corpus with alignments.ctm, the run's cmvn.json",
         writes="--out JSON (frame_accuracy, per_condition, num_frames, per), _SUCCESS.json",
-        add_args=_evaluate_args, resources=LIGHT, placed=True, report=SCORE, cost=STUDENT),
+        add_args=_evaluate_args, resources=LIGHT, placed=True, report=SCORE, cost=STUDENT,
+        per_condition="frame_accuracy"),
     "lm": Step(
         "amflow.steps.lm:run", "estimate a word n-gram LM (interpolated Kneser-Ney), ARPA",
         reads="lm.* (lm.source: the text generator for the embedded corpus, the corpus's "
@@ -288,7 +290,8 @@ STEPS: dict[str, Step] = {
               "or runs/<id>/lm/lm.arpa",
         writes="--out JSON (wer, per_condition, ser, acwt, rtf), runs/<id>/decode[-<tag>]/"
                "hyps.jsonl, hyps.parquet, tuning.json, _SUCCESS.json; runs/<id>/graph/<key>/",
-        add_args=_decode_args, resources=LIGHT, placed=True, report=SCORE),
+        add_args=_decode_args, resources=LIGHT, placed=True, report=SCORE,
+        per_condition="wer"),
     "pseudolabel": Step(
         "amflow.steps.pseudolabel:run",
         "the teacher's words for the unlabeled selection, with confidences; keep the confident",
