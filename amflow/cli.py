@@ -15,7 +15,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from amflow.steps.registry import STEPS, Step, load_entry, step_context  # noqa: F401 - amflow.cli.Step: its old home
+# STEPS and Step live in the registry; amflow.cli.STEPS / .Step stay importable from here
+from amflow.steps.registry import STEPS, Step, load_entry, step_context  # noqa: F401
 from core.config import ConfigError, resolve_config
 
 SUMMARY_PREFIX = "AMFLOW_SUMMARY "

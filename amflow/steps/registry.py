@@ -80,7 +80,7 @@ class Step:
 
 
 class UnknownStepError(ValueError):
-    pass
+    """A name that is not a registered step (the message lists the known ones)."""
 
 
 @dataclass(frozen=True)
@@ -196,6 +196,7 @@ def _simulate_args(p: argparse.ArgumentParser) -> None:
                    "minibatch per algorithm (default: from this run's train step, if any)")
 
 
+# The registry: every `amflow <step>`, in the order the CLI's help lists them.
 STEPS: dict[str, Step] = {
     "corpus": Step(
         "amflow.steps.corpus:run", "synthesise the embedded espeak-ng speech corpus",
@@ -353,8 +354,6 @@ STEPS: dict[str, Step] = {
 }
 
 
-
-
 def step(name: str) -> Step:
     """The registered step `name`; a clear error naming the known ones otherwise."""
     try:
@@ -364,12 +363,8 @@ def step(name: str) -> Step:
                                f"{', '.join(STEPS)})") from None
 
 
-def load_run(name: str) -> Callable[[Any, Any], dict]:
-    """The step's run function (its module imported now)."""
-    return load_entry(step(name).entry)
-
-
 def load_entry(entry: str) -> Callable[..., Any]:
+    """The function a "module:function" entry names (its module imported now)."""
     module, func = entry.split(":")
     return getattr(importlib.import_module(module), func)
 
