@@ -4,9 +4,10 @@ Every Ray resource request a step makes on a cluster, computed from the config t
 step's code computes it:
 
 - the job driver: `ray.step_resources[step]` as the Ray job's `entrypoint_resources`
-  (amflow.jobs), for every step of the DAGs;
-- shard tasks (select, features, repartition, corpus: core.raycluster.map_shards):
-  1 CPU + the step's pool sliver;
+  (amflow.jobs), for every step the DAGs place on a cluster (the registry's `placed`
+  steps: amflow.steps.registry);
+- shard tasks (the registry's `shard_tasks` steps: select, features, repartition, corpus;
+  core.raycluster.map_shards): 1 CPU + the step's pool sliver;
 - teacher actors (targets): `targets.threads_per_actor` CPUs, GPUs per
   `gpus_per_actor` below (1 per actor when the cluster has GPUs and
   `targets.device` allows), + the pool sliver;
@@ -27,11 +28,13 @@ from typing import Any
 
 import yaml
 
+from amflow.steps.registry import names
 from core.config import Config
 
-# The steps the DAGs run as Ray jobs (dags/*.py), each placed by ray.step_resources.
-DAG_STEPS = ("select", "features", "targets", "repartition", "train", "sequence", "evaluate",
-             "lm", "decode", "pseudolabel")
+
+def dag_steps() -> tuple[str, ...]:
+    """The steps the DAGs run as Ray jobs (dags/*.py), each placed by ray.step_resources."""
+    return names(placed=True)
 
 
 @dataclass(frozen=True)
@@ -66,8 +69,8 @@ def gpus_per_actor(cfg: Config, cluster_gpus: float) -> float:
 def requests(cfg: Config, gpus_in_cluster: bool = True) -> list[Request]:
     """Every resource request the config makes of a cluster (see the module doc)."""
     sr = cfg.ray.step_resources
-    out = [Request(step, "driver", _with(sr.get(step, {}))) for step in DAG_STEPS]
-    for step in ("select", "features", "repartition", "corpus"):
+    out = [Request(step, "driver", _with(sr.get(step, {}))) for step in dag_steps()]
+    for step in names(shard_tasks=True):
         out.append(Request(step, "shard task", _with(sr.get(step, {}), CPU=1)))
     gpus = gpus_per_actor(cfg, 1.0 if gpus_in_cluster else 0.0)
     out.append(Request("targets", "teacher actor",

@@ -1,7 +1,8 @@
 """Shared wiring for the amflow DAGs: assets, trigger-form params, the step operator.
 
 Parse-time cost is kept to `airflow.sdk`, the standard provider's ShortCircuitOperator
-(the branch gates) and `core.config` (PyYAML). Everything that
+(the branch gates), `core.config` (PyYAML) and the step registry (`amflow.steps.registry`:
+a task's step must be registered; its resources class sets the task's pool slots). Everything that
 runs a step (subprocess, Ray job client, storage) lives in `amflow.jobs` and `amflow.orchestration` and is
 imported only when a task runs.
 """
@@ -318,6 +319,9 @@ class AmflowStepOperator(BaseOperator):
                  enabled_by: str | tuple[str, ...] | None = None, results: bool = False,
                  skip_when: Callable[[Any], str] | None = None,
                  pseudolabels_from: str | None = None, **kwargs: Any) -> None:
+        from amflow.steps.registry import step as registered
+
+        registered(step)  # an unknown step fails the DAG's parse, naming the known ones
         if "pool_slots" not in kwargs:  # the cores its step uses (amflow.orchestration.pools.pool_slots)
             kwargs["pool_slots"] = default_pool_slots(step, tuple(sets or ()))
         super().__init__(**kwargs)

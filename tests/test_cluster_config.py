@@ -24,7 +24,7 @@ def test_every_request_of_the_aws_config_fits_a_node_type(node_types):
     cfg = load_config(ROOT / "configs" / "aws.yaml")
     assert placement.unplaceable(cfg, node_types) == []
     # Every DAG step names its pool: nothing is left to float onto any free CPU.
-    assert set(placement.DAG_STEPS) <= set(cfg.ray.step_resources)
+    assert set(placement.dag_steps()) <= set(cfg.ray.step_resources)
     reqs = placement.requests(cfg, gpus_in_cluster=True)
     # On the cluster the GPU steps do ask for GPUs (teacher actors, Ray Train workers).
     gpu_reqs = {r.what for r in reqs if r.resources.get("GPU")}

@@ -145,7 +145,7 @@ def test_s3_policies_are_least_privilege_for_the_configured_prefixes(aws):
 
 
 def test_cost_estimate_from_measured_step_summaries(tmp_path):
-    from core import cost
+    from amflow import cost
 
     run = tmp_path / "store" / "runs" / "r"
     measured = {  # step: (audio hours, wall s)

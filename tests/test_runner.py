@@ -17,6 +17,7 @@ from amflow.orchestration import airflow_step as A
 from amflow.orchestration import operator as O
 from amflow.orchestration import pools as P
 from amflow.orchestration.rerun import Attempt
+from amflow.steps.registry import LIGHT, names
 from tests.conftest import start_ray_head
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -69,7 +70,7 @@ def test_pool_slots_are_the_cores_a_step_computes_on(tmp_path):
                                        "train.threads=2"]) == 4 * per_core
     assert P.pool_slots("sequence", cfg, ["train.model=teacher"]) == 3 * per_core
     assert P.pool_slots("features", cfg, []) == P.pool_slots("targets", cfg, []) == per_core
-    assert all(P.pool_slots(s, cfg, []) == 1 for s in P.LIGHT_STEPS)
+    assert all(P.pool_slots(s, cfg, []) == 1 for s in names(resources=LIGHT))
     assert P.pool_size(2) == 2 * per_core + P.POOL_LIGHT_SLOTS
 
 

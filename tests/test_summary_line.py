@@ -24,7 +24,7 @@ def test_other_steps_and_odd_summaries():
     assert human_summary("x", {"metrics": "odd", "counts": None}) == "amflow x: done"
 
 
-def fake_step(cfg, args):
+def fake_step(ctx, args):
     return {"step": "decode", **{k: v for k, v in DECODE.items() if k != "step"}}
 
 
@@ -34,7 +34,7 @@ def test_cli_prints_it_just_before_the_json_line(monkeypatch, capsys):
 
     monkeypatch.setitem(cli.STEPS, "fakestep", cli.Step(
         entry="tests.test_summary_line:fake_step", help="", reads="", writes="",
-        needs_run=False, takes_context=False))
+        needs_run=False, in_a_run=False))
     assert cli.main(["fakestep", "--config", "configs/local.yaml"]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
     assert lines[-2] == "amflow fakestep: " + human_summary("decode", DECODE).split(": ", 1)[1]

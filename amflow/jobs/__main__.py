@@ -12,6 +12,7 @@ from core.config import load_config
 from amflow.jobs import StepRunner, default_state_dir, make_backend
 from amflow.jobs.base import resolve_config
 from amflow.jobs.naming import SUMMARY_PREFIX, slug, step_command
+from amflow.steps.registry import STEPS
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -22,7 +23,8 @@ def main(argv: list[str] | None = None) -> int:
                     "streaming its output; SIGTERM/SIGINT stops the job.")
     sub = parser.add_subparsers(dest="cmd", required=True)
     run = sub.add_parser("run", help="run a step to completion (submit or re-attach, follow)")
-    run.add_argument("step")
+    run.add_argument("step", choices=STEPS, metavar="STEP",
+                     help="a step of `amflow` (amflow.steps.registry)")
     run.add_argument("--config", default="configs/local.yaml")
     run.add_argument("--run-id", required=True)
     run.add_argument("--job-id", help="submission id (default: amflow-cli-<step>-<run-id>)")

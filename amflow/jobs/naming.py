@@ -7,6 +7,8 @@ import json
 import re
 from typing import Any
 
+from amflow.steps.registry import step as registered
+
 SUMMARY_PREFIX = "AMFLOW_SUMMARY "
 
 
@@ -39,6 +41,9 @@ def job_id(dag_id: str, airflow_run_id: str, task_id: str, try_number: int) -> s
 def step_command(command: list[str], step: str, *, config: str | None, run_id: str | None,
                  overrides: list[str] = (), extra_args: list[str] = (),
                  force: bool = False) -> list[str]:
+    """`<command> <step> --config ... --run-id ... --set ... [--force] <extra>`: the
+    command a job runs; `step` must be a registered step (amflow.steps.registry)."""
+    registered(step)
     argv = [*command, step]
     if config:
         argv += ["--config", str(config)]

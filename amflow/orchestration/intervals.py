@@ -13,10 +13,12 @@ import datetime as dt
 from typing import Any
 
 from amflow.jobs.base import resolve_config
+from amflow.steps.registry import names
 from core.config import load_config
 from tasks.intervals import Interval, interval_run_id
 
-REPORTED_STEPS = ("select", "features", "targets")
+# The steps daily_data runs per data interval, whose summaries its report reads.
+REPORTED_STEPS = names(per_interval=True)
 
 
 class NoIntervalError(ValueError):

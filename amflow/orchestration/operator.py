@@ -18,6 +18,7 @@ from amflow.jobs import FAILED, SUCCEEDED, Emit, Outcome, StepRunner, default_st
 from amflow.jobs.base import resolve_config
 from amflow.orchestration.airflow_step import AirflowStep, try_budget_s
 from amflow.orchestration.rerun import Decision, attempt_from_context
+from amflow.steps.registry import STEPS
 
 
 def model_uri(summary: dict[str, Any]) -> str:
@@ -48,8 +49,11 @@ def metrics_line(step: str, summary: dict[str, Any], reused: bool = False) -> st
             f"{json.dumps(counts, sort_keys=True)} metrics {json.dumps(flat, sort_keys=True)}")
 
 
-# What a step's bare `per_condition` holds: evaluate's is frame accuracy, decode's WER.
-PER_CONDITION_NAME = {"evaluate": "frame_accuracy", "decode": "wer"}
+def per_condition_name(step: str) -> str:
+    """What a step's bare `per_condition` holds (the registry's `per_condition`: evaluate's
+    is frame accuracy, decode's WER); "per_condition" when it does not say."""
+    spec = STEPS.get(step)
+    return (spec.per_condition if spec else "") or "per_condition"
 
 
 def flat_results(metrics: dict[str, Any], step: str = "evaluate") -> dict[str, Any]:
@@ -59,7 +63,7 @@ def flat_results(metrics: dict[str, Any], step: str = "evaluate") -> dict[str, A
     out: dict[str, Any] = {}
     for key, value in metrics.items():
         if isinstance(value, dict):
-            name = (PER_CONDITION_NAME.get(step, "per_condition") if key == "per_condition"
+            name = (per_condition_name(step) if key == "per_condition"
                     else key.removeprefix("per_condition_"))
             for cond, v in sorted(value.items()):
                 if isinstance(v, (int, float)) and not isinstance(v, bool):

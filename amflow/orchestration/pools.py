@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from amflow.steps.registry import GPU, LIGHT
+from amflow.steps.registry import step as step_spec
 from core.config import load_config
 
 
@@ -10,14 +12,13 @@ from core.config import load_config
 # cores, and Airflow's `default_pool` (the only pool every Airflow has: a task in a missing
 # pool waits forever, silently) counts them in quarters: scripts/airflow_env.sh sizes it
 # to pool_size(cores), deferred tasks included (a step runs while its task is deferred).
-# A step that computes takes a core per torch thread (train, sequence: threads x
-# workers) or one core (features, targets); a light step (I/O, short scoring) a quarter.
+# A step's resources class (amflow.steps.registry) says what it takes: a trainer (GPU:
+# train, sequence) a core per torch thread (threads x workers), a heavy step one core
+# (features, targets), a light step (I/O, short scoring) a quarter.
 # So the teacher's 2-thread training holds both cores alone (the baseline waits, not
 # both at half speed), yet a light step fits beside it; on a cluster the pool is large.
 POOL_SLOTS_PER_CORE = 4
 POOL_LIGHT_SLOTS = 2  # light steps that may run beside steps holding every core
-LIGHT_STEPS = frozenset({"select", "lm", "repartition", "evaluate", "decode", "graph",
-                         "simulate", "report"})
 
 
 def pool_size(cores: int) -> int:
@@ -27,12 +28,12 @@ def pool_size(cores: int) -> int:
 
 def pool_slots(step: str, config: Path | str, overrides: list[str]) -> int:
     """The pool slots of `amflow <step>` with these overrides (see POOL_SLOTS_PER_CORE)."""
-    if step in LIGHT_STEPS:
+    spec = step_spec(step)
+    if spec.resources == LIGHT:
         return 1
     cores = 1
-    if step in ("train", "sequence"):
-        sets = [*overrides, "train.recipe=sequence"] if step == "sequence" else overrides
-        tc = load_config(config, sets).train
+    if spec.resources == GPU:  # under the config the step runs with (its implied keys too)
+        tc = load_config(config, [*overrides, *spec.sets]).train
         cores = max(tc.threads, 1) * max(tc.workers, 1)
     return POOL_SLOTS_PER_CORE * cores
 

@@ -10,5 +10,9 @@ with typed objects (Config sections, `ModelCard`, arrays, URIs), and ends with
 
     amflow.cli -> amflow.steps -> tasks | training | decoding | serving -> amflow (plumbing)
 
-`amflow.cli.STEPS` maps each step name to `amflow.steps.<module>:run`.
+`amflow.steps.registry.STEPS` declares each step once: its name, `amflow.steps.<module>:run`,
+its flags, help, inputs and outputs, resources class and the rest; the CLI, the job
+runners, placement, pools, the report, the cost model and the DAGs read it. A step run
+outside a run (`amflow corpus` without --run-id) gets a `NoRunContext` (its config and
+--force) as `ctx`: every step has the one shape `run(ctx, args)`.
 """

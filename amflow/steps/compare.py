@@ -19,7 +19,8 @@ from core.storage import Storage
 from decoding.compare import compare, load_run, render_markdown
 
 
-def run(cfg: Config, args: Any) -> dict[str, Any]:
+def run(ctx: Any, args: Any) -> dict[str, Any]:
+    cfg: Config = ctx.cfg
     root = cfg.storage.root
     if "://" not in root and not os.path.isabs(root):
         root = os.path.abspath(root)

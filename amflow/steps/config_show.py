@@ -18,7 +18,8 @@ from core.runs import StepError, run_uri
 from core.storage import Storage, join
 
 
-def run(cfg: Config, args: Any) -> dict[str, Any]:
+def run(ctx: Any, args: Any) -> dict[str, Any]:
+    cfg: Config = ctx.cfg  # never a run's context: --run-id names the run to read
     if args.run_id:
         table, where = _recorded(cfg, args)
     else:

@@ -3,15 +3,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from core.config import Config
 from tasks.corpus import build_corpus
 
 
-def run(cfg: Any, args: Any) -> dict:
-    """CLI entry: `amflow corpus --config C --out URI [--force]`."""
-    force = bool(getattr(args, "force", False))
-    if not isinstance(cfg, Config):  # called with a StepContext when --run-id is given
-        force = force or bool(getattr(cfg, "force", False))
-        cfg = cfg.cfg
+def run(ctx: Any, args: Any) -> dict:
+    """CLI entry: `amflow corpus --config C --out URI [--force]` (a run's context with
+    --run-id, else one without a run: the corpus root is its output either way)."""
+    cfg, force = ctx.cfg, bool(getattr(args, "force", False) or ctx.force)
     out = getattr(args, "out", None) or cfg.data.corpus
     return build_corpus(cfg, out, force=force, use_ray=True)

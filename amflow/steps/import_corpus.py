@@ -77,11 +77,8 @@ def _sources(cfg: Config, storage: Storage, args: Any) -> dict[str, Any]:
     return sources
 
 
-def run(cfg: Any, args: Any) -> dict:
-    force = bool(getattr(args, "force", False))
-    if not isinstance(cfg, Config):  # called with a StepContext when --run-id is given
-        force = force or bool(getattr(cfg, "force", False))
-        cfg = cfg.cfg
+def run(ctx: Any, args: Any) -> dict:
+    cfg, force = ctx.cfg, bool(getattr(args, "force", False) or ctx.force)
     storage = Storage(cfg.storage)
     sources = _sources(cfg, storage, args)
     out = (getattr(args, "out", None) or cfg.data.corpus).rstrip("/")

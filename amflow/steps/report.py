@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from amflow.steps.registry import report_order
 from core.runs import StepContext, StepError, run_uri, step_dir_name
 from core.storage import join
 from decoding.compare import significance_section
@@ -46,7 +47,8 @@ def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
     seq_rows = (sequence_wer_table(decoded, seq_decoded)
                 if any(seq_decoded.values()) else [])
     runs = [teacher_run] if teacher_run == ctx.run_id else [teacher_run, ctx.run_id]
-    steps = [s for r in runs for s in run_steps(ctx.storage, run_uri(ctx.cfg, r))]
+    order = report_order()
+    steps = [s for r in runs for s in run_steps(ctx.storage, run_uri(ctx.cfg, r), order)]
     e2e_decodes = {k: _result(root, ctx.run_id, "decode", tag) for k, tag in E2E_TAGS.items()}
     e2e_md, e2e = _e2e_section(ctx, decoded, e2e_decodes)
     sig_md, significance = significance_section(ctx.storage, {**decodes, **e2e_decodes},

@@ -22,17 +22,16 @@ from serving import app
 from amflow.steps.train_plan import train_dir_name
 
 
-def serve_context(ctx_or_cfg, model: str | None) -> tuple[StepContext, str]:
+def serve_context(ctx, model: str | None) -> tuple[StepContext, str]:
     """A StepContext on the model's run (…/runs/<R>/<train dir>/model.pt), where the
-    graph, LM and tuned acwt live; --run-id wins; a bare config needs --model."""
-    if isinstance(ctx_or_cfg, StepContext):
-        ctx = ctx_or_cfg
+    graph, LM and tuned acwt live; --run-id wins; a context with no run needs --model."""
+    if ctx.run_id:
         return ctx, model or ctx.other(train_dir_name(ctx.cfg.decode.tag), "model.pt")
     if not model:
         raise StepError("amflow serve needs --model (or --run-id to serve that run's student)")
     parts = model.replace("\\", "/").split("/")
     run_id = parts[parts.index("runs") + 1] if "runs" in parts[:-2] else "serve"
-    return StepContext(ctx_or_cfg, run_id, "serve"), model
+    return StepContext(ctx.cfg, run_id, "serve"), model
 
 
 def _same_model(a: str | None, b: str) -> bool:
@@ -125,9 +124,9 @@ def onnx_uri(ctx: StepContext) -> str:
     return uri
 
 
-def run(ctx_or_cfg, args) -> dict:
+def run(ctx, args) -> dict:
     """`amflow serve`: deploy, print the URL, keep serving until interrupted."""
-    ctx, model = serve_context(ctx_or_cfg, getattr(args, "model", None))
+    ctx, model = serve_context(ctx, getattr(args, "model", None))
     t0 = time.perf_counter()
     assets = load_assets(ctx, model)
     url = app.start(ctx.cfg, assets)
