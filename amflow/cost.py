@@ -19,7 +19,7 @@ train.epochs (target over measured). Wall clock assumes the pool's max_workers n
 
     python -m amflow.cost --runs data/runs/<run_id> --config configs/aws.yaml --hours 1000
 
-(`python -m core.cost` and `from core import cost`, its old home, still work.)
+(Its old home, core/cost.py, is gone: the base never imports the app.)
 """
 from __future__ import annotations
 

@@ -197,23 +197,6 @@ def test_the_cost_model_prices_a_registered_step(register, tmp_path):
     assert rows["toy"].node_hours == pytest.approx(node_h) and rows["toy"].scale == 1.0
 
 
-def test_core_cost_is_an_alias_of_the_moved_cost_model(monkeypatch):
-    import importlib
-    import subprocess
-
-    import core
-
-    monkeypatch.delitem(sys.modules, "core.cost", raising=False)
-    monkeypatch.delattr(core, "cost", raising=False)
-    with pytest.warns(DeprecationWarning, match="amflow.cost"):
-        old = importlib.import_module("core.cost")
-    from amflow import cost
-
-    assert old is cost
-    out = subprocess.run([sys.executable, "-m", "core.cost", "--help"], cwd=ROOT,
-                         capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0 and "--runs" in out.stdout
-
 
 def test_the_hand_back_asks_a_registered_steps_own_check(register, local_cfg):
     from amflow.orchestration.handback import unchanged_summary

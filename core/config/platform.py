@@ -135,7 +135,7 @@ class RunnerConfig:
 
 @dataclass
 class CostConfig:
-    """On-demand USD/hour, for the infra cost estimate (python -m core.cost)."""
+    """On-demand USD/hour, for the infra cost estimate (python -m amflow.cost)."""
 
     p3_16xlarge: float = 24.48  # USD/hour of a GPU-pool node (8 x V100)
     x1_32xlarge: float = 13.338  # USD/hour of a memory-pool node
