@@ -8,7 +8,6 @@ And `align`, which the DAGs run, now has its placement checked.
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
