@@ -136,6 +136,18 @@ def _export_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data", help="corpus with the check utterances (default: data.corpus)")
 
 
+def _run_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("recipe", help="a shipped recipe (supervised, ssl, ssl-from-teacher: "
+                                  "configs/recipes/<name>.yaml) or a recipe file's path")
+    p.add_argument("--from", dest="from_step", metavar="STEP",
+                   help="start at this step of the recipe (its id, e.g. ssl.train, or "
+                        "train-ctc); finished steps before it are not looked at")
+    p.add_argument("--to", dest="to_step", metavar="STEP", help="stop after this step")
+    p.add_argument("--dry-run", action="store_true", help="print the commands, run none")
+    p.add_argument("--logs", help="the folder for the steps' logs "
+                                  "(default: <storage.root>/logs/<run-id>/)")
+
+
 def _simulate_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--measured", help="JSON with measured compute seconds and bytes per "
                    "minibatch per algorithm (default: from this run's train step, if any)")
@@ -278,6 +290,14 @@ STEPS: dict[str, Step] = {
               "<run>/<step>/_config.json",
         writes="the table on stdout", needs_run=False, takes_context=False,
         add_args=_config_args),
+    "run": Step(
+        "amflow.recipes.executor:run",
+        "run a recipe top to bottom (its runs and steps, in one process; resumable)",
+        reads="configs/recipes/<recipe>.yaml (or the recipe file given), --config, --set "
+              "(each applies to every step)",
+        writes="runs/<run-id>-<run>/<step>/ for each run of the recipe, the compare table on "
+               "stdout, each step's log in <storage.root>/logs/<run-id>/",
+        needs_run=False, takes_context=False, add_args=_run_args),
     "bench": Step(
         "amflow.steps.bench:run", "benchmarks measured side by side, printed as ratios",
         reads="the run's data (or the embedded corpus)",
@@ -341,28 +361,45 @@ def _record_config(ctx: Any, resolved: Any, argv: list[str] | None) -> None:
                                record(resolved, sys.argv[1:] if argv is None else argv))
 
 
+def _absolute(path: str | None) -> str | None:
+    return str(Path(path).resolve()) if path else None
+
+
+def _settle(args: argparse.Namespace, step: Step) -> tuple[Any, Any, list, str | None]:
+    """The resolved config, and for a step of a run the run's remembered settings
+    (amflow.run_settings: `--run-id` alone finds the run's config and sets)."""
+    default = DEFAULT_CONFIG if Path(DEFAULT_CONFIG).exists() else None
+    if not step.needs_run or args.step == "bench":
+        path = args.config or default
+        return resolve_config(path, [*(args.overrides or []), *step.sets]), None, [], path
+    from amflow.run_settings import settle
+
+    return settle(args.config, default, args.overrides or [], list(step.sets), args.run_id,
+                  args.step, args.force, tuple(STEPS))
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
-    config_path = args.config
-    if config_path is None and Path(DEFAULT_CONFIG).exists():
-        config_path = DEFAULT_CONFIG
     step = STEPS[args.step]
-    args.config_path = config_path
     args.step_sets = list(STEPS[_step_name(args)].sets) if args.step == "config" else []
     try:
-        resolved = resolve_config(config_path, [*(args.overrides or []), *step.sets])
+        resolved, settings, forced, config_path = _settle(args, step)
     except ConfigError as exc:
         print(f"amflow {args.step}: {exc}", file=sys.stderr)
         return 2
-    from core.runs import StepContext, StepError
+    args.config_path = config_path
+    from core.runs import StepContext, StepError, step_dir_of
 
     cfg = resolved.config
     try:
         fn = _load_entry(step.entry)
         if step.takes_context and (step.needs_run or args.run_id):
             ctx = StepContext(cfg, args.run_id or "bench", args.step, force=args.force)
+            if settings is not None and step.needs_run:
+                settings.remember(_absolute(config_path), args.overrides or [], args.step,
+                                  forced, step_dir_of(args.step, cfg))
             summary = fn(ctx, args)
             _record_config(ctx, resolved, argv)
         else:
