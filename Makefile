@@ -19,10 +19,11 @@ system-deps:
 
 setup: $(STAMP) system-deps
 
-# The CLI alone (no Airflow) on configs/tiny.yaml: corpus -> ... -> decode, a WER table;
-# ~3 min on 2 cores (docs/tutorial/quickstart.md). Env: RUN_ID, QUICKSTART_SETS, STAGE.
+# The ssl recipe on configs/tiny.yaml through the CLI alone (no Airflow), in one process:
+# corpus -> ... -> decode, a WER table (docs/tutorial/quickstart.md). RUN_ID=<id> goes on
+# with that run (finished steps kept); ARGS adds arguments (--from STEP, --set k=v, ...).
 quickstart: setup
-	bash scripts/quickstart.sh
+	$(VENV)/bin/amflow run ssl --config configs/tiny.yaml $(if $(RUN_ID),--run-id $(RUN_ID)) $(ARGS)
 
 demo: setup
 	bash scripts/demo.sh

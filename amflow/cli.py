@@ -74,25 +74,41 @@ def _record_config(ctx: Any, resolved: Any, argv: list[str] | None) -> None:
                                record(resolved, sys.argv[1:] if argv is None else argv))
 
 
+def _absolute(path: str | None) -> str | None:
+    return str(Path(path).resolve()) if path else None
+
+
+def _settle(args: argparse.Namespace, step: Step) -> tuple[Any, Any, list, str | None]:
+    """The resolved config and its path, and for a step of a run the run's remembered
+    settings (amflow.run_settings: `--run-id` alone finds the run's config and sets)."""
+    default = DEFAULT_CONFIG if Path(DEFAULT_CONFIG).exists() else None
+    if not (step.needs_run and step.in_a_run):
+        path = args.config or default
+        return resolve_config(path, [*(args.overrides or []), *step.sets]), None, [], path
+    from amflow.run_settings import settle
+
+    return settle(args.config, default, args.overrides or [], list(step.sets), args.run_id,
+                  args.step, args.force)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
-    config_path = args.config
-    if config_path is None and Path(DEFAULT_CONFIG).exists():
-        config_path = DEFAULT_CONFIG
     step = STEPS[args.step]
-    args.config_path = config_path
     args.step_sets = list(STEPS[_step_name(args)].sets) if args.step == "config" else []
     try:
-        resolved = resolve_config(config_path, [*(args.overrides or []), *step.sets])
+        resolved, settings, forced, args.config_path = _settle(args, step)
     except ConfigError as exc:
         print(f"amflow {args.step}: {exc}", file=sys.stderr)
         return 2
-    from core.runs import StepError
+    from core.runs import StepError, step_dir_of
 
     try:
         ctx = step_context(args.step, resolved.config, args.run_id, force=args.force)
+        if settings is not None and ctx.run_id:  # the run remembers what it was given
+            settings.remember(_absolute(args.config_path), args.overrides or [], args.step,
+                              forced, step_dir_of(args.step, resolved.config))
         summary = load_entry(step.entry)(ctx, args)
         if ctx.run_id:  # a step of a run keeps the config it ran with
             _record_config(ctx, resolved, argv)

@@ -1,10 +1,10 @@
-"""The quickstart (`make quickstart`: scripts/quickstart.sh on configs/tiny.yaml).
+"""The quickstart (`make quickstart`: `amflow run ssl --config configs/tiny.yaml`).
 
-- End to end, the suite's smoke test: every step of both runs finishes (its _SUCCESS.json),
-  the commands it ran are the ones docs/tutorial/quickstart.md lists, and the WER table
-  printed at the end has a row per decoded model, each WER a number in [0, 100] inside its
-  95 % CI and equal to the WER in that decode's result.json.
-- Its dry run (DRY_RUN=1, seconds) prints exactly the tutorial's commands.
+- End to end, the suite's smoke test: the recipe runs every step of both runs in one
+  process (each finished: its _SUCCESS.json), and the WER table printed at the end has a
+  row per decoded model, each WER a number in [0, 100] inside its 95 % CI and equal to the
+  WER in that decode's result.json; run again with the same run id, every step is kept.
+- The tutorial's table of steps is the recipe's, in its order.
 """
 from __future__ import annotations
 
@@ -36,55 +36,29 @@ ROW = re.compile(r"^\| (?P<run>\S+) \| (?P<decode>\S+) \| (?P<wer>[^|]+) \| "
 TUTORIAL = ROOT / "docs" / "tutorial" / "quickstart.md"
 
 
-def _quickstart(store: Path | None, logs: Path, **extra: str) -> subprocess.CompletedProcess:
+def _quickstart(store: Path, logs: Path, *extra: str) -> subprocess.CompletedProcess:
     env = dict(os.environ)
-    env.update({
-        "RUN_ID": RUN,
-        "QUICKSTART_SETS": f"storage.root={store} data.corpus={store / 'corpus'}" if store else "",
-        # the checkout under test, and the interpreter running the tests (its amflow)
-        "PYTHONPATH": os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep),
-        "PATH": os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")]),
-        "QUICKSTART_LOGS": str(logs),
-        **extra,
-    })
-    return subprocess.run(["bash", str(ROOT / "scripts" / "quickstart.sh")], env=env,
-                          capture_output=True, text=True, timeout=3600)
+    # the checkout under test, and the interpreter running the tests
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    cmd = [sys.executable, "-m", "amflow.cli", "run", "ssl", "--config",
+           str(ROOT / "configs" / "tiny.yaml"), "--run-id", RUN, "--logs", str(logs),
+           "--set", f"storage.root={store}", "--set", f"data.corpus={store / 'corpus'}", *extra]
+    return subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=3600)
 
 
-def _printed_commands(stdout: str, root: Path, sets: str = "") -> list[str]:
-    """The `$ amflow ...` lines the script printed, in the tutorial's spelling: the run ids
-    as $RUN_ID-..., storage.root as $ROOT, without the test's own overrides."""
-    out = []
-    for line in stdout.splitlines():
-        if line.startswith("$ amflow "):
-            line = line[2:].replace(sets, "").replace(str(root), "$ROOT")
-            out.append(re.sub(rf"\b{RUN}-(teacher|ssl)\b", r"$RUN_ID-\1", line))
-    return out
+def test_the_tutorial_lists_the_recipes_steps():
+    from amflow.recipes.definition import load_recipe
+
+    ids = re.findall(r"^\| `([a-z]+\.[a-z-]+)` \|", TUTORIAL.read_text(), re.M)
+    assert ids == load_recipe("ssl").ids()
 
 
-def _tutorial_commands() -> list[str]:
-    """The commands of the tutorial's block that starts with `amflow corpus`."""
-    blocks = re.findall(r"^```bash\n(.*?)^```", TUTORIAL.read_text(), re.M | re.S)
-    (block,) = [b for b in blocks if b.startswith("amflow corpus")]
-    return [" ".join(line.split()) for line in block.replace("\\\n", " ").splitlines()]
-
-
-def test_the_tutorial_lists_the_commands_the_script_runs(tmp_path):
-    done = _quickstart(None, tmp_path / "logs", DRY_RUN="1")
-    assert done.returncode == 0, done.stderr[-3000:]
-    printed = _printed_commands(done.stdout, ROOT / "data" / "quickstart")
-    assert printed == _tutorial_commands()
-    assert len(printed) == 1 + sum(map(len, STEPS.values())) + 1  # corpus, steps, compare
-    assert not list(tmp_path.iterdir())  # a dry run writes nothing
-
-
-@pytest.mark.slow  # under 3 minutes on 2 cores, ~190 CPU-seconds (docs/tutorial/quickstart.md)
+@pytest.mark.slow  # ~3 minutes on 2 quiet cores (docs/results/2026-12-07-one-command.md)
 def test_quickstart_runs_every_step_and_prints_the_wer_table(tmp_path):
     store, logs = tmp_path / "store", tmp_path / "logs"
     done = _quickstart(store, logs)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
-    sets = f" --set storage.root={store} --set data.corpus={store / 'corpus'}"
-    assert _printed_commands(done.stdout, store, sets) == _tutorial_commands()
+    assert done.stdout.count("\n=== ") == 1 + sum(map(len, STEPS.values())) + 1
     assert json.loads((store / "corpus" / "_SUCCESS.json").read_text())
     for run, steps in STEPS.items():
         for step in steps:
@@ -106,3 +80,7 @@ def test_quickstart_runs_every_step_and_prints_the_wer_table(tmp_path):
     assert ctc["metrics"]["transcripts"]["pseudo"] > 0, ctc["metrics"]
     assert json.loads((store / "runs" / f"{RUN}-ssl" / "decode-ctc" / "result.json")
                       .read_text())["model_kind"] == "ctc"
+    # the same run id again keeps every step: nothing is redone
+    again = _quickstart(store, logs, "--from", "ssl.train")
+    assert again.returncode == 0, again.stdout[-4000:] + again.stderr[-4000:]
+    assert json.loads(again.stdout.splitlines()[-1].split(" ", 1)[1])["kept"] == 4

@@ -1,6 +1,7 @@
 """`amflow config show`: every key's effective value and where it came from.
 
     amflow config show [--config F] [--set k=v ...] [--step S] [--stage grown] [--all]
+    amflow config show --run-id R                   the settings run R remembers
     amflow config show --run-id R --step S          what step S of run R ran with
 
 Without --run-id it resolves the config as `amflow S` would (the step's implied settings,
@@ -34,8 +35,7 @@ def run(ctx: Any, args: Any) -> dict[str, Any]:
 
 def _recorded(cfg: Config, args: Any) -> tuple[list, str]:
     if not args.show_step:
-        raise StepError("--run-id needs --step: the step folder whose config to show "
-                        "(e.g. --step train-teacher)")
+        return _run_settings(cfg, args)
     uri = join(run_uri(cfg, args.run_id), args.show_step, CONFIG_RECORD)
     st = Storage(cfg.storage)
     if not st.exists(uri):
@@ -43,3 +43,21 @@ def _recorded(cfg: Config, args: Any) -> tuple[list, str]:
                         "has not finished with this version of amflow (it records its "
                         "config when it finishes)")
     return rows_of_record(st.read_json(uri), args.all), uri
+
+
+def _run_settings(cfg: Config, args: Any) -> tuple[list, str]:
+    """The run's remembered settings (`<run>/_run.json`): its config file and run-wide
+    sets resolved, each key with its source, then the changes forced into it."""
+    from amflow.run_settings import RUN_RECORD, RunSettings
+
+    settings = RunSettings.open(cfg, args.run_id)
+    uri = join(settings.uri, RUN_RECORD)
+    if not settings.known:
+        raise StepError(f"{uri} not found: run {args.run_id!r} has no remembered settings "
+                        "(its first step ran with an older amflow, or it has not started); "
+                        "--step S shows what a finished step ran with")
+    resolved = resolve_config(settings.config_path, [*settings.sets, *args.overrides])
+    for entry in settings.record.get("history", []):
+        changed = ", ".join(f"{k}: {v[0]!r} -> {v[1]!r}" for k, v in entry["changed"].items())
+        print(f"# {entry['time']} {entry['step']} --force: {changed}")
+    return rows(resolved, args.all), f"{uri} (config {settings.config_path or 'defaults'})"

@@ -69,6 +69,9 @@ class Step:
     unchanged: str = ""  # "module:function": finished summary when its inputs are unchanged
     report: str = ""  # REPORT_PLACES: where the report's timings table lists it
     cost: str = ""  # COSTS: how the cost model scales it ("": not priced)
+    # config sections, beside its own, whose values its outputs depend on: a run refuses
+    # a later change to them once it finished (amflow.run_settings)
+    config_sections: tuple[str, ...] = ()
     per_condition: str = ""  # what its summary's bare `per_condition` holds (asset events)
 
     def __post_init__(self) -> None:
@@ -191,6 +194,18 @@ def _export_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data", help="corpus with the check utterances (default: data.corpus)")
 
 
+def _run_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("recipe", help="a shipped recipe (supervised, ssl, ssl-from-teacher: "
+                                  "configs/recipes/<name>.yaml) or a recipe file's path")
+    p.add_argument("--from", dest="from_step", metavar="STEP",
+                   help="start at this step of the recipe (its id, e.g. ssl.train, or "
+                        "train-ctc); finished steps before it are not looked at")
+    p.add_argument("--to", dest="to_step", metavar="STEP", help="stop after this step")
+    p.add_argument("--dry-run", action="store_true", help="print the commands, run none")
+    p.add_argument("--logs", help="the folder for the steps' logs "
+                                  "(default: <storage.root>/logs/<run-id>/)")
+
+
 def _simulate_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--measured", help="JSON with measured compute seconds and bytes per "
                    "minibatch per algorithm (default: from this run's train step, if any)")
@@ -222,7 +237,8 @@ STEPS: dict[str, Step] = {
               "<daily.dataset>-YYYY-MM-DD)",
         writes="runs/<id>/select/shards/*.parquet (manifests), rejects/, _SUCCESS.json",
         resources=LIGHT, placed=True, shard_tasks=True, per_interval=True,
-        unchanged="amflow.steps.select:unchanged", report=DATA, cost=AUDIO),
+        unchanged="amflow.steps.select:unchanged", report=DATA, cost=AUDIO,
+        config_sections=("data",)),
     "align": Step(
         "amflow.steps.align:run", "GMM-HMM forced alignment: monophone, tree, triphone senones",
         reads="runs/<id>/select shard manifests (align.splits), the audio, data.lexicon or "
@@ -230,7 +246,7 @@ STEPS: dict[str, Step] = {
               "training too with align.guide=ctm)",
         writes="runs/<id>/align/alignments/*.parquet (phones, senones per 10 ms frame), "
                "alignments.ctm, tree, final.mdl, mono.mdl, phones.txt, rejects/, _SUCCESS.json",
-        placed=True),
+        placed=True, config_sections=("data",)),
     "features": Step(
         "amflow.steps.features:run", "log-mel fbank, causal CMN, global CMVN, low frame rate",
         reads="runs/<id>/select shard manifests, the audio they point at, alignments.ctm",
@@ -261,14 +277,16 @@ STEPS: dict[str, Step] = {
         writes="runs/<id>/train/ (train-<train.tag> when tagged): checkpoints/, model.pt, "
                "metrics.jsonl, learning_curve.png, _SUCCESS.json; ctc: tokens/ (tokenizer, "
                "tokenised transcripts)",
-        resources=GPU, placed=True, report=MODEL, cost=STUDENT_EPOCHS),
+        resources=GPU, placed=True, report=MODEL, cost=STUDENT_EPOCHS,
+        config_sections=("model",)),
     "sequence": Step(
         "amflow.steps.sequence:run", "sequence training (sMBR / MMI) of a trained model",
         reads="runs/<id>/repartition labeled partitions, train.init_model (default: the "
               "run's train[-<train.tag>]/model.pt)",
         writes="runs/<id>/sequence[-<train.tag>]/: checkpoints/, model.pt, metrics.jsonl, "
                "learning_curve.png, _SUCCESS.json (denominator graph size)",
-        sets=("train.recipe=sequence",), resources=GPU, placed=True, report=MODEL),
+        sets=("train.recipe=sequence",), resources=GPU, placed=True, report=MODEL,
+        config_sections=("train", "model")),
     "evaluate": Step(
         "amflow.steps.evaluate:run", "frame accuracy and phone error rate per condition",
         reads="--model checkpoint, --data corpus with alignments.ctm, the run's cmvn.json",
@@ -292,7 +310,7 @@ STEPS: dict[str, Step] = {
         writes="--out JSON (wer, per_condition, ser, acwt, rtf), runs/<id>/decode[-<tag>]/"
                "hyps.jsonl, hyps.parquet, tuning.json, _SUCCESS.json; runs/<id>/graph/<key>/",
         add_args=_decode_args, resources=LIGHT, placed=True, report=SCORE,
-        per_condition="wer"),
+        per_condition="wer", config_sections=("lm",)),
     "pseudolabel": Step(
         "amflow.steps.pseudolabel:run",
         "the teacher's words for the unlabeled selection, with confidences; keep the confident",
@@ -303,7 +321,7 @@ STEPS: dict[str, Step] = {
         writes="runs/<id>/pseudolabel/labels/*.parquet (utt_id, text, confidence, am_score, "
                "lm_score, kept, reason), calibration/*.parquet, dev.json, rejects/, "
                "_SUCCESS.json (WER of kept vs dropped vs all, kept share of audio, x real time)",
-        add_args=_pseudolabel_args, placed=True),
+        add_args=_pseudolabel_args, placed=True, config_sections=("decode", "lm")),
     "serve": Step(
         "amflow.steps.serve:run", "serve a student as a streaming recognizer (Ray Serve, WebSocket)",
         reads="--model student model.pt (CMVN, phones, priors; or a CTC student: its tokenizer), "
@@ -347,6 +365,14 @@ STEPS: dict[str, Step] = {
               "<run>/<step>/_config.json",
         writes="the table on stdout", needs_run=False, in_a_run=False,
         add_args=_config_args),
+    "run": Step(
+        "amflow.recipes.executor:run",
+        "run a recipe top to bottom (its runs and steps, in one process; resumable)",
+        reads="configs/recipes/<recipe>.yaml (or the recipe file given), --config, --set "
+              "(each applies to every step)",
+        writes="runs/<run-id>-<run>/<step>/ for each run of the recipe, the compare table on "
+               "stdout, each step's log in <storage.root>/logs/<run-id>/",
+        needs_run=False, in_a_run=False, add_args=_run_args),
     "bench": Step(
         "amflow.steps.bench:run", "benchmarks measured side by side, printed as ratios",
         reads="the run's data (or the embedded corpus)",

@@ -1,0 +1,123 @@
+"""A run remembers its settings (amflow.run_settings): the first step records the config and
+the run-wide sets; later steps start from them; a change a finished step read is refused
+(naming the key and the step) unless --force, which writes it into the run's history."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from amflow.run_settings import RUN_RECORD, RunSettings, settle
+from core.config import ConfigError, resolve_config
+from core.config.explain import CONFIG_RECORD, record
+from tests.conftest import ROOT
+
+CONFIG = str(ROOT / "configs" / "tiny.yaml")
+
+
+def _finish(store: Path, run: str, folder: str, sets: list[str]) -> None:
+    """A finished step as the CLI leaves it: _SUCCESS.json and its recorded config."""
+    d = store / "runs" / run / folder
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "_SUCCESS.json").write_text(json.dumps({"step": folder}))
+    resolved = resolve_config(CONFIG, sets)
+    (d / CONFIG_RECORD).write_text(json.dumps(record(resolved, []), default=str))
+
+
+def _start(store: Path, run: str, step: str, sets: list[str], config: str | None = CONFIG,
+           force: bool = False):
+    resolved, settings, forced, path = settle(config, None, [f"storage.root={store}", *sets],
+                                              [], run, step, force)
+    from core.runs import step_dir_of
+
+    settings.remember(path, [f"storage.root={store}", *sets], step, forced,
+                      step_dir_of(step, resolved.config))
+    return resolved, settings, forced
+
+
+def test_the_first_step_records_the_config_and_the_run_wide_sets(tmp_path):
+    store = tmp_path / "store"
+    _start(store, "r", "select", ["select.hours=0.5", "train.tag=teacher"])
+    rec = json.loads((store / "runs" / "r" / RUN_RECORD).read_text())
+    assert rec["config"] == CONFIG and rec["first_step"] == "select"
+    # train.tag names which model a step works on: not a setting of the run
+    assert rec["sets"] == [f"storage.root={store}", "select.hours=0.5"]
+
+
+def test_run_id_alone_is_enough_after_the_first_step(tmp_path):
+    store = tmp_path / "store"
+    _start(store, "r", "select", ["select.hours=0.5", "features.num_mel_bins=40"])
+    resolved, _, _ = _start(store, "r", "features", [], config=None)
+    assert resolved.config.select.hours == 0.5
+    assert resolved.config.features.num_mel_bins == 40
+    assert resolved.config.storage.root == str(store)
+
+
+def test_a_change_a_finished_step_read_is_refused_naming_key_and_step(tmp_path):
+    store = tmp_path / "store"
+    _start(store, "r", "select", ["select.hours=0.5"])
+    _finish(store, "r", "select", [f"storage.root={store}", "select.hours=0.5"])
+    with pytest.raises(ConfigError) as err:
+        _start(store, "r", "features", ["select.hours=2"], config=None)
+    msg = str(err.value)
+    assert "select.hours" in msg and "'select'" in msg and "0.5" in msg and "--force" in msg
+    # a key the finished step did not read is a new setting of the run, not a conflict
+    resolved, _, _ = _start(store, "r", "features", ["features.num_mel_bins=40"], config=None)
+    assert resolved.config.features.num_mel_bins == 40
+    rec = json.loads((store / "runs" / "r" / RUN_RECORD).read_text())
+    assert "features.num_mel_bins=40" in rec["sets"]
+
+
+def test_force_records_the_change_in_the_history(tmp_path):
+    store = tmp_path / "store"
+    _start(store, "r", "select", ["select.hours=0.5"])
+    _finish(store, "r", "select", [f"storage.root={store}", "select.hours=0.5"])
+    resolved, _, forced = _start(store, "r", "select", ["select.hours=2"], config=None,
+                                 force=True)
+    assert resolved.config.select.hours == 2 and [c.key for c in forced] == ["select.hours"]
+    rec = json.loads((store / "runs" / "r" / RUN_RECORD).read_text())
+    assert rec["history"][-1]["changed"] == {"select.hours": [0.5, 2.0]}
+    assert rec["history"][-1]["step"] == "select" and rec["history"][-1]["forced"]
+
+
+def test_sibling_models_of_a_run_have_their_own_settings(tmp_path):
+    """train-baseline beside a finished train-teacher: another model, not a changed input."""
+    store = tmp_path / "store"
+    teacher = ["train.model=teacher", "train.tag=teacher"]
+    _start(store, "r", "train", teacher)
+    _finish(store, "r", "train-teacher", [f"storage.root={store}", *teacher])
+    resolved, _, _ = _start(store, "r", "train", ["train.model=student", "train.tag=baseline",
+                                                  "train.lr=0.01"], config=None)
+    assert resolved.config.get("train.lr") == 0.01
+    rec = json.loads((store / "runs" / "r" / RUN_RECORD).read_text())
+    assert not any(s.startswith("train.") for s in rec["sets"])  # the baseline's own
+    # ...but the same model again with another learning rate is a changed input
+    with pytest.raises(ConfigError, match="train-teacher"):
+        _start(store, "r", "train", [*teacher, "train.lr=0.5"], config=None)
+
+
+def test_another_config_file_is_compared_like_sets(tmp_path):
+    store = tmp_path / "store"
+    _start(store, "r", "select", [])
+    _finish(store, "r", "select", [f"storage.root={store}"])
+    other = tmp_path / "other.yaml"
+    other.write_text(Path(CONFIG).read_text().replace("hours: 1.0 ", "hours: 3.0 "))
+    with pytest.raises(ConfigError, match="select.hours"):
+        _start(store, "r", "features", [], config=str(other))
+
+
+def test_config_show_prints_the_runs_settings(tmp_path, capsys):
+    from amflow.cli import main
+
+    store = tmp_path / "store"
+    _start(store, "r", "select", ["select.hours=0.5"])
+    assert main(["config", "show", "--config", CONFIG, "--run-id", "r",
+                 "--set", f"storage.root={store}"]) == 0
+    out = capsys.readouterr().out
+    assert RUN_RECORD in out and "select.hours = 0.5" in out
+
+
+def test_settings_open_on_a_new_run_is_empty(tmp_path):
+    cfg = resolve_config(CONFIG, [f"storage.root={tmp_path}"]).config
+    assert not RunSettings.open(cfg, "new").known
