@@ -7,6 +7,9 @@ from that record, so `amflow <step> --run-id R` alone is enough (with the defaul
 storage root; a run under another root is found with `--config` or
 `--set storage.root=...`).
 
+The keys that name which model a step works on are the run's first step's unless a
+command names its own (`amflow decode --run-id R` decodes the model R started with).
+
 A later `--set` (or another `--config`) that changes a key a finished step of the run
 read is refused, naming the key, the step and the value it ran with: the run's outputs
 would no longer agree with its settings. `--force` lets it through and writes the change
@@ -94,6 +97,12 @@ class RunSettings:
     def sets(self) -> list[str]:
         return list(self.record.get("sets", []))
 
+    @property
+    def model(self) -> list[str]:
+        """The run's first step's model keys (train.model, train.tag, ...): what a later
+        command that names no model works on."""
+        return list(self.record.get("model", []))
+
     def finished_steps(self) -> list[str]:
         """The step folders of this run that have a `_SUCCESS.json`."""
         return [basename(d) for d in self.storage.subdirs(self.uri)
@@ -116,7 +125,9 @@ class RunSettings:
                     and _key_of(s).split(".")[0] not in own]
         rec = dict(self.record) or {"config": config_path, "config_digest":
                                     _file_digest(config_path), "created": _now(),
-                                    "first_step": step, "sets": [], "history": []}
+                                    "first_step": step, "sets": [], "history": [],
+                                    "model": [s for s in overrides
+                                              if is_instance_key(_key_of(s))]}
         kept = {_key_of(s): s for s in rec.get("sets", [])}
         kept.update({_key_of(s): s for s in run_sets})
         if rec.get("sets") != list(kept.values()) or forced or not self.record:
@@ -200,8 +211,10 @@ def settle(cfg_path: str | None, default_path: str | None, overrides: list[str],
         raise ConfigError("storage.root", f"run {run_id!r} was started with --config {path}, "
                           "which no longer exists: give --config")
     instance = [s for s in overrides if is_instance_key(_key_of(s))]
-    before = resolve_config(settings.config_path, [*settings.sets, *instance, *step_sets])
-    resolved = resolve_config(path, [*settings.sets, *overrides, *step_sets])
+    model = [] if instance else settings.model  # naming no model: the run's first one
+    before = resolve_config(settings.config_path,
+                            [*settings.sets, *model, *instance, *step_sets])
+    resolved = resolve_config(path, [*settings.sets, *model, *overrides, *step_sets])
     changes = [c for c in changed_keys(before.config, resolved.config)
                if not is_instance_key(c.key)]
     folder = step_dir_of(step, resolved.config)

@@ -37,9 +37,12 @@ def _say(text: str, voice: espeak.VoiceParams, seed: int, rate: int) -> np.ndarr
 
 
 def make_kaldi_corpus(root: Path, rate: int = 8000, speakers: dict | None = None,
-                      utts: dict | None = None, seed: int = 0) -> dict[str, int]:
+                      utts: dict | None = None, seed: int = 0,
+                      transcribed: float = 1.0) -> dict[str, int]:
     """Kaldi dirs root/{train,dev,test}: `speakers` per split (default 4/2/2), `utts`
-    per speaker (default 8/4/4), 1-3 words each; audio under root/wav/ at `rate`."""
+    per speaker (default 8/4/4), 1-3 words each; audio under root/wav/ at `rate`. Only
+    the first `transcribed` share of each train speaker's utterances has a `text` line:
+    the rest is untranscribed audio (counted as "untranscribed")."""
     speakers = speakers or {"train": 4, "dev": 2, "test": 2}
     utts = utts or {"train": 8, "dev": 4, "test": 4}
     voices = _voices(sum(speakers.values()))
@@ -61,9 +64,12 @@ def make_kaldi_corpus(root: Path, rate: int = 8000, speakers: dict | None = None
                          subtype="PCM_16")
                 wav.append(f"{uid} {path}\n")
                 spk.append(f"{uid} {name}\n")
-                txt.append(f"{uid} {words}\n")
+                if split != "train" or u < round(transcribed * utts[split]):
+                    txt.append(f"{uid} {words}\n")
         (d / "wav.scp").write_text("".join(wav))
         (d / "utt2spk").write_text("".join(spk))
         (d / "text").write_text("".join(txt))
-        counts[split] = len(wav)
+        counts[split] = len(txt)
+        if split == "train":
+            counts["untranscribed"] = len(wav) - len(txt)
     return counts

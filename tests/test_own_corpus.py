@@ -23,11 +23,20 @@ TINY = ["align.use_ray=false", "align.mono_iters=4", "align.tri_iters=2",
         "train.chunk_frames=16", "decode.workers=1", "decode.acwt=[0.3,0.6]"]
 
 
-def howto_blocks() -> tuple[str, list[list[str]]]:
-    """The page's mine.yaml and its commands (continuation lines joined), as argv."""
+# The semi-supervised recipe's students and the CTC student at the same toy size.
+TINY_SSL = [*TINY, "model.student.layers=1", "model.student.hidden=32", "model.ctc.layers=1",
+            "model.ctc.hidden=32", "train.sub_epochs=1", "train.unlabeled_passes=1",
+            "train.ctc_preset={epochs: 2, finetune_epochs: 0}",
+            "train.teacher_preset={epochs: 2}", "decode.ctc_lm_weights=[2.0]",
+            "decode.blank_penalties=[1.5]", "targets.actors=1"]
+
+
+def howto_blocks(which: int = 0) -> tuple[str, list[list[str]]]:
+    """The page's mine.yaml and the commands of its `which`-th bash block (continuation
+    lines joined), as argv: 0 the supervised path, 1 the semi-supervised one."""
     text = HOWTO.read_text()
     (yaml_block,) = re.findall(r"```yaml\n(.*?)```", text, re.S)
-    (bash_block,) = re.findall(r"```bash\n(.*?)```", text, re.S)
+    bash_block = re.findall(r"```bash\n(.*?)```", text, re.S)[which]
     joined = bash_block.replace("\\\n", " ")
     commands = [shlex.split(line) for line in joined.splitlines() if line.strip()]
     assert all(c[0] == "amflow" for c in commands)
@@ -39,6 +48,8 @@ def test_howto_commands_are_what_this_test_runs():
     assert [c[1] for c in commands] == ["import", "select", "align", "features",
                                         "repartition", "train", "lm", "decode"]
     assert "g2p: espeak" in yaml_block and "sample_rate: 8000" in yaml_block
+    _, ssl = howto_blocks(1)
+    assert [c[1] for c in ssl] == ["import", "run"] and ssl[1][2] == "ssl"
 
 
 @pytest.mark.slow
@@ -71,3 +82,38 @@ def test_own_corpus_recipe_from_kaldi_dirs_to_wer(tmp_path, monkeypatch):
     wer = json.loads((tmp_path / "mine" / "wer.json").read_text())
     assert 0.0 <= wer["wer"] <= 1.5 and wer["split"] == "test" and wer["tuning"]
     assert not wer["rejected"]
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+@pytest.mark.isolated  # amflow starts its Ray here, in the how-to's folder (relative paths)
+def test_own_corpus_semi_supervised_in_two_commands(tmp_path, monkeypatch, capsys):
+    """The page's semi-supervised commands verbatim: a train dir whose untranscribed
+    utterances are the unlabeled audio -> teacher, baseline, SSL and CTC students, compared."""
+    from amflow.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    counts = make_kaldi_corpus(tmp_path / "kaldi", rate=8000, utts={"train": 12, "dev": 4,
+                                                                     "test": 4},
+                               transcribed=0.5)
+    yaml_block, commands = howto_blocks(1)
+    (tmp_path / "mine.yaml").write_text(yaml_block)
+    assert main(commands[0][1:]) == 0, " ".join(commands[0])
+    corpus = json.loads((tmp_path / "mine" / "corpus" / "_SUCCESS.json").read_text())
+    assert corpus["per_split"]["unlabeled"] == counts["untranscribed"] > 0
+    sets = [a for s in TINY_SSL for a in ("--set", s)]
+    assert main(commands[1][1:] + sets) == 0, " ".join(commands[1])
+    out = capsys.readouterr().out
+    runs = tmp_path / "mine" / "runs"
+    for run, folders in {"mine-ssl-teacher": ["train-teacher", "train-baseline",
+                                              "decode-teacher", "decode-baseline"],
+                         "mine-ssl-ssl": ["targets", "pseudolabel", "train", "train-ctc",
+                                          "decode", "decode-ctc"]}.items():
+        for folder in folders:
+            assert (runs / run / folder / "_SUCCESS.json").is_file(), f"{run}/{folder}"
+    ssl = json.loads((runs / "mine-ssl-ssl" / "targets" / "_SUCCESS.json").read_text())
+    assert ssl["counts"]["out"] > 0  # the teacher labelled the untranscribed audio
+    assert re.search(r"^\| mine-ssl-ssl \| decode \| [0-9.]+ \|.*vs decode-baseline", out,
+                     re.M), out[-3000:]
+    assert json.loads((runs / "mine-ssl-ssl" / "_run.json").read_text())["config"] == \
+        str(tmp_path / "mine.yaml")
