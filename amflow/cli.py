@@ -123,7 +123,7 @@ def _config_args(p: argparse.ArgumentParser) -> None:
                         "--run-id: the step folder (e.g. train-teacher) whose recorded config "
                         "to show")
     p.add_argument("--stage", choices=["grown"], help="grown: train.grow's second stage "
-                   "(train.grow_recipe laid over the training's values)")
+                   "(train.grow_preset laid over the training's values)")
     p.add_argument("--all", action="store_true", help="every key, defaults included")
 
 

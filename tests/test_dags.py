@@ -193,7 +193,7 @@ def _run_gate(dag, task_id: str, **params) -> list[str]:
 
 def test_ctc_students_train_from_the_run_with_the_configs_recipe(dagbag):
     """train_ctc_baseline / train_ctc: train.model ctc, sized by the config (model.ctc and
-    train.ctc_recipe), not by the DAG; train_ctc reads this DAG run's pseudolabel step dir
+    train.ctc_preset), not by the DAG; train_ctc reads this DAG run's pseudolabel step dir
     (the pseudolabel task's summary) as train.pseudolabels; each decodes under its tag."""
     from unittest import mock
 
@@ -205,7 +205,7 @@ def test_ctc_students_train_from_the_run_with_the_configs_recipe(dagbag):
         assert {"train.model=ctc", f"train.tag={tag}", f"decode.tag={tag}"} <= set(task.sets)
         assert not [s for s in task.sets if s.startswith(("model.", "train.epochs"))]
         cfg = load_config(ROOT / "configs" / "local.yaml", task.sets)
-        assert cfg.train.ctc_recipe and cfg.train.threads == cfg.train.ctc_recipe["threads"]
+        assert cfg.train.ctc_preset and cfg.train.threads == cfg.train.ctc_preset["threads"]
         assert task.pool_slots == POOL_SLOTS_PER_CORE * cfg.train.threads
     decode = student.task_dict["decode_ctc"]
     assert decode.model_from == "train_ctc" and "decode.tag=ctc" in decode.sets

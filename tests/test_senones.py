@@ -216,8 +216,8 @@ TINY_CHAIN = [
     "evaluate.tag=teacher",
     "train.epochs=1", "train.finetune_epochs=0", "train.threads=1",
     "train.phone_weight=0.5",  # the phone-level criterion beside the senones' (CD classes)
-    "train.grow_recipe.epochs=1",  # the embedded default grows (train.grow): one epoch
-    "train.minibatch_frames=256", "train.chunk_frames=16", "train.teacher_recipe={}",
+    "train.grow_preset.epochs=1",  # the embedded default grows (train.grow): one epoch
+    "train.minibatch_frames=256", "train.chunk_frames=16", "train.teacher_preset={}",
     "model.teacher.layers=1", "model.teacher.hidden=16", "lm.sentences=300",
     "decode.acwt=[0.5]", "decode.tune_split=", "decode.workers=1"]
 

@@ -103,7 +103,7 @@ def test_a_finished_training_is_taken_only_for_the_config_it_trained_with(tmp_pa
     common = ["train.model=student", "train.recipe=labeled", "train.epochs=1",
               "train.finetune_epochs=0"]
     first = _train(local_cfg, *common)
-    again = _train(local_cfg, *common, "train.log_every=2", "train.sequence_recipe.lr=0.5",
+    again = _train(local_cfg, *common, "train.log_every=2", "train.sequence_preset.lr=0.5",
                    "model.teacher.hidden=8")  # the teacher's section: not this model's
     assert again["finished_at"] == first["finished_at"]
     for change, key in (("train.epochs=2", "train.epochs"),
@@ -372,14 +372,15 @@ def test_the_recipes_are_compared_by_the_keys_they_set_not_as_mappings():
         return {"train": train_fingerprint(load_config(None, list(sets)).train), "kind": "t"}
 
     base = fp("train.model=teacher")
-    assert not {"teacher_recipe", "sequence_recipe", "grow_recipe"} & set(base["train"])
-    for other in ("train.sequence_recipe.lr=0.5", "train.grow_recipe.epochs=30",
-                  "train.teacher_recipe.grow_recipe.epochs=30"):
+    assert not {"teacher_preset", "sequence_preset", "grow_preset"} & set(base["train"])
+    for other in ("train.sequence_preset.lr=0.5", "train.grow_preset.epochs=30",
+                  "train.teacher_preset.grow_preset.epochs=30"):
         assert fingerprint_changes(base, fp("train.model=teacher", other)) == [], other
+    # a fingerprint of before the presets were renamed (their old names)
     old = {**base, "train": {**base["train"], "grow_recipe": {"epochs": 30},
                              "sequence_recipe": {"lr": 0.5}}}
     assert fingerprint_changes(old, base) == []
     # what a recipe sets in the training it applies to still counts
     assert fingerprint_changes(base, fp("train.model=teacher",
-                                        "train.teacher_recipe.epochs=3")) == ["train.epochs"]
+                                        "train.teacher_preset.epochs=3")) == ["train.epochs"]
 

@@ -74,12 +74,14 @@ log = logging.getLogger(__name__)
 # Keys of config.train that do not change the trained model; a resumed run may differ in them.
 OPERATIONAL_KEYS = {"checkpoint_every", "prefetch", "log_every", "keep_checkpoints", "threads",
                     "fail_after", "tag", "use_gpu"}
-# The recipes: each is applied to the train keys of the training it is for (the teacher's
-# and the sequence recipe when the config loads, grow_recipe to train.grow's grown stage),
+# The presets: each is applied to the train keys of the training it is for (the teacher's
+# and the sequence preset when the config loads, grow_preset to train.grow's grown stage),
 # so what it changes is in those keys already; as a mapping of its own it would make a
 # training it does not apply to differ, e.g. the phone stage when only the grown stage's
-# recipe changed, or a teacher's checkpoint when only the sequence recipe did.
-RECIPE_KEYS = {"teacher_recipe", "ctc_recipe", "sequence_recipe", "grow_recipe"}
+# preset changed, or a teacher's checkpoint when only the sequence preset did. Their old
+# names (*_recipe), which older fingerprints hold, are left out alike.
+RECIPE_KEYS = {"teacher_preset", "ctc_preset", "sequence_preset", "grow_preset",
+               "teacher_recipe", "ctc_recipe", "sequence_recipe", "grow_recipe"}
 
 
 class InjectedFailure(RuntimeError):
@@ -389,7 +391,7 @@ def config_fingerprint(cfg: Config, inputs: dict[str, Any]) -> dict[str, Any]:
     fp: dict[str, Any] = {"train": train_fingerprint(cfg.train),
                           "model": _model_fingerprint(cfg.model, kind), "inputs": inputs}
     if grows(cfg.train):
-        fp["grow_recipe"] = dict(cfg.train.grow_recipe)
+        fp["grow_recipe"] = dict(cfg.train.grow_preset)  # the name _SUCCESS.json files hold
     return _as_json(fp)
 
 
@@ -427,7 +429,7 @@ def fingerprint_changes(saved: dict[str, Any], current: dict[str, Any]) -> list[
         diff += _dict_changes(part(saved, key), part(current, key), defaults[key], key)
     a, b = saved.get("inputs", {}), current.get("inputs", {})
     diff += [f"inputs.{k}" for k in sorted(set(a) & set(b)) if a[k] != b[k]]
-    diff += [("train.grow_recipe" if k == "grow_recipe" else k)
+    diff += [("train.grow_preset" if k == "grow_recipe" else k)
              for k in sorted(set(saved) | set(current))
              if k not in ("train", "model", "inputs") and saved.get(k) != current.get(k)]
     return diff

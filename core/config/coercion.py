@@ -15,7 +15,7 @@ from core.config.train import TRAIN_KEYS, TrainConfig, replace_train, train_key_
 
 
 def coerce(value: Any, tp: Any, key: str) -> Any:
-    if tp is Any:  # checked where it is used (e.g. train.teacher_recipe)
+    if tp is Any:  # checked where it is used (e.g. train.teacher_preset)
         return value
     origin = typing.get_origin(tp)
     if tp is TrainConfig:

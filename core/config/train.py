@@ -1,7 +1,8 @@
-"""`train.*`: the user's flat keys, grouped into typed sections, and the recipes."""
+"""`train.*`: the user's flat keys, grouped into typed sections, and the presets."""
 from __future__ import annotations
 
 import dataclasses
+import logging
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -10,6 +11,8 @@ from typing import Any
 import yaml
 
 from core.config.errors import ConfigError, check
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -80,30 +83,50 @@ class AugmentConfig:
         check(self.inflight >= 1, f"{key}.inflight", "must be >= 1")
 
 
-# The recipes' defaults are YAML overlays beside this file (recipes/*.yaml): the values
-# a sequence stage and a grown stage train with, readable in one file each.
-RECIPES_DIR = Path(__file__).parent / "recipes"
+# The presets: YAML overlays of train.* values for one kind of training (the teacher's, the
+# CTC student's, a sequence stage's, a grown stage's), all in one folder, configs/presets/
+# (an editable install keeps configs/ beside the code: infra/docker/Dockerfile). The
+# sequence and grow presets are the defaults of train.sequence_preset and train.grow_preset.
+PRESETS_DIR = Path(__file__).resolve().parents[2] / "configs" / "presets"
+# Where the presets lived before they were renamed from recipes (configs/recipes/,
+# core/config/recipes/; a "recipe" is now a named pipeline of runs, in configs/recipes/):
+# a missing file under such a folder that names a moved preset is read from PRESETS_DIR,
+# with a WARNING.
+_OLD_PRESET_DIRS = ("recipes",)
 
 
-def read_recipe_file(path: Path, key: str) -> dict[str, Any]:
-    """A recipe overlay: a YAML mapping of train.* keys (checked where it is applied)."""
+def read_preset_file(path: Path, key: str) -> dict[str, Any]:
+    """A preset: a YAML mapping of train.* keys (checked where it is applied)."""
     if not path.exists():
-        raise ConfigError(key, f"recipe file not found: {path}")
-    recipe = yaml.safe_load(path.read_text()) or {}
-    if not isinstance(recipe, dict):
+        path = _moved_preset(path, key)
+    preset = yaml.safe_load(path.read_text()) or {}
+    if not isinstance(preset, dict):
         raise ConfigError(key, f"{path} must hold a mapping of train.* keys")
-    return recipe
+    return preset
 
 
-SEQUENCE_RECIPE = read_recipe_file(RECIPES_DIR / "sequence.yaml", "train.sequence_recipe")
-GROW_RECIPE = read_recipe_file(RECIPES_DIR / "grow.yaml", "train.grow_recipe")
+def _moved_preset(path: Path, key: str) -> Path:
+    """A preset named by its old path (configs/recipes/teacher.yaml): the file in
+    configs/presets/ of the same name, with a WARNING naming it; else not found."""
+    moved = PRESETS_DIR / path.name
+    if path.parent.name not in _OLD_PRESET_DIRS or not moved.exists():
+        raise ConfigError(key, f"preset file not found: {path} (the shipped presets are in "
+                               f"{PRESETS_DIR})")
+    log.warning("%s: %s has moved to %s (presets live in configs/presets/; "
+                "configs/recipes/ holds the pipeline recipes): reading that file",
+                key, path, moved)
+    return moved
+
+
+SEQUENCE_PRESET = read_preset_file(PRESETS_DIR / "sequence.yaml", "train.sequence_preset")
+GROW_PRESET = read_preset_file(PRESETS_DIR / "grow.yaml", "train.grow_preset")
 
 
 # `train.*` is split into typed sections below, but the sections are internal: users keep
 # writing the flat keys (`train.lr`, `train.gtc_tau`, ...) in YAML, `--set`, the DAGs and
-# the recipes (`train.teacher_recipe: {lr: ...}`), and every error names that flat key.
+# the presets (`train.teacher_preset: {lr: ...}`), and every error names that flat key.
 # One spelling per setting keeps the contract (configs, scripts, README, checkpoints'
-# fingerprints) unchanged and recipes unambiguous; code reads `tc.optim.lr`. Each section's
+# fingerprints) unchanged and presets unambiguous; code reads `tc.optim.lr`. Each section's
 # field names are the flat keys themselves, so the flat key -> section table (TRAIN_KEYS,
 # built from the sections) is the only mapping.
 
@@ -153,7 +176,7 @@ class PassesConfig:
     # train.model ctc with train.pseudolabels: train.epochs becomes this (0: no change), an
     # explicit --set train.epochs still wins. The SSL student sees several times the
     # baseline's audio per epoch, so it needs fewer epochs than the baseline's recipe
-    # (configs/recipes/ctc.yaml says what was measured).
+    # (configs/presets/ctc.yaml says what was measured).
     pseudolabel_epochs: int = 0
 
     def validate(self, key: str) -> None:
@@ -348,24 +371,27 @@ class TrainConfig:
     # Grow inside this training (labeled and ssl recipes, context-dependent classes): first
     # the recipe as configured on each label's phone and the targets summed per phone (a
     # phone-class model, in train[-<tag>]/phones/), then that model grown into this run's
-    # leaves trains on with train.grow_recipe's values: one `amflow train` does what
+    # leaves trains on with train.grow_preset's values: one `amflow train` does what
     # train.init_model does with a phone-class run's model (training/launch.py
     # train_grown). A train.init_model is started from instead (grown if it has a class
     # per phone); the sequence recipe starts from the grown model as from any other.
     grow: bool = False
-    # train.* values of the grown stage (train.grow), over the recipe's own.
-    grow_recipe: dict[str, Any] = field(default_factory=lambda: dict(GROW_RECIPE))
+    # train.* values of the grown stage (train.grow), over the training's own
+    # (configs/presets/grow.yaml; formerly train.grow_recipe).
+    grow_preset: dict[str, Any] = field(default_factory=lambda: dict(GROW_PRESET))
     # Example servers: labeled utterances re-rendered every epoch (off: the stored rendering).
     augment: AugmentConfig = field(default_factory=AugmentConfig)
-    # train.* values used instead when train.model is teacher (see _apply_recipes); its
-    # grow_recipe, a mapping, goes over train.grow_recipe's values for the teacher's
-    # grown stage.
-    teacher_recipe: dict[str, Any] = field(default_factory=dict)
+    # train.* values used instead when train.model is teacher (overlays.apply_presets,
+    # e.g. configs/presets/teacher.yaml; formerly train.teacher_recipe); its grow_preset,
+    # a mapping, goes over train.grow_preset's values for the teacher's grown stage.
+    teacher_preset: dict[str, Any] = field(default_factory=dict)
     # train.* values used instead when train.model is ctc (the end-to-end student; an
-    # explicit --set train.<key> still wins), e.g. configs/recipes/ctc.yaml.
-    ctc_recipe: dict[str, Any] = field(default_factory=dict)
-    # train.* values used instead when train.recipe is sequence (after teacher_recipe's).
-    sequence_recipe: dict[str, Any] = field(default_factory=lambda: dict(SEQUENCE_RECIPE))
+    # explicit --set train.<key> still wins), e.g. configs/presets/ctc.yaml (formerly
+    # train.ctc_recipe).
+    ctc_preset: dict[str, Any] = field(default_factory=dict)
+    # train.* values used instead when train.recipe is sequence (after teacher_preset's;
+    # configs/presets/sequence.yaml; formerly train.sequence_recipe).
+    sequence_preset: dict[str, Any] = field(default_factory=lambda: dict(SEQUENCE_PRESET))
     optim: OptimConfig = field(default_factory=OptimConfig)
     passes: PassesConfig = field(default_factory=PassesConfig)
     batches: BatchesConfig = field(default_factory=BatchesConfig)
@@ -412,7 +438,7 @@ class TrainConfig:
         check(self.phone_weight == 0 or self.recipe != "sequence", f"{key}.phone_weight",
                "applies to the ce recipes (labeled, ssl); the sequence recipe's criterion "
                "takes none: 0 there (a config file that sets it: add phone_weight: 0 to "
-               "train.sequence_recipe)")
+               "train.sequence_preset)")
         check(not self.augment.enabled or self.recipe == "labeled", f"{key}.augment.enabled",
                "augments the labeled recipes (teacher, baseline student); train.recipe is "
                f"{self.recipe}")
@@ -462,9 +488,9 @@ TRAIN_KEY_ORDER: tuple[str, ...] = (
     "bmuf_c", "block_reset_momentum", "group_size", "htm_tau_scale", "ma_samples",
     "natural_gradient", "ng_alpha", "use_gpu", "criterion", "sequence_numerator",
     "sequence_ce_weight", "sequence_l2", "leaky_hmm", "sequence_am_scale",
-    "sequence_prior_scale", "den_ngram_order", "den_min_count", "teacher_recipe",
-    "sequence_recipe", "init_model", "phone_weight", "grow", "grow_recipe", "pseudolabels",
-    "ctc_recipe", "pseudolabel_epochs")
+    "sequence_prior_scale", "den_ngram_order", "den_min_count", "teacher_preset",
+    "sequence_preset", "init_model", "phone_weight", "grow", "grow_preset", "pseudolabels",
+    "ctc_preset", "pseudolabel_epochs")
 
 
 assert set(TRAIN_KEY_ORDER) == set(TRAIN_KEYS) and len(TRAIN_KEY_ORDER) == len(TRAIN_KEYS)
