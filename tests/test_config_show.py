@@ -5,7 +5,7 @@ import json
 import pytest
 
 from amflow import cli
-from core.config import ConfigError, check_override, grown_stage, resolve_config
+from core.config import ConfigError, check_override, grown_stage, phone_stage, resolve_config
 from core.runs import SUCCESS, StepContext
 from tests.conftest import ROOT
 
@@ -123,6 +123,16 @@ def test_the_grown_stage_is_resolved_in_the_config_layer():
     assert r.config.train.optim.lr == 1.0e-3 and r.config.train.phone_weight == 3.0
     assert r.source("train.lr").startswith("train.grow_preset (")
     assert r.source("train.final_lr") == str(LOCAL)
+
+
+def test_the_phone_stage_is_resolved_in_the_config_layer():
+    """train.grow's first stage trains without the phone term (its classes are the
+    phones); the config layer says so, the library only takes the config it gets."""
+    resolved = resolve_config(LOCAL, ["train.phone_weight=2"])
+    r = phone_stage(resolved)
+    assert r.config.train.phone_weight == 0.0 and "phone stage" in r.source("train.phone_weight")
+    assert r.config.train.to_flat() == {**resolved.config.train.to_flat(), "phone_weight": 0.0}
+    assert resolved.config.train.phone_weight == 2.0  # left as it was
 
 
 def test_config_show_prints_each_set_key_with_its_source(capsys, monkeypatch):

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from core.config import with_overrides
+from core.config import Resolved, phone_stage
 from core.model_card import ModelCard
 from core.runs import StepError
 from core.senones import ContextTree
@@ -75,13 +75,13 @@ PHONE_STAGE = "phones"
 def phone_stage_plan(plan: WorkerPlan) -> WorkerPlan:
     """train.grow's first stage: `plan`'s training with one class per phone (the run's
     tree's `phone_tree()`), each stored leaf label trained on as its phone and each top-k
-    target as the teacher's posterior summed per phone, without the phone term, into
-    <train_dir>/phones/."""
+    target as the teacher's posterior summed per phone, into <train_dir>/phones/, with the
+    config the config layer gives that stage (core.config.phone_stage: no phone term)."""
     tree = ContextTree.from_dict(plan.context)
     phones = tree.phone_tree()
     out = join(plan.train_dir, PHONE_STAGE)
     return dataclasses.replace(
-        plan, cfg=with_overrides(plan.cfg, {"train.phone_weight": 0.0}), train_dir=out,
+        plan, cfg=phone_stage(Resolved(plan.cfg)).config, train_dir=out,
         phones=phones.class_names, num_classes=phones.num_leaves, context=phones.to_dict(),
         label_tree=plan.context,
         launch=dataclasses.replace(plan.launch, storage_path=join(out, "ray"),

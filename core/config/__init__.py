@@ -17,5 +17,5 @@ from core.config.serve import ServeConfig, SimulateConfig, BenchConfig, ExportCo
 from core.config.align import AlignConfig  # noqa: F401
 from core.config.daily import DailyConfig  # noqa: F401
 from core.config.schema import Config, user_keys  # noqa: F401
-from core.config.loading import Resolved, check_override, config_to_yaml, grown_stage, load_config, parse_override, resolve_config, with_overrides  # noqa: F401
+from core.config.loading import Resolved, check_override, config_to_yaml, grown_stage, load_config, parse_override, phone_stage, resolve_config, with_overrides  # noqa: F401
 from core.config.overlays import NOT_IN_A_GROWN_PRESET, OLD_KEYS  # noqa: F401

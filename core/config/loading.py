@@ -157,5 +157,16 @@ def grown_stage(resolved: Resolved) -> Resolved:
                                          for k, v in cfg.train.grow_preset.items()}), sources)
 
 
+def phone_stage(resolved: Resolved) -> Resolved:
+    """train.grow's first stage: the training's own values without the phone term
+    (train.phone_weight 0: its classes are the phones, so the term would score each frame's
+    phone twice; training/launch.py phone_stage_plan trains it)."""
+    sources = {**resolved.sources, "train.phone_weight": PHONE_STAGE_LABEL}
+    return Resolved(with_overrides(resolved.config, {"train.phone_weight": 0.0}), sources)
+
+
+PHONE_STAGE_LABEL = "train.grow's phone stage (one class per phone: no phone term)"
+
+
 def config_to_yaml(cfg: Config) -> str:
     return yaml.safe_dump(cfg.to_dict(), sort_keys=False)
