@@ -51,12 +51,14 @@ import time
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+if TYPE_CHECKING:
+    from core.config import Config
 BIN = Path(sys.executable).parent  # the virtualenv's bin: amflow, ray, airflow
 
 BUCKET = "amflow-data"
@@ -535,7 +537,7 @@ def train_with_task_kill_and_node_loss(cluster: Cluster, cfg_path: Path, env: di
 
 # ----------------------------------------------------------------------------- 7. checks
 
-def placement_check(cluster: Cluster, cfg) -> dict:
+def placement_check(cluster: Cluster, cfg: Config) -> dict:
     """Every amflow job's driver, tasks and actors ran on nodes of the pool its step's
     config names (ray.step_resources), from Ray's state API."""
     from ray.job_submission import JobSubmissionClient
@@ -761,7 +763,7 @@ def _median(rows: list[dict], key: str) -> float | None:
     return round(statistics.median(vals), 3) if vals else None
 
 
-def job_floor(ccfg, work: Path, env: dict, init_jobs: int = 2) -> dict:
+def job_floor(ccfg: Config, work: Path, env: dict, init_jobs: int = 2) -> dict:
     """The fixed cost of a Ray job on each short step's pool, next to a local runner job."""
     from amflow.jobs import LocalBackend, StepRunner, make_backend
 

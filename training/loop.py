@@ -922,7 +922,7 @@ def build_input(trainer: Trainer, right: int) -> InputSource:
 _mix = mix_seed
 
 
-def _dev_metrics(model, storage, dev_index, norm, tc, stack, device, unit, state,
+def _dev_metrics(model, storage, dev_index, norm, tc: TrainConfig, stack, device, unit, state,
                  label_map=None) -> dict:
     s = score_index(model, storage, dev_index, norm, tc, stack, device, label_map=label_map)
     loss_sum, frames, correct = allreduce([s["loss_sum"], s["frames"], s["correct"]], "sum")

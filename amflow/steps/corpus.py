@@ -4,10 +4,11 @@ from __future__ import annotations
 from typing import Any
 
 from core.config import Config
+from core.runs import StepContext
 from tasks.corpus import build_corpus
 
 
-def run(cfg: Any, args: Any) -> dict:
+def run(cfg: Config | StepContext, args: Any) -> dict:
     """CLI entry: `amflow corpus --config C --out URI [--force]`."""
     force = bool(getattr(args, "force", False))
     if not isinstance(cfg, Config):  # called with a StepContext when --run-id is given

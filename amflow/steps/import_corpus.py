@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import Any
 
 from core.config import Config
-from core.runs import StepError
+from core.runs import StepContext, StepError
 from core.storage import Storage
 from tasks.importers import find_lhotse, import_sources, read_kaldi, read_lhotse
 
@@ -77,7 +77,7 @@ def _sources(cfg: Config, storage: Storage, args: Any) -> dict[str, Any]:
     return sources
 
 
-def run(cfg: Any, args: Any) -> dict:
+def run(cfg: Config | StepContext, args: Any) -> dict:
     force = bool(getattr(args, "force", False))
     if not isinstance(cfg, Config):  # called with a StepContext when --run-id is given
         force = force or bool(getattr(cfg, "force", False))

@@ -15,6 +15,7 @@ import os
 import time
 from typing import Any
 
+from core.config import Config
 from core.runs import StepContext, StepError, step_dir_name
 from amflow.steps import decode as decode_step
 from core.storage import join
@@ -22,7 +23,7 @@ from serving import app
 from amflow.steps.train_plan import train_dir_name
 
 
-def serve_context(ctx_or_cfg, model: str | None) -> tuple[StepContext, str]:
+def serve_context(ctx_or_cfg: StepContext | Config, model: str | None) -> tuple[StepContext, str]:
     """A StepContext on the model's run (…/runs/<R>/<train dir>/model.pt), where the
     graph, LM and tuned acwt live; --run-id wins; a bare config needs --model."""
     if isinstance(ctx_or_cfg, StepContext):
@@ -125,7 +126,7 @@ def onnx_uri(ctx: StepContext) -> str:
     return uri
 
 
-def run(ctx_or_cfg, args) -> dict:
+def run(ctx_or_cfg: StepContext | Config, args) -> dict:
     """`amflow serve`: deploy, print the URL, keep serving until interrupted."""
     ctx, model = serve_context(ctx_or_cfg, getattr(args, "model", None))
     t0 = time.perf_counter()
