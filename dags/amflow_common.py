@@ -160,7 +160,7 @@ def common_params(cfg: Config) -> dict[str, Param]:
         "epochs": Param(None, type=["null", "integer"], exclusiveMinimum=0,
                         exclusiveMaximum=EPOCHS_LIMIT + 1, title="Epochs",
                         description=f"train.epochs, 1 to {EPOCHS_LIMIT}; empty: the config's "
-                                    "(the teacher's from train.teacher_recipe when it sets "
+                                    "(the teacher's from train.teacher_preset when it sets "
                                     "epochs)."),
         "overrides": overrides_param(),
         "rerun": rerun_param("redo"),

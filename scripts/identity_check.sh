@@ -14,7 +14,7 @@ export OMP_NUM_THREADS=1
 rm -rf "$OUT"; mkdir -p "$OUT"
 COMMON=(--set storage.root="$OUT/store" --set data.corpus="$OUT/corpus" --set ray.num_cpus=2)
 TINY=(--set train.epochs=2 --set train.finetune_epochs=1 --set train.sub_epochs=1
-      --set train.teacher_recipe={} --set model.teacher.hidden=32 --set model.teacher.layers=1
+      --set train.teacher_preset={} --set model.teacher.hidden=32 --set model.teacher.layers=1
       --set model.student.hidden=32 --set model.student.layers=1 --set lm.sentences=2000)
 T=(--set select.splits=labeled,dev,test --set train.model=teacher --set train.recipe=labeled
    --set train.tag=teacher --set evaluate.tag=teacher --set decode.tag=teacher)

@@ -9,7 +9,7 @@
 #   stage 2  align        transcripts -> frame labels (GMM-HMM flat start, tree, triphones)
 #   stage 3  features     log-mel fbank, CMVN, low frame rate, the frame labels joined
 #   stage 4  repartition  equal training partitions
-#   stage 5  train        the teacher (BLSTM, train.teacher_recipe) and, beside it, the
+#   stage 5  train        the teacher (BLSTM, train.teacher_preset) and, beside it, the
 #                         baseline (the student's LSTM) on the labeled data alone
 #   stage 6  lm           a word 3-gram LM for decoding
 #   stage 7  decode       teacher and baseline (side by side) to words on the test split: WER
@@ -136,7 +136,7 @@ TEACHER_URI="$root/runs/$TEACHER_RUN/train-teacher/model.pt"
 ssl=(--run-id "$SSL_RUN" --set train.model=student --set train.recipe=ssl
      --set "targets.teacher=$TEACHER_URI")
 # The ssl_student DAG's CTC SSL student (dags/ssl_student.py CTC_SETS): its size and recipe
-# are the config's (model.ctc, train.ctc_recipe); the pseudo-labels are this run's.
+# are the config's (model.ctc, train.ctc_preset); the pseudo-labels are this run's.
 ctc=(--run-id "$SSL_RUN" --set train.model=ctc --set train.recipe=labeled --set train.tag=ctc
      --set decode.tag=ctc --set "train.pseudolabels=$SSL_RUN")
 
