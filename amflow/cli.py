@@ -203,7 +203,7 @@ STEPS: dict[str, Step] = {
               "run's train[-<train.tag>]/model.pt)",
         writes="runs/<id>/sequence[-<train.tag>]/: checkpoints/, model.pt, metrics.jsonl, "
                "learning_curve.png, _SUCCESS.json (denominator graph size)",
-        sets=("train.recipe=sequence",)),
+        sets=("train.regime=sequence",)),
     "evaluate": Step(
         "amflow.steps.evaluate:run", "frame accuracy and phone error rate per condition",
         reads="--model checkpoint, --data corpus with alignments.ctm, the run's cmvn.json",

@@ -47,9 +47,9 @@ SEQ_SETS = ["train.model=student", "evaluate.tag=sequence", "decode.tag=sequence
 # train.ctc_preset over train.*; the SSL student's epochs: train.pseudolabel_epochs); the
 # CTC student trains one recipe, labeled, on the labeled transcripts and (train_ctc) the
 # pseudolabel task's kept labels.
-CTC_BASELINE_SETS = ["train.model=ctc", "train.recipe=labeled", "train.tag=ctc-baseline",
+CTC_BASELINE_SETS = ["train.model=ctc", "train.regime=labeled", "train.tag=ctc-baseline",
                      "decode.tag=ctc-baseline"]
-CTC_SETS = ["train.model=ctc", "train.recipe=labeled", "train.tag=ctc", "decode.tag=ctc"]
+CTC_SETS = ["train.model=ctc", "train.regime=labeled", "train.tag=ctc", "decode.tag=ctc"]
 
 
 @dag(
@@ -62,7 +62,7 @@ CTC_SETS = ["train.model=ctc", "train.recipe=labeled", "train.tag=ctc", "decode.
     tags=["amflow", "student"],
     doc_md=__doc__,
     default_args={**DEFAULT_ARGS, "param_sets": {**PARAM_SETS, **WINDOW_SETS},
-                  "sets": ["train.model=student", "train.recipe=ssl"]},
+                  "sets": ["train.model=student", "train.regime=ssl"]},
     params={
         **common_params(_cfg),
         "teacher": Param(_cfg.targets.teacher or None, type=["null", "string"],

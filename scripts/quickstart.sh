@@ -91,9 +91,9 @@ side_by_side() {
 # The teacher DAG's overrides (dags/teacher.py TEACHER_SETS, BASELINE_SETS).
 # (Their evaluate.tag is left out: the quickstart runs no `amflow evaluate`.)
 teacher=(--run-id "$TEACHER_RUN" --set select.splits=labeled,dev --set train.model=teacher
-         --set train.recipe=labeled --set train.tag=teacher --set decode.tag=teacher)
+         --set train.regime=labeled --set train.tag=teacher --set decode.tag=teacher)
 baseline=(--run-id "$TEACHER_RUN" --set select.splits=labeled,dev --set train.model=student
-          --set train.recipe=labeled --set train.tag=baseline --set decode.tag=baseline)
+          --set train.regime=labeled --set train.tag=baseline --set decode.tag=baseline)
 
 echo "quickstart: run id $RUN_ID, config $CONFIG (RUN_ID=$RUN_ID make quickstart goes on with this run)"
 
@@ -133,11 +133,11 @@ print(root if "://" in root else os.path.abspath(root))
 PY
 )
 TEACHER_URI="$root/runs/$TEACHER_RUN/train-teacher/model.pt"
-ssl=(--run-id "$SSL_RUN" --set train.model=student --set train.recipe=ssl
+ssl=(--run-id "$SSL_RUN" --set train.model=student --set train.regime=ssl
      --set "targets.teacher=$TEACHER_URI")
 # The ssl_student DAG's CTC SSL student (dags/ssl_student.py CTC_SETS): its size and recipe
 # are the config's (model.ctc, train.ctc_preset); the pseudo-labels are this run's.
-ctc=(--run-id "$SSL_RUN" --set train.model=ctc --set train.recipe=labeled --set train.tag=ctc
+ctc=(--run-id "$SSL_RUN" --set train.model=ctc --set train.regime=labeled --set train.tag=ctc
      --set decode.tag=ctc --set "train.pseudolabels=$SSL_RUN")
 
 if stage 8 "select, align, features (run $SSL_RUN)"; then

@@ -468,7 +468,7 @@ def train_with_task_kill_and_node_loss(cluster: Cluster, cfg_path: Path, env: di
     from amflow.orchestration.airflow_step import AirflowStep
     from core.storage import Storage, join
 
-    sets = ["train.model=student", "train.recipe=ssl", "train.tag=nodeloss", "train.workers=2",
+    sets = ["train.model=student", "train.regime=ssl", "train.tag=nodeloss", "train.workers=2",
             "train.epochs=2"]
     args = dict(step="train", dag_id="ssl_student", airflow_run_id="rehearsal",
                 task_id="train_nodeloss", config=str(cfg_path), overrides=sets, run_id=SSL_RUN)
@@ -1022,7 +1022,7 @@ def faults_stage(r: Rehearsal, env_c: dict) -> None:
     """6-7. S3 faults on: ssl_student's select, align, features, targets again as Ray jobs
     (run FAULT_RUN); then a retried Airflow task re-attaches and a p3 node is lost mid-train."""
     r.s3.faults.enabled = True
-    sets = ["train.model=student", "train.recipe=ssl", "select.hours=1000000",
+    sets = ["train.model=student", "train.regime=ssl", "select.hours=1000000",
             "train.workers=2", "train.epochs=1", f"targets.teacher={r.teacher_uri}"]
     t = time.time()
     for step in ("select", "align", "features", "targets"):  # features' labels are align's

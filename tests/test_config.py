@@ -80,7 +80,7 @@ def test_the_class_count_has_one_source_the_tree():
 
 def test_phone_weight_is_refused_by_the_sequence_recipe():
     with pytest.raises(ConfigError) as err:
-        load_config(ROOT / "configs/local.yaml", ["train.recipe=sequence", "train.phone_weight=1"])
+        load_config(ROOT / "configs/local.yaml", ["train.regime=sequence", "train.phone_weight=1"])
     assert err.value.key == "train.phone_weight" and "sequence_preset" in str(err.value)
 
 
@@ -139,35 +139,35 @@ def test_exponent_numbers_without_a_dot_are_numbers():
 
 def test_criterion_defaults_to_ce_and_takes_the_sequence_knobs():
     assert load_config(ROOT / "configs/local.yaml").train.sequence.criterion == "ce"
-    cfg = load_config(None, ["train.recipe=sequence", "train.criterion=mmi",
+    cfg = load_config(None, ["train.regime=sequence", "train.criterion=mmi",
                              "train.den_ngram_order=3", "train.sequence_numerator=flexible",
                              "train.leaky_hmm=0"])
     assert (cfg.train.sequence.criterion, cfg.train.sequence.den_ngram_order) == ("mmi", 3)
     assert (cfg.get("train.sequence_numerator"), cfg.get("train.leaky_hmm")) == ("flexible", 0.0)
-    seq = load_config(None, ["train.recipe=sequence"]).train.to_flat()
+    seq = load_config(None, ["train.regime=sequence"]).train.to_flat()
     assert (seq["criterion"], seq["epochs"], seq["finetune_epochs"]) == ("smbr", 3, 3)
 
 
 @pytest.mark.parametrize("sets", [["train.criterion=smbr"],
-                                  ["train.recipe=sequence", "train.criterion=ce"],
-                                  ["train.recipe=ssl", "train.criterion=mmi"]])
+                                  ["train.regime=sequence", "train.criterion=ce"],
+                                  ["train.regime=ssl", "train.criterion=mmi"]])
 def test_a_sequence_criterion_belongs_to_the_sequence_preset(sets):
     with pytest.raises(ConfigError) as err:
         load_config(None, sets)
-    assert err.value.key == "train.criterion" and "sequence recipe" in str(err.value)
+    assert err.value.key == "train.criterion" and "sequence regime" in str(err.value)
 
 
 def test_sequence_preset_wins_over_the_teacher_preset_and_set_wins_over_both():
     sets = ["train.teacher_preset={epochs: 21, lr: 0.01}", "train.model=teacher"]
     assert load_config(None, sets).train.passes.epochs == 21
-    seq = load_config(None, [*sets, "train.recipe=sequence",
+    seq = load_config(None, [*sets, "train.regime=sequence",
                              "train.sequence_preset={epochs: 2, criterion: mmi}"]).train.to_flat()
     assert (seq["epochs"], seq["criterion"], seq["lr"]) == (2, "mmi", 0.01)
-    cfg = load_config(None, [*sets, "train.recipe=sequence", "train.epochs=4"])
+    cfg = load_config(None, [*sets, "train.regime=sequence", "train.epochs=4"])
     assert cfg.get("train.epochs") == 4
     with pytest.raises(ConfigError) as err:
-        load_config(None, ["train.sequence_preset={recipe: ssl}"])
-    assert err.value.key == "train.sequence_preset.recipe"
+        load_config(None, ["train.sequence_preset={regime: ssl}"])
+    assert err.value.key == "train.sequence_preset.regime"
 
 
 def test_a_recipe_mapping_merges_with_set_keys_inside_it():
@@ -182,7 +182,7 @@ def test_a_recipe_mapping_merges_with_set_keys_inside_it():
     more = load_config(local, ["train.model=teacher", "train.augment.servers=2"]).train.augment
     assert more.enabled and more.servers == 2
     assert not load_config(local, ["train.model=student"]).train.augment.enabled
-    seq = load_config(local, ["train.model=teacher", "train.recipe=sequence"])
+    seq = load_config(local, ["train.model=teacher", "train.regime=sequence"])
     assert not seq.train.augment.enabled
 
 

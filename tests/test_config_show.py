@@ -60,7 +60,7 @@ OLD_AND_NEW = [("train.teacher_recipe", "train.teacher_preset"),
 @pytest.mark.parametrize("old,new", OLD_AND_NEW)
 def test_an_old_preset_key_is_read_as_the_new_one_with_a_warning(old, new, caplog):
     """The presets were called recipes: the old keys still work, and say what to write."""
-    sets = ["train.model=teacher", "train.recipe=sequence"] if "sequence" in old else \
+    sets = ["train.model=teacher", "train.regime=sequence"] if "sequence" in old else \
         ["train.model=ctc"] if "ctc" in old else ["train.model=teacher"]
     value = "{epochs: 9, criterion: mmi}" if "sequence" in old else "{epochs: 9}"
     with caplog.at_level("WARNING"):
@@ -70,6 +70,35 @@ def test_an_old_preset_key_is_read_as_the_new_one_with_a_warning(old, new, caplo
     assert by_old.sources == by_new.sources
     warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
     assert any(old in m and new in m for m in warned)
+
+
+def test_train_recipe_is_read_as_train_regime_with_a_warning(tmp_path, caplog):
+    """train.recipe (labeled | ssl | sequence) is train.regime: "recipe" names a pipeline
+    of runs now. The old key still works from --set, a config file and a from_flat call,
+    and checkpoints keep its old name in their fingerprint (so they still resume)."""
+    from core.config import TrainConfig
+    from training.loop import fingerprint_changes, train_fingerprint
+
+    with caplog.at_level("WARNING"):
+        by_old = resolve_config(None, ["train.recipe=sequence"])
+    assert any("train.recipe" in r.getMessage() and "train.regime" in r.getMessage()
+               for r in caplog.records)
+    by_new = resolve_config(None, ["train.regime=sequence"])
+    assert by_old.config.to_dict() == by_new.config.to_dict()
+    assert by_new.config.train.regime == "sequence" and by_new.source("train.lr") != "default"
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("train: {recipe: ssl}\n")
+    assert resolve_config(cfg, []).config.train.regime == "ssl"
+    assert TrainConfig.from_flat(recipe="ssl").regime == "ssl"
+    fp = train_fingerprint(by_new.config.train)
+    assert fp["recipe"] == "sequence" and "regime" not in fp  # the name checkpoints hold
+    labeled = train_fingerprint(TrainConfig())
+    assert fingerprint_changes({"train": labeled}, {"train": fp}) == ["train.criterion",
+                                                                      "train.epochs",
+                                                                      "train.final_lr",
+                                                                      "train.finetune_epochs",
+                                                                      "train.lr",
+                                                                      "train.regime"]
 
 
 def test_old_preset_keys_in_a_config_file_and_a_teacher_file_are_read(tmp_path, caplog):
@@ -113,7 +142,7 @@ def test_the_form_check_accepts_an_old_preset_key():
 
 
 def test_the_sequence_defaults_come_from_their_file():
-    r = resolve_config(None, ["train.recipe=sequence"])
+    r = resolve_config(None, ["train.regime=sequence"])
     assert r.config.train.optim.lr == 1.0e-4
     assert "configs/presets/sequence.yaml" in r.source("train.lr")
 

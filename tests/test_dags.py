@@ -149,11 +149,11 @@ def test_graphs(dagbag):
         assert "features.labels=ctm" in align.skip_reason(load_config(None, []))
     assert student.task_dict["align"].teacher_asset is not None
     # Student trains with the SSL recipe; the teacher on labels, in its own output dir.
-    assert {"train.model=student", "train.recipe=ssl"} <= set(student.task_dict["train"].sets)
+    assert {"train.model=student", "train.regime=ssl"} <= set(student.task_dict["train"].sets)
     tsets = set(teacher.task_dict["train"].sets)
-    assert {"train.model=teacher", "train.recipe=labeled", "train.tag=teacher"} <= tsets
+    assert {"train.model=teacher", "train.regime=labeled", "train.tag=teacher"} <= tsets
     bsets = set(teacher.task_dict["train_baseline"].sets)
-    assert {"train.model=student", "train.recipe=labeled", "train.tag=baseline"} <= bsets
+    assert {"train.model=student", "train.regime=labeled", "train.tag=baseline"} <= bsets
     assert teacher.task_dict["evaluate_baseline"].model_from == "train_baseline"
     assert teacher.task_dict["decode_baseline"].model_from == "train_baseline"
     assert "decode.tag=baseline" in teacher.task_dict["decode_baseline"].sets
@@ -458,7 +458,7 @@ def test_dags_test_teacher_then_student_with_fake_steps(tmp_path):
     assert sx["targets"]["metrics"]["teacher"] == str(model)
     assert sx["train"]["metrics"]["algorithm"] == "bmuf"
     targets_argv = [c for c in scalls if c["step"] == "targets"][0]["argv"]
-    assert "train.recipe=ssl" in targets_argv and "train.model=student" in targets_argv
+    assert "train.regime=ssl" in targets_argv and "train.model=student" in targets_argv
     events = _db(home, "select a.uri, e.extra from asset_event e join asset a "
                        "on a.id = e.asset_id where a.uri like 'x-amflow://ssl_student/%'")
     assert {uri for uri, _ in events} == {"x-amflow://ssl_student/features",

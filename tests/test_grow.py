@@ -28,7 +28,7 @@ TREE = {"kind": CONTEXT_KIND, "phones": ["<eps>", "sil", "a", "b", "c"], "sil": 
         "roots": {"1": 0, "2": [0, [3], 1, 2], "3": [1, [2], 3, 4],
                   "4": [0, [1], 5, [1, [2], 6, 7]]}}
 PHONES = ["sil", "a", "b", "c"]
-STUDENT = ["train.model=student", "train.recipe=labeled", "train.epochs=1",
+STUDENT = ["train.model=student", "train.regime=labeled", "train.epochs=1",
            "train.finetune_epochs=0", "train.tag=grown"]
 
 
@@ -227,7 +227,7 @@ def test_train_grow_grows_an_ssl_student_on_leaf_targets(tmp_path, local_cfg):
         "dev": {"utts": 6, "parts": 1}})
     st.write_json(join(run, "features", "context.json"), TREE)
     st.write_json(join(run, "features", "phones.json"), ContextTree.from_dict(TREE).class_names)
-    ssl = ["train.model=student", "train.recipe=ssl", "train.sub_epochs=2",
+    ssl = ["train.model=student", "train.regime=ssl", "train.sub_epochs=2",
            "train.unlabeled_passes=1", "train.finetune_epochs=1", "train.tag=grown"]
     out = train_step.run(StepContext(local_cfg(*TINY, *ssl, *GROW), "r", "train"), None)
     m = out["metrics"]

@@ -212,7 +212,7 @@ TINY_CHAIN = [
     "align.use_ray=false", "align.mono_iters=4", "align.tri_iters=2", "align.num_senones=250",
     "align.tri_gauss=400", "align.mono_gauss=300", "align.nn_senones=80",
     "align.min_leaf_count=20", "features.labels=align", "ray.num_cpus=2",
-    "train.model=teacher", "train.recipe=labeled", "train.tag=teacher", "decode.tag=teacher",
+    "train.model=teacher", "train.regime=labeled", "train.tag=teacher", "decode.tag=teacher",
     "evaluate.tag=teacher",
     "train.epochs=1", "train.finetune_epochs=0", "train.threads=1",
     "train.phone_weight=0.5",  # the phone-level criterion beside the senones' (CD classes)

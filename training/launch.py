@@ -39,7 +39,7 @@ def start_from(storage: Storage, plan: WorkerPlan, uri: str) -> tuple[str, Growt
     num_classes, feat_dim, phones = plan.num_classes, plan.feat_dim, plan.phones
     if not storage.exists(uri):
         hint = (f"(run `amflow train` with train.tag={cfg.train.tag!r} first, or set "
-                "train.init_model)" if cfg.train.recipe == "sequence" else "")
+                "train.init_model)" if cfg.train.regime == "sequence" else "")
         raise StepError(f"train.init_model {uri} not found {hint}".rstrip())
     model, meta = load_model(storage, uri)
     card = ModelCard.from_meta(meta, uri)
@@ -48,7 +48,7 @@ def start_from(storage: Storage, plan: WorkerPlan, uri: str) -> tuple[str, Growt
                         f"input dims; this run trains a {cfg.train.model} on {feat_dim} dims")
     if model.num_classes == num_classes and list(card.phones) == list(phones):
         return uri, None
-    if cfg.train.recipe == "sequence" or not plan.context:
+    if cfg.train.regime == "sequence" or not plan.context:
         raise StepError(f"train.init_model {uri} has {model.num_classes} classes; this run "
                         f"has {num_classes}{' (phones.json)' if phones else ''}: only a "
                         "phone-class model can seed other classes, the leaves of a "

@@ -358,8 +358,8 @@ OPERATIONAL_AUGMENT_KEYS = {"servers", "cpus_per_server", "resources", "inflight
 def train_fingerprint(tc: TrainConfig) -> dict[str, Any]:
     """The train.* keys that shape the model, flat as the user writes them (the form
     checkpoints have always stored, so earlier checkpoints still resume)."""
-    train = {k: v for k, v in tc.to_flat().items()
-             if k not in OPERATIONAL_KEYS and k not in RECIPE_KEYS}
+    train = {("recipe" if k == "regime" else k): v for k, v in tc.to_flat().items()
+             if k not in OPERATIONAL_KEYS and k not in RECIPE_KEYS}  # regime: its stored name
     train["augment"] = {k: v for k, v in train["augment"].items()
                         if k not in OPERATIONAL_AUGMENT_KEYS}
     return train
@@ -427,6 +427,7 @@ def fingerprint_changes(saved: dict[str, Any], current: dict[str, Any]) -> list[
     diff = []
     for key in ("train", "model"):
         diff += _dict_changes(part(saved, key), part(current, key), defaults[key], key)
+    diff = ["train.regime" if d == "train.recipe" else d for d in diff]  # the key's new name
     a, b = saved.get("inputs", {}), current.get("inputs", {})
     diff += [f"inputs.{k}" for k in sorted(set(a) & set(b)) if a[k] != b[k]]
     diff += [("train.grow_preset" if k == "grow_recipe" else k)

@@ -31,7 +31,7 @@ def pool_slots(step: str, config: Path | str, overrides: list[str]) -> int:
         return 1
     cores = 1
     if step in ("train", "sequence"):
-        sets = [*overrides, "train.recipe=sequence"] if step == "sequence" else overrides
+        sets = [*overrides, "train.regime=sequence"] if step == "sequence" else overrides
         tc = load_config(config, sets).train
         cores = max(tc.threads, 1) * max(tc.workers, 1)
     return POOL_SLOTS_PER_CORE * cores

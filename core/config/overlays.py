@@ -2,16 +2,16 @@
 record of where each key's value came from.
 
 `train.teacher_preset` (when train.model is teacher), `train.ctc_preset` (when train.model
-is ctc), `train.sequence_preset` (when train.recipe is sequence) and `train.grow_preset`
+is ctc), `train.sequence_preset` (when train.regime is sequence) and `train.grow_preset`
 (train.grow's grown stage) are each a mapping of train.* keys, or the path of a YAML file
 holding one (relative to the config file that names it; `--set` paths relative to the
 working directory). The shipped presets, the sequence and grow defaults among them, are
 files in configs/presets/. So a training's effective `train.lr` is read in one file, and
 `amflow config show` says which.
 
-They were called recipes (`train.teacher_recipe`, ...) before "recipe" came to mean a named
-pipeline of runs (configs/recipes/): the old keys are still read, with a WARNING naming the
-new one (OLD_KEYS).
+They were called recipes (`train.teacher_recipe`, ...), and train.regime was train.recipe,
+before "recipe" came to mean a named pipeline of runs (configs/recipes/): the old keys are
+still read, with a WARNING naming the new one (OLD_KEYS).
 """
 from __future__ import annotations
 
@@ -29,9 +29,10 @@ log = logging.getLogger(__name__)
 
 DEFAULT = "default"
 PRESET_NAMES = ("teacher_preset", "ctc_preset", "sequence_preset", "grow_preset")
-# The presets' names before "recipe" meant a pipeline of runs: accepted, with a WARNING.
+# train.* names from before "recipe" meant a pipeline of runs: accepted, with a WARNING.
 OLD_KEYS = {"teacher_recipe": "teacher_preset", "ctc_recipe": "ctc_preset",
-            "sequence_recipe": "sequence_preset", "grow_recipe": "grow_preset"}
+            "sequence_recipe": "sequence_preset", "grow_recipe": "grow_preset",
+            "recipe": "regime"}
 # A grown stage's preset (train.grow_preset, train.teacher_preset.grow_preset) is the same
 # training, grown: it cannot set what starts or names it.
 NOT_IN_A_GROWN_PRESET = frozenset({"grow", "init_model", "tag", "grow_preset"})
@@ -40,8 +41,9 @@ _DEFAULT_FILES = {"sequence_preset": PRESETS_DIR / "sequence.yaml",
 
 
 def new_key(key: str) -> str:
-    """A dotted user key with an old preset name (`train.teacher_recipe.epochs`) spelled
-    the new way (`train.teacher_preset.epochs`), with a WARNING naming both."""
+    """A dotted user key with an old name (`train.teacher_recipe.epochs`, `train.recipe`)
+    spelled the new way (`train.teacher_preset.epochs`, `train.regime`), with a WARNING
+    naming both."""
     parts = key.split(".")
     if parts[0] != "train" or not OLD_KEYS.keys() & set(parts[1:3]):
         return key
@@ -51,8 +53,9 @@ def new_key(key: str) -> str:
 
 
 def rename_old_keys(data: dict[str, Any]) -> None:
-    """A config mapping's old preset keys (train.teacher_recipe, and a teacher preset's
-    grow_recipe) renamed in place to the new ones, with a WARNING naming both."""
+    """A config mapping's old train keys (train.teacher_recipe, train.recipe, and a
+    teacher preset's grow_recipe) renamed in place to the new ones, with a WARNING naming
+    both."""
     train = data.get("train")
     if not isinstance(train, dict):
         return
@@ -73,8 +76,9 @@ def _rename_in(mapping: dict[str, Any], where: str) -> None:
 
 
 def _warn_old(old: str, new: str) -> None:
-    log.warning("config key %s is now %s (a recipe is now a pipeline of runs; train.* "
-                "overlays are presets): reading it as %s", old, new, new)
+    log.warning("config key %s is now %s (\"recipe\" now names a pipeline of runs, "
+                "configs/recipes/; the train.* overlays are presets): reading it as %s",
+                old, new, new)
 
 
 def mark_sources(sources: dict[str, str], data: dict[str, Any], source: str,
@@ -122,7 +126,7 @@ def apply_presets(data: dict[str, Any], explicit: set[str], sources: dict[str, s
                   labels: dict[str, str]) -> None:
     """train.teacher_preset's keys replace train.* when train.model is teacher (the
     end-to-end student's, train.ctc_preset, when it is ctc), then
-    train.sequence_preset's when train.recipe is sequence; sources records each.
+    train.sequence_preset's when train.regime is sequence; sources records each.
 
     The teacher is trained differently from the students (bigger, longer, regularised
     harder) on the same labeled data, and sequence training is a short, slow-rate stage
@@ -138,7 +142,7 @@ def apply_presets(data: dict[str, Any], explicit: set[str], sources: dict[str, s
     _preset_keys(train, "grow_preset")  # checked here, applied by train.grow's second stage
     for name, applies in (("teacher_preset", train.get("model") == "teacher"),
                           ("ctc_preset", train.get("model") == "ctc"),
-                          ("sequence_preset", train.get("recipe") == "sequence")):
+                          ("sequence_preset", train.get("regime") == "sequence")):
         preset = _preset_keys(train, name)
         if applies:
             _lay_over(train, preset, explicit, sources, labels[name])
@@ -202,7 +206,7 @@ def _preset_keys(train: dict[str, Any], name: str) -> dict[str, Any]:
     if not isinstance(preset, dict):
         raise ConfigError(f"train.{name}", "must be a mapping of train.* keys or the path "
                                            "of a YAML file holding one")
-    names = set(TRAIN_KEYS) - {*PRESET_NAMES, "model", "recipe"}
+    names = set(TRAIN_KEYS) - {*PRESET_NAMES, "model", "regime"}
     if name == "teacher_preset":  # the teacher may grow longer than the students
         names.add("grow_preset")
     if name == "grow_preset":
