@@ -192,3 +192,21 @@ def test_a_finished_step_records_its_config_and_show_reads_it(tmp_path, capsys):
     assert "train.epochs = 28" in out and "teacher.yaml" in out
     assert cli.main(["config", "show", "--set", f"storage.root={tmp_path}", "--run-id", "r1",
                      "--step", "train-baseline"]) == 1
+
+
+def test_a_config_recorded_before_the_renames_is_shown_under_the_new_names():
+    """A run's _config.json written when the keys were train.recipe and
+    train.teacher_recipe still shows, under train.regime and train.teacher_preset."""
+    from core.config.explain import record, rows_of_record
+
+    r = resolve_config(LOCAL, ["train.model=teacher"])
+    rec = json.loads(json.dumps(record(r, ["train"])))
+    new_rows = rows_of_record(rec, everything=True)
+    train = rec["config"]["train"]
+    train["recipe"] = train.pop("regime")
+    train["teacher_recipe"] = train.pop("teacher_preset")
+    train["teacher_recipe"]["grow_recipe"] = train["teacher_recipe"].pop("grow_preset")
+    rec["sources"] = {k.replace("teacher_preset", "teacher_recipe"): v
+                      for k, v in rec["sources"].items()}
+    assert "train.teacher_recipe" in rec["sources"]
+    assert rows_of_record(rec, everything=True) == new_rows

@@ -44,34 +44,41 @@ def new_key(key: str) -> str:
     """A dotted user key with an old name (`train.teacher_recipe.epochs`, `train.recipe`)
     spelled the new way (`train.teacher_preset.epochs`, `train.regime`), with a WARNING
     naming both."""
-    parts = key.split(".")
-    if parts[0] != "train" or not OLD_KEYS.keys() & set(parts[1:3]):
-        return key
-    new = ".".join([parts[0], *(OLD_KEYS.get(p, p) for p in parts[1:3]), *parts[3:]])
-    _warn_old(key, new)
+    new = renamed(key)
+    if new != key:
+        _warn_old(key, new)
     return new
 
 
-def rename_old_keys(data: dict[str, Any]) -> None:
+def renamed(key: str) -> str:
+    """new_key without the WARNING (a record written before the rename is read as is)."""
+    parts = key.split(".")
+    if parts[0] != "train" or not OLD_KEYS.keys() & set(parts[1:3]):
+        return key
+    return ".".join([parts[0], *(OLD_KEYS.get(p, p) for p in parts[1:3]), *parts[3:]])
+
+
+def rename_old_keys(data: dict[str, Any], warn: bool = True) -> None:
     """A config mapping's old train keys (train.teacher_recipe, train.recipe, and a
     teacher preset's grow_recipe) renamed in place to the new ones, with a WARNING naming
-    both."""
+    both unless not `warn` (a record written before the rename)."""
     train = data.get("train")
     if not isinstance(train, dict):
         return
-    _rename_in(train, "train")
+    _rename_in(train, "train", warn)
     teacher = train.get("teacher_preset")
     if isinstance(teacher, dict):
-        _rename_in(teacher, "train.teacher_preset")
+        _rename_in(teacher, "train.teacher_preset", warn)
 
 
-def _rename_in(mapping: dict[str, Any], where: str) -> None:
+def _rename_in(mapping: dict[str, Any], where: str, warn: bool = True) -> None:
     for old in [k for k in mapping if k in OLD_KEYS]:
         new = OLD_KEYS[old]
         if new in mapping:
             raise ConfigError(f"{where}.{old}", f"is the old name of {where}.{new}, which is "
                                                 "set too: keep one")
-        _warn_old(f"{where}.{old}", f"{where}.{new}")
+        if warn:
+            _warn_old(f"{where}.{old}", f"{where}.{new}")
         mapping[new] = mapping.pop(old)
 
 
