@@ -274,7 +274,7 @@ STEPS: dict[str, Step] = {
     "config": Step(
         "amflow.steps.config_show:run",
         "show the resolved config: each key's value and where it came from",
-        reads="--config and --set (recipes included), or with --run-id the step's recorded "
+        reads="--config and --set (presets included), or with --run-id the step's recorded "
               "<run>/<step>/_config.json",
         writes="the table on stdout", needs_run=False, takes_context=False,
         add_args=_config_args),
