@@ -33,7 +33,7 @@ RUN_RECORD = "_run.json"
 
 # Keys that say which model or output folder of the run a step works on: the teacher and
 # the baseline are two trainings of one run, so these differ from step to step by design.
-INSTANCE_KEYS = frozenset({"train.model", "train.recipe", "train.tag", "train.pseudolabels",
+INSTANCE_KEYS = frozenset({"train.model", "train.regime", "train.recipe", "train.tag", "train.pseudolabels",
                            "train.init_model", "decode.tag", "evaluate.tag", "export.tag"})
 
 def is_instance_key(key: str) -> bool:

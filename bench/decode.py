@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 # torch is deferred to run(): `amflow bench --help` should not pay for it
-from core.config import FeaturesConfig
+from core.config import Config, FeaturesConfig
 from core.runs import StepContext, StepError
 from amflow.steps import decode as decode_step
 from core.storage import join
@@ -39,7 +39,7 @@ from training.loop import dataclass_from_dict
 FAST_BEAM, FAST_MAX_ACTIVE = 8.0, 1000
 
 
-def _oracle_rows(rec, aligns, ids, fcfg, num_rows: int) -> np.ndarray | None:
+def _oracle_rows(rec, aligns, ids, fcfg: FeaturesConfig, num_rows: int) -> np.ndarray | None:
     a = aligns.get(rec.utt_id)
     if a is None:
         return None
@@ -51,7 +51,7 @@ def _oracle_rows(rec, aligns, ids, fcfg, num_rows: int) -> np.ndarray | None:
 
 
 def _beams(a: DecoderAssets, feats, post, forward_s: float, audio_s: float, acwt: float,
-           cfg) -> tuple[list[dict], list, Searcher]:
+           cfg: Config) -> tuple[list[dict], list, Searcher]:
     """forward + search per beam (decode.beam's and the narrower one): speed and WER."""
     graph, prior = read_graph(a.graph_dir), a.log_prior
     beams = [(cfg.decode.beam, cfg.decode.max_active)]

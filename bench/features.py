@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 import soundfile as sf
 
-from core.config import FeaturesConfig
+from core.config import Config, FeaturesConfig
 from core.storage import Storage
 from tasks.audio import decode_audio, resolve_uri
 from tasks.select import MetadataError, metadata_files, parse_metadata_line
@@ -86,7 +86,7 @@ def _clean_16k_mono(path: str) -> bool:
             is None
 
 
-def _corpus_audio(cfg, seconds: float) -> list[dict]:
+def _corpus_audio(cfg: Config, seconds: float) -> list[dict]:
     """Local corpus utterances (the lhotse side needs local files), up to `seconds`."""
     st = Storage(cfg.storage)
     corpus = cfg.data.corpus

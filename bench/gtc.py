@@ -38,7 +38,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from core.config import TrainConfig
+from core.config import Config, TrainConfig
 from training.algorithms import build_algorithm
 from training.algorithms.gtc import Thresholds, decode_add_, encode_, padded_bool
 from training.distributed import spawn_local
@@ -163,7 +163,7 @@ def _overhead_worker(rank: int, world: int, grads_path: str, algos: list[str],
     return out
 
 
-def overhead_bench(grads: list[torch.Tensor], cfg: Any, steps: int) -> dict[str, Any]:
+def overhead_bench(grads: list[torch.Tensor], cfg: Config, steps: int) -> dict[str, Any]:
     tc = cfg.train
     train_kw = {"gtc_tau": tc.algo.gtc_tau, "gtc_tau_scale": tc.algo.gtc_tau_scale,
                 "block_size": tc.algo.block_size, "block_lr": tc.algo.block_lr,

@@ -12,10 +12,13 @@ import functools
 import os
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from airflow.providers.standard.operators.python import ShortCircuitOperator
 from airflow.sdk import Asset, BaseOperator, Param
+
+if TYPE_CHECKING:  # the config is loaded inside tasks: no import at parse time
+    from core.config import Config
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 # The config file the trigger forms and the scheduled runs (daily_data's, which no form
@@ -127,7 +130,7 @@ def rerun_param(default: str) -> Param:
                  title="When the step finished in an earlier DAG run", description=RERUN_DOC)
 
 
-def common_params(cfg) -> dict[str, Param]:
+def common_params(cfg: Config) -> dict[str, Param]:
     """Params every pipeline DAG shows in its trigger form."""
     return {
         "config": Param(DEFAULT_CONFIG, type="string", minLength=1, title="Config file",
@@ -158,7 +161,7 @@ def common_params(cfg) -> dict[str, Param]:
         "epochs": Param(None, type=["null", "integer"], exclusiveMinimum=0,
                         exclusiveMaximum=EPOCHS_LIMIT + 1, title="Epochs",
                         description=f"train.epochs, 1 to {EPOCHS_LIMIT}; empty: the config's "
-                                    "(the teacher's from train.teacher_recipe when it sets "
+                                    "(the teacher's from train.teacher_preset when it sets "
                                     "epochs)."),
         "overrides": overrides_param(),
         "rerun": rerun_param("redo"),
@@ -237,7 +240,7 @@ def params_on(names: list[str], params) -> bool:
     return all(bool(params.get(name, True)) for name in names)
 
 
-def unless_align_labels(cfg) -> str:
+def unless_align_labels(cfg: Config) -> str:
     """align's skip reason: it labels the frames only with features.labels=align."""
     if cfg.features.labels == "align":
         return ""
@@ -339,7 +342,7 @@ class AmflowStepOperator(BaseOperator):
         # the run's resolved Config -> a reason to skip the step ("" : run it)
         self.skip_when = skip_when
 
-    def skip_reason(self, cfg) -> str:
+    def skip_reason(self, cfg: Config) -> str:
         return self.skip_when(cfg) if self.skip_when else ""
 
     # -- what the runner asks of the wiring

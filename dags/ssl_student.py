@@ -12,7 +12,7 @@ select -> lm -> pseudolabel (param `pseudolabels`: the teacher's confident words
        unlabeled selection, the end-to-end students' transcripts; pseudolabel/labels/)
 repartition -> train_ctc_baseline -> decode_ctc_baseline       (param `ctc`)
 [repartition, pseudolabel] -> train_ctc -> decode_ctc     (params `ctc` and `pseudolabels`)
-       the end-to-end CTC student (train.model=ctc, its recipe train.ctc_recipe) on the
+       the end-to-end CTC student (train.model=ctc, its preset train.ctc_preset) on the
        labeled split alone (the CTC baseline) and on labeled + kept pseudo-labels (the CTC
        SSL student), both from this run's features, decoded with T o L o G (tuned on dev)
 
@@ -44,12 +44,12 @@ _cfg = local_defaults()
 # `amflow sequence` on the student's model writes sequence/; evaluate / decode it alike.
 SEQ_SETS = ["train.model=student", "evaluate.tag=sequence", "decode.tag=sequence"]
 # The end-to-end CTC students: size and recipe are the config's (model.ctc, and
-# train.ctc_recipe over train.*; the SSL student's epochs: train.pseudolabel_epochs); the
+# train.ctc_preset over train.*; the SSL student's epochs: train.pseudolabel_epochs); the
 # CTC student trains one recipe, labeled, on the labeled transcripts and (train_ctc) the
 # pseudolabel task's kept labels.
-CTC_BASELINE_SETS = ["train.model=ctc", "train.recipe=labeled", "train.tag=ctc-baseline",
+CTC_BASELINE_SETS = ["train.model=ctc", "train.regime=labeled", "train.tag=ctc-baseline",
                      "decode.tag=ctc-baseline"]
-CTC_SETS = ["train.model=ctc", "train.recipe=labeled", "train.tag=ctc", "decode.tag=ctc"]
+CTC_SETS = ["train.model=ctc", "train.regime=labeled", "train.tag=ctc", "decode.tag=ctc"]
 
 
 @dag(
@@ -62,7 +62,7 @@ CTC_SETS = ["train.model=ctc", "train.recipe=labeled", "train.tag=ctc", "decode.
     tags=["amflow", "student"],
     doc_md=__doc__,
     default_args={**DEFAULT_ARGS, "param_sets": {**PARAM_SETS, **WINDOW_SETS},
-                  "sets": ["train.model=student", "train.recipe=ssl"]},
+                  "sets": ["train.model=student", "train.regime=ssl"]},
     params={
         **common_params(_cfg),
         "teacher": Param(_cfg.targets.teacher or None, type=["null", "string"],

@@ -38,9 +38,9 @@ from amflow_common import (BASELINE_EVAL, BASELINE_SEQ_EVAL, BASELINE_SEQ_WER, B
                            common_params, local_defaults, sequence_chain)
 
 _cfg = local_defaults()
-TEACHER_SETS = ["select.splits=labeled,dev", "train.model=teacher", "train.recipe=labeled",
+TEACHER_SETS = ["select.splits=labeled,dev", "train.model=teacher", "train.regime=labeled",
                 "train.tag=teacher", "evaluate.tag=teacher", "decode.tag=teacher"]
-BASELINE_SETS = ["select.splits=labeled,dev", "train.model=student", "train.recipe=labeled",
+BASELINE_SETS = ["select.splits=labeled,dev", "train.model=student", "train.regime=labeled",
                  "train.tag=baseline", "evaluate.tag=baseline", "decode.tag=baseline"]
 # `amflow sequence` writes sequence-<train.tag>; evaluate / decode of it are tagged alike.
 SEQ_TEACHER_SETS = ["select.splits=labeled,dev", "train.model=teacher", "train.tag=teacher",

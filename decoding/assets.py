@@ -28,6 +28,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
+from core.config import DecodeConfig
 from core.model_card import ModelCard
 from core.runs import StepError
 from core.senones import ContextTree, ContextTreeError
@@ -166,8 +167,8 @@ class DecoderAssets:
         return {n: open(os.path.join(self.graph_dir, n), "rb").read() for n in GRAPH_FILES}
 
     @classmethod
-    def load(cls, storage, decode_cfg, *, model_uri: str, lexicon_uri: str, lm_uri: str,
-             graph_root: str, lm_hint: str = "", require: Sequence[str] = (),
+    def load(cls, storage, decode_cfg: DecodeConfig, *, model_uri: str, lexicon_uri: str,
+             lm_uri: str, graph_root: str, lm_hint: str = "", require: Sequence[str] = (),
              read: Mapping[str, bytes] | None = None) -> "DecoderAssets":
         """Model + card (with the card fields in `require`), lexicon (checked against the
         model's classes), LM, graph, priors. The caller checked that model_uri exists (its

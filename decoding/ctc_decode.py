@@ -21,7 +21,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from core.config import Config, DecodeConfig
+from core.config import Config, DecodeConfig, StorageConfig
 from core.runs import StepError
 from core.storage import Storage, join
 from decoding import decode as D
@@ -70,7 +70,7 @@ class CtcDecodeWorker:
     """A Ray actor holding a CTC model and (tlg) its graph: featurises, scores, searches
     (`mode`: decode.ctc_search)."""
 
-    def __init__(self, model_bytes: bytes, graph_dir: str, corpus: str, storage_cfg: Any,
+    def __init__(self, model_bytes: bytes, graph_dir: str, corpus: str, storage_cfg: StorageConfig,
                  beam: float, max_active: int, batch_frames: int = 20000, threads: int = 1,
                  mode: str = "tlg", nbest: int = 8):
         import torch
@@ -125,7 +125,7 @@ class CtcDecodeWorker:
         return self.tokenizer.decode(nbest[best][0]) if best >= 0 else []
 
 
-def settings(dc, greedy: bool) -> list[dict]:
+def settings(dc: DecodeConfig, greedy: bool) -> list[dict]:
     """The (LM weight, blank penalty) pairs tuning tries; greedy: the penalties alone."""
     weights = [1.0] if greedy else list(dc.ctc_lm_weights)
     return [{"lm_weight": w, "acwt": round(1.0 / w, 6), "blank_penalty": float(b)}

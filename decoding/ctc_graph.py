@@ -9,8 +9,8 @@
            CTC model's blank covers pauses). Words the tokenizer can only spell with
            <unk> are left out (counted in info.unspellable).
         G: the ARPA LM (kaldilm.arpa2fst).
-        LG = det(L o G), minimised, disambiguators removed (decoding.graph.build_lg's
-           steps), then T, the CTC topology: every token arc becomes an entry arc and a
+        LG = det(L o G), minimised, disambiguators removed (decoding.graph.compose_lg, the
+           phone graphs' L o G build without optional silence), then T, the CTC topology: every token arc becomes an entry arc and a
            state that loops on the token (a token lasts one frame or more) and leaves by
            epsilon, and every state gets a blank self-loop (blanks before, between and
            after tokens). Like k2's compact CTC topology it also lets two equal tokens
@@ -26,8 +26,8 @@ from __future__ import annotations
 import time
 from typing import Iterable
 
-from decoding.graph import (DISAMBIG_BACKOFF, EPS, DecodingGraph, GraphError, _add_self_loops, _disambiguated,
-                            _remove_disambig, compile_g)
+from decoding.graph import (DISAMBIG_BACKOFF, EPS, DecodingGraph, GraphError, _add_self_loops,
+                            compose_lg)
 from decoding.lexicon import Lexicon
 
 BLANK_LABEL = 1
@@ -56,44 +56,12 @@ def spelling_lexicon(tokenizer, words: Iterable[str]) -> tuple[Lexicon, list[str
     return lex, skipped
 
 
-def _l_text(lex: Lexicon, token_label: dict[str, int], word_id: dict[str, int],
-            disambig_label: list[int]) -> str:
-    """L as FST text: one loop state (0) that every spelling leaves and returns to."""
-    lines = [f"0 0 {disambig_label[0]} {word_id[DISAMBIG_BACKOFF]} 0"]
-    next_state = 1
-    entries, _ = _disambiguated(lex)
-    for word, spelling, k in entries:
-        labels = [token_label[t] for t in spelling] + ([disambig_label[k]] if k else [])
-        src, out = 0, word_id[word]
-        for lab in labels[:-1]:
-            lines.append(f"{src} {next_state} {lab} {out} 0")
-            src, out, next_state = next_state, 0, next_state + 1
-        lines.append(f"{src} 0 {labels[-1]} {out} 0")
-    lines.append("0 0")
-    return "\n".join(lines) + "\n"
-
-
 def _lg_text(lex: Lexicon, arpa_text: str, symbols: list[str]) -> tuple[str, list[str], dict]:
-
-    import kaldifst
-
-    token_label = {s: i + 1 for i, s in enumerate(symbols)}
-    _, max_disambig = _disambiguated(lex)
-    disambig_label = [len(symbols) + 1 + k for k in range(max_disambig + 1)]
+    """det(L o G) over the tokens (decoding.graph.compose_lg, without optional silence);
+    its word list: the spelled words only."""
     words = [EPS] + sorted(lex.prons) + [DISAMBIG_BACKOFF, "<s>", "</s>"]
-    word_id = {w: i for i, w in enumerate(words)}
-    G = compile_g(words, arpa_text)
-    L = kaldifst.compile(_l_text(lex, token_label, word_id, disambig_label))
-    kaldifst.arcsort(L, sort_type="olabel")
-    kaldifst.arcsort(G, sort_type="ilabel")
-    LG = kaldifst.compose(L, G)
-    if kaldifst.determinize_star(LG, use_log=True):
-        raise GraphError("determinisation of L o G stopped early")
-    kaldifst.minimize_encoded(LG)
-    text = _remove_disambig(LG.to_str(show_weight_one=True), disambig_label[0])
-    info = {"words": len(words) - 4, "disambig_symbols": max_disambig,
-            "G_states": G.num_states, "LG_states": LG.num_states}
-    return text, words, info
+    text, sizes = compose_lg(lex, arpa_text, symbols, words, None)
+    return text, words, {"words": len(words) - 4, **sizes}
 
 
 def _states(text: str) -> set[int]:

@@ -13,6 +13,9 @@
            determinisation, as Kaldi adds them to HCLG.
         Input labels are class id + 1 (kaldi-decoder's DecodableCtc reads column i-1 for
         label i; 0 is epsilon); output labels are word ids.
+    compose_lg(lex, arpa_text, units, words, sil_prob) -> (text, sizes)
+        the L o G above for any units: phones here and in decoding/context.py, a CTC
+        model's tokens (sil_prob None: no optional silence) in decoding/ctc_graph.py.
     DecodingGraph.write(dir) / read_graph(dir)   HLG.fst + words.txt + graph.json
     graph_key(lexicon_text, arpa_text, classes, sil_prob) -> str   the cache key
 
@@ -93,24 +96,32 @@ def _disambiguated(lex: Lexicon) -> tuple[list[tuple[str, tuple[str, ...], int]]
     return out, max(used.values(), default=0)
 
 
-def _lexicon_fst_text(lex: Lexicon, phone_id: dict[str, int], word_id: dict[str, int],
-                      disambig_id: list[int], sil_prob: float) -> str:
-    """L with optional silence (Kaldi's make_lexicon_fst.py with sil_prob) as FST text."""
-    no_sil, sil = -math.log(1 - sil_prob), -math.log(sil_prob)
-    start, loop, sil_state = 0, 1, 2
-    lines = [f"{start} {loop} 0 0 {no_sil}", f"{start} {sil_state} 0 0 {sil}",
-             f"{sil_state} {loop} {phone_id[SIL]} 0 0",
-             f"{loop} {loop} {disambig_id[0]} {word_id[DISAMBIG_BACKOFF]} 0"]
-    next_state = 3
+def _lexicon_fst_text(lex: Lexicon, unit_id: dict[str, int], word_id: dict[str, int],
+                      disambig_id: list[int], sil_prob: float | None) -> str:
+    """L as FST text: from one loop state every pronunciation is spelled in units (phones
+    or tokens), its disambiguator after it, and the word out on its first arc; a #0
+    self-loop on the loop state passes G's back-off disambiguator. With `sil_prob`, optional
+    silence between words (Kaldi's make_lexicon_fst.py with sil_prob): a start state, and
+    each word ends at the loop or, at -log sil_prob, at a state that reads SIL first. None:
+    no silence (a CTC model's blank covers pauses), one state that is start and loop."""
+    if sil_prob is None:
+        loop, next_state, lines = 0, 1, []
+        ends = [(loop, "0")]
+    else:
+        no_sil, sil = -math.log(1 - sil_prob), -math.log(sil_prob)
+        start, loop, sil_state, next_state = 0, 1, 2, 3
+        lines = [f"{start} {loop} 0 0 {no_sil}", f"{start} {sil_state} 0 0 {sil}",
+                 f"{sil_state} {loop} {unit_id[SIL]} 0 0"]
+        ends = [(loop, no_sil), (sil_state, sil)]
+    lines.append(f"{loop} {loop} {disambig_id[0]} {word_id[DISAMBIG_BACKOFF]} 0")
     entries, _ = _disambiguated(lex)
-    for word, phones, k in entries:
-        labels = [phone_id[p] for p in phones] + ([disambig_id[k]] if k else [])
+    for word, units, k in entries:
+        labels = [unit_id[u] for u in units] + ([disambig_id[k]] if k else [])
         src, out = loop, word_id[word]
         for lab in labels[:-1]:
             lines.append(f"{src} {next_state} {lab} {out} 0")
             src, out, next_state = next_state, 0, next_state + 1
-        lines.append(f"{src} {loop} {labels[-1]} {out} {no_sil}")
-        lines.append(f"{src} {sil_state} {labels[-1]} {out} {sil}")
+        lines += [f"{src} {dst} {labels[-1]} {out} {w}" for dst, w in ends]
     lines.append(f"{loop} 0")
     return "\n".join(lines) + "\n"
 
@@ -148,38 +159,52 @@ def _remove_disambig(lg_text: str, first_disambig: int) -> str:
     return "\n".join(out) + "\n"
 
 
-# ----------------------------------------------------------------- HLG
-def build_lg(lex: Lexicon, arpa_text: str, classes: Sequence[str], sil_prob: float
-             ) -> tuple[str, list[str], dict]:
-    """det(L o G) with the disambiguators removed, as FST text whose input labels are
-    phone ids (index in `classes` + 1); its word list; sizes for the graph's info."""
+# ----------------------------------------------------------------- L o G
+def compose_lg(lex: Lexicon, arpa_text: str, units: Sequence[str], words: list[str],
+               sil_prob: float | None) -> tuple[str, dict]:
+    """det(L o G), minimised, with the disambiguators removed, as FST text: the one L o G
+    build of the phone graphs (build_lg: units are phones, optional silence) and the CTC
+    graph (decoding/ctc_graph.py: units are tokens, sil_prob None). Input labels are unit
+    ids (index in `units` + 1), output labels indices in `words` (<eps> first, then the
+    back-off disambiguator and <s>, </s> among them). Returns the text and
+    {disambig_symbols, G_states, LG_states}."""
     import kaldifst
 
-    missing = sorted(lex.phones() - set(classes))
-    if missing:
-        raise GraphError(f"the lexicon uses phones the model has no class for: {missing}")
-    if SIL not in classes:
-        raise GraphError(f"the model has no '{SIL}' class (optional silence needs one)")
-    phone_id = {p: i + 1 for i, p in enumerate(classes)}
+    unit_id = {u: i + 1 for i, u in enumerate(units)}
     _, max_disambig = _disambiguated(lex)
-    disambig_id = [len(classes) + 1 + k for k in range(max_disambig + 1)]  # #0, #1, ...
-    lm_words = {line.split()[1] for line in arpa_text.splitlines()
-                if line.count("\t") >= 1 and len(line.split("\t")[1].split()) == 1}
-    words = [EPS] + sorted(set(lex.prons) | (lm_words - {"<s>", "</s>", "<unk>"}))
-    words += [DISAMBIG_BACKOFF, "<s>", "</s>"]
+    disambig_id = [len(units) + 1 + k for k in range(max_disambig + 1)]  # #0, #1, ...
     word_id = {w: i for i, w in enumerate(words)}
     G = compile_g(words, arpa_text)
-    L = kaldifst.compile(_lexicon_fst_text(lex, phone_id, word_id, disambig_id, sil_prob))
+    L = kaldifst.compile(_lexicon_fst_text(lex, unit_id, word_id, disambig_id, sil_prob))
     kaldifst.arcsort(L, sort_type="olabel")
     kaldifst.arcsort(G, sort_type="ilabel")
     LG = kaldifst.compose(L, G)
     if kaldifst.determinize_star(LG, use_log=True):
         raise GraphError("determinisation of L o G stopped early")
     kaldifst.minimize_encoded(LG)
-    lg_text = _remove_disambig(LG.to_str(show_weight_one=True), disambig_id[0])
+    text = _remove_disambig(LG.to_str(show_weight_one=True), disambig_id[0])
+    return text, {"disambig_symbols": max_disambig, "G_states": G.num_states,
+                  "LG_states": LG.num_states}
+
+
+# ----------------------------------------------------------------- HLG
+def build_lg(lex: Lexicon, arpa_text: str, classes: Sequence[str], sil_prob: float
+             ) -> tuple[str, list[str], dict]:
+    """det(L o G) with the disambiguators removed, as FST text whose input labels are
+    phone ids (index in `classes` + 1); its word list; sizes for the graph's info."""
+    missing = sorted(lex.phones() - set(classes))
+    if missing:
+        raise GraphError(f"the lexicon uses phones the model has no class for: {missing}")
+    if SIL not in classes:
+        raise GraphError(f"the model has no '{SIL}' class (optional silence needs one)")
+    lm_words = {line.split()[1] for line in arpa_text.splitlines()
+                if line.count("\t") >= 1 and len(line.split("\t")[1].split()) == 1}
+    words = [EPS] + sorted(set(lex.prons) | (lm_words - {"<s>", "</s>", "<unk>"}))
+    words += [DISAMBIG_BACKOFF, "<s>", "</s>"]
+    lg_text, sizes = compose_lg(lex, arpa_text, classes, words, sil_prob)
     info = {"words": len(words) - 4, "prons": lex.num_prons,
-            "disambig_symbols": max_disambig, "sil_prob": sil_prob,
-            "G_states": G.num_states, "LG_states": LG.num_states}
+            "disambig_symbols": sizes["disambig_symbols"], "sil_prob": sil_prob,
+            "G_states": sizes["G_states"], "LG_states": sizes["LG_states"]}
     return lg_text, words, info
 
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import logging
 
-from core.config import ConfigError
+from core.config import ConfigError, LmConfig
 from core.storage import join
 from decoding.lexicon import words_of
 from decoding.lm import generator_sentences, split_transcripts
@@ -39,7 +39,7 @@ def embedded_corpus(storage, corpus: str) -> bool:
         return False
 
 
-def text_source(storage, lc, corpus: str) -> str:
+def text_source(storage, lc: LmConfig, corpus: str) -> str:
     """generator | corpus | both: lm.source with auto resolved for this corpus."""
     if lc.source != "auto":
         return lc.source
@@ -56,7 +56,7 @@ def file_sentences(storage, uri: str) -> list[list[str]]:
     return [w for w in (words_of(line) for line in text.splitlines()) if w]
 
 
-def lm_text(storage, lc, corpus: str, records=None) -> tuple[list[list[str]], dict]:
+def lm_text(storage, lc: LmConfig, corpus: str, records=None) -> tuple[list[list[str]], dict]:
     """The LM's training sentences and where they came from ({source, generator,
     <split>, text_file}: sentences each). `records`: a callable giving the corpus's."""
     source = text_source(storage, lc, corpus)

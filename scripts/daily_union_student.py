@@ -111,7 +111,7 @@ def main() -> int:
         raise SystemExit(f"no teacher at {teacher}: run `make quickstart` (or name a finished "
                          f"teacher run of {args.config} with --teacher-run)")
     days = _days(Path(cfg.data.corpus))
-    sets = [*args.sets, "train.model=student", "train.recipe=ssl", f"targets.teacher={teacher}"]
+    sets = [*args.sets, "train.model=student", "train.regime=ssl", f"targets.teacher={teacher}"]
     from core.raycluster import init_ray
 
     init_ray(cfg)  # paid once, by neither

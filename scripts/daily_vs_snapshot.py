@@ -26,13 +26,13 @@ sys.path.insert(0, str(ROOT))
 from amflow.orchestration.intervals import interval_overrides  # noqa: E402
 from amflow.steps import features, select, targets  # noqa: E402
 from tasks.intervals import Interval  # noqa: E402
-from core.config import load_config  # noqa: E402
+from core.config import Config, load_config  # noqa: E402
 from core.runs import StepContext  # noqa: E402
 
 STEPS = (("select", select), ("features", features), ("targets", targets))
 
 
-def _teacher(cfg, path: Path) -> str:
+def _teacher(cfg: Config, path: Path) -> str:
     import torch
 
     from core.storage import Storage

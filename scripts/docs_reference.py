@@ -27,7 +27,10 @@ import textwrap
 import tokenize
 import typing
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from mkdocs.config.defaults import MkDocsConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -258,7 +261,7 @@ def build_nav(docs: Path) -> list:
     return nav
 
 
-def on_config(config, **kwargs):
+def on_config(config: MkDocsConfig, **kwargs):
     if str(ROOT) not in sys.path:
         sys.path.insert(0, str(ROOT))  # this checkout's code, not an installed amflow
     if not config.get("nav"):
@@ -266,7 +269,7 @@ def on_config(config, **kwargs):
     return config
 
 
-def on_files(files, config, **kwargs):
+def on_files(files, config: MkDocsConfig, **kwargs):
     from mkdocs.structure.files import File
 
     for uri, what in GENERATED.items():

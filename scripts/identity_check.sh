@@ -14,11 +14,11 @@ export OMP_NUM_THREADS=1
 rm -rf "$OUT"; mkdir -p "$OUT"
 COMMON=(--set storage.root="$OUT/store" --set data.corpus="$OUT/corpus" --set ray.num_cpus=2)
 TINY=(--set train.epochs=2 --set train.finetune_epochs=1 --set train.sub_epochs=1
-      --set train.teacher_recipe={} --set model.teacher.hidden=32 --set model.teacher.layers=1
+      --set train.teacher_preset={} --set model.teacher.hidden=32 --set model.teacher.layers=1
       --set model.student.hidden=32 --set model.student.layers=1 --set lm.sentences=2000)
-T=(--set select.splits=labeled,dev,test --set train.model=teacher --set train.recipe=labeled
+T=(--set select.splits=labeled,dev,test --set train.model=teacher --set train.regime=labeled
    --set train.tag=teacher --set evaluate.tag=teacher --set decode.tag=teacher)
-S=(--set train.model=student --set train.recipe=ssl --set targets.teacher="$OUT/store/runs/t/train-teacher/model.pt")
+S=(--set train.model=student --set train.regime=ssl --set targets.teacher="$OUT/store/runs/t/train-teacher/model.pt")
 run() { echo "== amflow $*" >&2; "$AMFLOW" "$@" "${COMMON[@]}" "${TINY[@]}" > "$OUT/last.log" 2>&1 || { tail -40 "$OUT/last.log" >&2; exit 1; }; }
 run corpus --set corpus.hours=0.08
 for s in select align features repartition train evaluate lm; do run $s --run-id t "${T[@]}"; done

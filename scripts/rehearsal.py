@@ -51,12 +51,14 @@ import time
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+if TYPE_CHECKING:
+    from core.config import Config
 BIN = Path(sys.executable).parent  # the virtualenv's bin: amflow, ray, airflow
 
 BUCKET = "amflow-data"
@@ -466,7 +468,7 @@ def train_with_task_kill_and_node_loss(cluster: Cluster, cfg_path: Path, env: di
     from amflow.orchestration.airflow_step import AirflowStep
     from core.storage import Storage, join
 
-    sets = ["train.model=student", "train.recipe=ssl", "train.tag=nodeloss", "train.workers=2",
+    sets = ["train.model=student", "train.regime=ssl", "train.tag=nodeloss", "train.workers=2",
             "train.epochs=2"]
     args = dict(step="train", dag_id="ssl_student", airflow_run_id="rehearsal",
                 task_id="train_nodeloss", config=str(cfg_path), overrides=sets, run_id=SSL_RUN)
@@ -535,7 +537,7 @@ def train_with_task_kill_and_node_loss(cluster: Cluster, cfg_path: Path, env: di
 
 # ----------------------------------------------------------------------------- 7. checks
 
-def placement_check(cluster: Cluster, cfg) -> dict:
+def placement_check(cluster: Cluster, cfg: Config) -> dict:
     """Every amflow job's driver, tasks and actors ran on nodes of the pool its step's
     config names (ray.step_resources), from Ray's state API."""
     from ray.job_submission import JobSubmissionClient
@@ -761,7 +763,7 @@ def _median(rows: list[dict], key: str) -> float | None:
     return round(statistics.median(vals), 3) if vals else None
 
 
-def job_floor(ccfg, work: Path, env: dict, init_jobs: int = 2) -> dict:
+def job_floor(ccfg: Config, work: Path, env: dict, init_jobs: int = 2) -> dict:
     """The fixed cost of a Ray job on each short step's pool, next to a local runner job."""
     from amflow.jobs import LocalBackend, StepRunner, make_backend
 
@@ -1020,7 +1022,7 @@ def faults_stage(r: Rehearsal, env_c: dict) -> None:
     """6-7. S3 faults on: ssl_student's select, align, features, targets again as Ray jobs
     (run FAULT_RUN); then a retried Airflow task re-attaches and a p3 node is lost mid-train."""
     r.s3.faults.enabled = True
-    sets = ["train.model=student", "train.recipe=ssl", "select.hours=1000000",
+    sets = ["train.model=student", "train.regime=ssl", "select.hours=1000000",
             "train.workers=2", "train.epochs=1", f"targets.teacher={r.teacher_uri}"]
     t = time.time()
     for step in ("select", "align", "features", "targets"):  # features' labels are align's

@@ -28,6 +28,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from core.config import Config, DecodeConfig, ServeConfig
 from core.runs import StepError
 from decoding.assets import DecoderAssets
 from serving import protocol as P
@@ -40,8 +41,8 @@ INGRESS_ENV = {"RAY_SERVE_ENABLE_DIRECT_INGRESS": "1", "RAY_SERVE_ENABLE_HA_PROX
 
 
 # ----------------------------------------------------------------- what a replica needs
-def replica_assets(decoder: DecoderAssets, serve_cfg, decode_cfg, acwt: float,
-                   acwt_from: str) -> dict[str, Any]:
+def replica_assets(decoder: DecoderAssets, serve_cfg: ServeConfig, decode_cfg: DecodeConfig,
+                   acwt: float, acwt_from: str) -> dict[str, Any]:
     """Model bytes, graph files, log priors and search settings (read once by the driver,
     shipped to every replica, so replicas on other nodes need no shared disk). serve.acwt,
     when set, wins over `acwt` (decoding.assets.tuned_acwt's)."""
@@ -57,7 +58,8 @@ def replica_assets(decoder: DecoderAssets, serve_cfg, decode_cfg, acwt: float,
 
 
 def ctc_replica_assets(model_bytes: bytes, model_uri: str, model, graph_dir: str,
-                       graph_info: dict, serve_cfg, decode_cfg, tuned: dict) -> dict[str, Any]:
+                       graph_info: dict, serve_cfg: ServeConfig, decode_cfg: DecodeConfig,
+                       tuned: dict) -> dict[str, Any]:
     """replica_assets for a CTC model: its T o L o G and the LM weight (acwt = 1 / weight)
     and blank penalty `amflow decode` tuned (`tuned`: lm_weight, acwt, blank_penalty,
     from); serve.acwt, when set, wins over the tuned acwt."""
@@ -76,7 +78,7 @@ def ctc_replica_assets(model_bytes: bytes, model_uri: str, model, graph_dir: str
             "max_active": sc.max_active or dc.max_active}
 
 
-def make_recognizer(assets: dict, scfg) -> Any:
+def make_recognizer(assets: dict, scfg: ServeConfig) -> Any:
     from serving.recognizer import Recognizer
 
     device = scfg.device
@@ -95,7 +97,7 @@ def make_recognizer(assets: dict, scfg) -> Any:
                           blank_penalty=assets.get("blank_penalty", 0.0))
 
 
-def _onnx_graph(assets: dict, scfg) -> bytes | None:
+def _onnx_graph(assets: dict, scfg: ServeConfig) -> bytes | None:
     if scfg.backend != "onnxruntime":
         return None
     if not assets.get("onnx"):
@@ -104,7 +106,7 @@ def _onnx_graph(assets: dict, scfg) -> bytes | None:
     return assets["onnx"]
 
 
-def speech_gate(scfg):
+def speech_gate(scfg: ServeConfig):
     """serve.speech_* -> the recognizer's speech gate (None with serve.speech_gate off)."""
     from tasks.speech_activity import GateSettings
 
@@ -120,7 +122,7 @@ class StreamHandler:
     """The replica's event-loop side (no Ray): admission, the protocol, one Session per
     WebSocket, the dispatcher task."""
 
-    def __init__(self, rec, scfg):
+    def __init__(self, rec, scfg: ServeConfig):
         import torch
 
         from serving.dispatch import BatchDispatcher
@@ -239,7 +241,7 @@ async def _close(ws, exc: P.ProtocolError) -> None:
 
 
 # ----------------------------------------------------------------- the Ray Serve shell
-def build_app(assets: dict, scfg):
+def build_app(assets: dict, scfg: ServeConfig):
     """The Serve application: a FastAPI ingress deployment with serve.replicas replicas."""
     from fastapi import FastAPI, WebSocket
     from fastapi.responses import HTMLResponse, JSONResponse
@@ -253,7 +255,7 @@ def build_app(assets: dict, scfg):
                       max_ongoing_requests=scfg.max_streams + 16)
     @serve.ingress(api)
     class Replica:
-        def __init__(self, assets: dict, scfg):
+        def __init__(self, assets: dict, scfg: ServeConfig):
             self.handler = StreamHandler(make_recognizer(assets, scfg), scfg)
 
         @api.get("/")
@@ -272,7 +274,7 @@ def build_app(assets: dict, scfg):
     return Replica.bind(assets, scfg)
 
 
-def actor_options(scfg) -> dict:
+def actor_options(scfg: ServeConfig) -> dict:
     opts: dict[str, Any] = {"num_cpus": scfg.num_cpus, "num_gpus": scfg.num_gpus}
     if scfg.resources:
         opts["resources"] = dict(scfg.resources)
@@ -282,7 +284,7 @@ def actor_options(scfg) -> dict:
     return opts
 
 
-def start(cfg, assets: dict) -> str:
+def start(cfg: Config, assets: dict) -> str:
     """Deploy on the configured Ray (ray.address, or a local Ray); returns the page URL."""
     from ray import serve
 

@@ -124,7 +124,7 @@ class UtteranceFrontEnd(nn.Module):
     tasks.features' causal mean normalisation of one utterance (each its own stream), its
     low-frame-rate stacking, then the global CMVN."""
 
-    def __init__(self, fcfg, cmvn: dict | None, input_dim: int):
+    def __init__(self, fcfg: FeaturesConfig, cmvn: dict | None, input_dim: int):
         super().__init__()
         from training.data import Normalizer
 

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from core.config import FeaturesConfig
 from tasks.fbank import INT16_SCALE, FbankComputer, kaldi_options
 from tasks.features import StreamCMN
 from tasks.speech_activity import GateSettings
@@ -45,7 +46,7 @@ from tasks.speech_activity import GateSettings
 class KaldiOnlineFbank:
     """kaldi-native-fbank's OnlineFbank: samples in, the frames that became ready out."""
 
-    def __init__(self, fcfg):
+    def __init__(self, fcfg: FeaturesConfig):
         import kaldi_native_fbank as knf
 
         self.rate = float(fcfg.sample_rate)
@@ -78,7 +79,7 @@ class NumpyOnlineFbank:
     """The offline FbankComputer on each complete frame (snip_edges: a frame needs only its
     own samples); keeps the samples of the frames not yet complete."""
 
-    def __init__(self, fcfg, computer: FbankComputer | None = None):
+    def __init__(self, fcfg: FeaturesConfig, computer: FbankComputer | None = None):
         if not fcfg.snip_edges:
             raise ValueError("streaming the numpy fbank needs features.snip_edges=true")
         self.comp = computer or FbankComputer(fcfg, chunk_frames=64)
@@ -105,7 +106,7 @@ class NumpyOnlineFbank:
         return np.zeros((0, self.comp.bins), np.float32)  # snip_edges: no partial frames
 
 
-def online_fbank(fcfg, computer: FbankComputer | None = None):
+def online_fbank(fcfg: FeaturesConfig, computer: FbankComputer | None = None):
     return KaldiOnlineFbank(fcfg) if fcfg.backend == "kaldi" else NumpyOnlineFbank(fcfg, computer)
 
 
@@ -133,7 +134,7 @@ def accept_many(feats: list[StreamFeatures], chunks: list[np.ndarray]) -> list[n
 
 
 class StreamFeatures:
-    def __init__(self, fcfg, cmvn: dict | None, input_dim: int, normalizer=None,
+    def __init__(self, fcfg: FeaturesConfig, cmvn: dict | None, input_dim: int, normalizer=None,
                  computer: FbankComputer | None = None, gate: GateSettings | None = None):
         """`computer`: a numpy FbankComputer to share (a replica's streams share one).
         `gate`: keep non-speech out (tasks.speech_activity): only the rows of speech and

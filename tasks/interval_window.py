@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from core.config import RepartitionConfig
 from core.runs import SUCCESS, StepError
 from core.storage import Storage, join
 from tasks.intervals import IntervalError, day_runs, window_dates
@@ -66,11 +67,11 @@ class Partition:
                 "targets_finished_at": self.targets.get("finished_at")}
 
 
-def window_asked(rcfg: Any) -> bool:
+def window_asked(rcfg: RepartitionConfig) -> bool:
     return bool(rcfg.days or rcfg.from_date)
 
 
-def window_partitions(st: Storage, root: str, dataset: str, rcfg: Any
+def window_partitions(st: Storage, root: str, dataset: str, rcfg: RepartitionConfig
                       ) -> tuple[list[Partition], list[str]]:
     """(the finished partitions of the window's days, oldest first; the days of the
     window without one). A StepError when a window is asked for and none is there."""

@@ -36,6 +36,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from core.config import FeaturesConfig
+
 DB_PER_NEPER = 10.0 / np.log(10.0)  # natural-log power -> dB
 EDGE = 2  # frames after one of no sound whose 25 ms window still holds some of it
 
@@ -123,7 +125,7 @@ class SpeechActivity:
         return top + DB_PER_NEPER * np.log(mean)
 
 
-def full_scale_noise_db(fcfg) -> float:
+def full_scale_noise_db(fcfg: FeaturesConfig) -> float:
     """The frame energy (frame_energy_db) of white noise at 0 dBFS RMS through this fbank:
     X dBFS of white noise is this + X (energy scales with power)."""
     from tasks.fbank import FbankComputer
@@ -188,13 +190,13 @@ class GateSettings:
     steady_s: float = 0.5
     steady_db: float = 3.0
 
-    def activity(self, fcfg) -> SpeechActivity:
+    def activity(self, fcfg: FeaturesConfig) -> SpeechActivity:
         shift = fcfg.frame_shift_ms / 1000.0
         return SpeechActivity(self.threshold_db, max(1, round(self.floor_s / shift)),
                               max(1, round(self.smooth_ms / 1000.0 / shift)),
                               full_scale_noise_db(fcfg) + self.min_dbfs,
                               round(self.steady_s / shift), self.steady_db)
 
-    def frame_gate(self, fcfg) -> SpeechGate:
+    def frame_gate(self, fcfg: FeaturesConfig) -> SpeechGate:
         frames = round(self.pad_s / (fcfg.frame_shift_ms / 1000.0))
         return SpeechGate(frames, frames)

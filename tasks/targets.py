@@ -297,7 +297,7 @@ def resolve_device(requested: str) -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def inference_dtype(tc: Any, device: str) -> torch.dtype:
+def inference_dtype(tc: TargetsConfig, device: str) -> torch.dtype:
     """On GPUs fp16 where it pays (`targets.fp16: auto`: GPUs before Ampere) or where
     asked; on CPUs bf16 where the CPU computes it natively (cpu_precision auto), else
     fp32. `fp16_on_cpu` forces the GPU path onto the CPU (tests, debugging)."""

@@ -80,8 +80,8 @@ def test_the_class_count_has_one_source_the_tree():
 
 def test_phone_weight_is_refused_by_the_sequence_recipe():
     with pytest.raises(ConfigError) as err:
-        load_config(ROOT / "configs/local.yaml", ["train.recipe=sequence", "train.phone_weight=1"])
-    assert err.value.key == "train.phone_weight" and "sequence_recipe" in str(err.value)
+        load_config(ROOT / "configs/local.yaml", ["train.regime=sequence", "train.phone_weight=1"])
+    assert err.value.key == "train.phone_weight" and "sequence_preset" in str(err.value)
 
 
 def test_every_flat_train_key_lives_in_one_section_and_round_trips(tmp_path):
@@ -89,7 +89,7 @@ def test_every_flat_train_key_lives_in_one_section_and_round_trips(tmp_path):
 
     cfg = load_config(ROOT / "configs/local.yaml", ["train.gtc_tau=0.5", "train.log_every=3"])
     flat = cfg.to_dict()["train"]
-    assert set(flat) == set(TRAIN_KEYS) and len(flat) == 77  # 75th: train.pseudolabels, 76th: ctc_recipe, 77th: pseudolabel_epochs
+    assert set(flat) == set(TRAIN_KEYS) and len(flat) == 77  # 75th: train.pseudolabels, 76th: ctc_preset, 77th: pseudolabel_epochs
     assert (cfg.train.algo.gtc_tau, cfg.train.checkpoints.log_every) == (0.5, 3)
     assert cfg.get("train.gtc_tau") == 0.5
     assert cfg.get("train.augment.servers") == cfg.train.augment.servers
@@ -112,7 +112,7 @@ def test_every_user_key_is_settable_by_its_own_name():
     keys = dict(user_keys())
     assert "train.lr" in keys and "train.gtc_tau" in keys and "train.augment.servers" in keys
     assert not any(k.startswith(("train.optim.", "train.algo.", "train.passes.")) for k in keys)
-    assert keys["runner.env"] and keys["train.teacher_recipe"] and not keys["train.lr"]
+    assert keys["runner.env"] and keys["train.teacher_preset"] and not keys["train.lr"]
     cfg = load_config(None)
     sets = []
     for key, mapping in keys.items():
@@ -139,35 +139,35 @@ def test_exponent_numbers_without_a_dot_are_numbers():
 
 def test_criterion_defaults_to_ce_and_takes_the_sequence_knobs():
     assert load_config(ROOT / "configs/local.yaml").train.sequence.criterion == "ce"
-    cfg = load_config(None, ["train.recipe=sequence", "train.criterion=mmi",
+    cfg = load_config(None, ["train.regime=sequence", "train.criterion=mmi",
                              "train.den_ngram_order=3", "train.sequence_numerator=flexible",
                              "train.leaky_hmm=0"])
     assert (cfg.train.sequence.criterion, cfg.train.sequence.den_ngram_order) == ("mmi", 3)
     assert (cfg.get("train.sequence_numerator"), cfg.get("train.leaky_hmm")) == ("flexible", 0.0)
-    seq = load_config(None, ["train.recipe=sequence"]).train.to_flat()
+    seq = load_config(None, ["train.regime=sequence"]).train.to_flat()
     assert (seq["criterion"], seq["epochs"], seq["finetune_epochs"]) == ("smbr", 3, 3)
 
 
 @pytest.mark.parametrize("sets", [["train.criterion=smbr"],
-                                  ["train.recipe=sequence", "train.criterion=ce"],
-                                  ["train.recipe=ssl", "train.criterion=mmi"]])
-def test_a_sequence_criterion_belongs_to_the_sequence_recipe(sets):
+                                  ["train.regime=sequence", "train.criterion=ce"],
+                                  ["train.regime=ssl", "train.criterion=mmi"]])
+def test_a_sequence_criterion_belongs_to_the_sequence_preset(sets):
     with pytest.raises(ConfigError) as err:
         load_config(None, sets)
-    assert err.value.key == "train.criterion" and "sequence recipe" in str(err.value)
+    assert err.value.key == "train.criterion" and "sequence regime" in str(err.value)
 
 
-def test_sequence_recipe_wins_over_the_teacher_recipe_and_set_wins_over_both():
-    sets = ["train.teacher_recipe={epochs: 21, lr: 0.01}", "train.model=teacher"]
+def test_sequence_preset_wins_over_the_teacher_preset_and_set_wins_over_both():
+    sets = ["train.teacher_preset={epochs: 21, lr: 0.01}", "train.model=teacher"]
     assert load_config(None, sets).train.passes.epochs == 21
-    seq = load_config(None, [*sets, "train.recipe=sequence",
-                             "train.sequence_recipe={epochs: 2, criterion: mmi}"]).train.to_flat()
+    seq = load_config(None, [*sets, "train.regime=sequence",
+                             "train.sequence_preset={epochs: 2, criterion: mmi}"]).train.to_flat()
     assert (seq["epochs"], seq["criterion"], seq["lr"]) == (2, "mmi", 0.01)
-    cfg = load_config(None, [*sets, "train.recipe=sequence", "train.epochs=4"])
+    cfg = load_config(None, [*sets, "train.regime=sequence", "train.epochs=4"])
     assert cfg.get("train.epochs") == 4
     with pytest.raises(ConfigError) as err:
-        load_config(None, ["train.sequence_recipe={recipe: ssl}"])
-    assert err.value.key == "train.sequence_recipe.recipe"
+        load_config(None, ["train.sequence_preset={regime: ssl}"])
+    assert err.value.key == "train.sequence_preset.regime"
 
 
 def test_a_recipe_mapping_merges_with_set_keys_inside_it():
@@ -182,27 +182,27 @@ def test_a_recipe_mapping_merges_with_set_keys_inside_it():
     more = load_config(local, ["train.model=teacher", "train.augment.servers=2"]).train.augment
     assert more.enabled and more.servers == 2
     assert not load_config(local, ["train.model=student"]).train.augment.enabled
-    seq = load_config(local, ["train.model=teacher", "train.recipe=sequence"])
+    seq = load_config(local, ["train.model=teacher", "train.regime=sequence"])
     assert not seq.train.augment.enabled
 
 
-def test_teacher_recipe_applies_to_the_teacher_only_and_set_wins():
-    recipe = "train.teacher_recipe={epochs: 21, freq_masks: 2}"
+def test_teacher_preset_applies_to_the_teacher_only_and_set_wins():
+    recipe = "train.teacher_preset={epochs: 21, freq_masks: 2}"
     student = load_config(None, [recipe, "train.epochs=5"])
     assert (student.train.passes.epochs, student.train.masking.freq_masks) == (5, 0)
     teacher = load_config(None, [recipe, "train.epochs=5", "train.model=teacher"])
     assert (teacher.train.passes.epochs, teacher.train.masking.freq_masks) == (5, 2)
     assert load_config(None, [recipe, "train.model=teacher"]).train.passes.epochs == 21
-    for bad, key in (("{epochz: 3}", "train.teacher_recipe.epochz"),
-                     ("{epochs: many}", "train.teacher_recipe.epochs"),
-                     ("{model: student}", "train.teacher_recipe.model")):
+    for bad, key in (("{epochz: 3}", "train.teacher_preset.epochz"),
+                     ("{epochs: many}", "train.teacher_preset.epochs"),
+                     ("{model: student}", "train.teacher_preset.model")):
         with pytest.raises(ConfigError) as err:
-            load_config(None, [f"train.teacher_recipe={bad}"])
+            load_config(None, [f"train.teacher_preset={bad}"])
         assert err.value.key == key
 
 
-def test_ctc_recipe_applies_to_the_ctc_student_only_and_set_wins():
-    recipe = "train.ctc_recipe={epochs: 21, sortagrad: true, lr: 0.002}"
+def test_ctc_preset_applies_to_the_ctc_student_only_and_set_wins():
+    recipe = "train.ctc_preset={epochs: 21, sortagrad: true, lr: 0.002}"
     student = load_config(None, [recipe, "train.epochs=5"])
     assert (student.train.passes.epochs, student.train.passes.sortagrad) == (5, False)
     ctc = load_config(None, [recipe, "train.epochs=5", "train.model=ctc"])
@@ -211,20 +211,20 @@ def test_ctc_recipe_applies_to_the_ctc_student_only_and_set_wins():
     assert load_config(None, [recipe, "train.model=ctc"]).train.passes.epochs == 21
     teacher = load_config(None, [recipe, "train.model=teacher"])
     assert teacher.train.passes.epochs != 21
-    for bad, key in (("{epochz: 3}", "train.ctc_recipe.epochz"),
-                     ("{model: student}", "train.ctc_recipe.model")):
+    for bad, key in (("{epochz: 3}", "train.ctc_preset.epochz"),
+                     ("{model: student}", "train.ctc_preset.model")):
         with pytest.raises(ConfigError) as err:
-            load_config(None, [f"train.ctc_recipe={bad}"])
+            load_config(None, [f"train.ctc_preset={bad}"])
         assert err.value.key == key
-    # the demo's: configs/local.yaml names configs/recipes/ctc.yaml
+    # the demo's: configs/local.yaml names configs/presets/ctc.yaml
     local = load_config(ROOT / "configs" / "local.yaml", ["train.model=ctc"])
-    assert local.train.ctc_recipe and local.train.threads == local.train.ctc_recipe["threads"]
+    assert local.train.ctc_preset and local.train.threads == local.train.ctc_preset["threads"]
 
 
 def test_pseudolabel_epochs_are_the_ctc_ssl_students_and_set_epochs_wins():
     from core.config.loading import resolve_config
 
-    base = ["train.model=ctc", "train.ctc_recipe={epochs: 20, pseudolabel_epochs: 14}"]
+    base = ["train.model=ctc", "train.ctc_preset={epochs: 20, pseudolabel_epochs: 14}"]
     assert load_config(None, base).train.passes.epochs == 20  # the CTC baseline
     ssl = [*base, "train.pseudolabels=r1"]
     resolved = resolve_config(None, ssl)
@@ -232,7 +232,7 @@ def test_pseudolabel_epochs_are_the_ctc_ssl_students_and_set_epochs_wins():
     assert resolved.source("train.epochs").startswith("train.pseudolabel_epochs")
     assert load_config(None, [*ssl, "train.epochs=5"]).train.passes.epochs == 5
     # 0 (the default) leaves the recipe's train.epochs alone; the hybrid student ignores it
-    assert load_config(None, ["train.model=ctc", "train.ctc_recipe={epochs: 7}",
+    assert load_config(None, ["train.model=ctc", "train.ctc_preset={epochs: 7}",
                               "train.pseudolabels=r1"]).train.passes.epochs == 7
     assert load_config(None, ["train.pseudolabel_epochs=3"]).train.passes.epochs == \
         load_config(None, []).train.passes.epochs
@@ -266,20 +266,20 @@ def test_every_step_help_says_what_it_reads_and_writes():
         assert sub.returncode == 0 and "reads:" in sub.stdout and "writes:" in sub.stdout
 
 
-def test_the_teacher_recipe_may_set_its_own_grown_stage_over_the_shared_one():
-    recipe = "train.teacher_recipe={epochs: 21, grow_recipe: {epochs: 20}}"
-    shared = load_config(None, [recipe, "train.grow_recipe.lr=0.002"]).train.grow_recipe
+def test_the_teacher_preset_may_set_its_own_grown_stage_over_the_shared_one():
+    recipe = "train.teacher_preset={epochs: 21, grow_preset: {epochs: 20}}"
+    shared = load_config(None, [recipe, "train.grow_preset.lr=0.002"]).train.grow_preset
     assert (shared["epochs"], shared["lr"]) == (10, 0.002)  # the students keep the shared one
-    teacher = load_config(None, [recipe, "train.grow_recipe.lr=0.002", "train.model=teacher"])
-    assert teacher.train.grow_recipe == {**shared, "epochs": 20}  # over the shared values
+    teacher = load_config(None, [recipe, "train.grow_preset.lr=0.002", "train.model=teacher"])
+    assert teacher.train.grow_preset == {**shared, "epochs": 20}  # over the shared values
     assert teacher.train.passes.epochs == 21
-    mine = load_config(None, [recipe, "train.grow_recipe.epochs=3", "train.model=teacher"])
-    assert mine.train.grow_recipe["epochs"] == 3  # an explicit --set still wins
-    for bad, key in (("{grow_recipe: {epochz: 3}}", "train.teacher_recipe.grow_recipe.epochz"),
-                     ("{grow_recipe: {tag: x}}", "train.teacher_recipe.grow_recipe.tag"),
-                     ("{grow_recipe: {epochs: many}}", "train.teacher_recipe.grow_recipe.epochs"),
-                     ("{grow_recipe: 3}", "train.teacher_recipe.grow_recipe"),
-                     ("{sequence_recipe: {}}", "train.teacher_recipe.sequence_recipe")):
+    mine = load_config(None, [recipe, "train.grow_preset.epochs=3", "train.model=teacher"])
+    assert mine.train.grow_preset["epochs"] == 3  # an explicit --set still wins
+    for bad, key in (("{grow_preset: {epochz: 3}}", "train.teacher_preset.grow_preset.epochz"),
+                     ("{grow_preset: {tag: x}}", "train.teacher_preset.grow_preset.tag"),
+                     ("{grow_preset: {epochs: many}}", "train.teacher_preset.grow_preset.epochs"),
+                     ("{grow_preset: 3}", "train.teacher_preset.grow_preset"),
+                     ("{sequence_preset: {}}", "train.teacher_preset.sequence_preset")):
         with pytest.raises(ConfigError) as err:
-            load_config(None, [f"train.teacher_recipe={bad}"])
+            load_config(None, [f"train.teacher_preset={bad}"])
         assert err.value.key == key, bad

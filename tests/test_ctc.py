@@ -100,7 +100,7 @@ def test_tlg_decodes_a_known_path_to_its_words(kind):
 TINY = ["train.model=ctc", "train.threads=1", "train.minibatch_frames=600", "train.lr=0.003",
         "train.final_lr=0.001", "train.log_every=2", "model.ctc.hidden=48",
         "model.ctc.layers=2", "model.ctc.channels=[6,6]", "train.sortagrad=true",
-        # the keys configs/local.yaml's train.ctc_recipe (the demo's) sets, at local.yaml's
+        # the keys configs/local.yaml's train.ctc_preset (the demo's) sets, at local.yaml's
         # own train values: the tests train as they did before the recipe
         "train.freq_masks=0", "train.time_masks=0", "train.finetune_epochs=3"]
 

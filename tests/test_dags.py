@@ -149,11 +149,11 @@ def test_graphs(dagbag):
         assert "features.labels=ctm" in align.skip_reason(load_config(None, []))
     assert student.task_dict["align"].teacher_asset is not None
     # Student trains with the SSL recipe; the teacher on labels, in its own output dir.
-    assert {"train.model=student", "train.recipe=ssl"} <= set(student.task_dict["train"].sets)
+    assert {"train.model=student", "train.regime=ssl"} <= set(student.task_dict["train"].sets)
     tsets = set(teacher.task_dict["train"].sets)
-    assert {"train.model=teacher", "train.recipe=labeled", "train.tag=teacher"} <= tsets
+    assert {"train.model=teacher", "train.regime=labeled", "train.tag=teacher"} <= tsets
     bsets = set(teacher.task_dict["train_baseline"].sets)
-    assert {"train.model=student", "train.recipe=labeled", "train.tag=baseline"} <= bsets
+    assert {"train.model=student", "train.regime=labeled", "train.tag=baseline"} <= bsets
     assert teacher.task_dict["evaluate_baseline"].model_from == "train_baseline"
     assert teacher.task_dict["decode_baseline"].model_from == "train_baseline"
     assert "decode.tag=baseline" in teacher.task_dict["decode_baseline"].sets
@@ -193,7 +193,7 @@ def _run_gate(dag, task_id: str, **params) -> list[str]:
 
 def test_ctc_students_train_from_the_run_with_the_configs_recipe(dagbag):
     """train_ctc_baseline / train_ctc: train.model ctc, sized by the config (model.ctc and
-    train.ctc_recipe), not by the DAG; train_ctc reads this DAG run's pseudolabel step dir
+    train.ctc_preset), not by the DAG; train_ctc reads this DAG run's pseudolabel step dir
     (the pseudolabel task's summary) as train.pseudolabels; each decodes under its tag."""
     from unittest import mock
 
@@ -205,7 +205,7 @@ def test_ctc_students_train_from_the_run_with_the_configs_recipe(dagbag):
         assert {"train.model=ctc", f"train.tag={tag}", f"decode.tag={tag}"} <= set(task.sets)
         assert not [s for s in task.sets if s.startswith(("model.", "train.epochs"))]
         cfg = load_config(ROOT / "configs" / "local.yaml", task.sets)
-        assert cfg.train.ctc_recipe and cfg.train.threads == cfg.train.ctc_recipe["threads"]
+        assert cfg.train.ctc_preset and cfg.train.threads == cfg.train.ctc_preset["threads"]
         assert task.pool_slots == POOL_SLOTS_PER_CORE * cfg.train.threads
     decode = student.task_dict["decode_ctc"]
     assert decode.model_from == "train_ctc" and "decode.tag=ctc" in decode.sets
@@ -458,7 +458,7 @@ def test_dags_test_teacher_then_student_with_fake_steps(tmp_path):
     assert sx["targets"]["metrics"]["teacher"] == str(model)
     assert sx["train"]["metrics"]["algorithm"] == "bmuf"
     targets_argv = [c for c in scalls if c["step"] == "targets"][0]["argv"]
-    assert "train.recipe=ssl" in targets_argv and "train.model=student" in targets_argv
+    assert "train.regime=ssl" in targets_argv and "train.model=student" in targets_argv
     events = _db(home, "select a.uri, e.extra from asset_event e join asset a "
                        "on a.id = e.asset_id where a.uri like 'x-amflow://ssl_student/%'")
     assert {uri for uri, _ in events} == {"x-amflow://ssl_student/features",

@@ -35,7 +35,7 @@ PHONES = ["sil", "a", "b", "c", "d", "e"]
 TINY = ["train.threads=1", "train.minibatch_frames=256", "train.chunk_frames=16",
         "train.chunk_left_context=4", "train.lr=0.01", "train.final_lr=0.002",
         "train.log_every=4", "model.teacher.layers=1", "model.teacher.hidden=24",
-        "model.teacher.dropout=0", "train.model=teacher", "train.recipe=labeled",
+        "model.teacher.dropout=0", "train.model=teacher", "train.regime=labeled",
         "train.epochs=3", "train.finetune_epochs=1", "train.checkpoint_every=5"]
 AUG = ["train.augment.enabled=true", "train.augment.servers=0", "train.augment.stream_utts=3",
        "train.augment.window_streams=2", "train.augment.noises=pink,hum,clatter"]
@@ -344,7 +344,7 @@ def test_augment_config_errors_name_the_key():
             load_config(ROOT / "configs" / "local.yaml", [bad])
     with pytest.raises(ConfigError, match=r"train\.augment\.enabled"):
         load_config(ROOT / "configs" / "local.yaml",
-                    ["train.augment.enabled=true", "train.recipe=ssl"])
+                    ["train.augment.enabled=true", "train.regime=ssl"])
     cfg = load_config(ROOT / "configs" / "local.yaml", ["train.augment.speeds=0.9,1.0,1.1"])
     assert cfg.train.augment.speeds == [0.9, 1.0, 1.1] and not cfg.train.augment.enabled
 

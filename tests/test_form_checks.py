@@ -16,7 +16,7 @@ def test_bad_override_message_names_the_key(item, message):
 
 
 @pytest.mark.parametrize("item", ["train.lr=0.002", "runner.env.X=1", " select.hours = 2",
-                                  "decode.acwt=0.5,0.6", "train.teacher_recipe.epochs=3"])
+                                  "decode.acwt=0.5,0.6", "train.teacher_preset.epochs=3"])
 def test_good_overrides_pass(item):
     assert check_override(item) is None
 

@@ -28,7 +28,7 @@ TREE = {"kind": CONTEXT_KIND, "phones": ["<eps>", "sil", "a", "b", "c"], "sil": 
         "roots": {"1": 0, "2": [0, [3], 1, 2], "3": [1, [2], 3, 4],
                   "4": [0, [1], 5, [1, [2], 6, 7]]}}
 PHONES = ["sil", "a", "b", "c"]
-STUDENT = ["train.model=student", "train.recipe=labeled", "train.epochs=1",
+STUDENT = ["train.model=student", "train.regime=labeled", "train.epochs=1",
            "train.finetune_epochs=0", "train.tag=grown"]
 
 
@@ -128,7 +128,7 @@ def test_phone_classes_are_not_grown_into_other_phone_classes(tmp_path, local_cf
 
 
 # ----------------------------------------------------------------- train.grow: one run
-GROW = ["train.grow=true", "train.grow_recipe.epochs=1", "train.grow_recipe.lr=0.005"]
+GROW = ["train.grow=true", "train.grow_preset.epochs=1", "train.grow_preset.lr=0.005"]
 
 
 def test_the_phone_tree_numbers_each_phone_as_leaf_center_reads_the_leaves():
@@ -171,7 +171,7 @@ def _phone_labeled_copy(run: str, dest: str) -> None:
 def test_train_grow_trains_the_phone_model_of_a_phone_run_then_grows_it(tmp_path, local_cfg):
     """One `amflow train` with train.grow = the two-run way: its phone stage is the model a
     run labeled with the leaves' phones trains (bitwise, one thread), grown and trained on
-    with train.grow_recipe; the phone model is a decodable model of its own (priors)."""
+    with train.grow_preset; the phone model is a decodable model of its own (priors)."""
     run = _cd_run(tmp_path)
     _phone_labeled_copy(run, join(str(tmp_path / "store"), "runs", "rp"))
     out = train_step.run(StepContext(local_cfg(*TINY, *STUDENT, *GROW), "r", "train"), None)
@@ -181,7 +181,7 @@ def test_train_grow_trains_the_phone_model_of_a_phone_run_then_grows_it(tmp_path
     assert 0 < m["phone_stage_dev_frame_acc"] <= 1 and m["phone_stage_steps"] > 0
     grown, meta = load_model(Storage(), m["model_uri"])
     assert grown.num_classes == 8 and meta["phones"] == ContextTree.from_dict(TREE).class_names
-    assert m["passes"] == 1  # grow_recipe's epochs, not the recipe's
+    assert m["passes"] == 1  # grow_preset's epochs, not the recipe's
 
     first, first_meta = load_model(Storage(), stage)
     phones = ContextTree.from_dict(TREE).phone_tree()
@@ -218,7 +218,7 @@ def test_phone_targets_are_the_teachers_posterior_summed_per_phone_at_its_temper
 
 def test_train_grow_grows_an_ssl_student_on_leaf_targets(tmp_path, local_cfg):
     """The ssl recipe's phone stage reads the leaf teacher's top-k targets summed per phone
-    and the labeled split's leaves as phones; the grown stage runs grow_recipe's one
+    and the labeled split's leaves as phones; the grown stage runs grow_preset's one
     unlabeled pass."""
     run = join(str(tmp_path / "store"), "runs", "r")
     st = Storage()
@@ -227,7 +227,7 @@ def test_train_grow_grows_an_ssl_student_on_leaf_targets(tmp_path, local_cfg):
         "dev": {"utts": 6, "parts": 1}})
     st.write_json(join(run, "features", "context.json"), TREE)
     st.write_json(join(run, "features", "phones.json"), ContextTree.from_dict(TREE).class_names)
-    ssl = ["train.model=student", "train.recipe=ssl", "train.sub_epochs=2",
+    ssl = ["train.model=student", "train.regime=ssl", "train.sub_epochs=2",
            "train.unlabeled_passes=1", "train.finetune_epochs=1", "train.tag=grown"]
     out = train_step.run(StepContext(local_cfg(*TINY, *ssl, *GROW), "r", "train"), None)
     m = out["metrics"]
@@ -268,11 +268,11 @@ def test_train_grow_keeps_a_finished_phone_stage_of_its_config_even_under_force(
     for uri in st.list(join(run, "train-grown", "checkpoints"), recursive=True):
         st.delete(uri)
     longer = train_step.run(StepContext(local_cfg(*TINY, *STUDENT, *GROW,
-                                                  "train.grow_recipe.epochs=2"), "r", "train"),
+                                                  "train.grow_preset.epochs=2"), "r", "train"),
                             None)
     assert longer["metrics"]["phone_stage_steps"] == -1 and longer["metrics"]["passes"] == 2
     # the finished step is not handed back for another grown recipe
-    with pytest.raises(StepError, match=r"finished a different training.*train.grow_recipe"):
+    with pytest.raises(StepError, match=r"finished a different training.*train.grow_preset"):
         train_step.run(StepContext(cfg, "r", "train"), None)
     # another phone stage (its epochs) is not taken for this one's
     st.delete(join(run, "train-grown", "_SUCCESS.json"))
@@ -296,8 +296,8 @@ def test_train_grow_keeps_a_finished_phone_stage_of_its_config_even_under_force(
 def test_train_grow_grows_nothing_on_phone_classes(tmp_path, local_cfg):
     from core.config import ConfigError
 
-    with pytest.raises(ConfigError, match="train.grow_recipe.tag"):
-        local_cfg("train.grow_recipe.tag=x")
+    with pytest.raises(ConfigError, match="train.grow_preset.tag"):
+        local_cfg("train.grow_preset.tag=x")
     make_synthetic_run(Storage(), join(str(tmp_path / "store"), "runs", "r"), num_classes=4,
                        splits={"labeled": {"utts": 8, "parts": 1}})
     run = join(str(tmp_path / "store"), "runs", "r")

@@ -348,7 +348,7 @@ def test_a_student_trains_on_a_window_of_partitions_and_its_card_names_them(
         f"storage.root={store}", f"data.corpus={corpus}", "features.labels=ctm",
         "select.splits=labeled,unlabeled,dev", "repartition.days=5",
         f"repartition.to_date={days[1]}", "train.workers=1", "train.model=student",
-        "train.recipe=ssl", "train.epochs=1"])
+        "train.regime=ssl", "train.epochs=1"])
     sel = select_step.run(StepContext(cfg, "stu", "select"))
     assert sel["inputs"]["splits"] == ["labeled", "dev"]  # unlabeled: the window's
     feats = features_step.run(StepContext(cfg, "stu", "features"))

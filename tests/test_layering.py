@@ -1,6 +1,8 @@
 """The house rules as a test: layers import downward only, no import cycle, short functions.
 
-Layers are folders, ranked bottom to top (DESIGN.md §1, docs/explanation/architecture.md):
+Layers are folders, ranked bottom to top (docs/explanation/architecture.md, "Layers and
+layout"; in the design of record, DESIGN.md outside the repository, §1 "Shape", its list
+"Layers, top to bottom"):
     core/                       the base: config, storage, the run layout, records, model card
     tasks/ < alignment/ < training/ < decoding/ < serving/      the libraries
     amflow/                     the app: CLI, steps, job runners, orchestration, Airflow views

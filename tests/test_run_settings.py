@@ -125,12 +125,12 @@ def test_settings_open_on_a_new_run_is_empty(tmp_path):
 
 def test_a_command_naming_no_model_works_on_the_runs_first_model(tmp_path):
     store = tmp_path / "store"
-    _start(store, "r", "select", ["train.model=student", "train.recipe=ssl"])
+    _start(store, "r", "select", ["train.model=student", "train.regime=ssl"])
     resolved, _, _ = _start(store, "r", "decode", [], config=None)
     assert resolved.config.get("train.model") == "student"
-    assert resolved.config.get("train.recipe") == "ssl"
+    assert resolved.config.get("train.regime") == "ssl"
     # naming a model replaces the run's first model whole
     resolved, _, _ = _start(store, "r", "decode", ["train.model=ctc"], config=None)
     assert resolved.config.get("train.model") == "ctc"
-    assert resolved.config.get("train.recipe") == \
-        resolve_config(CONFIG, []).config.get("train.recipe")
+    assert resolved.config.get("train.regime") == \
+        resolve_config(CONFIG, []).config.get("train.regime")

@@ -62,7 +62,7 @@ def test_step_command_and_summary_parsing():
 
 def test_pool_slots_are_the_cores_a_step_computes_on(tmp_path):
     cfg = tmp_path / "c.yaml"
-    cfg.write_text("train: {threads: 1, teacher_recipe: {threads: 3}}\n")
+    cfg.write_text("train: {threads: 1, teacher_preset: {threads: 3}}\n")
     per_core = P.POOL_SLOTS_PER_CORE
     assert P.pool_slots("train", cfg, ["train.model=student"]) == per_core
     assert P.pool_slots("train", cfg, ["train.model=teacher"]) == 3 * per_core

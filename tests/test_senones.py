@@ -212,12 +212,12 @@ TINY_CHAIN = [
     "align.use_ray=false", "align.mono_iters=4", "align.tri_iters=2", "align.num_senones=250",
     "align.tri_gauss=400", "align.mono_gauss=300", "align.nn_senones=80",
     "align.min_leaf_count=20", "features.labels=align", "ray.num_cpus=2",
-    "train.model=teacher", "train.recipe=labeled", "train.tag=teacher", "decode.tag=teacher",
+    "train.model=teacher", "train.regime=labeled", "train.tag=teacher", "decode.tag=teacher",
     "evaluate.tag=teacher",
     "train.epochs=1", "train.finetune_epochs=0", "train.threads=1",
     "train.phone_weight=0.5",  # the phone-level criterion beside the senones' (CD classes)
-    "train.grow_recipe.epochs=1",  # the embedded default grows (train.grow): one epoch
-    "train.minibatch_frames=256", "train.chunk_frames=16", "train.teacher_recipe={}",
+    "train.grow_preset.epochs=1",  # the embedded default grows (train.grow): one epoch
+    "train.minibatch_frames=256", "train.chunk_frames=16", "train.teacher_preset={}",
     "model.teacher.layers=1", "model.teacher.hidden=16", "lm.sentences=300",
     "decode.acwt=[0.5]", "decode.tune_split=", "decode.workers=1"]
 

@@ -417,7 +417,7 @@ def test_criterion_on_the_loaders_chunk_and_full_minibatches(tmp_path, criterion
     from_loader = [row[:n].numpy() for b in BatchLoader(st, index, full, norm)
                    for row, n in zip(b.labels, b.lengths.tolist())]
     assert sorted(map(tuple, seqs)) == sorted(map(tuple, from_loader))
-    tc = load_config(None, ["train.recipe=sequence", f"train.criterion={criterion}",
+    tc = load_config(None, ["train.regime=sequence", f"train.criterion={criterion}",
                             "train.den_ngram_order=3",
                             "train.sequence_numerator=flexible"]).train
     crit = SequenceCriterion.from_labels(seqs, 6, tc.sequence)

@@ -1,4 +1,4 @@
-"""`amflow sequence` (train.recipe=sequence): sMBR / MMI training of a trained model on the
+"""`amflow sequence` (train.regime=sequence): sMBR / MMI training of a trained model on the
 labeled split; its output dir, metrics, guards, bit-exact resume, and every trainer on two
 ranks."""
 from __future__ import annotations
@@ -23,9 +23,9 @@ from tests.test_train import TINY
 
 torch.set_num_threads(1)
 
-STUDENT = ["train.model=student", "train.recipe=labeled", "train.epochs=3",
+STUDENT = ["train.model=student", "train.regime=labeled", "train.epochs=3",
            "train.finetune_epochs=1", "train.tag=base"]
-SEQUENCE = ["train.model=student", "train.recipe=sequence", "train.tag=base", "train.epochs=2",
+SEQUENCE = ["train.model=student", "train.regime=sequence", "train.tag=base", "train.epochs=2",
             "train.lr=0.002", "train.final_lr=0.001", "train.log_every=2"]
 
 

@@ -30,9 +30,9 @@ TINY = ["train.threads=1", "train.minibatch_frames=256", "train.chunk_frames=16"
         "model.teacher.dropout=0", "model.student.lookahead=3", "train.temperature=1",
         "train.labeled_lr_scale=1.5", "train.optimizer=adam", "train.clip_grad_norm=5"]
 # (synthetic features have no clean sources: the teacher recipe's example servers are off)
-TEACHER = ["train.model=teacher", "train.recipe=labeled", "train.epochs=4",
+TEACHER = ["train.model=teacher", "train.regime=labeled", "train.epochs=4",
            "train.finetune_epochs=1", "train.augment.enabled=false"]
-SSL = ["train.model=student", "train.recipe=ssl", "train.sub_epochs=3", "train.finetune_epochs=1"]
+SSL = ["train.model=student", "train.regime=ssl", "train.sub_epochs=3", "train.finetune_epochs=1"]
 
 
 def _synthetic(root: str, **splits) -> dict:
@@ -100,10 +100,10 @@ def test_a_finished_training_is_taken_only_for_the_config_it_trained_with(tmp_pa
     same inputs (operational keys and other trainings' recipes may differ) and names what
     differs otherwise; a summary from before the config was kept is taken, unchecked."""
     _synthetic(str(tmp_path / "store"))
-    common = ["train.model=student", "train.recipe=labeled", "train.epochs=1",
+    common = ["train.model=student", "train.regime=labeled", "train.epochs=1",
               "train.finetune_epochs=0"]
     first = _train(local_cfg, *common)
-    again = _train(local_cfg, *common, "train.log_every=2", "train.sequence_recipe.lr=0.5",
+    again = _train(local_cfg, *common, "train.log_every=2", "train.sequence_preset.lr=0.5",
                    "model.teacher.hidden=8")  # the teacher's section: not this model's
     assert again["finished_at"] == first["finished_at"]
     for change, key in (("train.epochs=2", "train.epochs"),
@@ -194,7 +194,7 @@ def test_distillation_from_topk_targets_trains_a_student(tmp_path, local_cfg):
     soft = [r for r in recs if r.get("kind") == "train" and r["data"] == "unlabeled"]
     assert soft[-1]["loss"] < 0.6 * soft[0]["loss"]
     # the student alone (4 labeled utterances, same schedule) does much worse
-    sup = _train(local_cfg, *knobs, "train.model=student", "train.recipe=labeled",
+    sup = _train(local_cfg, *knobs, "train.model=student", "train.regime=labeled",
                  "train.epochs=4", "train.finetune_epochs=1", "train.tag=sup")
     assert m["dev_frame_acc"] > sup["metrics"]["dev_frame_acc"] + 0.05
 
@@ -372,14 +372,15 @@ def test_the_recipes_are_compared_by_the_keys_they_set_not_as_mappings():
         return {"train": train_fingerprint(load_config(None, list(sets)).train), "kind": "t"}
 
     base = fp("train.model=teacher")
-    assert not {"teacher_recipe", "sequence_recipe", "grow_recipe"} & set(base["train"])
-    for other in ("train.sequence_recipe.lr=0.5", "train.grow_recipe.epochs=30",
-                  "train.teacher_recipe.grow_recipe.epochs=30"):
+    assert not {"teacher_preset", "sequence_preset", "grow_preset"} & set(base["train"])
+    for other in ("train.sequence_preset.lr=0.5", "train.grow_preset.epochs=30",
+                  "train.teacher_preset.grow_preset.epochs=30"):
         assert fingerprint_changes(base, fp("train.model=teacher", other)) == [], other
+    # a fingerprint of before the presets were renamed (their old names)
     old = {**base, "train": {**base["train"], "grow_recipe": {"epochs": 30},
                              "sequence_recipe": {"lr": 0.5}}}
     assert fingerprint_changes(old, base) == []
     # what a recipe sets in the training it applies to still counts
     assert fingerprint_changes(base, fp("train.model=teacher",
-                                        "train.teacher_recipe.epochs=3")) == ["train.epochs"]
+                                        "train.teacher_preset.epochs=3")) == ["train.epochs"]
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from core.config import with_overrides
+from core.config import Resolved, phone_stage
 from core.model_card import ModelCard
 from core.runs import StepError
 from core.senones import ContextTree
@@ -39,7 +39,7 @@ def start_from(storage: Storage, plan: WorkerPlan, uri: str) -> tuple[str, Growt
     num_classes, feat_dim, phones = plan.num_classes, plan.feat_dim, plan.phones
     if not storage.exists(uri):
         hint = (f"(run `amflow train` with train.tag={cfg.train.tag!r} first, or set "
-                "train.init_model)" if cfg.train.recipe == "sequence" else "")
+                "train.init_model)" if cfg.train.regime == "sequence" else "")
         raise StepError(f"train.init_model {uri} not found {hint}".rstrip())
     model, meta = load_model(storage, uri)
     card = ModelCard.from_meta(meta, uri)
@@ -48,7 +48,7 @@ def start_from(storage: Storage, plan: WorkerPlan, uri: str) -> tuple[str, Growt
                         f"input dims; this run trains a {cfg.train.model} on {feat_dim} dims")
     if model.num_classes == num_classes and list(card.phones) == list(phones):
         return uri, None
-    if cfg.train.recipe == "sequence" or not plan.context:
+    if cfg.train.regime == "sequence" or not plan.context:
         raise StepError(f"train.init_model {uri} has {model.num_classes} classes; this run "
                         f"has {num_classes}{' (phones.json)' if phones else ''}: only a "
                         "phone-class model can seed other classes, the leaves of a "
@@ -75,13 +75,13 @@ PHONE_STAGE = "phones"
 def phone_stage_plan(plan: WorkerPlan) -> WorkerPlan:
     """train.grow's first stage: `plan`'s training with one class per phone (the run's
     tree's `phone_tree()`), each stored leaf label trained on as its phone and each top-k
-    target as the teacher's posterior summed per phone, without the phone term, into
-    <train_dir>/phones/."""
+    target as the teacher's posterior summed per phone, into <train_dir>/phones/, with the
+    config the config layer gives that stage (core.config.phone_stage: no phone term)."""
     tree = ContextTree.from_dict(plan.context)
     phones = tree.phone_tree()
     out = join(plan.train_dir, PHONE_STAGE)
     return dataclasses.replace(
-        plan, cfg=with_overrides(plan.cfg, {"train.phone_weight": 0.0}), train_dir=out,
+        plan, cfg=phone_stage(Resolved(plan.cfg)).config, train_dir=out,
         phones=phones.class_names, num_classes=phones.num_leaves, context=phones.to_dict(),
         label_tree=plan.context,
         launch=dataclasses.replace(plan.launch, storage_path=join(out, "ray"),

@@ -74,12 +74,14 @@ log = logging.getLogger(__name__)
 # Keys of config.train that do not change the trained model; a resumed run may differ in them.
 OPERATIONAL_KEYS = {"checkpoint_every", "prefetch", "log_every", "keep_checkpoints", "threads",
                     "fail_after", "tag", "use_gpu"}
-# The recipes: each is applied to the train keys of the training it is for (the teacher's
-# and the sequence recipe when the config loads, grow_recipe to train.grow's grown stage),
+# The presets: each is applied to the train keys of the training it is for (the teacher's
+# and the sequence preset when the config loads, grow_preset to train.grow's grown stage),
 # so what it changes is in those keys already; as a mapping of its own it would make a
 # training it does not apply to differ, e.g. the phone stage when only the grown stage's
-# recipe changed, or a teacher's checkpoint when only the sequence recipe did.
-RECIPE_KEYS = {"teacher_recipe", "ctc_recipe", "sequence_recipe", "grow_recipe"}
+# preset changed, or a teacher's checkpoint when only the sequence preset did. Their old
+# names (*_recipe), which older fingerprints hold, are left out alike.
+RECIPE_KEYS = {"teacher_preset", "ctc_preset", "sequence_preset", "grow_preset",
+               "teacher_recipe", "ctc_recipe", "sequence_recipe", "grow_recipe"}
 
 
 class InjectedFailure(RuntimeError):
@@ -356,8 +358,8 @@ OPERATIONAL_AUGMENT_KEYS = {"servers", "cpus_per_server", "resources", "inflight
 def train_fingerprint(tc: TrainConfig) -> dict[str, Any]:
     """The train.* keys that shape the model, flat as the user writes them (the form
     checkpoints have always stored, so earlier checkpoints still resume)."""
-    train = {k: v for k, v in tc.to_flat().items()
-             if k not in OPERATIONAL_KEYS and k not in RECIPE_KEYS}
+    train = {("recipe" if k == "regime" else k): v for k, v in tc.to_flat().items()
+             if k not in OPERATIONAL_KEYS and k not in RECIPE_KEYS}  # regime: its stored name
     train["augment"] = {k: v for k, v in train["augment"].items()
                         if k not in OPERATIONAL_AUGMENT_KEYS}
     return train
@@ -389,7 +391,7 @@ def config_fingerprint(cfg: Config, inputs: dict[str, Any]) -> dict[str, Any]:
     fp: dict[str, Any] = {"train": train_fingerprint(cfg.train),
                           "model": _model_fingerprint(cfg.model, kind), "inputs": inputs}
     if grows(cfg.train):
-        fp["grow_recipe"] = dict(cfg.train.grow_recipe)
+        fp["grow_recipe"] = dict(cfg.train.grow_preset)  # the name _SUCCESS.json files hold
     return _as_json(fp)
 
 
@@ -425,9 +427,10 @@ def fingerprint_changes(saved: dict[str, Any], current: dict[str, Any]) -> list[
     diff = []
     for key in ("train", "model"):
         diff += _dict_changes(part(saved, key), part(current, key), defaults[key], key)
+    diff = ["train.regime" if d == "train.recipe" else d for d in diff]  # the key's new name
     a, b = saved.get("inputs", {}), current.get("inputs", {})
     diff += [f"inputs.{k}" for k in sorted(set(a) & set(b)) if a[k] != b[k]]
-    diff += [("train.grow_recipe" if k == "grow_recipe" else k)
+    diff += [("train.grow_preset" if k == "grow_recipe" else k)
              for k in sorted(set(saved) | set(current))
              if k not in ("train", "model", "inputs") and saved.get(k) != current.get(k)]
     return diff
@@ -920,7 +923,7 @@ def build_input(trainer: Trainer, right: int) -> InputSource:
 _mix = mix_seed
 
 
-def _dev_metrics(model, storage, dev_index, norm, tc, stack, device, unit, state,
+def _dev_metrics(model, storage, dev_index, norm, tc: TrainConfig, stack, device, unit, state,
                  label_map=None) -> dict:
     s = score_index(model, storage, dev_index, norm, tc, stack, device, label_map=label_map)
     loss_sum, frames, correct = allreduce([s["loss_sum"], s["frames"], s["correct"]], "sum")

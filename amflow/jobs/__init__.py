@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from core.config import Config
 from amflow.jobs.base import (FAILED, PENDING, PROJECT_ROOT, RUNNING, STOPPED, SUCCEEDED,
                               TERMINAL, Emit, RunnerError, default_state_dir)
 from amflow.jobs.container import AWS_ENV, ContainerBackend, default_image, host_paths, is_remote
@@ -29,20 +30,20 @@ from amflow.jobs.naming import (SUMMARY_PREFIX, amflow_run_id, job_id, job_prefi
                                 parse_summary, step_command)
 
 
-def _local(cfg, state_dir: Path | None):
+def _local(cfg: Config, state_dir: Path | None):
     r = cfg.runner
     return LocalBackend(state_dir or Path(r.state_dir or default_state_dir()),
                         cwd=r.workdir or str(PROJECT_ROOT), env=dict(r.env))
 
 
-def _ray_job(cfg, state_dir: Path | None):  # noqa: ARG001 - Ray keeps the state
+def _ray_job(cfg: Config, state_dir: Path | None):  # noqa: ARG001 - Ray keeps the state
     from amflow.jobs.ray_job import RayJobBackend  # imports ray: only when chosen
 
     r = cfg.runner
     return RayJobBackend(r.ray_dashboard, cwd=r.workdir or None, env=dict(r.env))
 
 
-def _container(cfg, state_dir: Path | None):
+def _container(cfg: Config, state_dir: Path | None):
     r = cfg.runner
     cwd = r.workdir or str(PROJECT_ROOT)
     # inputs elsewhere (a model URI, a lexicon) must lie under these, the working dir or S3
@@ -58,7 +59,7 @@ def _container(cfg, state_dir: Path | None):
 BACKENDS = {"local": _local, "container": _container, "ray_job": _ray_job}
 
 
-def make_backend(cfg, state_dir: Path | None = None):
+def make_backend(cfg: Config, state_dir: Path | None = None):
     """The job backend of `runner.mode`."""
     return BACKENDS[cfg.runner.mode](cfg, state_dir)
 

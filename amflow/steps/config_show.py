@@ -5,7 +5,7 @@
     amflow config show --run-id R --step S          what step S of run R ran with
 
 Without --run-id it resolves the config as `amflow S` would (the step's implied settings,
-e.g. sequence's train.recipe=sequence, included), with `--stage grown` as train.grow's
+e.g. sequence's train.regime=sequence, included), with `--stage grown` as train.grow's
 grown stage trains. With --run-id it prints what that step recorded when it finished
 (`<run>/<step>/_config.json`). Only keys not at the schema's default unless --all.
 """

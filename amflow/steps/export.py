@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from core.config import DecodeConfig
 from amflow.steps import decode as decode_step
 from core.runs import StepContext, StepError, step_dir_name
 from core.storage import digest_of
@@ -51,7 +52,7 @@ def graphs(model, card, quantize: str | None) -> dict[str, bytes]:
     return out
 
 
-def beside(decoder, acwt: float, acwt_from: str, dc) -> dict[str, str]:
+def beside(decoder, acwt: float, acwt_from: str, dc: DecodeConfig) -> dict[str, str]:
     """card.json, classes.txt, features.json, decoding.json: what a deployment needs."""
     from serving.onnx_export import features_json
 

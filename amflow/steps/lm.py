@@ -6,6 +6,7 @@ import functools
 import time
 from typing import Any
 
+from core.config import LmConfig
 from core.runs import StepContext
 from decoding.lm import dev_test_metrics, estimate, lexicon_vocabulary
 from decoding.lm_sources import fit_warnings, lm_text
@@ -27,7 +28,7 @@ def _already_done(ctx: StepContext) -> dict | None:
     return None
 
 
-def _text_config(lc: Any) -> list:
+def _text_config(lc: LmConfig) -> list:
     """The lm.* keys that choose the text (a finished LM of other text is redone)."""
     return [lc.sentences, lc.seed, lc.text_split, lc.source, lc.text_file]
 

@@ -26,7 +26,10 @@ from __future__ import annotations
 import argparse
 import importlib
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
+
+if TYPE_CHECKING:
+    from core.config import Config
 
 # Resources classes: what a step holds on one machine (amflow.orchestration.pools).
 LIGHT = "light"  # I/O and short scoring: a quarter core, beside steps that hold every core
@@ -181,7 +184,7 @@ def _config_args(p: argparse.ArgumentParser) -> None:
                         "--run-id: the step folder (e.g. train-teacher) whose recorded config "
                         "to show")
     p.add_argument("--stage", choices=["grown"], help="grown: train.grow's second stage "
-                   "(train.grow_recipe laid over the training's values)")
+                   "(train.grow_preset laid over the training's values)")
     p.add_argument("--all", action="store_true", help="every key, defaults included")
 
 
@@ -285,7 +288,7 @@ STEPS: dict[str, Step] = {
               "run's train[-<train.tag>]/model.pt)",
         writes="runs/<id>/sequence[-<train.tag>]/: checkpoints/, model.pt, metrics.jsonl, "
                "learning_curve.png, _SUCCESS.json (denominator graph size)",
-        sets=("train.recipe=sequence",), resources=GPU, placed=True, report=MODEL,
+        sets=("train.regime=sequence",), resources=GPU, placed=True, report=MODEL,
         config_sections=("train", "model")),
     "evaluate": Step(
         "amflow.steps.evaluate:run", "frame accuracy and phone error rate per condition",
@@ -361,7 +364,7 @@ STEPS: dict[str, Step] = {
     "config": Step(
         "amflow.steps.config_show:run",
         "show the resolved config: each key's value and where it came from",
-        reads="--config and --set (recipes included), or with --run-id the step's recorded "
+        reads="--config and --set (presets included), or with --run-id the step's recorded "
               "<run>/<step>/_config.json",
         writes="the table on stdout", needs_run=False, in_a_run=False,
         add_args=_config_args),
@@ -395,7 +398,7 @@ def load_entry(entry: str) -> Callable[..., Any]:
     return getattr(importlib.import_module(module), func)
 
 
-def step_context(name: str, cfg: Any, run_id: str | None, force: bool = False) -> Any:
+def step_context(name: str, cfg: Config, run_id: str | None, force: bool = False) -> Any:
     """What `run(ctx, args)` gets: the run's StepContext when the step runs in a run
     (--run-id, or its default run), else a NoRunContext."""
     from core.runs import StepContext  # pyarrow: not at import (`amflow --help`)

@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from core.config import SelectConfig
 from core.progress import Progress
 from core.runs import SUCCESS, StepContext, StepError, rejects_table
 from tasks.intervals import Interval, IntervalError
@@ -35,7 +36,7 @@ def _adopt_files_fingerprint(ctx: StepContext, plan: dict[str, Any]) -> None:
         st.write_json(uri, plan)
 
 
-def _inputs(ctx: StepContext, corpus: str, scfg: Any
+def _inputs(ctx: StepContext, corpus: str, scfg: SelectConfig
             ) -> tuple[list[str], dict[str, Any], Interval | None]:
     """(the metadata files to read, the selection plan, the data interval or None)."""
     st = ctx.storage

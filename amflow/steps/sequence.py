@@ -11,6 +11,6 @@ from amflow.steps import train
 
 def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
     if ctx.cfg.train.recipe != "sequence":
-        raise ConfigError("train.recipe", f"is {ctx.cfg.train.recipe}; `amflow sequence` "
-                          "runs the sequence recipe")
+        raise ConfigError("train.regime", f"is {ctx.cfg.train.recipe}; `amflow sequence` "
+                          "runs the sequence regime")
     return train.run(ctx, args)

@@ -22,7 +22,7 @@ from serving import app
 from amflow.steps.train_plan import train_dir_name
 
 
-def serve_context(ctx, model: str | None) -> tuple[StepContext, str]:
+def serve_context(ctx: Any, model: str | None) -> tuple[StepContext, str]:
     """A StepContext on the model's run (…/runs/<R>/<train dir>/model.pt), where the
     graph, LM and tuned acwt live; --run-id wins; a context with no run needs --model."""
     if ctx.run_id:
@@ -124,7 +124,7 @@ def onnx_uri(ctx: StepContext) -> str:
     return uri
 
 
-def run(ctx, args) -> dict:
+def run(ctx: Any, args: Any) -> dict:
     """`amflow serve`: deploy, print the URL, keep serving until interrupted."""
     ctx, model = serve_context(ctx, getattr(args, "model", None))
     t0 = time.perf_counter()

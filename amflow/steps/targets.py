@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 from typing import Any, Iterable
 
+from core.config import TargetsConfig
 from core.raycluster import runs_inline
 from core.runs import StepContext, StepError
 from tasks.target_plan import feature_shards, scoring_plan, teacher_uri
@@ -151,7 +152,7 @@ def _score(ctx: StepContext, model_uri: str, todo: list[str]
     return stats, actor_info, t0 - t_start, time.perf_counter() - t0
 
 
-def _fidelity_frames(tc, shards: int) -> int:
+def _fidelity_frames(tc: TargetsConfig, shards: int) -> int:
     """Each shard's share of the fidelity sample: a budget for the whole step, spread over
     the shards (the full softmax per k costs more than scoring itself)."""
     return -(-tc.fidelity_sample_frames // shards)

@@ -19,8 +19,8 @@ def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
     cfg = ctx.cfg
     tc = cfg.train
     if tc.model == "teacher" and tc.recipe == "ssl":
-        raise ConfigError("train.recipe", "the teacher trains on labeled data only "
-                          "(recipe labeled); ssl is the student's recipe")
+        raise ConfigError("train.regime", "the teacher trains on labeled data only "
+                          "(regime labeled); ssl is the student's regime")
     step = train_dir_name(tc.tag, tc.recipe)
     if ctx.step != step:
         started = ctx.started

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as _dt
+import types
 import typing
 from typing import Any
 
@@ -15,9 +16,11 @@ from core.config.train import TRAIN_KEYS, TrainConfig, replace_train, train_key_
 
 
 def coerce(value: Any, tp: Any, key: str) -> Any:
-    if tp is Any:  # checked where it is used (e.g. train.teacher_recipe)
+    if tp is Any:  # checked where it is used (e.g. train.teacher_preset)
         return value
     origin = typing.get_origin(tp)
+    if origin in (types.UnionType, typing.Union):  # e.g. targets.fp16: bool | str
+        return _coerce_either(value, typing.get_args(tp), key)
     if tp is TrainConfig:
         check(isinstance(value, dict), key, f"must be a mapping, got {type(value).__name__}")
         return _build_train(value, key)
@@ -62,6 +65,18 @@ def coerce(value: Any, tp: Any, key: str) -> Any:
                f"must be a string, got {value!r}")
         return str(value)
     raise ConfigError(key, f"unsupported type {tp}")
+
+
+def _coerce_either(value: Any, options: tuple, key: str) -> Any:
+    """`value` as the first of `options` it can be (the section's validate() then checks
+    which values of that type it takes); else the error of each, named by the key."""
+    reasons = []
+    for tp in options:
+        try:
+            return coerce(value, tp, key)
+        except ConfigError as e:
+            reasons.append(e.reason)
+    raise ConfigError(key, " or ".join(reasons))
 
 
 def build(cls: type, data: dict[str, Any], prefix: str) -> Any:

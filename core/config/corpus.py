@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import datetime as _dt
 from dataclasses import dataclass, field
-from typing import Any
 
 from core.config.errors import ConfigError, check
 
@@ -89,9 +88,9 @@ class IngestConfig:
     # Kaldi lexicon.txt URI: transcripts with a word not in it are oov_words rejects, and
     # it is copied to <out>/lexicon.txt (what `amflow decode` reads). Empty: no check.
     lexicon: str = ""
-    # ISO 8601 time for every record; empty = the audio file's modification time. (Any:
-    # YAML reads an unquoted timestamp as a datetime; validate() turns it into the string.)
-    created_at: Any = ""
+    # ISO 8601 time for every record; empty = the audio file's modification time (YAML
+    # reads an unquoted timestamp as a datetime: loading turns it into its ISO string).
+    created_at: str = ""
     condition: str = ""  # written as `condition` when set (e.g. the recording setup)
     clean: bool = False  # mark the records `clean: true` (close-talk, dry audio): clean sources for align.audio/evaluate.audio=clean and the example servers
     # Base of relative audio paths; empty = the Kaldi data dir / the recordings

@@ -3,12 +3,13 @@
 (`<run>/<step>/_config.json`), so a run's effective settings are read in one place."""
 from __future__ import annotations
 
+import copy
 import json
 from typing import Any
 
 from core.config.coercion import build
 from core.config.loading import Resolved
-from core.config.overlays import DEFAULT
+from core.config.overlays import DEFAULT, rename_old_keys, renamed
 from core.config.schema import Config, user_keys
 
 CONFIG_RECORD = "_config.json"
@@ -40,6 +41,9 @@ def record(resolved: Resolved, argv: list[str]) -> dict[str, Any]:
 
 
 def rows_of_record(rec: dict[str, Any], everything: bool = False) -> list[tuple[str, Any, str]]:
-    """rows() of a recorded config (`_config.json`)."""
-    resolved = Resolved(build(Config, rec["config"], ""), rec.get("sources", {}))
-    return rows(resolved, everything)
+    """rows() of a recorded config (`_config.json`); one recorded before train.*_recipe
+    became train.*_preset and train.recipe train.regime is shown under the new names."""
+    data = copy.deepcopy(rec["config"])
+    rename_old_keys(data, warn=False)
+    sources = {renamed(k): v for k, v in rec.get("sources", {}).items()}
+    return rows(Resolved(build(Config, data, ""), sources), everything)

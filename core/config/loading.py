@@ -1,4 +1,4 @@
-"""Defaults <- YAML file <- `--set key=value` overrides <- recipes, coerced and validated;
+"""Defaults <- YAML file <- `--set key=value` overrides <- presets, coerced and validated;
 the one place a key's effective value is decided, and the record of where it came from."""
 from __future__ import annotations
 
@@ -12,18 +12,19 @@ import yaml
 
 from core.config.coercion import build, coerce, deep_update
 from core.config.errors import ConfigError
-from core.config.overlays import DEFAULT, apply_recipes, grown_stage_label, mark_sources, \
-    read_recipe_files
+from core.config.overlays import DEFAULT, apply_presets, grown_stage_label, mark_sources, \
+    new_key, read_preset_files, rename_old_keys
 from core.config.schema import Config
 from core.config.train import TRAIN_KEYS, TRAIN_SECTIONS, TrainConfig
 
 
 def parse_override(item: str) -> tuple[str, Any]:
-    """`a.b=c` -> ("a.b", parsed YAML scalar of c). Empty value is the empty string."""
+    """`a.b=c` -> ("a.b", parsed YAML scalar of c). Empty value is the empty string. An old
+    key (`train.teacher_recipe`) comes back as its new name, with a WARNING."""
     if "=" not in item:
         raise ConfigError(item, "override must look like key=value")
     key, raw = item.split("=", 1)
-    key = key.strip()
+    key = new_key(key.strip())
     if not key:
         raise ConfigError(item, "override has an empty key")
     value = yaml.safe_load(raw) if raw.strip() else ""
@@ -85,8 +86,8 @@ def _nest(key: str, value: Any) -> dict:
 @dataclass
 class Resolved:
     """A loaded config and where each key's value came from: `sources` maps a user key
-    (`train.lr`) to "--set", the config file's path, or the recipe that set it
-    ("train.teacher_recipe (configs/recipes/teacher.yaml)"); a key not in it is a default."""
+    (`train.lr`) to "--set", the config file's path, or the preset that set it
+    ("train.teacher_preset (configs/presets/teacher.yaml)"); a key not in it is a default."""
     config: Config
     sources: dict[str, str] = field(default_factory=dict)
 
@@ -102,27 +103,29 @@ class Resolved:
 
 def resolve_config(path: str | Path | None = None,
                    overrides: list[str] | None = None) -> Resolved:
-    """Defaults <- YAML file <- `key=value` overrides <- the recipes that apply (an
-    explicit --set still wins over a recipe), then every section validated."""
+    """Defaults <- YAML file <- `key=value` overrides <- the presets that apply (an
+    explicit --set still wins over a preset), then every section validated."""
     data: dict[str, Any] = {}
     sources: dict[str, str] = {}
-    labels: dict[str, str] = {}  # recipe -> the file it was read from
+    labels: dict[str, str] = {}  # preset -> the file it was read from
     if path:
         data = _read_config_file(Path(path))
+        rename_old_keys(data)
         mark_sources(sources, data, str(path))
-        read_recipe_files(data, Path(path).parent, labels, sources)
+        read_preset_files(data, Path(path).parent, labels, sources)
     explicit: set[str] = set()
     for item in overrides or []:
         key, value = parse_override(item)
         explicit.add(key)
         deep_update(data, _nest(key, value))
         mark_sources(sources, _nest(key, value), "--set")
-    apply_recipes(data, explicit, sources, labels)
+    rename_old_keys(data)  # a mapping --set whole may hold an old key
+    apply_presets(data, explicit, sources, labels)
     return Resolved(build(Config, data, ""), sources)
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
-    """Defaults <- YAML file <- `key=value` overrides <- recipes, validated."""
+    """Defaults <- YAML file <- `key=value` overrides <- presets, validated."""
     return resolve_config(path, overrides).config
 
 
@@ -137,7 +140,7 @@ def _read_config_file(p: Path) -> dict[str, Any]:
 
 def with_overrides(cfg: Config, values: dict[str, Any]) -> Config:
     """A copy of `cfg` with user keys set (`{"train.lr": 0.5, "model.student.layers": 2}`),
-    coerced and validated as `--set` would be (recipes are not re-applied)."""
+    coerced and validated as `--set` would be (presets are not re-applied)."""
     data = cfg.to_dict()
     for key, value in values.items():
         deep_update(data, _nest(key, value))
@@ -145,13 +148,24 @@ def with_overrides(cfg: Config, values: dict[str, Any]) -> Config:
 
 
 def grown_stage(resolved: Resolved) -> Resolved:
-    """train.grow's second stage: train.grow_recipe's values over the training's own (the
+    """train.grow's second stage: train.grow_preset's values over the training's own (the
     phone-class model grown into the leaves trains on with these; training/launch.py)."""
     cfg = resolved.config
     sources = dict(resolved.sources)
-    mark_sources(sources, {"train": dict(cfg.train.grow_recipe)}, grown_stage_label(sources))
+    mark_sources(sources, {"train": dict(cfg.train.grow_preset)}, grown_stage_label(sources))
     return Resolved(with_overrides(cfg, {f"train.{k}": v
-                                         for k, v in cfg.train.grow_recipe.items()}), sources)
+                                         for k, v in cfg.train.grow_preset.items()}), sources)
+
+
+def phone_stage(resolved: Resolved) -> Resolved:
+    """train.grow's first stage: the training's own values without the phone term
+    (train.phone_weight 0: its classes are the phones, so the term would score each frame's
+    phone twice; training/launch.py phone_stage_plan trains it)."""
+    sources = {**resolved.sources, "train.phone_weight": PHONE_STAGE_LABEL}
+    return Resolved(with_overrides(resolved.config, {"train.phone_weight": 0.0}), sources)
+
+
+PHONE_STAGE_LABEL = "train.grow's phone stage (one class per phone: no phone term)"
 
 
 def config_to_yaml(cfg: Config) -> str:

@@ -1,38 +1,97 @@
-"""The recipes as overlays: train.* values laid over a config's own for one kind of training,
-and the record of where each key's value came from.
+"""The presets: train.* values laid over a config's own for one kind of training, and the
+record of where each key's value came from.
 
-`train.teacher_recipe` (when train.model is teacher), `train.ctc_recipe` (when train.model
-is ctc), `train.sequence_recipe` (when
-train.recipe is sequence) and `train.grow_recipe` (train.grow's grown stage) are each a
-mapping of train.* keys, or the path of a YAML file holding one (relative to the config file
-that names it; `--set` paths relative to the working directory). The sequence and grow
-defaults are files too (recipes/*.yaml beside this module). So a training's effective
-`train.lr` is read in one file, and `amflow config show` says which.
+`train.teacher_preset` (when train.model is teacher), `train.ctc_preset` (when train.model
+is ctc), `train.sequence_preset` (when train.regime is sequence) and `train.grow_preset`
+(train.grow's grown stage) are each a mapping of train.* keys, or the path of a YAML file
+holding one (relative to the config file that names it; `--set` paths relative to the
+working directory). The shipped presets, the sequence and grow defaults among them, are
+files in configs/presets/. So a training's effective `train.lr` is read in one file, and
+`amflow config show` says which.
+
+They were called recipes (`train.teacher_recipe`, ...), and train.regime was train.recipe,
+before "recipe" came to mean a named pipeline of runs (configs/recipes/): the old keys are
+still read, with a WARNING naming the new one (OLD_KEYS).
 """
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
 from core.config.coercion import coerce
 from core.config.errors import ConfigError
 from core.config.schema import user_keys
-from core.config.train import GROW_RECIPE, RECIPES_DIR, TRAIN_KEYS, TrainConfig, \
-    read_recipe_file, train_key_type
+from core.config.train import GROW_PRESET, PRESETS_DIR, TRAIN_KEYS, TrainConfig, \
+    read_preset_file, train_key_type
+
+log = logging.getLogger(__name__)
 
 DEFAULT = "default"
-RECIPE_NAMES = ("teacher_recipe", "ctc_recipe", "sequence_recipe", "grow_recipe")
-# A grown stage's recipe (train.grow_recipe, train.teacher_recipe.grow_recipe) is the same
+PRESET_NAMES = ("teacher_preset", "ctc_preset", "sequence_preset", "grow_preset")
+# train.* names from before "recipe" meant a pipeline of runs: accepted, with a WARNING.
+OLD_KEYS = {"teacher_recipe": "teacher_preset", "ctc_recipe": "ctc_preset",
+            "sequence_recipe": "sequence_preset", "grow_recipe": "grow_preset",
+            "recipe": "regime"}
+# A grown stage's preset (train.grow_preset, train.teacher_preset.grow_preset) is the same
 # training, grown: it cannot set what starts or names it.
-NOT_IN_A_GROWN_RECIPE = frozenset({"grow", "init_model", "tag", "grow_recipe"})
-_DEFAULT_FILES = {"sequence_recipe": RECIPES_DIR / "sequence.yaml",
-                  "grow_recipe": RECIPES_DIR / "grow.yaml"}
+NOT_IN_A_GROWN_PRESET = frozenset({"grow", "init_model", "tag", "grow_preset"})
+_DEFAULT_FILES = {"sequence_preset": PRESETS_DIR / "sequence.yaml",
+                  "grow_preset": PRESETS_DIR / "grow.yaml"}
+
+
+def new_key(key: str) -> str:
+    """A dotted user key with an old name (`train.teacher_recipe.epochs`, `train.recipe`)
+    spelled the new way (`train.teacher_preset.epochs`, `train.regime`), with a WARNING
+    naming both."""
+    new = renamed(key)
+    if new != key:
+        _warn_old(key, new)
+    return new
+
+
+def renamed(key: str) -> str:
+    """new_key without the WARNING (a record written before the rename is read as is)."""
+    parts = key.split(".")
+    if parts[0] != "train" or not OLD_KEYS.keys() & set(parts[1:3]):
+        return key
+    return ".".join([parts[0], *(OLD_KEYS.get(p, p) for p in parts[1:3]), *parts[3:]])
+
+
+def rename_old_keys(data: dict[str, Any], warn: bool = True) -> None:
+    """A config mapping's old train keys (train.teacher_recipe, train.recipe, and a
+    teacher preset's grow_recipe) renamed in place to the new ones, with a WARNING naming
+    both unless not `warn` (a record written before the rename)."""
+    train = data.get("train")
+    if not isinstance(train, dict):
+        return
+    _rename_in(train, "train", warn)
+    teacher = train.get("teacher_preset")
+    if isinstance(teacher, dict):
+        _rename_in(teacher, "train.teacher_preset", warn)
+
+
+def _rename_in(mapping: dict[str, Any], where: str, warn: bool = True) -> None:
+    for old in [k for k in mapping if k in OLD_KEYS]:
+        new = OLD_KEYS[old]
+        if new in mapping:
+            raise ConfigError(f"{where}.{old}", f"is the old name of {where}.{new}, which is "
+                                                "set too: keep one")
+        if warn:
+            _warn_old(f"{where}.{old}", f"{where}.{new}")
+        mapping[new] = mapping.pop(old)
+
+
+def _warn_old(old: str, new: str) -> None:
+    log.warning("config key %s is now %s (\"recipe\" now names a pipeline of runs, "
+                "configs/recipes/; the train.* overlays are presets): reading it as %s",
+                old, new, new)
 
 
 def mark_sources(sources: dict[str, str], data: dict[str, Any], source: str,
                  prefix: str = "") -> None:
     """Record `source` for every user key `data` sets (a key that holds a mapping, e.g.
-    runner.env or train.teacher_recipe, is recorded whole); what it replaces is forgotten."""
+    runner.env or train.teacher_preset, is recorded whole); what it replaces is forgotten."""
     whole = _mapping_keys()
     for k, v in data.items():
         key = f"{prefix}{k}"
@@ -53,26 +112,28 @@ def _mapping_keys() -> set[str]:
     return _MAPPING_KEYS
 
 
-def read_recipe_files(data: dict[str, Any], base_dir: Path, labels: dict[str, str],
+def read_preset_files(data: dict[str, Any], base_dir: Path, labels: dict[str, str],
                       sources: dict[str, str]) -> None:
-    """Replace each recipe named by its file with the file's mapping (so `--set
-    train.teacher_recipe.epochs=3` still lays over the file's other keys), remembering in
+    """Replace each preset named by its file with the file's mapping (so `--set
+    train.teacher_preset.epochs=3` still lays over the file's other keys), remembering in
     `labels` how the values it sets are labelled in the sources."""
     train = data.get("train")
-    for name in RECIPE_NAMES if isinstance(train, dict) else ():
+    for name in PRESET_NAMES if isinstance(train, dict) else ():
         value = train.get(name)
         if isinstance(value, str):
             path = Path(value) if Path(value).is_absolute() else base_dir / value
-            train[name] = read_recipe_file(path, f"train.{name}")
+            train[name] = read_preset_file(path, f"train.{name}")
+            if name == "teacher_preset":  # a teacher preset file may hold a grow_recipe
+                _rename_in(train[name], f"train.{name}")
             labels[name] = f"train.{name} ({_shown(path)})"
             sources[f"train.{name}"] = _shown(path)
 
 
-def apply_recipes(data: dict[str, Any], explicit: set[str], sources: dict[str, str],
+def apply_presets(data: dict[str, Any], explicit: set[str], sources: dict[str, str],
                   labels: dict[str, str]) -> None:
-    """train.teacher_recipe's keys replace train.* when train.model is teacher (the
-    end-to-end student's, train.ctc_recipe, when it is ctc), then
-    train.sequence_recipe's when train.recipe is sequence; sources records each.
+    """train.teacher_preset's keys replace train.* when train.model is teacher (the
+    end-to-end student's, train.ctc_preset, when it is ctc), then
+    train.sequence_preset's when train.regime is sequence; sources records each.
 
     The teacher is trained differently from the students (bigger, longer, regularised
     harder) on the same labeled data, and sequence training is a short, slow-rate stage
@@ -81,17 +142,17 @@ def apply_recipes(data: dict[str, Any], explicit: set[str], sources: dict[str, s
     train = data.get("train")
     if not isinstance(train, dict):
         return
-    read_recipe_files(data, Path.cwd(), labels, sources)  # `--set train.<recipe>=FILE`
-    labels = {name: labels.get(name) or _label(train, name, sources) for name in RECIPE_NAMES}
-    if isinstance(train.get("grow_recipe"), dict):  # a key set: the others keep their defaults
-        train["grow_recipe"] = {**GROW_RECIPE, **train["grow_recipe"]}
-    _recipe_keys(train, "grow_recipe")  # checked here, applied by train.grow's second stage
-    for name, applies in (("teacher_recipe", train.get("model") == "teacher"),
-                          ("ctc_recipe", train.get("model") == "ctc"),
-                          ("sequence_recipe", train.get("recipe") == "sequence")):
-        recipe = _recipe_keys(train, name)
+    read_preset_files(data, Path.cwd(), labels, sources)  # `--set train.<preset>=FILE`
+    labels = {name: labels.get(name) or _label(train, name, sources) for name in PRESET_NAMES}
+    if isinstance(train.get("grow_preset"), dict):  # a key set: the others keep their defaults
+        train["grow_preset"] = {**GROW_PRESET, **train["grow_preset"]}
+    _preset_keys(train, "grow_preset")  # checked here, applied by train.grow's second stage
+    for name, applies in (("teacher_preset", train.get("model") == "teacher"),
+                          ("ctc_preset", train.get("model") == "ctc"),
+                          ("sequence_preset", train.get("regime") == "sequence")):
+        preset = _preset_keys(train, name)
         if applies:
-            _lay_over(train, recipe, explicit, sources, labels[name])
+            _lay_over(train, preset, explicit, sources, labels[name])
     _pseudolabel_epochs(train, explicit, sources)
 
 
@@ -107,32 +168,32 @@ def _pseudolabel_epochs(train: dict[str, Any], explicit: set[str],
                                    f"({sources.get('train.pseudolabel_epochs', DEFAULT)})")
 
 
-def _lay_over(train: dict[str, Any], recipe: dict[str, Any], explicit: set[str],
+def _lay_over(train: dict[str, Any], preset: dict[str, Any], explicit: set[str],
               sources: dict[str, str], label: str) -> None:
-    for k, v in recipe.items():
+    for k, v in preset.items():
         if f"train.{k}" in explicit:
             continue
         # a mapping (augment) merges: `--set train.augment.enabled=false` still wins
         mine = {sub.split(".", 2)[2] for sub in explicit if sub.startswith(f"train.{k}.")}
-        if k == "grow_recipe":  # the teacher's own grown stage, over the shared one
-            v = {**(train.get(k) or GROW_RECIPE), **v}  # (merged with it above)
+        if k == "grow_preset":  # the teacher's own grown stage, over the shared one
+            v = {**(train.get(k) or GROW_PRESET), **v}  # (merged with it above)
         if isinstance(v, dict) and mine and isinstance(train.get(k), dict):
             v = {**v, **{m: train[k][m] for m in mine if m in train[k]}}
         train[k] = v
         laid = v  # train.augment's keys one by one: those --set here keep their source
-        if isinstance(recipe[k], dict) and k != "grow_recipe":
-            laid = {m: x for m, x in recipe[k].items() if m not in mine}
+        if isinstance(preset[k], dict) and k != "grow_preset":
+            laid = {m: x for m, x in preset[k].items() if m not in mine}
         mark_sources(sources, {"train": {k: laid}}, label)
 
 
 def grown_stage_label(sources: dict[str, str]) -> str:
-    """How values of train.grow's grown stage are labelled: the grow recipe and its file."""
-    where = sources.get("train.grow_recipe") or _shown(_DEFAULT_FILES["grow_recipe"])
-    return f"train.grow_recipe ({where})"
+    """How values of train.grow's grown stage are labelled: the grow preset and its file."""
+    where = sources.get("train.grow_preset") or _shown(_DEFAULT_FILES["grow_preset"])
+    return f"train.grow_preset ({where})"
 
 
 def _label(train: dict[str, Any], name: str, sources: dict[str, str]) -> str:
-    """How values of a recipe given inline (or the default file) are labelled."""
+    """How values of a preset given inline (or the default file) are labelled."""
     if name not in train and name in _DEFAULT_FILES:
         return f"train.{name} ({_shown(_DEFAULT_FILES[name])})"
     return f"train.{name} (in {sources.get(f'train.{name}', DEFAULT)})"
@@ -145,32 +206,32 @@ def _shown(path: Path) -> str:
         return str(path)
 
 
-def _recipe_keys(train: dict[str, Any], name: str) -> dict[str, Any]:
+def _preset_keys(train: dict[str, Any], name: str) -> dict[str, Any]:
     """train.<name>, checked: a mapping of train.* keys with values of their types."""
     default = getattr(TrainConfig(), name)
-    recipe = train.get(name, default) or {}
-    if not isinstance(recipe, dict):
+    preset = train.get(name, default) or {}
+    if not isinstance(preset, dict):
         raise ConfigError(f"train.{name}", "must be a mapping of train.* keys or the path "
                                            "of a YAML file holding one")
-    names = set(TRAIN_KEYS) - {*RECIPE_NAMES, "model", "recipe"}
-    if name == "teacher_recipe":  # the teacher may grow longer than the students
-        names.add("grow_recipe")
-    if name == "grow_recipe":
-        names -= NOT_IN_A_GROWN_RECIPE
-    _check_recipe(recipe, names, f"train.{name}")
-    return recipe
+    names = set(TRAIN_KEYS) - {*PRESET_NAMES, "model", "regime"}
+    if name == "teacher_preset":  # the teacher may grow longer than the students
+        names.add("grow_preset")
+    if name == "grow_preset":
+        names -= NOT_IN_A_GROWN_PRESET
+    _check_preset(preset, names, f"train.{name}")
+    return preset
 
 
-def _check_recipe(recipe: dict[str, Any], names: set[str], where: str) -> None:
-    """Each key of `recipe` one of `names`, its value of that train key's type (a nested
-    grow_recipe checked alike)."""
-    for k, v in recipe.items():
+def _check_preset(preset: dict[str, Any], names: set[str], where: str) -> None:
+    """Each key of `preset` one of `names`, its value of that train key's type (a nested
+    grow_preset checked alike)."""
+    for k, v in preset.items():
         if k not in names:
-            raise ConfigError(f"{where}.{k}", f"not a train key that a recipe can set "
+            raise ConfigError(f"{where}.{k}", f"not a train key that a preset can set "
                                               f"(known: {', '.join(sorted(names))})")
-        if k == "grow_recipe":
+        if k == "grow_preset":
             if not isinstance(v, dict):
                 raise ConfigError(f"{where}.{k}", "must be a mapping of train.* keys")
-            _check_recipe(v, names - NOT_IN_A_GROWN_RECIPE, f"{where}.{k}")
+            _check_preset(v, names - NOT_IN_A_GROWN_PRESET, f"{where}.{k}")
         else:
             coerce(v, train_key_type(k), f"{where}.{k}")

@@ -161,7 +161,7 @@ class TargetsConfig:
     num_gpus_per_actor: float = -1.0  # -1: 1 when the cluster has GPUs and device allows
     # Half precision on GPU: true | false | auto (fp16 on GPUs before Ampere, where it is
     # faster; fp32 from Ampere on, where TF32 is: amflow/precision.py, bench/GPU.md).
-    fp16: Any = "auto"
+    fp16: bool | str = "auto"
     fp16_on_cpu: bool = False  # run the fp16 GPU path on CPU (tests, debugging)
     # CPU actors: auto = bf16 when the CPU has native bf16 (AMX / AVX512-BF16), else fp32.
     cpu_precision: str = "auto"  # auto | fp32 | bf16

@@ -1,7 +1,8 @@
-"""`train.*`: the user's flat keys, grouped into typed sections, and the recipes."""
+"""`train.*`: the user's flat keys, grouped into typed sections, and the presets."""
 from __future__ import annotations
 
 import dataclasses
+import logging
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -10,6 +11,8 @@ from typing import Any
 import yaml
 
 from core.config.errors import ConfigError, check
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -24,7 +27,7 @@ class AugmentConfig:
     `snr_db`. Then with `speed_prob` a speed factor from `speeds` (labels stretched with
     it) and with `vtlp_prob` a VTLP warp factor from `vtlp` (mel filters warped).
     """
-    enabled: bool = False  # re-render the labeled utterances every epoch (labeled recipe only)
+    enabled: bool = False  # re-render the labeled utterances every epoch (labeled regime only)
     # With `stored_prob` an utterance keeps the corpus's own rendering of it (its
     # `audio_uri`: the test conditions' renderer) and gets only speed and VTLP; the rest
     # are re-rendered from the clean source as below.
@@ -80,30 +83,50 @@ class AugmentConfig:
         check(self.inflight >= 1, f"{key}.inflight", "must be >= 1")
 
 
-# The recipes' defaults are YAML overlays beside this file (recipes/*.yaml): the values
-# a sequence stage and a grown stage train with, readable in one file each.
-RECIPES_DIR = Path(__file__).parent / "recipes"
+# The presets: YAML overlays of train.* values for one kind of training (the teacher's, the
+# CTC student's, a sequence stage's, a grown stage's), all in one folder, configs/presets/
+# (an editable install keeps configs/ beside the code: infra/docker/Dockerfile). The
+# sequence and grow presets are the defaults of train.sequence_preset and train.grow_preset.
+PRESETS_DIR = Path(__file__).resolve().parents[2] / "configs" / "presets"
+# Where the presets lived before they were renamed from recipes (configs/recipes/,
+# core/config/recipes/; a "recipe" is now a named pipeline of runs, in configs/recipes/):
+# a missing file under such a folder that names a moved preset is read from PRESETS_DIR,
+# with a WARNING.
+_OLD_PRESET_DIRS = ("recipes",)
 
 
-def read_recipe_file(path: Path, key: str) -> dict[str, Any]:
-    """A recipe overlay: a YAML mapping of train.* keys (checked where it is applied)."""
+def read_preset_file(path: Path, key: str) -> dict[str, Any]:
+    """A preset: a YAML mapping of train.* keys (checked where it is applied)."""
     if not path.exists():
-        raise ConfigError(key, f"recipe file not found: {path}")
-    recipe = yaml.safe_load(path.read_text()) or {}
-    if not isinstance(recipe, dict):
+        path = _moved_preset(path, key)
+    preset = yaml.safe_load(path.read_text()) or {}
+    if not isinstance(preset, dict):
         raise ConfigError(key, f"{path} must hold a mapping of train.* keys")
-    return recipe
+    return preset
 
 
-SEQUENCE_RECIPE = read_recipe_file(RECIPES_DIR / "sequence.yaml", "train.sequence_recipe")
-GROW_RECIPE = read_recipe_file(RECIPES_DIR / "grow.yaml", "train.grow_recipe")
+def _moved_preset(path: Path, key: str) -> Path:
+    """A preset named by its old path (configs/recipes/teacher.yaml): the file in
+    configs/presets/ of the same name, with a WARNING naming it; else not found."""
+    moved = PRESETS_DIR / path.name
+    if path.parent.name not in _OLD_PRESET_DIRS or not moved.exists():
+        raise ConfigError(key, f"preset file not found: {path} (the shipped presets are in "
+                               f"{PRESETS_DIR})")
+    log.warning("%s: %s has moved to %s (presets live in configs/presets/; "
+                "configs/recipes/ holds the pipeline recipes): reading that file",
+                key, path, moved)
+    return moved
+
+
+SEQUENCE_PRESET = read_preset_file(PRESETS_DIR / "sequence.yaml", "train.sequence_preset")
+GROW_PRESET = read_preset_file(PRESETS_DIR / "grow.yaml", "train.grow_preset")
 
 
 # `train.*` is split into typed sections below, but the sections are internal: users keep
 # writing the flat keys (`train.lr`, `train.gtc_tau`, ...) in YAML, `--set`, the DAGs and
-# the recipes (`train.teacher_recipe: {lr: ...}`), and every error names that flat key.
+# the presets (`train.teacher_preset: {lr: ...}`), and every error names that flat key.
 # One spelling per setting keeps the contract (configs, scripts, README, checkpoints'
-# fingerprints) unchanged and recipes unambiguous; code reads `tc.optim.lr`. Each section's
+# fingerprints) unchanged and presets unambiguous; code reads `tc.optim.lr`. Each section's
 # field names are the flat keys themselves, so the flat key -> section table (TRAIN_KEYS,
 # built from the sections) is the only mapping.
 
@@ -144,7 +167,7 @@ class OptimConfig:
 class PassesConfig:
     """train.*: how many passes over which data (training/schedules.py plan_passes)."""
 
-    epochs: int = 6  # labeled recipe: passes over the labeled data
+    epochs: int = 6  # labeled regime: passes over the labeled data
     finetune_epochs: int = 1  # the last units run on whole sequences instead of chunks
     sub_epochs: int = 4  # ssl: the unlabeled pass is cut into this many units
     unlabeled_passes: int = 1  # ssl: passes over the unlabeled data (the paper: 1)
@@ -152,8 +175,8 @@ class PassesConfig:
     sortagrad: bool = False
     # train.model ctc with train.pseudolabels: train.epochs becomes this (0: no change), an
     # explicit --set train.epochs still wins. The SSL student sees several times the
-    # baseline's audio per epoch, so it needs fewer epochs than the baseline's recipe
-    # (configs/recipes/ctc.yaml says what was measured).
+    # baseline's audio per epoch, so it needs fewer epochs than the baseline's preset
+    # (configs/presets/ctc.yaml says what was measured).
     pseudolabel_epochs: int = 0
 
     def validate(self, key: str) -> None:
@@ -259,7 +282,7 @@ class SequenceConfig:
     phone n-gram denominator graph and a batched forward-backward, for sequence training on
     labeled data after CE."""
 
-    criterion: str = "ce"  # ce | mmi | smbr (the sequence recipe: mmi or smbr)
+    criterion: str = "ce"  # ce | mmi | smbr (the sequence regime: mmi or smbr)
     # mmi, smbr: the numerator is the fixed frame alignment, or its phone sequence with
     # flexible timing (every segmentation of the aligned phones).
     sequence_numerator: str = "alignment"
@@ -319,11 +342,13 @@ class TrainConfig:
     """`train.*`, the user's flat keys grouped into typed sections (see TRAIN_KEYS)."""
 
     model: str = "student"  # teacher | student | ctc (the end-to-end student: model.ctc)
-    # labeled: CE on hard labels; ssl: scheduled learning over unlabeled soft targets;
-    # sequence: a sequence criterion (train.criterion mmi | smbr) on the labeled split,
-    # starting from a CE / distilled model (train.init_model), the petabyte recipe's last
-    # stage (`amflow sequence`; output dir sequence[-<tag>]).
-    recipe: str = "labeled"
+    # What the training learns from, and how. labeled: CE on hard labels; ssl: scheduled
+    # learning over unlabeled soft targets; sequence: a sequence criterion
+    # (train.criterion mmi | smbr) on the labeled split, starting from a CE / distilled
+    # model (train.init_model), the petabyte recipe's last stage (`amflow sequence`;
+    # output dir sequence[-<tag>]). Formerly train.recipe (still read, with a WARNING): a
+    # recipe is now a named pipeline of runs (configs/recipes/).
+    regime: str = "labeled"
     algorithm: str = "sgd"  # sgd | gtc | bmuf | htm | ma
     workers: int = 1  # data-parallel workers (Ray Train); 1: in the step's process
     seed: int = 0  # seeds initialisation, shuffling, dropout and augmentation
@@ -331,8 +356,8 @@ class TrainConfig:
     tag: str = ""
     threads: int = 0  # torch threads per worker; 0 = the CPUs Ray gives it (training/threads.py); more than that is a WARNING
     use_gpu: bool = False  # train on a GPU per worker (NCCL between them)
-    # The model a sequence recipe starts from; empty = this run's train[-<tag>]/model.pt.
-    # Set for the labeled / ssl recipes: training starts from it; a phone-class model is
+    # The model a sequence training starts from; empty = this run's train[-<tag>]/model.pt.
+    # Set for the labeled / ssl regimes: training starts from it; a phone-class model is
     # grown into this run's context-dependent leaves (training/grow.py), else the classes
     # must be this run's.
     init_model: str = ""
@@ -345,27 +370,30 @@ class TrainConfig:
     # phone (the classes' probabilities summed per phone; training/losses.py phone_loss).
     # The logged train loss includes the term; the dev loss is the classes' CE alone.
     phone_weight: float = 0.0
-    # Grow inside this training (labeled and ssl recipes, context-dependent classes): first
-    # the recipe as configured on each label's phone and the targets summed per phone (a
+    # Grow inside this training (labeled and ssl regimes, context-dependent classes): first
+    # the training as configured on each label's phone and the targets summed per phone (a
     # phone-class model, in train[-<tag>]/phones/), then that model grown into this run's
-    # leaves trains on with train.grow_recipe's values: one `amflow train` does what
+    # leaves trains on with train.grow_preset's values: one `amflow train` does what
     # train.init_model does with a phone-class run's model (training/launch.py
     # train_grown). A train.init_model is started from instead (grown if it has a class
-    # per phone); the sequence recipe starts from the grown model as from any other.
+    # per phone); the sequence regime starts from the grown model as from any other.
     grow: bool = False
-    # train.* values of the grown stage (train.grow), over the recipe's own.
-    grow_recipe: dict[str, Any] = field(default_factory=lambda: dict(GROW_RECIPE))
+    # train.* values of the grown stage (train.grow), over the training's own
+    # (configs/presets/grow.yaml; formerly train.grow_recipe).
+    grow_preset: dict[str, Any] = field(default_factory=lambda: dict(GROW_PRESET))
     # Example servers: labeled utterances re-rendered every epoch (off: the stored rendering).
     augment: AugmentConfig = field(default_factory=AugmentConfig)
-    # train.* values used instead when train.model is teacher (see _apply_recipes); its
-    # grow_recipe, a mapping, goes over train.grow_recipe's values for the teacher's
-    # grown stage.
-    teacher_recipe: dict[str, Any] = field(default_factory=dict)
+    # train.* values used instead when train.model is teacher (overlays.apply_presets,
+    # e.g. configs/presets/teacher.yaml; formerly train.teacher_recipe); its grow_preset,
+    # a mapping, goes over train.grow_preset's values for the teacher's grown stage.
+    teacher_preset: dict[str, Any] = field(default_factory=dict)
     # train.* values used instead when train.model is ctc (the end-to-end student; an
-    # explicit --set train.<key> still wins), e.g. configs/recipes/ctc.yaml.
-    ctc_recipe: dict[str, Any] = field(default_factory=dict)
-    # train.* values used instead when train.recipe is sequence (after teacher_recipe's).
-    sequence_recipe: dict[str, Any] = field(default_factory=lambda: dict(SEQUENCE_RECIPE))
+    # explicit --set train.<key> still wins), e.g. configs/presets/ctc.yaml (formerly
+    # train.ctc_recipe).
+    ctc_preset: dict[str, Any] = field(default_factory=dict)
+    # train.* values used instead when train.regime is sequence (after teacher_preset's;
+    # configs/presets/sequence.yaml; formerly train.sequence_recipe).
+    sequence_preset: dict[str, Any] = field(default_factory=lambda: dict(SEQUENCE_PRESET))
     optim: OptimConfig = field(default_factory=OptimConfig)
     passes: PassesConfig = field(default_factory=PassesConfig)
     batches: BatchesConfig = field(default_factory=BatchesConfig)
@@ -374,6 +402,12 @@ class TrainConfig:
     algo: AlgoConfig = field(default_factory=AlgoConfig)
     sequence: SequenceConfig = field(default_factory=SequenceConfig)
     checkpoints: CheckpointsConfig = field(default_factory=CheckpointsConfig)
+
+    @property
+    def recipe(self) -> str:
+        """train.regime under its old name, for code not yet moved to the new one (the
+        user's key train.recipe is read as train.regime by the config loader)."""
+        return self.regime
 
     @classmethod
     def from_flat(cls, **flat: Any) -> "TrainConfig":
@@ -395,7 +429,7 @@ class TrainConfig:
         check(self.model in ("teacher", "student", "ctc"), f"{key}.model",
               "must be teacher, student or ctc")
         self._validate_ctc(key)
-        check(self.recipe in ("labeled", "ssl", "sequence"), f"{key}.recipe",
+        check(self.regime in ("labeled", "ssl", "sequence"), f"{key}.regime",
                "must be labeled, ssl or sequence")
         check(self.algorithm in ("sgd", "gtc", "bmuf", "htm", "ma"), f"{key}.algorithm",
                "must be one of sgd, gtc, bmuf, htm, ma")
@@ -409,28 +443,28 @@ class TrainConfig:
                f"{key}.natural_gradient", "needs the unidirectional student (train.model)")
         check("/" not in self.tag, f"{key}.tag", "must not contain '/'")
         check(self.phone_weight >= 0, f"{key}.phone_weight", "must be >= 0")
-        check(self.phone_weight == 0 or self.recipe != "sequence", f"{key}.phone_weight",
-               "applies to the ce recipes (labeled, ssl); the sequence recipe's criterion "
+        check(self.phone_weight == 0 or self.regime != "sequence", f"{key}.phone_weight",
+               "applies to the ce regimes (labeled, ssl); the sequence regime's criterion "
                "takes none: 0 there (a config file that sets it: add phone_weight: 0 to "
-               "train.sequence_recipe)")
-        check(not self.augment.enabled or self.recipe == "labeled", f"{key}.augment.enabled",
-               "augments the labeled recipes (teacher, baseline student); train.recipe is "
-               f"{self.recipe}")
+               "train.sequence_preset)")
+        check(not self.augment.enabled or self.regime == "labeled", f"{key}.augment.enabled",
+               "augments the labeled trainings (teacher, baseline student); train.regime is "
+               f"{self.regime}")
         # A sequence criterion needs hard labels and a trained model to start from: the
-        # sequence recipe gives both; ce there would be a CE fine-tune under another name.
+        # sequence regime gives both; ce there would be a CE fine-tune under another name.
         criterion = self.sequence.criterion
-        check((criterion == "ce") == (self.recipe != "sequence"), f"{key}.criterion",
-               f"is {criterion} with train.recipe={self.recipe}: the sequence recipe "
-               "takes mmi or smbr, the labeled and ssl recipes take ce")
+        check((criterion == "ce") == (self.regime != "sequence"), f"{key}.criterion",
+               f"is {criterion} with train.regime={self.regime}: the sequence regime "
+               "takes mmi or smbr, the labeled and ssl regimes take ce")
 
     def _validate_ctc(self, key: str) -> None:
-        """The CTC student trains on whole transcripts (labeled + pseudo-labels), one recipe.
+        """The CTC student trains on whole transcripts (labeled + pseudo-labels), one regime.
         train.grow and train.phone_weight (phone classes) do not apply to it: ignored."""
         if self.model != "ctc":
             check(not self.pseudolabels, f"{key}.pseudolabels",
                   f"are transcripts for train.model ctc (train.model is {self.model})")
             return
-        check(self.recipe == "labeled", f"{key}.recipe",
+        check(self.regime == "labeled", f"{key}.regime",
               "must be labeled with train.model ctc (pseudo-labels: train.pseudolabels)")
         check(not self.augment.enabled, f"{key}.augment.enabled",
               "the example servers render frame labels; train.model ctc reads transcripts "
@@ -450,7 +484,7 @@ TRAIN_KEYS: dict[str, str] = _section_keys()
 
 # The flat keys in the order TrainConfig declared them when it was one flat class.
 TRAIN_KEY_ORDER: tuple[str, ...] = (
-    "model", "recipe", "algorithm", "workers", "epochs", "finetune_epochs", "lr", "final_lr",
+    "model", "regime", "algorithm", "workers", "epochs", "finetune_epochs", "lr", "final_lr",
     "labeled_lr_scale", "optimizer", "momentum", "schedule", "newbob_threshold", "min_lr",
     "lr_warmup_units", "lr_warmup_start", "sub_epochs", "unlabeled_passes", "chunk_frames",
     "minibatch_frames", "max_change", "clip_grad_norm", "temperature", "topk_fill",
@@ -462,9 +496,9 @@ TRAIN_KEY_ORDER: tuple[str, ...] = (
     "bmuf_c", "block_reset_momentum", "group_size", "htm_tau_scale", "ma_samples",
     "natural_gradient", "ng_alpha", "use_gpu", "criterion", "sequence_numerator",
     "sequence_ce_weight", "sequence_l2", "leaky_hmm", "sequence_am_scale",
-    "sequence_prior_scale", "den_ngram_order", "den_min_count", "teacher_recipe",
-    "sequence_recipe", "init_model", "phone_weight", "grow", "grow_recipe", "pseudolabels",
-    "ctc_recipe", "pseudolabel_epochs")
+    "sequence_prior_scale", "den_ngram_order", "den_min_count", "teacher_preset",
+    "sequence_preset", "init_model", "phone_weight", "grow", "grow_preset", "pseudolabels",
+    "ctc_preset", "pseudolabel_epochs")
 
 
 assert set(TRAIN_KEY_ORDER) == set(TRAIN_KEYS) and len(TRAIN_KEY_ORDER) == len(TRAIN_KEYS)
@@ -479,6 +513,8 @@ def train_key_type(key: str) -> Any:
 def replace_train(tc: TrainConfig, **flat: Any) -> TrainConfig:
     """A copy of `tc` with flat `train.*` keys replaced (dataclasses.replace for the
     user's keys), sections copied so `tc` is left as it was."""
+    if "recipe" in flat:  # train.regime's old name (tests, benchmarks)
+        flat = {("regime" if k == "recipe" else k): v for k, v in flat.items()}
     unknown = sorted(set(flat) - set(TRAIN_KEYS))
     if unknown:
         raise ConfigError(f"train.{unknown[0]}", "unknown key")

@@ -38,6 +38,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from core.config import TrainConfig
 from training.algorithms.base import Algorithm, reset_local_momentum, resolve_group, trainable
 
 
@@ -97,7 +98,7 @@ class BMUF(Algorithm):
             self.filter = BlockFilter(self.flat.flat_weights(), zeta, eta)
 
     @classmethod
-    def from_config(cls, train_cfg, model, optimizer, group=None, world_size=None):
+    def from_config(cls, train_cfg: TrainConfig, model, optimizer, group=None, world_size=None):
         a = train_cfg.algo
         return cls(model, optimizer, group, world_size, block_size=a.block_size,
                    zeta=a.block_lr, eta=a.block_momentum, c=a.bmuf_c,

@@ -75,6 +75,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from core.config import TrainConfig
 from training.algorithms.base import (Algorithm, FlatBuckets, broadcast_model_, comm_device,
                                       model_device, resolve_group, trainable)
 
@@ -271,7 +272,7 @@ class GTC(Algorithm):
             self.velocity = torch.zeros_like(self.residual)
 
     @classmethod
-    def from_config(cls, train_cfg, model, optimizer, group=None, world_size=None):
+    def from_config(cls, train_cfg: TrainConfig, model, optimizer, group=None, world_size=None):
         return cls(model, optimizer, group, world_size, tau=train_cfg.algo.gtc_tau,
                    tau_scale=train_cfg.algo.gtc_tau_scale, warmup=train_cfg.algo.gtc_warmup,
                    momentum_correction=train_cfg.algo.gtc_momentum_correction)

@@ -27,6 +27,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from core.config import TrainConfig
 from training.algorithms.base import (Algorithm, FlatBuckets, broadcast_model_, comm_device,
                                       model_device, reset_local_momentum, resolve_group,
                                       trainable)
@@ -98,7 +99,7 @@ class HTM(Algorithm):
             self.skip_blocks = self.num_groups == 1 and zeta == 1.0 and self._eta == 0.0
 
     @classmethod
-    def from_config(cls, train_cfg, model, optimizer, group=None, world_size=None):
+    def from_config(cls, train_cfg: TrainConfig, model, optimizer, group=None, world_size=None):
         a = train_cfg.algo
         return cls(model, optimizer, group, world_size, group_size=a.group_size,
                    block_size=a.block_size, zeta=a.block_lr, eta=a.block_momentum, c=a.bmuf_c,

@@ -30,6 +30,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from core.config import TrainConfig
 from training.algorithms.base import Algorithm, resolve_group, trainable
 from training.natural_gradient import NaturalGradient
 
@@ -60,7 +61,7 @@ class ModelAveraging(Algorithm):
         self.ng = None if natural_gradient is None else NaturalGradient(model, **natural_gradient)
 
     @classmethod
-    def from_config(cls, train_cfg, model, optimizer, group=None, world_size=None):
+    def from_config(cls, train_cfg: TrainConfig, model, optimizer, group=None, world_size=None):
         a, optim = train_cfg.algo, train_cfg.optim
         period = math.ceil(a.ma_samples / max(train_cfg.batches.minibatch_frames, 1))
         max_change = optim.max_change if optim.max_change > 0 else DEFAULT_MAX_CHANGE

@@ -19,6 +19,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from core.config import TrainConfig
 from training.algorithms.base import (Algorithm, FlatBuckets, broadcast_model_, comm_device,
                                       model_device, resolve_group, trainable)
 
@@ -40,7 +41,7 @@ class SyncSGD(Algorithm):
             self.weight = torch.zeros(1, dtype=torch.float32, device=dev)
 
     @classmethod
-    def from_config(cls, train_cfg, model, optimizer, group=None, world_size=None):
+    def from_config(cls, train_cfg: TrainConfig, model, optimizer, group=None, world_size=None):
         return cls(model, optimizer, group, world_size)
 
     def step(self, num_frames: int = 0) -> None:

@@ -28,6 +28,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from core.config import Config, CtcConfig
 from core.runs import StepError
 from core.storage import Storage, join
 from training.ctc.tokens import Tokenizer, TokenizerError, train_tokenizer
@@ -77,7 +78,7 @@ def split_texts(storage: Storage, corpus: str, split: str) -> dict[str, str]:
     return {r.utt_id: r.text for r in recs if r.text}
 
 
-def _tokenizer(storage: Storage, tok_dir: str, texts: list[str], cfg: Any) -> Tokenizer:
+def _tokenizer(storage: Storage, tok_dir: str, texts: list[str], cfg: CtcConfig) -> Tokenizer:
     """The training's tokenizer: the one kept in `tok_dir` when it was trained the same
     way on the same transcripts (a re-run of a killed training), else trained anew."""
     uri = join(tok_dir, "tokenizer.json")
@@ -99,7 +100,7 @@ def _tokenizer(storage: Storage, tok_dir: str, texts: list[str], cfg: Any) -> To
     return tok
 
 
-def prepare_transcripts(storage: Storage, cfg: Any, train_dir: str) -> CtcData:
+def prepare_transcripts(storage: Storage, cfg: Config, train_dir: str) -> CtcData:
     """Tokenizer and tokenised transcripts of a CTC training (see the module doc)."""
     tc = cfg.train
     corpus = cfg.data.corpus

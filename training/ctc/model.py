@@ -25,6 +25,7 @@ from typing import Any, Sequence
 import torch
 from torch import nn
 
+from core.config import CtcConfig
 from training.ctc.attention import AttentionDecoder
 
 RNN_TYPES = {"gru": nn.GRU, "lstm": nn.LSTM, "rnn": nn.RNN}
@@ -186,7 +187,7 @@ class CtcModel(nn.Module):
                                                 total_length=h.shape[1])[0]
 
 
-def ctc_model_from_config(input_dim: int, num_classes: int, stack: int, cfg: Any) -> CtcModel:
+def ctc_model_from_config(input_dim: int, num_classes: int, stack: int, cfg: CtcConfig) -> CtcModel:
     """A CtcModel from config.model.ctc."""
     return CtcModel(input_dim, num_classes, stack, channels=cfg.channels,
                     time_strides=cfg.time_strides, freq_strides=cfg.freq_strides,

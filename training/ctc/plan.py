@@ -20,7 +20,7 @@ from training.data import SplitIndex, partition_uris
 from training.plan import LaunchSpec, WorkerPlan
 
 
-def ctc_inputs(storage, cfg) -> dict[str, Any]:
+def ctc_inputs(storage, cfg: Config) -> dict[str, Any]:
     """The identity of a CTC training's transcripts (training.launch.training_inputs): the
     corpus's fingerprint and the pseudolabel step's _SUCCESS.json digest, so a finished
     training is not handed back after either was made again."""
