@@ -22,7 +22,7 @@ $(STAMP): pyproject.toml
 	@$(PY) -m pip install -q --upgrade pip
 	@echo "setup: installing amflow and its pinned Python dependencies into $(VENV) (~2.7 GB: torch, Ray, Airflow, pyarrow, the k2-fsa decoders, the test, bench and docs extras; several minutes, mostly downloads)"
 	@$(PY) scripts/pip_progress.py install -e '.[test,bench,docs]'
-	@echo "setup: $(VENV) holds $$(du -sh $(VENV) | cut -f1)"
+	@echo "setup: $(VENV) holds $$(du -sh $(VENV)/ | cut -f1)"
 	@touch $(STAMP)
 
 system-deps:
