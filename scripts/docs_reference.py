@@ -44,10 +44,11 @@ SECTIONS: dict[str, tuple[str, list[str]]] = {
     "tutorial": ("Tutorial", ["quickstart.md", "demo.md"]),
     # Pages other helpers add land in these places when they exist; any other page follows
     # by file name.
-    "how-to": ("How-to guides", ["end-to-end.md", "own-corpus.md", "import.md", "daily-data.md",
+    "how-to": ("How-to guides", ["installation.md", "end-to-end.md", "own-corpus.md", "import.md",
+                                 "daily-data.md",
                                  "s3.md", "airflow.md", "ec2-cluster.md", "rehearsal.md",
                                  "containers.md", "choose-a-trainer.md", "decode-and-score.md",
-                                 "export.md", "serving.md", "benchmarks.md"]),
+                                 "export.md", "serving.md", "benchmarks.md", "troubleshooting.md"]),
     "reference": ("Reference", ["cli.md", "config.md", "run-layout.md", "corpus-format.md",
                                 "json-contracts.md"]),
     "explanation": ("Explanation", ["architecture.md", "method.md", "trainers.md",

@@ -15,6 +15,7 @@ import collections
 import re
 import subprocess
 import sys
+import urllib.parse
 from typing import Iterable, Iterator
 
 BIG_MB = 10.0  # downloads at least this large get a line of their own
@@ -44,7 +45,8 @@ def summarise(lines: Iterable[str]) -> Iterator[str]:
             mb = _size_mb(line)
             downloaded_mb += mb
             if mb >= BIG_MB:
-                yield f"  downloading {line.split()[1]} ({mb:,.0f} MB)"
+                name = urllib.parse.unquote(line.split()[1].rsplit("/", 1)[-1])  # URL or name
+                yield f"  downloading {name} ({mb:,.0f} MB)"
         elif line.startswith("Installing collected packages: "):
             count = len(line.split(": ", 1)[1].split(", "))
             yield (f"  {resolved} packages resolved, {downloaded_mb:,.0f} MB downloaded; "

@@ -25,7 +25,7 @@ if [ -n "$ubuntu_chromium" ]; then
   echo "setup: the browser tests need /usr/bin/chromium; Ubuntu's chromium package is a snap" \
        "shim, so it is not installed here. Use playwright's build instead:" \
        "'.venv/bin/playwright install --with-deps chromium', then link its chrome binary to" \
-       "/usr/bin/chromium (docs/how-to/installation.md). Only the two browser tests need it." >&2
+       "/usr/bin/chromium (docs/how-to/installation.md). Only the browser tests need it." >&2
 fi
 [ ${#need[@]} -eq 0 ] && [ ${#test_need[@]} -eq 0 ] && exit 0
 if [ "$(id -u)" = 0 ]; then

@@ -25,6 +25,8 @@ PIP_OUTPUT = (
         f"  Downloading pkg{i}-1.0-py3-none-any.whl (150 kB)")]
     + ["Collecting torch==2.13.0", "  Downloading torch-2.13.0-cp311-cp311-manylinux_2_28_x86_64.whl (1.2 GB)",
        "Collecting ray==2.60.0", "  Downloading ray-2.60.0-cp311-cp311-manylinux2014_x86_64.whl (72.5 MB)",
+       "Collecting onnx==1.23.0",
+       "  Downloading https://mirror.example/simple/onnx/onnx-1.23.0%2Bcpu-cp311-x86_64.whl (20.0 MB)",
        "WARNING: the script foo is installed in '/x/bin' which is not on PATH.",
        "Installing collected packages: " + ", ".join(f"pkg{i}" for i in range(60)) + ", torch, ray",
        "Successfully installed " + " ".join(f"pkg{i}-1.0" for i in range(60)) + " torch-2.13.0 ray-2.60.0"]
@@ -38,8 +40,9 @@ def test_progress_names_the_big_downloads_and_the_phases_in_a_few_lines():
         "  resolved 50 packages...",
         "  downloading torch-2.13.0-cp311-cp311-manylinux_2_28_x86_64.whl (1,200 MB)",
         "  downloading ray-2.60.0-cp311-cp311-manylinux2014_x86_64.whl (72 MB)",
+        "  downloading onnx-1.23.0+cpu-cp311-x86_64.whl (20 MB)",
         "WARNING: the script foo is installed in '/x/bin' which is not on PATH.",
-        "  62 packages resolved, 1,282 MB downloaded; installing 62 of them (unpacking: a few minutes)",
+        "  63 packages resolved, 1,302 MB downloaded; installing 62 of them (unpacking: a few minutes)",
         "  installed 62 packages",
     ]
 
