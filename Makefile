@@ -8,10 +8,21 @@ export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
 .PHONY: setup system-deps docs quickstart demo test test-fast test-exhaustive test-backfill bench-daily airflow bench serve bench-serve rehearsal clean image test-image
 
+# Setup says what it does, phase by phase (docs/how-to/installation.md): the venv, then
+# amflow's pinned dependencies with a line per large download (scripts/pip_progress.py:
+# a few dozen lines, not pip's thousand), then the system packages (scripts/system-deps.sh).
 $(STAMP): pyproject.toml
-	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[test,bench,docs]'
+	@if [ ! -x $(PY) ]; then \
+	  command -v $(PYTHON) >/dev/null || { echo "setup: $(PYTHON) not found: amflow needs Python 3.11 (docs/how-to/installation.md), or name one: make setup PYTHON=/path/to/python3.11" >&2; exit 1; }; \
+	  echo "setup: creating $(VENV) with $$($(PYTHON) -V 2>&1) ($(PYTHON))"; \
+	  $(PYTHON) -m venv $(VENV); \
+	fi
+	@$(PY) -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' || { echo "setup: $(VENV) has $$($(PY) -V 2>&1); amflow needs Python 3.11: rm -rf $(VENV), then make setup PYTHON=/path/to/python3.11 (docs/how-to/installation.md)" >&2; exit 1; }
+	@echo "setup: upgrading pip in $(VENV)"
+	@$(PY) -m pip install -q --upgrade pip
+	@echo "setup: installing amflow and its pinned Python dependencies into $(VENV) (~2.7 GB: torch, Ray, Airflow, pyarrow, the k2-fsa decoders, the test, bench and docs extras; several minutes, mostly downloads)"
+	@$(PY) scripts/pip_progress.py install -e '.[test,bench,docs]'
+	@echo "setup: $(VENV) holds $$(du -sh $(VENV)/ | cut -f1)"
 	@touch $(STAMP)
 
 system-deps:

@@ -12,16 +12,24 @@
   edit): the sections in SECTIONS' order, pinned pages first (those that exist), then the
   rest by file name; results newest first. A page's title is its first `# heading`.
 
-Nothing is written under docs/: the generated pages exist only in the build.
+The generated pages are also committed (docs/reference/cli.md, config.md), so links to
+them from Markdown resolve in a repository browser too; the build replaces them with a
+fresh generation, and tests/test_docs.py fails when the committed copies are stale:
+`python scripts/docs_reference.py` rewrites them (`--check`: only says whether they are
+current). They are generated in a fixed environment (`_stable_env`: argparse's usage
+wrapping and the `--log-level` default read the environment), so the same code gives the
+same bytes on every machine.
 """
 from __future__ import annotations
 
 import argparse
 import ast
+import contextlib
 import dataclasses
 import inspect
 import io
 import json
+import os
 import sys
 import textwrap
 import tokenize
@@ -39,10 +47,11 @@ SECTIONS: dict[str, tuple[str, list[str]]] = {
     "tutorial": ("Tutorial", ["quickstart.md", "demo.md"]),
     # Pages other helpers add land in these places when they exist; any other page follows
     # by file name.
-    "how-to": ("How-to guides", ["end-to-end.md", "own-corpus.md", "import.md", "daily-data.md",
+    "how-to": ("How-to guides", ["installation.md", "end-to-end.md", "own-corpus.md", "import.md",
+                                 "daily-data.md",
                                  "s3.md", "airflow.md", "ec2-cluster.md", "rehearsal.md",
                                  "containers.md", "choose-a-trainer.md", "decode-and-score.md",
-                                 "export.md", "serving.md", "benchmarks.md"]),
+                                 "export.md", "serving.md", "benchmarks.md", "troubleshooting.md"]),
     "reference": ("Reference", ["cli.md", "config.md", "run-layout.md", "corpus-format.md",
                                 "json-contracts.md"]),
     "explanation": ("Explanation", ["architecture.md", "method.md", "trainers.md",
@@ -261,6 +270,51 @@ def build_nav(docs: Path) -> list:
     return nav
 
 
+# ---------------------------------------------------------------- the generated pages
+
+@contextlib.contextmanager
+def _stable_env():
+    """The environment the pages are generated in: a fixed terminal width (argparse wraps
+    usage lines to it) and no AMFLOW_LOG_LEVEL (the `--log-level` default)."""
+    saved = {k: os.environ.get(k) for k in ("COLUMNS", "AMFLOW_LOG_LEVEL")}
+    os.environ["COLUMNS"] = "100"
+    os.environ.pop("AMFLOW_LOG_LEVEL", None)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def generated_pages() -> tuple[dict[str, str], list[str]]:
+    """{uri under docs/: content} of the generated pages, and the config keys without a
+    comment."""
+    with _stable_env():
+        config_md, missing = config_reference()
+        made = {"cli": cli_reference(), "config": config_md}
+    return {uri: made[what] for uri, what in GENERATED.items()}, missing
+
+
+def main(argv: list[str], docs: Path = ROOT / "docs") -> int:
+    """Write the generated pages under `docs` (`--check`: exit 1 when they are stale)."""
+    sys.path.insert(0, str(ROOT))
+    pages, _ = generated_pages()
+    stale = [uri for uri, content in pages.items()
+             if not (docs / uri).exists() or (docs / uri).read_text(encoding="utf-8") != content]
+    if "--check" in argv:
+        for uri in stale:
+            print(f"docs/{uri} is stale: run `python scripts/docs_reference.py`", file=sys.stderr)
+        return 1 if stale else 0
+    for uri in stale:
+        (docs / uri).parent.mkdir(parents=True, exist_ok=True)
+        (docs / uri).write_text(pages[uri], encoding="utf-8")
+        print(f"wrote docs/{uri}")
+    return 0
+
+
 def on_config(config: MkDocsConfig, **kwargs):
     if str(ROOT) not in sys.path:
         sys.path.insert(0, str(ROOT))  # this checkout's code, not an installed amflow
@@ -272,14 +326,18 @@ def on_config(config: MkDocsConfig, **kwargs):
 def on_files(files, config: MkDocsConfig, **kwargs):
     from mkdocs.structure.files import File
 
-    for uri, what in GENERATED.items():
-        if what == "cli":
-            content = cli_reference()
-        else:
-            content, missing = config_reference()
-            if missing:
-                print(f"WARNING (not an error) - {len(missing)} config keys have no comment on "
-                      f"their field, listed with an empty meaning in {uri}: "
-                      + ", ".join(missing), file=sys.stderr)
+    pages, missing = generated_pages()
+    if missing:
+        print(f"WARNING (not an error) - {len(missing)} config keys have no comment on "
+              f"their field, listed with an empty meaning in reference/config.md: "
+              + ", ".join(missing), file=sys.stderr)
+    for uri, content in pages.items():
+        committed = files.get_file_from_path(uri)
+        if committed is not None:  # the build shows a fresh generation, stale copy or not
+            files.remove(committed)
         files.append(File.generated(config, uri, content=content))
     return files
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -53,6 +53,26 @@ def test_docs_build_strictly(tmp_path):
         assert (tmp_path / "site" / page).exists(), page
 
 
+def test_committed_references_are_current():
+    """docs/reference/cli.md and config.md are committed, so Markdown links to them resolve
+    in a repository browser as on the site; they must be what the code generates now."""
+    out = subprocess.run([sys.executable, str(ROOT / "scripts" / "docs_reference.py"), "--check"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "COLUMNS": "250", "AMFLOW_LOG_LEVEL": "DEBUG"})
+    assert out.returncode == 0, out.stderr[-3000:]
+
+
+def test_reference_check_sees_a_stale_page(tmp_path, capsys):
+    gen = _generator()
+    assert gen.main([], docs=tmp_path) == 0  # writes both pages
+    assert gen.main(["--check"], docs=tmp_path) == 0
+    page = tmp_path / "reference" / "cli.md"
+    page.write_text(page.read_text().replace("| `--run-id` |", "| `--run-idx` |", 1))
+    assert gen.main(["--check"], docs=tmp_path) == 1
+    assert "docs/reference/cli.md is stale" in capsys.readouterr().err
+    assert gen.main([], docs=tmp_path) == 0 and gen.main(["--check"], docs=tmp_path) == 0
+
+
 def test_config_reference_lists_every_user_key():
     from core.config import user_keys
 
