@@ -60,13 +60,15 @@ def blank_penalty(ctx: StepContext) -> tuple[float, str]:
 
 
 def graphs(model, card, penalty: float, quantize: str | None) -> dict[str, bytes]:
-    from serving.ctc_onnx import sherpa_graph, streaming_graph, utterance_graph
+    """The family's graphs (model.onnx; model.streaming.onnx when it streams) and the
+    sherpa-onnx graph of a CTC model."""
+    from serving.ctc_onnx import sherpa_graph
     from serving.onnx_export import quantize_int8
+    from training.families import family_of
 
-    out = {"model.onnx": utterance_graph(model, card),
-           "model.sherpa.onnx": sherpa_graph(model, card, penalty)}
-    if not model.bidirectional:  # a bidirectional model reads whole utterances
-        out["model.streaming.onnx"] = streaming_graph(model, card)
+    own = family_of(model).export_graphs(model, card)
+    out = {"model.onnx": own.pop("model.onnx"),
+           "model.sherpa.onnx": sherpa_graph(model, card, penalty), **own}
     if quantize == "int8":
         for name in list(out):
             out[name.replace(".onnx", ".int8.onnx")] = quantize_int8(out[name])

@@ -83,6 +83,9 @@ class AugmentConfig:
 # The recipes' defaults are YAML overlays beside this file (recipes/*.yaml): the values
 # a sequence stage and a grown stage train with, readable in one file each.
 RECIPES_DIR = Path(__file__).parent / "recipes"
+# train.model's values: the model families' names. training/families registers each family
+# here (a new family adds its name), so the schema never lists them itself.
+MODEL_FAMILIES: set[str] = {"teacher", "student", "ctc"}
 
 
 def read_recipe_file(path: Path, key: str) -> dict[str, Any]:
@@ -392,8 +395,8 @@ class TrainConfig:
         return getattr(self, section) if section else self
 
     def validate(self, key: str) -> None:
-        check(self.model in ("teacher", "student", "ctc"), f"{key}.model",
-              "must be teacher, student or ctc")
+        check(self.model in MODEL_FAMILIES, f"{key}.model",
+              "must be a model family: " + ", ".join(sorted(MODEL_FAMILIES)))
         self._validate_ctc(key)
         check(self.recipe in ("labeled", "ssl", "sequence"), f"{key}.recipe",
                "must be labeled, ssl or sequence")
