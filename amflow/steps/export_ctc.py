@@ -1,5 +1,6 @@
 """`amflow export` of a CTC student (and of the joint CTC/attention student's encoder and
-CTC output): serving/ctc_onnx.py's graphs, sherpa-onnx's files beside them, checked.
+CTC output): the CTC family's graphs (training/families/ctc_onnx.py), sherpa-onnx's files
+beside them, checked.
 
 Writes  runs/<R>/export[-<decode.tag>]/
           model.onnx            x [N, T, D] model rows, x_lens -> log_probs, log_probs_len
@@ -8,8 +9,8 @@ Writes  runs/<R>/export[-<decode.tag>]/
                                 normalisation, stacking and CMVN inside
           model.streaming.onnx  one streaming step (unidirectional models): x, lengths,
                                 final, the state -> log_probs, out_lengths, the state
-                                out (serving/ctc_onnx.py streaming_graph; streaming.json
-                                and the graph's metadata name the state tensors, their
+                                out (training/families/ctc_onnx.py streaming_graph;
+                                streaming.json and the graph's metadata name the state tensors, their
                                 shapes and batch axes); serve.backend=onnxruntime runs it
           model.int8.onnx, model.sherpa.int8.onnx, model.streaming.int8.onnx
                                 with --quantize int8

@@ -58,7 +58,8 @@ def _check_student(model) -> None:
     lstm = getattr(model, "lstm", None)
     if lstm is None or not hasattr(model, "lookahead") or lstm.bidirectional:
         raise ValueError("only the hybrid LSTM student (unidirectional, training.families."
-                         f"lstm.StudentLSTM) exports to ONNX; this is a {getattr(model, 'kind', '?')}")
+                         "lstm.StudentLSTM) exports to ONNX; this is a "
+                         f"{getattr(model, 'kind', '?')}")
 
 
 def _lstm_stack(model, nodes: list, inits: list, x: str, lengths: str, h0: str, c0: str
