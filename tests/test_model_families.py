@@ -105,6 +105,27 @@ def test_the_built_in_families_keep_the_names_their_checkpoints_store():
     assert get_family("student").streams and not get_family("teacher").streams
 
 
+def test_the_families_say_their_rate_look_ahead_and_cost():
+    from core.config import ModelConfig
+    from training.models import build_model, lstm_parameter_count
+
+    mc = ModelConfig()
+    built = {k: build_model(k, 192, 40, mc, stack=3) for k in ("student", "teacher", "ctc")}
+    fam = {k: family_of(m) for k, m in built.items()}
+    assert [fam[k].lookahead(built[k]) for k in built] == [mc.student.lookahead, 0,
+                                                           mc.ctc.lookahead]
+    assert [fam[k].subsampling(built[k]) for k in built] == [1, 1, 1]  # 33 Hz outputs
+    s = mc.student
+    assert fam["student"].num_parameters(built["student"]) == lstm_parameter_count(
+        192, s.hidden, s.layers, 40)
+    for k, m in built.items():  # two operations per weight; the biases are not weights
+        n = fam[k].num_parameters(m)
+        assert n < fam[k].flops_per_frame(m) < 2 * n
+    chunks = SimpleNamespace(chunk_left_context=7)
+    assert fam["student"].chunk_right_context(built["student"], chunks) == s.lookahead
+    assert fam["teacher"].chunk_right_context(built["teacher"], chunks) == 7
+
+
 def test_an_unknown_or_twice_registered_family_is_refused():
     from core.config import ConfigError
 
