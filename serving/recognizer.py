@@ -153,11 +153,10 @@ class Recognizer:
         from decoding.graph import read_graph
         from training.checkpoint import card_from_bytes
         from training.data import Normalizer
+        from training.families import get_family
         from training.loop import dataclass_from_dict
 
         model, self.card = card_from_bytes(model_bytes)
-        from training.families import get_family
-
         self.kind = self.card.kind
         self.family = get_family(self.kind)
         if not self.family.streams:
