@@ -39,10 +39,13 @@ POOL_PRICE = {"pool_p3": "p3_16xlarge", "pool_x1": "x1_32xlarge", "pool_c4": "c4
 CLUSTER_YAML = Path(__file__).resolve().parents[1] / "infra" / "ray" / "cluster-aws.yaml"
 
 
+# the LSTM families the cost model scales by (config.model.<kind>): their directions
+LSTM_DIRECTIONS = {"student": 1, "teacher": 2}
+
+
 def lstm_params(cfg: Config, kind: str, num_classes: int) -> int:
     """Parameters of the `kind` (student | teacher) model of a config (no torch needed)."""
-    m = cfg.model.student if kind == "student" else cfg.model.teacher
-    dirs = 2 if kind == "teacher" else 1
+    m, dirs = getattr(cfg.model, kind), LSTM_DIRECTIONS[kind]
     total, in_dim = 0, cfg.features.num_mel_bins * cfg.features.stack
     for layer in range(m.layers):
         d = in_dim if layer == 0 else m.hidden * dirs
@@ -52,7 +55,7 @@ def lstm_params(cfg: Config, kind: str, num_classes: int) -> int:
 
 def _classes_from_params(cfg: Config, kind: str, params: int) -> int:
     body = lstm_params(cfg, kind, 0)
-    width = (cfg.model.student.hidden if kind == "student" else 2 * cfg.model.teacher.hidden) + 1
+    width = LSTM_DIRECTIONS[kind] * getattr(cfg.model, kind).hidden + 1
     return max(1, round((params - body) / width))
 
 

@@ -80,14 +80,11 @@ def main(argv=None) -> None:
 
 
 def stream_model(net, dtype: str, device: str):
-    """The recognizer's torch streaming step of the model's kind."""
-    from serving.recognizer import StreamModel, torch_dtype
+    """The recognizer's torch streaming step of the model's family."""
+    from serving.recognizer import torch_dtype
+    from training.families import family_of
 
-    if getattr(net, "kind", None) == "ctc":
-        from serving.ctc_stream import CtcStreamModel
-
-        return CtcStreamModel(net, torch_dtype(dtype, device), device)
-    return StreamModel(net, dtype, device)
+    return family_of(net).stream_model(net, torch_dtype(dtype, device), device)
 
 
 def onnx_rows(net, paths: list[str], batches, rows: int, repeat: int, threads: int,
@@ -105,14 +102,7 @@ def onnx_rows(net, paths: list[str], batches, rows: int, repeat: int, threads: i
 
 
 def _export(net) -> bytes:
-    if getattr(net, "kind", None) == "ctc":
-        from serving.ctc_onnx import streaming_graph
+    """The model's streaming graph, as its family exports it."""
+    from training.families import family_of
 
-        return streaming_graph(net, SimpleNamespace(features={}))
-    from serving.onnx_export import streaming_graph as hybrid_graph
-
-    return hybrid_graph(net).SerializeToString()
-
-
-if __name__ == "__main__":
-    main()
+    return family_of(net).export_graphs(net, SimpleNamespace(features={}))["model.streaming.onnx"]

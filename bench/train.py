@@ -24,6 +24,7 @@ from core.runs import StepContext
 from core.storage import join
 from training.data import (BatchLoader, Normalizer, PassSpec, SplitIndex, loader_throughput,
                            make_synthetic_run, partition_uris)
+from training.families import get_family
 from training.loop import batch_loss
 from training.models import build_model, num_parameters
 
@@ -60,7 +61,7 @@ def _model_fps(ctx: StepContext, index: SplitIndex, norm: Normalizer, kind: str,
     torch.manual_seed(0)
     model = build_model(kind, index.feat_dim, num_classes, model_cfg)
     opt = torch.optim.Adam(model.parameters(), lr=1e-4)
-    right = model_cfg.student.lookahead if kind == "student" else tc.batches.chunk_left_context
+    right = get_family(kind).chunk_right_context(model, tc.batches)
     spec = PassSpec(mode="chunk", chunk_frames=tc.batches.chunk_frames,
                     left_context=tc.batches.chunk_left_context, right_context=right,
                     minibatch_frames=tc.batches.minibatch_frames, stack=ctx.cfg.features.stack)

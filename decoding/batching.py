@@ -1,6 +1,6 @@
 """Length-sorted, zero-padded batches for a whole-utterance forward: one batcher for the
 torch models (decoding/decode.py, decoding/ctc_decode.py) and the exported ONNX graphs
-(serving/onnx_runtime.py, serving/ctc_onnx.py).
+(serving/onnx_runtime.py, training/families/ctc_onnx.py).
 
     length_batches(lengths, batch_frames) -> [[index]]
         indices sorted by length, cut so a batch's padded size (its longest length times

@@ -46,11 +46,14 @@ def replica_assets(decoder: DecoderAssets, serve_cfg: ServeConfig, decode_cfg: D
     """Model bytes, graph files, log priors and search settings (read once by the driver,
     shipped to every replica, so replicas on other nodes need no shared disk). serve.acwt,
     when set, wins over `acwt` (decoding.assets.tuned_acwt's)."""
-    if decoder.card.kind != "student":
-        raise StepError(f"{decoder.model_uri} is a {decoder.card.kind}: only a student "
-                        "(unidirectional LSTM with look-ahead) can stream")
+    from training.families import get_family
+
+    if not get_family(decoder.card.kind).streams:
+        raise StepError(f"{decoder.model_uri} is a {decoder.card.kind}: only a streaming "
+                        "model (the student: unidirectional LSTM with look-ahead) can stream")
     sc, dc = serve_cfg, decode_cfg
-    return {"model": decoder.model_bytes, "model_uri": decoder.model_uri, "kind": "student",
+    return {"model": decoder.model_bytes, "model_uri": decoder.model_uri,
+            "kind": decoder.card.kind,
             "graph": decoder.graph_bytes(), "graph_info": decoder.graph_info,
             "log_prior": decoder.log_prior, "acwt": sc.acwt or acwt, "acwt_from":
             "serve.acwt" if sc.acwt else acwt_from, "beam": sc.beam or dc.beam,

@@ -1,4 +1,4 @@
-"""The exported student (serving/onnx_export.py) in onnxruntime: the recognizer's
+"""The exported student (training/families/lstm_onnx.py) in onnxruntime: the recognizer's
 streaming step and the whole-utterance log-posteriors, no torch.
 
     session(model_bytes, threads) -> onnxruntime.InferenceSession (CPU, `threads` intra-op)
@@ -7,7 +7,7 @@ streaming step and the whole-utterance log-posteriors, no torch.
         its own (h, c) and its own row count (the LSTM's sequence_lens: a short stream's
         state is taken at its last row, as torch's packed sequences do)
     OrtCtcStreamModel(model_bytes, threads)   serving.ctc_stream.CtcStreamModel's interface
-        on the CTC student's exported streaming graph (serving/ctc_onnx.py): the same
+        on the CTC student's exported streaming graph (training/families/ctc_onnx.py): the same
         per-stream state and batching (serving.ctc_stream.CtcStreams), onnxruntime's step
     stream_model(model_bytes, threads)   the one of the two the graph's metadata names
     utterance_log_posteriors(sess, feats, batch_frames) -> list of [T_i, C]

@@ -1,9 +1,10 @@
 """The per-replica recognizer core (no Ray): the model's streaming step, the incremental
 search, and one stream's session.
 
-    StreamModel(model, dtype).forward(rows, states) -> (log posteriors, states)
-        one LSTM forward over a batch of streams, each with its own (h, c), each with its
-        own number of new rows (packed, so a short stream's state stops at its last row)
+    family.stream_model(model, dtype, device).forward(rows, states) -> (log posteriors, states)
+        the model family's streaming step (training/families/): one forward over a batch
+        of streams, each with its own state and its own number of new rows (the LSTM
+        student's: packed, so a short stream's state stops at its last row)
     StreamSearch(graph, scores, beam, max_active)
         kaldi-decoder's FasterDecoder driven incrementally: init_decoding once, then
         advance_decoding over the frames that arrived (the offline `decode()` is exactly
@@ -21,8 +22,9 @@ search, and one stream's session.
         state and reset the fbank, LFR, LSTM and search, as the offline decode treats a
         speaker's utterances.
     Recognizer(model_bytes, graph_dir, log_prior, acwt, ...)   what a replica holds once;
-        the model card's kind picks the streaming step and the scores: "student" (the
-        hybrid LSTM, StreamModel) or "ctc" (serving/ctc_stream.py: the look-ahead inside
+        the model card's kind names the family, which gives the streaming step; the
+        family's decoder picks the scores: "hybrid" (the LSTM student) or "ctc" (the
+        CTC student's step, training/families/ctc_stream.py: the look-ahead inside
         the step; log_prior unused, blank_penalty used)
 
 Look-ahead: the student's logits[t] need rows up to t + lookahead. Offline, the model pads
@@ -44,9 +46,6 @@ import numpy as np
 
 STABLE_ROWS = 10  # a word is stable once the best path kept it for 10 rows (300 ms)
 PARTIAL_ROWS = 5  # a partial after every 5 new rows (150 ms): the traceback is not free
-# oneDNN's LSTM costs ~4 ms per call more than PyTorch's native one at batch 1-8 (its
-# weights are re-laid-out per call) and wins from ~16 streams a batch (tools: /stats).
-ONEDNN_MIN_BATCH = 16
 
 
 def torch_dtype(name: str, device: str):
@@ -63,52 +62,12 @@ def torch_dtype(name: str, device: str):
     return {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[name]
 
 
-class StreamModel:
-    def __init__(self, model, dtype: str = "auto", device: str = "cpu"):
-        import torch
+def StreamModel(model, dtype: str = "auto", device: str = "cpu"):  # noqa: N802 (was a class)
+    """The LSTM student's streaming step (its family's: training/families/lstm.py
+    LstmStream) with serve.dtype's name for its dtype (the benchmarks' entry)."""
+    from training.families.lstm import LstmStream
 
-        self.device = device
-        self.dtype = torch_dtype(dtype, device)
-        self.lstm = model.lstm.to(device=device, dtype=self.dtype).eval()
-        self.output = model.output.to(device=device, dtype=self.dtype).eval()
-        self.lstm.flatten_parameters()  # moved alone: see training.models._LSTMBody._apply
-        self.lookahead = int(getattr(model, "lookahead", 0))
-        self.input_dim = self.lstm.input_size
-        self.state_shape = (self.lstm.num_layers, self.lstm.hidden_size)
-
-    def zero_state(self) -> np.ndarray:
-        """A stream's (h, c) as one float32 array [2, layers, hidden]."""
-        return np.zeros((2, *self.state_shape), np.float32)
-
-    def forward(self, rows: list[np.ndarray], states: list[np.ndarray]
-                ) -> tuple[list[np.ndarray], list[np.ndarray]]:
-        """Batching and unbatching happen in numpy: a handful of torch calls per forward,
-        because each one gives up the GIL and may wait a switch interval to get it back
-        while the event loop and the search threads run."""
-        import torch
-        from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
-
-        lens = [len(r) for r in rows]
-        x = np.zeros((len(rows), max(lens), self.input_dim), np.float32)
-        for i, r in enumerate(rows):
-            x[i, :lens[i]] = r
-        hc = np.stack(states, 2)  # [2, layers, B, hidden]
-        torch.backends.mkldnn.enabled = len(rows) >= ONEDNN_MIN_BATCH  # forward thread only
-        with torch.inference_mode():
-            xt = torch.from_numpy(x).to(self.device, self.dtype)
-            hct = torch.from_numpy(hc).to(self.device, self.dtype)
-            h, c = hct[0], hct[1]
-            if min(lens) == max(lens):
-                y, (h, c) = self.lstm(xt, (h, c))
-            else:  # packed: each stream's (h, c) is taken at its own last row
-                packed = pack_padded_sequence(xt, torch.tensor(lens), batch_first=True,
-                                              enforce_sorted=False)
-                y, (h, c) = self.lstm(packed, (h, c))
-                y, _ = pad_packed_sequence(y, batch_first=True)
-            logp = torch.log_softmax(self.output(y).float(), -1).cpu().numpy()
-            hc = torch.stack([h, c]).float().cpu().numpy()
-        outs = [logp[i, :n] for i, n in enumerate(lens)]
-        return outs, [np.ascontiguousarray(hc[:, :, i]) for i in range(len(rows))]
+    return LstmStream(model, torch_dtype(dtype, device), device)
 
 
 class StreamSearch:
@@ -175,9 +134,6 @@ class StreamSearch:
         return words, stable
 
 
-STREAMING_KINDS = ("student", "ctc")
-
-
 class Recognizer:
     """What one replica holds: the model's streaming step, the graph, the scores' scales
     (and a hybrid's priors)."""
@@ -197,13 +153,15 @@ class Recognizer:
         from decoding.graph import read_graph
         from training.checkpoint import card_from_bytes
         from training.data import Normalizer
+        from training.families import get_family
         from training.loop import dataclass_from_dict
 
         model, self.card = card_from_bytes(model_bytes)
         self.kind = self.card.kind
-        if self.kind not in STREAMING_KINDS:
-            raise ValueError("only a student (unidirectional LSTM) or a unidirectional CTC "
-                             f"model can stream; this one is a {self.kind}")
+        self.family = get_family(self.kind)
+        if not self.family.streams:
+            raise ValueError("only a streaming model (the unidirectional LSTM student, a "
+                             f"unidirectional CTC model) can stream; this one is a {self.kind}")
         self.acwt, self.beam, self.max_active = float(acwt), float(beam), int(max_active)
         self.blank_penalty = float(blank_penalty)
         self.log_prior = None if log_prior is None else np.asarray(log_prior, np.float32)
@@ -216,24 +174,28 @@ class Recognizer:
 
     def _model_and_scores(self, model, dtype: str, device: str, onnx: bytes | None,
                           threads: int):
-        """(the streaming step, log-posteriors -> the search's scores) of the model's kind,
-        the scores as its offline decode makes them."""
+        """(the streaming step, log-posteriors -> the search's scores): the family's step
+        (or its exported graph in onnxruntime), the scores as the offline decode of the
+        family's decoder makes them."""
+        step = (self.family.stream_model(model, torch_dtype(dtype, device), device)
+                if onnx is None else ONNX_STEPS[self.family.decoder](onnx, model, threads))
+        return step, SCORES[self.family.decoder](self)
+
+    def _hybrid_scores(self):
         from functools import partial
 
-        if self.kind == "ctc":
-            from decoding.ctc_decode import ctc_scores
-            from serving.ctc_stream import CtcStreamModel
-
-            step = CtcStreamModel(model, torch_dtype(dtype, device), device) if onnx is None \
-                else _onnx_ctc_model(onnx, model, threads)
-            return step, partial(ctc_scores, acwt=self.acwt, blank_penalty=self.blank_penalty)
         from decoding.search import acoustic_scores
 
         if self.log_prior is None:
-            raise ValueError("a hybrid student needs its class log-priors")
-        step = StreamModel(model, dtype, device) if onnx is None else \
-            _onnx_model(onnx, model, threads)
-        return step, partial(acoustic_scores, log_prior=self.log_prior, acwt=self.acwt)
+            raise ValueError("a hybrid model needs its class log-priors")
+        return partial(acoustic_scores, log_prior=self.log_prior, acwt=self.acwt)
+
+    def _ctc_scores(self):
+        from functools import partial
+
+        from decoding.ctc_decode import ctc_scores
+
+        return partial(ctc_scores, acwt=self.acwt, blank_penalty=self.blank_penalty)
 
     def features(self):
         from serving.features import StreamFeatures
@@ -254,9 +216,10 @@ def _onnx_model(graph: bytes, model, threads: int):
     """The exported graph in onnxruntime, refused when it is not this model's shape."""
     from serving.onnx_runtime import OrtStreamModel
 
+    from training.families import family_of
+
     ort = OrtStreamModel(graph, threads)
-    want = (int(getattr(model, "lookahead", 0)), model.lstm.input_size,
-            (model.lstm.num_layers, model.lstm.hidden_size), model.output.out_features)
+    want = family_of(model).streaming_signature(model)
     got = (ort.lookahead, ort.input_dim, ort.state_shape, ort.num_classes)
     if got != want:
         raise ValueError(f"the ONNX graph (lookahead, input, state, classes) {got} is not "
@@ -268,19 +231,21 @@ def _onnx_ctc_model(graph: bytes, model, threads: int):
     """The CTC student's exported streaming graph in onnxruntime, refused when it is not
     this model's shape (its inputs, classes, look-ahead and state tensors)."""
     from serving.onnx_runtime import OrtCtcStreamModel
-    from training.ctc.streaming import CtcStreamingStep
+    from training.families import family_of
 
     ort = OrtCtcStreamModel(graph, threads)
-    step = CtcStreamingStep(model)
-    want = (model.input_dim, model.num_classes, step.lookahead_rows, list(step.state_names),
-            [tuple(t.shape[:a] + t.shape[a + 1:]) for t, a in
-             zip(step.zero_state(1), (1 if n.startswith("rnn_") else 0 for n in step.state_names))])
+    want = family_of(model).streaming_signature(model)
     got = (ort.input_dim, ort.num_classes, ort.lookahead_rows, ort.state_names, ort.state_shapes)
     if got != want:
         raise ValueError(f"the ONNX graph (input, classes, look-ahead rows, state names, state "
                          f"shapes) {got} is not the model's {want}: export this model "
                          "(amflow export --model ...)")
     return ort
+
+
+# by the family's decoder: its exported streaming graph's runner, its scores
+ONNX_STEPS = {"hybrid": _onnx_model, "ctc": _onnx_ctc_model}
+SCORES = {"hybrid": Recognizer._hybrid_scores, "ctc": Recognizer._ctc_scores}
 
 
 class Session:

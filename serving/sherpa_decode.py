@@ -1,4 +1,4 @@
-"""An exported CTC student (serving/ctc_onnx.py's sherpa graph) decoded by sherpa-onnx:
+"""An exported CTC student (training/families/ctc_onnx.py's sherpa graph) decoded by sherpa-onnx:
 what a deployment without amflow runs, used by `amflow export`'s checks and the tests.
 
     recognizer(model_path, tokens_path, features, threads) -> sherpa-onnx's OfflineRecognizer

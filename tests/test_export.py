@@ -88,7 +88,7 @@ def test_an_export_whose_outputs_differ_from_torch_fails_its_step(tiny_run, monk
     """Gates in PyTorch's order (i, f, g, o) instead of ONNX's (i, o, f, c): the checks see
     it and the step fails without a _SUCCESS.json."""
     from core.runs import StepError
-    from serving import onnx_export
+    from training.families import lstm_onnx as onnx_export  # the family's export graphs
 
     cfg, run = tiny_run
     monkeypatch.setattr(onnx_export, "GATES_TORCH_TO_ONNX", (0, 1, 2, 3))

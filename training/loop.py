@@ -59,6 +59,7 @@ from training.ctc.loss import ctc_batch_loss
 from training.curves import plot_learning_curve
 from training.data import Batch, BatchLoader, Normalizer, PassSpec, SplitIndex, spec_augment
 from training.example_servers import ExampleServers, load_clean_sources
+from training.families import get_family
 from training.grow import grow_output
 from training.inputs import InputSource, StoredPartitions, mix_seed
 from training.losses import (IGNORE, LossOut, ce_loss, distill_loss, phone_loss, phone_matrix,
@@ -379,7 +380,8 @@ def plan_fingerprint(plan: WorkerPlan) -> dict[str, Any]:
 def grows(tc: TrainConfig) -> bool:
     """Whether `amflow train` trains train.grow's phone stage first: unless a model to
     start from is given (the sequence recipe's always is)."""
-    return tc.grow and tc.recipe != "sequence" and not tc.init_model and tc.model != "ctc"
+    return (tc.grow and tc.recipe != "sequence" and not tc.init_model
+            and get_family(tc.model).grows)
 
 
 def config_fingerprint(cfg: Config, inputs: dict[str, Any]) -> dict[str, Any]:
@@ -396,7 +398,9 @@ def config_fingerprint(cfg: Config, inputs: dict[str, Any]) -> dict[str, Any]:
 
 
 def _model_fingerprint(model: ModelConfig, kind: str) -> dict[str, Any]:
-    return {kind: dataclasses.asdict(getattr(model, kind)), "num_classes": model.num_classes}
+    section = get_family(kind).config(model)
+    return {kind: dataclasses.asdict(section) if section is not None else {},
+            "num_classes": model.num_classes}
 
 
 def _as_json(obj: Any) -> Any:
@@ -542,8 +546,7 @@ class Trainer:
                             if plan.ctc is not None else None)
         right = tc.batches.chunk_right_context
         if right < 0:
-            right = (getattr(self.model, "lookahead", None) if self.kind == "student"
-                     else tc.batches.chunk_left_context)
+            right = get_family(self.kind).chunk_right_context(self.model, tc.batches)
         self.input = build_input(self, int(right))
         self.dev_index = None
         if plan.splits.get("dev"):

@@ -29,6 +29,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from core.config import TrainConfig
+from training.families import get_family
 
 
 @dataclass(frozen=True)
@@ -57,12 +58,14 @@ def plan_passes(train_cfg: TrainConfig, stack: int) -> list[PassInfo]:
         # graph); more than `epochs` means all of them
         finetune = tc.passes.finetune_epochs
         full = min(finetune, units) if tc.recipe == "sequence" else finetune
-        if full > units and tc.model != "ctc":  # ctc: every epoch is full-sequence
+        whole = get_family(tc.model).whole_utterances  # (the CTC student: transcripts)
+        if full > units and not whole:  # whole utterances: every epoch is full-sequence
             raise ValueError(f"train.finetune_epochs ({tc.passes.finetune_epochs}) exceeds "
                              f"train.epochs ({units})")
         for u in range(units):
-            # the CTC student's targets are whole transcripts: every pass is full-sequence
-            mode = "full" if u >= units - full or tc.model == "ctc" else "chunk"
+            # a family trained on whole utterances (the CTC student's targets are whole
+            # transcripts): every pass is full-sequence
+            mode = "full" if u >= units - full or whole else "chunk"
             passes.append(PassInfo(len(passes), u, "labeled", mode, u % stack, 0, 1, 1.0, True))
     elif tc.recipe == "ssl":
         # The paper makes one pass over its million hours; a small unlabeled pool may be

@@ -193,8 +193,10 @@ def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
     done = ctx.finished_on(inputs, out_uri)
     if done is not None:
         return done
+    from training.families import get_family
+
     card = _card(read, model)
-    if card.kind == "ctc":  # an end-to-end model: tokens to words (decoding/ctc_decode.py)
+    if get_family(card.kind).token_targets:  # end to end: tokens to words (decoding/ctc_decode.py)
         result, summary = _decode_ctc(ctx, model, read, card, corpus, split)
     else:
         assets = load_assets(ctx, model, corpus, read)

@@ -22,6 +22,7 @@ from tasks.select import corpus_fingerprint
 from tasks.speech.lexicon import LexiconError, read_lexicon
 from training.checkpoint import card_from_bytes
 from training.evaluate import evaluate_split, labels_in_model_classes, print_table
+from training.families import get_family
 from amflow.steps.train_plan import model_dir_name
 
 
@@ -104,7 +105,7 @@ def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
                         "--model URI")
     read = read_models(ctx, model_uri)
     model, card = card_from_bytes(read[model_uri], model_uri)
-    if card.kind == "ctc":
+    if get_family(card.kind).token_targets:
         raise StepError(f"{model_uri} is a CTC model: it has no frame classes to score; "
                         "`amflow decode` gives its WER")
     has_ctm = st.exists(join(corpus.rstrip("/"), "alignments.ctm"))

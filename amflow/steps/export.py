@@ -42,10 +42,11 @@ QUANTIZE = ("int8",)
 
 
 def graphs(model, card, quantize: str | None) -> dict[str, bytes]:
-    from serving.onnx_export import quantize_int8, streaming_graph, utterance_graph
+    """The model family's graphs (model.onnx, model.streaming.onnx), int8 beside."""
+    from serving.onnx_export import quantize_int8
+    from training.families import family_of
 
-    out = {"model.onnx": utterance_graph(model, card).SerializeToString(),
-           "model.streaming.onnx": streaming_graph(model, card).SerializeToString()}
+    out = family_of(model).export_graphs(model, card)
     if quantize == "int8":
         for name in list(out):
             out[name.replace(".onnx", ".int8.onnx")] = quantize_int8(out[name])
@@ -147,12 +148,15 @@ def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
         return done
     from training.checkpoint import card_from_bytes
 
+    from training.families import get_family
+
     model, card = card_from_bytes(data, uri)
-    if card.kind == "ctc":
+    family = get_family(card.kind)
+    if family.token_targets:
         return export_ctc(ctx, model, card, corpus, quantize, inputs, uri)
-    if card.kind != "student":
-        raise StepError(f"{uri} is a {card.kind}: amflow export takes the hybrid LSTM "
-                        "student (a streaming model) or the CTC student; pass --model a "
+    if not family.streams:
+        raise StepError(f"{uri} is a {card.kind}: amflow export takes a streaming model (the "
+                        "hybrid LSTM student) or the CTC student; pass --model a "
                         "student's train step")
     decoder = decode_step.load_assets(ctx, uri, corpus, read={uri: data})
     acwt, acwt_from = tuned_acwt(ctx.storage, ctx.other(step_dir_name(

@@ -1,5 +1,6 @@
 """`amflow export` of a CTC student (and of the joint CTC/attention student's encoder and
-CTC output): serving/ctc_onnx.py's graphs, sherpa-onnx's files beside them, checked.
+CTC output): the CTC family's graphs (training/families/ctc_onnx.py), sherpa-onnx's files
+beside them, checked.
 
 Writes  runs/<R>/export[-<decode.tag>]/
           model.onnx            x [N, T, D] model rows, x_lens -> log_probs, log_probs_len
@@ -8,8 +9,8 @@ Writes  runs/<R>/export[-<decode.tag>]/
                                 normalisation, stacking and CMVN inside
           model.streaming.onnx  one streaming step (unidirectional models): x, lengths,
                                 final, the state -> log_probs, out_lengths, the state
-                                out (serving/ctc_onnx.py streaming_graph; streaming.json
-                                and the graph's metadata name the state tensors, their
+                                out (training/families/ctc_onnx.py streaming_graph;
+                                streaming.json and the graph's metadata name the state tensors, their
                                 shapes and batch axes); serve.backend=onnxruntime runs it
           model.int8.onnx, model.sherpa.int8.onnx, model.streaming.int8.onnx
                                 with --quantize int8
@@ -60,13 +61,15 @@ def blank_penalty(ctx: StepContext) -> tuple[float, str]:
 
 
 def graphs(model, card, penalty: float, quantize: str | None) -> dict[str, bytes]:
-    from serving.ctc_onnx import sherpa_graph, streaming_graph, utterance_graph
+    """The family's graphs (model.onnx; model.streaming.onnx when it streams) and the
+    sherpa-onnx graph of a CTC model."""
+    from serving.ctc_onnx import sherpa_graph
     from serving.onnx_export import quantize_int8
+    from training.families import family_of
 
-    out = {"model.onnx": utterance_graph(model, card),
-           "model.sherpa.onnx": sherpa_graph(model, card, penalty)}
-    if not model.bidirectional:  # a bidirectional model reads whole utterances
-        out["model.streaming.onnx"] = streaming_graph(model, card)
+    own = family_of(model).export_graphs(model, card)
+    out = {"model.onnx": own.pop("model.onnx"),
+           "model.sherpa.onnx": sherpa_graph(model, card, penalty), **own}
     if quantize == "int8":
         for name in list(out):
             out[name.replace(".onnx", ".int8.onnx")] = quantize_int8(out[name])

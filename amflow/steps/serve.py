@@ -19,6 +19,7 @@ from core.runs import StepContext, StepError, step_dir_name
 from amflow.steps import decode as decode_step
 from core.storage import join
 from serving import app
+from training.families import get_family
 from amflow.steps.train_plan import train_dir_name
 
 
@@ -55,7 +56,8 @@ def decode_record(ctx: StepContext, model_uri: str, kind: str) -> tuple[dict | N
         if not st.exists(uri):
             continue
         r = st.read_json(uri)
-        if r.get("model_kind", "student") != kind or (kind == "ctc" and r.get("search") != "tlg"):
+        tlg = not get_family(kind).token_targets or r.get("search") == "tlg"
+        if r.get("model_kind", "student") != kind or not tlg:
             continue
         if uri == first or _same_model(r.get("model"), model_uri):
             return r, uri
@@ -67,7 +69,7 @@ def tuned_scales(ctx: StepContext, model_uri: str, kind: str) -> dict[str, Any]:
     first grid point; `from` says which."""
     dc = ctx.cfg.decode
     rec, uri = decode_record(ctx, model_uri, kind)
-    if kind == "ctc":
+    if get_family(kind).token_targets:
         if rec is None:
             w = dc.ctc_lm_weights[0]
             return {"acwt": round(1.0 / w, 6), "lm_weight": w,
@@ -89,7 +91,7 @@ def load_assets(ctx: StepContext, model_uri: str) -> dict[str, Any]:
         raise StepError(f"model {model_uri} not found")
     data = ctx.storage.read_bytes(model_uri)
     model, card = card_from_bytes(data, model_uri)
-    if card.kind == "ctc":
+    if get_family(card.kind).token_targets:
         return _ctc_assets(ctx, model_uri, data, model, card)
     decoder = decode_step.load_assets(ctx, model_uri, cfg.data.corpus, read={model_uri: data})
     tuned = tuned_scales(ctx, model_uri, card.kind)
@@ -106,7 +108,7 @@ def _ctc_assets(ctx: StepContext, model_uri: str, data: bytes, model, card) -> d
     check_ctc_card(card, model_uri)
     graph_dir, info, _ = decode_step.ctc_graph(ctx, card, {})
     assets = app.ctc_replica_assets(data, model_uri, model, graph_dir, info, ctx.cfg.serve,
-                                    ctx.cfg.decode, tuned_scales(ctx, model_uri, "ctc"))
+                                    ctx.cfg.decode, tuned_scales(ctx, model_uri, card.kind))
     if ctx.cfg.serve.backend == "onnxruntime":  # the CTC export's model.streaming.onnx
         assets["onnx_uri"] = onnx_uri(ctx)
         assets["onnx"] = ctx.storage.read_bytes(assets["onnx_uri"])

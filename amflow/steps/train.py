@@ -9,6 +9,7 @@ from core.config import ConfigError
 from core.runs import SUCCESS, StepContext, StepError, rejects_table
 from amflow.steps.train_plan import (build_plan, clear_outputs, cmvn_source, train_dir_name,
                                      train_grown, training_inputs)
+from training.families import get_family
 from training.launch import store_priors, train
 from training.loop import config_fingerprint, fingerprint_changes, grows
 
@@ -18,9 +19,10 @@ log = logging.getLogger(__name__)
 def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
     cfg = ctx.cfg
     tc = cfg.train
-    if tc.model == "teacher" and tc.recipe == "ssl":
-        raise ConfigError("train.regime", "the teacher trains on labeled data only "
-                          "(regime labeled); ssl is the student's regime")
+    regimes = get_family(tc.model).regimes
+    if tc.recipe not in regimes:
+        raise ConfigError("train.regime", f"the {tc.model} trains with regime "
+                          f"{' or '.join(regimes)}, not {tc.recipe}")
     step = train_dir_name(tc.tag, tc.recipe)
     if ctx.step != step:
         started = ctx.started

@@ -35,6 +35,7 @@ from core.senones import ContextTree
 from core.storage import join
 from training.ctc.plan import build_ctc_plan, ctc_inputs
 from training.data import SplitIndex, partition_uris
+from training.families import get_family
 from training.launch import (PHONE_STAGE, phone_stage_plan, start_from, store_priors, train)
 from training.loop import fingerprint_changes, plan_fingerprint
 from training.models import resolve_num_classes
@@ -90,7 +91,7 @@ def training_inputs(ctx: StepContext) -> dict[str, Any]:
     if cfg.train.recipe == "sequence" or cfg.train.init_model:
         uri = init_model_uri(cfg, ctx.run_id)
         inputs["init_model"] = st.digest(uri) if st.exists(uri) else None
-    if cfg.train.model == "ctc":  # its targets: the corpus's transcripts, the pseudo-labels
+    if get_family(cfg.train.model).token_targets:  # the corpus's transcripts, pseudo-labels
         inputs.update(ctc_inputs(st, cfg))
     return inputs
 
@@ -109,7 +110,7 @@ def build_plan(ctx: StepContext, train_dir: str) -> tuple[WorkerPlan, dict[str, 
                         "stats the trainer normalises with")
     launch = LaunchSpec(storage_path=join(train_dir, "ray"),
                         name=f"{ctx.run_id}-{train_dir_name(tc.tag, tc.recipe)}-{tc.algorithm}")
-    if tc.model == "ctc":  # the CTC student: transcripts and tokens, not phone classes
+    if get_family(tc.model).token_targets:  # the CTC student: transcripts, not phone classes
         plan, report = build_ctc_plan(storage, cfg, ctx.run_id, ctx.other("repartition"),
                                       train_dir, cmvn, training_inputs(ctx), launch)
         init_model, _ = _init_model(ctx, plan)

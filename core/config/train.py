@@ -93,6 +93,9 @@ PRESETS_DIR = Path(__file__).resolve().parents[2] / "configs" / "presets"
 # a missing file under such a folder that names a moved preset is read from PRESETS_DIR,
 # with a WARNING.
 _OLD_PRESET_DIRS = ("recipes",)
+# train.model's values: the model families' names. training/families registers each family
+# here (a new family adds its name), so the schema never lists them itself.
+MODEL_FAMILIES: set[str] = {"teacher", "student", "ctc"}
 
 
 def read_preset_file(path: Path, key: str) -> dict[str, Any]:
@@ -426,8 +429,8 @@ class TrainConfig:
         return getattr(self, section) if section else self
 
     def validate(self, key: str) -> None:
-        check(self.model in ("teacher", "student", "ctc"), f"{key}.model",
-              "must be teacher, student or ctc")
+        check(self.model in MODEL_FAMILIES, f"{key}.model",
+              "must be a model family: " + ", ".join(sorted(MODEL_FAMILIES)))
         self._validate_ctc(key)
         check(self.regime in ("labeled", "ssl", "sequence"), f"{key}.regime",
                "must be labeled, ssl or sequence")
