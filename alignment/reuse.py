@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from core.runs import SUCCESS, Reject
+from core.outcomes import SUCCESS, Reject
 from core.senones import ContextTree
 from core.storage import Storage, join
 

@@ -29,7 +29,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from core.model_card import ModelCard
-from core.runs import StepError
+from core.outcomes import StepError
 from core.senones import ContextTree, ContextTreeError
 from core.storage import join
 from decoding import graph as G

@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from core.runs import StepError
+from core.outcomes import StepError
 from decoding.assets import DecoderAssets
 from serving import protocol as P
 

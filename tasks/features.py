@@ -60,7 +60,7 @@ import numpy as np
 from core import records
 from core.config import FeaturesConfig, StorageConfig
 from core.reject_hints import nothing_left
-from core.runs import Reject, StepError, rejects_table
+from core.outcomes import Reject, StepError, rejects_table
 from core.senones import fit_frames
 from core.storage import Storage, join
 from tasks import alignments as al

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from core.runs import SUCCESS, StepError
+from core.outcomes import SUCCESS, StepError
 from core.storage import Storage, join
 from tasks.intervals import IntervalError, day_runs, window_dates
 

@@ -18,7 +18,7 @@ import io
 import json
 from typing import Any
 
-from core.runs import SUCCESS, step_dir_name
+from core.outcomes import SUCCESS, step_dir_name
 from core.storage import Storage
 
 CONDITIONS = ("DP1", "DP2", "DP3", "DP4", "DP5")

@@ -42,7 +42,7 @@ import pyarrow as pa
 
 from core.config import SelectConfig
 from core.progress import Progress
-from core.runs import Reject, StepError
+from core.outcomes import Reject, StepError
 from core.storage import Storage, iter_jsonl, join
 from tasks.audio import resolve_uri
 from tasks.intervals import Interval, file_date, files_in_interval

@@ -41,7 +41,7 @@ import torch
 
 from core import records
 from core.prefetch import Prefetch
-from core.runs import StepError
+from core.outcomes import StepError
 from core.storage import Storage, join
 
 from training.losses import IGNORE

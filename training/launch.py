@@ -18,7 +18,7 @@ import numpy as np
 
 from core.config import with_overrides
 from core.model_card import ModelCard
-from core.runs import StepError
+from core.outcomes import StepError
 from core.senones import ContextTree
 from core.storage import Storage, join
 from training.checkpoint import load_model

@@ -23,7 +23,7 @@ from typing import Any, Iterable
 
 import pyarrow as pa
 
-from core.runs import REJECT_SCHEMA, StepError
+from core.outcomes import REJECT_SCHEMA, StepError
 from core.storage import Storage, join
 
 GENERATOR = "amflow import"

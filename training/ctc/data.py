@@ -28,7 +28,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from core.runs import StepError
+from core.outcomes import StepError
 from core.storage import Storage, join
 from training.ctc.tokens import Tokenizer, TokenizerError, train_tokenizer
 

@@ -13,7 +13,7 @@ import math
 from typing import Any
 
 from core.config import Config
-from core.runs import Reject, StepError
+from core.outcomes import Reject, StepError
 from core.storage import Storage, join
 from training.ctc.data import prepare_transcripts, pseudolabel_dir, read_transcripts
 from training.data import SplitIndex, partition_uris
