@@ -18,16 +18,9 @@ import io
 import json
 from typing import Any
 
-from core.outcomes import SUCCESS, step_dir_name
 from core.storage import Storage
 
 CONDITIONS = ("DP1", "DP2", "DP3", "DP4", "DP5")
-_TAGS = ("teacher", "baseline", "")
-STEP_ORDER = ("corpus", "select", "features", "targets", "repartition", "lm",
-              *(step_dir_name(step, tag)
-                for step in ("train", "evaluate", "decode", "sequence", "evaluate-sequence",
-                             "decode-sequence") for tag in _TAGS),
-              "simulate")
 # Table II of the petabyte paper: the SSL student's WERR over the baseline, DP1..DP5 (%).
 PAPER_WERR = {"DP1": 9.8, "DP2": 22.2, "DP3": 21.8, "DP4": 16.5, "DP5": 18.9}
 
@@ -158,19 +151,6 @@ def render_steps(steps: list[dict[str, Any]]) -> str:
 
 def read_json_or_none(storage: Storage, uri: str) -> dict | None:
     return storage.read_json(uri) if storage.exists(uri) else None
-
-
-def run_steps(storage: Storage, run_uri: str) -> list[dict[str, Any]]:
-    """The `_SUCCESS.json` of each step folder directly under `run_uri`, in pipeline order."""
-    base = run_uri.rstrip("/")
-    found = []
-    for uri in storage.list(base, suffix=SUCCESS, recursive=True):
-        rel = uri[len(base) + 1:]
-        if rel.count("/") != 1 or rel.startswith("report/") or "_shards" in rel:
-            continue
-        found.append(storage.read_json(uri))
-    order = {name: i for i, name in enumerate(STEP_ORDER)}
-    return sorted(found, key=lambda s: (order.get(s.get("step", ""), 99), s.get("step", "")))
 
 
 def curves_png(storage: Storage, sources: dict[str, str]) -> bytes | None:
