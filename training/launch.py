@@ -1,5 +1,5 @@
 """Training a model from a typed plan: the library behind `amflow train` and `amflow
-sequence` (their steps, amflow/steps/train.py and amflow/steps/train_plan.py, resolve the
+sequence` (their steps, amflow/steps/train.py and amflow/services/train_plan.py, resolve the
 run layout into a `training.plan.WorkerPlan`).
 
 `train` runs a plan on one worker in this process, or with `train.workers` > 1 on Ray Train

@@ -18,7 +18,7 @@ from decoding import decode as D
 from decoding import error_analysis
 from decoding.assets import DecoderAssets
 from tasks.select import corpus_fingerprint
-from amflow.steps.train_plan import model_dir_name
+from amflow.services.train_plan import model_dir_name
 
 
 def tagged_context(ctx: StepContext, step: str = "decode") -> StepContext:

@@ -19,7 +19,7 @@ from core.runs import StepContext, StepError, step_dir_name
 from amflow.steps import decode as decode_step
 from core.storage import join
 from serving import app
-from amflow.steps.train_plan import train_dir_name
+from amflow.services.train_plan import train_dir_name
 
 
 def serve_context(ctx_or_cfg, model: str | None) -> tuple[StepContext, str]:
