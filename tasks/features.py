@@ -350,7 +350,7 @@ class ShardFeaturizer:
             return True, al.lfr_labels(fl, n_rows, fcfg.stack, fcfg.subsample), fl
         if rec["split"] == "labeled":
             self.reject(rec, "missing_alignment", "amflow align has no alignment for it "
-                        "(see runs/<R>/align/rejects/align.parquet)")
+                        "(see the align step's rejects/align.parquet)")
             return False, None, None
         return True, None, None
 
