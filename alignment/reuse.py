@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from core.runs import SUCCESS, Reject
+from core.outcomes import SUCCESS, Reject
 from core.senones import ContextTree
 from core.storage import Storage, join
 
@@ -59,7 +59,7 @@ def problem(st: Storage, src: str, settings: dict[str, Any], lexicon: str, corpu
     `settings`: this run's `compared` settings; `lexicon`: its lexicon's sha256; `tree`:
     the network tree this run labels with (None: the source's own)."""
     if not st.exists(join(src, SUCCESS)):
-        return "it did not finish (no _SUCCESS.json)"
+        return f"it did not finish (no {SUCCESS})"
     plan_uri = join(src, "_plan.json")
     plan = st.read_json(plan_uri) if st.exists(plan_uri) else {}
     theirs = compared(plan.get("align") or {})

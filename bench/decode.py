@@ -22,7 +22,7 @@ import numpy as np
 # torch is deferred to run(): `amflow bench --help` should not pay for it
 from core.config import Config, FeaturesConfig
 from core.runs import StepContext, StepError
-from amflow.steps import decode as decode_step
+from amflow.services import decoder_setup
 from core.storage import join
 from decoding import decode as D
 from decoding import wer as W
@@ -99,7 +99,7 @@ def run(ctx: StepContext, args: Any) -> dict[str, Any]:
     model_uri = getattr(args, "model", None) or ctx.other("train", "model.pt")
     if not st.exists(model_uri):
         raise StepError(f"model {model_uri} not found (pass --model)")
-    a = decode_step.load_assets(ctx, model_uri, corpus)
+    a = decoder_setup.load_assets(ctx, model_uri, corpus)
     graph_info = a.graph_info
     run_dir, train_dir = model_uri.rsplit("/", 2)[:2]
     tuned = join(run_dir, train_dir.replace("train", "decode", 1), "result.json")

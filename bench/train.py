@@ -22,8 +22,9 @@ import torch
 from core.config import ModelConfig, StudentConfig, TeacherConfig
 from core.runs import StepContext
 from core.storage import join
+from amflow.services.synthetic_run import make_synthetic_run
 from training.data import (BatchLoader, Normalizer, PassSpec, SplitIndex, loader_throughput,
-                           make_synthetic_run, partition_uris)
+                           partition_uris)
 from training.families import get_family
 from training.loop import batch_loss
 from training.models import build_model, num_parameters

@@ -12,11 +12,11 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator, Protocol, Sequence
 
 from core.config import Config
 from core.progress import Progress
-from core.runs import StepContext
+from core.storage import Storage
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +84,21 @@ def worker_threads(cfg: Config) -> Iterator[None]:
         torch.set_num_threads(before)
 
 
-def _run_shard(fn: Callable[..., dict], ctx: StepContext, job: Any, shard_id: str,
+class ShardedStep(Protocol):
+    """What `map_shards` needs of a step (the app's `core.runs.StepContext` has it): its
+    config and name, its storage, and its shards' done-markers (where they are, and the
+    stats of a finished one; None: not finished, or --force redoes it)."""
+
+    cfg: Config
+    step: str
+    storage: Storage
+
+    def shard_marker(self, shard_id: str) -> str: ...
+
+    def shard_done(self, shard_id: str) -> dict | None: ...
+
+
+def _run_shard(fn: Callable[..., dict], ctx: ShardedStep, job: Any, shard_id: str,
                payload: Any) -> dict:
     stats = fn(job, shard_id, payload)
     stats = dict(stats, shard=shard_id)
@@ -92,7 +106,7 @@ def _run_shard(fn: Callable[..., dict], ctx: StepContext, job: Any, shard_id: st
     return stats
 
 
-def map_shards(ctx: StepContext, shards: Sequence[tuple[str, Any]],
+def map_shards(ctx: ShardedStep, shards: Sequence[tuple[str, Any]],
                fn: Callable[[Any, str, Any], dict], job: Any, *, unit: str = "shards",
                num_cpus: float = 1, num_gpus: float = 0,
                postfix: Callable[[list[dict]], dict] | None = None,
@@ -127,7 +141,7 @@ def map_shards(ctx: StepContext, shards: Sequence[tuple[str, Any]],
     return [results[sid] for sid, _ in shards]
 
 
-def _inline(ctx: StepContext, fn: Callable[..., dict], job: Any,
+def _inline(ctx: ShardedStep, fn: Callable[..., dict], job: Any,
             todo: list[tuple[str, Any]]) -> Iterator[tuple[str, dict]]:
     """(shard id, stats) of each shard, run one after another in this process."""
     with worker_threads(ctx.cfg):
@@ -135,7 +149,7 @@ def _inline(ctx: StepContext, fn: Callable[..., dict], job: Any,
             yield sid, _run_shard(fn, ctx, job, sid, payload)
 
 
-def _on_ray(ctx: StepContext, fn: Callable[..., dict], job: Any, todo: list[tuple[str, Any]],
+def _on_ray(ctx: ShardedStep, fn: Callable[..., dict], job: Any, todo: list[tuple[str, Any]],
             num_cpus: float, num_gpus: float) -> Iterator[tuple[str, dict]]:
     """(shard id, stats) of each shard as its Ray task finishes (a task per shard)."""
     import ray

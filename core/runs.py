@@ -1,4 +1,4 @@
-"""The run layout and the step contract.
+"""The run layout (`Run`) and the step contract (`StepContext`): the app's, never a library's.
 
     <storage.root>/runs/<run_id>/<step>/            outputs of one step
     <storage.root>/runs/<run_id>/<step>/_shards/    one JSON per finished shard (its counts)
@@ -19,53 +19,22 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
-import pyarrow as pa
-
 from core.config import Config
+# What libraries report (errors, rejects, shard markers) lives in core.outcomes, which they
+# import; the app takes them from here too, beside the layout.
+from core.outcomes import (REJECT_SCHEMA, SUCCESS, ConservationError, Reject,  # noqa: F401
+                           StepError, rejects_table, shard_marker_uri)
 from core.storage import Storage, join
 
 log = logging.getLogger(__name__)
 
-SUCCESS = "_SUCCESS.json"
-REJECT_SCHEMA = pa.schema([("utt_id", pa.string()), ("shard", pa.string()),
-                           ("reason", pa.string()), ("detail", pa.string())])
-
-
-class StepError(RuntimeError):
-    """A step cannot proceed (missing input, broken invariant); the message says why."""
-
-
-class ConservationError(StepError):
-    pass
-
-
-@dataclass
-class Reject:
-    utt_id: str
-    reason: str
-    detail: str = ""
-    shard: str = ""
-
-
-def rejects_table(rejects: Iterable[Reject]) -> pa.Table:
-    rows = list(rejects)
-    return pa.table({
-        "utt_id": [r.utt_id for r in rows],
-        "shard": [r.shard for r in rows],
-        "reason": [r.reason for r in rows],
-        "detail": [r.detail[:2000] for r in rows],
-    }, schema=REJECT_SCHEMA)
+RUNS = "runs"  # the folder of every run under storage.root
 
 
 def step_dir_name(step: str, tag: str = "") -> str:
     """The folder of a tagged step under its run: `train`, or `train-<tag>` when tagged.
     The one place this name is built (runner, DAGs, steps and report all ask here)."""
     return f"{step}-{tag}" if tag else step
-
-
-def shard_marker_uri(step_uri: str, shard_id: str) -> str:
-    """A shard's done-marker in a step's output folder (written last, after its outputs)."""
-    return join(step_uri, "_shards", f"{shard_id}.json")
 
 
 # Steps whose output folder takes another step's tag: sequence[-<train.tag>].
@@ -83,8 +52,56 @@ def step_dir_of(step: str, cfg: Config) -> str:
     return step_dir_name(step, tag or "")
 
 
+@dataclass(frozen=True)
+class Run:
+    """One run of the layout: `<root>/runs/<run_id>/`, a folder per step (tagged steps:
+    `step_dir_name`), each closed by its `_SUCCESS.json` summary and holding its rejects.
+    The app resolves a run's paths here and hands libraries plain URIs and values."""
+
+    root: str
+    run_id: str
+
+    @property
+    def uri(self) -> str:
+        return join(runs_uri(self.root), self.run_id)
+
+    def step(self, step: str, *parts: str) -> str:
+        """The URI of step folder `step` (a step dir name: `train-baseline`), or of
+        `parts` inside it."""
+        return join(self.uri, step, *parts)
+
+    def success(self, step: str) -> str:
+        """The `_SUCCESS.json` of step folder `step`."""
+        return self.step(step, SUCCESS)
+
+    def rejects(self, step: str, name: str) -> str:
+        """A rejects table (`name`: its file, e.g. `rejects.parquet`) of step folder `step`."""
+        return self.step(step, "rejects", name)
+
+    def summary(self, storage: Storage, step: str) -> dict[str, Any] | None:
+        """The `_SUCCESS.json` of step folder `step`; None when it has not finished."""
+        uri = self.success(step)
+        return storage.read_json(uri) if storage.exists(uri) else None
+
+    def finished_steps(self, storage: Storage) -> dict[str, dict[str, Any]]:
+        """{step folder: its `_SUCCESS.json`} of every finished step folder of the run."""
+        base, out = self.uri.rstrip("/"), {}
+        if not storage.exists(base):
+            return out
+        for uri in storage.list(base, suffix=SUCCESS, recursive=True):
+            rel = uri[len(base) + 1:]
+            if rel.count("/") == 1:
+                out[rel.split("/")[0]] = storage.read_json(uri)
+        return out
+
+
+def runs_uri(root: str) -> str:
+    """The folder holding every run under `root` (storage.root)."""
+    return join(root, RUNS)
+
+
 def run_uri(cfg: Config, run_id: str) -> str:
-    return join(cfg.storage.root, "runs", run_id)
+    return Run(cfg.storage.root, run_id).uri
 
 
 @dataclass
@@ -102,22 +119,26 @@ class StepContext:
         self.storage = Storage(self.cfg.storage)
 
     @property
+    def run(self) -> Run:
+        return Run(self.cfg.storage.root, self.run_id)
+
+    @property
     def run_uri(self) -> str:
-        return run_uri(self.cfg, self.run_id)
+        return self.run.uri
 
     @property
     def step_uri(self) -> str:
-        return join(self.run_uri, self.step)
+        return self.run.step(self.step)
 
     def path(self, *parts: str) -> str:
         return join(self.step_uri, *parts)
 
     def other(self, step: str, *parts: str) -> str:
-        return join(self.run_uri, step, *parts)
+        return self.run.step(step, *parts)
 
     def require(self, step: str) -> dict[str, Any]:
         """The `_SUCCESS.json` of an earlier step of this run, or a clear error."""
-        uri = self.other(step, SUCCESS)
+        uri = self.run.success(step)
         if not self.storage.exists(uri):
             raise StepError(f"step '{self.step}' needs step '{step}' of run '{self.run_id}' "
                             f"to have finished first ({uri} not found): run "
@@ -186,9 +207,8 @@ class StepContext:
     def finished_at(self, step: str) -> str | None:
         """When an earlier step of this run finished (None: it has not): a later step that
         read its outputs compares it to know they are the same ones."""
-        uri = self.other(step, SUCCESS)
-        return self.storage.read_json(uri).get("finished_at") if self.storage.exists(uri) \
-            else None
+        done = self.run.summary(self.storage, step)
+        return done.get("finished_at") if done is not None else None
 
     # -- per-shard idempotency
     def shard_marker(self, shard_id: str) -> str:

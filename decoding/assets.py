@@ -30,7 +30,7 @@ import numpy as np
 
 from core.config import DecodeConfig
 from core.model_card import ModelCard
-from core.runs import StepError
+from core.outcomes import StepError
 from core.senones import ContextTree, ContextTreeError
 from core.storage import join
 from decoding import graph as G

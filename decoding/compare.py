@@ -1,8 +1,10 @@
 """Runs side by side: WER with 95 % CIs, deltas against the first run with a matched-pairs
 test, dev curves, and the model each result scored.
 
-    load_run(st, root, run_id) -> dict      every decode*/ result (+ its hyps.jsonl rows)
+    load_run(st, run_id, run_uri, steps)    every decode*/ result (+ its hyps.jsonl rows)
                                             and every train*/sequence* dev curve of a run
+                                            (`steps`: {step folder: its summary}, which
+                                            the app reads: core.runs.Run.finished_steps)
     compare(runs, pairs) -> dict            rows per (run, decode); the first run is the
                                             base each other run's decode is tested on: the
                                             one named in `pairs`, of the same name, else of
@@ -23,20 +25,8 @@ from typing import Any
 from core.storage import Storage, join
 from decoding.significance import ALPHA, bootstrap_ci, compare_rows
 
-SUCCESS = "_SUCCESS.json"
 DECODE_PREFIX = "decode"
 CURVE_PREFIXES = ("train", "sequence")
-
-
-def _step_dirs(st: Storage, run_uri: str) -> dict[str, dict]:
-    out = {}
-    if not st.exists(run_uri):
-        return out
-    for uri in st.list(run_uri, suffix=SUCCESS, recursive=True):
-        rel = uri[len(run_uri.rstrip("/")) + 1:]
-        if rel.count("/") == 1:
-            out[rel.split("/")[0]] = st.read_json(uri)
-    return out
 
 
 def read_rows(st: Storage, uri: str) -> list[dict]:
@@ -61,9 +51,9 @@ def _curve(st: Storage, run_uri: str, step_dir: str) -> list[dict]:
             for r in recs if r.get("kind") == "dev" and r.get("unit") is not None]
 
 
-def load_run(st: Storage, root: str, run_id: str) -> dict:
-    run_uri = join(root, "runs", run_id)
-    steps = _step_dirs(st, run_uri)
+def load_run(st: Storage, run_id: str, run_uri: str, steps: dict[str, dict]) -> dict:
+    """Run `run_id`'s decodes and dev curves: `steps` maps each finished step folder under
+    `run_uri` (the run's folder) to its summary."""
     if not steps:
         raise FileNotFoundError(f"run {run_id!r}: no finished step under {run_uri}")
     decodes = {d: _decode(st, run_uri, d, s) for d, s in sorted(steps.items())

@@ -22,7 +22,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from core.config import Config, DecodeConfig, StorageConfig
-from core.runs import StepError
+from core.outcomes import StepError
 from core.storage import Storage, join
 from decoding import decode as D
 from decoding import error_analysis

@@ -39,7 +39,7 @@ import pyarrow as pa
 from core.config import Config, DecodeConfig, StorageConfig
 from core.model_card import ModelCard
 from core.progress import Progress
-from core.runs import Reject, StepError
+from core.outcomes import Reject, StepError
 from core.storage import Storage, join
 from decoding import wer as W
 from decoding.batching import batched

@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 
 from core.config import ConfigError, LmConfig
+from core.outcomes import SUCCESS
 from core.storage import join
 from decoding.lexicon import words_of
 from decoding.lm import generator_sentences, split_transcripts
@@ -34,7 +35,7 @@ OOV_WARN = 0.05  # dev/test OOV rate above which the LM's vocabulary misses the 
 def embedded_corpus(storage, corpus: str) -> bool:
     """Whether `amflow corpus` made the corpus (its text is the generator's)."""
     try:
-        return storage.read_json(join(corpus, "_SUCCESS.json")).get("generator") == EMBEDDED
+        return storage.read_json(join(corpus, SUCCESS)).get("generator") == EMBEDDED
     except (FileNotFoundError, ValueError, OSError, AttributeError):
         return False
 

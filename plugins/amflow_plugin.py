@@ -107,7 +107,8 @@ def compare_page(runs: list[str] = Query(default=[]), base: str = "",
     other run is tested against `base` (default: the first run ticked)."""
     from amflow.airflow_view import PICK_RUNS, order_runs, render_compare
     from core.config import ConfigError
-    from decoding.compare import compare, load_run
+    from amflow.services.compared_runs import load_run
+    from decoding.compare import compare
 
     try:
         storage, root = _storage_root({"config": config})

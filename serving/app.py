@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from core.config import Config, DecodeConfig, ServeConfig
-from core.runs import StepError
+from core.outcomes import StepError
 from decoding.assets import DecoderAssets
 from serving import protocol as P
 

@@ -70,7 +70,7 @@ from scipy import signal
 from core.config import Config, CorpusConfig
 from core.progress import Progress
 from core.raycluster import init_ray, step_resources
-from core.runs import StepError
+from core.outcomes import SUCCESS, StepError
 from core.storage import Storage, join
 from tasks.alignments import read_ctm
 from tasks.select import MetadataError, metadata_files, parse_metadata_line
@@ -86,7 +86,6 @@ ALIGNED_SPLITS = ("labeled", "dev", "test")
 SIL = "sil"
 CLEAN_SPLITS = ("labeled",)  # default corpus.clean_splits: dry renderings kept (audio_clean/)
 UNK = "<unk>"
-SUCCESS = "_SUCCESS.json"
 BATCHES = "_batches"
 CTM = "alignments.ctm"
 PHONES = "phones.txt"

@@ -60,7 +60,7 @@ import numpy as np
 from core import records
 from core.config import FeaturesConfig, StorageConfig
 from core.reject_hints import nothing_left
-from core.runs import Reject, StepError, rejects_table
+from core.outcomes import Reject, StepError, rejects_table
 from core.senones import fit_frames
 from core.storage import Storage, join
 from tasks import alignments as al
@@ -350,7 +350,7 @@ class ShardFeaturizer:
             return True, al.lfr_labels(fl, n_rows, fcfg.stack, fcfg.subsample), fl
         if rec["split"] == "labeled":
             self.reject(rec, "missing_alignment", "amflow align has no alignment for it "
-                        "(see runs/<R>/align/rejects/align.parquet)")
+                        "(see the align step's rejects/align.parquet)")
             return False, None, None
         return True, None, None
 

@@ -1,28 +1,23 @@
 """A training window: the daily_data interval partitions a student learns from.
 
 `repartition.days` (the last N days) or `repartition.from_date`..`to_date` name days;
-each day's partition is the run `<storage.root>/runs/<daily.dataset>-YYYY-MM-DD/`
-(tasks/intervals.py), complete when its targets finished. `window_partitions` finds them
-and says which days of the window have none (no audio that day, or not processed yet);
-`merge_cmvn` sums the feature statistics of several runs (sufficient statistics: the
+each day's partition is a run of its own (tasks/intervals.py), complete when its targets
+finished. The app finds them (amflow.services.daily_window) and hands each day's features
+and targets folders and summaries to `day_partition`; `merge_cmvn` sums the feature statistics of several runs (sufficient statistics: the
 union's CMVN is their sum).
 """
 from __future__ import annotations
 
 import hashlib
 import json
-import logging
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from core.config import RepartitionConfig
-from core.runs import SUCCESS, StepError
+from core.outcomes import StepError
 from core.storage import Storage, join
-from tasks.intervals import IntervalError, day_runs, window_dates
-
-log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -31,9 +26,10 @@ class Partition:
 
     date: str
     run_id: str
-    run_uri: str
-    features: dict[str, Any]  # its features/_SUCCESS.json
-    targets: dict[str, Any]  # its targets/_SUCCESS.json
+    features_dir: str  # its features step's folder
+    targets_dir: str  # its targets step's folder
+    features: dict[str, Any]  # its features step's summary
+    targets: dict[str, Any]  # its targets step's summary
     shards: list[dict[str, Any]] = field(default_factory=list)  # features/shards.json entries
     order: list[str] = field(default_factory=list)
     cmvn: dict[str, Any] | None = None
@@ -44,10 +40,10 @@ class Partition:
         return f"{self.run_id}.{shard}"
 
     def features_uri(self, shard: str) -> str:
-        return join(self.run_uri, "features", "shards", f"{shard}.parquet")
+        return join(self.features_dir, "shards", f"{shard}.parquet")
 
     def targets_uri(self, shard: str) -> str:
-        return join(self.run_uri, "targets", "shards", f"{shard}.parquet")
+        return join(self.targets_dir, "shards", f"{shard}.parquet")
 
     @property
     def digest(self) -> str:
@@ -71,44 +67,17 @@ def window_asked(rcfg: RepartitionConfig) -> bool:
     return bool(rcfg.days or rcfg.from_date)
 
 
-def window_partitions(st: Storage, root: str, dataset: str, rcfg: RepartitionConfig
-                      ) -> tuple[list[Partition], list[str]]:
-    """(the finished partitions of the window's days, oldest first; the days of the
-    window without one). A StepError when a window is asked for and none is there."""
-    runs_uri = join(root, "runs")
-    runs = day_runs([u.rsplit("/", 1)[-1] for u in st.subdirs(runs_uri)], dataset)
-    done = {d: r for d, r in runs.items()
-            if st.exists(join(runs_uri, r, "targets", SUCCESS))}
-    try:
-        dates = window_dates(rcfg.days, rcfg.from_date, rcfg.to_date, max(done, default=None))
-    except IntervalError as exc:
-        raise StepError(str(exc)) from exc
-    found = [_partition(st, runs_uri, d, done[d]) for d in dates if d in done]
-    missing = [d for d in dates if d not in done]
-    if not found:
-        raise StepError(
-            f"repartition.days={rcfg.days} / from_date={rcfg.from_date!r} / to_date="
-            f"{rcfg.to_date!r}: no finished daily_data partition ({runs_uri}/{dataset}-"
-            f"YYYY-MM-DD/targets/_SUCCESS.json) for the days {dates[:1]}..{dates[-1:]} "
-            f"(partitions with targets: {sorted(done)[:5] or 'none'}); run daily_data for "
-            f"them (airflow backfill create --dag-id daily_data ...) or change the keys")
-    if missing:
-        log.warning("repartition: %d of the window's %d days have no finished daily_data "
-                    "partition (no audio, or not processed yet): %s", len(missing), len(dates),
-                    ", ".join(missing[:10]) + (" ..." if len(missing) > 10 else ""))
-    return found, missing
-
-
-def _partition(st: Storage, runs_uri: str, date: str, run_id: str) -> Partition:
-    run = join(runs_uri, run_id)
-    index = st.read_json(join(run, "features", "shards.json"))
-    cmvn_uri = join(run, "features", "cmvn.json")
-    return Partition(date=date, run_id=run_id, run_uri=run,
-                     features=st.read_json(join(run, "features", SUCCESS)),
-                     targets=st.read_json(join(run, "targets", SUCCESS)),
+def day_partition(st: Storage, date: str, run_id: str, features_dir: str, targets_dir: str,
+                  features: dict[str, Any], targets: dict[str, Any]) -> Partition:
+    """Day `date`'s partition (run `run_id`): its features and targets folders and their
+    summaries, with the shard index, CMVN and feature settings read from the features."""
+    index = st.read_json(join(features_dir, "shards.json"))
+    cmvn_uri = join(features_dir, "cmvn.json")
+    return Partition(date=date, run_id=run_id, features_dir=features_dir,
+                     targets_dir=targets_dir, features=features, targets=targets,
                      shards=index.get("shards", []), order=index.get("order", []),
                      cmvn=st.read_json(cmvn_uri) if st.exists(cmvn_uri) else None,
-                     settings=_features_settings(st, join(run, "features")))
+                     settings=_features_settings(st, features_dir))
 
 
 def _features_settings(st: Storage, features_uri: str) -> dict[str, Any]:

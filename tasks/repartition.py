@@ -61,7 +61,7 @@ import pyarrow.compute as pc
 
 from core.config import RepartitionConfig, StorageConfig
 from core import records
-from core.runs import Reject, StepError, rejects_table, shard_marker_uri
+from core.outcomes import Reject, StepError, rejects_table, shard_marker_uri
 from core.storage import Storage, join
 
 log = logging.getLogger(__name__)

@@ -18,7 +18,6 @@ import io
 import json
 from typing import Any, Sequence
 
-from core.runs import SUCCESS
 from core.storage import Storage
 
 CONDITIONS = ("DP1", "DP2", "DP3", "DP4", "DP5")
@@ -152,22 +151,6 @@ def render_steps(steps: list[dict[str, Any]]) -> str:
 
 def read_json_or_none(storage: Storage, uri: str) -> dict | None:
     return storage.read_json(uri) if storage.exists(uri) else None
-
-
-def run_steps(storage: Storage, run_uri: str, order: Sequence[str] = ()
-              ) -> list[dict[str, Any]]:
-    """The `_SUCCESS.json` of each step folder directly under `run_uri`, the folders
-    named in `order` first in that order (the app's pipeline order), then the rest by name."""
-    base = run_uri.rstrip("/")
-    found = []
-    for uri in storage.list(base, suffix=SUCCESS, recursive=True):
-        rel = uri[len(base) + 1:]
-        if rel.count("/") != 1 or rel.startswith("report/") or "_shards" in rel:
-            continue
-        found.append(storage.read_json(uri))
-    rank = {name: i for i, name in enumerate(order)}
-    return sorted(found, key=lambda s: (rank.get(s.get("step", ""), len(rank)),
-                                        s.get("step", "")))
 
 
 def curves_png(storage: Storage, sources: dict[str, str]) -> bytes | None:

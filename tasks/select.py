@@ -42,7 +42,7 @@ import pyarrow as pa
 
 from core.config import SelectConfig
 from core.progress import Progress
-from core.runs import Reject, StepError
+from core.outcomes import SUCCESS, Reject, StepError
 from core.storage import Storage, iter_jsonl, join
 from tasks.audio import resolve_uri
 from tasks.intervals import Interval, file_date, files_in_interval
@@ -232,7 +232,7 @@ def corpus_fingerprint(storage: Storage, corpus: str) -> str | None:
     tools (no _SUCCESS.json) is known by its metadata files and CTM, each by size and
     modification time (`Storage.version`: no read of gigabytes of metadata): records
     added or edited there give another fingerprint. None: no metadata at all."""
-    success = join(corpus, "_SUCCESS.json")
+    success = join(corpus, SUCCESS)
     if not storage.exists(success):
         return files_fingerprint(storage, corpus)
     summary = storage.read_json(success)

@@ -30,7 +30,7 @@ from core.config import StorageConfig, TargetsConfig
 from core.model_card import ModelCard
 from core.records import (decode_feats, dequantize_sqrt, encode_topk, iter_rows, load_cmvn,
                           quantize_ranked, read_table, target_schema, to_table)
-from core.runs import Reject, StepError, rejects_table, shard_marker_uri
+from core.outcomes import Reject, StepError, rejects_table, shard_marker_uri
 from core.storage import Storage, join
 from core.target_codes import FP16_CODE, sqrt_levels
 from core.soft_targets import teacher_log_probs

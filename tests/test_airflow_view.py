@@ -83,7 +83,8 @@ def test_compare_page_base_is_explicit_and_gaps_say_why(tmp_path):
     """The base is the one picked (or the first ticked), put first; one run shows its
     WER alone; a run with no decode yet and a decode the base lacks say so."""
     from amflow.airflow_view import PICK_RUNS, order_runs, render_compare
-    from decoding.compare import compare, load_run
+    from amflow.services.compared_runs import load_run
+    from decoding.compare import compare
     from tests.test_compare import _rows, write_run
 
     assert order_runs(["a", "b", "c"], "c") == ["c", "a", "b"]

@@ -5,6 +5,7 @@ import pytest
 
 from core.config import load_config
 from core.storage import Storage
+from amflow.services.compared_runs import load_run
 from decoding import compare as C
 
 
@@ -44,7 +45,7 @@ def test_compare_two_runs(store, tmp_path):
     write_run(tmp_path, "base", {"decode": _rows([3] * 40), "decode-sequence": _rows([2, 3] * 20)})
     write_run(tmp_path, "new", {"decode": _rows([1] * 40), "decode-sequence": _rows([3, 2] * 20)},
               model="s3://b/new.pt")
-    cmp = C.compare([C.load_run(st, root, "base"), C.load_run(st, root, "new")])
+    cmp = C.compare([load_run(st, root, "base"), load_run(st, root, "new")])
     rows = {(r["run"], r["decode"]): r for r in cmp["rows"]}
     assert rows[("base", "decode")]["wer"] == pytest.approx(0.3)
     assert "vs_base" not in rows[("base", "decode")]
@@ -63,7 +64,7 @@ def test_compare_two_runs(store, tmp_path):
 def test_unknown_run_is_a_clear_error(store):
     st, root = store
     with pytest.raises(FileNotFoundError, match="run 'nope'"):
-        C.load_run(st, root, "nope")
+        load_run(st, root, "nope")
 
 
 def test_pairs_in_report():
@@ -109,7 +110,7 @@ def test_compare_page_html(store, tmp_path):
     write_run(tmp_path, "a", {"decode": _rows([3] * 40), "decode-sequence": _rows([2, 3] * 20)})
     write_run(tmp_path, "b", {"decode": _rows([1] * 40), "decode-sequence": _rows([3, 2] * 20)},
               model="s3://bucket/runs/b/train/model.pt")
-    cmp = C.compare([C.load_run(st, root, "a"), C.load_run(st, root, "b")])
+    cmp = C.compare([load_run(st, root, "a"), load_run(st, root, "b")])
     page = render_compare(cmp, ["a", "b", "c"], ["a", "b"], "configs/local.yaml")
     # the headline table comes before the per-condition table and the curves
     assert page.index("id=headline") < page.index("per condition") < page.index("devcurves")
@@ -130,7 +131,7 @@ def test_compare_pairs_by_model_kind_or_explicitly(store, tmp_path):
         f = tmp_path / "runs" / run / d / "result.json"
         f.write_text(json.dumps({**json.loads(f.read_text()), "model_kind": kind,
                                  "split": "test"}))
-    runs = [C.load_run(st, root, "base"), C.load_run(st, root, "stu")]
+    runs = [load_run(st, root, "base"), load_run(st, root, "stu")]
     (row,) = [r for r in C.compare(runs)["rows"] if r["run"] == "stu"]
     assert (row["base_decode"], row["paired_by"]) == ("decode-baseline", "model_kind")
     assert row["vs_base"]["delta"] == pytest.approx(-0.1)
@@ -159,14 +160,14 @@ def test_compare_across_kinds_a_ctc_student_against_the_hybrid_one(store, tmp_pa
         f = tmp_path / "runs" / run / d / "result.json"
         f.write_text(json.dumps({**json.loads(f.read_text()), "model_kind": kind,
                                  "split": "test", "search": search}))
-    cmp = C.compare([C.load_run(st, root, "ssl")], pairs={"decode-ctc": "decode"})
+    cmp = C.compare([load_run(st, root, "ssl")], pairs={"decode-ctc": "decode"})
     rows = {r["decode"]: r for r in cmp["rows"]}
     assert rows["decode-ctc"]["vs_base"]["delta"] == pytest.approx(0.1)
     assert rows["decode-ctc"]["vs_base"]["significant"]
     assert rows["decode-ctc"]["model_kind"] == "ctc" and rows["decode"]["model_kind"] == "lstm"
     assert "vs_base" not in rows["decode"] and "vs_base" not in rows["decode-ctc-baseline"]
     # by kind: two CTC decodes in the base, so none is chosen without --pair
-    two = C.compare([C.load_run(st, root, "ssl"), C.load_run(st, root, "other")])
+    two = C.compare([load_run(st, root, "ssl"), load_run(st, root, "other")])
     (row,) = [r for r in two["rows"] if r["run"] == "other"]
     assert "vs_base" not in row
     assert main(["compare", "ssl", "other", "--set", f"storage.root={tmp_path}",

@@ -21,7 +21,7 @@ from decoding.search import Searcher
 from training.checkpoint import load_model_card
 from training.ctc.model import CtcModel
 from training.ctc.tokens import Tokenizer, ctc_min_frames, train_tokenizer
-from training.data import make_synthetic_run
+from amflow.services.synthetic_run import make_synthetic_run
 from training.loop import InjectedFailure
 
 torch.set_num_threads(1)
@@ -213,7 +213,7 @@ def test_every_trainer_trains_the_ctc_student_on_two_ranks(tmp_path, local_cfg):
     """gtc, bmuf, htm and ma train the CTC model unchanged (sgd: the tests above)."""
     import dataclasses
 
-    from amflow.steps import train_plan as launch
+    from amflow.services import train_plan as launch
     from training.distributed import spawn_local
 
     corpus = _ctc_run(str(tmp_path / "store"))

@@ -6,9 +6,9 @@ import torch
 from core import records
 from core.runs import StepError
 from core.storage import Storage, join
+from amflow.services.synthetic_run import make_synthetic_run
 from training.data import (BatchLoader, Normalizer, PassSpec, SplitIndex, loader_throughput,
-                           make_synthetic_run, plan_pass, rank_partitions, rows_table,
-                           spec_augment, synthetic_rows)
+                           plan_pass, rank_partitions, rows_table, spec_augment, synthetic_rows)
 from training.losses import IGNORE
 
 torch.set_num_threads(1)

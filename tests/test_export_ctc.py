@@ -1,4 +1,4 @@
-"""`amflow export` of the CTC student (amflow/steps/export_ctc.py, serving/ctc_onnx.py):
+"""`amflow export` of the CTC student (amflow/services/ctc_export.py, serving/ctc_onnx.py):
 its graphs give torch's log-probabilities (1e-4) and greedy words on real utterances, and
 sherpa-onnx's recognizer, fed the audio, gives amflow's greedy words."""
 from __future__ import annotations

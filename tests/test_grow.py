@@ -10,10 +10,10 @@ from core.runs import StepContext, StepError
 from core.senones import CONTEXT_KIND, ContextTree
 from core.storage import Storage, join
 from amflow.steps import train as train_step
-from amflow.steps import train_plan as launch
+from amflow.services import train_plan as launch
 from training.priors import class_counts
 from training.checkpoint import load_model, save_model
-from training.data import make_synthetic_run
+from amflow.services.synthetic_run import make_synthetic_run
 from training.grow import (GrowError, class_phones, grow_output, leaf_log_shares,
                            output_sources)
 from training.models import StudentLSTM, TeacherBLSTM

@@ -167,3 +167,60 @@ def test_libraries_never_take_a_step_context(graph):
                         any(a.name == "StepContext" for a in node.names):
                     takers.append(str(path.relative_to(ROOT)))
     assert not takers, f"libraries importing StepContext: {takers}"
+
+
+# The run layout (<root>/runs/<run_id>/<step>/_SUCCESS.json) has one home, core.runs, which
+# the app uses; a library is handed the folders, frames and values it works on.
+LAYOUT_MODULE = "core.runs"
+LAYOUT_STRINGS = ("runs/", "_SUCCESS.json")
+
+
+def test_libraries_never_import_the_run_layout(graph):
+    takers = sorted(m for m, deps in graph.items()
+                    if _layer(m) in LIBRARIES and LAYOUT_MODULE in deps)
+    assert not takers, f"libraries importing {LAYOUT_MODULE}: {takers}"
+
+
+def test_no_step_module_imports_another(graph):
+    """Steps share services (amflow/services/), never each other: a step module used as a
+    service drags its own run resolution into every step that borrows a function of it."""
+    # the registry (amflow.steps.registry) lists the steps; it is not one of them
+    steps = {m for m in graph if m.startswith("amflow.steps.") and m != "amflow.steps.registry"}
+    found = sorted(f"{a} -> {b}" for a in steps for b in graph[a] & steps)
+    assert not found, "step modules importing step modules:\n" + "\n".join(found)
+
+
+def _layout_literals(source: str) -> list[str]:
+    """The run-layout strings a module's code names: a string constant (docstrings aside)
+    holding `runs/` or `_SUCCESS.json`, or a call given the folder name "runs" as an
+    argument (join(root, "runs", run_id))."""
+    tree = ast.parse(source)
+    docs = {id(node.body[0].value) for node in ast.walk(tree)
+            if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef,
+                                 ast.AsyncFunctionDef))
+            and node.body and isinstance(node.body[0], ast.Expr)
+            and isinstance(node.body[0].value, ast.Constant)}
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) \
+                and id(node) not in docs and any(s in node.value for s in LAYOUT_STRINGS):
+            found.append(f"{node.lineno}: {node.value[:60]!r}")
+        elif isinstance(node, ast.Call):
+            found += [f"{a.lineno}: 'runs' as a path part" for a in node.args
+                      if isinstance(a, ast.Constant) and a.value == "runs"]
+    return found
+
+
+def test_the_layout_literal_finder_finds_them():
+    code = ('"""Docs may say runs/<R>/x/_SUCCESS.json."""\n'
+            'A = join(root, "runs", rid)\nB = "_SUCCESS.json"\nC = f"{root}/runs/{rid}"\n'
+            'D = {"runs": []}\n')
+    assert [f.split(":")[0] for f in _layout_literals(code)] == ["2", "3", "4"]
+
+
+def test_no_library_names_the_run_layout():
+    named = []
+    for top in LIBRARIES:
+        for path in sorted((ROOT / top).rglob("*.py")):
+            named += [f"{path.relative_to(ROOT)}:{f}" for f in _layout_literals(path.read_text())]
+    assert not named, "library code naming the run layout:\n" + "\n".join(named)

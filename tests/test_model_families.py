@@ -143,7 +143,7 @@ def toy_run(tiny_corpus, tmp_path_factory):
     and feature size, and a word bigram LM: what export and serve read."""
     from decoding import lexicon as L
     from decoding import lm
-    from training.data import make_synthetic_run
+    from amflow.services.synthetic_run import make_synthetic_run
     from amflow.steps import train as train_step
 
     root = tmp_path_factory.mktemp("families_store")
@@ -157,7 +157,7 @@ def toy_run(tiny_corpus, tmp_path_factory):
         lm.generator_sentences(300, 5), 2, vocabulary=lex.prons).to_arpa())
     cfg = load_config(None, [
         f"storage.root={root}", f"data.corpus={tiny_corpus}", f"train.model={TOY}",
-        "train.recipe=labeled", "train.epochs=2", "train.finetune_epochs=1", "train.threads=1",
+        "train.regime=labeled", "train.epochs=2", "train.finetune_epochs=1", "train.threads=1",
         "train.minibatch_frames=256", "train.chunk_frames=16", "train.chunk_left_context=4",
         "train.optimizer=adam", "train.lr=0.01", "train.final_lr=0.002", "train.grow=false",
         "train.augment.enabled=false", "export.check_utterances=5", "decode.acwt=[1.0]"])

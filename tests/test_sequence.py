@@ -402,7 +402,8 @@ def test_criterion_on_the_loaders_chunk_and_full_minibatches(tmp_path, criterion
     student; finite losses and gradients."""
     from core.config import load_config
     from core.storage import Storage, join
-    from training.data import BatchLoader, Normalizer, PassSpec, SplitIndex, make_synthetic_run
+    from amflow.services.synthetic_run import make_synthetic_run
+    from training.data import BatchLoader, Normalizer, PassSpec, SplitIndex
     from training.models import StudentLSTM
 
     st = Storage()

@@ -14,9 +14,9 @@ from core.runs import StepContext, StepError
 from core.storage import Storage, join
 from amflow.steps import train as train_step
 from amflow.steps import sequence as sequence_step
-from amflow.steps import train_plan as launch
+from amflow.services import train_plan as launch
 from training.checkpoint import load_model
-from training.data import make_synthetic_run
+from amflow.services.synthetic_run import make_synthetic_run
 from training.loop import InjectedFailure, train_worker
 from training.plan import WorkerPlan
 from tests.test_train import TINY

@@ -158,9 +158,10 @@ def test_pool_slots_refuse_what_is_not_a_step(tmp_path):
 
 
 def test_the_report_lists_a_registered_step_in_its_place(register, tmp_path):
-    from core.storage import Storage
+    from amflow.steps.report import run_steps
     from core.config import StorageConfig
-    from tasks.report import run_steps
+    from core.runs import Run
+    from core.storage import Storage
 
     assert R.report_order() == LEGACY_REPORT_ORDER
     register(report=R.DATA)
@@ -170,7 +171,7 @@ def test_the_report_lists_a_registered_step_in_its_place(register, tmp_path):
     for step in ("decode", "toy", "zzz", "corpus"):
         (run / step).mkdir(parents=True)
         (run / step / "_SUCCESS.json").write_text(json.dumps({"step": step}))
-    found = run_steps(Storage(StorageConfig(root=str(tmp_path))), str(run), order)
+    found = run_steps(Storage(StorageConfig(root=str(tmp_path))), Run(str(tmp_path), "r"))
     assert [s["step"] for s in found] == ["corpus", "toy", "decode", "zzz"]
 
 

@@ -14,9 +14,10 @@ import torch
 from core.runs import StepContext, StepError
 from core.storage import Storage, join
 from amflow.steps import train as train_step
-from amflow.steps import train_plan as launch
+from amflow.services import train_plan as launch
 from training.checkpoint import load_model
-from training.data import make_synthetic_run, rows_table, synthetic_rows
+from amflow.services.synthetic_run import make_synthetic_run
+from training.data import rows_table, synthetic_rows
 from training.loop import InjectedFailure, train_worker
 from training.plan import WorkerPlan
 from tests.conftest import ROOT, amflow_bin

@@ -41,7 +41,7 @@ import torch
 
 from core import records
 from core.prefetch import Prefetch
-from core.runs import StepError
+from core.outcomes import StepError
 from core.storage import Storage, join
 
 from training.losses import IGNORE
@@ -668,11 +668,13 @@ def cmvn_stats(tables: Sequence[pa.Table]) -> dict[str, Any]:
     return {"count": n, "sum": s.tolist(), "sumsq": ss.tolist()}
 
 
-def make_synthetic_run(storage: Storage, run_uri: str, num_classes: int = 8, base_dim: int = 16,
-                       stack: int = 3, splits: dict[str, dict[str, Any]] | None = None,
-                       seed: int = 0, dtype: str = "float16", noise: float = 1.0,
-                       ) -> dict[str, Any]:
-    """Write a tiny run: features/{cmvn,phones}.json and repartition/<split>/part-*.parquet.
+def make_synthetic_data(storage: Storage, features_dir: str, repartition_dir: str,
+                        num_classes: int = 8, base_dim: int = 16, stack: int = 3,
+                        splits: dict[str, dict[str, Any]] | None = None, seed: int = 0,
+                        dtype: str = "float16", noise: float = 1.0) -> dict[str, Any]:
+    """Write tiny training data: <features_dir>/{cmvn,phones}.json and
+    <repartition_dir>/<split>/part-*.parquet (amflow.services.synthetic_run puts them in a
+    run, with the steps' markers).
 
     `splits` maps a split name to {"utts": n, "parts": p, "soft_k": k (0 = labels)}.
     Returns {"phones", "feat_dim", "splits": {name: [uris]}}.
@@ -691,17 +693,14 @@ def make_synthetic_run(storage: Storage, run_uri: str, num_classes: int = 8, bas
         uris = []
         for p in range(parts):
             t = rows_table(rows[p::parts])
-            uri = join(run_uri, "repartition", name, f"part-{p:05d}.parquet")
+            uri = join(repartition_dir, name, f"part-{p:05d}.parquet")
             storage.write_parquet(uri, t)
             uris.append(uri)
             if name != "dev":
                 tables.append(t)
         out["splits"][name] = uris
-    storage.write_json(join(run_uri, "features", "cmvn.json"), cmvn_stats(tables))
-    storage.write_json(join(run_uri, "features", "phones.json"), phones)
-    storage.write_json(join(run_uri, "features", "_SUCCESS.json"), {"step": "features"})
-    storage.write_json(join(run_uri, "repartition", "_SUCCESS.json"),
-                       {"step": "repartition", "synthetic": True})
+    storage.write_json(join(features_dir, "cmvn.json"), cmvn_stats(tables))
+    storage.write_json(join(features_dir, "phones.json"), phones)
     return out
 
 

@@ -46,8 +46,9 @@ import torch.multiprocessing as mp
 from torch import nn
 
 from core.config import Config, TrainConfig
+from core.outcomes import StepError
 from core.raycluster import init_ray, step_resources
-from core.storage import Storage, is_s3, join
+from core.storage import Storage, is_s3
 from training.algorithms import build_algorithm
 from training.plan import LaunchSpec
 
@@ -123,7 +124,10 @@ def _gpus_available(workers: int) -> bool:
 
 def _storage_path(launch: LaunchSpec, cfg: Config) -> tuple[str, Any]:
     """(storage_path, pyarrow filesystem or None) for Ray Train's persistent storage."""
-    uri = launch.storage_path or join(cfg.storage.root, "runs", "adhoc", "train", "ray")
+    uri = launch.storage_path
+    if not uri:  # where checkpoints go is the caller's to say (training.launch: <train_dir>/ray)
+        raise StepError("LaunchSpec.storage_path is empty: name the folder where Ray Train "
+                        "keeps the training's checkpoints (e.g. <train_dir>/ray)")
     if is_s3(uri):
         storage = Storage(cfg.storage)
         fs, path = storage.resolve(uri)

@@ -48,7 +48,7 @@ from core.config import EvaluateConfig, FeaturesConfig
 from core.model_card import ModelCard
 from core.progress import Progress
 from core.reject_hints import nothing_left
-from core.runs import Reject, StepError
+from core.outcomes import Reject, StepError
 from core.senones import ContextTree, fit_frames
 from core.storage import Storage, join
 from tasks import alignments as al

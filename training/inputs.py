@@ -29,7 +29,7 @@ from typing import Any, Iterator, Protocol
 import numpy as np
 
 from core.config import TrainConfig
-from core.runs import StepError
+from core.outcomes import StepError
 from core.storage import Storage
 from training.data import (Batch, BatchLoader, Normalizer, PassSpec, SplitIndex, plan_pass,
                            rank_partitions)

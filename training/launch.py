@@ -1,5 +1,5 @@
 """Training a model from a typed plan: the library behind `amflow train` and `amflow
-sequence` (their steps, amflow/steps/train.py and amflow/steps/train_plan.py, resolve the
+sequence` (their steps, amflow/steps/train.py and amflow/services/train_plan.py, resolve the
 run layout into a `training.plan.WorkerPlan`).
 
 `train` runs a plan on one worker in this process, or with `train.workers` > 1 on Ray Train
@@ -18,7 +18,7 @@ import numpy as np
 
 from core.config import Resolved, phone_stage
 from core.model_card import ModelCard
-from core.runs import StepError
+from core.outcomes import StepError
 from core.senones import ContextTree
 from core.storage import Storage, join
 from training.checkpoint import load_model

@@ -50,7 +50,7 @@ from core.model_card import context_info
 from core.senones import ContextTree, silence_class
 from core.progress import Progress
 from core.raycluster import init_ray
-from core.runs import StepError
+from core.outcomes import StepError
 from core.storage import Storage, join
 from training.algorithms import build_algorithm
 from training.checkpoint import Checkpointer, load_model, save_model

@@ -20,7 +20,7 @@ from core.config import Config
 class LaunchSpec:
     """How `training.distributed.run_distributed` runs the workers on Ray Train."""
 
-    storage_path: str = ""  # Ray Train's persistent storage; "" = <train_dir>/ray
+    storage_path: str = ""  # Ray Train's persistent storage: <train_dir>/ray (set by training.launch)
     name: str = ""  # the Ray Train experiment name; "" = <run_id>-<algorithm>
     max_failures: int = 2  # worker-group restarts (FailureConfig)
     num_to_keep: int = 2  # reported checkpoints kept (CheckpointConfig)

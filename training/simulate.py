@@ -72,7 +72,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from core.config import Config
-from core.runs import StepError
+from core.outcomes import StepError
 
 log = logging.getLogger(__name__)
 

@@ -2,7 +2,8 @@
 
     amflow/steps/<step>.py   def run(ctx: StepContext, args) -> dict  (the step's summary)
 
-A step's `run` is the only place that knows the run layout: it resolves its inputs through
+A step's `run` (with the services steps share, amflow/services/: a step never imports
+another step) is the only place that knows the run layout: it resolves its inputs through
 `ctx` (`ctx.require(step)`, `ctx.other(step, ...)`, `core.runs.step_dir_name` for tagged
 folders), calls the libraries (`tasks/`, `training/`, `decoding/`, `serving/`, `alignment/`)
 with typed objects (Config sections, `ModelCard`, arrays, URIs), and ends with

@@ -16,7 +16,8 @@ from typing import Any
 from core.config import Config
 from core.runs import StepError
 from core.storage import Storage
-from decoding.compare import compare, load_run, render_markdown
+from amflow.services.compared_runs import load_run
+from decoding.compare import compare, render_markdown
 
 
 def run(ctx: Any, args: Any) -> dict[str, Any]:

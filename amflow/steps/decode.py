@@ -1,114 +1,25 @@
 """`amflow decode`: a model to words on a corpus split; WER per condition.
 
-Resolves the run-layout inputs (the model of train[-<tag>] or --model, the run's
-lm/lm.arpa or decode.lm, the graph cache runs/<R>/graph/), assembles the decoder with
-`decoding.assets.DecoderAssets`, tunes acwt on decode.tune_split and scores the split
-with a pool of `decoding.decode.DecodeWorker` actors. Outputs: --out (default
+Resolves the run-layout inputs with amflow.services.decoder_setup (the model of
+train[-<tag>] or --model, the run's lm/lm.arpa or decode.lm, the graph cache
+runs/<R>/graph/), assembles the decoder with `decoding.assets.DecoderAssets`, tunes acwt
+on decode.tune_split and scores the split with a pool of `decoding.decode.DecodeWorker`
+actors. Outputs: --out (default
 runs/<R>/decode[-<tag>]/result.json), hyps.jsonl, hyps.parquet, rejects, _SUCCESS.json.
 """
 from __future__ import annotations
 
-import dataclasses
 import time
 from typing import Any
 
-from core.runs import StepContext, StepError, rejects_table, step_dir_name
-from core.storage import digest_of
+from core.runs import StepContext, StepError, rejects_table
 from decoding import decode as D
 from decoding import error_analysis
 from decoding.assets import DecoderAssets
-from tasks.select import corpus_fingerprint
-from amflow.steps.train_plan import model_dir_name
-
-
-def tagged_context(ctx: StepContext, step: str = "decode") -> StepContext:
-    """The context of <step>[-<decode.tag>] (the CLI gives the plain step name): decode's
-    and export's, which resolve their inputs alike (`resolve_inputs`)."""
-    name = step_dir_name(step, ctx.cfg.decode.tag)
-    if ctx.step == name:
-        return ctx
-    new = StepContext(ctx.cfg, ctx.run_id, name, force=ctx.force)
-    new.started = ctx.started
-    return new
-
+from amflow.services.decoder_setup import (ctc_graph, decode_inputs, load_assets, lm_uri,
+                                           read_inputs, resolve_inputs, tagged_context)
 
 _context = tagged_context  # decode's own name for it (tests/test_decoding.py)
-
-
-def model_uri(ctx: StepContext, model: str | None) -> str:
-    """--model: a train step of this run (its model.pt: `train-baseline`) or a model URI;
-    by default train[-<decode.tag>]/model.pt."""
-    if not model:
-        uri = ctx.other(model_dir_name(ctx.cfg.decode.tag), "model.pt")
-    elif "/" in model or "://" in model or model.endswith(".pt"):
-        uri = model
-    else:
-        uri = ctx.other(model, "model.pt")
-    if not ctx.storage.exists(uri):
-        raise StepError(f"model {uri} not found: train one with `amflow train`, or pass "
-                        f"--model a train step of run {ctx.run_id} (e.g. train-baseline) or "
-                        "a model.pt URI")
-    return uri
-
-
-def resolve_inputs(ctx: StepContext, args: Any) -> tuple[str, str]:
-    """(the model's URI, the corpus) of --model and --data (default data.corpus)."""
-    corpus = getattr(args, "data", None) or ctx.cfg.data.corpus
-    return model_uri(ctx, getattr(args, "model", None)), corpus
-
-
-def lm_uri(ctx: StepContext) -> tuple[str, str]:
-    """(the LM's URI, how to make it when missing): decode.lm, else this run's lm step."""
-    if ctx.cfg.decode.lm:
-        return ctx.cfg.decode.lm, "decode.lm does not exist"
-    return ctx.other("lm", "lm.arpa"), (f"run `amflow lm --run-id {ctx.run_id}` first "
-                                        "(or set decode.lm to an ARPA file)")
-
-
-def load_assets(ctx: StepContext, model: str, corpus: str,
-                read: dict[str, bytes] | None = None) -> DecoderAssets:
-    """The decoder for `model` with this run's lexicon, LM and graph cache (`read`: those
-    objects' bytes, read once by `read_inputs`)."""
-    lm, hint = lm_uri(ctx)
-    return DecoderAssets.load(
-        ctx.storage, ctx.cfg.decode, model_uri=model,
-        lexicon_uri=ctx.cfg.data.lexicon_uri(corpus), lm_uri=lm,
-        graph_root=ctx.other("graph"), lm_hint=hint, require=("cmvn", "phones"), read=read)
-
-
-def read_inputs(ctx: StepContext, model: str, corpus: str) -> dict[str, bytes]:
-    """The model's, LM's and lexicon's bytes (those that exist), read once: the digests
-    decode_inputs keeps are those of the bytes the decoder then loads, and a multi-GB LM
-    on S3 is fetched once, not twice."""
-    st = ctx.storage
-    uris = (model, lm_uri(ctx)[0], ctx.cfg.data.lexicon_uri(corpus))
-    return {u: st.read_bytes(u) for u in uris if st.exists(u)}
-
-
-# decode.* keys that place or pace the decode, or name where it goes: the words are the
-# same whatever they are (decode.lm is an input, compared by its digest).
-OPERATIONAL_KEYS = {"tag", "workers", "batch_frames", "lm"}
-
-
-def decode_inputs(ctx: StepContext, model: str, corpus: str, split: str,
-                  read: dict[str, bytes] | None = None) -> dict[str, Any]:
-    """What a decode's words depend on: the model, LM and lexicon (their URIs and their
-    bytes' digests: one trained or made again at the same URI decodes differently), the
-    corpus (made from other inputs: `corpus_fingerprint`) and split, and the decode keys
-    that shape the search. `read`: `read_inputs`' bytes (else each is read here)."""
-    st = ctx.storage
-    read = read if read is not None else read_inputs(ctx, model, corpus)
-    lm, lexicon = lm_uri(ctx)[0], ctx.cfg.data.lexicon_uri(corpus)
-    keys = {k: v for k, v in dataclasses.asdict(ctx.cfg.decode).items()
-            if k not in OPERATIONAL_KEYS}
-
-    def digest(uri: str) -> str | None:
-        return digest_of(read[uri]) if uri in read else None
-
-    return {"model": model, "model_digest": digest(model), "data": corpus,
-            "data_fingerprint": corpus_fingerprint(st, corpus), "split": split,
-            "lm": lm, "lm_digest": digest(lm), "lexicon": lexicon,
-            "lexicon_digest": digest(lexicon), "decode": keys}
 
 
 def _decode(ctx: StepContext, a: DecoderAssets, corpus: str, split: str) -> tuple[dict, dict]:
@@ -146,22 +57,6 @@ def _card(read: dict[str, bytes], model: str):
     from training.checkpoint import card_from_bytes
 
     return card_from_bytes(read[model], model)[1]
-
-
-def ctc_graph(ctx: StepContext, card, read: dict[str, bytes]) -> tuple[str, dict, set]:
-    """A CTC model's T o L o G over the LM's words (cached in runs/<R>/graph/<key>/):
-    (local dir, info, vocabulary)."""
-    from decoding.assets import ensure_graph, load_lm
-    from decoding.ctc_graph import build_tlg, lm_words
-    from training.ctc.tokens import Tokenizer
-
-    lm, hint = lm_uri(ctx)
-    arpa = load_lm(ctx.storage, lm, hint, read)
-    tok = Tokenizer.from_dict(card.tokenizer)
-    graph_dir, info = ensure_graph(ctx.storage, ctx.other("graph"), None, "", arpa,
-                                   [*tok.symbols, tok.digest, "ctc-tlg"], 0.0,
-                                   builder=lambda: build_tlg(tok, arpa))
-    return graph_dir, info, set(lm_words(arpa))
 
 
 def _decode_ctc(ctx: StepContext, model: str, read: dict[str, bytes], card, corpus: str,

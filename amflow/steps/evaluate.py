@@ -23,7 +23,7 @@ from tasks.speech.lexicon import LexiconError, read_lexicon
 from training.checkpoint import card_from_bytes
 from training.evaluate import evaluate_split, labels_in_model_classes, print_table
 from training.families import get_family
-from amflow.steps.train_plan import model_dir_name
+from amflow.services.train_plan import model_dir_name
 
 
 def _from_run(ctx: StepContext, value: Any, name: str, model_uri: str, what: str) -> Any:

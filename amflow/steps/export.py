@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from core.config import DecodeConfig
-from amflow.steps import decode as decode_step
+from amflow.services import decoder_setup
 from core.runs import StepContext, StepError, step_dir_name
 from core.storage import digest_of
 from decoding.assets import tuned_acwt
@@ -72,7 +72,7 @@ def beside(decoder, acwt: float, acwt_from: str, dc: DecodeConfig) -> dict[str, 
 def check_inputs(ctx: StepContext, decoder, corpus: str) -> tuple[list, list[np.ndarray], int]:
     """export.check_split's utterances (up to export.check_utterances), featurised as the
     decode step does (per-speaker streams)."""
-    from amflow.steps.export_ctc import check_records
+    from amflow.services.ctc_export import check_records
     from decoding.decode import featurize
 
     recs = check_records(ctx, corpus)
@@ -134,13 +134,13 @@ def export_inputs(ctx: StepContext, uri: str, data: bytes, corpus: str, fmt: str
 
 
 def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
-    ctx = decode_step.tagged_context(ctx, "export")
+    ctx = decoder_setup.tagged_context(ctx, "export")
     fmt = getattr(args, "format", None) or "onnx"
     quantize = getattr(args, "quantize", None)
     if fmt not in FORMATS or (quantize and quantize not in QUANTIZE):
         raise StepError(f"--format {fmt} --quantize {quantize}: amflow exports --format "
                         f"{'|'.join(FORMATS)} with --quantize {'|'.join(QUANTIZE)} or none")
-    uri, corpus = decode_step.resolve_inputs(ctx, args)
+    uri, corpus = decoder_setup.resolve_inputs(ctx, args)
     data = ctx.storage.read_bytes(uri)
     inputs = export_inputs(ctx, uri, data, corpus, fmt, quantize)
     done = ctx.finished_on(inputs, ctx.path("checks.json"))
@@ -158,7 +158,7 @@ def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
         raise StepError(f"{uri} is a {card.kind}: amflow export takes a streaming model (the "
                         "hybrid LSTM student) or the CTC student; pass --model a "
                         "student's train step")
-    decoder = decode_step.load_assets(ctx, uri, corpus, read={uri: data})
+    decoder = decoder_setup.load_assets(ctx, uri, corpus, read={uri: data})
     acwt, acwt_from = tuned_acwt(ctx.storage, ctx.other(step_dir_name(
         "decode", ctx.cfg.decode.tag), "result.json"), ctx.cfg.decode.acwt[0])
     files = graphs(decoder.model, decoder.card, quantize)
@@ -170,9 +170,9 @@ def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
 
 def export_ctc(ctx: StepContext, model, card, corpus: str, quantize: str | None,
                inputs: dict, uri: str) -> dict[str, Any]:
-    """The CTC student's export (amflow/steps/export_ctc.py); the joint CTC/attention
+    """The CTC student's export (amflow/services/ctc_export.py); the joint CTC/attention
     model's encoder and CTC output (its attention decoder is not exported)."""
-    from amflow.steps import export_ctc as E
+    from amflow.services import ctc_export as E
     from decoding.ctc_decode import check_ctc_card
     from training.ctc.tokens import Tokenizer
 

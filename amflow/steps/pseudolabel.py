@@ -31,7 +31,7 @@ import os
 import time
 from typing import Any
 
-from amflow.steps import decode as decode_step
+from amflow.services import decoder_setup
 from core.progress import Progress
 from core.runs import Reject, StepContext, StepError, rejects_table
 from decoding import decode as D
@@ -81,7 +81,7 @@ def plan_of(ctx: StepContext, model: str, corpus: str, select: dict,
             read: dict[str, bytes]) -> dict[str, Any]:
     """What the labels depend on: decode's inputs (teacher, LM, lexicon by digest, corpus,
     the search keys), the selection (when it finished) and every pseudolabel key."""
-    inputs = decode_step.decode_inputs(ctx, model, corpus, ctx.cfg.pseudolabel.split, read)
+    inputs = decoder_setup.decode_inputs(ctx, model, corpus, ctx.cfg.pseudolabel.split, read)
     inputs["decode"].pop("tune_split", None)  # pseudolabel tunes on pseudolabel.dev_split
     inputs.update(select=ctx.other("select"), select_finished_at=select.get("finished_at"),
                   pseudolabel=dataclasses.asdict(ctx.cfg.pseudolabel))
@@ -207,12 +207,12 @@ def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
     corpus = ctx.cfg.data.corpus
     model = teacher_model(ctx, args)
     entries = selected_shards(ctx)
-    read = decode_step.read_inputs(ctx, model, corpus)
+    read = decoder_setup.read_inputs(ctx, model, corpus)
     plan = plan_of(ctx, model, corpus, select, read)
     earlier = ctx.resume_plan(plan)
     if earlier is not None:
         return earlier
-    assets = decode_step.load_assets(ctx, model, corpus, read)
+    assets = decoder_setup.load_assets(ctx, model, corpus, read)
     read.clear()  # the LM's text is in the graph now
     pool = D.Pool(ctx.cfg, assets.model_bytes, assets.graph_dir, assets.log_prior, corpus,
                   worker=PL.PseudoLabelWorker)

@@ -11,8 +11,8 @@ from typing import Any
 
 from core.raycluster import map_shards
 from core.runs import SUCCESS, StepContext, StepError
-from tasks.interval_window import (Partition, check_settings, merge_cmvn, window_asked,
-                                   window_partitions)
+from amflow.services.daily_window import window_partitions
+from tasks.interval_window import Partition, check_settings, merge_cmvn, window_asked
 from tasks.repartition import (BUCKETS, SPLIT_ORDER, RepartitionJob, forget_lost_buckets, shard_jobs,
                                plan_fingerprint, plan_reduce_jobs, map_shard, plan_window,
                                reduce_partition, split_indexes)

@@ -8,19 +8,28 @@ from __future__ import annotations
 from typing import Any
 
 from amflow.steps.registry import report_order
-from core.runs import StepContext, StepError, run_uri, step_dir_name
-from core.storage import join
+from core.runs import Run, StepContext, StepError, runs_uri, step_dir_name
+from core.storage import Storage, join
 from decoding.compare import significance_section
 from tasks.e2e_table import E2E_TAGS, e2e_rows, e2e_werr, render_e2e
-from tasks.report import (CONDITIONS, bar_png, curves_png, pct, read_json_or_none, run_steps,
+from tasks.report import (CONDITIONS, bar_png, curves_png, pct, read_json_or_none,
                           render_steps, render_table_ii, sequence_section,
                           sequence_wer_table, table_ii, wer_section, wer_table)
+
+
+
+def run_steps(storage: Storage, run: Run) -> list[dict[str, Any]]:
+    """The `_SUCCESS.json` of each step folder of `run` (the report's own aside), in
+    pipeline order."""
+    found = [s for d, s in run.finished_steps(storage).items() if d != "report"]
+    order = {name: i for i, name in enumerate(report_order())}
+    return sorted(found, key=lambda s: (order.get(s.get("step", ""), 99), s.get("step", "")))
 
 
 def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
     rc = ctx.cfg.report
     teacher_run = rc.teacher_run or ctx.run_id
-    root = join(ctx.cfg.storage.root, "runs")
+    root = runs_uri(ctx.cfg.storage.root)
     evals = {
         "teacher": rc.teacher_eval or _result(root, teacher_run, "evaluate", "teacher"),
         "baseline": rc.baseline_eval or _result(root, teacher_run, "evaluate", "baseline"),
@@ -47,8 +56,7 @@ def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
     seq_rows = (sequence_wer_table(decoded, seq_decoded)
                 if any(seq_decoded.values()) else [])
     runs = [teacher_run] if teacher_run == ctx.run_id else [teacher_run, ctx.run_id]
-    order = report_order()
-    steps = [s for r in runs for s in run_steps(ctx.storage, run_uri(ctx.cfg, r), order)]
+    steps = [s for r in runs for s in run_steps(ctx.storage, Run(ctx.cfg.storage.root, r))]
     e2e_decodes = {k: _result(root, ctx.run_id, "decode", tag) for k, tag in E2E_TAGS.items()}
     e2e_md, e2e = _e2e_section(ctx, decoded, e2e_decodes)
     sig_md, significance = significance_section(ctx.storage, {**decodes, **e2e_decodes},

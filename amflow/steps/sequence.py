@@ -6,11 +6,11 @@ from typing import Any
 
 from core.config import ConfigError
 from core.runs import StepContext
-from amflow.steps import train
+from amflow.services.training import run_training
 
 
 def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
     if ctx.cfg.train.recipe != "sequence":
         raise ConfigError("train.regime", f"is {ctx.cfg.train.recipe}; `amflow sequence` "
                           "runs the sequence regime")
-    return train.run(ctx, args)
+    return run_training(ctx, args)

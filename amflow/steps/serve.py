@@ -3,7 +3,7 @@ serving until interrupted.
 
 Resolves the model's run (…/runs/<R>/<train dir>/model.pt, or --run-id), its lexicon,
 LM and graph cache as `amflow decode` does (decoding.assets.DecoderAssets; a CTC model:
-its T o L o G, amflow.steps.decode.ctc_graph), and the scales `amflow decode` tuned for
+its T o L o G, decoder_setup.ctc_graph), and the scales `amflow decode` tuned for
 it (`decode_record`: decode[-<tag>]/result.json when it is of the model's kind, else the
 run's decode dir whose result names this model; else decode.acwt[0], or for a CTC model
 decode.ctc_lm_weights[0] and decode.blank_penalties[0]; serve.acwt overrides the acwt).
@@ -16,11 +16,11 @@ import time
 from typing import Any
 
 from core.runs import StepContext, StepError, step_dir_name
-from amflow.steps import decode as decode_step
+from amflow.services import decoder_setup
 from core.storage import join
 from serving import app
 from training.families import get_family
-from amflow.steps.train_plan import train_dir_name
+from amflow.services.train_plan import train_dir_name
 
 
 def serve_context(ctx: Any, model: str | None) -> tuple[StepContext, str]:
@@ -93,7 +93,7 @@ def load_assets(ctx: StepContext, model_uri: str) -> dict[str, Any]:
     model, card = card_from_bytes(data, model_uri)
     if get_family(card.kind).token_targets:
         return _ctc_assets(ctx, model_uri, data, model, card)
-    decoder = decode_step.load_assets(ctx, model_uri, cfg.data.corpus, read={model_uri: data})
+    decoder = decoder_setup.load_assets(ctx, model_uri, cfg.data.corpus, read={model_uri: data})
     tuned = tuned_scales(ctx, model_uri, card.kind)
     assets = app.replica_assets(decoder, cfg.serve, cfg.decode, tuned["acwt"], tuned["from"])
     if cfg.serve.backend == "onnxruntime":
@@ -106,7 +106,7 @@ def _ctc_assets(ctx: StepContext, model_uri: str, data: bytes, model, card) -> d
     from decoding.ctc_decode import check_ctc_card
 
     check_ctc_card(card, model_uri)
-    graph_dir, info, _ = decode_step.ctc_graph(ctx, card, {})
+    graph_dir, info, _ = decoder_setup.ctc_graph(ctx, card, {})
     assets = app.ctc_replica_assets(data, model_uri, model, graph_dir, info, ctx.cfg.serve,
                                     ctx.cfg.decode, tuned_scales(ctx, model_uri, card.kind))
     if ctx.cfg.serve.backend == "onnxruntime":  # the CTC export's model.streaming.onnx

@@ -1,91 +1,13 @@
-"""`amflow train`: train the teacher or the student of a run (amflow/steps/train_plan.py
-resolves its inputs into the worker plan; training/launch.py trains it: Ray Train, priors)."""
+"""`amflow train`: train the teacher or the student of a run (amflow/services/training.py;
+amflow/services/train_plan.py resolves its inputs into the worker plan; training/launch.py
+trains it: Ray Train, priors)."""
 from __future__ import annotations
 
-import logging
 from typing import Any
 
-from core.config import ConfigError
-from core.runs import SUCCESS, StepContext, StepError, rejects_table
-from amflow.steps.train_plan import (build_plan, clear_outputs, cmvn_source, train_dir_name,
-                                     train_grown, training_inputs)
-from training.families import get_family
-from training.launch import store_priors, train
-from training.loop import config_fingerprint, fingerprint_changes, grows
-
-log = logging.getLogger(__name__)
+from core.runs import StepContext
+from amflow.services.training import run_training
 
 
 def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
-    cfg = ctx.cfg
-    tc = cfg.train
-    regimes = get_family(tc.model).regimes
-    if tc.recipe not in regimes:
-        raise ConfigError("train.regime", f"the {tc.model} trains with regime "
-                          f"{' or '.join(regimes)}, not {tc.recipe}")
-    step = train_dir_name(tc.tag, tc.recipe)
-    if ctx.step != step:
-        started = ctx.started
-        ctx = StepContext(cfg, ctx.run_id, step, force=ctx.force)
-        ctx.started = started
-    if ctx.force:
-        clear_outputs(ctx, keep_phone_stage=grows(tc))
-    elif ctx.storage.exists(ctx.path(SUCCESS)):
-        return _finished(ctx)
-    plan, report = build_plan(ctx, ctx.step_uri)
-    grow = grows(tc)
-    phone_stage = None
-    if grow:
-        plan, phone_stage = train_grown(ctx, plan)
-    result = train(plan)
-    if report["rejects"]:
-        ctx.storage.write_parquet(ctx.path("rejects", "rejects.parquet"),
-                                  rejects_table(report["rejects"]))
-    if plan.ctc is None:  # class priors are for hybrid decoding; a CTC model has none
-        store_priors(ctx.storage, plan, result["model_uri"])
-    counts = dict(result["counts"])
-    metrics = dict(result["metrics"])
-    metrics["model_uri"] = result["model_uri"]
-    if plan.init_model:
-        metrics["init_model"] = plan.init_model
-    if grow:
-        metrics["grown"] = phone_stage is not None
-    if phone_stage is not None:
-        first = phone_stage["metrics"]
-        metrics["phone_stage_classes"] = phone_stage["classes"]
-        metrics.update({f"phone_stage_{k}": first[k] for k in
-                        ("dev_frame_acc", "dev_loss", "steps", "train_seconds") if k in first})
-    if plan.ctc is not None:
-        metrics["tokenizer"] = {k: plan.ctc.tokenizer[k] for k in ("kind", "digest")}
-        metrics["tokens"] = len(plan.ctc.tokenizer["symbols"])
-        metrics["transcripts"] = plan.ctc.counts
-    inputs = {"repartition": ctx.other("repartition"),
-              "cmvn": cmvn_source(ctx), "splits": report["splits"]}
-    if plan.data_window:  # the daily_data intervals learned from (also in the model card)
-        inputs["data_window"] = [i["run_id"] for i in plan.data_window["intervals"]]
-    extra = {"model_uri": result["model_uri"], "resumed_from_step": result.get("resumed_from_step"),
-             "minibatches_per_pass": result.get("minibatches_per_pass"),
-             "config_fingerprint": config_fingerprint(cfg, plan.inputs)}
-    return ctx.finish(inputs=inputs, counts=counts, metrics=metrics,
-                      bytes_written=int(result.get("model_bytes", 0)), extra=extra)
-
-
-def _finished(ctx: StepContext) -> dict[str, Any]:
-    """The finished step's summary when this config trains the same model on the same
-    inputs; a rerun never hands back a model trained with other settings (operational keys,
-    e.g. train.threads, and the recipes of other trainings aside) or on inputs that have
-    been made again since (training_inputs)."""
-    done = ctx.storage.read_json(ctx.path(SUCCESS))
-    saved = done.get("config_fingerprint")
-    if saved is None:
-        log.warning("%s finished before amflow kept its config in _SUCCESS.json: taken as "
-                    "it is, unchecked; use --force to train again", ctx.step_uri)
-        return done
-    changed = fingerprint_changes(saved, config_fingerprint(ctx.cfg, training_inputs(ctx)))
-    if changed:
-        raise StepError(f"{ctx.step_uri} finished a different training (differs in: "
-                        f"{', '.join(changed)}); re-run with --force to train again, or use "
-                        "another train.tag")
-    log.info("%s already finished with this config (%s); use --force to train again",
-             ctx.step_uri, ctx.path(SUCCESS))
-    return done
+    return run_training(ctx, args)

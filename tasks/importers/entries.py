@@ -10,7 +10,7 @@ import gzip
 import os
 from dataclasses import dataclass, field
 
-from core.runs import Reject
+from core.outcomes import Reject
 from core.storage import Storage, join
 
 # Reject reasons of `amflow import` (the rejects table's `reason` column).

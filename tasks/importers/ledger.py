@@ -23,14 +23,13 @@ from typing import Any, Iterable
 
 import pyarrow as pa
 
-from core.runs import REJECT_SCHEMA, StepError
+from core.outcomes import REJECT_SCHEMA, SUCCESS, StepError
 from core.storage import Storage, join
 
 GENERATOR = "amflow import"
 LAYOUT = "splits"  # root _SUCCESS.json of a corpus whose imports keep per-split ledgers
 SPLITS = ("labeled", "unlabeled", "dev", "test")
 LEDGERS = "_imports"
-SUCCESS = "_SUCCESS.json"
 OWNER = "_import.json"  # marks a corpus root as written by `amflow import`
 REJECTS = "rejects.parquet"
 _PART = re.compile(r"^(labeled|unlabeled|dev|test)-part-\d{5}\.jsonl$")

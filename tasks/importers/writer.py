@@ -15,7 +15,7 @@ split beside those earlier imports wrote, and replaces one only with --force):
                         audio already in the format is referenced where it is
     _imports/<source>.json, <source>.rejects.parquet   each import's ledger and rejects
     rejects.parquet     every split's rejects: utt_id, shard (the source split), reason,
-                        detail (core.runs.REJECT_SCHEMA)
+                        detail (core.outcomes.REJECT_SCHEMA)
     lexicon.txt         a copy of ingest.lexicon, when given (what `amflow decode` reads)
     _SUCCESS.json       over every split: counts (in = out + rejected, also per source),
                         rejects per reason, utterances and hours per split, speakers, the
@@ -42,7 +42,7 @@ from dataclasses import asdict, dataclass, field
 
 from core.config import ConfigError, IngestConfig
 from core.progress import Progress
-from core.runs import ConservationError, Reject, StepError, rejects_table
+from core.outcomes import ConservationError, Reject, StepError, rejects_table
 from core.storage import Storage, join
 # The OOV check must split and case words exactly as `amflow decode` and `amflow lm` do:
 # pure text functions, no model.

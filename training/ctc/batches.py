@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from core.runs import StepError
+from core.outcomes import StepError
 from training.ctc.tokens import ctc_min_frames
 
 

@@ -4,10 +4,11 @@ The features are the repartition step's partitions, as for the hybrid students (
 labeled split; with train.pseudolabels also the unlabeled split); the targets are not
 frame labels but each utterance's transcript, tokenised:
 
-    prepare_transcripts(storage, cfg, train_dir) -> CtcData      (the driver, once)
+    prepare_transcripts(storage, cfg, train_dir, pseudolabels_dir) -> CtcData  (the driver)
         the labeled split's transcripts (corpus metadata `text`) train the tokenizer
         (model.ctc.tokens: char | bpe); those, the dev split's and the kept pseudo-labels
-        (train.pseudolabels: <run>/pseudolabel/labels/*.parquet, kept = true) are
+        (train.pseudolabels' pseudolabel step folder, which the app resolves and
+        hands in: its labels/*.parquet, kept = true) are
         tokenised into <train_dir>/tokens/transcripts.parquet (utt_id, tokens, source);
         the tokenizer is kept in <train_dir>/tokens/tokenizer.json (and bpe.model), and
         reused as it is when a killed training is re-run
@@ -29,7 +30,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from core.config import Config, CtcConfig
-from core.runs import StepError
+from core.outcomes import SUCCESS, StepError
 from core.storage import Storage, join
 from training.ctc.tokens import Tokenizer, TokenizerError, train_tokenizer
 
@@ -48,17 +49,10 @@ class CtcData:
     counts: dict[str, int]  # transcripts per source (labeled, dev, pseudo)
 
 
-def pseudolabel_dir(root: str, value: str) -> str:
-    """train.pseudolabels: a run id (its pseudolabel step) or the step dir's URI."""
-    if "/" in value:
-        return value.rstrip("/")
-    return join(root, "runs", value, "pseudolabel")
-
-
 def read_pseudolabels(storage: Storage, step_dir: str) -> dict[str, str]:
     """{utt_id: text} of the kept pseudo-labels of a finished pseudolabel step."""
-    if not storage.exists(join(step_dir, "_SUCCESS.json")):
-        raise StepError(f"train.pseudolabels: {step_dir} has no _SUCCESS.json (run `amflow "
+    if not storage.exists(join(step_dir, SUCCESS)):
+        raise StepError(f"train.pseudolabels: {step_dir} has no {SUCCESS} (run `amflow "
                         "pseudolabel` for that run first, or clear train.pseudolabels)")
     uris = storage.list(join(step_dir, "labels"), suffix=".parquet")
     if not uris:
@@ -100,8 +94,10 @@ def _tokenizer(storage: Storage, tok_dir: str, texts: list[str], cfg: CtcConfig)
     return tok
 
 
-def prepare_transcripts(storage: Storage, cfg: Config, train_dir: str) -> CtcData:
-    """Tokenizer and tokenised transcripts of a CTC training (see the module doc)."""
+def prepare_transcripts(storage: Storage, cfg: Config, train_dir: str,
+                        pseudolabels_dir: str | None = None) -> CtcData:
+    """Tokenizer and tokenised transcripts of a CTC training (see the module doc);
+    `pseudolabels_dir`: the folder of the pseudolabel step train.pseudolabels names."""
     tc = cfg.train
     corpus = cfg.data.corpus
     labeled = split_texts(storage, corpus, tc.batches.labeled_split)
@@ -114,7 +110,10 @@ def prepare_transcripts(storage: Storage, cfg: Config, train_dir: str) -> CtcDat
     if tc.batches.dev_split:
         sources["dev"] = split_texts(storage, corpus, tc.batches.dev_split)
     if tc.pseudolabels:
-        pseudo = read_pseudolabels(storage, pseudolabel_dir(cfg.storage.root, tc.pseudolabels))
+        if not pseudolabels_dir:
+            raise StepError("train.pseudolabels is set, but no pseudolabel step folder was "
+                            "handed to prepare_transcripts")
+        pseudo = read_pseudolabels(storage, pseudolabels_dir)
         sources["pseudo"] = {u: x for u, x in pseudo.items() if u not in labeled}
     rows: dict[str, tuple[list[int], str]] = {}
     for source, texts in sources.items():

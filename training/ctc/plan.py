@@ -13,23 +13,24 @@ import math
 from typing import Any
 
 from core.config import Config
-from core.runs import Reject, StepError
+from core.outcomes import SUCCESS, Reject, StepError
 from core.storage import Storage, join
-from training.ctc.data import prepare_transcripts, pseudolabel_dir, read_transcripts
+from training.ctc.data import prepare_transcripts, read_transcripts
 from training.data import SplitIndex, partition_uris
 from training.plan import LaunchSpec, WorkerPlan
 
 
-def ctc_inputs(storage, cfg: Config) -> dict[str, Any]:
+def ctc_inputs(storage, cfg: Config, pseudolabels_dir: str | None = None) -> dict[str, Any]:
     """The identity of a CTC training's transcripts (training.launch.training_inputs): the
-    corpus's fingerprint and the pseudolabel step's _SUCCESS.json digest, so a finished
-    training is not handed back after either was made again."""
+    corpus's fingerprint and the digest of the summary of the pseudolabel step (its folder:
+    `pseudolabels_dir`), so a finished training is not handed back after either was made
+    again."""
     from tasks.select import corpus_fingerprint
 
     out: dict[str, Any] = {"corpus": corpus_fingerprint(storage, cfg.data.corpus)}
     if cfg.train.pseudolabels:
-        uri = pseudolabel_dir(cfg.storage.root, cfg.train.pseudolabels) + "/_SUCCESS.json"
-        out["pseudolabels"] = storage.digest(uri) if storage.exists(uri) else None
+        uri = join(pseudolabels_dir, SUCCESS) if pseudolabels_dir else ""
+        out["pseudolabels"] = storage.digest(uri) if uri and storage.exists(uri) else None
     return out
 
 
@@ -42,12 +43,13 @@ def _split_uris(storage: Storage, repartition_uri: str, name: str, why: str) -> 
 
 
 def build_ctc_plan(storage: Storage, cfg: Config, run_id: str, repartition_uri: str,
-                   train_dir: str, cmvn: dict, inputs: dict[str, Any], launch: LaunchSpec
-                   ) -> tuple[WorkerPlan, dict[str, Any]]:
-    """The CTC student's plan: its transcripts tokenised (kept in `train_dir`), the
-    partitions of `repartition_uri`'s splits it trains on, and the data report."""
+                   train_dir: str, cmvn: dict, inputs: dict[str, Any], launch: LaunchSpec,
+                   pseudolabels_dir: str | None = None) -> tuple[WorkerPlan, dict[str, Any]]:
+    """The CTC student's plan: its transcripts tokenised (kept in `train_dir`; the
+    pseudo-labels of the pseudolabel step folder `pseudolabels_dir`), the partitions of
+    `repartition_uri`'s splits it trains on, and the data report."""
     tc = cfg.train
-    data = prepare_transcripts(storage, cfg, train_dir)
+    data = prepare_transcripts(storage, cfg, train_dir, pseudolabels_dir)
     transcripts = read_transcripts(storage, data.transcripts_uri)
     out_per_row = cfg.features.stack / math.prod(cfg.model.ctc.time_strides)
     names = [tc.batches.labeled_split] + ([tc.batches.unlabeled_split] if tc.pseudolabels else [])

@@ -30,7 +30,7 @@ import logging
 from typing import Any
 
 from core.config import Config, Resolved, grown_stage
-from core.runs import SUCCESS, Reject, StepContext, StepError, step_dir_name
+from core.runs import SUCCESS, Reject, Run, StepContext, StepError, step_dir_name
 from core.senones import ContextTree
 from core.storage import join
 from training.ctc.plan import build_ctc_plan, ctc_inputs
@@ -62,12 +62,22 @@ def model_dir_name(tag: str = "") -> str:
 def model_uri(cfg: Config, run_id: str, tag: str | None = None) -> str:
     """Where `amflow train` leaves the final model of `run_id` (tag: train.tag)."""
     tag = cfg.train.tag if tag is None else tag
-    return join(cfg.storage.root, "runs", run_id, train_dir_name(tag), "model.pt")
+    return Run(cfg.storage.root, run_id).step(train_dir_name(tag), "model.pt")
 
 
 def init_model_uri(cfg: Config, run_id: str) -> str:
     """The model a sequence training starts from."""
     return cfg.train.init_model or model_uri(cfg, run_id)
+
+
+def pseudolabels_dir(cfg: Config) -> str | None:
+    """train.pseudolabels: a run id (its pseudolabel step) or the step dir's URI."""
+    value = cfg.train.pseudolabels
+    if not value:
+        return None
+    if "/" in value:
+        return value.rstrip("/")
+    return Run(cfg.storage.root, value).step("pseudolabel")
 
 
 def _split_kinds(cfg: Config) -> dict[str, str]:
@@ -92,7 +102,7 @@ def training_inputs(ctx: StepContext) -> dict[str, Any]:
         uri = init_model_uri(cfg, ctx.run_id)
         inputs["init_model"] = st.digest(uri) if st.exists(uri) else None
     if get_family(cfg.train.model).token_targets:  # the corpus's transcripts, pseudo-labels
-        inputs.update(ctc_inputs(st, cfg))
+        inputs.update(ctc_inputs(st, cfg, pseudolabels_dir(cfg)))
     return inputs
 
 
@@ -112,7 +122,8 @@ def build_plan(ctx: StepContext, train_dir: str) -> tuple[WorkerPlan, dict[str, 
                         name=f"{ctx.run_id}-{train_dir_name(tc.tag, tc.recipe)}-{tc.algorithm}")
     if get_family(tc.model).token_targets:  # the CTC student: transcripts, not phone classes
         plan, report = build_ctc_plan(storage, cfg, ctx.run_id, ctx.other("repartition"),
-                                      train_dir, cmvn, training_inputs(ctx), launch)
+                                      train_dir, cmvn, training_inputs(ctx), launch,
+                                      pseudolabels_dir(cfg))
         init_model, _ = _init_model(ctx, plan)
         return dataclasses.replace(plan, init_model=init_model,
                                    data_window=_data_window(ctx)), report
