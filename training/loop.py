@@ -776,6 +776,9 @@ class Trainer:
             metric = s.last_dev["loss"]
             self.metrics.add({"kind": "dev", **s.last_dev})
         self.sched.end_unit(p.unit, metric)
+        if self.criterion is not None and self.rank == 0:
+            self._write_model(epoch_model_uri(self.train_dir, p.unit + 1),
+                              {"epoch": p.unit + 1, "dev": s.last_dev})
         self.metrics.add({"kind": "unit", "unit": p.unit, "step": s.step,
                           "frames_seen": s.frames_seen,
                           "train_loss": s.last_unit_train["loss"],
@@ -854,20 +857,30 @@ class Trainer:
             summary["metrics"].update(
                 _sequence_metrics(tc.sequence.criterion, self.graph_info, records))
         model_uri = join(self.train_dir, "model.pt")
-        nbytes = save_model(storage, model_uri, self.model, cmvn=self.plan.cmvn,
-                            phones=self.plan.phones,
-                            features=features_dict(self.cfg.features),
-                            info={"run_id": self.plan.run_id, "train_dir": self.train_dir,
-                                  "recipe": tc.recipe, "algorithm": tc.algorithm,
-                                  "workers": self.world, "metrics": summary["metrics"],
-                                  **context_info(self.plan.context),
-                                  **({"data_window": self.plan.data_window}
-                                     if self.plan.data_window else {}),
-                                  **({"tokenizer": self.plan.ctc.tokenizer}
-                                     if self.plan.ctc is not None else {})})
+        summary["model_bytes"] = self._write_model(model_uri, summary["metrics"])
         summary["model_uri"] = model_uri
-        summary["model_bytes"] = nbytes
         return summary
+
+    def _write_model(self, uri: str, metrics: dict[str, Any]) -> int:
+        """The self-describing model file of the current weights (model.pt, and the
+        sequence recipe's per-epoch models that `amflow sequence` chooses among on dev)."""
+        tc, plan = self.tc, self.plan
+        return save_model(self.storage, uri, self.model, cmvn=plan.cmvn, phones=plan.phones,
+                          features=features_dict(self.cfg.features),
+                          info={"run_id": plan.run_id, "train_dir": self.train_dir,
+                                "recipe": tc.recipe, "algorithm": tc.algorithm,
+                                "workers": self.world, "metrics": metrics,
+                                **context_info(plan.context),
+                                **({"data_window": plan.data_window}
+                                   if plan.data_window else {}),
+                                **({"tokenizer": plan.ctc.tokenizer}
+                                   if plan.ctc is not None else {})})
+
+
+def epoch_model_uri(train_dir: str, epoch: int) -> str:
+    """The sequence recipe's model after `epoch` (1-based) epochs: one candidate of
+    `amflow sequence`'s choice on dev (amflow/steps/sequence.py)."""
+    return join(train_dir, "epochs", f"epoch-{epoch}.pt")
 
 
 def input_metrics(inputs: list[dict[str, Any]]) -> dict[str, Any]:

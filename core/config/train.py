@@ -276,6 +276,15 @@ class SequenceConfig:
     # full length is pruned (it backs off to the shorter one).
     den_ngram_order: int = 2
     den_min_count: int = 2  # count below which a full-length history is pruned
+    # The model `amflow sequence` ships: dev_wer = the lowest dev WER among the CE model
+    # and every epoch's (the CE model on ties; amflow/steps/sequence.py); dev_frames = the
+    # lowest dev frame error (no decoding; dev_wer's fallback without the run's LM);
+    # last = the last epoch's whatever dev says (before this key existed).
+    sequence_select: str = "dev_wer"
+    # dev_wer: the fixed subset of decode.tune_split's utterances every candidate is
+    # decoded on (0 = all of them); each candidate costs a forward pass and one search per
+    # decode.acwt over it.
+    sequence_select_utts: int = 90
 
     def validate(self, key: str) -> None:
         check(self.criterion in ("ce", "mmi", "smbr"), f"{key}.criterion",
@@ -289,6 +298,9 @@ class SequenceConfig:
         check(self.sequence_prior_scale >= 0, f"{key}.sequence_prior_scale", "must be >= 0")
         check(2 <= self.den_ngram_order <= 4, f"{key}.den_ngram_order", "must be 2, 3 or 4")
         check(self.den_min_count >= 1, f"{key}.den_min_count", "must be >= 1")
+        check(self.sequence_select in ("dev_wer", "dev_frames", "last"),
+              f"{key}.sequence_select", "must be dev_wer, dev_frames or last")
+        check(self.sequence_select_utts >= 0, f"{key}.sequence_select_utts", "must be >= 0")
 
 
 @dataclass
@@ -464,7 +476,7 @@ TRAIN_KEY_ORDER: tuple[str, ...] = (
     "sequence_ce_weight", "sequence_l2", "leaky_hmm", "sequence_am_scale",
     "sequence_prior_scale", "den_ngram_order", "den_min_count", "teacher_recipe",
     "sequence_recipe", "init_model", "phone_weight", "grow", "grow_recipe", "pseudolabels",
-    "ctc_recipe", "pseudolabel_epochs")
+    "ctc_recipe", "pseudolabel_epochs", "sequence_select", "sequence_select_utts")
 
 
 assert set(TRAIN_KEY_ORDER) == set(TRAIN_KEYS) and len(TRAIN_KEY_ORDER) == len(TRAIN_KEYS)
