@@ -90,7 +90,8 @@ def dev_scores(ctx: StepContext, candidates: list[tuple[str, str]], result: dict
     accs.append(result["metrics"].get("dev_frame_acc"))
     if any(a is None for a in accs):
         return None, "no dev frame accuracy for every candidate (no dev split?)"
-    return [{"wer": 1.0 - a, "metric": "frame_error"} for a in accs], ctx.cfg.train.dev_split
+    split = ctx.cfg.train.batches.dev_split
+    return [{"wer": 1.0 - a, "metric": "frame_error"} for a in accs], split
 
 
 def _dev_frame_acc(ctx: StepContext, uri: str) -> float | None:
