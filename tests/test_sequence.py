@@ -10,6 +10,7 @@ import torch
 
 from training import sequence
 from training.losses import IGNORE
+from tests.test_sequence_recipe import ce_model  # noqa: F401 (a fixture: a CE-trained run)
 from training.sequence import (Graph, NonFiniteSequenceError, PhoneNgram, SequenceCriterion,
                                alignment_logprob, chunk_graph, collapse, denominator_graph,
                                estimate_phone_ngram, expected_accuracy, graph_from_arcs,
@@ -469,3 +470,126 @@ def test_expected_accuracy_same_with_dense_and_sparse_products(monkeypatch):
     assert float((den.dense[0] != 0).double().mean()) < 0.2  # the CSR path was taken
     for a, b in zip(*out):
         assert torch.allclose(a, b, atol=1e-10)
+
+
+# ----------------------------------------------------------------- the model chosen on dev
+def _rows(errors: list[int], words: int = 10) -> list[dict]:
+    return [{"utt_id": f"u{i:02d}", "errors": e, "ref_words": words}
+            for i, e in enumerate(errors)]
+
+
+def _score(errors: list[int], acwt: float = 0.3) -> dict:
+    rows = _rows(errors)
+    return {"wer": sum(errors) / (10 * len(errors)), "acwt": acwt, "rows": rows,
+            "tuning": [{"acwt": acwt, "wer": sum(errors) / (10 * len(errors))}]}
+
+
+def test_the_lowest_dev_wer_wins_and_the_ce_model_wins_ties():
+    from amflow.steps.sequence import choose, summarize
+
+    assert choose([{"wer": 0.2}, {"wer": 0.2}, {"wer": 0.25}]) == 0  # a tie keeps CE
+    assert choose([{"wer": 0.2}, {"wer": 0.15}, {"wer": 0.15}]) == 1  # earliest epoch
+    names = [("ce", "ce.pt"), ("epoch 1", "e1.pt"), ("epoch 2", "model.pt")]
+    # epoch 1 is better on every utterance; epoch 2 (the last) is worse than CE
+    sel = summarize(names, [_score([3] * 30), _score([1] * 30), _score([4] * 30)], "dev")
+    assert (sel["chosen"], sel["chosen_epoch"], sel["epochs"]) == ("epoch 1", 1, 2)
+    assert sel["rule"] == "dev_wer" and sel["utterances"] == 30
+    assert sel["delta"] == pytest.approx(-0.2) and sel["last_delta"] == pytest.approx(0.1)
+    assert sel["significant"] and sel["p_mapsswe"] < 0.05
+    assert [c["wer"] for c in sel["candidates"]] == pytest.approx([0.3, 0.1, 0.4])
+    # every epoch worse: the CE model is shipped, no test to pass
+    sel = summarize(names, [_score([2] * 30), _score([2] * 29 + [3]), _score([5] * 30)], "dev")
+    assert sel["chosen"] == "ce" and sel["delta"] == 0.0 and not sel["significant"]
+
+
+def test_dev_subset_is_fixed_whatever_the_order(monkeypatch):
+    from types import SimpleNamespace
+
+    from amflow.steps import sequence as step
+
+    recs = [SimpleNamespace(utt_id=f"utt{i}") for i in range(20)]
+    monkeypatch.setattr(step.D, "split_records", lambda st, c, s: (list(recs), []))
+    ctx = SimpleNamespace(storage=None)
+    a = step.dev_subset(ctx, "c", "dev", 7)
+    recs.reverse()
+    b = step.dev_subset(ctx, "c", "dev", 7)
+    assert [r.utt_id for r in a] == [r.utt_id for r in b] and len(a) == 7
+    assert len(step.dev_subset(ctx, "c", "dev", 0)) == 20
+    monkeypatch.setattr(step.D, "split_records", lambda st, c, s: ([], []))
+    with pytest.raises(Exception, match="sequence_select=last"):
+        step.dev_subset(ctx, "c", "dev", 7)
+
+
+def _train_sequence(local_cfg, *sets):
+    from core.runs import StepContext
+    from amflow.steps import sequence as step
+    from tests.test_sequence_recipe import SEQUENCE
+    from tests.test_train import TINY
+
+    return step.run(StepContext(local_cfg(*TINY, *SEQUENCE, *sets), "r", "sequence"), None)
+
+
+@pytest.mark.parametrize("winner", [0, 1])
+def test_the_model_dev_chose_is_shipped_ce_model_included(ce_model, local_cfg, tmp_path,
+                                                          monkeypatch, winner):
+    """model.pt is the winner's bytes: the CE model's own when CE wins; the epochs are kept
+    beside it, each decodable (with model.pt's priors)."""
+    from core.storage import Storage
+    from amflow.steps import sequence as step
+    from training.checkpoint import load_model
+
+    seen = []
+
+    def fake_scores(ctx, candidates, result):
+        seen.extend(candidates)
+        return [_score([3 if i == winner else 4] * 12) for i in range(len(candidates))], "dev"
+
+    monkeypatch.setattr(step, "dev_scores", fake_scores)
+    run = tmp_path / "store" / "runs" / "r"
+    last = None
+    if winner == 1:  # the last epoch's own model, for comparison: trained once unchosen
+        last = _train_sequence(local_cfg, "train.sequence_select=last", "train.tag=plain",
+                               "train.init_model=" + ce_model["metrics"]["model_uri"])
+        assert last["metrics"]["selection"] == {"rule": "last", "chosen_epoch": 2, "epochs": 2}
+    out = _train_sequence(local_cfg)
+    sel = out["metrics"]["selection"]
+    assert [n for n, _ in seen] == ["ce", "epoch 1", "epoch 2"]
+    assert sel["chosen_epoch"] == winner and sel["chosen"] == seen[winner][0]
+    shipped = (run / "sequence-base" / "model.pt").read_bytes()
+    if winner == 0:
+        assert shipped == (run / "train-base" / "model.pt").read_bytes()
+    else:
+        assert shipped == (run / "sequence-base" / "epochs" / "epoch-1.pt").read_bytes()
+        assert load_model(Storage(), str(run / "sequence-base" / "model.pt"))[1]["priors"]
+    if last is not None:  # training itself is unchanged by the choice
+        a = load_model(Storage(), last["metrics"]["model_uri"])[0].state_dict()
+        b = load_model(Storage(), str(run / "sequence-base" / "epochs" / "epoch-2.pt"))[0]
+        assert all(torch.equal(a[k], v) for k, v in b.state_dict().items())
+
+
+def test_without_an_lm_the_choice_falls_back_to_dev_frame_error(ce_model, local_cfg):
+    sel = _train_sequence(local_cfg)["metrics"]["selection"]
+    assert sel["rule"] == "dev_frames" and sel["split"] == "dev" and sel["epochs"] == 2
+    wers = [c["wer"] for c in sel["candidates"]]
+    assert sel["chosen_wer"] == min(wers) and sel["chosen_index"] == wers.index(min(wers))
+    assert sel["ce_wer"] == pytest.approx(1 - ce_model["metrics"]["dev_frame_acc"])
+
+
+def test_report_row_names_the_shipped_model():
+    from tasks.report import render_sequence_choice, sequence_choice_rows, sequence_section
+
+    rows = sequence_choice_rows({
+        "baseline": {"rule": "dev_wer", "chosen_epoch": 2, "epochs": 3, "ce_wer": 0.22,
+                     "chosen_wer": 0.2, "delta": -0.02, "p_mapsswe": 0.04, "last_wer": 0.23},
+        "ssl": {"rule": "dev_wer", "chosen_epoch": 0, "epochs": 3, "ce_wer": 0.17,
+                "chosen_wer": 0.17, "delta": 0.0, "p_mapsswe": 1.0, "last_wer": 0.19},
+        "teacher": None})
+    assert [r["model"] for r in rows] == ["baseline", "ssl"]
+    md = render_sequence_choice(rows)
+    assert "| baseline | epoch 2 of 3 | 22.0 | 20.0 | -2.00 | 0.04 | 23.0 |" in md
+    assert "| SSL | CE model (dev rejected every epoch) | 17.0 | 17.0 | +0.00 | 1 | 19.0 |" in md
+    # a step from before the choice: its last epoch, said to be unchosen
+    old = sequence_choice_rows({"ssl": {}})
+    assert "not chosen on dev" in render_sequence_choice(old)
+    assert "Chosen on dev" in "\n".join(sequence_section([], rows))
+    assert "Chosen on dev" not in "\n".join(sequence_section([], []))
