@@ -593,3 +593,56 @@ def test_report_row_names_the_shipped_model():
     assert "not chosen on dev" in render_sequence_choice(old)
     assert "Chosen on dev" in "\n".join(sequence_section([], rows))
     assert "Chosen on dev" not in "\n".join(sequence_section([], []))
+
+
+# ----------------------------------------------------------------- smoothing
+@pytest.mark.parametrize("loss", [mmi_loss, smbr_loss])
+def test_smoothing_weights_zero_is_the_sequence_loss_and_kd_moves_the_gradient(loss):
+    lm = estimate_phone_ngram(_label_seqs(40, 4, seed=20), 4)
+    den = chunk_graph(denominator_graph(lm))
+    gen = torch.Generator().manual_seed(21)
+    logits = torch.randn(2, 6, 4, generator=gen, dtype=torch.float64, requires_grad=True)
+    ref = torch.randn(2, 6, 4, generator=gen, dtype=torch.float64)
+    labels = torch.tensor([[IGNORE, 1, 1, 3, 0, IGNORE], [0, 0, 2, 2, IGNORE, IGNORE]])
+
+    def grad(**kw):
+        out = loss(logits, labels, den, **kw)
+        return out, torch.autograd.grad(out.loss, logits)[0]
+
+    plain, g_plain = grad(ce_weight=0.0, l2=0.0)
+    assert float(plain.loss.detach()) == -plain.objective  # no smoothing: the criterion alone
+    off, g_off = grad(ce_weight=0.0, l2=0.0, kd_weight=0.0, ref_logits=ref)
+    assert float(off.loss.detach()) == float(plain.loss.detach())
+    assert torch.equal(g_off, g_plain)
+    assert off.kd == 0.0
+    # the CE term (train.sequence_ce_weight) and the KD term each add their gradient
+    ce, g_ce = grad(ce_weight=0.5, l2=0.0)
+    assert not torch.allclose(g_ce, g_plain)
+    kd, g_kd = grad(ce_weight=0.0, l2=0.0, kd_weight=0.7, ref_logits=ref)
+    term = sequence.reference_ce(logits, ref, labels)
+    expected = float(plain.loss.detach()) + 0.7 * float(term.detach())
+    assert float(kd.loss.detach()) == pytest.approx(expected)
+    g_term, = torch.autograd.grad(term, logits)
+    assert torch.allclose(g_kd, g_plain + 0.7 * g_term, atol=1e-12)
+    assert float(g_term.abs().max()) > 1e-3 and float(g_term[labels == IGNORE].abs().max()) == 0
+    # against its own posteriors (the step's first minibatch) the KD term pulls nowhere
+    same, = torch.autograd.grad(sequence.reference_ce(logits, logits.detach(), labels), logits)
+    assert float(same.abs().max()) < 1e-12
+
+
+def test_kd_smoothing_keeps_the_sequence_model_nearer_the_ce_model(ce_model, local_cfg):
+    from core.storage import Storage
+    from training.checkpoint import load_model
+
+    init = "train.init_model=" + ce_model["metrics"]["model_uri"]
+    ce = load_model(Storage(), ce_model["metrics"]["model_uri"])[0].state_dict()
+
+    def distance(kd: float) -> float:
+        out = _train_sequence(local_cfg, init, "train.sequence_select=last",
+                              f"train.sequence_kd_weight={kd}", f"train.tag=kd{kd}",
+                              "train.lr=0.01", "train.final_lr=0.01")
+        m = load_model(Storage(), out["metrics"]["model_uri"])[0].state_dict()
+        return sum(float((m[k] - ce[k]).pow(2).sum()) for k in ce) ** 0.5
+
+    near, far = distance(20.0), distance(0.0)  # 2.9 and 5.3 when written
+    assert near < 0.8 * far

@@ -30,6 +30,7 @@ metrics; see `_summary`.
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import logging
@@ -493,6 +494,7 @@ class Trainer:
         self.label_map = (torch.as_tensor(ContextTree.from_dict(plan.label_tree).leaf_center,
                                           device=self.device) if plan.label_tree else None)
         self._build_model()
+        self.reference = self._reference_model()
         self._build_data()
         self.criterion = self._build_criterion()
         self.to_phone = self._to_phone()
@@ -575,6 +577,17 @@ class Trainer:
         log.info("rank %d: %s denominator graph %s", self.rank, self.tc.sequence.criterion,
                  self.graph_info)
         return crit
+
+    def _reference_model(self) -> nn.Module | None:
+        """train.sequence_kd_weight's reference: a frozen copy of the model the sequence
+        training starts from (taken before any checkpoint is resumed), in eval mode."""
+        sc = self.tc.sequence
+        if sc.criterion == "ce" or not sc.sequence_kd_weight:
+            return None
+        ref = copy.deepcopy(self.model).eval()
+        for p in ref.parameters():
+            p.requires_grad_(False)
+        return ref
 
     def _to_phone(self) -> torch.Tensor | None:
         """The class -> phone map for train.phone_weight (built once, not per minibatch),
@@ -683,9 +696,13 @@ class Trainer:
             return batch_loss(self.model, batch, self.tc, self.to_phone)
         logits = batch_logits(self.model, batch)
         where = f"minibatch {self.state.batch} of pass {p.index}"
+        ref = None
+        if self.reference is not None:
+            with torch.no_grad():
+                ref = batch_logits(self.reference, batch)
         try:
             return self.criterion(logits, batch.labels, chunked=(p.mode == "chunk"),
-                                  where=where)
+                                  where=where, ref_logits=ref)
         except NonFiniteSequenceError as exc:
             raise StepError(_nonfinite_msg(f"sequence criterion: {exc}", math.nan, p,
                                            self.state, self.ckpt)) from exc

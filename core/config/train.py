@@ -267,6 +267,10 @@ class SequenceConfig:
     # the output L2 (0.5 * l2 * |logits|^2 per frame; Kaldi chain recipes use 5e-5).
     sequence_ce_weight: float = 0.1
     sequence_l2: float = 5.0e-5  # output L2 weight
+    # Smoothing toward the CE model the sequence training starts from: + this weight x the
+    # cross-entropy of the model's posteriors against the CE model's on every scored frame
+    # (knowledge distillation; KL-regularised training). 0: off (the loss before the key).
+    sequence_kd_weight: float = 0.0
     # Leaky HMM (LF-MMI sec. 2.5): per-frame probability of jumping to any state.
     leaky_hmm: float = 0.1
     # x = am_scale * (logits - prior_scale * log class priors); LF-MMI uses 1 and 0.
@@ -293,6 +297,7 @@ class SequenceConfig:
                f"{key}.sequence_numerator", "must be alignment or flexible")
         check(self.sequence_ce_weight >= 0, f"{key}.sequence_ce_weight", "must be >= 0")
         check(self.sequence_l2 >= 0, f"{key}.sequence_l2", "must be >= 0")
+        check(self.sequence_kd_weight >= 0, f"{key}.sequence_kd_weight", "must be >= 0")
         check(0 <= self.leaky_hmm < 1, f"{key}.leaky_hmm", "must be in [0, 1)")
         check(self.sequence_am_scale > 0, f"{key}.sequence_am_scale", "must be > 0")
         check(self.sequence_prior_scale >= 0, f"{key}.sequence_prior_scale", "must be >= 0")
@@ -476,7 +481,8 @@ TRAIN_KEY_ORDER: tuple[str, ...] = (
     "sequence_ce_weight", "sequence_l2", "leaky_hmm", "sequence_am_scale",
     "sequence_prior_scale", "den_ngram_order", "den_min_count", "teacher_recipe",
     "sequence_recipe", "init_model", "phone_weight", "grow", "grow_recipe", "pseudolabels",
-    "ctc_recipe", "pseudolabel_epochs", "sequence_select", "sequence_select_utts")
+    "ctc_recipe", "pseudolabel_epochs", "sequence_select", "sequence_select_utts",
+    "sequence_kd_weight")
 
 
 assert set(TRAIN_KEY_ORDER) == set(TRAIN_KEYS) and len(TRAIN_KEY_ORDER) == len(TRAIN_KEYS)
