@@ -646,3 +646,81 @@ def test_kd_smoothing_keeps_the_sequence_model_nearer_the_ce_model(ce_model, loc
 
     near, far = distance(20.0), distance(0.0)  # 2.9 and 5.3 when written
     assert near < 0.8 * far
+
+
+# ----------------------------------------------------------------- pseudo-labeled utterances
+@pytest.mark.parametrize("loss", [mmi_loss, smbr_loss])
+def test_confidence_weights_scale_each_utterances_objective(loss):
+    lm = estimate_phone_ngram(_label_seqs(40, 4, seed=22), 4)
+    den = chunk_graph(denominator_graph(lm))
+    gen = torch.Generator().manual_seed(23)
+    logits = torch.randn(2, 6, 4, generator=gen, dtype=torch.float64, requires_grad=True)
+    labels = torch.tensor([[0, 0, 1, 3, 3, IGNORE], [2, 2, 1, 1, IGNORE, IGNORE]])
+    kw = dict(ce_weight=0.0, l2=0.0)
+    rows = [loss(logits[i:i + 1], labels[i:i + 1], den, **kw).objective for i in range(2)]
+    frames = [5, 4]
+    both = loss(logits, labels, den, weights=torch.tensor([0.9, 0.3]), **kw)
+    assert both.objective == pytest.approx((0.9 * rows[0] * 5 + 0.3 * rows[1] * 4) / 9)
+    assert loss(logits, labels, den, **kw).objective == pytest.approx(
+        sum(r * f for r, f in zip(rows, frames)) / 9)
+    none = loss(logits, labels, den, weights=torch.tensor([1.0, 0.0]), **kw)
+    g, = torch.autograd.grad(none.loss, logits)
+    assert float(g[1].abs().max()) == 0.0 and float(g[0].abs().max()) > 0
+
+
+def test_pseudo_references_and_confidences(tmp_path):
+    import pyarrow as pa
+
+    from core.runs import StepError
+    from core.storage import Storage
+
+    topk = torch.tensor([[[3, 1], [2, 0], [1, 2]]])
+    mask = torch.tensor([[True, True, False]])
+    assert sequence.pseudo_references(topk, mask).tolist() == [[3, 2, IGNORE]]
+    st, step = Storage(), str(tmp_path / "pseudolabel")
+    with pytest.raises(StepError, match="amflow pseudolabel"):
+        sequence.pseudolabel_confidences(st, step)
+    st.write_json(f"{step}/_SUCCESS.json", {})
+    st.write_parquet(f"{step}/labels/part-0.parquet", pa.table(
+        {"utt_id": ["a", "b", "c"], "confidence": [0.9, 0.2, 0.7], "kept": [True, False, True],
+         "text": ["x", "y", "z"]}))
+    assert sequence.pseudolabel_confidences(st, step) == {"a": 0.9, "c": 0.7}
+
+
+def test_sequence_training_on_pseudo_labeled_utterances(tmp_path, local_cfg):
+    """train.pseudolabels with the sequence recipe: each epoch an unlabeled pass over the
+    kept utterances (top-1 teacher targets as references), then the labeled pass."""
+    import json
+
+    import pyarrow as pa
+
+    from core.runs import StepContext
+    from core.storage import Storage, join
+    from amflow.steps import train as train_step
+    from tests.test_sequence_recipe import STUDENT
+    from tests.test_train import TINY
+    from training.data import make_synthetic_run
+
+    st = Storage()
+    run = join(str(tmp_path / "store"), "runs", "r")
+    info = make_synthetic_run(st, run, noise=2.5, splits={
+        "labeled": {"utts": 24, "parts": 1}, "dev": {"utts": 8, "parts": 1},
+        "unlabeled": {"utts": 16, "parts": 1, "soft_k": 3}})
+    train_step.run(StepContext(local_cfg(*TINY, *STUDENT), "r", "train"), None)
+    utts = st.read_parquet(info["splits"]["unlabeled"][0], columns=["utt_id"]).column(0)
+    utts = utts.to_pylist()
+    step = join(run, "pseudolabel")
+    st.write_json(join(step, "_SUCCESS.json"), {})
+    st.write_parquet(join(step, "labels", "part-0.parquet"), pa.table(
+        {"utt_id": utts, "confidence": [0.5 + i / 100 for i in range(len(utts))],
+         "kept": [i % 2 == 0 for i in range(len(utts))]}))
+    out = _train_sequence(local_cfg, "train.pseudolabels=r", "train.sequence_select=last")
+    records = [json.loads(line) for line in
+               st.read_text(join(run, "sequence-base", "metrics.jsonl")).splitlines()]
+    kinds = {r["data"] for r in records if r["kind"] == "train"}
+    assert kinds == {"labeled", "unlabeled"}
+    unl = sum(r["frames"] for r in records if r["kind"] == "train" and r["data"] == "unlabeled")
+    assert 0 < unl and np.isfinite(out["metrics"]["final_smbr_objective"])
+    # the 8 utterances the pseudolabel step dropped are the step's rejects
+    assert (out["counts"]["in"], out["counts"]["out"]) == (24 + 16, 24 + 8)
+    assert out["counts"]["rejected"] == 8

@@ -55,7 +55,7 @@ from core.runs import StepError
 from core.storage import Storage, join
 from training.algorithms import build_algorithm
 from training.checkpoint import Checkpointer, load_model, save_model
-from training.ctc.data import read_transcripts
+from training.ctc.data import pseudolabel_dir, read_transcripts
 from training.ctc.loss import ctc_batch_loss
 from training.curves import plot_learning_curve
 from training.data import Batch, BatchLoader, Normalizer, PassSpec, SplitIndex, spec_augment
@@ -68,7 +68,9 @@ from training.models import build_model, num_parameters
 from training.threads import torch_threads
 from training.plan import WorkerPlan
 from training.schedules import LRSchedule, PassInfo, plan_passes
-from training.sequence import NonFiniteSequenceError, SequenceCriterion, split_label_sequences
+from training.sequence import (NonFiniteSequenceError, SequenceCriterion,
+                               pseudolabel_confidences, pseudo_references,
+                               split_label_sequences)
 
 log = logging.getLogger(__name__)
 
@@ -544,6 +546,7 @@ class Trainer:
             right = (getattr(self.model, "lookahead", None) if self.kind == "student"
                      else tc.batches.chunk_left_context)
         self.input = build_input(self, int(right))
+        self.pseudo_weight = self._keep_pseudolabeled()
         self.dev_index = None
         if plan.splits.get("dev"):
             full_dev = SplitIndex.load(self.storage, plan.splits["dev"],
@@ -577,6 +580,24 @@ class Trainer:
         log.info("rank %d: %s denominator graph %s", self.rank, self.tc.sequence.criterion,
                  self.graph_info)
         return crit
+
+    def _keep_pseudolabeled(self) -> np.ndarray | None:
+        """train.pseudolabels with the sequence recipe: the unlabeled split cut to the
+        utterances the pseudolabel step kept, and each one's confidence (the weight of its
+        sequence objective), by row of the cut index."""
+        tc = self.tc
+        if tc.recipe != "sequence" or not tc.pseudolabels:
+            return None
+        conf = pseudolabel_confidences(self.storage,
+                                       pseudolabel_dir(self.cfg.storage.root, tc.pseudolabels))
+        index = self.input.indexes["unlabeled"]
+        keep = np.array([u in conf for u in index.utt_ids], bool)
+        cut = index.subset(keep)  # the others count as rejected (in = out + rejected)
+        self.input.indexes["unlabeled"] = dataclasses.replace(
+            cut, rejected={**cut.rejected, "not_pseudolabeled": int((~keep).sum())})
+        log.info("rank %d: sequence training on %d pseudo-labeled utterances of %d", self.rank,
+                 int(keep.sum()), len(keep))
+        return np.array([conf[u] for u in index.utt_ids if u in conf], np.float32)
 
     def _reference_model(self) -> nn.Module | None:
         """train.sequence_kd_weight's reference: a frozen copy of the model the sequence
@@ -700,9 +721,13 @@ class Trainer:
         if self.reference is not None:
             with torch.no_grad():
                 ref = batch_logits(self.reference, batch)
+        labels, weights = batch.labels, None
+        if labels is None:  # pseudo-labeled utterances: teacher's top-1, confidence-weighted
+            labels = pseudo_references(batch.topk_idx, batch.mask)
+            weights = torch.as_tensor(self.pseudo_weight[batch.utts], device=logits.device)
         try:
-            return self.criterion(logits, batch.labels, chunked=(p.mode == "chunk"),
-                                  where=where, ref_logits=ref)
+            return self.criterion(logits, labels, chunked=(p.mode == "chunk"),
+                                  where=where, ref_logits=ref, weights=weights)
         except NonFiniteSequenceError as exc:
             raise StepError(_nonfinite_msg(f"sequence criterion: {exc}", math.nan, p,
                                            self.state, self.ckpt)) from exc

@@ -53,6 +53,7 @@ import torch
 
 from core import records
 from core.config import SequenceConfig
+from core.runs import StepError
 from training.losses import IGNORE, LossOut, ce_loss
 
 NEG_INF = float("-inf")
@@ -763,7 +764,8 @@ def mmi_loss(logits: torch.Tensor, labels: torch.Tensor, den: Graph, *,
              log_priors: torch.Tensor | None = None, prior_scale: float = 0.0,
              am_scale: float = 1.0, utt_ids: Sequence[str] | None = None,
              where: str = "minibatch", kd_weight: float = 0.0,
-             ref_logits: torch.Tensor | None = None) -> SequenceOut:
+             ref_logits: torch.Tensor | None = None,
+             weights: torch.Tensor | None = None) -> SequenceOut:
     """LF-MMI on a minibatch: logits [B, T, C], labels [B, T] (IGNORE = not scored).
 
     x = am_scale * (logits - prior_scale * log_priors). The network's logits serve as the
@@ -783,7 +785,7 @@ def mmi_loss(logits: torch.Tensor, labels: torch.Tensor, den: Graph, *,
                   _subset(utt_ids, has), where)
     _check_finite(num_logz.detach()[has], "numerator log-likelihood",
                   _subset(utt_ids, has), where)
-    obj = (num_logz - den_logz)[has].sum() / frames
+    obj = _weighted(num_logz - den_logz, weights)[has].sum() / frames
     return _regularised(obj, logits, labels, packed, valid, frames, ce_weight, l2,
                         kd_weight, ref_logits)
 
@@ -839,8 +841,8 @@ def smbr_loss(logits: torch.Tensor, labels: torch.Tensor, den: Graph, *,
               log_priors: torch.Tensor | None = None, prior_scale: float = 0.0,
               am_scale: float = 1.0, utt_ids: Sequence[str] | None = None,
               where: str = "minibatch", same_phone: torch.Tensor | None = None,
-              kd_weight: float = 0.0, ref_logits: torch.Tensor | None = None
-              ) -> SequenceOut:
+              kd_weight: float = 0.0, ref_logits: torch.Tensor | None = None,
+              weights: torch.Tensor | None = None) -> SequenceOut:
     """Lattice-free sMBR (Kanda et al. 2018): maximise the expected frame accuracy over all
     paths of the denominator graph. A frame's reward for class c is 1 when c is the
     aligned class (numerator alignment) or the numerator's occupation posterior of c
@@ -863,9 +865,15 @@ def smbr_loss(logits: torch.Tensor, labels: torch.Tensor, den: Graph, *,
     logz, acc = expected_accuracy(x, lengths, den, reward, leaky)
     _check_finite(logz.detach()[has], "denominator log-likelihood",
                   _subset(utt_ids, has), where)
-    obj = acc[has].sum() / frames
+    obj = _weighted(acc, weights)[has].sum() / frames
     return _regularised(obj, logits, labels, packed, valid, frames, ce_weight, l2,
                         kd_weight, ref_logits)
+
+
+def _weighted(per_seq: torch.Tensor, weights: torch.Tensor | None) -> torch.Tensor:
+    """Each sequence's objective times its weight (a pseudo-labeled utterance's confidence:
+    semi-supervised sequence training, Vesely et al. 2013); None: all 1."""
+    return per_seq if weights is None else per_seq * weights.to(per_seq)
 
 
 def _reward(x: torch.Tensor, lab: torch.Tensor, lengths: torch.Tensor, numerator: str,
@@ -938,10 +946,13 @@ class SequenceCriterion:
 
     def __call__(self, logits: torch.Tensor, labels: torch.Tensor, chunked: bool = True,
                  utt_ids: Sequence[str] | None = None, where: str = "minibatch",
-                 ref_logits: torch.Tensor | None = None) -> SequenceOut:
+                 ref_logits: torch.Tensor | None = None,
+                 weights: torch.Tensor | None = None) -> SequenceOut:
         """`chunked`: the rows are chunks of utterances (LF-MMI's chunk graph) rather than
         whole utterances (the full graph, with its start and final weights). `ref_logits`:
-        the CE model's outputs on the same rows (train.sequence_kd_weight's targets)."""
+        the CE model's outputs on the same rows (train.sequence_kd_weight's targets).
+        `weights` [B]: each row's weight on the sequence objective (pseudo-labels'
+        confidences; None: 1)."""
         sc = self.sc
         full, chunk = self._graphs(logits.device, logits.dtype)
         extra = {"same_phone": self.same_phone} if sc.criterion == "smbr" else {}
@@ -952,7 +963,31 @@ class SequenceCriterion:
                     leaky=sc.leaky_hmm, ce_weight=sc.sequence_ce_weight, l2=sc.sequence_l2,
                     log_priors=self.log_priors, prior_scale=sc.sequence_prior_scale,
                     am_scale=sc.sequence_am_scale, utt_ids=utt_ids, where=where,
-                    kd_weight=getattr(sc, "sequence_kd_weight", 0.0), ref_logits=ref_logits)
+                    kd_weight=getattr(sc, "sequence_kd_weight", 0.0), ref_logits=ref_logits,
+                    weights=weights)
+
+
+def pseudo_references(topk_idx: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Frame references [B, T] of soft-target rows (an unlabeled minibatch): the teacher's
+    most likely class per scored frame (its top-1 target), IGNORE elsewhere."""
+    return torch.where(mask, topk_idx[..., 0], torch.full_like(topk_idx[..., 0], IGNORE))
+
+
+def pseudolabel_confidences(storage: Any, step_dir: str) -> dict[str, float]:
+    """{utt_id: confidence} of the pseudo-labels a finished pseudolabel step kept
+    (labels/*.parquet, kept = true): train.pseudolabels with the sequence recipe."""
+    uris = (storage.list(f"{step_dir.rstrip('/')}/labels", suffix=".parquet")
+            if storage.exists(f"{step_dir.rstrip('/')}/_SUCCESS.json") else [])
+    if not uris:
+        raise StepError(f"train.pseudolabels: {step_dir} holds no finished pseudolabel step's "
+                         "labels/*.parquet (run `amflow pseudolabel` for that run first, or "
+                         "clear train.pseudolabels)")
+    out: dict[str, float] = {}
+    for uri in uris:
+        cols = storage.read_parquet(uri, columns=["utt_id", "confidence", "kept"]).to_pydict()
+        out.update((u, float(c)) for u, c, k in zip(cols["utt_id"], cols["confidence"],
+                                                    cols["kept"]) if k)
+    return out
 
 
 def split_label_sequences(storage: Any, uris: Sequence[str], stack: int = 3

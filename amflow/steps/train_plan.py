@@ -33,6 +33,7 @@ from core.config import Config, Resolved, grown_stage
 from core.runs import SUCCESS, Reject, StepContext, StepError, step_dir_name
 from core.senones import ContextTree
 from core.storage import join
+from training.ctc.data import pseudolabel_dir
 from training.ctc.plan import build_ctc_plan, ctc_inputs
 from training.data import SplitIndex, partition_uris
 from training.launch import (PHONE_STAGE, phone_stage_plan, start_from, store_priors, train)
@@ -72,7 +73,7 @@ def init_model_uri(cfg: Config, run_id: str) -> str:
 def _split_kinds(cfg: Config) -> dict[str, str]:
     """{kind: split name} of the training data the recipe needs."""
     tc = cfg.train
-    if tc.recipe == "ssl":
+    if tc.recipe == "ssl" or (tc.recipe == "sequence" and tc.pseudolabels):
         return {"unlabeled": tc.batches.unlabeled_split, "labeled": tc.batches.labeled_split}
     return {"labeled": tc.batches.labeled_split}
 
@@ -92,6 +93,9 @@ def training_inputs(ctx: StepContext) -> dict[str, Any]:
         inputs["init_model"] = st.digest(uri) if st.exists(uri) else None
     if cfg.train.model == "ctc":  # its targets: the corpus's transcripts, the pseudo-labels
         inputs.update(ctc_inputs(st, cfg))
+    elif cfg.train.recipe == "sequence" and cfg.train.pseudolabels:  # its unlabeled references
+        uri = pseudolabel_dir(cfg.storage.root, cfg.train.pseudolabels) + "/_SUCCESS.json"
+        inputs["pseudolabels"] = st.digest(uri) if st.exists(uri) else None
     return inputs
 
 

@@ -357,6 +357,9 @@ class TrainConfig:
     # transcripts: a run id (its runs/<id>/pseudolabel/ step) or the URI of such a step's
     # dir; its kept labels (labels/*.parquet, kept = true) of utterances in the unlabeled
     # split's partitions. Empty: the labeled split alone (the CTC baseline).
+    # train.recipe sequence (semi-supervised sequence training): each epoch also trains on
+    # the unlabeled split's kept utterances, the teacher's top-1 target per frame the
+    # reference, the sequence objective weighted by the pseudo-label's confidence.
     pseudolabels: str = ""
     # With context-dependent classes: + phone_weight x the same criterion on each frame's
     # phone (the classes' probabilities summed per phone; training/losses.py phone_loss).
@@ -444,8 +447,9 @@ class TrainConfig:
         """The CTC student trains on whole transcripts (labeled + pseudo-labels), one recipe.
         train.grow and train.phone_weight (phone classes) do not apply to it: ignored."""
         if self.model != "ctc":
-            check(not self.pseudolabels, f"{key}.pseudolabels",
-                  f"are transcripts for train.model ctc (train.model is {self.model})")
+            check(not self.pseudolabels or self.recipe == "sequence", f"{key}.pseudolabels",
+                  "are transcripts for train.model ctc or references for train.recipe "
+                  f"sequence (train.model is {self.model}, train.recipe {self.recipe})")
             return
         check(self.recipe == "labeled", f"{key}.recipe",
               "must be labeled with train.model ctc (pseudo-labels: train.pseudolabels)")
