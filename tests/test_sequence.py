@@ -724,3 +724,12 @@ def test_sequence_training_on_pseudo_labeled_utterances(tmp_path, local_cfg):
     # the 8 utterances the pseudolabel step dropped are the step's rejects
     assert (out["counts"]["in"], out["counts"]["out"]) == (24 + 16, 24 + 8)
     assert out["counts"]["rejected"] == 8
+
+
+def test_epochs_are_tuned_around_the_ce_models_acwt():
+    from amflow.steps.sequence import acwt_near
+
+    grid = [0.2, 0.3, 0.4, 0.5, 0.7]
+    assert acwt_near(grid, 0.4) == [0.3, 0.4, 0.5]
+    assert acwt_near(grid, 0.2) == [0.2, 0.3] and acwt_near(grid, 0.7) == [0.5, 0.7]
+    assert acwt_near([0.5, 0.3], 0.5) == [0.3, 0.5] and acwt_near([0.3], 0.3) == [0.3]

@@ -8,7 +8,8 @@ does not ship its last epoch blindly: the CE model it started from (train.init_m
 train[-<tag>]/model.pt) and the model after every epoch (epochs/epoch-<k>.pt, written by
 the trainer) are decoded on a fixed subset of the dev split (decode.tune_split;
 train.sequence_select_utts utterances, the same ones for every candidate) the way
-`amflow decode` tunes: each at every decode.acwt, its WER the best of them. The lowest
+`amflow decode` tunes: the CE model at every decode.acwt, each epoch at the CE model's
+best and its neighbours in that grid; a candidate's WER is the best of its. The lowest
 WER wins, the earliest on ties, so the CE model wins a tie: model.pt becomes the winner's
 bytes (the CE model's own when it wins). `_SUCCESS.json` metrics `selection` say which
 won, every candidate's dev WER and acwt, and the paired test (decoding/significance.py,
@@ -83,7 +84,10 @@ def dev_scores(ctx: StepContext, candidates: list[tuple[str, str]], result: dict
             corpus = ctx.cfg.data.corpus
             split = ctx.cfg.decode.tune_split or "dev"
             recs = dev_subset(ctx, corpus, split, sc.sequence_select_utts)
-            return [score_on_dev(ctx, uri, corpus, recs) for _, uri in candidates], split
+            ce = score_on_dev(ctx, candidates[0][1], corpus, recs, ctx.cfg.decode.acwt)
+            grid = acwt_near(ctx.cfg.decode.acwt, ce["acwt"])
+            return [ce] + [score_on_dev(ctx, uri, corpus, recs, grid)
+                           for _, uri in candidates[1:]], split
         log.warning("sequence: no LM at %s to decode dev with: choosing by dev frame error "
                     "(train.sequence_select=dev_frames)", lm)
     accs = [_dev_frame_acc(ctx, uri) for _, uri in candidates[:-1]]
@@ -141,9 +145,19 @@ def dev_subset(ctx: StepContext, corpus: str, split: str, n: int) -> list:
     return sorted(recs, key=lambda r: r.utt_id)
 
 
-def score_on_dev(ctx: StepContext, model_uri: str, corpus: str, recs: list) -> dict[str, Any]:
-    """`amflow decode`'s tuning on `recs`: the WER at each decode.acwt; the best (the first
-    on ties) with its acwt and its per-utterance rows (for the paired test)."""
+def acwt_near(grid: list[float], best: float) -> list[float]:
+    """The acwt values of `grid` at most one step from `best` (in the grid's order): the
+    epochs are tuned there only (sequence training moves a model's best scale little; a
+    search per value is most of the choice's cost)."""
+    ordered = sorted(grid)
+    i = ordered.index(best)
+    return ordered[max(0, i - 1):i + 2]
+
+
+def score_on_dev(ctx: StepContext, model_uri: str, corpus: str, recs: list,
+                 grid: list[float]) -> dict[str, Any]:
+    """`amflow decode`'s tuning on `recs`: the WER at each acwt of `grid`; the best (the
+    first on ties) with its acwt and its per-utterance rows (for the paired test)."""
     import torch
 
     dc = ctx.cfg.decode
@@ -154,7 +168,7 @@ def score_on_dev(ctx: StepContext, model_uri: str, corpus: str, recs: list) -> d
     utts = worker.score(recs)["utts"]
     best: dict[str, Any] = {}
     tuning = []
-    for acwt in dc.acwt:
+    for acwt in grid:
         res, rows, _ = D.score_hyps(worker.search(utts, acwt)["hyps"], assets.lexicon)
         tuning.append({"acwt": acwt, "wer": res["wer"]})
         if not best or res["wer"] < best["wer"]:

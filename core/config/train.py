@@ -286,9 +286,10 @@ class SequenceConfig:
     # last = the last epoch's whatever dev says (before this key existed).
     sequence_select: str = "dev_wer"
     # dev_wer: the fixed subset of decode.tune_split's utterances every candidate is
-    # decoded on (0 = all of them); each candidate costs a forward pass and one search per
-    # decode.acwt over it.
-    sequence_select_utts: int = 90
+    # decoded on (0 = all of them); the CE model costs a forward pass and a search per
+    # decode.acwt over it, each epoch a forward pass and up to 3 searches (the acwt values
+    # around the CE model's best).
+    sequence_select_utts: int = 60
 
     def validate(self, key: str) -> None:
         check(self.criterion in ("ce", "mmi", "smbr"), f"{key}.criterion",
