@@ -733,3 +733,36 @@ def test_epochs_are_tuned_around_the_ce_models_acwt():
     assert acwt_near(grid, 0.4) == [0.3, 0.4, 0.5]
     assert acwt_near(grid, 0.2) == [0.2, 0.3] and acwt_near(grid, 0.7) == [0.5, 0.7]
     assert acwt_near([0.5, 0.3], 0.5) == [0.3, 0.5] and acwt_near([0.3], 0.3) == [0.3]
+
+
+def test_score_on_dev_tunes_acwt_like_decode(monkeypatch):
+    """Each acwt of the grid searched over the same scored utterances; the WER is the best
+    one's (the first on ties), with its per-utterance rows."""
+    from types import SimpleNamespace
+
+    from amflow.steps import sequence as step
+
+    recs = [SimpleNamespace(utt_id=f"u{i}", text="a b", condition="DP1") for i in range(4)]
+
+    class Worker:
+        def __init__(self, *args, **kwargs):
+            self.scored = 0
+
+        def score(self, records):
+            self.scored += 1
+            return {"utts": [(r, None) for r in records]}
+
+        def search(self, utts, acwt):  # right words at 0.3 and 0.5, one word wrong elsewhere
+            words = ["a", "b"] if acwt in (0.3, 0.5) else ["a", "c"]
+            return {"hyps": [(r, words, True) for r, _ in utts]}
+
+    assets = SimpleNamespace(model_bytes=b"", graph_dir="", log_prior=None, lexicon={"a", "b"})
+    monkeypatch.setattr(step, "load_assets", lambda ctx, uri, corpus: assets)
+    monkeypatch.setattr(step.D, "DecodeWorker", Worker)
+    ctx = SimpleNamespace(cfg=SimpleNamespace(decode=SimpleNamespace(beam=13.0, max_active=7000),
+                                              storage=None))
+    out = step.score_on_dev(ctx, "m.pt", "c", recs, [0.2, 0.3, 0.5])
+    assert out["acwt"] == 0.3 and out["wer"] == 0.0
+    assert [t["wer"] for t in out["tuning"]] == [0.5, 0.0, 0.0]
+    assert [r["utt_id"] for r in out["rows"]] == ["u0", "u1", "u2", "u3"]
+    assert all(r["errors"] == 0 and r["ref_words"] == 2 for r in out["rows"])
