@@ -766,3 +766,30 @@ def test_score_on_dev_tunes_acwt_like_decode(monkeypatch):
     assert [t["wer"] for t in out["tuning"]] == [0.5, 0.0, 0.0]
     assert [r["utt_id"] for r in out["rows"]] == ["u0", "u1", "u2", "u3"]
     assert all(r["errors"] == 0 and r["ref_words"] == 2 for r in out["rows"])
+
+
+def test_report_says_which_model_each_sequence_step_shipped(local_cfg):
+    """The report's sequence section: the test WER of the shipped model beside CE, and per
+    model the dev choice its sequence step recorded (here the SSL student's CE model)."""
+    from core.runs import StepContext
+    from amflow.steps.report import run
+    from tests.test_report import _decode, _eval
+
+    cfg = local_cfg("report.teacher_run=t1")
+    t, ssl = StepContext(cfg, "t1", "evaluate-teacher"), StepContext(cfg, "s1", "evaluate")
+    for ctx, rels in ((t, ("evaluate-baseline", "decode-baseline", "decode-sequence-baseline")),
+                      (ssl, ("evaluate", "decode", "decode-sequence"))):
+        for rel, value in zip(rels, (_eval(0.8), _decode(0.2), _decode(0.2))):
+            ctx.storage.write_json(ctx.other(rel, "result.json"), value)
+    done = {"run_id": "t1", "step": "sequence-baseline", "wall_s": 1.0, "counts": {}}
+    t.storage.write_json(t.other("sequence-baseline", "_SUCCESS.json"), {**done, "metrics": {}})
+    ssl.storage.write_json(ssl.other("sequence", "_SUCCESS.json"), {
+        **done, "run_id": "s1", "step": "sequence", "metrics": {"selection": {
+        "rule": "dev_wer", "chosen_epoch": 0, "epochs": 3, "ce_wer": 0.17, "chosen_wer": 0.17,
+        "delta": 0.0, "p_mapsswe": 1.0, "last_wer": 0.19}}})
+    out = run(StepContext(cfg, "s1", "report"))
+    md = ssl.storage.read_text(ssl.other("report", "report.md"))
+    assert "| SSL | CE model (dev rejected every epoch) | 17.0 | 17.0 | +0.00 | 1 | 19.0 |" in md
+    assert "| baseline | last epoch (not chosen on dev) |" in md
+    rows = ssl.storage.read_json(ssl.other("report", "report.json"))["sequence_choice"]
+    assert [r["model"] for r in rows] == ["baseline", "ssl"] and out["metrics"]
