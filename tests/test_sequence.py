@@ -793,3 +793,49 @@ def test_report_says_which_model_each_sequence_step_shipped(local_cfg):
     assert "| baseline | last epoch (not chosen on dev) |" in md
     rows = ssl.storage.read_json(ssl.other("report", "report.json"))["sequence_choice"]
     assert [r["model"] for r in rows] == ["baseline", "ssl"] and out["metrics"]
+
+
+@pytest.mark.slow  # the tiny corpus (~20 s, once per session), as test_decoding's
+def test_dev_wer_decodes_each_candidate_with_the_runs_graph(tiny_corpus, local_cfg):
+    """The real path, end to end on the tiny corpus: the run's LM, the graph built (and
+    cached) from it, each candidate's features, forward pass and searches on a fixed
+    subset of dev; the choice, its rows and paired test."""
+    from core.config import FeaturesConfig, features_dict
+    from core.runs import StepContext
+    from decoding import lexicon as L
+    from decoding import lm
+    from amflow.steps import sequence as step
+    from training.checkpoint import save_model
+    from training.models import StudentLSTM
+
+    cfg = local_cfg(f"data.corpus={tiny_corpus}", "decode.acwt=[0.2, 0.5, 1.0]",
+                    "train.sequence_select_utts=3", "decode.beam=8", "decode.max_active=200")
+    ctx = StepContext(cfg, "r", "sequence")
+    lex = L.read_lexicon((tiny_corpus / "lexicon.txt").read_text())
+    arpa = lm.estimate(lm.generator_sentences(500, 5), 3, vocabulary=lex.prons).to_arpa()
+    ctx.storage.write_text(ctx.other("lm", "lm.arpa"), arpa)
+    phones = [p.strip() for p in (tiny_corpus / "phones.txt").read_text().splitlines()]
+    fcfg = FeaturesConfig()
+    dim = fcfg.num_mel_bins * fcfg.stack
+    cmvn = {"count": 1, "sum": [0.0] * fcfg.num_mel_bins, "sumsq": [100.0] * fcfg.num_mel_bins}
+    uris = []
+    for seed in range(2):
+        torch.manual_seed(seed)
+        uri = ctx.path(f"m{seed}.pt")
+        save_model(ctx.storage, uri, StudentLSTM(dim, 8, 1, len(phones), lookahead=1),
+                   cmvn=cmvn, phones=phones, features=features_dict(fcfg))
+        step.attach_priors(ctx.storage, uri, np.ones(len(phones)), "uniform")
+        uris.append(uri)
+    candidates = [("ce", uris[0]), ("epoch 1", uris[1])]
+    scores, split = step.dev_scores(ctx, candidates, {"metrics": {}})
+    assert split == "dev" and len(scores) == 2
+    assert [t["acwt"] for t in scores[0]["tuning"]] == [0.2, 0.5, 1.0]
+    around = step.acwt_near([0.2, 0.5, 1.0], scores[0]["acwt"])  # the CE model's best
+    assert [t["acwt"] for t in scores[1]["tuning"]] == around
+    for s in scores:
+        assert len(s["rows"]) == 3 and 0.0 <= s["wer"] and s["acwt"] in (0.2, 0.5, 1.0)
+        assert s["wer"] == pytest.approx(sum(r["errors"] for r in s["rows"])
+                                         / sum(r["ref_words"] for r in s["rows"]))
+    assert [r["utt_id"] for r in scores[0]["rows"]] == [r["utt_id"] for r in scores[1]["rows"]]
+    sel = step.summarize(candidates, scores, split)
+    assert sel["chosen_wer"] == min(s["wer"] for s in scores) and "p_mapsswe" in sel
