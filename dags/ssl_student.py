@@ -118,6 +118,7 @@ def ssl_student():
                                             "each with a confidence; those over a threshold "
                                             "chosen on dev are kept (WER kept vs dropped).")
     select >> lm >> [decode, decode_sequence, pseudolabel]
+    lm >> sequence  # sequence chooses its epoch by dev WER: the LM's graph
     ctc_students(repartition, pseudolabel, lm)
     branch_gates(select.dag)
 

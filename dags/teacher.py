@@ -123,6 +123,7 @@ def teacher():
     train_baseline >> seq_baseline
     train >> seq_teacher
     select >> lm >> [decode, decode_baseline, decode_seq_baseline, decode_seq_teacher]
+    lm >> [seq_baseline, seq_teacher]  # sequence chooses its epoch by dev WER: the LM's graph
     branch_gates(select.dag)
 
 

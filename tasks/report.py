@@ -89,6 +89,45 @@ def render_sequence_wer_table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(out)
 
 
+def sequence_choice_rows(selections: dict[str, dict | None]) -> list[dict[str, Any]]:
+    """Per sequence-trained model (`selections`: its sequence step's `selection` metrics,
+    {} for a step that shipped its last epoch unchosen): which model `amflow sequence`
+    shipped, the CE model's and the shipped model's dev error, and the paired test."""
+    rows = []
+    for name in ("teacher", "baseline", "ssl"):
+        sel = selections.get(name)
+        if sel is None:
+            continue
+        rows.append({"model": name, "rule": sel.get("rule", "last"),
+                     "epoch": sel.get("chosen_epoch"), "epochs": sel.get("epochs"),
+                     "split": sel.get("split"), "ce_dev": sel.get("ce_wer"),
+                     "chosen_dev": sel.get("chosen_wer"), "delta": sel.get("delta"),
+                     "p": sel.get("p_mapsswe"), "last_dev": sel.get("last_wer")})
+    return rows
+
+
+def shipped_text(row: dict[str, Any]) -> str:
+    """What the sequence step shipped, in words: the CE model where dev rejected every
+    epoch, else the epoch dev chose (or the last one, unchosen, before the choice existed)."""
+    if row["rule"] == "last":
+        return f"last epoch {row['epoch'] or ''} (not chosen on dev)".replace("  ", " ")
+    if row["epoch"] == 0:
+        return "CE model (dev rejected every epoch)"
+    return f"epoch {row['epoch']} of {row['epochs']}"
+
+
+def render_sequence_choice(rows: list[dict[str, Any]]) -> str:
+    names = {"teacher": "teacher", "baseline": "baseline", "ssl": "SSL"}
+    out = ["| model | shipped (chosen on dev) | dev: CE % | dev: shipped % | change, points | "
+           "p | dev: last epoch % |", "|---|---|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        delta = "–" if r["delta"] is None else f"{100 * r['delta']:+.2f}"
+        p = "–" if r["p"] is None else f"{r['p']:.3g}"
+        out.append(f"| {names[r['model']]} | {shipped_text(r)} | {pct(r['ce_dev'])} | "
+                   f"{pct(r['chosen_dev'])} | {delta} | {p} | {pct(r['last_dev'])} |")
+    return "\n".join(out)
+
+
 def relative_error_reduction(acc_base: float, acc_new: float) -> float:
     err_b, err_n = 1.0 - acc_base, 1.0 - acc_new
     return (err_b - err_n) / err_b if err_b > 0 else 0.0
@@ -232,10 +271,21 @@ def wer_section(wer_rows: list[dict], ssl_decode: dict) -> list[str]:
             "models, so compare the WERR, not the WER.", ""]
 
 
-def sequence_section(seq_rows: list[dict]) -> list[str]:
-    return ["## After sequence training (train.criterion on the labeled split; CE rows "
-            "beside)", "",
-            render_sequence_wer_table(seq_rows), "",
-            "gain: relative WER reduction of sequence training over the same model's "
-            "CE / distilled training (Kaldi's usual: ~10 %). The paper's Table II "
-            "compares sMBR-trained models: its WERR column is beside ours.", ""]
+def sequence_section(seq_rows: list[dict], choice_rows: list[dict] | None = None
+                     ) -> list[str]:
+    """The sequence table (test WER, CE -> the model the sequence step shipped) and, where
+    the steps recorded it, which model dev chose for each (`sequence_choice_rows`)."""
+    out = ["## After sequence training (train.criterion on the labeled split; CE rows "
+           "beside)", "",
+           render_sequence_wer_table(seq_rows), "",
+           "seq.: the model `amflow sequence` shipped, chosen on dev among the CE model and "
+           "every epoch (the CE model itself where dev rejected every epoch: gain 0). "
+           "gain: relative WER reduction over the same model's CE / distilled training "
+           "(Kaldi's usual: ~10 %). The paper's Table II compares sMBR-trained models: its "
+           "WERR column is beside ours.", ""]
+    if choice_rows:
+        out += ["Chosen on dev (WER on a fixed dev subset at each model's tuned acwt; "
+                "frame error where the step had no LM; p: paired MAPSSWE test of the "
+                "shipped model against the CE model on dev):", "",
+                render_sequence_choice(choice_rows), ""]
+    return out

@@ -23,7 +23,7 @@ STUDENT_EDGES = [("select", "align"), ("align", "features"), ("features", "targe
                  ("select", "lm"), ("lm", "decode"),
                  ("train", "sequence"), ("sequence", "evaluate_sequence"),
                  ("evaluate_sequence", "decode_sequence"), ("lm", "decode_sequence"),
-                 ("lm", "pseudolabel"),
+                 ("lm", "pseudolabel"), ("lm", "sequence"),  # sequence decodes dev
                  # the end-to-end CTC students (params ctc, pseudolabels)
                  ("repartition", "train_ctc_baseline"), ("train_ctc_baseline", "decode_ctc_baseline"),
                  ("repartition", "train_ctc"), ("pseudolabel", "train_ctc"),
@@ -39,7 +39,9 @@ TEACHER_EDGES = [("select", "align"), ("align", "features"), ("features", "repar
                  ("lm", "decode_sequence_baseline"),
                  ("train", "sequence_teacher"), ("sequence_teacher", "evaluate_sequence_teacher"),
                  ("evaluate_sequence_teacher", "decode_sequence_teacher"),
-                 ("lm", "decode_sequence_teacher")]
+                 ("lm", "decode_sequence_teacher"),
+                 # sequence chooses the epoch it ships by dev WER (the LM's graph)
+                 ("lm", "sequence_baseline"), ("lm", "sequence_teacher")]
 
 
 @pytest.fixture(scope="module")

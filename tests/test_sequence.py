@@ -10,6 +10,7 @@ import torch
 
 from training import sequence
 from training.losses import IGNORE
+from tests.test_sequence_recipe import ce_model  # noqa: F401 (a fixture: a CE-trained run)
 from training.sequence import (Graph, NonFiniteSequenceError, PhoneNgram, SequenceCriterion,
                                alignment_logprob, chunk_graph, collapse, denominator_graph,
                                estimate_phone_ngram, expected_accuracy, graph_from_arcs,
@@ -470,3 +471,372 @@ def test_expected_accuracy_same_with_dense_and_sparse_products(monkeypatch):
     assert float((den.dense[0] != 0).double().mean()) < 0.2  # the CSR path was taken
     for a, b in zip(*out):
         assert torch.allclose(a, b, atol=1e-10)
+
+
+# ----------------------------------------------------------------- the model chosen on dev
+def _rows(errors: list[int], words: int = 10) -> list[dict]:
+    return [{"utt_id": f"u{i:02d}", "errors": e, "ref_words": words}
+            for i, e in enumerate(errors)]
+
+
+def _score(errors: list[int], acwt: float = 0.3) -> dict:
+    rows = _rows(errors)
+    return {"wer": sum(errors) / (10 * len(errors)), "acwt": acwt, "rows": rows,
+            "tuning": [{"acwt": acwt, "wer": sum(errors) / (10 * len(errors))}]}
+
+
+def test_the_lowest_dev_wer_wins_and_the_ce_model_wins_ties():
+    from amflow.steps.sequence import choose, summarize
+
+    assert choose([{"wer": 0.2}, {"wer": 0.2}, {"wer": 0.25}]) == 0  # a tie keeps CE
+    assert choose([{"wer": 0.2}, {"wer": 0.15}, {"wer": 0.15}]) == 1  # earliest epoch
+    names = [("ce", "ce.pt"), ("epoch 1", "e1.pt"), ("epoch 2", "model.pt")]
+    # epoch 1 is better on every utterance; epoch 2 (the last) is worse than CE
+    sel = summarize(names, [_score([3] * 30), _score([1] * 30), _score([4] * 30)], "dev")
+    assert (sel["chosen"], sel["chosen_epoch"], sel["epochs"]) == ("epoch 1", 1, 2)
+    assert sel["rule"] == "dev_wer" and sel["utterances"] == 30
+    assert sel["delta"] == pytest.approx(-0.2) and sel["last_delta"] == pytest.approx(0.1)
+    assert sel["significant"] and sel["p_mapsswe"] < 0.05
+    assert [c["wer"] for c in sel["candidates"]] == pytest.approx([0.3, 0.1, 0.4])
+    # every epoch worse: the CE model is shipped, no test to pass
+    sel = summarize(names, [_score([2] * 30), _score([2] * 29 + [3]), _score([5] * 30)], "dev")
+    assert sel["chosen"] == "ce" and sel["delta"] == 0.0 and not sel["significant"]
+
+
+def test_dev_subset_is_fixed_whatever_the_order(monkeypatch):
+    from types import SimpleNamespace
+
+    from amflow.steps import sequence as step
+
+    recs = [SimpleNamespace(utt_id=f"utt{i}") for i in range(20)]
+    monkeypatch.setattr(step.D, "split_records", lambda st, c, s: (list(recs), []))
+    ctx = SimpleNamespace(storage=None)
+    a = step.dev_subset(ctx, "c", "dev", 7)
+    recs.reverse()
+    b = step.dev_subset(ctx, "c", "dev", 7)
+    assert [r.utt_id for r in a] == [r.utt_id for r in b] and len(a) == 7
+    assert len(step.dev_subset(ctx, "c", "dev", 0)) == 20
+    monkeypatch.setattr(step.D, "split_records", lambda st, c, s: ([], []))
+    with pytest.raises(Exception, match="sequence_select=last"):
+        step.dev_subset(ctx, "c", "dev", 7)
+
+
+def _train_sequence(local_cfg, *sets):
+    from core.runs import StepContext
+    from amflow.steps import sequence as step
+    from tests.test_sequence_recipe import SEQUENCE
+    from tests.test_train import TINY
+
+    return step.run(StepContext(local_cfg(*TINY, *SEQUENCE, *sets), "r", "sequence"), None)
+
+
+@pytest.mark.parametrize("winner", [0, 1])
+def test_the_model_dev_chose_is_shipped_ce_model_included(ce_model, local_cfg, tmp_path,
+                                                          monkeypatch, winner):
+    """model.pt is the winner's bytes: the CE model's own when CE wins; the epochs are kept
+    beside it, each decodable (with model.pt's priors)."""
+    from core.storage import Storage
+    from amflow.steps import sequence as step
+    from training.checkpoint import load_model
+
+    seen = []
+
+    def fake_scores(ctx, candidates, result):
+        seen.extend(candidates)
+        return [_score([3 if i == winner else 4] * 12) for i in range(len(candidates))], "dev"
+
+    monkeypatch.setattr(step, "dev_scores", fake_scores)
+    run = tmp_path / "store" / "runs" / "r"
+    last = None
+    if winner == 1:  # the last epoch's own model, for comparison: trained once unchosen
+        last = _train_sequence(local_cfg, "train.sequence_select=last", "train.tag=plain",
+                               "train.init_model=" + ce_model["metrics"]["model_uri"])
+        assert last["metrics"]["selection"] == {"rule": "last", "chosen_epoch": 2, "epochs": 2}
+    out = _train_sequence(local_cfg)
+    sel = out["metrics"]["selection"]
+    assert [n for n, _ in seen] == ["ce", "epoch 1", "epoch 2"]
+    assert sel["chosen_epoch"] == winner and sel["chosen"] == seen[winner][0]
+    shipped = (run / "sequence-base" / "model.pt").read_bytes()
+    if winner == 0:
+        assert shipped == (run / "train-base" / "model.pt").read_bytes()
+    else:
+        assert shipped == (run / "sequence-base" / "epochs" / "epoch-1.pt").read_bytes()
+        assert load_model(Storage(), str(run / "sequence-base" / "model.pt"))[1]["priors"]
+    if last is not None:  # training itself is unchanged by the choice
+        a = load_model(Storage(), last["metrics"]["model_uri"])[0].state_dict()
+        b = load_model(Storage(), str(run / "sequence-base" / "epochs" / "epoch-2.pt"))[0]
+        assert all(torch.equal(a[k], v) for k, v in b.state_dict().items())
+
+
+def test_without_an_lm_the_choice_falls_back_to_dev_frame_error(ce_model, local_cfg):
+    sel = _train_sequence(local_cfg)["metrics"]["selection"]
+    assert sel["rule"] == "dev_frames" and sel["split"] == "dev" and sel["epochs"] == 2
+    wers = [c["wer"] for c in sel["candidates"]]
+    assert sel["chosen_wer"] == min(wers) and sel["chosen_index"] == wers.index(min(wers))
+    assert sel["ce_wer"] == pytest.approx(1 - ce_model["metrics"]["dev_frame_acc"])
+
+
+def test_report_row_names_the_shipped_model():
+    from tasks.report import render_sequence_choice, sequence_choice_rows, sequence_section
+
+    rows = sequence_choice_rows({
+        "baseline": {"rule": "dev_wer", "chosen_epoch": 2, "epochs": 3, "ce_wer": 0.22,
+                     "chosen_wer": 0.2, "delta": -0.02, "p_mapsswe": 0.04, "last_wer": 0.23},
+        "ssl": {"rule": "dev_wer", "chosen_epoch": 0, "epochs": 3, "ce_wer": 0.17,
+                "chosen_wer": 0.17, "delta": 0.0, "p_mapsswe": 1.0, "last_wer": 0.19},
+        "teacher": None})
+    assert [r["model"] for r in rows] == ["baseline", "ssl"]
+    md = render_sequence_choice(rows)
+    assert "| baseline | epoch 2 of 3 | 22.0 | 20.0 | -2.00 | 0.04 | 23.0 |" in md
+    assert "| SSL | CE model (dev rejected every epoch) | 17.0 | 17.0 | +0.00 | 1 | 19.0 |" in md
+    # a step from before the choice: its last epoch, said to be unchosen
+    old = sequence_choice_rows({"ssl": {}})
+    assert "not chosen on dev" in render_sequence_choice(old)
+    assert "Chosen on dev" in "\n".join(sequence_section([], rows))
+    assert "Chosen on dev" not in "\n".join(sequence_section([], []))
+
+
+# ----------------------------------------------------------------- smoothing
+@pytest.mark.parametrize("loss", [mmi_loss, smbr_loss])
+def test_smoothing_weights_zero_is_the_sequence_loss_and_kd_moves_the_gradient(loss):
+    lm = estimate_phone_ngram(_label_seqs(40, 4, seed=20), 4)
+    den = chunk_graph(denominator_graph(lm))
+    gen = torch.Generator().manual_seed(21)
+    logits = torch.randn(2, 6, 4, generator=gen, dtype=torch.float64, requires_grad=True)
+    ref = torch.randn(2, 6, 4, generator=gen, dtype=torch.float64)
+    labels = torch.tensor([[IGNORE, 1, 1, 3, 0, IGNORE], [0, 0, 2, 2, IGNORE, IGNORE]])
+
+    def grad(**kw):
+        out = loss(logits, labels, den, **kw)
+        return out, torch.autograd.grad(out.loss, logits)[0]
+
+    plain, g_plain = grad(ce_weight=0.0, l2=0.0)
+    assert float(plain.loss.detach()) == -plain.objective  # no smoothing: the criterion alone
+    off, g_off = grad(ce_weight=0.0, l2=0.0, kd_weight=0.0, ref_logits=ref)
+    assert float(off.loss.detach()) == float(plain.loss.detach())
+    assert torch.equal(g_off, g_plain)
+    assert off.kd == 0.0
+    # the CE term (train.sequence_ce_weight) and the KD term each add their gradient
+    ce, g_ce = grad(ce_weight=0.5, l2=0.0)
+    assert not torch.allclose(g_ce, g_plain)
+    kd, g_kd = grad(ce_weight=0.0, l2=0.0, kd_weight=0.7, ref_logits=ref)
+    term = sequence.reference_ce(logits, ref, labels)
+    expected = float(plain.loss.detach()) + 0.7 * float(term.detach())
+    assert float(kd.loss.detach()) == pytest.approx(expected)
+    g_term, = torch.autograd.grad(term, logits)
+    assert torch.allclose(g_kd, g_plain + 0.7 * g_term, atol=1e-12)
+    assert float(g_term.abs().max()) > 1e-3 and float(g_term[labels == IGNORE].abs().max()) == 0
+    # against its own posteriors (the step's first minibatch) the KD term pulls nowhere
+    same, = torch.autograd.grad(sequence.reference_ce(logits, logits.detach(), labels), logits)
+    assert float(same.abs().max()) < 1e-12
+
+
+def test_kd_smoothing_keeps_the_sequence_model_nearer_the_ce_model(ce_model, local_cfg):
+    from core.storage import Storage
+    from training.checkpoint import load_model
+
+    init = "train.init_model=" + ce_model["metrics"]["model_uri"]
+    ce = load_model(Storage(), ce_model["metrics"]["model_uri"])[0].state_dict()
+
+    def distance(kd: float) -> float:
+        out = _train_sequence(local_cfg, init, "train.sequence_select=last",
+                              f"train.sequence_kd_weight={kd}", f"train.tag=kd{kd}",
+                              "train.lr=0.01", "train.final_lr=0.01")
+        m = load_model(Storage(), out["metrics"]["model_uri"])[0].state_dict()
+        return sum(float((m[k] - ce[k]).pow(2).sum()) for k in ce) ** 0.5
+
+    near, far = distance(20.0), distance(0.0)  # 2.9 and 5.3 when written
+    assert near < 0.8 * far
+
+
+# ----------------------------------------------------------------- pseudo-labeled utterances
+@pytest.mark.parametrize("loss", [mmi_loss, smbr_loss])
+def test_confidence_weights_scale_each_utterances_objective(loss):
+    lm = estimate_phone_ngram(_label_seqs(40, 4, seed=22), 4)
+    den = chunk_graph(denominator_graph(lm))
+    gen = torch.Generator().manual_seed(23)
+    logits = torch.randn(2, 6, 4, generator=gen, dtype=torch.float64, requires_grad=True)
+    labels = torch.tensor([[0, 0, 1, 3, 3, IGNORE], [2, 2, 1, 1, IGNORE, IGNORE]])
+    kw = dict(ce_weight=0.0, l2=0.0)
+    rows = [loss(logits[i:i + 1], labels[i:i + 1], den, **kw).objective for i in range(2)]
+    frames = [5, 4]
+    both = loss(logits, labels, den, weights=torch.tensor([0.9, 0.3]), **kw)
+    assert both.objective == pytest.approx((0.9 * rows[0] * 5 + 0.3 * rows[1] * 4) / 9)
+    assert loss(logits, labels, den, **kw).objective == pytest.approx(
+        sum(r * f for r, f in zip(rows, frames)) / 9)
+    none = loss(logits, labels, den, weights=torch.tensor([1.0, 0.0]), **kw)
+    g, = torch.autograd.grad(none.loss, logits)
+    assert float(g[1].abs().max()) == 0.0 and float(g[0].abs().max()) > 0
+
+
+def test_pseudo_references_and_confidences(tmp_path):
+    import pyarrow as pa
+
+    from core.runs import StepError
+    from core.storage import Storage
+
+    topk = torch.tensor([[[3, 1], [2, 0], [1, 2]]])
+    mask = torch.tensor([[True, True, False]])
+    assert sequence.pseudo_references(topk, mask).tolist() == [[3, 2, IGNORE]]
+    st, step = Storage(), str(tmp_path / "pseudolabel")
+    with pytest.raises(StepError, match="amflow pseudolabel"):
+        sequence.pseudolabel_confidences(st, step)
+    st.write_json(f"{step}/_SUCCESS.json", {})
+    st.write_parquet(f"{step}/labels/part-0.parquet", pa.table(
+        {"utt_id": ["a", "b", "c"], "confidence": [0.9, 0.2, 0.7], "kept": [True, False, True],
+         "text": ["x", "y", "z"]}))
+    assert sequence.pseudolabel_confidences(st, step) == {"a": 0.9, "c": 0.7}
+
+
+def test_sequence_training_on_pseudo_labeled_utterances(tmp_path, local_cfg):
+    """train.pseudolabels with the sequence recipe: each epoch an unlabeled pass over the
+    kept utterances (top-1 teacher targets as references), then the labeled pass."""
+    import json
+
+    import pyarrow as pa
+
+    from core.runs import StepContext
+    from core.storage import Storage, join
+    from amflow.steps import train as train_step
+    from tests.test_sequence_recipe import STUDENT
+    from tests.test_train import TINY
+    from amflow.services.synthetic_run import make_synthetic_run
+
+    st = Storage()
+    run = join(str(tmp_path / "store"), "runs", "r")
+    info = make_synthetic_run(st, run, noise=2.5, splits={
+        "labeled": {"utts": 24, "parts": 1}, "dev": {"utts": 8, "parts": 1},
+        "unlabeled": {"utts": 16, "parts": 1, "soft_k": 3}})
+    train_step.run(StepContext(local_cfg(*TINY, *STUDENT), "r", "train"), None)
+    utts = st.read_parquet(info["splits"]["unlabeled"][0], columns=["utt_id"]).column(0)
+    utts = utts.to_pylist()
+    step = join(run, "pseudolabel")
+    st.write_json(join(step, "_SUCCESS.json"), {})
+    st.write_parquet(join(step, "labels", "part-0.parquet"), pa.table(
+        {"utt_id": utts, "confidence": [0.5 + i / 100 for i in range(len(utts))],
+         "kept": [i % 2 == 0 for i in range(len(utts))]}))
+    out = _train_sequence(local_cfg, "train.pseudolabels=r", "train.sequence_select=last")
+    records = [json.loads(line) for line in
+               st.read_text(join(run, "sequence-base", "metrics.jsonl")).splitlines()]
+    kinds = {r["data"] for r in records if r["kind"] == "train"}
+    assert kinds == {"labeled", "unlabeled"}
+    unl = sum(r["frames"] for r in records if r["kind"] == "train" and r["data"] == "unlabeled")
+    assert 0 < unl and np.isfinite(out["metrics"]["final_smbr_objective"])
+    # the 8 utterances the pseudolabel step dropped are the step's rejects
+    assert (out["counts"]["in"], out["counts"]["out"]) == (24 + 16, 24 + 8)
+    assert out["counts"]["rejected"] == 8
+
+
+def test_epochs_are_tuned_around_the_ce_models_acwt():
+    from amflow.steps.sequence import acwt_near
+
+    grid = [0.2, 0.3, 0.4, 0.5, 0.7]
+    assert acwt_near(grid, 0.4) == [0.3, 0.4, 0.5]
+    assert acwt_near(grid, 0.2) == [0.2, 0.3] and acwt_near(grid, 0.7) == [0.5, 0.7]
+    assert acwt_near([0.5, 0.3], 0.5) == [0.3, 0.5] and acwt_near([0.3], 0.3) == [0.3]
+
+
+def test_score_on_dev_tunes_acwt_like_decode(monkeypatch):
+    """Each acwt of the grid searched over the same scored utterances; the WER is the best
+    one's (the first on ties), with its per-utterance rows."""
+    from types import SimpleNamespace
+
+    from amflow.steps import sequence as step
+
+    recs = [SimpleNamespace(utt_id=f"u{i}", text="a b", condition="DP1") for i in range(4)]
+
+    class Worker:
+        def __init__(self, *args, **kwargs):
+            self.scored = 0
+
+        def score(self, records):
+            self.scored += 1
+            return {"utts": [(r, None) for r in records]}
+
+        def search(self, utts, acwt):  # right words at 0.3 and 0.5, one word wrong elsewhere
+            words = ["a", "b"] if acwt in (0.3, 0.5) else ["a", "c"]
+            return {"hyps": [(r, words, True) for r, _ in utts]}
+
+    assets = SimpleNamespace(model_bytes=b"", graph_dir="", log_prior=None, lexicon={"a", "b"})
+    monkeypatch.setattr(step, "load_assets", lambda ctx, uri, corpus: assets)
+    monkeypatch.setattr(step.D, "DecodeWorker", Worker)
+    ctx = SimpleNamespace(cfg=SimpleNamespace(decode=SimpleNamespace(beam=13.0, max_active=7000),
+                                              storage=None))
+    out = step.score_on_dev(ctx, "m.pt", "c", recs, [0.2, 0.3, 0.5])
+    assert out["acwt"] == 0.3 and out["wer"] == 0.0
+    assert [t["wer"] for t in out["tuning"]] == [0.5, 0.0, 0.0]
+    assert [r["utt_id"] for r in out["rows"]] == ["u0", "u1", "u2", "u3"]
+    assert all(r["errors"] == 0 and r["ref_words"] == 2 for r in out["rows"])
+
+
+def test_report_says_which_model_each_sequence_step_shipped(local_cfg):
+    """The report's sequence section: the test WER of the shipped model beside CE, and per
+    model the dev choice its sequence step recorded (here the SSL student's CE model)."""
+    from core.runs import StepContext
+    from amflow.steps.report import run
+    from tests.test_report import _decode, _eval
+
+    cfg = local_cfg("report.teacher_run=t1")
+    t, ssl = StepContext(cfg, "t1", "evaluate-teacher"), StepContext(cfg, "s1", "evaluate")
+    for ctx, rels in ((t, ("evaluate-baseline", "decode-baseline", "decode-sequence-baseline")),
+                      (ssl, ("evaluate", "decode", "decode-sequence"))):
+        for rel, value in zip(rels, (_eval(0.8), _decode(0.2), _decode(0.2))):
+            ctx.storage.write_json(ctx.other(rel, "result.json"), value)
+    done = {"run_id": "t1", "step": "sequence-baseline", "wall_s": 1.0, "counts": {}}
+    t.storage.write_json(t.other("sequence-baseline", "_SUCCESS.json"), {**done, "metrics": {}})
+    ssl.storage.write_json(ssl.other("sequence", "_SUCCESS.json"), {
+        **done, "run_id": "s1", "step": "sequence", "metrics": {"selection": {
+        "rule": "dev_wer", "chosen_epoch": 0, "epochs": 3, "ce_wer": 0.17, "chosen_wer": 0.17,
+        "delta": 0.0, "p_mapsswe": 1.0, "last_wer": 0.19}}})
+    out = run(StepContext(cfg, "s1", "report"))
+    md = ssl.storage.read_text(ssl.other("report", "report.md"))
+    assert "| SSL | CE model (dev rejected every epoch) | 17.0 | 17.0 | +0.00 | 1 | 19.0 |" in md
+    assert "| baseline | last epoch (not chosen on dev) |" in md
+    rows = ssl.storage.read_json(ssl.other("report", "report.json"))["sequence_choice"]
+    assert [r["model"] for r in rows] == ["baseline", "ssl"] and out["metrics"]
+
+
+@pytest.mark.slow  # the tiny corpus (~20 s, once per session), as test_decoding's
+def test_dev_wer_decodes_each_candidate_with_the_runs_graph(tiny_corpus, local_cfg):
+    """The real path, end to end on the tiny corpus: the run's LM, the graph built (and
+    cached) from it, each candidate's features, forward pass and searches on a fixed
+    subset of dev; the choice, its rows and paired test."""
+    from core.config import FeaturesConfig, features_dict
+    from core.runs import StepContext
+    from decoding import lexicon as L
+    from decoding import lm
+    from amflow.steps import sequence as step
+    from training.checkpoint import save_model
+    from training.models import StudentLSTM
+
+    cfg = local_cfg(f"data.corpus={tiny_corpus}", "decode.acwt=[0.2, 0.5, 1.0]",
+                    "train.sequence_select_utts=3", "decode.beam=8", "decode.max_active=200")
+    ctx = StepContext(cfg, "r", "sequence")
+    lex = L.read_lexicon((tiny_corpus / "lexicon.txt").read_text())
+    arpa = lm.estimate(lm.generator_sentences(500, 5), 3, vocabulary=lex.prons).to_arpa()
+    ctx.storage.write_text(ctx.other("lm", "lm.arpa"), arpa)
+    phones = [p.strip() for p in (tiny_corpus / "phones.txt").read_text().splitlines()]
+    fcfg = FeaturesConfig()
+    dim = fcfg.num_mel_bins * fcfg.stack
+    cmvn = {"count": 1, "sum": [0.0] * fcfg.num_mel_bins, "sumsq": [100.0] * fcfg.num_mel_bins}
+    uris = []
+    for seed in range(2):
+        torch.manual_seed(seed)
+        uri = ctx.path(f"m{seed}.pt")
+        save_model(ctx.storage, uri, StudentLSTM(dim, 8, 1, len(phones), lookahead=1),
+                   cmvn=cmvn, phones=phones, features=features_dict(fcfg))
+        step.attach_priors(ctx.storage, uri, np.ones(len(phones)), "uniform")
+        uris.append(uri)
+    candidates = [("ce", uris[0]), ("epoch 1", uris[1])]
+    scores, split = step.dev_scores(ctx, candidates, {"metrics": {}})
+    assert split == "dev" and len(scores) == 2
+    assert [t["acwt"] for t in scores[0]["tuning"]] == [0.2, 0.5, 1.0]
+    around = step.acwt_near([0.2, 0.5, 1.0], scores[0]["acwt"])  # the CE model's best
+    assert [t["acwt"] for t in scores[1]["tuning"]] == around
+    for s in scores:
+        assert len(s["rows"]) == 3 and 0.0 <= s["wer"] and s["acwt"] in (0.2, 0.5, 1.0)
+        assert s["wer"] == pytest.approx(sum(r["errors"] for r in s["rows"])
+                                         / sum(r["ref_words"] for r in s["rows"]))
+    assert [r["utt_id"] for r in scores[0]["rows"]] == [r["utt_id"] for r in scores[1]["rows"]]
+    sel = step.summarize(candidates, scores, split)
+    assert sel["chosen_wer"] == min(s["wer"] for s in scores) and "p_mapsswe" in sel

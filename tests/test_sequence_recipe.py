@@ -52,7 +52,8 @@ def _sequence(local_cfg, *sets, expect=None):
 @pytest.mark.parametrize("criterion", ["smbr", "mmi"])
 def test_sequence_training_starts_from_the_ce_model_and_raises_its_objective(
         ce_model, local_cfg, tmp_path, criterion):
-    out = _sequence(local_cfg, f"train.criterion={criterion}")
+    # the last epoch shipped (not the dev choice, tests/test_sequence.py): the trained model
+    out = _sequence(local_cfg, f"train.criterion={criterion}", "train.sequence_select=last")
     run = tmp_path / "store" / "runs" / "r"
     m = out["metrics"]
     assert m["model_uri"] == str(run / "sequence-base" / "model.pt")
@@ -89,7 +90,8 @@ def test_sequence_refuses_an_init_model_of_another_kind(ce_model, local_cfg):
 
 
 def test_sequence_resume_equals_uninterrupted_bitwise(ce_model, local_cfg, tmp_path):
-    common = ["train.checkpoint_every=3", "model.student.dropout=0.2"]
+    common = ["train.checkpoint_every=3", "model.student.dropout=0.2",
+              "train.sequence_select=last"]  # the trained models compared, not a choice
     ref = _sequence(local_cfg, *common, "train.init_model=" + ce_model["metrics"]["model_uri"],
                     "train.tag=ref")
     fail = 5

@@ -110,8 +110,10 @@ class StoredPartitions:
         return plan_pass(self.indexes[p.kind], self.spec(p)).num_batches
 
     def open(self, p: PassInfo, start: int, limit: int) -> BatchLoader:
+        # the sequence recipe's pseudo-labeled rows carry their utterance (its confidence)
+        keep_utts = p.kind == "unlabeled" and self.tc.recipe == "sequence"
         loader = BatchLoader(self.storage, self.indexes[p.kind], self.spec(p), self.norm,
-                             start=start, prefetch=self.tc.batches.prefetch)
+                             start=start, prefetch=self.tc.batches.prefetch, keep_utts=keep_utts)
         loader.set_limit(limit)
         return loader
 

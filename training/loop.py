@@ -30,6 +30,7 @@ metrics; see `_summary`.
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import logging
@@ -68,7 +69,9 @@ from training.models import build_model, num_parameters
 from training.threads import torch_threads
 from training.plan import WorkerPlan
 from training.schedules import LRSchedule, PassInfo, plan_passes
-from training.sequence import NonFiniteSequenceError, SequenceCriterion, split_label_sequences
+from training.sequence import (NonFiniteSequenceError, SequenceCriterion,
+                               pseudolabel_confidences, pseudo_references,
+                               split_label_sequences)
 
 log = logging.getLogger(__name__)
 
@@ -500,6 +503,7 @@ class Trainer:
         self.label_map = (torch.as_tensor(ContextTree.from_dict(plan.label_tree).leaf_center,
                                           device=self.device) if plan.label_tree else None)
         self._build_model()
+        self.reference = self._reference_model()
         self._build_data()
         self.criterion = self._build_criterion()
         self.to_phone = self._to_phone()
@@ -548,6 +552,7 @@ class Trainer:
         if right < 0:
             right = get_family(self.kind).chunk_right_context(self.model, tc.batches)
         self.input = build_input(self, int(right))
+        self.pseudo_weight = self._keep_pseudolabeled()
         self.dev_index = None
         if plan.splits.get("dev"):
             full_dev = SplitIndex.load(self.storage, plan.splits["dev"],
@@ -581,6 +586,34 @@ class Trainer:
         log.info("rank %d: %s denominator graph %s", self.rank, self.tc.sequence.criterion,
                  self.graph_info)
         return crit
+
+    def _keep_pseudolabeled(self) -> np.ndarray | None:
+        """train.pseudolabels with the sequence recipe: the unlabeled split cut to the
+        utterances the pseudolabel step kept, and each one's confidence (the weight of its
+        sequence objective), by row of the cut index."""
+        tc = self.tc
+        if tc.recipe != "sequence" or not self.plan.pseudolabels_dir:
+            return None
+        conf = pseudolabel_confidences(self.storage, self.plan.pseudolabels_dir)
+        index = self.input.indexes["unlabeled"]
+        keep = np.array([u in conf for u in index.utt_ids], bool)
+        cut = index.subset(keep)  # the others count as rejected (in = out + rejected)
+        self.input.indexes["unlabeled"] = dataclasses.replace(
+            cut, rejected={**cut.rejected, "not_pseudolabeled": int((~keep).sum())})
+        log.info("rank %d: sequence training on %d pseudo-labeled utterances of %d", self.rank,
+                 int(keep.sum()), len(keep))
+        return np.array([conf[u] for u in index.utt_ids if u in conf], np.float32)
+
+    def _reference_model(self) -> nn.Module | None:
+        """train.sequence_kd_weight's reference: a frozen copy of the model the sequence
+        training starts from (taken before any checkpoint is resumed), in eval mode."""
+        sc = self.tc.sequence
+        if sc.criterion == "ce" or not sc.sequence_kd_weight:
+            return None
+        ref = copy.deepcopy(self.model).eval()
+        for p in ref.parameters():
+            p.requires_grad_(False)
+        return ref
 
     def _to_phone(self) -> torch.Tensor | None:
         """The class -> phone map for train.phone_weight (built once, not per minibatch),
@@ -689,9 +722,17 @@ class Trainer:
             return batch_loss(self.model, batch, self.tc, self.to_phone)
         logits = batch_logits(self.model, batch)
         where = f"minibatch {self.state.batch} of pass {p.index}"
+        ref = None
+        if self.reference is not None:
+            with torch.no_grad():
+                ref = batch_logits(self.reference, batch)
+        labels, weights = batch.labels, None
+        if labels is None:  # pseudo-labeled utterances: teacher's top-1, confidence-weighted
+            labels = pseudo_references(batch.topk_idx, batch.mask)
+            weights = torch.as_tensor(self.pseudo_weight[batch.utts], device=logits.device)
         try:
-            return self.criterion(logits, batch.labels, chunked=(p.mode == "chunk"),
-                                  where=where)
+            return self.criterion(logits, labels, chunked=(p.mode == "chunk"),
+                                  where=where, ref_logits=ref, weights=weights)
         except NonFiniteSequenceError as exc:
             raise StepError(_nonfinite_msg(f"sequence criterion: {exc}", math.nan, p,
                                            self.state, self.ckpt)) from exc
@@ -782,6 +823,9 @@ class Trainer:
             metric = s.last_dev["loss"]
             self.metrics.add({"kind": "dev", **s.last_dev})
         self.sched.end_unit(p.unit, metric)
+        if self.criterion is not None and self.rank == 0:
+            self._write_model(epoch_model_uri(self.train_dir, p.unit + 1),
+                              {"epoch": p.unit + 1, "dev": s.last_dev})
         self.metrics.add({"kind": "unit", "unit": p.unit, "step": s.step,
                           "frames_seen": s.frames_seen,
                           "train_loss": s.last_unit_train["loss"],
@@ -860,20 +904,30 @@ class Trainer:
             summary["metrics"].update(
                 _sequence_metrics(tc.sequence.criterion, self.graph_info, records))
         model_uri = join(self.train_dir, "model.pt")
-        nbytes = save_model(storage, model_uri, self.model, cmvn=self.plan.cmvn,
-                            phones=self.plan.phones,
-                            features=features_dict(self.cfg.features),
-                            info={"run_id": self.plan.run_id, "train_dir": self.train_dir,
-                                  "recipe": tc.recipe, "algorithm": tc.algorithm,
-                                  "workers": self.world, "metrics": summary["metrics"],
-                                  **context_info(self.plan.context),
-                                  **({"data_window": self.plan.data_window}
-                                     if self.plan.data_window else {}),
-                                  **({"tokenizer": self.plan.ctc.tokenizer}
-                                     if self.plan.ctc is not None else {})})
+        summary["model_bytes"] = self._write_model(model_uri, summary["metrics"])
         summary["model_uri"] = model_uri
-        summary["model_bytes"] = nbytes
         return summary
+
+    def _write_model(self, uri: str, metrics: dict[str, Any]) -> int:
+        """The self-describing model file of the current weights (model.pt, and the
+        sequence recipe's per-epoch models that `amflow sequence` chooses among on dev)."""
+        tc, plan = self.tc, self.plan
+        return save_model(self.storage, uri, self.model, cmvn=plan.cmvn, phones=plan.phones,
+                          features=features_dict(self.cfg.features),
+                          info={"run_id": plan.run_id, "train_dir": self.train_dir,
+                                "recipe": tc.recipe, "algorithm": tc.algorithm,
+                                "workers": self.world, "metrics": metrics,
+                                **context_info(plan.context),
+                                **({"data_window": plan.data_window}
+                                   if plan.data_window else {}),
+                                **({"tokenizer": plan.ctc.tokenizer}
+                                   if plan.ctc is not None else {})})
+
+
+def epoch_model_uri(train_dir: str, epoch: int) -> str:
+    """The sequence recipe's model after `epoch` (1-based) epochs: one candidate of
+    `amflow sequence`'s choice on dev (amflow/steps/sequence.py)."""
+    return join(train_dir, "epochs", f"epoch-{epoch}.pt")
 
 
 def input_metrics(inputs: list[dict[str, Any]]) -> dict[str, Any]:

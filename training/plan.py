@@ -69,6 +69,9 @@ class WorkerPlan:
     inputs: dict[str, Any] = field(default_factory=dict)
     # train.model ctc: the tokenizer and the tokenised transcripts (training/ctc/data.py)
     ctc: Any = None  # training.ctc.data.CtcData
+    # the folder of the pseudolabel step train.pseudolabels names (the app resolves it):
+    # the CTC student's extra transcripts, the sequence regime's unlabeled references
+    pseudolabels_dir: str | None = None
     progress: bool = True  # print progress on rank 0
     # repartition/window.json: the daily_data partitions (intervals, digests) trained on
     # beside the run's own data; the model card records it. None: no window.

@@ -62,10 +62,15 @@ def plan_passes(train_cfg: TrainConfig, stack: int) -> list[PassInfo]:
         if full > units and not whole:  # whole utterances: every epoch is full-sequence
             raise ValueError(f"train.finetune_epochs ({tc.passes.finetune_epochs}) exceeds "
                              f"train.epochs ({units})")
+        # sequence with train.pseudolabels: each epoch first the unlabeled split's kept
+        # utterances (amflow/steps/sequence.py: semi-supervised sequence training)
+        unlabeled = tc.recipe == "sequence" and bool(tc.pseudolabels)
         for u in range(units):
             # a family trained on whole utterances (the CTC student's targets are whole
             # transcripts): every pass is full-sequence
             mode = "full" if u >= units - full or whole else "chunk"
+            if unlabeled:
+                passes.append(PassInfo(len(passes), u, "unlabeled", mode, 0, 0, 1, 1.0, False))
             passes.append(PassInfo(len(passes), u, "labeled", mode, u % stack, 0, 1, 1.0, True))
     elif tc.recipe == "ssl":
         # The paper makes one pass over its million hours; a small unlabeled pool may be

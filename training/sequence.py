@@ -53,6 +53,8 @@ import torch
 
 from core import records
 from core.config import SequenceConfig
+from core.outcomes import SUCCESS, StepError
+from core.storage import join
 from training.losses import IGNORE, LossOut, ce_loss
 
 NEG_INF = float("-inf")
@@ -649,6 +651,7 @@ class SequenceOut(LossOut):
     objective: float = 0.0
     ce: float = 0.0
     l2: float = 0.0
+    kd: float = 0.0  # cross-entropy against the reference (CE) model's posteriors
 
 
 def scored_segments(logits: torch.Tensor, labels: torch.Tensor
@@ -721,11 +724,25 @@ def _numerator(x: torch.Tensor, lab: torch.Tensor, lengths: torch.Tensor, numera
     raise ValueError(f"unknown numerator {numerator!r}: alignment or flexible")
 
 
+def reference_ce(logits: torch.Tensor, ref_logits: torch.Tensor, labels: torch.Tensor
+                 ) -> torch.Tensor:
+    """Cross-entropy of the model's posteriors against a reference model's (the CE model
+    the sequence training started from), per scored frame (label != IGNORE): knowledge
+    distillation as a smoothing term (KL-regularised training, Yu et al. 2013: its
+    gradient is that of KL(p_ref || p)). The reference gets no gradient."""
+    keep = labels != IGNORE
+    target = torch.softmax(ref_logits.detach()[keep].to(logits.dtype), -1)
+    return -(target * torch.log_softmax(logits[keep], -1)).sum(-1).mean()
+
+
 def _regularised(objective: torch.Tensor, logits: torch.Tensor, labels: torch.Tensor,
                  packed: torch.Tensor, valid: torch.Tensor, frames: int, ce_weight: float,
-                 l2: float) -> SequenceOut:
+                 l2: float, kd_weight: float = 0.0,
+                 ref_logits: torch.Tensor | None = None) -> SequenceOut:
     """Loss = -objective + ce_weight * CE + l2 / 2 * |logits|^2 per scored frame (LF-MMI
-    §2.6's two regularisers, on our single output layer)."""
+    §2.6's two regularisers, on our single output layer) + kd_weight * the cross-entropy
+    against `ref_logits` (`reference_ce`; F-smoothing's frame criterion with the CE model's
+    posteriors as targets: pulls toward the model the training started from)."""
     loss = -objective
     ce = ce_loss(logits, labels)
     if ce_weight:
@@ -733,8 +750,13 @@ def _regularised(objective: torch.Tensor, logits: torch.Tensor, labels: torch.Te
     l2_term = 0.5 * (packed[valid] ** 2).sum() / frames
     if l2:
         loss = loss + l2 * l2_term
+    kd = 0.0
+    if kd_weight and ref_logits is not None:
+        kd_term = reference_ce(logits, ref_logits, labels)
+        loss = loss + kd_weight * kd_term
+        kd = float(kd_term.detach())
     return SequenceOut(loss, frames, ce.correct, objective=float(objective.detach()),
-                       ce=float(ce.loss.detach()), l2=float(l2_term.detach()))
+                       ce=float(ce.loss.detach()), l2=float(l2_term.detach()), kd=kd)
 
 
 def mmi_loss(logits: torch.Tensor, labels: torch.Tensor, den: Graph, *,
@@ -742,7 +764,9 @@ def mmi_loss(logits: torch.Tensor, labels: torch.Tensor, den: Graph, *,
              leaky: float = 0.1, ce_weight: float = 0.1, l2: float = 0.0,
              log_priors: torch.Tensor | None = None, prior_scale: float = 0.0,
              am_scale: float = 1.0, utt_ids: Sequence[str] | None = None,
-             where: str = "minibatch") -> SequenceOut:
+             where: str = "minibatch", kd_weight: float = 0.0,
+             ref_logits: torch.Tensor | None = None,
+             weights: torch.Tensor | None = None) -> SequenceOut:
     """LF-MMI on a minibatch: logits [B, T, C], labels [B, T] (IGNORE = not scored).
 
     x = am_scale * (logits - prior_scale * log_priors). The network's logits serve as the
@@ -762,8 +786,9 @@ def mmi_loss(logits: torch.Tensor, labels: torch.Tensor, den: Graph, *,
                   _subset(utt_ids, has), where)
     _check_finite(num_logz.detach()[has], "numerator log-likelihood",
                   _subset(utt_ids, has), where)
-    obj = (num_logz - den_logz)[has].sum() / frames
-    return _regularised(obj, logits, labels, packed, valid, frames, ce_weight, l2)
+    obj = _weighted(num_logz - den_logz, weights)[has].sum() / frames
+    return _regularised(obj, logits, labels, packed, valid, frames, ce_weight, l2,
+                        kd_weight, ref_logits)
 
 
 def expected_accuracy(x: torch.Tensor, lengths: torch.Tensor, graph: Graph,
@@ -816,8 +841,9 @@ def smbr_loss(logits: torch.Tensor, labels: torch.Tensor, den: Graph, *,
               leaky: float = 0.1, ce_weight: float = 0.1, l2: float = 0.0,
               log_priors: torch.Tensor | None = None, prior_scale: float = 0.0,
               am_scale: float = 1.0, utt_ids: Sequence[str] | None = None,
-              where: str = "minibatch", same_phone: torch.Tensor | None = None
-              ) -> SequenceOut:
+              where: str = "minibatch", same_phone: torch.Tensor | None = None,
+              kd_weight: float = 0.0, ref_logits: torch.Tensor | None = None,
+              weights: torch.Tensor | None = None) -> SequenceOut:
     """Lattice-free sMBR (Kanda et al. 2018): maximise the expected frame accuracy over all
     paths of the denominator graph. A frame's reward for class c is 1 when c is the
     aligned class (numerator alignment) or the numerator's occupation posterior of c
@@ -840,8 +866,15 @@ def smbr_loss(logits: torch.Tensor, labels: torch.Tensor, den: Graph, *,
     logz, acc = expected_accuracy(x, lengths, den, reward, leaky)
     _check_finite(logz.detach()[has], "denominator log-likelihood",
                   _subset(utt_ids, has), where)
-    obj = acc[has].sum() / frames
-    return _regularised(obj, logits, labels, packed, valid, frames, ce_weight, l2)
+    obj = _weighted(acc, weights)[has].sum() / frames
+    return _regularised(obj, logits, labels, packed, valid, frames, ce_weight, l2,
+                        kd_weight, ref_logits)
+
+
+def _weighted(per_seq: torch.Tensor, weights: torch.Tensor | None) -> torch.Tensor:
+    """Each sequence's objective times its weight (a pseudo-labeled utterance's confidence:
+    semi-supervised sequence training, Vesely et al. 2013); None: all 1."""
+    return per_seq if weights is None else per_seq * weights.to(per_seq)
 
 
 def _reward(x: torch.Tensor, lab: torch.Tensor, lengths: torch.Tensor, numerator: str,
@@ -913,9 +946,14 @@ class SequenceCriterion:
         return self._on[key]
 
     def __call__(self, logits: torch.Tensor, labels: torch.Tensor, chunked: bool = True,
-                 utt_ids: Sequence[str] | None = None, where: str = "minibatch") -> SequenceOut:
+                 utt_ids: Sequence[str] | None = None, where: str = "minibatch",
+                 ref_logits: torch.Tensor | None = None,
+                 weights: torch.Tensor | None = None) -> SequenceOut:
         """`chunked`: the rows are chunks of utterances (LF-MMI's chunk graph) rather than
-        whole utterances (the full graph, with its start and final weights)."""
+        whole utterances (the full graph, with its start and final weights). `ref_logits`:
+        the CE model's outputs on the same rows (train.sequence_kd_weight's targets).
+        `weights` [B]: each row's weight on the sequence objective (pseudo-labels'
+        confidences; None: 1)."""
         sc = self.sc
         full, chunk = self._graphs(logits.device, logits.dtype)
         extra = {"same_phone": self.same_phone} if sc.criterion == "smbr" else {}
@@ -925,7 +963,32 @@ class SequenceCriterion:
                     loop_logprob=self.loop_logprob.to(logits.device, logits.dtype),
                     leaky=sc.leaky_hmm, ce_weight=sc.sequence_ce_weight, l2=sc.sequence_l2,
                     log_priors=self.log_priors, prior_scale=sc.sequence_prior_scale,
-                    am_scale=sc.sequence_am_scale, utt_ids=utt_ids, where=where)
+                    am_scale=sc.sequence_am_scale, utt_ids=utt_ids, where=where,
+                    kd_weight=getattr(sc, "sequence_kd_weight", 0.0), ref_logits=ref_logits,
+                    weights=weights)
+
+
+def pseudo_references(topk_idx: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Frame references [B, T] of soft-target rows (an unlabeled minibatch): the teacher's
+    most likely class per scored frame (its top-1 target), IGNORE elsewhere."""
+    return torch.where(mask, topk_idx[..., 0], torch.full_like(topk_idx[..., 0], IGNORE))
+
+
+def pseudolabel_confidences(storage: Any, step_dir: str) -> dict[str, float]:
+    """{utt_id: confidence} of the pseudo-labels a finished pseudolabel step kept
+    (labels/*.parquet, kept = true): train.pseudolabels with the sequence recipe."""
+    uris = (storage.list(join(step_dir, "labels"), suffix=".parquet")
+            if storage.exists(join(step_dir, SUCCESS)) else [])
+    if not uris:
+        raise StepError(f"train.pseudolabels: {step_dir} holds no finished pseudolabel step's "
+                         "labels/*.parquet (run `amflow pseudolabel` for that run first, or "
+                         "clear train.pseudolabels)")
+    out: dict[str, float] = {}
+    for uri in uris:
+        cols = storage.read_parquet(uri, columns=["utt_id", "confidence", "kept"]).to_pydict()
+        out.update((u, float(c)) for u, c, k in zip(cols["utt_id"], cols["confidence"],
+                                                    cols["kept"]) if k)
+    return out
 
 
 def split_label_sequences(storage: Any, uris: Sequence[str], stack: int = 3

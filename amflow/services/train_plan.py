@@ -83,7 +83,7 @@ def pseudolabels_dir(cfg: Config) -> str | None:
 def _split_kinds(cfg: Config) -> dict[str, str]:
     """{kind: split name} of the training data the recipe needs."""
     tc = cfg.train
-    if tc.recipe == "ssl":
+    if tc.recipe == "ssl" or (tc.recipe == "sequence" and tc.pseudolabels):
         return {"unlabeled": tc.batches.unlabeled_split, "labeled": tc.batches.labeled_split}
     return {"labeled": tc.batches.labeled_split}
 
@@ -103,6 +103,9 @@ def training_inputs(ctx: StepContext) -> dict[str, Any]:
         inputs["init_model"] = st.digest(uri) if st.exists(uri) else None
     if get_family(cfg.train.model).token_targets:  # the corpus's transcripts, pseudo-labels
         inputs.update(ctc_inputs(st, cfg, pseudolabels_dir(cfg)))
+    elif cfg.train.recipe == "sequence" and cfg.train.pseudolabels:  # its unlabeled references
+        uri = join(pseudolabels_dir(cfg), SUCCESS)
+        inputs["pseudolabels"] = st.digest(uri) if st.exists(uri) else None
     return inputs
 
 
@@ -165,7 +168,7 @@ def build_plan(ctx: StepContext, train_dir: str) -> tuple[WorkerPlan, dict[str, 
         cfg=cfg, run_id=ctx.run_id, train_dir=train_dir, kind=tc.model, splits=splits,
         cmvn=cmvn, phones=list(phones), num_classes=int(num_classes), feat_dim=int(feat_dim),
         stack=cfg.features.stack, context=context, inputs=training_inputs(ctx),
-        data_window=_data_window(ctx),
+        data_window=_data_window(ctx), pseudolabels_dir=pseudolabels_dir(cfg),
         launch=launch)
     init_model, grow = _init_model(ctx, plan)
     return dataclasses.replace(plan, init_model=init_model, grow=grow), report

@@ -5,7 +5,7 @@ step folder. Both steps call `run_training`; neither imports the other."""
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, Callable
 
 from core.config import ConfigError
 from core.runs import SUCCESS, StepContext, StepError, rejects_table
@@ -18,7 +18,12 @@ from training.loop import config_fingerprint, fingerprint_changes, grows
 log = logging.getLogger(__name__)
 
 
-def run_training(ctx: StepContext, args: Any = None) -> dict[str, Any]:
+def run_training(ctx: StepContext, args: Any = None,
+                 after: Callable[[StepContext, Any, dict[str, Any]], dict[str, Any]] | None = None
+                 ) -> dict[str, Any]:
+    """`after(ctx, plan, result)`: run once the model and its priors are stored, before the
+    step is marked done; its metrics join the step's (`amflow sequence` chooses the epoch
+    on dev there)."""
     cfg = ctx.cfg
     tc = cfg.train
     regimes = get_family(tc.model).regimes
@@ -50,6 +55,8 @@ def run_training(ctx: StepContext, args: Any = None) -> dict[str, Any]:
     metrics["model_uri"] = result["model_uri"]
     if plan.init_model:
         metrics["init_model"] = plan.init_model
+    if after is not None:
+        metrics.update(after(ctx, plan, result))
     if grow:
         metrics["grown"] = phone_stage is not None
     if phone_stage is not None:

@@ -13,8 +13,9 @@ from core.storage import Storage, join
 from decoding.compare import significance_section
 from tasks.e2e_table import E2E_TAGS, e2e_rows, e2e_werr, render_e2e
 from tasks.report import (CONDITIONS, bar_png, curves_png, pct, read_json_or_none,
-                          render_steps, render_table_ii, sequence_section,
-                          sequence_wer_table, table_ii, wer_section, wer_table)
+                          render_steps, render_table_ii, sequence_choice_rows,
+                          sequence_section, sequence_wer_table, table_ii, wer_section,
+                          wer_table)
 
 
 
@@ -55,6 +56,7 @@ def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
     seq_decoded = {k: read_json_or_none(ctx.storage, v) for k, v in seq_decodes.items()}
     seq_rows = (sequence_wer_table(decoded, seq_decoded)
                 if any(seq_decoded.values()) else [])
+    choice_rows = _sequence_choice(ctx, root, teacher_run)
     runs = [teacher_run] if teacher_run == ctx.run_id else [teacher_run, ctx.run_id]
     steps = [s for r in runs for s in run_steps(ctx.storage, Run(ctx.cfg.storage.root, r))]
     e2e_decodes = {k: _result(root, ctx.run_id, "decode", tag) for k, tag in E2E_TAGS.items()}
@@ -69,7 +71,7 @@ def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
     if wer_rows:
         parts += wer_section(wer_rows, decoded["ssl"])
     if seq_rows:
-        parts += sequence_section(seq_rows)
+        parts += sequence_section(seq_rows, choice_rows)
     parts += e2e_md
     parts += sig_md  # CIs and paired tests (decoding/compare.py)
     parts += ["## Frame accuracy and phone error rate (cf. Table II)", "",
@@ -93,6 +95,7 @@ def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
     ctx.storage.write_text(ctx.path("report.md"), md)
     ctx.storage.write_json(ctx.path("report.json"), {"table_ii": rows, "table_ii_wer": wer_rows,
                                                      "table_ii_wer_sequence": seq_rows,
+                                                     "sequence_choice": choice_rows,
                                                      "evaluations": evals, "decodes": decodes,
                                                      "sequence_decodes": seq_decodes,
                                                      "significance": significance,
@@ -132,6 +135,24 @@ def _e2e_section(ctx: StepContext, decoded: dict, e2e_decodes: dict[str, str]
           "H o (C o) L o G. x hybrid SSL: the model's WER over the hybrid SSL student's. "
           "Paired tests against the hybrid SSL student: the next section.", ""]
     return md, {"rows": rows, "werr": werr}
+
+
+def _sequence_choice(ctx: StepContext, root: str, teacher_run: str) -> list[dict]:
+    """Which model each sequence step shipped (tasks/report.py sequence_choice_rows)."""
+    return sequence_choice_rows({
+        "teacher": _selection(ctx, root, teacher_run, "teacher"),
+        "baseline": _selection(ctx, root, teacher_run, "baseline"),
+        "ssl": _selection(ctx, root, ctx.run_id, "")})
+
+
+def _selection(ctx: StepContext, root: str, run_id: str, tag: str) -> dict | None:
+    """The model `amflow sequence` shipped for train.tag `tag` (its _SUCCESS.json metrics
+    `selection`); {} for a step that shipped its last epoch unchosen; None: no such step."""
+    run = Run(ctx.cfg.storage.root, run_id)
+    done = read_json_or_none(ctx.storage, run.success(step_dir_name("sequence", tag)))
+    if done is None:
+        return None
+    return (done.get("metrics") or {}).get("selection") or {}
 
 
 def _result(root: str, run_id: str, step: str, tag: str = "") -> str:

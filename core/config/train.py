@@ -293,6 +293,10 @@ class SequenceConfig:
     # the output L2 (0.5 * l2 * |logits|^2 per frame; Kaldi chain recipes use 5e-5).
     sequence_ce_weight: float = 0.1
     sequence_l2: float = 5.0e-5  # output L2 weight
+    # Smoothing toward the CE model the sequence training starts from: + this weight x the
+    # cross-entropy of the model's posteriors against the CE model's on every scored frame
+    # (knowledge distillation; KL-regularised training). 0: off (the loss before the key).
+    sequence_kd_weight: float = 0.0
     # Leaky HMM (LF-MMI sec. 2.5): per-frame probability of jumping to any state.
     leaky_hmm: float = 0.1
     # x = am_scale * (logits - prior_scale * log class priors); LF-MMI uses 1 and 0.
@@ -302,6 +306,16 @@ class SequenceConfig:
     # full length is pruned (it backs off to the shorter one).
     den_ngram_order: int = 2
     den_min_count: int = 2  # count below which a full-length history is pruned
+    # The model `amflow sequence` ships: dev_wer = the lowest dev WER among the CE model
+    # and every epoch's (the CE model on ties; amflow/steps/sequence.py); dev_frames = the
+    # lowest dev frame error (no decoding; dev_wer's fallback without the run's LM);
+    # last = the last epoch's whatever dev says (before this key existed).
+    sequence_select: str = "dev_wer"
+    # dev_wer: the fixed subset of decode.tune_split's utterances every candidate is
+    # decoded on (0 = all of them); the CE model costs a forward pass and a search per
+    # decode.acwt over it, each epoch a forward pass and up to 3 searches (the acwt values
+    # around the CE model's best).
+    sequence_select_utts: int = 60
 
     def validate(self, key: str) -> None:
         check(self.criterion in ("ce", "mmi", "smbr"), f"{key}.criterion",
@@ -310,11 +324,15 @@ class SequenceConfig:
                f"{key}.sequence_numerator", "must be alignment or flexible")
         check(self.sequence_ce_weight >= 0, f"{key}.sequence_ce_weight", "must be >= 0")
         check(self.sequence_l2 >= 0, f"{key}.sequence_l2", "must be >= 0")
+        check(self.sequence_kd_weight >= 0, f"{key}.sequence_kd_weight", "must be >= 0")
         check(0 <= self.leaky_hmm < 1, f"{key}.leaky_hmm", "must be in [0, 1)")
         check(self.sequence_am_scale > 0, f"{key}.sequence_am_scale", "must be > 0")
         check(self.sequence_prior_scale >= 0, f"{key}.sequence_prior_scale", "must be >= 0")
         check(2 <= self.den_ngram_order <= 4, f"{key}.den_ngram_order", "must be 2, 3 or 4")
         check(self.den_min_count >= 1, f"{key}.den_min_count", "must be >= 1")
+        check(self.sequence_select in ("dev_wer", "dev_frames", "last"),
+              f"{key}.sequence_select", "must be dev_wer, dev_frames or last")
+        check(self.sequence_select_utts >= 0, f"{key}.sequence_select_utts", "must be >= 0")
 
 
 @dataclass
@@ -368,6 +386,9 @@ class TrainConfig:
     # transcripts: a run id (its runs/<id>/pseudolabel/ step) or the URI of such a step's
     # dir; its kept labels (labels/*.parquet, kept = true) of utterances in the unlabeled
     # split's partitions. Empty: the labeled split alone (the CTC baseline).
+    # train.recipe sequence (semi-supervised sequence training): each epoch also trains on
+    # the unlabeled split's kept utterances, the teacher's top-1 target per frame the
+    # reference, the sequence objective weighted by the pseudo-label's confidence.
     pseudolabels: str = ""
     # With context-dependent classes: + phone_weight x the same criterion on each frame's
     # phone (the classes' probabilities summed per phone; training/losses.py phone_loss).
@@ -464,8 +485,9 @@ class TrainConfig:
         """The CTC student trains on whole transcripts (labeled + pseudo-labels), one regime.
         train.grow and train.phone_weight (phone classes) do not apply to it: ignored."""
         if self.model != "ctc":
-            check(not self.pseudolabels, f"{key}.pseudolabels",
-                  f"are transcripts for train.model ctc (train.model is {self.model})")
+            check(not self.pseudolabels or self.recipe == "sequence", f"{key}.pseudolabels",
+                  "are transcripts for train.model ctc or references for train.recipe "
+                  f"sequence (train.model is {self.model}, train.recipe {self.recipe})")
             return
         check(self.regime == "labeled", f"{key}.regime",
               "must be labeled with train.model ctc (pseudo-labels: train.pseudolabels)")
@@ -501,7 +523,8 @@ TRAIN_KEY_ORDER: tuple[str, ...] = (
     "sequence_ce_weight", "sequence_l2", "leaky_hmm", "sequence_am_scale",
     "sequence_prior_scale", "den_ngram_order", "den_min_count", "teacher_preset",
     "sequence_preset", "init_model", "phone_weight", "grow", "grow_preset", "pseudolabels",
-    "ctc_preset", "pseudolabel_epochs")
+    "ctc_preset", "pseudolabel_epochs", "sequence_select", "sequence_select_utts",
+    "sequence_kd_weight")
 
 
 assert set(TRAIN_KEY_ORDER) == set(TRAIN_KEYS) and len(TRAIN_KEY_ORDER) == len(TRAIN_KEYS)
