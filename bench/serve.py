@@ -38,6 +38,7 @@ from typing import Any
 import numpy as np
 
 from core.runs import StepError
+from serving.auth import client_token
 
 DEFAULT_STREAMS = (1, 5, 10, 20, 40, 80)
 
@@ -71,7 +72,8 @@ def load_audio(ctx, corpus: str, sessions: list[list]) -> dict[str, bytes]:
 
 
 async def one_stream(url: str, recs: list, audio: dict[str, bytes], start_s: float,
-                     chunk_ms: float, speed: float) -> dict:
+                     chunk_ms: float, speed: float, token: str | None = None) -> dict:
+    """`token`: the service's client token (serving/auth.py), sent as a Bearer header."""
     import websockets
 
     await asyncio.sleep(start_s)
@@ -82,7 +84,8 @@ async def one_stream(url: str, recs: list, audio: dict[str, bytes], start_s: flo
         # No permessage-deflate: PCM hardly compresses, and deflating every 100 ms chunk
         # costs the server ~2 % of its CPU (py-spy at 40 streams).
         async with websockets.connect(url, max_size=2 ** 22, open_timeout=30,
-                                      compression=None) as ws:
+                                      compression=None,
+                                      additional_headers=auth_headers(token)) as ws:
             await ws.send(json.dumps({"sample_rate": 16000, "format": "s16le"}))
             ready = json.loads(await ws.recv())
             if not ready.get("ready"):
@@ -124,10 +127,10 @@ async def _read(ws, recs, ends, result) -> None:
 
 
 async def load_level(url: str, n: int, sessions: list[list], audio: dict, chunk_ms: float,
-                     speed: float, seed: int) -> list[dict]:
+                     speed: float, seed: int, token: str | None = None) -> list[dict]:
     rng = random.Random(seed + n)
     jobs = [one_stream(url, sessions[i % len(sessions)], audio, rng.uniform(0, 1.0), chunk_ms,
-                       speed) for i in range(n)]
+                       speed, token) for i in range(n)]
     return await asyncio.gather(*jobs)
 
 
@@ -207,12 +210,17 @@ def _save(fig, uri: str, storage) -> None:
     storage.write_bytes(uri, buf.getvalue())
 
 
-def replica_cpu(url: str) -> float | None:
+def auth_headers(token: str | None) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"} if token else {}
+
+
+def replica_cpu(url: str, token: str | None = None) -> float | None:
     """The replica's process CPU seconds (its /stats), None if it does not say."""
     import urllib.request
 
+    req = urllib.request.Request(url.rstrip("/") + "/stats", headers=auth_headers(token))
     try:
-        with urllib.request.urlopen(url.rstrip("/") + "/stats", timeout=10) as r:
+        with urllib.request.urlopen(req, timeout=10) as r:
             return json.loads(r.read()).get("cpu_s")
     except (OSError, ValueError):
         return None
@@ -281,8 +289,9 @@ def measure(ctx, args, url: str, plot_tag: str = "", model: str | None = None
     audio = load_audio(ctx, corpus, sessions)
     refs = {r.utt_id: r.text for s in sessions for r in s}
     offline = offline_hyps(ctx, model)
-    rows = [measure_level(url, ws_url, n, sessions, audio, chunk_ms, speed, refs, offline)
-            for n in levels]
+    token = client_token(ctx.cfg.serve)
+    rows = [measure_level(url, ws_url, n, sessions, audio, chunk_ms, speed, refs, offline,
+                          token) for n in levels]
     out_dir = join(ctx.run_uri, "bench")
     plots = [f"serve{plot_tag}_latency.png", f"serve{plot_tag}_batch_sizes.png"]
     plot(rows, join(out_dir, plots[0]), join(out_dir, plots[1]), ctx.storage)
@@ -294,10 +303,10 @@ def measure(ctx, args, url: str, plot_tag: str = "", model: str | None = None
 
 
 def measure_level(url: str, ws_url: str, n: int, sessions, audio, chunk_ms: float,
-                  speed: float, refs: dict, offline: dict) -> dict:
-    t0, c0, s0 = time.perf_counter(), time.process_time(), replica_cpu(url)
-    results = asyncio.run(load_level(ws_url, n, sessions, audio, chunk_ms, speed, 0))
-    wall, s1 = time.perf_counter() - t0, replica_cpu(url)
+                  speed: float, refs: dict, offline: dict, token: str | None = None) -> dict:
+    t0, c0, s0 = time.perf_counter(), time.process_time(), replica_cpu(url, token)
+    results = asyncio.run(load_level(ws_url, n, sessions, audio, chunk_ms, speed, 0, token))
+    wall, s1 = time.perf_counter() - t0, replica_cpu(url, token)
     row = summarise(n, results, refs, offline)
     row["wall_s"] = round(wall, 1)
     row.update(cpu_row(n, sessions, wall, time.process_time() - c0,

@@ -129,6 +129,7 @@ def run(ctx_or_cfg, args) -> dict:
     """`amflow serve`: deploy, print the URL, keep serving until interrupted."""
     ctx, model = serve_context(ctx_or_cfg, getattr(args, "model", None))
     t0 = time.perf_counter()
+    app.client_token(ctx.cfg.serve)  # an unauthenticated public bind fails before the load
     assets = load_assets(ctx, model)
     url = app.start(ctx.cfg, assets)
     print(f"amflow serve: {assets.get('onnx_uri') or assets['model_uri']} on {url} (ws {url.replace('http', 'ws')}ws), "

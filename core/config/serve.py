@@ -70,6 +70,13 @@ class ServeConfig:
     acwt: float = 0.0
     beam: float = 0.0  # 0: decode.beam
     max_active: int = 0  # 0: decode.max_active
+    # Client authentication (serving/auth.py): when the environment variable this names
+    # holds a token, every WebSocket must give it (`Authorization: Bearer <token>`, or a
+    # "token" field in its JSON header), else it is closed with 1008. An environment
+    # variable, not a key: configs are committed, a token is a secret. "" = no token.
+    token_env: str = "AMFLOW_SERVE_TOKEN"
+    # A serve.host other than loopback without a token is refused unless this is true.
+    allow_unauthenticated: bool = False
     # A client that sends nothing for this long is closed (1001).
     idle_timeout_s: float = 30.0
     # Speech gate (tasks/speech_activity.py): frames are recognised only in speech and
