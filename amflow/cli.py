@@ -107,6 +107,13 @@ def _bench_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--models", help="serve: deploy each model.pt listed (e.g. the hybrid student's "
                                     "and the CTC student's) in turn and measure each, side by "
                                     "side (instead of --url)")
+    p.add_argument("--knee", action="store_true",
+                   help="serve: search the most concurrent streams at p98 <= --bound-ms "
+                        "(doubling from the first --streams level, default 10, then bisection)")
+    p.add_argument("--bound-ms", dest="bound_ms", type=float,
+                   help="serve --knee: the p98 latency bound (default 70 ms)")
+    p.add_argument("--repeats", type=int,
+                   help="serve --knee: runs per level; a level passes on the median p98 (default 3)")
 
 
 def _serve_args(p: argparse.ArgumentParser) -> None:

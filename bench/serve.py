@@ -25,6 +25,13 @@ URIs of any streaming kind: the hybrid student beside the CTC student; each mode
 offline words are those of the decode that tuned it, amflow.steps.serve.decode_record).
 The first one's result is the usual JSON; `backends` / `models` hold each one's, `ratios`
 first / other per level.
+
+`--knee [--bound-ms 70] [--repeats 3]`: instead of fixed levels, the largest number of
+streams at p98 <= the bound, searched (bench/knee.py: doubling from the first --streams
+level, default 10, up to serve.max_streams x serve.replicas, then bisection; each level run
+--repeats times, passing on the median of the runs' p98). `rows` then holds each measured
+level's median run, `knee` the search (knee, per-run knees, every level's runs); side by
+side, each deployment's `knee` and `knee_ratios` (other / first, min..max over the runs).
 """
 from __future__ import annotations
 
@@ -290,22 +297,49 @@ def measure(ctx, args, url: str, plot_tag: str = "", model: str | None = None
     refs = {r.utt_id: r.text for s in sessions for r in s}
     offline = offline_hyps(ctx, model)
     token = client_token(ctx.cfg.serve)
-    rows = [measure_level(url, ws_url, n, sessions, audio, chunk_ms, speed, refs, offline,
-                          token) for n in levels]
+
+    def level(n: int, repeat: int = 0) -> dict:
+        return measure_level(url, ws_url, n, sessions, audio, chunk_ms, speed, refs, offline,
+                             token, seed=repeat)
+
+    knee = search_knee(ctx.cfg.serve, args, level) if getattr(args, "knee", False) else None
+    rows = knee.pop("rows") if knee else [level(n) for n in levels]
     out_dir = join(ctx.run_uri, "bench")
     plots = [f"serve{plot_tag}_latency.png", f"serve{plot_tag}_batch_sizes.png"]
     plot(rows, join(out_dir, plots[0]), join(out_dir, plots[1]), ctx.storage)
     held = [r["streams"] for r in rows if r["p98_ms"] is not None and r["p98_ms"] <= 70
             and not r["failed_streams"]]
-    return {"url": url, "rows": rows, "seconds_per_stream": seconds, "speed": speed,
-            "chunk_ms": chunk_ms, "speakers": len(sessions),
-            "max_streams_p98_le_70ms": max(held) if held else 0, "plots": plots}
+    out = {"url": url, "rows": rows, "seconds_per_stream": seconds, "speed": speed,
+           "chunk_ms": chunk_ms, "speakers": len(sessions),
+           "max_streams_p98_le_70ms": max(held) if held else 0, "plots": plots}
+    return {**out, "knee": knee} if knee else out
+
+
+def search_knee(scfg, args, level) -> dict:
+    """--knee: bench.knee.search over `level(n, repeat)` from the first --streams level
+    (default 10) up to what the deployment admits (serve.max_streams x serve.replicas)."""
+    from bench import knee as K
+
+    bound, repeats = getattr(args, "bound_ms", None), getattr(args, "repeats", None)
+    bound, repeats = float(70.0 if bound is None else bound), int(3 if repeats is None else repeats)
+    first = (getattr(args, "streams", None) or "").split(",")[0]
+    limit = scfg.max_streams * scfg.replicas
+    if repeats < 1 or bound <= 0:
+        raise StepError(f"bench serve --knee: --repeats ({repeats}) must be >= 1 and "
+                        f"--bound-ms ({bound}) > 0")
+    out = K.search(level, bound, repeats, int(first) if first else 10, limit)
+    print(f"knee: {out['knee']} streams at median p98 <= {bound} ms over {repeats} runs "
+          f"per level{' (capped: the deployment admits no more)' if out['capped'] else ''}; "
+          f"per run {out['knee_per_repeat']}", flush=True)
+    return out
 
 
 def measure_level(url: str, ws_url: str, n: int, sessions, audio, chunk_ms: float,
-                  speed: float, refs: dict, offline: dict, token: str | None = None) -> dict:
+                  speed: float, refs: dict, offline: dict, token: str | None = None,
+                  seed: int = 0) -> dict:
+    """One run of n streams (`seed`: their staggered starts; a repeat gets another)."""
     t0, c0, s0 = time.perf_counter(), time.process_time(), replica_cpu(url, token)
-    results = asyncio.run(load_level(ws_url, n, sessions, audio, chunk_ms, speed, 0, token))
+    results = asyncio.run(load_level(ws_url, n, sessions, audio, chunk_ms, speed, seed, token))
     wall, s1 = time.perf_counter() - t0, replica_cpu(url, token)
     row = summarise(n, results, refs, offline)
     row["wall_s"] = round(wall, 1)
@@ -378,10 +412,16 @@ def side_by_side(ctx, args, variants: list[tuple[str, Any, str | None]], what: s
         serve.shutdown()
     labels = [v[0] for v in variants]
     first = per[labels[0]]
-    return {**first, f"{what}s": {b: {"rows": r["rows"], "plots": r["plots"],
-                                      "max_streams_p98_le_70ms": r["max_streams_p98_le_70ms"]}
-                                  for b, r in per.items()},
-            "ratios": {b: backend_ratios(first["rows"], per[b]["rows"]) for b in labels[1:]}}
+    out = {**first, f"{what}s": {b: {"rows": r["rows"], "plots": r["plots"],
+                                     "max_streams_p98_le_70ms": r["max_streams_p98_le_70ms"],
+                                     **({"knee": r["knee"]} if "knee" in r else {})}
+                                 for b, r in per.items()},
+           "ratios": {b: backend_ratios(first["rows"], per[b]["rows"]) for b in labels[1:]}}
+    if "knee" in first:  # other's knee / first's, min..max over the runs' knees
+        from bench.knee import knee_ratio
+
+        out["knee_ratios"] = {b: knee_ratio(first["knee"], per[b]["knee"]) for b in labels[1:]}
+    return out
 
 
 def backend_ratios(base: list[dict], other: list[dict]) -> list[dict]:
