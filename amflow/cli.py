@@ -259,7 +259,8 @@ STEPS: dict[str, Step] = {
         reads="--model a train step or model.pt URI, the run's lexicon, LM and graph (hybrid), "
               "the acwt or greedy blank penalty decode tuned, export.check_split's "
               "utterances of data.corpus",
-        writes="runs/<id>/export[-<decode.tag>]/model.onnx, model.streaming.onnx (hybrid; "
+        writes="runs/<id>/export[-<decode.tag>]/ (untagged: export-<t> for train-<t>): "
+               "model.onnx, model.streaming.onnx (hybrid; "
                "CTC: unidirectional, with streaming.json), model.sherpa.onnx + tokens.txt "
                "(CTC) (+ *.int8.onnx), card.json, "
                "classes.txt (hybrid), features.json, decoding.json, checks.json, "
@@ -336,13 +337,16 @@ def _step_name(args: argparse.Namespace) -> str:
     return name or "config"
 
 
-def _record_config(ctx: Any, resolved: Any, argv: list[str] | None) -> None:
+def _record_config(ctx: Any, resolved: Any, argv: list[str] | None, summary: Any = None) -> None:
     """A finished step keeps the config it ran with, each set key's source beside it
-    (`amflow config show --run-id R --step S` prints it)."""
+    (`amflow config show --run-id R --step S` prints it); in the folder its summary names
+    when that is one of this step's (export's follows its model), else its tag's."""
     from core.config.explain import CONFIG_RECORD, record
     from core.runs import SUCCESS, step_dir_of
 
-    folder = step_dir_of(ctx.step, resolved.config)
+    named = summary.get("step", "") if isinstance(summary, dict) else ""
+    mine = named == ctx.step or named.startswith(ctx.step + "-")
+    folder = named if mine else step_dir_of(ctx.step, resolved.config)
     if ctx.storage.exists(ctx.other(folder, SUCCESS)):
         ctx.storage.write_json(ctx.other(folder, CONFIG_RECORD),
                                record(resolved, sys.argv[1:] if argv is None else argv))
@@ -371,7 +375,7 @@ def main(argv: list[str] | None = None) -> int:
         if step.takes_context and (step.needs_run or args.run_id):
             ctx = StepContext(cfg, args.run_id or "bench", args.step, force=args.force)
             summary = fn(ctx, args)
-            _record_config(ctx, resolved, argv)
+            _record_config(ctx, resolved, argv, summary)
         else:
             summary = fn(cfg, args)
     except ConfigError as exc:

@@ -400,8 +400,9 @@ def side_by_side(ctx, args, variants: list[tuple[str, Any, str | None]], what: s
             vctx, model_uri = serve_context(StepContext(cfg, ctx.run_id, ctx.step), model)
             url = app.start(cfg, load_assets(vctx, model_uri))
             print(f"bench serve: {what} {label} on {url}", flush=True)
-            per[label] = measure(vctx, args, url, plot_tag=f"_{label}",
-                                 model=model_uri if what == "model" else None)
+            # offline words: the decode that tuned this model (its kind's, found by the
+            # model, not by decode.tag: --model <ctc model.pt> --backends needs no tag)
+            per[label] = measure(vctx, args, url, plot_tag=f"_{label}", model=model_uri)
             # the app goes, Serve stays: a shutdown and a new start on a loaded machine
             # could meet the old controller, which ignores the new http_options (the next
             # app came up on Serve's default port while the bench called serve.port)

@@ -17,6 +17,9 @@ its own last row, as the torch recognizer's packed sequences do).
         int8 dynamic quantization (onnxruntime.quantization.quantize_dynamic: the LSTM and
         MatMul weights in int8, activations quantized per call)
     metadata(card, streaming) -> dict     what the graphs carry as metadata_props
+    with_model(graph, digest, uri) / exported_from(graph)   the model.pt a graph was
+        exported from (its digest and URI, in the metadata; `amflow export` stamps every
+        graph it writes, `amflow serve` refuses a graph of another model)
 
 PyTorch orders an LSTM's gates i, f, g, o; ONNX orders them i, o, f, c: the weight
 blocks are permuted, and ONNX's B is PyTorch's two bias vectors concatenated.
@@ -204,6 +207,32 @@ def quantize_int8(model_bytes: bytes) -> bytes:
     meta["quantization"] = "int8"  # dynamic: int8 weights, activations quantized per call
     helper.set_model_props(m, meta)
     return m.SerializeToString()
+
+
+MODEL_DIGEST, MODEL_URI = "amflow_model_digest", "amflow_model_uri"
+
+
+def with_model(graph: bytes, digest: str, uri: str) -> bytes:
+    """The graph with the digest (core.storage.digest_of) and URI of the model.pt it was
+    exported from in its metadata: a server refuses a graph of another model by it."""
+    import onnx
+    from onnx import helper
+
+    m = onnx.load_from_string(graph)
+    meta = {p.key: p.value for p in m.metadata_props}
+    meta.update({MODEL_DIGEST: digest, MODEL_URI: uri})
+    del m.metadata_props[:]
+    helper.set_model_props(m, meta)
+    return m.SerializeToString()
+
+
+def exported_from(graph: bytes) -> tuple[str | None, str | None]:
+    """(the model digest, the model URI) a graph's metadata names; None for a graph
+    exported before amflow recorded them."""
+    import onnx
+
+    meta = {p.key: p.value for p in onnx.load_from_string(graph).metadata_props}
+    return meta.get(MODEL_DIGEST), meta.get(MODEL_URI)
 
 
 def features_json(card) -> dict[str, Any]:

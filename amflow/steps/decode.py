@@ -21,10 +21,11 @@ from tasks.select import corpus_fingerprint
 from amflow.steps.train_plan import model_dir_name
 
 
-def tagged_context(ctx: StepContext, step: str = "decode") -> StepContext:
+def tagged_context(ctx: StepContext, step: str = "decode", name: str = "") -> StepContext:
     """The context of <step>[-<decode.tag>] (the CLI gives the plain step name): decode's
-    and export's, which resolve their inputs alike (`resolve_inputs`)."""
-    name = step_dir_name(step, ctx.cfg.decode.tag)
+    and export's, which resolve their inputs alike (`resolve_inputs`); `name`: that
+    folder instead (export's follows its model)."""
+    name = name or step_dir_name(step, ctx.cfg.decode.tag)
     if ctx.step == name:
         return ctx
     new = StepContext(ctx.cfg, ctx.run_id, name, force=ctx.force)

@@ -6,7 +6,10 @@ Reads   --model  a train step of the run (`train-baseline`) or a model URI (defa
                  run's lexicon, LM and graph (as decode), the acwt decode tuned
                  (decode[-<tag>]/result.json, else decode.acwt[0]), and export.check_split's
                  utterances of data.corpus for the checks
-Writes  runs/<R>/export[-<decode.tag>]/
+Writes  runs/<R>/<export_dir_name>/: export-<decode.tag> when tagged; untagged, the folder
+        follows the model: train/model.pt -> export, train-<t>/ -> export-<t>, another
+        folder F of the run -> export-F, a model outside the run -> export-model-<digest>
+        (so exports of different models never overwrite each other)
           model.onnx               whole utterance: x [B, T, D] -> log_probs [B, T, C]
           model.streaming.onnx     one step: x, lengths, h0, c0 -> log_probs, hn, cn
           model.int8.onnx, model.streaming.int8.onnx   with --quantize int8
@@ -15,6 +18,8 @@ Writes  runs/<R>/export[-<decode.tag>]/
           features.json            how input rows are made from 16 kHz audio
           decoding.json            log priors, acwt, search settings for hybrid decoding
           checks.json              the checks below; _SUCCESS.json (with them) when they pass
+Every graph's metadata names the model.pt it came from (amflow_model_digest,
+amflow_model_uri): `amflow serve` refuses a graph exported from another model.
 The checks (serving/export_checks.py), on real utterances: the whole-utterance graph's and
 the streaming graph's (8 streams a batch, 4-5 rows a step) log-posteriors within
 export.tolerance of torch's, and the same 1-best words from the run's graph. A failed check
@@ -26,6 +31,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import posixpath
 import time
 from typing import Any
 
@@ -131,8 +138,43 @@ def export_inputs(ctx: StepContext, uri: str, data: bytes, corpus: str, fmt: str
             "decode": {k: getattr(ctx.cfg.decode, k) for k in ("beam", "max_active", "acwt", "blank_penalties")}}
 
 
+def run_folder(ctx: StepContext, uri: str) -> str | None:
+    """The folder of this run that holds the model at `uri` (train, train-ctc, ...), None
+    when it is not directly in one of the run's folders."""
+    run = ctx.run_uri.rstrip("/")
+    if "://" not in uri and "://" not in run:  # local paths: relative or absolute alike
+        uri, run = os.path.abspath(uri), os.path.abspath(run)
+    folder = posixpath.dirname(uri.replace("\\", "/"))
+    return posixpath.basename(folder) if posixpath.dirname(folder) == run else None
+
+
+def export_dir_name(ctx: StepContext, uri: str, data: bytes) -> str:
+    """Where the export of the model at `uri` (bytes `data`) goes: export-<decode.tag>
+    when tagged (as documented); untagged, the folder follows the model (train ->
+    export, train-<t> -> export-<t>, any other run folder F -> export-F, outside the run
+    -> export-model-<digest>), so an untagged CTC export (train-ctc) no longer overwrites
+    the hybrid student's export/."""
+    tag = ctx.cfg.decode.tag
+    if tag:
+        return step_dir_name("export", tag)
+    folder = run_folder(ctx, uri)
+    if folder is None:
+        return f"export-model-{digest_of(data)}"
+    if folder == "train":
+        return "export"
+    return step_dir_name("export", folder.removeprefix("train-"))
+
+
+def stamp(files: dict[str, bytes], uri: str, data: bytes) -> dict[str, bytes]:
+    """Every graph with the model's digest and URI in its metadata (with_model)."""
+    from serving.onnx_export import with_model
+
+    digest = digest_of(data)
+    return {n: with_model(b, digest, uri) if n.endswith(".onnx") else b
+            for n, b in files.items()}
+
+
 def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
-    ctx = decode_step.tagged_context(ctx, "export")
     fmt = getattr(args, "format", None) or "onnx"
     quantize = getattr(args, "quantize", None)
     if fmt not in FORMATS or (quantize and quantize not in QUANTIZE):
@@ -140,6 +182,7 @@ def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
                         f"{'|'.join(FORMATS)} with --quantize {'|'.join(QUANTIZE)} or none")
     uri, corpus = decode_step.resolve_inputs(ctx, args)
     data = ctx.storage.read_bytes(uri)
+    ctx = decode_step.tagged_context(ctx, "export", export_dir_name(ctx, uri, data))
     inputs = export_inputs(ctx, uri, data, corpus, fmt, quantize)
     done = ctx.finished_on(inputs, ctx.path("checks.json"))
     if done is not None:
@@ -148,7 +191,7 @@ def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
 
     model, card = card_from_bytes(data, uri)
     if card.kind == "ctc":
-        return export_ctc(ctx, model, card, corpus, quantize, inputs, uri)
+        return export_ctc(ctx, model, card, corpus, quantize, inputs, uri, data)
     if card.kind != "student":
         raise StepError(f"{uri} is a {card.kind}: amflow export takes the hybrid LSTM "
                         "student (a streaming model) or the CTC student; pass --model a "
@@ -156,7 +199,7 @@ def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
     decoder = decode_step.load_assets(ctx, uri, corpus, read={uri: data})
     acwt, acwt_from = tuned_acwt(ctx.storage, ctx.other(step_dir_name(
         "decode", ctx.cfg.decode.tag), "result.json"), ctx.cfg.decode.acwt[0])
-    files = graphs(decoder.model, decoder.card, quantize)
+    files = stamp(graphs(decoder.model, decoder.card, quantize), uri, data)
     recs, feats, rejected = check_inputs(ctx, decoder, corpus)
     checks = run_checks(ctx, decoder, files, recs, feats, acwt)
     files.update({k: v.encode() for k, v in beside(decoder, acwt, acwt_from, ctx.cfg.decode).items()})
@@ -164,7 +207,7 @@ def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
 
 
 def export_ctc(ctx: StepContext, model, card, corpus: str, quantize: str | None,
-               inputs: dict, uri: str) -> dict[str, Any]:
+               inputs: dict, uri: str, data: bytes) -> dict[str, Any]:
     """The CTC student's export (amflow/steps/export_ctc.py); the joint CTC/attention
     model's encoder and CTC output (its attention decoder is not exported)."""
     from amflow.steps import export_ctc as E
@@ -174,7 +217,7 @@ def export_ctc(ctx: StepContext, model, card, corpus: str, quantize: str | None,
     check_ctc_card(card, uri)
     tokenizer = Tokenizer.from_dict(card.tokenizer)
     penalty, penalty_from = E.blank_penalty(ctx)
-    files = E.graphs(model, card, penalty, quantize)
+    files = stamp(E.graphs(model, card, penalty, quantize), uri, data)
     files.update({k: v.encode() for k, v in
                   E.beside(model, card, tokenizer, penalty, penalty_from).items()})
     ci = E.check_inputs(ctx, card, corpus)
@@ -190,6 +233,7 @@ def export_ctc(ctx: StepContext, model, card, corpus: str, quantize: str | None,
 def _keep(ctx: StepContext, files: dict[str, bytes], checks: dict, n: int, rejected: int,
           inputs: dict) -> dict[str, Any]:
     """Write the files and checks.json; fail the step when a held check failed."""
+    checks = {**checks, "model": inputs["model"], "model_digest": inputs["model_digest"]}
     for name, blob in files.items():
         ctx.storage.write_bytes(ctx.path(name), blob)
     ctx.storage.write_json(ctx.path("checks.json"), checks)

@@ -62,7 +62,7 @@ class ServeConfig:
     # wrote, on the CPU; dtype and device are torch's). Same protocol, dispatch and metrics.
     backend: str = "torch"  # torch | onnxruntime
     # …/model.streaming.int8.onnx serves the int8 graph
-    onnx_model: str = ""  # backend onnxruntime: the exported streaming graph ("" = the run's export[-<decode.tag>]/model.streaming.onnx)
+    onnx_model: str = ""  # backend onnxruntime: the exported streaming graph ("" = model.streaming.onnx in the served model's export folder)
     threads: int = 1  # torch threads per replica
     # Search settings; 0 = the decode step's (decode.beam, decode.max_active), so the
     # streamed words are the offline decode's. acwt 0 = the one `amflow decode` tuned for
