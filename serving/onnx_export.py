@@ -17,6 +17,8 @@ its own last row, as the torch recognizer's packed sequences do).
         int8 dynamic quantization (onnxruntime.quantization.quantize_dynamic: the LSTM and
         MatMul weights in int8, activations quantized per call)
     metadata(card, streaming) -> dict     what the graphs carry as metadata_props
+    gate_json(gate, card) / gate_from_json(doc)   gate.json: the speech gate (settings,
+        frame counts and rule) beside the graphs
     with_model(graph, digest, uri) / exported_from(graph)   the model.pt a graph was
         exported from (its digest and URI, in the metadata; `amflow export` stamps every
         graph it writes, `amflow serve` refuses a graph of another model)
@@ -233,6 +235,53 @@ def exported_from(graph: bytes) -> tuple[str | None, str | None]:
 
     meta = {p.key: p.value for p in onnx.load_from_string(graph).metadata_props}
     return meta.get(MODEL_DIGEST), meta.get(MODEL_URI)
+
+
+def gate_json(gate, card) -> dict[str, Any]:
+    """gate.json: the speech gate amflow serves this model with (serve.speech_*,
+    tasks/speech_activity.py), in seconds and dB (`settings`: GateSettings' fields) and in
+    this model's fbank frames (`frames`), with the rule, so a deployment of the exported
+    folder keeps silence, a constant signal and steady noise out of the recognizer too.
+    `gate` None: serve.speech_gate was off (enabled false, the settings are the defaults)."""
+    import dataclasses
+
+    from core.config import FeaturesConfig
+    from tasks.speech_activity import GateSettings, full_scale_noise_db
+    from training.loop import dataclass_from_dict
+
+    fcfg = dataclass_from_dict(FeaturesConfig, card.features)
+    settings = gate or GateSettings()
+    act, pad = settings.activity(fcfg), settings.frame_gate(fcfg)
+    return {
+        "enabled": gate is not None, "settings": dataclasses.asdict(settings),
+        "frames": {"frame_shift_ms": fcfg.frame_shift_ms, "floor_frames": act.floor_frames,
+                   "smooth_frames": act.smooth, "steady_frames": act.steady_frames,
+                   "pad_frames": pad.lead, "audible_energy_db": round(act.audible_db, 4),
+                   "full_scale_white_noise_energy_db": round(full_scale_noise_db(fcfg), 4)},
+        "rule": [
+            "on the fbank frames (features.json), before the mean normalisation, per stream",
+            "energy of a frame: 10 log10 of the sum over mel bins of exp(log-mel) (dB)",
+            "a frame below audible_energy_db is no sound (digital silence, a constant "
+            "signal): dropped, and the floor and smoothing restart after it (the next 2 "
+            "frames are not counted either)",
+            "smoothed energy: 10 log10 of the mean power of the frame and the "
+            "smooth_frames - 1 before it",
+            "floor: the least smoothed energy of the frame and the floor_frames - 1 before it; "
+            "where the smoothed energy held within steady_db for steady_frames, at least "
+            "that span's least energy (a steady sound is no speech)",
+            "speech: smoothed energy > floor + threshold_db",
+            "recognised: speech frames, pad_frames after each and pad_frames before each "
+            "(held until speech comes); the rest are dropped, also from the mean "
+            "normalisation; an utterance with no speech has no rows: no words"],
+        "implementation": "tasks/speech_activity.py (SpeechActivity, SpeechGate, "
+                          "GateSettings(**settings))"}
+
+
+def gate_from_json(doc: dict):
+    """gate.json -> tasks.speech_activity.GateSettings (None when it says enabled false)."""
+    from tasks.speech_activity import GateSettings
+
+    return GateSettings(**doc["settings"]) if doc.get("enabled") else None
 
 
 def features_json(card) -> dict[str, Any]:

@@ -198,6 +198,53 @@ def test_a_graph_exported_from_another_model_is_refused_naming_both(tiny_run, ti
     assert load_assets(ctx, str(model))["onnx_uri"] == str(graph)  # its own model: served
 
 
+def fault_waves(seconds: float = 2.0) -> list[np.ndarray]:
+    """No speech: digital silence, a constant full-scale signal, white noise at -40 dBFS."""
+    n = int(16000 * seconds)
+    noise = 0.01 * np.random.default_rng(7).standard_normal(n)
+    return [x.astype(np.float32) for x in (np.zeros(n), np.full(n, 32767 / 32768), noise)]
+
+
+def gated_finals(assets: dict, serve, export_dir) -> dict[bool, list[str]]:
+    """The finals of fault_waves on the exported streaming graph (onnxruntime) with the
+    export's gate.json applied, and without a gate."""
+    from serving.app import make_recognizer, speech_gate
+    from serving.onnx_export import gate_from_json
+    from serving.recognizer import transcribe
+
+    doc = json.loads((export_dir / "gate.json").read_text())
+    gate = gate_from_json(doc)
+    # the gate amflow serves with (serve.speech_*)
+    assert doc["enabled"] and gate == speech_gate(dataclasses.replace(serve, speech_gate=True))
+    out = {}
+    for on in (True, False):
+        rec = make_recognizer(assets, dataclasses.replace(serve, backend="onnxruntime",
+                                                          speech_gate=False))
+        rec.gate = gate if on else None
+        out[on] = [m["final"] for m in transcribe(rec, fault_waves())]
+    return out
+
+
+def test_the_exported_gate_gives_no_words_from_silence_constant_or_quiet_noise(tiny_run):
+    """gate.json beside the graphs: the serve.speech_* gate, applied to the exported
+    streaming graph in onnxruntime, makes no words of digital silence, a constant signal
+    or -40 dBFS white noise (which the same graph without it makes words of)."""
+    from amflow.steps.serve import load_assets
+    from core.runs import StepContext
+
+    cfg, run = tiny_run
+    if not (run / "export" / "_SUCCESS.json").exists():  # run alone: export first
+        _export(cfg)
+    doc = json.loads((run / "export" / "gate.json").read_text())
+    assert doc["frames"]["pad_frames"] == 15 and doc["frames"]["floor_frames"] == 300
+    serve = dataclasses.replace(cfg.serve, device="cpu", dtype="fp32", backend="onnxruntime")
+    ctx = StepContext(dataclasses.replace(cfg, serve=serve), "r", "serve")
+    finals = gated_finals(load_assets(ctx, str(run / "train" / "model.pt")), serve,
+                          run / "export")
+    assert finals[True] == ["", "", ""]
+    assert any(finals[False]), finals  # what the gate is for
+
+
 def test_bench_serve_compares_backends_level_by_level():
     """bench serve --backends: base / other per level (> 1: the other is faster or cheaper);
     a level one backend could not measure has no ratio."""

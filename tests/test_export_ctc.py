@@ -258,3 +258,9 @@ def test_amflow_serve_runs_the_exported_streaming_graph_with_torchs_finals(ctc_r
         words[backend] = [m["final"] for m in transcribe(rec, waves, chunk=1000)]
     assert words["torch"] == words["onnxruntime"] and any(words["torch"])
     assert str(rec.model.dtype) == "onnxruntime fp32"
+    # the export's gate.json on the same graph: no words from silence, a constant signal
+    # or -40 dBFS noise
+    from tests.test_export import gated_finals
+
+    finals = gated_finals(assets, serve, run / "export-ctc")
+    assert finals[True] == ["", "", ""] and any(finals[False]), finals

@@ -17,6 +17,8 @@ Writes  runs/<R>/<export_dir_name>/: export-<decode.tag> when tagged; untagged, 
           classes.txt              class names, line i = output i
           features.json            how input rows are made from 16 kHz audio
           decoding.json            log priors, acwt, search settings for hybrid decoding
+          gate.json                the speech gate amflow serves with (serve.speech_*):
+                                   settings, frame counts, rule (CTC exports too)
           checks.json              the checks below; _SUCCESS.json (with them) when they pass
 Every graph's metadata names the model.pt it came from (amflow_model_digest,
 amflow_model_uri): `amflow serve` refuses a graph exported from another model.
@@ -135,7 +137,9 @@ def export_inputs(ctx: StepContext, uri: str, data: bytes, corpus: str, fmt: str
                   quantize: str | None) -> dict[str, Any]:
     return {"model": uri, "model_digest": digest_of(data), "data": corpus, "format": fmt,
             "quantize": quantize, "export": dataclasses.asdict(ctx.cfg.export),
-            "decode": {k: getattr(ctx.cfg.decode, k) for k in ("beam", "max_active", "acwt", "blank_penalties")}}
+            "decode": {k: getattr(ctx.cfg.decode, k) for k in ("beam", "max_active", "acwt", "blank_penalties")},
+            "gate": {k: v for k, v in dataclasses.asdict(ctx.cfg.serve).items()
+                     if k.startswith("speech_")}}  # gate.json
 
 
 def run_folder(ctx: StepContext, uri: str) -> str | None:
@@ -163,6 +167,15 @@ def export_dir_name(ctx: StepContext, uri: str, data: bytes) -> str:
     if folder == "train":
         return "export"
     return step_dir_name("export", folder.removeprefix("train-"))
+
+
+def gate_file(ctx: StepContext, card) -> dict[str, bytes]:
+    """gate.json: the speech gate `amflow serve` applies (serve.speech_*), exported."""
+    from serving.app import speech_gate
+    from serving.onnx_export import gate_json
+
+    return {"gate.json": json.dumps(gate_json(speech_gate(ctx.cfg.serve), card),
+                                    indent=1).encode()}
 
 
 def stamp(files: dict[str, bytes], uri: str, data: bytes) -> dict[str, bytes]:
@@ -203,6 +216,7 @@ def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
     recs, feats, rejected = check_inputs(ctx, decoder, corpus)
     checks = run_checks(ctx, decoder, files, recs, feats, acwt)
     files.update({k: v.encode() for k, v in beside(decoder, acwt, acwt_from, ctx.cfg.decode).items()})
+    files.update(gate_file(ctx, decoder.card))
     return _keep(ctx, files, checks, len(recs), rejected, inputs)
 
 
@@ -220,6 +234,7 @@ def export_ctc(ctx: StepContext, model, card, corpus: str, quantize: str | None,
     files = stamp(E.graphs(model, card, penalty, quantize), uri, data)
     files.update({k: v.encode() for k, v in
                   E.beside(model, card, tokenizer, penalty, penalty_from).items()})
+    files.update(gate_file(ctx, card))
     ci = E.check_inputs(ctx, card, corpus)
     checks = E.run_checks(ctx, model, card, tokenizer, files, ci, penalty)
     checks["streaming_graph"] = ("not exported: a bidirectional model reads whole "
