@@ -35,15 +35,16 @@ def digest(token: str) -> bytes:
 def token_digest(scfg, environ=None) -> bytes | None:
     """SHA-256 of the token in the environment variable serve.token_env names, None when
     no token is set (serve.token_env empty, or its variable unset or empty)."""
-    env = os.environ if environ is None else environ
-    token = env.get(scfg.token_env, "") if scfg.token_env else ""
+    token = client_token(scfg, environ)
     return digest(token) if token else None
 
 
 def client_token(scfg, environ=None) -> str | None:
     """The token a client of this config sends (bench serve): the same variable."""
     env = os.environ if environ is None else environ
-    return (env.get(scfg.token_env) or None) if scfg.token_env else None
+    # stripped: a token read from a file keeps its newline; a header's value loses it
+    token = env.get(scfg.token_env, "").strip() if scfg.token_env else ""
+    return token or None
 
 
 def is_loopback(host: str) -> bool:

@@ -101,7 +101,8 @@ def test_no_token_set_serves_anyone_on_loopback():
     assert auth.token_digest(ServeConfig(), {"AMFLOW_SERVE_TOKEN": ""}) is None
     assert auth.token_digest(ServeConfig(token_env=""), {"AMFLOW_SERVE_TOKEN": "x"}) is None
     assert auth.token_digest(ServeConfig(token_env="T"), {"T": "x"}) == auth.digest("x")
-    assert auth.client_token(ServeConfig(token_env="T"), {"T": "x"}) == "x"
+    assert auth.client_token(ServeConfig(token_env="T"), {"T": "x\n"}) == "x"  # from a file
+    assert auth.token_digest(ServeConfig(token_env="T"), {"T": " \n"}) is None
     for host in ("127.0.0.1", "127.0.0.2", "::1", "[::1]", "localhost"):
         auth.check_bind(ServeConfig(host=host), has_token=False)
 

@@ -157,16 +157,19 @@ def run(ctx_or_cfg, args) -> dict:
     """`amflow serve`: deploy, print the URL, keep serving until interrupted."""
     ctx, model = serve_context(ctx_or_cfg, getattr(args, "model", None))
     t0 = time.perf_counter()
-    app.client_token(ctx.cfg.serve)  # an unauthenticated public bind fails before the load
+    # an unauthenticated public bind fails before the load
+    token = app.client_token(ctx.cfg.serve) is not None
     assets = load_assets(ctx, model)
     url = app.start(ctx.cfg, assets)
     print(f"amflow serve: {assets.get('onnx_uri') or assets['model_uri']} on {url} (ws {url.replace('http', 'ws')}ws), "
           f"{assets['kind']}, acwt {assets['acwt']} ({assets['acwt_from']})"
           f"{', blank penalty ' + str(assets['blank_penalty']) if assets['kind'] == 'ctc' else ''}, "
           f"beam {assets['beam']}, "
-          f"{ctx.cfg.serve.replicas} replica(s); up in {time.perf_counter() - t0:.1f} s",
-          flush=True)
-    summary = {"url": url, "model": assets["model_uri"], "acwt": assets["acwt"]}
+          f"{ctx.cfg.serve.replicas} replica(s), "
+          f"{'client token required' if token else 'no client token'}; "
+          f"up in {time.perf_counter() - t0:.1f} s", flush=True)
+    summary = {"url": url, "model": assets["model_uri"], "acwt": assets["acwt"],
+               "client_token": token}
     if getattr(args, "detach", False):
         return summary
     try:
