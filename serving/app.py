@@ -107,13 +107,9 @@ def _onnx_graph(assets: dict, scfg) -> bytes | None:
 
 def speech_gate(scfg):
     """serve.speech_* -> the recognizer's speech gate (None with serve.speech_gate off)."""
-    from tasks.speech_activity import GateSettings
+    from tasks.speech_activity import settings_of
 
-    if not scfg.speech_gate:
-        return None
-    return GateSettings(scfg.speech_threshold_db, scfg.speech_floor_s, scfg.speech_smooth_ms,
-                        scfg.speech_pad_s, scfg.speech_min_dbfs, scfg.speech_steady_s,
-                        scfg.speech_steady_db)
+    return settings_of(scfg) if scfg.speech_gate else None
 
 
 # ----------------------------------------------------------------- one WebSocket stream

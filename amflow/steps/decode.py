@@ -102,6 +102,10 @@ def decode_inputs(ctx: StepContext, model: str, corpus: str, split: str,
     lm, lexicon = lm_uri(ctx)[0], ctx.cfg.data.lexicon_uri(corpus)
     keys = {k: v for k, v in dataclasses.asdict(ctx.cfg.decode).items()
             if k not in OPERATIONAL_KEYS}
+    gate = D.decode_gate(ctx.cfg)  # off: absent, so decodes recorded before it stay done
+    keys.pop("speech_gate")
+    if gate is not None:
+        keys["speech_gate"] = dataclasses.asdict(gate)
 
     def digest(uri: str) -> str | None:
         return digest_of(read[uri]) if uri in read else None
