@@ -62,13 +62,16 @@ def _step_name(args: argparse.Namespace) -> str:
     return name or "config"
 
 
-def _record_config(ctx: Any, resolved: Any, argv: list[str] | None) -> None:
+def _record_config(ctx: Any, resolved: Any, argv: list[str] | None, summary: Any = None) -> None:
     """A finished step keeps the config it ran with, each set key's source beside it
-    (`amflow config show --run-id R --step S` prints it)."""
+    (`amflow config show --run-id R --step S` prints it); in the folder its summary names
+    when that is one of this step's (export's follows its model), else its tag's."""
     from core.config.explain import CONFIG_RECORD, record
     from core.runs import SUCCESS, step_dir_of
 
-    folder = step_dir_of(ctx.step, resolved.config)
+    named = summary.get("step", "") if isinstance(summary, dict) else ""
+    mine = named == ctx.step or named.startswith(ctx.step + "-")
+    folder = named if mine else step_dir_of(ctx.step, resolved.config)
     if ctx.storage.exists(ctx.other(folder, SUCCESS)):
         ctx.storage.write_json(ctx.other(folder, CONFIG_RECORD),
                                record(resolved, sys.argv[1:] if argv is None else argv))
@@ -111,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
                               forced, step_dir_of(args.step, resolved.config))
         summary = load_entry(step.entry)(ctx, args)
         if ctx.run_id:  # a step of a run keeps the config it ran with
-            _record_config(ctx, resolved, argv)
+            _record_config(ctx, resolved, argv, summary)
     except ConfigError as exc:
         print(f"amflow {args.step}: {exc}", file=sys.stderr)
         return 2

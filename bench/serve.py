@@ -25,6 +25,13 @@ URIs of any streaming kind: the hybrid student beside the CTC student; each mode
 offline words are those of the decode that tuned it, amflow.steps.serve.decode_record).
 The first one's result is the usual JSON; `backends` / `models` hold each one's, `ratios`
 first / other per level.
+
+`--knee [--bound-ms 70] [--repeats 3]`: instead of fixed levels, the largest number of
+streams at p98 <= the bound, searched (bench/knee.py: doubling from the first --streams
+level, default 10, up to serve.max_streams x serve.replicas, then bisection; each level run
+--repeats times, passing on the median of the runs' p98). `rows` then holds each measured
+level's median run, `knee` the search (knee, per-run knees, every level's runs); side by
+side, each deployment's `knee` and `knee_ratios` (other / first, min..max over the runs).
 """
 from __future__ import annotations
 
@@ -37,7 +44,9 @@ from typing import Any
 
 import numpy as np
 
+from core.config import ServeConfig
 from core.runs import StepError
+from serving.auth import client_token
 
 DEFAULT_STREAMS = (1, 5, 10, 20, 40, 80)
 
@@ -71,7 +80,8 @@ def load_audio(ctx, corpus: str, sessions: list[list]) -> dict[str, bytes]:
 
 
 async def one_stream(url: str, recs: list, audio: dict[str, bytes], start_s: float,
-                     chunk_ms: float, speed: float) -> dict:
+                     chunk_ms: float, speed: float, token: str | None = None) -> dict:
+    """`token`: the service's client token (serving/auth.py), sent as a Bearer header."""
     import websockets
 
     await asyncio.sleep(start_s)
@@ -82,7 +92,8 @@ async def one_stream(url: str, recs: list, audio: dict[str, bytes], start_s: flo
         # No permessage-deflate: PCM hardly compresses, and deflating every 100 ms chunk
         # costs the server ~2 % of its CPU (py-spy at 40 streams).
         async with websockets.connect(url, max_size=2 ** 22, open_timeout=30,
-                                      compression=None) as ws:
+                                      compression=None,
+                                      additional_headers=auth_headers(token)) as ws:
             await ws.send(json.dumps({"sample_rate": 16000, "format": "s16le"}))
             ready = json.loads(await ws.recv())
             if not ready.get("ready"):
@@ -124,10 +135,10 @@ async def _read(ws, recs, ends, result) -> None:
 
 
 async def load_level(url: str, n: int, sessions: list[list], audio: dict, chunk_ms: float,
-                     speed: float, seed: int) -> list[dict]:
+                     speed: float, seed: int, token: str | None = None) -> list[dict]:
     rng = random.Random(seed + n)
     jobs = [one_stream(url, sessions[i % len(sessions)], audio, rng.uniform(0, 1.0), chunk_ms,
-                       speed) for i in range(n)]
+                       speed, token) for i in range(n)]
     return await asyncio.gather(*jobs)
 
 
@@ -207,12 +218,17 @@ def _save(fig, uri: str, storage) -> None:
     storage.write_bytes(uri, buf.getvalue())
 
 
-def replica_cpu(url: str) -> float | None:
+def auth_headers(token: str | None) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"} if token else {}
+
+
+def replica_cpu(url: str, token: str | None = None) -> float | None:
     """The replica's process CPU seconds (its /stats), None if it does not say."""
     import urllib.request
 
+    req = urllib.request.Request(url.rstrip("/") + "/stats", headers=auth_headers(token))
     try:
-        with urllib.request.urlopen(url.rstrip("/") + "/stats", timeout=10) as r:
+        with urllib.request.urlopen(req, timeout=10) as r:
             return json.loads(r.read()).get("cpu_s")
     except (OSError, ValueError):
         return None
@@ -281,23 +297,51 @@ def measure(ctx, args, url: str, plot_tag: str = "", model: str | None = None
     audio = load_audio(ctx, corpus, sessions)
     refs = {r.utt_id: r.text for s in sessions for r in s}
     offline = offline_hyps(ctx, model)
-    rows = [measure_level(url, ws_url, n, sessions, audio, chunk_ms, speed, refs, offline)
-            for n in levels]
+    token = client_token(ctx.cfg.serve)
+
+    def level(n: int, repeat: int = 0) -> dict:
+        return measure_level(url, ws_url, n, sessions, audio, chunk_ms, speed, refs, offline,
+                             token, seed=repeat)
+
+    knee = search_knee(ctx.cfg.serve, args, level) if getattr(args, "knee", False) else None
+    rows = knee.pop("rows") if knee else [level(n) for n in levels]
     out_dir = join(ctx.run_uri, "bench")
     plots = [f"serve{plot_tag}_latency.png", f"serve{plot_tag}_batch_sizes.png"]
     plot(rows, join(out_dir, plots[0]), join(out_dir, plots[1]), ctx.storage)
     held = [r["streams"] for r in rows if r["p98_ms"] is not None and r["p98_ms"] <= 70
             and not r["failed_streams"]]
-    return {"url": url, "rows": rows, "seconds_per_stream": seconds, "speed": speed,
-            "chunk_ms": chunk_ms, "speakers": len(sessions),
-            "max_streams_p98_le_70ms": max(held) if held else 0, "plots": plots}
+    out = {"url": url, "rows": rows, "seconds_per_stream": seconds, "speed": speed,
+           "chunk_ms": chunk_ms, "speakers": len(sessions),
+           "max_streams_p98_le_70ms": max(held) if held else 0, "plots": plots}
+    return {**out, "knee": knee} if knee else out
+
+
+def search_knee(scfg: ServeConfig, args: Any, level: Any) -> dict:
+    """--knee: bench.knee.search over `level(n, repeat)` from the first --streams level
+    (default 10) up to what the deployment admits (serve.max_streams x serve.replicas)."""
+    from bench import knee as K
+
+    bound, repeats = getattr(args, "bound_ms", None), getattr(args, "repeats", None)
+    bound, repeats = float(70.0 if bound is None else bound), int(3 if repeats is None else repeats)
+    first = (getattr(args, "streams", None) or "").split(",")[0]
+    limit = scfg.max_streams * scfg.replicas
+    if repeats < 1 or bound <= 0:
+        raise StepError(f"bench serve --knee: --repeats ({repeats}) must be >= 1 and "
+                        f"--bound-ms ({bound}) > 0")
+    out = K.search(level, bound, repeats, int(first) if first else 10, limit)
+    print(f"knee: {out['knee']} streams at median p98 <= {bound} ms over {repeats} runs "
+          f"per level{' (capped: the deployment admits no more)' if out['capped'] else ''}; "
+          f"per run {out['knee_per_repeat']}", flush=True)
+    return out
 
 
 def measure_level(url: str, ws_url: str, n: int, sessions, audio, chunk_ms: float,
-                  speed: float, refs: dict, offline: dict) -> dict:
-    t0, c0, s0 = time.perf_counter(), time.process_time(), replica_cpu(url)
-    results = asyncio.run(load_level(ws_url, n, sessions, audio, chunk_ms, speed, 0))
-    wall, s1 = time.perf_counter() - t0, replica_cpu(url)
+                  speed: float, refs: dict, offline: dict, token: str | None = None,
+                  seed: int = 0) -> dict:
+    """One run of n streams (`seed`: their staggered starts; a repeat gets another)."""
+    t0, c0, s0 = time.perf_counter(), time.process_time(), replica_cpu(url, token)
+    results = asyncio.run(load_level(ws_url, n, sessions, audio, chunk_ms, speed, seed, token))
+    wall, s1 = time.perf_counter() - t0, replica_cpu(url, token)
     row = summarise(n, results, refs, offline)
     row["wall_s"] = round(wall, 1)
     row.update(cpu_row(n, sessions, wall, time.process_time() - c0,
@@ -357,8 +401,9 @@ def side_by_side(ctx, args, variants: list[tuple[str, Any, str | None]], what: s
             vctx, model_uri = serve_context(StepContext(cfg, ctx.run_id, ctx.step), model)
             url = app.start(cfg, load_assets(vctx, model_uri))
             print(f"bench serve: {what} {label} on {url}", flush=True)
-            per[label] = measure(vctx, args, url, plot_tag=f"_{label}",
-                                 model=model_uri if what == "model" else None)
+            # offline words: the decode that tuned this model (its kind's, found by the
+            # model, not by decode.tag: --model <ctc model.pt> --backends needs no tag)
+            per[label] = measure(vctx, args, url, plot_tag=f"_{label}", model=model_uri)
             # the app goes, Serve stays: a shutdown and a new start on a loaded machine
             # could meet the old controller, which ignores the new http_options (the next
             # app came up on Serve's default port while the bench called serve.port)
@@ -369,10 +414,16 @@ def side_by_side(ctx, args, variants: list[tuple[str, Any, str | None]], what: s
         serve.shutdown()
     labels = [v[0] for v in variants]
     first = per[labels[0]]
-    return {**first, f"{what}s": {b: {"rows": r["rows"], "plots": r["plots"],
-                                      "max_streams_p98_le_70ms": r["max_streams_p98_le_70ms"]}
-                                  for b, r in per.items()},
-            "ratios": {b: backend_ratios(first["rows"], per[b]["rows"]) for b in labels[1:]}}
+    out = {**first, f"{what}s": {b: {"rows": r["rows"], "plots": r["plots"],
+                                     "max_streams_p98_le_70ms": r["max_streams_p98_le_70ms"],
+                                     **({"knee": r["knee"]} if "knee" in r else {})}
+                                 for b, r in per.items()},
+           "ratios": {b: backend_ratios(first["rows"], per[b]["rows"]) for b in labels[1:]}}
+    if "knee" in first:  # other's knee / first's, min..max over the runs' knees
+        from bench.knee import knee_ratio
+
+        out["knee_ratios"] = {b: knee_ratio(first["knee"], per[b]["knee"]) for b in labels[1:]}
+    return out
 
 
 def backend_ratios(base: list[dict], other: list[dict]) -> list[dict]:

@@ -72,7 +72,7 @@ class CtcDecodeWorker:
 
     def __init__(self, model_bytes: bytes, graph_dir: str, corpus: str, storage_cfg: StorageConfig,
                  beam: float, max_active: int, batch_frames: int = 20000, threads: int = 1,
-                 mode: str = "tlg", nbest: int = 8):
+                 mode: str = "tlg", nbest: int = 8, gate: Any = None):
         import torch
 
         from training.checkpoint import card_from_bytes
@@ -88,13 +88,16 @@ class CtcDecodeWorker:
             raise StepError("decode.ctc_search rescore needs a joint CTC/attention model "
                             "(model.ctc.attention_weight > 0); this one has no decoder")
         self.storage = Storage(storage_cfg)
+        self.gate = gate  # D.decode_gate's
 
     def score(self, records: list) -> dict:
         t0 = time.perf_counter()
-        feats, rejects, audio_s = D.featurize(self.storage, self.corpus, records, self.card)
+        feats, rejects, audio_s = D.featurize(self.storage, self.corpus, records, self.card,
+                                              self.gate)
         t1 = time.perf_counter()
-        out = ctc_log_probs(self.model, [x for _, x in feats], self.batch_frames,
-                            keep_encoder=self.mode == "rescore")
+        out = D.with_rows(lambda xs: ctc_log_probs(self.model, xs, self.batch_frames,
+                                                   keep_encoder=self.mode == "rescore"),
+                          [x for _, x in feats])
         utts = [(r, *o) if isinstance(o, tuple) else (r, o) for (r, _), o in zip(feats, out)]
         return {"utts": utts, "rejects": rejects,
                 "audio_s": audio_s, "featurize_s": t1 - t0, "forward_s": time.perf_counter() - t1}
@@ -103,7 +106,9 @@ class CtcDecodeWorker:
         t0 = time.perf_counter()
         hyps = []
         for rec, lp, *enc in utts:
-            if self.mode == "rescore":
+            if lp is None:  # the speech gate kept no row: no words
+                hyps.append((rec, [], True))
+            elif self.mode == "rescore":
                 hyps.append((rec, self._rescored(lp, enc[0], setting["blank_penalty"]), True))
             elif self.searcher is None:
                 hyps.append((rec, greedy_words(lp, self.tokenizer, setting["blank_penalty"]), True))
@@ -112,7 +117,7 @@ class CtcDecodeWorker:
                     ctc_scores(lp, setting["acwt"], setting["blank_penalty"]))
                 hyps.append((rec, words, final))
         return {"hyps": hyps, "search_s": time.perf_counter() - t0,
-                "frames": sum(len(u[1]) for u in utts)}
+                "frames": sum(len(u[1]) for u in utts if u[1] is not None)}
 
     def _rescored(self, lp: np.ndarray, enc: np.ndarray, blank_penalty: float) -> list[str]:
         """The CTC prefix beam's n-best rescored by the attention decoder."""
@@ -163,7 +168,8 @@ def decode_ctc(cfg: Config, out_uri: str, model_uri: str, model_bytes: bytes, ca
     t0 = time.perf_counter()
     pool = D.Pool(cfg, model_bytes, graph_dir, None, corpus, worker=CtcDecodeWorker,
                   worker_args=(graph_dir, corpus, cfg.storage, dc.beam, dc.max_active,
-                               dc.batch_frames, 1, dc.ctc_search, dc.ctc_nbest))
+                               dc.batch_frames, 1, dc.ctc_search, dc.ctc_nbest,
+                               D.decode_gate(cfg)))
     tuning, best = tune(dc, storage, pool, corpus, vocab or _AnyWord(), graph is None)
     scored = pool.score(D.shards_of(recs, 2 * dc.workers), f"decode {split}: features+model")
     hyps, search_s, frames = pool.search(scored, best, f"decode {split}: search")

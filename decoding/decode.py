@@ -57,7 +57,8 @@ class DecodeWorker:
 
     def __init__(self, model_bytes: bytes, graph_dir: str, log_prior: np.ndarray,
                  corpus: str, storage_cfg: StorageConfig, beam: float, max_active: int,
-                 threads: int = 1):
+                 threads: int = 1, gate: Any = None):
+        """`gate`: decode_gate's (None: every frame is recognised)."""
         # torch (and what imports it) is deferred in this module: the driver imports it
         # for the pool, the actors load it when they start
         import torch
@@ -70,13 +71,16 @@ class DecodeWorker:
         self.log_prior = np.asarray(log_prior, np.float32)
         self.corpus = corpus
         self.storage = Storage(storage_cfg)
+        self.gate = gate
 
     def score(self, records: list) -> dict:
         """Featurise a shard (one or more speakers' streams) and run the model."""
         t0 = time.perf_counter()
-        feats, rejects, audio_s = featurize(self.storage, self.corpus, records, self.card)
+        feats, rejects, audio_s = featurize(self.storage, self.corpus, records, self.card,
+                                            self.gate)
         t1 = time.perf_counter()
-        out = list(zip([r for r, _ in feats], log_posteriors(self.model, [x for _, x in feats])))
+        out = list(zip([r for r, _ in feats], with_rows(
+            lambda xs: log_posteriors(self.model, xs), [x for _, x in feats])))
         return {"utts": out, "rejects": rejects, "audio_s": audio_s,
                 "featurize_s": t1 - t0, "forward_s": time.perf_counter() - t1}
 
@@ -84,11 +88,31 @@ class DecodeWorker:
         t0 = time.perf_counter()
         hyps = []
         for rec, log_post in utts:
+            if log_post is None:  # the speech gate kept no row: no words
+                hyps.append((rec, [], True))
+                continue
             words, _, final = self.searcher.best_words(
                 acoustic_scores(log_post, self.log_prior, acwt))
             hyps.append((rec, words, final))
         return {"hyps": hyps, "search_s": time.perf_counter() - t0,
-                "frames": sum(len(lp) for _, lp in utts)}
+                "frames": sum(len(lp) for _, lp in utts if lp is not None)}
+
+
+def with_rows(forward: Any, feats: Sequence[np.ndarray]) -> list:
+    """forward(feats with rows) per utterance, None for one with no rows (the speech gate
+    kept none: decode.speech_gate); a model cannot run on no rows."""
+    idx = [i for i, x in enumerate(feats) if len(x)]
+    out: list = [None] * len(feats)
+    for i, y in zip(idx, forward([feats[i] for i in idx]) if idx else []):
+        out[i] = y
+    return out
+
+
+def decode_gate(cfg: Config) -> Any:
+    """decode.speech_gate: the gate `amflow serve` applies (serve.speech_*), else None."""
+    from tasks.speech_activity import settings_of
+
+    return settings_of(cfg.serve) if cfg.decode.speech_gate else None
 
 
 def log_posteriors(model, feats: Sequence[np.ndarray], batch_frames: int = 20000
@@ -106,8 +130,9 @@ def log_posteriors(model, feats: Sequence[np.ndarray], batch_frames: int = 20000
     return batched(feats, forward, batch_frames)
 
 
-def featurize(storage, corpus: str, records: Sequence, card: ModelCard):
-    """Features per record exactly as evaluate computes them; (rec, feats) and rejects."""
+def featurize(storage, corpus: str, records: Sequence, card: ModelCard, gate: Any = None):
+    """Features per record exactly as evaluate computes them; (rec, feats) and rejects.
+    `gate`: tasks.features.featurize_records's (no-speech records: no rows)."""
     from core.config import FeaturesConfig
     from tasks.fbank import FbankComputer
     from tasks.features import featurize_records
@@ -118,7 +143,7 @@ def featurize(storage, corpus: str, records: Sequence, card: ModelCard):
     norm = Normalizer.from_stats(card.cmvn, card.input_dim)
     out, rejects, audio_s = [], [], 0.0
     for r, wave, x in featurize_records(storage, corpus, records, fcfg, FbankComputer(fcfg),
-                                        rejects):
+                                        rejects, gate=gate):
         audio_s += len(wave) / fcfg.sample_rate
         out.append((r, norm(x).astype(np.float32)))
     return out, rejects, audio_s
@@ -183,7 +208,8 @@ class Pool:
         actor = ray.remote(num_cpus=1, **_pool_resources(cfg))(worker)
         model_ref = ray.put(model_bytes)
         args = worker_args if worker_args is not None else (
-            graph_dir, log_prior, corpus, cfg.storage, dc.beam, dc.max_active)
+            graph_dir, log_prior, corpus, cfg.storage, dc.beam, dc.max_active, 1,
+            decode_gate(cfg))
         self.actors = [actor.remote(model_ref, *args) for _ in range(self.workers)]
         self.pool = ActorPool(self.actors)
 

@@ -133,9 +133,11 @@ class PseudoLabelWorker(DecodeWorker):
         """Labels of already scored utterances [(record, log posteriors)] at `acwt`."""
         t0 = time.perf_counter()
         labels = [label_of(rec, lp, self.searcher.best_path(
-            acoustic_scores(lp, self.log_prior, acwt)), acwt) for rec, lp in utts]
+            acoustic_scores(lp, self.log_prior, acwt)), acwt) if lp is not None else
+            rejected_label(rec, EMPTY, "the speech gate (decode.speech_gate) kept no frame")
+            for rec, lp in utts]
         return {"labels": labels, "search_s": time.perf_counter() - t0,
-                "frames": sum(len(lp) for _, lp in utts)}
+                "frames": sum(len(lp) for _, lp in utts if lp is not None)}
 
     def label(self, records: list, acwt: float, shard: str = "") -> dict:
         """Featurise, score and search a shard's records: every record gets a Label (a

@@ -31,6 +31,7 @@ from typing import Any
 from core.config import Config, DecodeConfig, ServeConfig
 from core.outcomes import StepError
 from decoding.assets import DecoderAssets
+from serving import auth
 from serving import protocol as P
 
 log = logging.getLogger(__name__)
@@ -111,13 +112,9 @@ def _onnx_graph(assets: dict, scfg: ServeConfig) -> bytes | None:
 
 def speech_gate(scfg: ServeConfig):
     """serve.speech_* -> the recognizer's speech gate (None with serve.speech_gate off)."""
-    from tasks.speech_activity import GateSettings
+    from tasks.speech_activity import settings_of
 
-    if not scfg.speech_gate:
-        return None
-    return GateSettings(scfg.speech_threshold_db, scfg.speech_floor_s, scfg.speech_smooth_ms,
-                        scfg.speech_pad_s, scfg.speech_min_dbfs, scfg.speech_steady_s,
-                        scfg.speech_steady_db)
+    return settings_of(scfg) if scfg.speech_gate else None
 
 
 # ----------------------------------------------------------------- one WebSocket stream
@@ -125,7 +122,8 @@ class StreamHandler:
     """The replica's event-loop side (no Ray): admission, the protocol, one Session per
     WebSocket, the dispatcher task."""
 
-    def __init__(self, rec, scfg: ServeConfig):
+    def __init__(self, rec, scfg: ServeConfig, token: bytes | None = None):
+        """`token`: the SHA-256 of the client token (serving/auth.py), None: no token."""
         import torch
 
         from serving.dispatch import BatchDispatcher
@@ -136,22 +134,28 @@ class StreamHandler:
         # thread waiting for it waits up to the switch interval (5 ms by default) while
         # another computes in Python: 1 ms keeps that convoy off the latency.
         sys.setswitchinterval(SWITCH_INTERVAL_S)
-        self.rec, self.scfg = rec, scfg
+        self.rec, self.scfg, self.token = rec, scfg, token
         self.dispatcher = BatchDispatcher(rec.model, scfg.max_batch, scfg.max_rows,
                                           scfg.search_threads, prepare=featurize,
                                           max_wait_s=scfg.max_wait_ms / 1000)
         self.task: asyncio.Task | None = None
         self.admitted = 0
         self.refused = 0
+        self.unauthorized = 0
         self.next_id = 0
 
     def stats(self) -> dict:
         return {**self.dispatcher.stats(), "cpu_s": round(time.process_time(), 3),
                 "admitted": self.admitted, "refused": self.refused,
+                "unauthorized": self.unauthorized,
                 "max_streams": self.scfg.max_streams, "acwt": self.rec.acwt,
                 "model_kind": self.rec.kind, "blank_penalty": self.rec.blank_penalty,
                 "beam": self.rec.beam, "dtype": str(self.rec.model.dtype),
                 "backend": self.scfg.backend}
+
+    def may_read(self, headers) -> bool:
+        """/stats: open without a token, else only with `Authorization: Bearer <token>`."""
+        return self.token is None or auth.matches(auth.bearer(headers), self.token)
 
     async def handle(self, ws) -> None:
         """`ws`: a starlette WebSocket, already accepted."""
@@ -160,9 +164,16 @@ class StreamHandler:
         if self.task is None or self.task.done():
             self.task = asyncio.create_task(self.dispatcher.run())
         loop = asyncio.get_running_loop()
+        # a token in the handshake's header is checked at once; else the first message's
+        in_header = auth.bearer(ws.headers) if self.token is not None else None
+        if in_header is not None and not auth.matches(in_header, self.token):
+            return await self._refuse(ws)
         try:
-            P.parse_header(await asyncio.wait_for(ws.receive(), self.scfg.idle_timeout_s),
-                           self.rec.fcfg.sample_rate)
+            first = await asyncio.wait_for(ws.receive(), self.scfg.idle_timeout_s)
+            if (self.token is not None and in_header is None
+                    and not auth.matches(auth.first_message_token(first), self.token)):
+                return await self._refuse(ws)
+            P.parse_header(first, self.rec.fcfg.sample_rate)
         except asyncio.TimeoutError:
             return await _close(ws, P.ProtocolError("no header", P.GOING_AWAY))
         except P.ProtocolError as exc:
@@ -193,6 +204,14 @@ class StreamHandler:
         finally:
             self.dispatcher.remove(session)
             pump.cancel()
+
+    async def _refuse(self, ws) -> None:
+        """A missing or wrong token: 1008 and nothing else (no message, no reason)."""
+        self.unauthorized += 1
+        try:
+            await ws.close(auth.POLICY_VIOLATION)
+        except Exception:  # already gone
+            pass
 
     async def _receive(self, ws, session, state, pump) -> P.ProtocolError | None:
         while True:
@@ -244,9 +263,10 @@ async def _close(ws, exc: P.ProtocolError) -> None:
 
 
 # ----------------------------------------------------------------- the Ray Serve shell
-def build_app(assets: dict, scfg: ServeConfig):
-    """The Serve application: a FastAPI ingress deployment with serve.replicas replicas."""
-    from fastapi import FastAPI, WebSocket
+def build_app(assets: dict, scfg: ServeConfig, token: bytes | None = None):
+    """The Serve application: a FastAPI ingress deployment with serve.replicas replicas;
+    `token`: the client token's SHA-256 (serving/auth.py), None: no token."""
+    from fastapi import FastAPI, Request, WebSocket
     from fastapi.responses import HTMLResponse, JSONResponse
     from ray import serve
 
@@ -258,15 +278,17 @@ def build_app(assets: dict, scfg: ServeConfig):
                       max_ongoing_requests=scfg.max_streams + 16)
     @serve.ingress(api)
     class Replica:
-        def __init__(self, assets: dict, scfg: ServeConfig):
-            self.handler = StreamHandler(make_recognizer(assets, scfg), scfg)
+        def __init__(self, assets: dict, scfg: ServeConfig, token: bytes | None):
+            self.handler = StreamHandler(make_recognizer(assets, scfg), scfg, token)
 
         @api.get("/")
         def page(self) -> HTMLResponse:
             return HTMLResponse(PAGE.read_text())
 
         @api.get("/stats")
-        def stats(self) -> JSONResponse:
+        def stats(self, request: Request) -> JSONResponse:
+            if not self.handler.may_read(request.headers):
+                return JSONResponse({}, status_code=401)
             return JSONResponse(self.handler.stats())
 
         @api.websocket("/ws")
@@ -274,7 +296,7 @@ def build_app(assets: dict, scfg: ServeConfig):
             await ws.accept()
             await self.handler.handle(ws)
 
-    return Replica.bind(assets, scfg)
+    return Replica.bind(assets, scfg, token)
 
 
 def actor_options(scfg: ServeConfig) -> dict:
@@ -287,6 +309,17 @@ def actor_options(scfg: ServeConfig) -> dict:
     return opts
 
 
+def client_token(scfg: ServeConfig) -> bytes | None:
+    """The client token's SHA-256 (serving/auth.py; None: none set), once a non-loopback
+    serve.host without one was refused (unless serve.allow_unauthenticated)."""
+    token = auth.token_digest(scfg)
+    try:
+        auth.check_bind(scfg, token is not None)
+    except auth.AuthError as exc:
+        raise StepError(str(exc)) from None
+    return token
+
+
 def start(cfg: Config, assets: dict) -> str:
     """Deploy on the configured Ray (ray.address, or a local Ray); returns the page URL."""
     from ray import serve
@@ -294,6 +327,7 @@ def start(cfg: Config, assets: dict) -> str:
     from core.raycluster import init_ray
 
     sc = cfg.serve
+    token = client_token(sc)
     if sc.ingress == "haproxy":  # read by Ray Serve's controller and replicas at start
         os.environ.update(INGRESS_ENV)
         if cfg.ray.address:
@@ -302,5 +336,5 @@ def start(cfg: Config, assets: dict) -> str:
                         " ".join(f"{k}={v}" for k, v in INGRESS_ENV.items()))
     init_ray(cfg)
     serve.start(http_options={"host": sc.host, "port": sc.port})
-    serve.run(build_app(assets, sc), name=sc.app_name, route_prefix="/", blocking=False)
+    serve.run(build_app(assets, sc, token), name=sc.app_name, route_prefix="/", blocking=False)
     return f"http://{sc.host}:{sc.port}/"

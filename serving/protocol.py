@@ -1,7 +1,8 @@
 """The WebSocket protocol's checks (pure, so they are tested without a server).
 
 Client -> server:
-    1. a text message, JSON: {"sample_rate": 16000, "format": "s16le"}
+    1. a text message, JSON: {"sample_rate": 16000, "format": "s16le"} (and "token": the
+       client token, when the service wants one and the handshake had no Authorization)
     2. binary messages: 16-bit little-endian mono PCM, any size up to serve.max_chunk_bytes
        (an even number of bytes)
     3. optionally a text {"end_utterance": true} between utterances of one speaker (the
@@ -14,7 +15,8 @@ Server -> client (text, JSON):
     {"error": "what was wrong", "code": close code}, then the close with that code:
         1003 unsupported data (bad header, rate, format, odd-length PCM, binary first),
         1009 a chunk larger than serve.max_chunk_bytes, 1013 the replica is full (try
-        again later), 1001 the client sent nothing for serve.idle_timeout_s.
+        again later), 1001 the client sent nothing for serve.idle_timeout_s, 1008 a
+        missing or wrong client token (serving/auth.py; no error message with it).
 """
 from __future__ import annotations
 

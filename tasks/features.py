@@ -151,9 +151,16 @@ def encode_rows(x: np.ndarray, dtype: str, stack: int) -> dict[str, Any]:
 
 
 def featurize_stream(waves: list[np.ndarray], fcfg: FeaturesConfig,
-                     computer: FbankComputer | None = None) -> list[np.ndarray]:
-    """One speaker's utterances (time order) -> LFR rows per utterance, before global CMVN."""
+                     computer: FbankComputer | None = None, gate: Any = None
+                     ) -> list[np.ndarray]:
+    """One speaker's utterances (time order) -> LFR rows per utterance, before global CMVN.
+    `gate` (tasks.speech_activity.GateSettings): only the frames of speech and the padding
+    around it, before the mean normalisation, as `amflow serve` gates a stream."""
     feats = fbank(waves, fcfg, computer)
+    if gate is not None:
+        from tasks.speech_activity import gate_frames
+
+        feats = gate_frames(feats, gate, fcfg)
     cmn = StreamCMN(fcfg.num_mel_bins, fcfg.cmn_window, fcfg.cmn_min_window)
     lengths = [f.shape[0] for f in feats]
     normed = cmn.apply(np.concatenate(feats) if feats else
@@ -167,14 +174,16 @@ def featurize_stream(waves: list[np.ndarray], fcfg: FeaturesConfig,
 
 def featurize_records(storage: Any, corpus: str, records: Any, fcfg: FeaturesConfig,
                       computer: FbankComputer, rejects: list,
-                      accept: Any = None, on_speaker: Any = None
+                      accept: Any = None, on_speaker: Any = None, gate: Any = None
                       ) -> Iterator[tuple[Any, np.ndarray, np.ndarray]]:
     """Corpus records featurised as this step streams them, for scoring a model on them
     (evaluate, decode): per speaker in time order, the speaker's audio as one stream (the
     causal CMN carries across its utterances). Yields (record, samples, LFR rows before
     global CMVN). A record whose audio cannot be read, or too short for one frame, becomes
     a Reject in `rejects`; `accept(record)` may refuse one before its audio is read (and
-    append its own reject). `on_speaker(n)` after each speaker's n records (progress)."""
+    append its own reject). `on_speaker(n)` after each speaker's n records (progress).
+    `gate`: featurize_stream's; a record long enough for rows of which the gate kept none
+    (no speech) is yielded with no rows (its words: none), not rejected."""
     from tasks.audio import AudioResult, resolve_uri
 
     by_speaker: dict[str, list] = collections.defaultdict(list)
@@ -195,9 +204,9 @@ def featurize_records(storage: Any, corpus: str, records: Any, fcfg: FeaturesCon
                 rejects.append(Reject(r.utt_id, res.reason or "unreadable_audio", res.detail))
                 continue
             stream.append((r, res.samples))
-        feats = featurize_stream([w for _, w in stream], fcfg, computer) if stream else []
+        feats = featurize_stream([w for _, w in stream], fcfg, computer, gate) if stream else []
         for (r, wave), x in zip(stream, feats):
-            if x.shape[0] == 0:
+            if x.shape[0] == 0 and (gate is None or computer.num_frames(len(wave)) < fcfg.stack):
                 rejects.append(Reject(r.utt_id, "too_short", f"{len(wave)} samples"))
                 continue
             yield r, wave, x

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from core.config import FeaturesConfig
+from core.config import FeaturesConfig, ServeConfig
 
 DB_PER_NEPER = 10.0 / np.log(10.0)  # natural-log power -> dB
 EDGE = 2  # frames after one of no sound whose 25 ms window still holds some of it
@@ -200,3 +200,28 @@ class GateSettings:
     def frame_gate(self, fcfg: FeaturesConfig) -> SpeechGate:
         frames = round(self.pad_s / (fcfg.frame_shift_ms / 1000.0))
         return SpeechGate(frames, frames)
+
+
+def settings_of(scfg: ServeConfig) -> GateSettings:
+    """serve.speech_* (core.config.ServeConfig) as GateSettings: the one gate `amflow
+    serve` (serve.speech_gate), `amflow decode` (decode.speech_gate) and the export's
+    gate.json apply."""
+    return GateSettings(scfg.speech_threshold_db, scfg.speech_floor_s, scfg.speech_smooth_ms,
+                        scfg.speech_pad_s, scfg.speech_min_dbfs, scfg.speech_steady_s,
+                        scfg.speech_steady_db)
+
+
+def gate_frames(feats: list[np.ndarray], gate: GateSettings, fcfg: FeaturesConfig
+                ) -> list[np.ndarray]:
+    """One speaker's fbank frames per utterance (time order) -> the frames the gate keeps,
+    as serving.features.StreamFeatures gates a stream (the gate is causal, frame by frame:
+    chunking does not change it): the activity carried across utterances, the frames still
+    held at an utterance's end dropped. An utterance without speech keeps none."""
+    activity, keep = gate.activity(fcfg), gate.frame_gate(fcfg)
+    out = []
+    for f in feats:
+        flags = activity.accept(f)
+        kept = keep.accept(f, flags, activity.audible)
+        keep.end_utterance()
+        out.append(kept if len(kept) else f[:0])
+    return out

@@ -13,21 +13,14 @@ import pytest
 from core.config import FeaturesConfig
 
 
-@pytest.fixture(scope="module")
-def tiny_run(tiny_corpus, tmp_path_factory):
-    """A run with a small random student (peaky outputs: varied words), class priors, a
-    CMVN, and a word bigram LM: what `amflow export` reads."""
+def _student(classes: list[str], seed: int) -> bytes:
+    """A small random student's model.pt (peaky outputs: varied words)."""
     import torch
 
-    from core.config import load_config
-    from decoding import lexicon as L
-    from decoding import lm
     from training.checkpoint import model_payload, to_bytes
     from training.models import StudentLSTM
 
-    root = tmp_path_factory.mktemp("export_store")
-    classes = [p.strip() for p in (tiny_corpus / "phones.txt").read_text().splitlines()]
-    torch.manual_seed(0)
+    torch.manual_seed(seed)
     model = StudentLSTM(192, 32, 2, len(classes), lookahead=3)
     with torch.no_grad():
         model.output.weight.mul_(8.0)
@@ -35,9 +28,22 @@ def tiny_run(tiny_corpus, tmp_path_factory):
     payload = model_payload(model, cmvn=cmvn, phones=classes,
                             features=dataclasses.asdict(FeaturesConfig()))
     payload["priors"] = {"counts": [1.0] * len(classes), "source": "test"}
+    return to_bytes(payload)
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tiny_corpus, tmp_path_factory):
+    """A run with a small random student (peaky outputs: varied words), class priors, a
+    CMVN, and a word bigram LM: what `amflow export` reads."""
+    from core.config import load_config
+    from decoding import lexicon as L
+    from decoding import lm
+
+    root = tmp_path_factory.mktemp("export_store")
+    classes = [p.strip() for p in (tiny_corpus / "phones.txt").read_text().splitlines()]
     run = root / "runs" / "r"
     (run / "train").mkdir(parents=True)
-    (run / "train" / "model.pt").write_bytes(to_bytes(payload))
+    (run / "train" / "model.pt").write_bytes(_student(classes, seed=0))
     lex = L.read_lexicon((tiny_corpus / "lexicon.txt").read_text())
     (run / "lm").mkdir()
     (run / "lm" / "lm.arpa").write_text(
@@ -123,6 +129,120 @@ def test_the_recognizer_on_the_onnx_streaming_graph_gives_the_torch_recognizers_
         words[backend] = [m["final"] for m in transcribe(rec, waves)]
     assert words["torch"] == words["onnxruntime"] and any(words["torch"])
     assert "onnxruntime" in str(rec.model.dtype)
+
+
+def test_the_export_folder_follows_the_model_so_exports_never_overwrite_each_other(tiny_run):
+    """Untagged: train -> export, train-<t> -> export-<t>, another folder F -> export-F,
+    a model outside the run -> export-model-<digest>; tagged: export-<decode.tag>."""
+    from amflow.steps.export import export_dir_name
+    from core.runs import StepContext
+    from core.storage import digest_of
+
+    cfg, run = tiny_run
+    ctx = StepContext(cfg, "r", "export")
+    name = {m: export_dir_name(ctx, m, b"bytes") for m in (
+        str(run / "train" / "model.pt"), str(run / "train-ctc" / "model.pt"),
+        str(run / "train-baseline" / "model.pt"), str(run / "sequence" / "model.pt"),
+        str(run.parent / "other" / "train" / "model.pt"))}
+    assert list(name.values()) == ["export", "export-ctc", "export-baseline", "export-sequence",
+                                   f"export-model-{digest_of(b'bytes')}"]
+    assert len(set(name.values())) == len(name)
+    tagged = dataclasses.replace(cfg, decode=dataclasses.replace(cfg.decode, tag="ctc"))
+    assert export_dir_name(StepContext(tagged, "r", "export"), str(run / "train" / "model.pt"),
+                           b"") == "export-ctc"  # a tag names the folder, as documented
+    s3 = StepContext(dataclasses.replace(cfg, storage=dataclasses.replace(
+        cfg.storage, root="s3://b/root")), "r", "export")
+    assert export_dir_name(s3, "s3://b/root/runs/r/train-ctc/model.pt", b"") == "export-ctc"
+
+
+def test_a_graph_exported_from_another_model_is_refused_naming_both(tiny_run, tiny_corpus):
+    """serve.backend=onnxruntime: a graph whose metadata names another model.pt's digest
+    (same shape: the runtime's shape check cannot tell), or none, is refused at load."""
+    import onnx
+
+    from amflow.steps.serve import load_assets
+    from core.runs import StepContext, StepError
+    from core.storage import digest_of
+    from serving.onnx_export import exported_from
+
+    cfg, run = tiny_run
+    if not (run / "export" / "_SUCCESS.json").exists():  # run alone: export first
+        _export(cfg)
+    graph = run / "export" / "model.streaming.onnx"
+    model = run / "train" / "model.pt"
+    assert exported_from(graph.read_bytes()) == (digest_of(model.read_bytes()), str(model))
+    checks = json.loads((run / "export" / "checks.json").read_text())
+    assert checks["model_digest"] == digest_of(model.read_bytes())
+    classes = json.loads((run / "export" / "card.json").read_text())["phones"]
+    other = run / "train-other" / "model.pt"
+    other.parent.mkdir(exist_ok=True)
+    other.write_bytes(_student(classes, seed=1))
+    bare = run / "bare.streaming.onnx"  # the same graph without the model's digest
+    m = onnx.load(str(graph))
+    keep = [(p.key, p.value) for p in m.metadata_props if not p.key.startswith("amflow_model")]
+    del m.metadata_props[:]
+    onnx.helper.set_model_props(m, dict(keep))
+    bare.write_bytes(m.SerializeToString())
+    for onnx_model, model_uri, match in [
+            (graph, other, rf"{graph}.*{model}.*{digest_of(model.read_bytes())}.*not from "
+                           rf"{other} \(digest {digest_of(other.read_bytes())}\)"),
+            (bare, model, "exported before amflow recorded"),
+            (None, other, r"export-other/model.streaming.onnx not found")]:
+        serve = dataclasses.replace(cfg.serve, backend="onnxruntime",
+                                    onnx_model=str(onnx_model or ""))
+        ctx = StepContext(dataclasses.replace(cfg, serve=serve), "r", "serve")
+        with pytest.raises(StepError, match=match):
+            load_assets(ctx, str(model_uri))
+    serve = dataclasses.replace(cfg.serve, backend="onnxruntime", onnx_model=str(graph))
+    ctx = StepContext(dataclasses.replace(cfg, serve=serve), "r", "serve")
+    assert load_assets(ctx, str(model))["onnx_uri"] == str(graph)  # its own model: served
+
+
+def fault_waves(seconds: float = 2.0) -> list[np.ndarray]:
+    """No speech: digital silence, a constant full-scale signal, white noise at -40 dBFS."""
+    n = int(16000 * seconds)
+    noise = 0.01 * np.random.default_rng(7).standard_normal(n)
+    return [x.astype(np.float32) for x in (np.zeros(n), np.full(n, 32767 / 32768), noise)]
+
+
+def gated_finals(assets: dict, serve, export_dir) -> dict[bool, list[str]]:
+    """The finals of fault_waves on the exported streaming graph (onnxruntime) with the
+    export's gate.json applied, and without a gate."""
+    from serving.app import make_recognizer, speech_gate
+    from serving.onnx_export import gate_from_json
+    from serving.recognizer import transcribe
+
+    doc = json.loads((export_dir / "gate.json").read_text())
+    gate = gate_from_json(doc)
+    # the gate amflow serves with (serve.speech_*)
+    assert doc["enabled"] and gate == speech_gate(dataclasses.replace(serve, speech_gate=True))
+    out = {}
+    for on in (True, False):
+        rec = make_recognizer(assets, dataclasses.replace(serve, backend="onnxruntime",
+                                                          speech_gate=False))
+        rec.gate = gate if on else None
+        out[on] = [m["final"] for m in transcribe(rec, fault_waves())]
+    return out
+
+
+def test_the_exported_gate_gives_no_words_from_silence_constant_or_quiet_noise(tiny_run):
+    """gate.json beside the graphs: the serve.speech_* gate, applied to the exported
+    streaming graph in onnxruntime, makes no words of digital silence, a constant signal
+    or -40 dBFS white noise (which the same graph without it makes words of)."""
+    from amflow.steps.serve import load_assets
+    from core.runs import StepContext
+
+    cfg, run = tiny_run
+    if not (run / "export" / "_SUCCESS.json").exists():  # run alone: export first
+        _export(cfg)
+    doc = json.loads((run / "export" / "gate.json").read_text())
+    assert doc["frames"]["pad_frames"] == 15 and doc["frames"]["floor_frames"] == 300
+    serve = dataclasses.replace(cfg.serve, device="cpu", dtype="fp32", backend="onnxruntime")
+    ctx = StepContext(dataclasses.replace(cfg, serve=serve), "r", "serve")
+    finals = gated_finals(load_assets(ctx, str(run / "train" / "model.pt")), serve,
+                          run / "export")
+    assert finals[True] == ["", "", ""]
+    assert any(finals[False]), finals  # what the gate is for
 
 
 def test_bench_serve_compares_backends_level_by_level():

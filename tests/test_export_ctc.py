@@ -64,7 +64,10 @@ def test_ctc_export_is_checked_against_torch_and_sherpa_onnx_gives_its_words(ctc
     cfg, run, tok = ctc_run
     summary = export.run(StepContext(cfg, "r", "export"), SimpleNamespace(
         model="train-ctc", format="onnx", quantize="int8", data=None))
-    out = run / "export"
+    # untagged, the folder follows the model (train-ctc -> export-ctc): a hybrid
+    # student's export/ beside it is not overwritten
+    out = run / "export-ctc"
+    assert not (run / "export").exists()
     for name in ("model.onnx", "model.sherpa.onnx", "model.int8.onnx", "model.sherpa.int8.onnx",
                  "model.streaming.onnx", "model.streaming.int8.onnx", "streaming.json",
                  "tokens.txt", "card.json", "features.json", "decoding.json", "_SUCCESS.json"):
@@ -107,7 +110,7 @@ def test_sherpa_onnx_decodes_with_the_files_alone(ctc_run, tiny_corpus):
     from decoding.ctc_decode import ctc_log_probs
 
     cfg, run, tok = ctc_run
-    out = run / "export"
+    out = run / "export-ctc"
     if not (out / "_SUCCESS.json").exists():
         test_ctc_export_is_checked_against_torch_and_sherpa_onnx_gives_its_words(ctc_run)
     feats = json.loads((out / "features.json").read_text())["sherpa_onnx"]
@@ -238,7 +241,7 @@ def test_amflow_serve_runs_the_exported_streaming_graph_with_torchs_finals(ctc_r
     from tests.test_serving import _speaker_waves
 
     cfg, run, _ = ctc_run
-    if not (run / "export" / "_SUCCESS.json").exists():  # run alone: export first
+    if not (run / "export-ctc" / "_SUCCESS.json").exists():  # run alone: export first
         test_ctc_export_is_checked_against_torch_and_sherpa_onnx_gives_its_words(ctc_run)
     recs, waves = _speaker_waves(tiny_corpus, split="test", limit=3)
     (run / "lm").mkdir(exist_ok=True)
@@ -248,10 +251,16 @@ def test_amflow_serve_runs_the_exported_streaming_graph_with_torchs_finals(ctc_r
                                 speech_gate=False)
     ctx = StepContext(dataclasses.replace(cfg, serve=serve), "r", "serve")
     assets = load_assets(ctx, str(run / "train-ctc" / "model.pt"))
-    assert assets["kind"] == "ctc" and assets["onnx_uri"].endswith("export/model.streaming.onnx")
+    assert assets["kind"] == "ctc" and assets["onnx_uri"].endswith("export-ctc/model.streaming.onnx")
     words = {}
     for backend in ("torch", "onnxruntime"):
         rec = make_recognizer(assets, dataclasses.replace(serve, backend=backend))
         words[backend] = [m["final"] for m in transcribe(rec, waves, chunk=1000)]
     assert words["torch"] == words["onnxruntime"] and any(words["torch"])
     assert str(rec.model.dtype) == "onnxruntime fp32"
+    # the export's gate.json on the same graph: no words from silence, a constant signal
+    # or -40 dBFS noise
+    from tests.test_export import gated_finals
+
+    finals = gated_finals(assets, serve, run / "export-ctc")
+    assert finals[True] == ["", "", ""] and any(finals[False]), finals

@@ -479,7 +479,7 @@ def test_a_header_with_channels_that_are_no_number_gets_json_and_1003_from_the_h
 
     handler = SimpleNamespace(task=None, dispatcher=SimpleNamespace(run=idle),
                               rec=SimpleNamespace(fcfg=FeaturesConfig()),
-                              scfg=SimpleNamespace(idle_timeout_s=5))
+                              scfg=SimpleNamespace(idle_timeout_s=5), token=None)
     ws = OneHeader()
 
     async def main():

@@ -11,15 +11,17 @@ from typing import Any
 
 from core.runs import StepContext, StepError, step_dir_name
 from core.storage import digest_of
+from decoding import decode as D
 from decoding.assets import DecoderAssets
 from tasks.select import corpus_fingerprint
 from amflow.services.train_plan import model_dir_name
 
 
-def tagged_context(ctx: StepContext, step: str = "decode") -> StepContext:
+def tagged_context(ctx: StepContext, step: str = "decode", name: str = "") -> StepContext:
     """The context of <step>[-<decode.tag>] (the CLI gives the plain step name): decode's
-    and export's, which resolve their inputs alike (`resolve_inputs`)."""
-    name = step_dir_name(step, ctx.cfg.decode.tag)
+    and export's, which resolve their inputs alike (`resolve_inputs`); `name`: that
+    folder instead (export's follows its model)."""
+    name = name or step_dir_name(step, ctx.cfg.decode.tag)
     if ctx.step == name:
         return ctx
     new = StepContext(ctx.cfg, ctx.run_id, name, force=ctx.force)
@@ -93,6 +95,10 @@ def decode_inputs(ctx: StepContext, model: str, corpus: str, split: str,
     lm, lexicon = lm_uri(ctx)[0], ctx.cfg.data.lexicon_uri(corpus)
     keys = {k: v for k, v in dataclasses.asdict(ctx.cfg.decode).items()
             if k not in OPERATIONAL_KEYS}
+    gate = D.decode_gate(ctx.cfg)  # off: absent, so decodes recorded before it stay done
+    keys.pop("speech_gate")
+    if gate is not None:
+        keys["speech_gate"] = dataclasses.asdict(gate)
 
     def digest(uri: str) -> str | None:
         return digest_of(read[uri]) if uri in read else None

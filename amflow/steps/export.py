@@ -6,7 +6,10 @@ Reads   --model  a train step of the run (`train-baseline`) or a model URI (defa
                  run's lexicon, LM and graph (as decode), the acwt decode tuned
                  (decode[-<tag>]/result.json, else decode.acwt[0]), and export.check_split's
                  utterances of data.corpus for the checks
-Writes  runs/<R>/export[-<decode.tag>]/
+Writes  runs/<R>/<export_dir_name>/: export-<decode.tag> when tagged; untagged, the folder
+        follows the model: train/model.pt -> export, train-<t>/ -> export-<t>, another
+        folder F of the run -> export-F, a model outside the run -> export-model-<digest>
+        (so exports of different models never overwrite each other)
           model.onnx               whole utterance: x [B, T, D] -> log_probs [B, T, C]
           model.streaming.onnx     one step: x, lengths, h0, c0 -> log_probs, hn, cn
           model.int8.onnx, model.streaming.int8.onnx   with --quantize int8
@@ -14,7 +17,11 @@ Writes  runs/<R>/export[-<decode.tag>]/
           classes.txt              class names, line i = output i
           features.json            how input rows are made from 16 kHz audio
           decoding.json            log priors, acwt, search settings for hybrid decoding
+          gate.json                the speech gate amflow serves with (serve.speech_*):
+                                   settings, frame counts, rule (CTC exports too)
           checks.json              the checks below; _SUCCESS.json (with them) when they pass
+Every graph's metadata names the model.pt it came from (amflow_model_digest,
+amflow_model_uri): `amflow serve` refuses a graph exported from another model.
 The checks (serving/export_checks.py), on real utterances: the whole-utterance graph's and
 the streaming graph's (8 streams a batch, 4-5 rows a step) log-posteriors within
 export.tolerance of torch's, and the same 1-best words from the run's graph. A failed check
@@ -33,6 +40,7 @@ import numpy as np
 
 from core.config import DecodeConfig
 from amflow.services import decoder_setup
+from amflow.services.export_folder import export_dir_name
 from core.runs import StepContext, StepError, step_dir_name
 from core.storage import digest_of
 from decoding.assets import tuned_acwt
@@ -130,11 +138,30 @@ def export_inputs(ctx: StepContext, uri: str, data: bytes, corpus: str, fmt: str
                   quantize: str | None) -> dict[str, Any]:
     return {"model": uri, "model_digest": digest_of(data), "data": corpus, "format": fmt,
             "quantize": quantize, "export": dataclasses.asdict(ctx.cfg.export),
-            "decode": {k: getattr(ctx.cfg.decode, k) for k in ("beam", "max_active", "acwt", "blank_penalties")}}
+            "decode": {k: getattr(ctx.cfg.decode, k) for k in ("beam", "max_active", "acwt", "blank_penalties")},
+            "gate": {k: v for k, v in dataclasses.asdict(ctx.cfg.serve).items()
+                     if k.startswith("speech_")}}  # gate.json
+
+
+def gate_file(ctx: StepContext, card) -> dict[str, bytes]:
+    """gate.json: the speech gate `amflow serve` applies (serve.speech_*), exported."""
+    from serving.app import speech_gate
+    from serving.onnx_export import gate_json
+
+    return {"gate.json": json.dumps(gate_json(speech_gate(ctx.cfg.serve), card),
+                                    indent=1).encode()}
+
+
+def stamp(files: dict[str, bytes], uri: str, data: bytes) -> dict[str, bytes]:
+    """Every graph with the model's digest and URI in its metadata (with_model)."""
+    from serving.onnx_export import with_model
+
+    digest = digest_of(data)
+    return {n: with_model(b, digest, uri) if n.endswith(".onnx") else b
+            for n, b in files.items()}
 
 
 def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
-    ctx = decoder_setup.tagged_context(ctx, "export")
     fmt = getattr(args, "format", None) or "onnx"
     quantize = getattr(args, "quantize", None)
     if fmt not in FORMATS or (quantize and quantize not in QUANTIZE):
@@ -142,6 +169,7 @@ def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
                         f"{'|'.join(FORMATS)} with --quantize {'|'.join(QUANTIZE)} or none")
     uri, corpus = decoder_setup.resolve_inputs(ctx, args)
     data = ctx.storage.read_bytes(uri)
+    ctx = decoder_setup.tagged_context(ctx, "export", export_dir_name(ctx, uri, data))
     inputs = export_inputs(ctx, uri, data, corpus, fmt, quantize)
     done = ctx.finished_on(inputs, ctx.path("checks.json"))
     if done is not None:
@@ -153,7 +181,7 @@ def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
     model, card = card_from_bytes(data, uri)
     family = get_family(card.kind)
     if family.token_targets:
-        return export_ctc(ctx, model, card, corpus, quantize, inputs, uri)
+        return export_ctc(ctx, model, card, corpus, quantize, inputs, uri, data)
     if not family.streams:
         raise StepError(f"{uri} is a {card.kind}: amflow export takes a streaming model (the "
                         "hybrid LSTM student) or the CTC student; pass --model a "
@@ -161,15 +189,16 @@ def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
     decoder = decoder_setup.load_assets(ctx, uri, corpus, read={uri: data})
     acwt, acwt_from = tuned_acwt(ctx.storage, ctx.other(step_dir_name(
         "decode", ctx.cfg.decode.tag), "result.json"), ctx.cfg.decode.acwt[0])
-    files = graphs(decoder.model, decoder.card, quantize)
+    files = stamp(graphs(decoder.model, decoder.card, quantize), uri, data)
     recs, feats, rejected = check_inputs(ctx, decoder, corpus)
     checks = run_checks(ctx, decoder, files, recs, feats, acwt)
     files.update({k: v.encode() for k, v in beside(decoder, acwt, acwt_from, ctx.cfg.decode).items()})
+    files.update(gate_file(ctx, decoder.card))
     return _keep(ctx, files, checks, len(recs), rejected, inputs)
 
 
 def export_ctc(ctx: StepContext, model, card, corpus: str, quantize: str | None,
-               inputs: dict, uri: str) -> dict[str, Any]:
+               inputs: dict, uri: str, data: bytes) -> dict[str, Any]:
     """The CTC student's export (amflow/services/ctc_export.py); the joint CTC/attention
     model's encoder and CTC output (its attention decoder is not exported)."""
     from amflow.services import ctc_export as E
@@ -179,9 +208,10 @@ def export_ctc(ctx: StepContext, model, card, corpus: str, quantize: str | None,
     check_ctc_card(card, uri)
     tokenizer = Tokenizer.from_dict(card.tokenizer)
     penalty, penalty_from = E.blank_penalty(ctx)
-    files = E.graphs(model, card, penalty, quantize)
+    files = stamp(E.graphs(model, card, penalty, quantize), uri, data)
     files.update({k: v.encode() for k, v in
                   E.beside(model, card, tokenizer, penalty, penalty_from).items()})
+    files.update(gate_file(ctx, card))
     ci = E.check_inputs(ctx, card, corpus)
     checks = E.run_checks(ctx, model, card, tokenizer, files, ci, penalty)
     checks["streaming_graph"] = ("not exported: a bidirectional model reads whole "
@@ -195,6 +225,7 @@ def export_ctc(ctx: StepContext, model, card, corpus: str, quantize: str | None,
 def _keep(ctx: StepContext, files: dict[str, bytes], checks: dict, n: int, rejected: int,
           inputs: dict) -> dict[str, Any]:
     """Write the files and checks.json; fail the step when a held check failed."""
+    checks = {**checks, "model": inputs["model"], "model_digest": inputs["model_digest"]}
     for name, blob in files.items():
         ctx.storage.write_bytes(ctx.path(name), blob)
     ctx.storage.write_json(ctx.path("checks.json"), checks)

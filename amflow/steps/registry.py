@@ -168,6 +168,13 @@ def _bench_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--models", help="serve: deploy each model.pt listed (e.g. the hybrid student's "
                                     "and the CTC student's) in turn and measure each, side by "
                                     "side (instead of --url)")
+    p.add_argument("--knee", action="store_true",
+                   help="serve: search the most concurrent streams at p98 <= --bound-ms "
+                        "(doubling from the first --streams level, default 10, then bisection)")
+    p.add_argument("--bound-ms", dest="bound_ms", type=float,
+                   help="serve --knee: the p98 latency bound (default 70 ms)")
+    p.add_argument("--repeats", type=int,
+                   help="serve --knee: runs per level; a level passes on the median p98 (default 3)")
 
 
 def _serve_args(p: argparse.ArgumentParser) -> None:
@@ -341,7 +348,8 @@ STEPS: dict[str, Step] = {
         reads="--model a train step or model.pt URI, the run's lexicon, LM and graph (hybrid), "
               "the acwt or greedy blank penalty decode tuned, export.check_split's "
               "utterances of data.corpus",
-        writes="runs/<id>/export[-<decode.tag>]/model.onnx, model.streaming.onnx (hybrid; "
+        writes="runs/<id>/export[-<decode.tag>]/ (untagged: export-<t> for train-<t>): "
+               "model.onnx, model.streaming.onnx (hybrid; "
                "CTC: unidirectional, with streaming.json), model.sherpa.onnx + tokens.txt "
                "(CTC) (+ *.int8.onnx), card.json, "
                "classes.txt (hybrid), features.json, decoding.json, checks.json, "

@@ -7,7 +7,9 @@ its T o L o G, decoder_setup.ctc_graph), and the scales `amflow decode` tuned fo
 it (`decode_record`: decode[-<tag>]/result.json when it is of the model's kind, else the
 run's decode dir whose result names this model; else decode.acwt[0], or for a CTC model
 decode.ctc_lm_weights[0] and decode.blank_penalties[0]; serve.acwt overrides the acwt).
-The model card's kind says which: no flag names it.
+The model card's kind says which: no flag names it. serve.backend=onnxruntime serves the
+streaming graph `amflow export` wrote for this model (its export folder follows the model:
+amflow.services.export_folder), refused unless its metadata names this model.pt's digest.
 """
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ from amflow.services import decoder_setup
 from core.storage import join
 from serving import app
 from training.families import get_family
+from amflow.services.export_folder import export_dir_name
 from amflow.services.train_plan import train_dir_name
 
 
@@ -96,10 +99,7 @@ def load_assets(ctx: StepContext, model_uri: str) -> dict[str, Any]:
     decoder = decoder_setup.load_assets(ctx, model_uri, cfg.data.corpus, read={model_uri: data})
     tuned = tuned_scales(ctx, model_uri, card.kind)
     assets = app.replica_assets(decoder, cfg.serve, cfg.decode, tuned["acwt"], tuned["from"])
-    if cfg.serve.backend == "onnxruntime":
-        assets["onnx_uri"] = onnx_uri(ctx)
-        assets["onnx"] = ctx.storage.read_bytes(assets["onnx_uri"])
-    return assets
+    return with_onnx(ctx, assets, model_uri, data)
 
 
 def _ctc_assets(ctx: StepContext, model_uri: str, data: bytes, model, card) -> dict[str, Any]:
@@ -109,36 +109,66 @@ def _ctc_assets(ctx: StepContext, model_uri: str, data: bytes, model, card) -> d
     graph_dir, info, _ = decoder_setup.ctc_graph(ctx, card, {})
     assets = app.ctc_replica_assets(data, model_uri, model, graph_dir, info, ctx.cfg.serve,
                                     ctx.cfg.decode, tuned_scales(ctx, model_uri, card.kind))
-    if ctx.cfg.serve.backend == "onnxruntime":  # the CTC export's model.streaming.onnx
-        assets["onnx_uri"] = onnx_uri(ctx)
-        assets["onnx"] = ctx.storage.read_bytes(assets["onnx_uri"])
-    return assets
+    return with_onnx(ctx, assets, model_uri, data)
 
 
-def onnx_uri(ctx: StepContext) -> str:
-    """serve.onnx_model, else the run's exported streaming graph (amflow export)."""
-    uri = ctx.cfg.serve.onnx_model or ctx.other(step_dir_name("export", ctx.cfg.decode.tag),
+def with_onnx(ctx: StepContext, assets: dict, model_uri: str, data: bytes) -> dict:
+    """serve.backend=onnxruntime: the assets with the model's exported streaming graph
+    (`onnx`, `onnx_uri`), refused unless it was exported from this model.pt."""
+    if ctx.cfg.serve.backend != "onnxruntime":
+        return assets
+    uri = onnx_uri(ctx, model_uri, data)
+    graph = ctx.storage.read_bytes(uri)
+    check_exported_from(graph, uri, model_uri, data)
+    return {**assets, "onnx_uri": uri, "onnx": graph}
+
+
+def onnx_uri(ctx: StepContext, model_uri: str, data: bytes) -> str:
+    """serve.onnx_model, else the streaming graph `amflow export` wrote for this model
+    (its folder follows the model: amflow.services.export_folder)."""
+    uri = ctx.cfg.serve.onnx_model or ctx.other(export_dir_name(ctx, model_uri, data),
                                                 "model.streaming.onnx")
     if not ctx.storage.exists(uri):
         raise StepError(f"serve.backend=onnxruntime: {uri} not found: run `amflow export "
-                        f"--run-id {ctx.run_id}` first, or set serve.onnx_model to an exported "
-                        "model.streaming.onnx")
+                        f"--run-id {ctx.run_id} --model {model_uri}` first, or set "
+                        "serve.onnx_model to an exported model.streaming.onnx")
     return uri
+
+
+def check_exported_from(graph: bytes, graph_uri: str, model_uri: str, data: bytes) -> None:
+    """Refuse a graph whose metadata does not name this model.pt's digest (another model
+    of the same shape would otherwise be served silently)."""
+    from core.storage import digest_of
+    from serving.onnx_export import exported_from
+
+    want = digest_of(data)
+    got, got_uri = exported_from(graph)
+    if got == want:
+        return
+    source = (f"model {got_uri} (digest {got})" if got else
+              "a model it does not name (exported before amflow recorded the model's digest)")
+    raise StepError(f"{graph_uri} was exported from {source}, not from {model_uri} (digest "
+                    f"{want}): export this model (`amflow export --model {model_uri}`) or set "
+                    "serve.onnx_model to its model.streaming.onnx")
 
 
 def run(ctx: Any, args: Any) -> dict:
     """`amflow serve`: deploy, print the URL, keep serving until interrupted."""
     ctx, model = serve_context(ctx, getattr(args, "model", None))
     t0 = time.perf_counter()
+    # an unauthenticated public bind fails before the load
+    token = app.client_token(ctx.cfg.serve) is not None
     assets = load_assets(ctx, model)
     url = app.start(ctx.cfg, assets)
     print(f"amflow serve: {assets.get('onnx_uri') or assets['model_uri']} on {url} (ws {url.replace('http', 'ws')}ws), "
           f"{assets['kind']}, acwt {assets['acwt']} ({assets['acwt_from']})"
           f"{', blank penalty ' + str(assets['blank_penalty']) if assets['kind'] == 'ctc' else ''}, "
           f"beam {assets['beam']}, "
-          f"{ctx.cfg.serve.replicas} replica(s); up in {time.perf_counter() - t0:.1f} s",
-          flush=True)
-    summary = {"url": url, "model": assets["model_uri"], "acwt": assets["acwt"]}
+          f"{ctx.cfg.serve.replicas} replica(s), "
+          f"{'client token required' if token else 'no client token'}; "
+          f"up in {time.perf_counter() - t0:.1f} s", flush=True)
+    summary = {"url": url, "model": assets["model_uri"], "acwt": assets["acwt"],
+               "client_token": token}
     if getattr(args, "detach", False):
         return summary
     try:

@@ -81,6 +81,10 @@ class DecodeConfig:
     # rescore (a joint CTC/attention model, model.ctc.attention_weight > 0): the CTC prefix
     # beam's decode.ctc_nbest best rescored by the attention decoder (no LM).
     ctc_search: str = "tlg"
+    # true: decode only the frames `amflow serve`'s speech gate keeps (serve.speech_*,
+    # tasks/speech_activity.py): no words from silence, a constant signal or steady noise,
+    # as served. false (default): every frame, the WER every recorded decode measured.
+    speech_gate: bool = False
     ctc_nbest: int = 8  # rescore: the prefix beam's width and n-best
     # tlg: LM weights (the acoustic scale is their inverse) and blank penalties (subtracted
     # from the blank's log-probability) tried on decode.tune_split, every pair; the best

@@ -62,7 +62,7 @@ class ServeConfig:
     # wrote, on the CPU; dtype and device are torch's). Same protocol, dispatch and metrics.
     backend: str = "torch"  # torch | onnxruntime
     # …/model.streaming.int8.onnx serves the int8 graph
-    onnx_model: str = ""  # backend onnxruntime: the exported streaming graph ("" = the run's export[-<decode.tag>]/model.streaming.onnx)
+    onnx_model: str = ""  # backend onnxruntime: the exported streaming graph ("" = model.streaming.onnx in the served model's export folder)
     threads: int = 1  # torch threads per replica
     # Search settings; 0 = the decode step's (decode.beam, decode.max_active), so the
     # streamed words are the offline decode's. acwt 0 = the one `amflow decode` tuned for
@@ -70,6 +70,13 @@ class ServeConfig:
     acwt: float = 0.0
     beam: float = 0.0  # 0: decode.beam
     max_active: int = 0  # 0: decode.max_active
+    # Client authentication (serving/auth.py): when the environment variable this names
+    # holds a token, every WebSocket must give it (`Authorization: Bearer <token>`, or a
+    # "token" field in its JSON header), else it is closed with 1008. An environment
+    # variable, not a key: configs are committed, a token is a secret. "" = no token.
+    token_env: str = "AMFLOW_SERVE_TOKEN"
+    # A serve.host other than loopback without a token is refused unless this is true.
+    allow_unauthenticated: bool = False
     # A client that sends nothing for this long is closed (1001).
     idle_timeout_s: float = 30.0
     # Speech gate (tasks/speech_activity.py): frames are recognised only in speech and
