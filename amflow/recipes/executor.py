@@ -18,6 +18,7 @@ import json
 import logging
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -158,20 +159,32 @@ class Plan:
         summary = _report(s, out.getvalue(), rc, self.logs / f"{s.id}.log", wall, self.run_ids)
         return _step_time(s, summary, wall, t0)
 
-    def _start_process(self, s: RecipeStep) -> tuple[subprocess.Popen, float]:
+    def _start_process(self, s: RecipeStep) -> tuple[subprocess.Popen, float, dict]:
+        """The step as its own `amflow` process, waited on by a thread that notes when it
+        ends (its partner may finish first or last)."""
         argv = self.argv(s)
         print(f"\n=== {s.id} (beside {s.beside}, its own process)\n$ amflow {' '.join(argv)}",
               flush=True)
-        log = open(self.logs / f"{s.id}.log", "w")  # noqa: SIM115 - closed by the child's end
+        log = open(self.logs / f"{s.id}.log", "w")  # noqa: SIM115 - closed when it ends
         cmd = [sys.executable, "-m", "amflow.cli", *argv]
-        return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, text=True), \
-            time.perf_counter()
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, text=True)
+        done: dict = {}
 
-    def _finish_process(self, s: RecipeStep, proc: subprocess.Popen, t0: float) -> StepTime:
-        out, _ = proc.communicate()
-        wall = time.perf_counter() - t0
+        def wait() -> None:
+            done["out"], _ = proc.communicate()
+            done["end"] = time.perf_counter()
+            log.close()
+
+        done["thread"] = threading.Thread(target=wait, daemon=True)
+        done["thread"].start()
+        return proc, time.perf_counter(), done
+
+    def _finish_process(self, s: RecipeStep, proc: subprocess.Popen, t0: float,
+                        done: dict) -> StepTime:
+        done["thread"].join()
+        wall = done["end"] - t0
         print(f"\n=== {s.id} (beside {s.beside})", flush=True)
-        summary = _report(s, out, proc.returncode, self.logs / f"{s.id}.log", wall,
+        summary = _report(s, done["out"], proc.returncode, self.logs / f"{s.id}.log", wall,
                           self.run_ids)
         return _step_time(s, summary, wall, t0)
 
