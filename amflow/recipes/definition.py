@@ -52,15 +52,15 @@ from typing import Any
 
 import yaml
 
-from core.runs import StepError
-
 
 RECIPES_DIR = Path(__file__).resolve().parents[2] / "configs" / "recipes"
 EXECUTORS = ("cli", "airflow")
 
 
-class RecipeError(StepError):
-    """A recipe that cannot be run as written; the message names the file and the entry."""
+class RecipeError(ValueError):
+    """A recipe that cannot be run as written; the message names the file and the entry.
+    (Not a core.runs.StepError: the DAG files read recipes when Airflow parses them, which
+    must not import pyarrow; `amflow run` reports it as one.)"""
 
 
 _REF = re.compile(r"\{(run_id|run):([A-Za-z0-9_-]+)\}")

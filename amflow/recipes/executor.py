@@ -45,6 +45,13 @@ class StepTime:
 
 
 def run(ctx: Any, args: Any) -> dict[str, Any]:
+    try:
+        return _run(ctx, args)
+    except RecipeError as exc:  # reported as a step's error: `amflow run: error: ...`
+        raise StepError(str(exc)) from None
+
+
+def _run(ctx: Any, args: Any) -> dict[str, Any]:
     cfg: Config = ctx.cfg
     full = load_recipe(args.recipe)
     recipe = full.for_cli()  # without Airflow's own steps and those whose params are off
