@@ -7,6 +7,8 @@ one Ray (local, or `ray.address`) serves every step, instead of a new process an
 Ray per step. A step marked `beside: <id>` in the recipe runs as its own `amflow`
 process next to that step (the teacher and the baseline train at once, one core each).
 Finished steps are kept (each step's own resume check); `--from`/`--to` run a slice.
+The recipe's steps `only: airflow` are the DAGs' alone, and a step whose param (`when:`) is
+off by default is left out, named in one line at the start (amflow.recipes.definition).
 Each step's log goes to `<logs>/<step id>.log`; the terminal gets what the step reports
 for people, its time, and at the end a table of every step's time.
 """
