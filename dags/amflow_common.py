@@ -1,8 +1,10 @@
 """Shared wiring for the amflow DAGs: assets, trigger-form params, the step operator.
 
 Parse-time cost is kept to `airflow.sdk`, the standard provider's ShortCircuitOperator
-(the branch gates), `core.config` (PyYAML) and the step registry (`amflow.steps.registry`:
-a task's step must be registered; its resources class sets the task's pool slots). Everything that
+(the branch gates), `core.config` (PyYAML), the step registry (`amflow.steps.registry`:
+a task's step must be registered; its resources class sets the task's pool slots) and the
+recipe definitions (`amflow.recipes.definition`: the DAGs `teacher` and `ssl_student` are the
+recipe `ssl`'s runs, `recipe_tasks`). Everything that
 runs a step (subprocess, Ray job client, storage) lives in `amflow.jobs` and `amflow.orchestration` and is
 imported only when a task runs.
 """

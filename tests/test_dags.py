@@ -207,6 +207,21 @@ def test_the_dags_are_the_ssl_recipes_runs(dagbag):
     assert dagbag.dags["ssl_student"].task_dict["train_ctc"].pseudolabels_from == "pseudolabel"
 
 
+def test_a_dag_decorates_only_the_recipes_tasks_and_never_their_sets(dagbag):
+    """A DAG file's decorations name tasks of the recipe's run, and leave the step, its
+    sets and its gates to the recipe (written once)."""
+    from amflow.recipes.definition import RecipeError, load_recipe
+    from amflow_common import recipe_tasks
+
+    recipe = load_recipe("ssl")
+    with pytest.raises(RecipeError, match="train_teacher"):
+        recipe_tasks(recipe, "teacher", {"train_teacher": {}})
+    with pytest.raises(RecipeError, match="'sets'"):
+        recipe_tasks(recipe, "teacher", {"train": {"sets": ["train.epochs=1"]}})
+    with pytest.raises(RecipeError, match="no run 'student'"):
+        recipe_tasks(recipe, "student", {})
+
+
 def _run_gate(dag, task_id: str, **params) -> list[str]:
     """Execute a branch gate as the task runner would; the task ids it skips."""
     from unittest import mock
