@@ -1,8 +1,10 @@
 """Shared wiring for the amflow DAGs: assets, trigger-form params, the step operator.
 
 Parse-time cost is kept to `airflow.sdk`, the standard provider's ShortCircuitOperator
-(the branch gates), `core.config` (PyYAML) and the step registry (`amflow.steps.registry`:
-a task's step must be registered; its resources class sets the task's pool slots). Everything that
+(the branch gates), `core.config` (PyYAML), the step registry (`amflow.steps.registry`:
+a task's step must be registered; its resources class sets the task's pool slots) and the
+recipe definitions (`amflow.recipes.definition`: the DAGs `teacher` and `ssl_student` are the
+recipe `ssl`'s runs, `recipe_tasks`). Everything that
 runs a step (subprocess, Ray job client, storage) lives in `amflow.jobs` and `amflow.orchestration` and is
 imported only when a task runs.
 """
@@ -215,25 +217,23 @@ DEFAULT_ARGS = {
 
 
 
-def sequence_chain(suffix: str, who: str, sets: list[str], enabled_by: str | tuple[str, ...],
-                   eval_asset: Asset, wer_asset: Asset) -> tuple[BaseOperator, BaseOperator,
-                                                                 BaseOperator]:
-    """sequence<suffix> -> evaluate_sequence<suffix> -> decode_sequence<suffix>: sMBR from a
-    CE model on the labeled data, then its frame accuracy and WER (wired in that order)."""
+def sequence_decorations(suffix: str, who: str, eval_asset: Asset, wer_asset: Asset
+                         ) -> dict[str, dict[str, Any]]:
+    """The Airflow side of sequence<suffix> -> evaluate_sequence<suffix> ->
+    decode_sequence<suffix> (the recipe's steps): sMBR from a CE model on the labeled data,
+    then its frame accuracy and WER, each read from the sequence task's model."""
     seq_id = f"sequence{suffix}"
-    seq = AmflowStepOperator(task_id=seq_id, step="sequence", sets=sets, model_output=True,
-                             enabled_by=enabled_by,
-                             doc_md=f"{who}: sMBR on the labeled data from its CE model.")
-    evaluate = AmflowStepOperator(
-        task_id=f"evaluate_sequence{suffix}", step="evaluate", sets=sets, model_from=seq_id,
-        enabled_by=enabled_by, outlets=[eval_asset], results=True,
-        doc_md=f"Sequence-trained {who.lower()}: frame accuracy per condition.")
-    decode = AmflowStepOperator(
-        task_id=f"decode_sequence{suffix}", step="decode", sets=sets, model_from=seq_id,
-        enabled_by=enabled_by, outlets=[wer_asset], results=True,
-        doc_md=f"Sequence-trained {who.lower()}: WER per condition.")
-    seq >> evaluate >> decode
-    return seq, evaluate, decode
+    return {
+        seq_id: dict(model_output=True,
+                     doc_md=f"{who}: sMBR on the labeled data from its CE model."),
+        f"evaluate_sequence{suffix}": dict(
+            model_from=seq_id, outlets=[eval_asset], results=True,
+            doc_md=f"Sequence-trained {who.lower()}: frame accuracy per condition."),
+        f"decode_sequence{suffix}": dict(
+            model_from=seq_id, outlets=[wer_asset], results=True,
+            doc_md=f"Sequence-trained {who.lower()}: WER per condition."),
+    }
+
 
 def params_on(names: list[str], params) -> bool:
     """A branch gate's condition: every boolean param it names is on."""
@@ -248,13 +248,46 @@ def unless_align_labels(cfg: Config) -> str:
             "frames, nothing to align")
 
 
-def align_task(**kwargs: Any) -> "AmflowStepOperator":
+def align_decoration(**kwargs: Any) -> dict[str, Any]:
     """`amflow align` between select and features: the transcripts -> frame labels (the
     network tree's leaves). Skipped with features.labels=ctm; features runs either way."""
-    return AmflowStepOperator(
-        task_id="align", step="align", skip_when=unless_align_labels,
-        doc_md="Transcripts -> frame labels: GMM-HMM flat start, realignment, decision "
-               "trees (alignment/). Skipped when features.labels=ctm.", **kwargs)
+    return dict(skip_when=unless_align_labels,
+                doc_md="Transcripts -> frame labels: GMM-HMM flat start, realignment, decision "
+                       "trees (alignment/). Skipped when features.labels=ctm.", **kwargs)
+
+
+def recipe_params(recipe, run: str) -> dict[str, Param]:
+    """The trigger form's boxes for the switches of a recipe run's optional steps (its
+    `params:`), each defaulting to the recipe's value for Airflow."""
+    return {p.name: Param(p.airflow, type="boolean", title=p.title, description=p.description)
+            for p in recipe.run_params(run)}
+
+
+def recipe_tasks(recipe, run: str, decorations: dict[str, dict[str, Any]]
+                 ) -> dict[str, "AmflowStepOperator"]:
+    """The tasks of a recipe run's DAG (amflow.recipes.definition: `dag_tasks`): each step
+    with its sets, its `when` params (enabled_by) and its upstream tasks, plus what only
+    Airflow has (assets, priority, docs, the task whose model it reads), keyed by task id."""
+    from amflow.recipes.definition import RecipeError
+
+    defined = recipe.dag_tasks(run)
+    stale = sorted(set(decorations) - {t.task_id for t in defined})
+    if stale:
+        raise RecipeError(f"the DAG of recipe {recipe.name}'s run {run!r} decorates "
+                          f"{stale}, which are no tasks of it ({recipe.source})")
+    for task_id, kwargs in decorations.items():  # the recipe's to say, once
+        mine = sorted(set(kwargs) & {"task_id", "step", "sets", "enabled_by"})
+        if mine:
+            raise RecipeError(f"the DAG's task {task_id!r} sets {mine}: the recipe "
+                              f"{recipe.source} defines them")
+    tasks: dict[str, AmflowStepOperator] = {}
+    for t in defined:
+        task = AmflowStepOperator(task_id=t.task_id, step=t.step.step, sets=list(t.sets),
+                                  enabled_by=t.enabled_by, **decorations.get(t.task_id, {}))
+        for up in t.upstream:
+            tasks[up] >> task
+        tasks[t.task_id] = task
+    return tasks
 
 
 def gate_name(names: tuple[str, ...]) -> str:

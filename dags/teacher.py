@@ -18,6 +18,10 @@ tree's leaves), or from the corpus's alignments.ctm with features.labels=ctm (`a
 then skipped). Hard labels stand in for soft targets. The trained model is published as the
 asset `amflow_teacher_model` (its URI in the event's extra), which schedules `ssl_student`.
 
+The tasks, their order and each one's --set are the run `teacher` of the recipe `ssl`
+(configs/recipes/ssl.yaml, the recipe `amflow run ssl` runs); this file adds what only
+Airflow has, by task id: assets, priority weights, docs, the task whose model a step reads.
+
 Re-running (docs/how-to/airflow.md, "Re-running steps"): a retry after a failure resumes its step (finished
 shards kept); a cleared task, or a backfill's, redoes a step that had finished (--force),
 whatever the run's `rerun` param says; `rerun` decides only for a new DAG run that names
@@ -29,24 +33,50 @@ its steps ask the pool for slots.
 from __future__ import annotations
 
 import pendulum
-from airflow.sdk import Param, dag
+from airflow.sdk import dag
 
+from amflow.recipes.definition import load_recipe
 from amflow_common import (BASELINE_EVAL, BASELINE_SEQ_EVAL, BASELINE_SEQ_WER, BASELINE_WER,
                            DEFAULT_ARGS, PARAM_SETS, RUN_END_CALLBACKS, TEACHER_EVAL,
                            TEACHER_FEATURES, TEACHER_MODEL, TEACHER_SEQ_EVAL, TEACHER_SEQ_WER,
-                           TEACHER_WER, AmflowStepOperator, align_task, branch_gates,
-                           common_params, local_defaults, sequence_chain)
+                           TEACHER_WER, align_decoration, branch_gates, common_params,
+                           local_defaults, recipe_params, recipe_tasks, sequence_decorations)
 
 _cfg = local_defaults()
-TEACHER_SETS = ["select.splits=labeled,dev", "train.model=teacher", "train.regime=labeled",
-                "train.tag=teacher", "evaluate.tag=teacher", "decode.tag=teacher"]
-BASELINE_SETS = ["select.splits=labeled,dev", "train.model=student", "train.regime=labeled",
-                 "train.tag=baseline", "evaluate.tag=baseline", "decode.tag=baseline"]
-# `amflow sequence` writes sequence-<train.tag>; evaluate / decode of it are tagged alike.
-SEQ_TEACHER_SETS = ["select.splits=labeled,dev", "train.model=teacher", "train.tag=teacher",
-                    "evaluate.tag=sequence-teacher", "decode.tag=sequence-teacher"]
-SEQ_BASELINE_SETS = ["select.splits=labeled,dev", "train.model=student", "train.tag=baseline",
-                     "evaluate.tag=sequence-baseline", "decode.tag=sequence-baseline"]
+RECIPE, RUN = load_recipe("ssl"), "teacher"
+
+# What only Airflow has, by task id (the steps, their order and sets: the recipe's run).
+DECORATIONS = {
+    "select": dict(doc_md="Sample `hours` of labeled audio (and dev), by speaker."),
+    "align": align_decoration(),
+    "features": dict(outlets=[TEACHER_FEATURES],
+                     trigger_rule="none_failed",  # align may be skipped
+                     doc_md="Features; frame labels from align (or the CTM)."),
+    "repartition": dict(doc_md="Equal training partitions."),
+    # The teacher first: it is the longest step and the student waits for it. On one
+    # machine it holds every core (pool slots), so the baseline runs after it, beside the
+    # student's steps.
+    "train": dict(outlets=[TEACHER_MODEL], model_output=True, priority_weight=100,
+                  doc_md="Teacher BLSTM, cross-entropy on labels."),
+    "evaluate": dict(model_from="train", outlets=[TEACHER_EVAL], results=True,
+                     doc_md="Teacher frame accuracy per condition."),
+    # The baseline next, before any ssl_student step: Airflow's scheduler skips a task
+    # its pool has too few slots for and queues smaller ones, so the student's steps
+    # (triggered once the teacher is trained) took the slots as they freed and the
+    # baseline waited "scheduled" for the student's whole run. With the higher priority
+    # it takes the first moment its slots are free.
+    "train_baseline": dict(model_output=True, priority_weight=50,
+                           doc_md="Supervised baseline: student LSTM on labels only."),
+    "evaluate_baseline": dict(model_from="train_baseline", outlets=[BASELINE_EVAL],
+                              results=True, doc_md="Baseline frame accuracy per condition."),
+    "lm": dict(doc_md="Word 3-gram LM (Kneser-Ney) for decoding, ARPA."),
+    "decode": dict(model_from="train", outlets=[TEACHER_WER], results=True,
+                   doc_md="Teacher WER per condition (H o L o G, tuned on dev)."),
+    "decode_baseline": dict(model_from="train_baseline", outlets=[BASELINE_WER], results=True,
+                            doc_md="Baseline WER per condition."),
+    **sequence_decorations("_baseline", "Baseline", BASELINE_SEQ_EVAL, BASELINE_SEQ_WER),
+    **sequence_decorations("_teacher", "Teacher", TEACHER_SEQ_EVAL, TEACHER_SEQ_WER),
+}
 
 
 @dag(
@@ -58,73 +88,12 @@ SEQ_BASELINE_SETS = ["select.splits=labeled,dev", "train.model=student", "train.
     max_active_runs=1,
     tags=["amflow", "teacher"],
     doc_md=__doc__,
-    default_args={**DEFAULT_ARGS, "param_sets": PARAM_SETS, "sets": TEACHER_SETS},
-    params={**common_params(_cfg),
-            "baseline": Param(True, type="boolean", title="Train the supervised baseline",
-                              description="Also train the student LSTM on the labeled data "
-                                          "alone (train-baseline), the SSL student's yardstick."),
-            "sequence": Param(True, type="boolean", title="Sequence-train the baseline",
-                              description="sMBR on the labeled data from the baseline's CE "
-                                          "model (sequence-baseline), then its WER."),
-            "sequence_teacher": Param(False, type="boolean", title="Sequence-train the teacher",
-                                      description="The same for the teacher "
-                                                  "(sequence-teacher): several times the "
-                                                  "baseline's cost on the BLSTM.")},
+    default_args={**DEFAULT_ARGS, "param_sets": PARAM_SETS},
+    params={**common_params(_cfg), **recipe_params(RECIPE, RUN)},
 )
 def teacher():
-    select = AmflowStepOperator(task_id="select", step="select",
-                                doc_md="Sample `hours` of labeled audio (and dev), by speaker.")
-    align = align_task()
-    features = AmflowStepOperator(task_id="features", step="features", outlets=[TEACHER_FEATURES],
-                                  trigger_rule="none_failed",  # align may be skipped
-                                  doc_md="Features; frame labels from align (or the CTM).")
-    repartition = AmflowStepOperator(task_id="repartition", step="repartition",
-                                     doc_md="Equal training partitions.")
-    # The teacher first: it is the longest step and the student waits for it. On one
-    # machine it holds every core (pool slots), so the baseline runs after it, beside the
-    # student's steps.
-    train = AmflowStepOperator(task_id="train", step="train", outlets=[TEACHER_MODEL],
-                               model_output=True, priority_weight=100,
-                               doc_md="Teacher BLSTM, cross-entropy on labels.")
-    evaluate = AmflowStepOperator(task_id="evaluate", step="evaluate", model_from="train",
-                                  outlets=[TEACHER_EVAL], results=True,
-                                  doc_md="Teacher frame accuracy per condition.")
-    # The baseline next, before any ssl_student step: Airflow's scheduler skips a task
-    # its pool has too few slots for and queues smaller ones, so the student's steps
-    # (triggered once the teacher is trained) took the slots as they freed and the
-    # baseline waited "scheduled" for the student's whole run. With the higher priority
-    # it takes the first moment its slots are free.
-    train_baseline = AmflowStepOperator(task_id="train_baseline", step="train",
-                                        sets=BASELINE_SETS, model_output=True,
-                                        enabled_by="baseline", priority_weight=50,
-                                        doc_md="Supervised baseline: student LSTM on labels only.")
-    evaluate_baseline = AmflowStepOperator(task_id="evaluate_baseline", step="evaluate",
-                                           sets=BASELINE_SETS, model_from="train_baseline",
-                                           enabled_by="baseline", outlets=[BASELINE_EVAL],
-                                           results=True,
-                                           doc_md="Baseline frame accuracy per condition.")
-    lm = AmflowStepOperator(task_id="lm", step="lm",
-                            doc_md="Word 3-gram LM (Kneser-Ney) for decoding, ARPA.")
-    decode = AmflowStepOperator(task_id="decode", step="decode", model_from="train",
-                                outlets=[TEACHER_WER], results=True,
-                                doc_md="Teacher WER per condition (H o L o G, tuned on dev).")
-    decode_baseline = AmflowStepOperator(task_id="decode_baseline", step="decode",
-                                         sets=BASELINE_SETS, model_from="train_baseline",
-                                         enabled_by="baseline", outlets=[BASELINE_WER],
-                                         results=True, doc_md="Baseline WER per condition.")
-    seq_baseline, _, decode_seq_baseline = sequence_chain(
-        "_baseline", "Baseline", SEQ_BASELINE_SETS, ("baseline", "sequence"),
-        BASELINE_SEQ_EVAL, BASELINE_SEQ_WER)
-    seq_teacher, _, decode_seq_teacher = sequence_chain(
-        "_teacher", "Teacher", SEQ_TEACHER_SETS, "sequence_teacher", TEACHER_SEQ_EVAL,
-        TEACHER_SEQ_WER)
-    select >> align >> features >> repartition >> train >> evaluate >> decode
-    repartition >> train_baseline >> evaluate_baseline >> decode_baseline
-    train_baseline >> seq_baseline
-    train >> seq_teacher
-    select >> lm >> [decode, decode_baseline, decode_seq_baseline, decode_seq_teacher]
-    lm >> [seq_baseline, seq_teacher]  # sequence chooses its epoch by dev WER: the LM's graph
-    branch_gates(select.dag)
+    tasks = recipe_tasks(RECIPE, RUN, DECORATIONS)
+    branch_gates(tasks["select"].dag)
 
 
 teacher()

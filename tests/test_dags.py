@@ -103,12 +103,14 @@ def test_pool_slots_give_the_teacher_both_cores_and_light_steps_room_beside(dagb
 
     teacher = dagbag.dags["teacher"]
     slots = {t.task_id: t.pool_slots for t in teacher.tasks}
-    from teacher import BASELINE_SETS, TEACHER_SETS
-
     local = ROOT / "configs" / "local.yaml"
-    assert slots["train"] == POOL_SLOTS_PER_CORE * load_config(local, TEACHER_SETS).train.threads
+    sets = {t: teacher.task_dict[t].sets for t in ("train", "train_baseline")}
+    assert {"train.model=teacher", "train.model=student"} <= {*sets["train"],
+                                                               *sets["train_baseline"]}
+    assert slots["train"] == POOL_SLOTS_PER_CORE * load_config(
+        local, sets["train"]).train.threads
     assert slots["train_baseline"] == POOL_SLOTS_PER_CORE * load_config(
-        local, BASELINE_SETS).train.threads
+        local, sets["train_baseline"]).train.threads
     assert slots["train"] + POOL_LIGHT_SLOTS <= pool_size(2) < slots["train"] + slots[
         "train_baseline"]
     for task in ("select", "lm", "repartition", "evaluate", "decode"):
@@ -171,6 +173,55 @@ def test_graphs(dagbag):
     assert teacher.task_dict["sequence_baseline"].enabled_by == ("baseline", "sequence")
     assert "decode.tag=sequence" in student.task_dict["decode_sequence"].sets
     assert student.task_dict["decode_sequence"].model_from == "sequence"
+
+
+def test_the_dags_are_the_ssl_recipes_runs(dagbag):
+    """The DAGs `teacher` and `ssl_student` are the runs `teacher` and `ssl` of the recipe
+    `ssl` (configs/recipes/ssl.yaml): each task is a step of the run (task id -> step, its
+    sets, its upstream tasks, its param gates), none more, none fewer; the switches'
+    boxes on the trigger form are the run's params with their Airflow defaults. So the
+    order of the steps and their --set are written once."""
+    from amflow.recipes.definition import load_recipe
+    from amflow_common import gate_name
+
+    recipe = load_recipe("ssl")
+    for dag_id, run in (("teacher", "teacher"), ("ssl_student", "ssl")):
+        dag = dagbag.dags[dag_id]
+        defined = {t.task_id: t for t in recipe.dag_tasks(run)}
+        assert {t.task_id for t in _steps(dag)} == set(defined), dag_id
+        for task in _steps(dag):
+            t = defined[task.task_id]
+            assert (task.step, task.sets, task.enabled_by) == (
+                t.step.step, list(t.sets), t.enabled_by), (dag_id, task.task_id)
+            gates = {gate_name(t.enabled_by)} if t.enabled_by else set()
+            assert task.upstream_task_ids == set(t.upstream) | (
+                gates & task.upstream_task_ids), (dag_id, task.task_id)
+            assert set(t.upstream) <= task.upstream_task_ids
+        for p in recipe.run_params(run):
+            assert dag.params[p.name] is p.airflow, (dag_id, p.name)
+            assert dag.params.get_param(p.name).description == p.description
+    # the CLI's own steps stay out of the DAGs (the corpus has a DAG of its own)
+    assert "corpus" not in dagbag.dags["teacher"].task_dict
+    # a set naming another run is the CLI's wiring: the DAG reads the teacher from its
+    # asset / the form, and train.pseudolabels from the pseudolabel task
+    for task in _steps(dagbag.dags["ssl_student"]):
+        assert not [s for s in task.sets if "{" in s or s.startswith("targets.teacher=")]
+    assert dagbag.dags["ssl_student"].task_dict["train_ctc"].pseudolabels_from == "pseudolabel"
+
+
+def test_a_dag_decorates_only_the_recipes_tasks_and_never_their_sets(dagbag):
+    """A DAG file's decorations name tasks of the recipe's run, and leave the step, its
+    sets and its gates to the recipe (written once)."""
+    from amflow.recipes.definition import RecipeError, load_recipe
+    from amflow_common import recipe_tasks
+
+    recipe = load_recipe("ssl")
+    with pytest.raises(RecipeError, match="train_teacher"):
+        recipe_tasks(recipe, "teacher", {"train_teacher": {}})
+    with pytest.raises(RecipeError, match="'sets'"):
+        recipe_tasks(recipe, "teacher", {"train": {"sets": ["train.epochs=1"]}})
+    with pytest.raises(RecipeError, match="no run 'student'"):
+        recipe_tasks(recipe, "student", {})
 
 
 def _run_gate(dag, task_id: str, **params) -> list[str]:

@@ -50,7 +50,7 @@ def test_the_tutorial_lists_the_recipes_steps():
     from amflow.recipes.definition import load_recipe
 
     ids = re.findall(r"^\| `([a-z]+\.[a-z-]+)` \|", TUTORIAL.read_text(), re.M)
-    assert ids == load_recipe("ssl").ids()
+    assert ids == load_recipe("ssl").for_cli().ids()
 
 
 @pytest.mark.slow  # ~3 minutes on 2 quiet cores (docs/results/2026-12-07-one-command.md)

@@ -12,8 +12,8 @@ def test_the_shipped_recipes():
     assert {"supervised", "ssl", "ssl-from-teacher"} <= set(available())
     ssl = load_recipe("ssl")
     assert ssl.runs == ("teacher", "ssl") and ssl.compare == ("teacher", "ssl")
-    assert ssl.ids()[:2] == ["teacher.corpus", "teacher.select"]
-    assert ssl.ids()[-1] == "ssl.decode-ctc"
+    assert ssl.for_cli().ids()[:2] == ["teacher.corpus", "teacher.select"]
+    assert ssl.for_cli().ids()[-1] == "ssl.decode-ctc"
     assert load_recipe("ssl-from-teacher").requires == ("targets.teacher",)
 
 
@@ -26,35 +26,76 @@ def _sets(recipe, sid):
     return out
 
 
-def test_the_ssl_recipe_gives_each_step_the_dags_settings():
-    """The same settings the DAGs give their tasks (dags/teacher.py, dags/ssl_student.py)."""
-    import importlib
-    import sys
+# What `amflow run ssl` runs: the recipe without Airflow's own steps (frame accuracy, the
+# CTC baseline) and the sequence training, whose params are off for the CLI.
+SSL_CLI = ["teacher.corpus", "teacher.select", "teacher.align", "teacher.features",
+           "teacher.repartition", "teacher.train-teacher", "teacher.train-baseline",
+           "teacher.lm", "teacher.decode-teacher", "teacher.decode-baseline",
+           "ssl.select", "ssl.align", "ssl.features", "ssl.lm", "ssl.targets",
+           "ssl.pseudolabel", "ssl.repartition", "ssl.train", "ssl.train-ctc", "ssl.decode",
+           "ssl.decode-ctc"]
 
-    sys.path.insert(0, str(ROOT / "dags"))
-    try:
-        common = importlib.import_module("amflow_common")  # noqa: F841 - DAG helpers load
-        teacher = importlib.import_module("teacher")
-        student = importlib.import_module("ssl_student")
-    except ImportError as exc:  # pragma: no cover - Airflow is part of the test extras
-        pytest.skip(f"the DAGs need Airflow: {exc}")
-    finally:
-        sys.path.remove(str(ROOT / "dags"))
 
-    def as_dict(sets):
-        return dict(kv.split("=", 1) for kv in sets if not kv.startswith("evaluate."))
-
+def test_the_ssl_recipe_gives_each_step_its_models_settings():
+    """The teacher's, the baseline's and the CTC student's sets (the DAGs' tasks take the
+    same: tests/test_dags.py checks them against the recipe)."""
     ssl = load_recipe("ssl")
-    assert _sets(ssl, "train-teacher") == as_dict(teacher.TEACHER_SETS)
-    assert _sets(ssl, "decode-baseline") == as_dict(teacher.BASELINE_SETS)
+    assert ssl.for_cli().ids() == SSL_CLI
+    teacher = {"select.splits": "labeled,dev", "train.model": "teacher",
+               "train.regime": "labeled", "train.tag": "teacher", "decode.tag": "teacher"}
+    assert _sets(ssl, "train-teacher") == teacher
+    assert _sets(ssl, "decode-baseline") == {**teacher, "train.model": "student",
+                                             "train.tag": "baseline", "decode.tag": "baseline"}
+    assert _sets(ssl, "evaluate-teacher") == {**teacher, "evaluate.tag": "teacher"}
     ctc = _sets(ssl, "train-ctc")
-    assert {k: v for k, v in ctc.items() if k in as_dict(student.CTC_SETS)} == \
-        as_dict(student.CTC_SETS)
+    assert {k: ctc[k] for k in ("train.model", "train.regime", "train.tag", "decode.tag")} == {
+        "train.model": "ctc", "train.regime": "labeled", "train.tag": "ctc",
+        "decode.tag": "ctc"}
     assert ctc["train.pseudolabels"] == "{run_id:ssl}"
+    seq = _sets(ssl, "teacher.sequence-baseline")  # from the baseline's CE model
+    assert (seq["train.tag"], seq["decode.tag"], seq["evaluate.tag"]) == (
+        "baseline", "sequence-baseline", "sequence-baseline")
+
+
+def test_params_gate_steps_in_both_executors():
+    """`when:` params: amflow run takes their `default`, the DAG's form `airflow`; `only:`
+    keeps a step to one executor; `after:` gives the DAG's upstream tasks."""
+    ssl = load_recipe("ssl")
+    on = {(p.run, p.name): (p.default, p.airflow) for p in ssl.params}
+    assert on[("ssl", "ctc")] == (True, False) and on[("ssl", "sequence")] == (False, True)
+    assert on[("teacher", "baseline")] == (True, True)
+    assert [s.id for s in ssl.cli_off()] == [
+        "teacher.sequence-baseline", "teacher.sequence-teacher",
+        "teacher.decode-sequence-baseline", "teacher.decode-sequence-teacher",
+        "ssl.sequence", "ssl.decode-sequence"]
+    data = {"runs": {"a": {
+        "params": {"x": {"default": True, "airflow": False}, "y": {"default": False}},
+        "steps": [{"step": "corpus", "only": "cli"}, "select",
+                  {"step": "lm", "when": "x"}, {"step": "align", "when": ["x", "y"]},
+                  {"step": "evaluate", "only": "airflow", "after": "select"},
+                  {"step": "decode", "after": ["lm", "a.evaluate"], "task": "score"}]}}}
+    recipe = parse_recipe("mine", data)
+    assert recipe.for_cli().ids() == ["a.corpus", "a.select", "a.lm", "a.decode"]
+    dag = {t.task_id: (t.upstream, t.enabled_by) for t in recipe.dag_tasks("a")}
+    assert dag == {"select": ((), ()), "lm": (("select",), ("x",)),
+                   "align": (("lm",), ("x", "y")), "evaluate": (("select",), ()),
+                   "score": (("lm", "evaluate"), ())}
+    assert [p.airflow for p in recipe.run_params("a")] == [False, False]
+
+
+def test_dry_run_says_which_steps_a_param_leaves_out(tmp_path, capsys):
+    from amflow.cli import main
+
+    assert main(["run", "ssl", "--config", str(ROOT / "configs" / "tiny.yaml"),
+                 "--dry-run", "--set", f"storage.root={tmp_path}",
+                 "--logs", str(tmp_path / "logs")]) == 0
+    out = capsys.readouterr().out
+    assert "off by the recipe's params: teacher.sequence-baseline (baseline and sequence)" in out
+    assert "evaluate" not in out  # Airflow's own steps are not mentioned
 
 
 def test_from_and_to_slice_the_recipe():
-    ssl = load_recipe("ssl")
+    ssl = load_recipe("ssl").for_cli()
     part = ssl.between("ssl.train", "decode-ctc")
     assert [s.id for s in part] == ["ssl.train", "ssl.train-ctc", "ssl.decode", "ssl.decode-ctc"]
     with pytest.raises(RecipeError, match="names several steps"):
@@ -73,6 +114,15 @@ def test_from_and_to_slice_the_recipe():
     ({"runs": {"a": {"sets": ["select.hours"], "steps": ["select"]}}}, "key=value"),
     ({"runs": {"a": {"steps": ["select", "select"]}}}, "appear twice"),
     ({"runs": {"a": {"sets": ["x={run:b}"], "steps": ["select"]}}}, "refers to run 'b'"),
+    ({"runs": {"a": {"steps": [{"step": "lm", "when": "x"}]}}}, "not a param of run 'a'"),
+    ({"runs": {"a": {"params": {"x": {"default": "yes"}}, "steps": ["lm"]}}},
+     "default: true|false"),
+    ({"runs": {"a": {"steps": [{"step": "lm", "only": "ray"}]}}}, "only: ray"),
+    ({"runs": {"a": {"steps": [{"step": "lm", "after": "select"}, "select"]}}},
+     "must be an earlier step"),
+    ({"runs": {"a": {"steps": [{"step": "lm", "whne": "x"}]}}}, "unknown keys"),
+    ({"runs": {"a": {"steps": ["select", {"step": "lm", "task": "select"}]}}},
+     "task ids .* appear twice"),
 ])
 def test_a_bad_recipe_is_refused_naming_its_entry(data, match):
     with pytest.raises(RecipeError, match=match):
@@ -92,7 +142,7 @@ def test_dry_run_prints_every_command_once_with_the_runs_ids(tmp_path, capsys):
                  "--run-id", "qs", "--dry-run", "--set", f"storage.root={store}",
                  "--logs", str(tmp_path / "logs")]) == 0
     lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("$ amflow ")]
-    assert len(lines) == len(load_recipe("ssl").steps)
+    assert len(lines) == len(load_recipe("ssl").for_cli().steps)
     assert "--run-id qs-teacher" in lines[1] and "--run-id qs-ssl" in lines[-1]
     assert f"targets.teacher={store}/runs/qs-teacher/train-teacher/model.pt" in lines[-2]
     assert "train.pseudolabels=qs-ssl" in lines[-1]

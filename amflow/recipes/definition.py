@@ -3,39 +3,64 @@
     description: what the recipe makes
     requires: [targets.teacher]        # config keys the user must set (optional)
     runs:
-      teacher:                         # the run <run-id>-teacher
+      teacher:                         # the run <run-id>-teacher; the Airflow DAG `teacher`
         sets: [select.splits=labeled,dev]          # every step of the run
         models:                                    # named sets for the steps of one model
           teacher: [train.model=teacher, train.tag=teacher, decode.tag=teacher]
+        params:                                    # switches of the run's optional steps
+          baseline: {default: true, title: ..., description: ...}
+          sequence: {default: false, airflow: true, title: ..., description: ...}
         steps:
-          - corpus                                 # a step with the run's sets alone
-          - {step: train, model: teacher}          # + the model's sets
-          - {step: decode, model: teacher, args: [--split, test]}
+          - {step: corpus, only: cli}              # amflow run's alone (Airflow: its own DAG)
+          - select                                 # a step with the run's sets alone
+          - {step: train, model: teacher, task: train}    # + the model's sets
+          - {step: evaluate, model: teacher, only: airflow, after: [train-teacher]}
+          - {step: sequence, id: sequence-baseline, model: sequence-baseline,
+             when: [baseline, sequence]}
+          - {step: decode, model: teacher, args: [--split, test], after: [evaluate-teacher, lm]}
     compare: [teacher, ssl]            # `amflow compare` of these runs at the end
 
-A step's id is `<run>.<step>[-<model>]` (`teacher.train-baseline`), what `--from` and
-`--to` name (or, when one run has it, the part after the dot: `train-baseline`). In a set, `{run_id:ssl}`
-stands for the id of the recipe's run `ssl`, `{run:teacher}` for its folder (URI).
-`beside: <id of the step just before>` runs a step at the same time as that one.
-The executor (amflow.recipes.executor) and the Airflow DAGs read the same definitions.
+A step's id is `<run>.<step>[-<model>]` (`teacher.train-baseline`; `id:` names it), what
+`--from` and `--to` name (or, when one run has it, the part after the dot: `train-baseline`).
+In a set, `{run_id:ssl}` stands for the id of the recipe's run `ssl`, `{run:teacher}` for its
+folder (URI). `beside: <id of the step just before>` runs a step at the same time as that one.
+
+Two executors read the same definitions: `amflow run` (amflow.recipes.executor: `for_cli()`)
+and the Airflow DAGs (dags/: `dag_tasks(run)`, one DAG per run).
+- `when: <param>` (or a list: all on) runs a step only when the run's param is on. `amflow
+  run` takes each param's `default`; the DAG's trigger form offers it as a box whose
+  default is `airflow` (else `default`), so `amflow run ssl` trains the CTC students that
+  the DAG trains when its form says so.
+- `only: cli` / `only: airflow`: a step one executor leaves out (the corpus has a DAG of its
+  own; the DAGs also score frame accuracy, which `amflow run` leaves out for time).
+- In Airflow a step's upstream tasks are its `after:` steps (earlier ones of its run), else
+  those of the step it runs `beside`, else the run's step before it. `amflow run` runs the
+  steps in their order, which `after:` therefore only may name earlier steps of.
+- `task:` the step's Airflow task id (default: the part after the dot, `-` as `_`).
+- In Airflow a set that names a run (`{run:X}`, `{run_id:X}`) is left out: a DAG run's amflow
+  run id is known only when it runs, and the DAGs pass those values themselves (the teacher
+  from the asset amflow_teacher_model or the form's `teacher`; train.pseudolabels from the
+  pseudolabel task's result). What else is Airflow's alone (assets, priority weights, docs,
+  which task's model a step reads) is in the DAG files, keyed by task id.
 """
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from core.runs import StepError
-
 
 RECIPES_DIR = Path(__file__).resolve().parents[2] / "configs" / "recipes"
+EXECUTORS = ("cli", "airflow")
 
 
-class RecipeError(StepError):
-    """A recipe that cannot be run as written; the message names the file and the entry."""
+class RecipeError(ValueError):
+    """A recipe that cannot be run as written; the message names the file and the entry.
+    (Not a core.runs.StepError: the DAG files read recipes when Airflow parses them, which
+    must not import pyarrow; `amflow run` reports it as one.)"""
 
 
 _REF = re.compile(r"\{(run_id|run):([A-Za-z0-9_-]+)\}")
@@ -50,6 +75,31 @@ class RecipeStep:
     sets: tuple[str, ...] = ()    # run sets + model sets + the step's own, in that order
     args: tuple[str, ...] = ()    # extra command-line arguments (--split test)
     beside: str = ""    # the id of the step it runs at the same time as (its own process)
+    when: tuple[str, ...] = ()    # the run's params that must all be on
+    only: str = ""      # "cli" / "airflow": the one executor that runs it ("": both)
+    after: tuple[str, ...] = ()   # ids of its upstream steps in Airflow
+    task: str = ""      # its Airflow task id
+
+
+@dataclass(frozen=True)
+class RecipeParam:
+    """A switch of a run's optional steps (a step's `when:`)."""
+    run: str
+    name: str
+    default: bool       # amflow run's
+    airflow: bool       # the DAG trigger form's default
+    title: str = ""
+    description: str = ""
+
+
+@dataclass(frozen=True)
+class DagTask:
+    """One task of a run's DAG, as the recipe defines it."""
+    task_id: str
+    step: RecipeStep
+    sets: tuple[str, ...]        # the step's sets, each key once, without run references
+    upstream: tuple[str, ...]    # task ids
+    enabled_by: tuple[str, ...]  # the step's `when`
 
 
 @dataclass(frozen=True)
@@ -61,6 +111,7 @@ class Recipe:
     compare: tuple[str, ...] = ()
     requires: tuple[str, ...] = ()
     source: str = ""
+    params: tuple[RecipeParam, ...] = ()
 
     def ids(self) -> list[str]:
         return [s.id for s in self.steps]
@@ -85,6 +136,68 @@ class Recipe:
             raise RecipeError(f"--from {start!r} comes after --to {stop!r} in recipe "
                               f"{self.name!r}")
         return list(self.steps[lo:hi + 1])
+
+    def params_on(self, executor: str) -> set[tuple[str, str]]:
+        """(run, param) of each param on by default for `executor`."""
+        return {(p.run, p.name) for p in self.params
+                if (p.airflow if executor == "airflow" else p.default)}
+
+    def for_cli(self) -> Recipe:
+        """The recipe as `amflow run` runs it: without Airflow's steps and the steps
+        whose params are off by default."""
+        on = self.params_on("cli")
+        return replace(self, steps=tuple(
+            s for s in self.steps
+            if s.only != "airflow" and all((s.run, p) in on for p in s.when)))
+
+    def cli_off(self) -> list[RecipeStep]:
+        """The steps `amflow run` leaves out because a param of theirs is off."""
+        on = self.params_on("cli")
+        return [s for s in self.steps
+                if s.only != "airflow" and not all((s.run, p) in on for p in s.when)]
+
+    def run_params(self, run: str) -> list[RecipeParam]:
+        return [p for p in self.params if p.run == run]
+
+    def dag_tasks(self, run: str) -> list[DagTask]:
+        """The Airflow DAG of run `run`: every step but `amflow run`'s alone, in order,
+        each with its upstream tasks (see the module's doc)."""
+        if run not in self.runs:
+            raise RecipeError(f"recipe {self.name}: no run {run!r} (its runs: "
+                              f"{', '.join(self.runs)})")
+        steps = [s for s in self.steps if s.run == run and s.only != "cli"]
+        task_of = {s.id: s.task for s in steps}
+        upstream: dict[str, tuple[str, ...]] = {}
+        out = []
+        for i, s in enumerate(steps):
+            if s.after:
+                ups = s.after
+            elif s.beside:
+                ups = upstream.get(s.beside, ())
+            else:
+                ups = (steps[i - 1].id,) if i else ()
+            missing = [u for u in ups if u not in task_of]
+            if missing:
+                raise RecipeError(f"recipe {self.name}: step {s.id} follows {missing}, "
+                                  "which Airflow does not run (only: cli)")
+            upstream[s.id] = ups
+            out.append(DagTask(s.task, s, airflow_sets(s.sets),
+                               tuple(task_of[u] for u in ups), s.when))
+        return out
+
+
+def last_wins(sets: list[str] | tuple[str, ...]) -> list[str]:
+    """key=value sets with each key once, at its first place, with its last value."""
+    out: dict[str, str] = {}
+    for kv in sets:
+        out[kv.split("=", 1)[0].strip()] = kv
+    return list(out.values())
+
+
+def airflow_sets(sets: tuple[str, ...]) -> tuple[str, ...]:
+    """A step's sets as its DAG task passes them: each key once, without the sets that
+    name a run (the DAGs wire those themselves; the module's doc)."""
+    return tuple(kv for kv in last_wins(sets) if not _REF.search(kv))
 
 
 def available() -> list[str]:
@@ -115,58 +228,143 @@ def load_recipe(name_or_path: str) -> Recipe:
 
 def parse_recipe(name: str, data: dict[str, Any], source: str = "") -> Recipe:
     steps: list[RecipeStep] = []
+    params: list[RecipeParam] = []
     for run, body in data["runs"].items():
-        steps += _run_steps(name, str(run), body or {})
+        run_params = _run_params(name, str(run), (body or {}).get("params"))
+        steps += _run_steps(name, str(run), body or {}, {p.name for p in run_params})
+        params += run_params
     runs = tuple(str(r) for r in data["runs"])
     compare = tuple(data.get("compare") or ())
     for r in compare:
         if r not in runs:
             raise RecipeError(f"recipe {name}: compare names run {r!r}, not one of {runs}")
-    _check_beside(name, steps)
-    ids = [s.id for s in steps]
-    dup = sorted({i for i in ids if ids.count(i) > 1})
-    if dup:
-        raise RecipeError(f"recipe {name}: step ids {dup} appear twice (give each an `id:`)")
+    _check_ids(name, steps)
+    _check_beside(name, [s for s in steps if s.only != "airflow"])
+    _check_after(name, steps)
     for s in steps:
         for kind, ref in _REF.findall(" ".join(s.sets)):
             if ref not in runs:
                 raise RecipeError(f"recipe {name}: step {s.id} refers to run {ref!r} "
                                   f"({{{kind}:{ref}}}), not one of {runs}")
     return Recipe(name, str(data.get("description", "")).strip(), runs, tuple(steps), compare,
-                  tuple(data.get("requires") or ()), source)
+                  tuple(data.get("requires") or ()), source, tuple(params))
 
 
-def _run_steps(recipe: str, run: str, body: dict[str, Any]) -> list[RecipeStep]:
-    run_sets = _str_list(body.get("sets"), f"recipe {recipe}: runs.{run}.sets")
-    models = {str(k): _str_list(v, f"recipe {recipe}: runs.{run}.models.{k}")
-              for k, v in (body.get("models") or {}).items()}
+def _run_params(recipe: str, run: str, value: Any) -> list[RecipeParam]:
+    where = f"recipe {recipe}: runs.{run}.params"
+    if value is None:
+        return []
+    if not isinstance(value, dict):
+        raise RecipeError(f"{where}: a mapping of param names to {{default: true|false, "
+                          f"airflow: true|false, title, description}}, got {value!r}")
     out = []
-    for entry in body.get("steps") or []:
-        item = {"step": entry} if isinstance(entry, str) else dict(entry)
-        if "step" not in item:
-            raise RecipeError(f"recipe {recipe}: a step of run {run!r} has no `step`: {entry}")
-        model = str(item.get("model", ""))
-        if model and model not in models:
-            raise RecipeError(f"recipe {recipe}: step {item['step']} of run {run!r} names "
-                              f"model {model!r}; the run's models: {', '.join(models)}")
-        step = str(item["step"])
-        sid = item.get("id") or f"{run}.{step}" + (f"-{model}" if model else "")
-        own = _str_list(item.get("sets"), f"recipe {recipe}: step {sid} sets")
-        out.append(RecipeStep(str(sid), run, step, model,
-                              (*run_sets, *models.get(model, ()), *own),
-                              tuple(str(a) for a in item.get("args") or ()),
-                              str(item.get("beside", ""))))
+    for pname, spec in value.items():
+        spec = spec if isinstance(spec, dict) else {}
+        default = spec.get("default")
+        form = spec.get("airflow", default)
+        if not isinstance(default, bool) or not isinstance(form, bool):
+            raise RecipeError(f"{where}.{pname}: needs `default: true|false` (and optionally "
+                              f"`airflow: true|false`), got {value[pname]!r}")
+        unknown = set(spec) - {"default", "airflow", "title", "description"}
+        if unknown:
+            raise RecipeError(f"{where}.{pname}: unknown keys {sorted(unknown)}")
+        out.append(RecipeParam(run, str(pname), default, form, str(spec.get("title", "")),
+                               " ".join(str(spec.get("description", "")).split())))
     return out
 
 
+STEP_KEYS = {"step", "id", "model", "sets", "args", "beside", "when", "only", "after", "task"}
+
+
+def _run_steps(recipe: str, run: str, body: dict[str, Any], params: set[str]
+               ) -> list[RecipeStep]:
+    run_sets = _str_list(body.get("sets"), f"recipe {recipe}: runs.{run}.sets")
+    models = {str(k): _str_list(v, f"recipe {recipe}: runs.{run}.models.{k}")
+              for k, v in (body.get("models") or {}).items()}
+    return [_one_step(recipe, run, entry, run_sets, models, params)
+            for entry in body.get("steps") or []]
+
+
+def _one_step(recipe: str, run: str, entry: Any, run_sets: tuple[str, ...],
+              models: dict[str, tuple[str, ...]], params: set[str]) -> RecipeStep:
+    item = {"step": entry} if isinstance(entry, str) else dict(entry)
+    if "step" not in item:
+        raise RecipeError(f"recipe {recipe}: a step of run {run!r} has no `step`: {entry}")
+    unknown = set(item) - STEP_KEYS
+    if unknown:
+        raise RecipeError(f"recipe {recipe}: step {entry} of run {run!r} has unknown keys "
+                          f"{sorted(unknown)} (known: {', '.join(sorted(STEP_KEYS))})")
+    model = str(item.get("model", ""))
+    if model and model not in models:
+        raise RecipeError(f"recipe {recipe}: step {item['step']} of run {run!r} names "
+                          f"model {model!r}; the run's models: {', '.join(models)}")
+    step = str(item["step"])
+    sid = _full_id(run, str(item.get("id") or step + (f"-{model}" if model else "")))
+    own = _str_list(item.get("sets"), f"recipe {recipe}: step {sid} sets")
+    when = _names(item.get("when"), f"recipe {recipe}: step {sid} when")
+    off = [p for p in when if p not in params]
+    if off:
+        raise RecipeError(f"recipe {recipe}: step {sid} is `when: {off[0]}`, not a param of "
+                          f"run {run!r} (its params: {', '.join(sorted(params)) or 'none'})")
+    only = str(item.get("only") or "")
+    if only and only not in EXECUTORS:
+        raise RecipeError(f"recipe {recipe}: step {sid} has `only: {only}`; one of "
+                          f"{', '.join(EXECUTORS)}")
+    after = tuple(_full_id(run, a) for a in _names(item.get("after"),
+                                                   f"recipe {recipe}: step {sid} after"))
+    task = str(item.get("task") or sid.split(".", 1)[1].replace("-", "_"))
+    beside = _full_id(run, str(item["beside"])) if item.get("beside") else ""
+    return RecipeStep(sid, run, step, model, (*run_sets, *models.get(model, ()), *own),
+                      tuple(str(a) for a in item.get("args") or ()), beside, when, only,
+                      after, task)
+
+
+def _full_id(run: str, sid: str) -> str:
+    """A step id as written: with its run (`teacher.train`), or the run's own (`train`)."""
+    return sid if "." in sid else f"{run}.{sid}"
+
+
+def _names(value: Any, where: str) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    value = [value] if isinstance(value, str) else value
+    if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+        raise RecipeError(f"{where}: a name or a list of names, got {value!r}")
+    return tuple(value)
+
+
+def _check_ids(name: str, steps: list[RecipeStep]) -> None:
+    ids = [s.id for s in steps]
+    dup = sorted({i for i in ids if ids.count(i) > 1})
+    if dup:
+        raise RecipeError(f"recipe {name}: step ids {dup} appear twice (give each an `id:`)")
+    tasks = [(s.run, s.task) for s in steps if s.only != "cli"]
+    dup = sorted({f"{r}: {t}" for r, t in tasks if tasks.count((r, t)) > 1})
+    if dup:
+        raise RecipeError(f"recipe {name}: Airflow task ids {dup} appear twice (give each "
+                          "a `task:`)")
+
+
 def _check_beside(name: str, steps: list[RecipeStep]) -> None:
-    """`beside` names the step just before (the pair starts together)."""
+    """`beside` names the step just before among those `amflow run` runs (the pair starts
+    together)."""
     for prev, s in zip(steps, steps[1:]):
         if s.beside and s.beside != prev.id:
             raise RecipeError(f"recipe {name}: step {s.id} runs beside {s.beside!r}, which "
                               f"must be the step just before it ({prev.id})")
     if steps and steps[0].beside:
         raise RecipeError(f"recipe {name}: the first step {steps[0].id} has nothing beside")
+
+
+def _check_after(name: str, steps: list[RecipeStep]) -> None:
+    """`after` names earlier steps of the same run: `amflow run`'s order keeps the DAG's."""
+    seen: set[str] = set()
+    for s in steps:
+        late = [a for a in s.after if a not in seen or a.split(".", 1)[0] != s.run]
+        if late:
+            raise RecipeError(f"recipe {name}: step {s.id} is after {late[0]!r}, which must "
+                              f"be an earlier step of run {s.run!r}")
+        seen.add(s.id)
 
 
 def _str_list(value: Any, where: str) -> tuple[str, ...]:

@@ -7,6 +7,8 @@ one Ray (local, or `ray.address`) serves every step, instead of a new process an
 Ray per step. A step marked `beside: <id>` in the recipe runs as its own `amflow`
 process next to that step (the teacher and the baseline train at once, one core each).
 Finished steps are kept (each step's own resume check); `--from`/`--to` run a slice.
+The recipe's steps `only: airflow` are the DAGs' alone, and a step whose param (`when:`) is
+off by default is left out, named in one line at the start (amflow.recipes.definition).
 Each step's log goes to `<logs>/<step id>.log`; the terminal gets what the step reports
 for people, its time, and at the end a table of every step's time.
 """
@@ -24,7 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
-from amflow.recipes.definition import Recipe, RecipeError, RecipeStep, load_recipe, substitute
+from amflow.recipes.definition import (Recipe, RecipeError, RecipeStep, last_wins, load_recipe,
+                                       substitute)
 from core.config import Config
 from core.runs import StepError, run_uri
 
@@ -45,8 +48,16 @@ class StepTime:
 
 
 def run(ctx: Any, args: Any) -> dict[str, Any]:
+    try:
+        return _run(ctx, args)
+    except RecipeError as exc:  # reported as a step's error: `amflow run: error: ...`
+        raise StepError(str(exc)) from None
+
+
+def _run(ctx: Any, args: Any) -> dict[str, Any]:
     cfg: Config = ctx.cfg
-    recipe = load_recipe(args.recipe)
+    full = load_recipe(args.recipe)
+    recipe = full.for_cli()  # without Airflow's own steps and those whose params are off
     _check_requires(recipe, cfg)
     run_id = args.run_id or f"{recipe.name}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}"
     plan = Plan(recipe, cfg, run_id, args)
@@ -54,6 +65,7 @@ def run(ctx: Any, args: Any) -> dict[str, Any]:
     print(f"amflow run {recipe.name}: run id {run_id} ({', '.join(plan.run_ids.values())}), "
           f"config {args.config_path or 'defaults'}; {len(steps)} of {len(recipe.steps)} "
           f"steps; logs in {plan.logs}", flush=True)
+    _say_off(full)
     if args.dry_run:
         for s in steps:
             print("$ amflow " + " ".join(plan.argv(s)))
@@ -77,19 +89,19 @@ def _absolute(uri: str) -> str:
     return uri if "://" in uri else os.path.abspath(uri)
 
 
-def _last_wins(sets: list[str]) -> list[str]:
-    """key=value sets with each key once, at its first place, with its last value."""
-    out: dict[str, str] = {}
-    for kv in sets:
-        out[kv.split("=", 1)[0].strip()] = kv
-    return list(out.values())
-
-
 def _check_requires(recipe: Recipe, cfg: Config) -> None:
     missing = [k for k in recipe.requires if not cfg.get(k)]
     if missing:
         raise RecipeError(f"recipe {recipe.name} needs {', '.join(missing)} set (in the config "
                           f"or with --set {missing[0]}=...): {recipe.description}")
+
+
+def _say_off(recipe: Recipe) -> None:
+    """Name the steps a param of the recipe leaves out (`when:`), and the param."""
+    off = recipe.cli_off()
+    if off:
+        print("off by the recipe's params: " + ", ".join(
+            f"{s.id} ({' and '.join(s.when)})" for s in off), flush=True)
 
 
 class Plan:
@@ -111,7 +123,7 @@ class Plan:
             out += ["--config", self.args.config_path]
         if s.step != "corpus":
             out += ["--run-id", self.run_ids[s.run]]
-        for kv in _last_wins([*substitute(s.sets, self.run_ids, self.run_uris),
+        for kv in last_wins([*substitute(s.sets, self.run_ids, self.run_uris),
                               *self.args.overrides]):
             out += ["--set", kv]
         if self.args.force:

@@ -15,7 +15,7 @@ Writes  runs/<R>/train[-<tag>]/ (the dir is `train` when `train.tag` is empty):
                               checkpoints/, metrics, summary.json), grown into model.pt
           _SUCCESS.json       final metrics (dev frame accuracy when a dev split exists)
 
-The sequence recipe (train.recipe=sequence) is the same training with a sequence criterion
+The sequence regime (train.regime=sequence) is the same training with a sequence criterion
 (train.criterion mmi | smbr, training/sequence.py) on the labeled split, starting from
 train.init_model (default: this run's train[-<tag>]/model.pt), into runs/<R>/sequence[-<tag>]/.
 The labeled and ssl recipes start from train.init_model when it is set; with train.grow
