@@ -11,8 +11,9 @@ that a reader following the page has:
   first", so a page saying it is what the lint catches;
 - one of `make demo`'s runs (read from scripts/demo.sh: `$PREFIX-teacher`, `$PREFIX-ssl`
   with its default prefix; `DEMO_PREFIX=x make demo` on the page makes x's), or of
-  `make quickstart` (scripts/quickstart.sh: `<RUN_ID>-teacher`, `<RUN_ID>-ssl`; its ids
-  start `quickstart-` by default, or `qs-`; `RUN_ID=x make quickstart` makes x's);
+  `make quickstart` (`amflow run ssl`: a run per run of the recipe, `<RUN_ID>-teacher`,
+  `<RUN_ID>-ssl`; its ids start `ssl-` by default, or `qs-`/`quickstart-`; `RUN_ID=x make
+  quickstart` makes x's);
 - or a placeholder: `<run>`, `$RUN_ID`, `{run}`, or a name in capitals (`R`, `RUN`).
 A page that names `runs/teacher/...` (no command makes run `teacher`) fails here: a reader
 copying the command gets "not found".
@@ -31,7 +32,7 @@ STARTS_RUN = re.compile(r"(?:^|[\s/;&|(])amflow\s+(?:select|run)\s.*?--run-id[ =
 # `RUN_ID=x make quickstart` / `DEMO_PREFIX=x make demo`: the script's runs under that id
 SCRIPT_ENV = re.compile(r"\b(RUN_ID|DEMO_PREFIX)=['\"]?([^\s'\"]+)['\"]?(?:\s+\S+=\S+)*\s+make\s+(quickstart|demo)\b")
 PLACEHOLDER = re.compile(r"[<>${}*]|^[A-Z][A-Z0-9_-]*$")
-QUICKSTART_PREFIXES = ("quickstart-", "qs-")
+QUICKSTART_PREFIXES = ("quickstart-", "qs-", "ssl-")
 
 
 def script_runs(script: Path, var: str) -> tuple[str, list[str]]:
@@ -46,7 +47,9 @@ def script_runs(script: Path, var: str) -> tuple[str, list[str]]:
 
 def _made_by_scripts() -> tuple[set[str], dict[str, list[str]]]:
     demo_default, demo_suffixes = script_runs(ROOT / "scripts" / "demo.sh", "DEMO_PREFIX")
-    _, qs_suffixes = script_runs(ROOT / "scripts" / "quickstart.sh", "RUN_ID")
+    from amflow.recipes.definition import load_recipe
+
+    qs_suffixes = [f"-{run}" for run in load_recipe("ssl").runs]
     demo_runs = {demo_default + s for s in demo_suffixes}
     return demo_runs, {"demo": demo_suffixes, "quickstart": qs_suffixes}
 
