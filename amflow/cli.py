@@ -20,7 +20,11 @@ from amflow.steps.registry import STEPS, Step, load_entry, step_context  # noqa:
 from core.config import ConfigError, resolve_config
 
 SUMMARY_PREFIX = "AMFLOW_SUMMARY "
+# The config a command without --config reads: AMFLOW_CONFIG (the DAGs' default too), else
+# configs/local.yaml when present. With it set, `amflow <step> --run-id R` finds run R under
+# that config's storage.root and runs with what the run remembers (amflow.run_settings).
 DEFAULT_CONFIG = "configs/local.yaml"
+CONFIG_ENV = "AMFLOW_CONFIG"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -38,7 +42,8 @@ def build_parser() -> argparse.ArgumentParser:
                                        f"writes: {step.writes}",
                            formatter_class=argparse.RawDescriptionHelpFormatter)
         p.add_argument("--config", default=None,
-                       help=f"YAML config (default: {DEFAULT_CONFIG} if present)")
+                       help=f"YAML config (default: ${CONFIG_ENV}, else {DEFAULT_CONFIG} if "
+                            "present; a run's later steps: the config its first step had)")
         p.add_argument("--run-id", required=step.needs_run and not step.default_run_id,
                        default=None, help="run name; outputs go under runs/<run-id>/")
         p.add_argument("--set", dest="overrides", action="append", default=[],
@@ -84,7 +89,8 @@ def _absolute(path: str | None) -> str | None:
 def _settle(args: argparse.Namespace, step: Step) -> tuple[Any, Any, list, str | None]:
     """The resolved config and its path, and for a step of a run the run's remembered
     settings (amflow.run_settings: `--run-id` alone finds the run's config and sets)."""
-    default = DEFAULT_CONFIG if Path(DEFAULT_CONFIG).exists() else None
+    default = os.environ.get(CONFIG_ENV) or (
+        DEFAULT_CONFIG if Path(DEFAULT_CONFIG).exists() else None)
     if not (step.needs_run and step.in_a_run):
         path = args.config or default
         return resolve_config(path, [*(args.overrides or []), *step.sets]), None, [], path

@@ -134,3 +134,18 @@ def test_a_command_naming_no_model_works_on_the_runs_first_model(tmp_path):
     assert resolved.config.get("train.model") == "ctc"
     assert resolved.config.get("train.regime") == \
         resolve_config(CONFIG, []).config.get("train.regime")
+
+
+def test_amflow_config_names_the_default_config(tmp_path, monkeypatch, capsys):
+    """AMFLOW_CONFIG: a command without --config reads it (and so finds the run under its
+    storage.root, with the run's remembered settings)."""
+    from amflow.cli import main
+
+    store = tmp_path / "store"
+    mine = tmp_path / "mine.yaml"
+    mine.write_text(f"storage:\n  root: {store}\nselect:\n  hours: 0.25\n")
+    monkeypatch.setenv("AMFLOW_CONFIG", str(mine))
+    _start(store, "r", "select", ["features.num_mel_bins=40"], config=str(mine))
+    assert main(["config", "show", "--run-id", "r"]) == 0
+    out = capsys.readouterr().out
+    assert "features.num_mel_bins = 40" in out and "select.hours = 0.25" in out
