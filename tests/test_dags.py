@@ -553,7 +553,7 @@ def _tiny_corpus_teacher_student(tmp_path: Path, ray_address: str, auth: dict) -
     store = tmp_path / "store"
     cfg = tmp_path / "tiny.yaml"
     cfg.write_text((ROOT / "configs" / "local.yaml").read_text())
-    shutil.copytree(ROOT / "configs" / "recipes", tmp_path / "recipes")  # the recipes it names
+    shutil.copytree(ROOT / "configs" / "presets", tmp_path / "presets")  # the presets it names
     common = [f"storage.root={store}", f"data.corpus={store / 'corpus'}",
               f"ray.address={ray_address}",
               f"runner.state_dir={tmp_path / 'jobs'}", "runner.poll_s=1",
