@@ -52,6 +52,13 @@ def ctc_run(tiny_corpus, tmp_path_factory):
     run = root / "runs" / "r"
     (run / "train-ctc").mkdir(parents=True)
     (run / "train-ctc" / "model.pt").write_bytes(to_bytes(payload))
+    # the run's LM (as `amflow lm` writes it): the export ships sherpa-onnx its T o L o G
+    from decoding.lexicon import words_of
+    from decoding.lm import estimate
+
+    (run / "lm").mkdir()
+    texts = [words_of(r.text) for r in recs if r.text]
+    (run / "lm" / "lm.arpa").write_text(estimate(texts * 3, order=2).to_arpa())
     cfg = load_config(None, [f"storage.root={root}", f"data.corpus={tiny_corpus}",
                              "export.check_utterances=4", "decode.blank_penalties=[0.5]"])
     return cfg, run, tok
@@ -90,6 +97,18 @@ def test_ctc_export_is_checked_against_torch_and_sherpa_onnx_gives_its_words(ctc
     runtime = checks["graphs"]["sherpa-onnx:model.sherpa.onnx"]
     assert runtime["same_words"] == 4, runtime
     assert "delta_ci95" in checks["graphs"]["sherpa-onnx:model.sherpa.int8.onnx"]["wer_vs_torch"]
+    # the graph search: sherpa-onnx with the export's TLG.fst gives amflow decode's T o L o
+    # G words (each utterance alone: sherpa-onnx restarts the mean normalisation)
+    for name in ("TLG.fst", "words.txt", "sherpa.json"):
+        assert (out / name).exists(), name
+    tlg = checks["tlg"]
+    assert tlg["blank_penalty"] == 0.5 and "decode.blank_penalties[0]" in tlg["tuned"]
+    assert tlg["amflow_hyp_words"] >= 4 and tlg["hlg_in_amflow_same_words"] == 4, tlg
+    assert checks["graphs"]["sherpa-onnx+TLG.fst:model.sherpa.onnx"]["same_words"] == 4
+    sj = json.loads((out / "sherpa.json").read_text())
+    assert sj["ctc_graph"] == "TLG.fst" and sj["beam"] == {"sherpa_onnx": 16.0,
+                                                           "amflow_units": 10.0}
+    assert sj["scale"] == round(1.6 * sj["acwt"], 6) and sj["graph_scale"] == 1.6
     lines = (out / "tokens.txt").read_text().splitlines()
     assert lines[0] == "<blk> 0" and len(lines) == tok.num_classes
     sherpa = json.loads((out / "features.json").read_text())["sherpa_onnx"]
