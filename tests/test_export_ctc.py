@@ -191,6 +191,38 @@ def test_sherpa_onnx_graph_search_from_the_folder_gives_amflows_tlg_words(ctc_ru
     assert greedy == [greedy_words(lp, tok, sj["blank_penalty"]) for lp in lps]
 
 
+def test_the_export_takes_the_scales_decode_tuned_on_dev_for_this_model(ctc_run, tmp_path):
+    """The blank penalty (greedy graph and graph search alike) and the LM weight come from
+    `amflow decode`'s result.json when it decoded this model (T o L o G first), and say so;
+    another model's decode, a hybrid decode or none: the config's first values."""
+    from amflow.services.ctc_export import tuned_scales
+    from core.runs import StepContext
+
+    cfg, _, _ = ctc_run
+    cfg = dataclasses.replace(cfg, storage=dataclasses.replace(cfg.storage, root=str(tmp_path)),
+                              decode=dataclasses.replace(cfg.decode, tag="ctc"))
+    ctx = StepContext(cfg, "r", "export")
+    model = ctx.other("train-ctc", "model.pt")
+    res = tmp_path / "runs" / "r" / "decode-ctc" / "result.json"
+    fallback = tuned_scales(ctx, model)
+    assert (fallback.blank_penalty, fallback.lm_weight) == (0.5, 0.8)
+    assert "no decode of it" in fallback.source
+    res.parent.mkdir(parents=True)
+    tlg = {"model": model, "search": "tlg", "lm_weight": 1.6, "acwt": 0.625,
+           "blank_penalty": 3.0, "tune_split": "dev", "tuning": [{"wer": 0.3}]}
+    res.write_text(json.dumps(tlg))
+    got = tuned_scales(ctx, model)
+    assert (got.lm_weight, got.acwt, got.blank_penalty) == (1.6, 0.625, 3.0)
+    assert got.source == f"{ctx.other('decode-ctc', 'result.json')} (T o L o G, tuned on dev)"
+    res.write_text(json.dumps({**tlg, "search": "greedy", "blank_penalty": 1.5}))
+    got = tuned_scales(ctx, model)
+    assert (got.blank_penalty, got.lm_weight) == (1.5, 0.8) and "greedy" in got.source
+    res.write_text(json.dumps({**tlg, "model": ctx.other("train-other", "model.pt")}))
+    assert tuned_scales(ctx, model).blank_penalty == 0.5
+    res.write_text(json.dumps({**tlg, "search": None}))
+    assert "hybrid" in tuned_scales(ctx, model).source
+
+
 def _fixed_output_graph(scores: list[np.ndarray]) -> bytes:
     """A sherpa-onnx zipformer-CTC graph that ignores its input and gives `scores` (one
     [T_i, C] matrix per stream of one decode_streams call) as its log_probs."""
