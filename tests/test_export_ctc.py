@@ -189,6 +189,31 @@ def test_sherpa_onnx_graph_search_from_the_folder_gives_amflows_tlg_words(ctc_ru
     assert len(recs) >= 15 and sum(map(len, want)) >= len(recs) and same == len(recs)
     greedy = sherpa_decode.words(sherpa_decode.from_folder(str(out), graph=False), waves, 16000)
     assert greedy == [greedy_words(lp, tok, sj["blank_penalty"]) for lp in lps]
+    # the how-to's block, as written, on the folder: sherpa-onnx alone, words from the LM
+    assert _run_howto(out, waves[0], out.parent / "howto") == want[0] and want[0]
+
+
+def _run_howto(folder, wave, tmp) -> list[str]:
+    """docs/how-to/export.md's sherpa-onnx block, run by this Python on `folder` and `wave`
+    (nothing of amflow imported: its own directory is the working directory)."""
+    import ast
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import soundfile as sf
+
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "how-to" / "export.md").read_text()
+    block = doc.split("### Decode with sherpa-onnx", 1)[1].split("```python\n", 1)[1]
+    block = block.split("```", 1)[0]
+    assert 'd = "data/runs/demo-ssl/export-ctc"' in block and '"utterance.wav"' in block
+    tmp.mkdir(exist_ok=True)
+    sf.write(tmp / "utterance.wav", np.asarray(wave, np.float32), 16000, subtype="FLOAT")
+    code = block.replace('"data/runs/demo-ssl/export-ctc"', repr(str(folder)))
+    run = subprocess.run([sys.executable, "-c", code], cwd=tmp, capture_output=True,
+                         text=True, timeout=120, env={"PATH": "/usr/bin:/bin"})
+    assert run.returncode == 0, run.stderr
+    return ast.literal_eval(run.stdout.strip().splitlines()[-1])
 
 
 def test_the_export_takes_the_scales_decode_tuned_on_dev_for_this_model(ctc_run, tmp_path):

@@ -15,9 +15,22 @@ Writes  runs/<R>/export[-<decode.tag>]/
           model.int8.onnx, model.sherpa.int8.onnx, model.streaming.int8.onnx
                                 with --quantize int8
           tokens.txt            "symbol id", <blk> 0 (amflow's and sherpa-onnx's class list)
+          TLG.fst, words.txt    (when the run has an LM) sherpa-onnx's CTC graph search:
+                                amflow's L o G (decoding/ctc_graph.py, decode's builder and
+                                LM) read as CTC reads repeats (repeats="blank"), weights times
+                                SHERPA_BEAM / decode.beam; OpenFst binary, input labels
+                                token id + 1 (blank 1), output labels words.txt
+          sherpa.json           sherpa-onnx's recognizer config for the folder (model,
+                                tokens, feat_config, ctc_graph, ctc_max_active) and the
+                                search's settings: LM weight, acwt, blank penalty (what
+                                `amflow decode` tuned on dev for this model: tuned_scales),
+                                the scores' scale, the beam
           streaming.json        model.streaming.onnx's inputs, outputs, state, protocol
           card.json, features.json (with `sherpa_onnx`: FeatureExtractorConfig's arguments),
           decoding.json (greedy search, its blank penalty), checks.json, _SUCCESS.json
+model.sherpa.onnx's outputs are scale x (log p - blank penalty), scale = acwt x SHERPA_BEAM /
+decode.beam (1 without an LM): sherpa-onnx's graph search then searches amflow decode's
+score (acwt x (log p - penalty) + graph cost) with decode.beam; greedy search is unchanged.
 The checks, on export.check_split's utterances:
   model.onnx         on amflow's features (per-speaker streams, as decode): log-probs
                      within export.tolerance of torch's, the same greedy words
@@ -33,6 +46,10 @@ The checks, on export.check_split's utterances:
                      (measured: sherpa-onnx's fbank is kaldi-native-fbank's, amflow's may be
                      numpy's; they agree to float rounding), and its WER change against
                      amflow's decode of the speaker streams, with a 95 % CI
+  sherpa-onnx + TLG.fst  (with an LM) its graph search on the audio: its words against
+                     amflow's T o L o G search (decode's graph, decode.beam) of each
+                     utterance alone, and the WER change against that search of the
+                     speaker streams (checks.json `tlg`; measured, not held)
   int8 graphs        measured, as for the hybrid student
 """
 from __future__ import annotations
