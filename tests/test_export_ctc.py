@@ -246,6 +246,8 @@ def test_the_export_takes_the_scales_decode_tuned_on_dev_for_this_model(ctc_run,
     assert tuned_scales(ctx, model).blank_penalty == 0.5
     res.write_text(json.dumps({**tlg, "search": None}))
     assert "hybrid" in tuned_scales(ctx, model).source
+    res.write_text(json.dumps({**tlg, "tune_split": "test"}))  # never the test split's
+    assert tuned_scales(ctx, model).blank_penalty == 0.5
 
 
 def _fixed_output_graph(scores: list[np.ndarray]) -> bytes:

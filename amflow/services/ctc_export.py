@@ -94,6 +94,8 @@ def tuned_scales(ctx: StepContext, model_uri: str) -> Scales:
         why = f"{uri} decoded another model ({res.get('model')})"
     elif res and res.get("search") not in ("tlg", "greedy"):
         why = f"{uri} is a {res.get('search') or 'hybrid'} decode"
+    elif res and res.get("tuning") and res.get("tune_split") not in ("dev", "labeled"):
+        why = f"{uri} was tuned on {res.get('tune_split')!r}, not on dev"
     if why:
         w = float(dc.ctc_lm_weights[0])
         return Scales(w, round(1.0 / w, 6), float(dc.blank_penalties[0]),
