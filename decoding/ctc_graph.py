@@ -18,6 +18,12 @@
         Input labels: class id + 1 (class 0, the blank, is label 1): kaldi-decoder's
         DecodableCtc reads column i-1 for label i, so the score matrix is the model's
         log-probabilities (acwt-scaled, blank penalty subtracted) as they come.
+        repeats="blank": the standard CTC topology instead (H o L o G): a token follows
+        itself only after a blank. sherpa-onnx's graph search reads its best path that
+        way (offline-ctc-fst-decoder.cc: a frame whose label is the previous frame's
+        continues that token), so the graph `amflow export` ships to it is this one:
+        the same L o G, only the repeats read as CTC reads them.
+    scaled(graph, factor) -> the graph with every arc and final weight times `factor`
 
 The search is decoding.search.Searcher's (FasterDecoder), as for the hybrid graphs.
 """
@@ -82,10 +88,89 @@ def _ctc_topology(lg_text: str, num_classes: int) -> str:
     return _add_self_loops(lg_text, num_classes) + blank_loops
 
 
-def build_tlg(tokenizer, arpa_text: str, words: Iterable[str] | None = None) -> DecodingGraph:
-    """T o L o G for `tokenizer`'s model (see the module doc)."""
+def _lg_rows(lg_text: str) -> tuple[list[tuple[int, int, int, int, str]], dict[int, str]]:
+    """LG's arcs (src, dst, ilabel, olabel, weight) and final states {state: weight}."""
+    arcs, finals = [], {}
+    for r in lg_text.strip().splitlines():
+        f = r.split()
+        if len(f) <= 2:
+            finals[int(f[0])] = f[1] if len(f) > 1 else "0"
+        else:
+            arcs.append((int(f[0]), int(f[1]), int(f[2]), int(f[3]), f[4] if len(f) > 4 else "0"))
+    return arcs, finals
+
+
+def _last_tokens(by_src: dict[int, list], start: int) -> dict[int, set[int]]:
+    """Per LG state reachable from `start`, the labels of the tokens a path can have read
+    last on reaching it, and 0 (none yet, or a blank since): a token arc sets it, an
+    epsilon arc carries it."""
+    out: dict[int, set[int]] = {start: {0}}
+    todo = [start]
+    while todo:
+        q = todo.pop()
+        for _, dst, ilab, _, _ in by_src.get(q, []):
+            new = {ilab} if ilab else out[q]
+            have = out.get(dst)
+            if have is None or not new <= have:
+                out[dst] = (have or {0}) | new
+                todo.append(dst)
+    return out
+
+
+def _standard_topology(lg_text: str) -> str:
+    """H applied to LG's text, a state per (LG state, last token): in a token's state the
+    token loops, a blank leaves for the LG state's blank state, and every LG token arc
+    but the token's own is taken at once (the same token again needs the blank first)."""
+    arcs, finals = _lg_rows(lg_text)
+    start = arcs[0][0] if arcs else 0  # the text lists the start state first
+    by_src: dict[int, list] = {}
+    for a in arcs:
+        by_src.setdefault(a[0], []).append(a)
+    last = _last_tokens(by_src, start)
+    ids = {(start, 0): 0}
+
+    def sid(q: int, c: int) -> int:
+        return ids.setdefault((q, c), len(ids))
+
+    out = []
+    for q in [start] + sorted(set(last) - {start}):
+        for c in sorted(last[q]):
+            me = sid(q, c)
+            out.append(f"{me} {me} {c or BLANK_LABEL} 0 0")  # the token goes on / blanks
+            if c:
+                out.append(f"{me} {sid(q, 0)} {BLANK_LABEL} 0 0")
+            for _, dst, ilab, olab, w in by_src.get(q, []):
+                if ilab != c or not ilab:
+                    out.append(f"{me} {sid(dst, ilab or c)} {ilab} {olab} {w}")
+            if q in finals:
+                out.append(f"{me} {finals[q]}")
+    return "\n".join(out) + "\n"
+
+
+def scaled(graph: DecodingGraph, factor: float) -> DecodingGraph:
+    """`graph` with every weight times `factor` (sherpa-onnx's search has no LM weight of
+    its own: amflow/services/ctc_export.py scales the graph and the scores instead)."""
     import kaldifst
 
+    rows = []
+    for r in graph.fst.to_str(show_weight_one=True).strip().splitlines():
+        f = r.split()
+        if len(f) in (2, 5):
+            f[-1] = repr(float(f[-1]) * factor)
+        rows.append(" ".join(f))
+    fst = kaldifst.compile("\n".join(rows) + "\n")
+    kaldifst.arcsort(fst, sort_type="ilabel")
+    return DecodingGraph(fst, graph.words, {**graph.info, "weights_scaled_by": factor})
+
+
+def build_tlg(tokenizer, arpa_text: str, words: Iterable[str] | None = None,
+              repeats: str = "compact") -> DecodingGraph:
+    """T o L o G for `tokenizer`'s model (see the module doc); repeats="blank": the
+    standard CTC topology's H o L o G (sherpa-onnx's reading)."""
+    import kaldifst
+
+    if repeats not in ("compact", "blank"):
+        raise GraphError(f"repeats={repeats!r}: compact or blank")
     t0 = time.time()
     vocab = list(words) if words is not None else lm_words(arpa_text)
     lex, skipped = spelling_lexicon(tokenizer, vocab)
@@ -93,9 +178,11 @@ def build_tlg(tokenizer, arpa_text: str, words: Iterable[str] | None = None) -> 
         raise GraphError("no word of the LM can be spelled with the model's tokens")
     lg, out_words, info = _lg_text(lex, arpa_text, list(tokenizer.symbols))
     # tokens are labels 2..V (class + 1); the blank (label 1) gets no entry/loop state
-    fst = kaldifst.compile(_ctc_topology(lg, tokenizer.num_classes))
+    fst = kaldifst.compile(_ctc_topology(lg, tokenizer.num_classes) if repeats == "compact"
+                           else _standard_topology(lg))
     kaldifst.arcsort(fst, sort_type="ilabel")
-    info = {"kind": "TLG", "tokens": tokenizer.num_classes, "tokenizer": tokenizer.digest,
+    info = {"kind": "TLG", **({} if repeats == "compact" else {"kind": "HLG", "repeats": repeats}),
+            "tokens": tokenizer.num_classes, "tokenizer": tokenizer.digest,
             **info, "unspellable": len(skipped), "TLG_states": fst.num_states,
             "TLG_arcs": sum(fst.num_arcs(s) for s in range(fst.num_states)),
             "build_s": round(time.time() - t0, 2)}

@@ -52,6 +52,13 @@ def ctc_run(tiny_corpus, tmp_path_factory):
     run = root / "runs" / "r"
     (run / "train-ctc").mkdir(parents=True)
     (run / "train-ctc" / "model.pt").write_bytes(to_bytes(payload))
+    # the run's LM (as `amflow lm` writes it): the export ships sherpa-onnx its T o L o G
+    from decoding.lexicon import words_of
+    from decoding.lm import estimate
+
+    (run / "lm").mkdir()
+    texts = [words_of(r.text) for r in recs if r.text]
+    (run / "lm" / "lm.arpa").write_text(estimate(texts * 3, order=2).to_arpa())
     cfg = load_config(None, [f"storage.root={root}", f"data.corpus={tiny_corpus}",
                              "export.check_utterances=4", "decode.blank_penalties=[0.5]"])
     return cfg, run, tok
@@ -90,6 +97,18 @@ def test_ctc_export_is_checked_against_torch_and_sherpa_onnx_gives_its_words(ctc
     runtime = checks["graphs"]["sherpa-onnx:model.sherpa.onnx"]
     assert runtime["same_words"] == 4, runtime
     assert "delta_ci95" in checks["graphs"]["sherpa-onnx:model.sherpa.int8.onnx"]["wer_vs_torch"]
+    # the graph search: sherpa-onnx with the export's TLG.fst gives amflow decode's T o L o
+    # G words (each utterance alone: sherpa-onnx restarts the mean normalisation)
+    for name in ("TLG.fst", "words.txt", "sherpa.json"):
+        assert (out / name).exists(), name
+    tlg = checks["tlg"]
+    assert tlg["blank_penalty"] == 0.5 and "decode.blank_penalties[0]" in tlg["tuned"]
+    assert tlg["amflow_hyp_words"] >= 4 and tlg["hlg_in_amflow_same_words"] == 4, tlg
+    assert checks["graphs"]["sherpa-onnx+TLG.fst:model.sherpa.onnx"]["same_words"] == 4
+    sj = json.loads((out / "sherpa.json").read_text())
+    assert sj["ctc_graph"] == "TLG.fst" and sj["beam"] == {"sherpa_onnx": 16.0,
+                                                           "amflow_units": 10.0}
+    assert sj["scale"] == round(1.6 * sj["acwt"], 6) and sj["graph_scale"] == 1.6
     lines = (out / "tokens.txt").read_text().splitlines()
     assert lines[0] == "<blk> 0" and len(lines) == tok.num_classes
     sherpa = json.loads((out / "features.json").read_text())["sherpa_onnx"]
@@ -126,6 +145,180 @@ def test_sherpa_onnx_decodes_with_the_files_alone(ctc_run, tiny_corpus):
                        card)[0][0][1] for r in recs]
     want = [greedy_words(lp, tok, 0.5) for lp in ctc_log_probs(model, alone)]
     assert got == want and any(got)
+
+
+def test_sherpa_onnx_graph_search_from_the_folder_gives_amflows_tlg_words(ctc_run, tiny_corpus):
+    """sherpa-onnx's own graph search, configured from the export folder alone
+    (sherpa.json, TLG.fst), against `amflow decode`'s T o L o G search (the run's cached
+    graph, decode.beam, the folder's acwt and blank penalty) of the same utterances, each
+    alone; greedy search (graph=False) against amflow's greedy words."""
+    from amflow.services.decoder_setup import ctc_graph
+    from core.runs import StepContext
+    from core.storage import Storage
+    from decoding.ctc_decode import ctc_log_probs, ctc_scores, greedy_words
+    from decoding.decode import featurize
+    from decoding.graph import read_graph
+    from decoding.search import Searcher
+    from serving import sherpa_decode
+    from tasks.audio import decode_audio, resolve_uri
+    from tasks.select import records_of_split
+    from training.checkpoint import load_model_card
+
+    cfg, run, tok = ctc_run
+    out = run / "export-ctc"
+    if not (out / "_SUCCESS.json").exists():
+        test_ctc_export_is_checked_against_torch_and_sherpa_onnx_gives_its_words(ctc_run)
+    st = Storage()
+    recs = [r for split in ("dev", "test", "labeled")
+            for r in sorted(records_of_split(st, str(tiny_corpus), split)[0],
+                            key=lambda r: r.utt_id)]
+    waves = [decode_audio(st.read_bytes(resolve_uri(str(tiny_corpus), r.audio_uri)),
+                          FeaturesConfig(), r.duration).samples for r in recs]
+    model, card = load_model_card(st, str(run / "train-ctc" / "model.pt"))
+    alone = [featurize(st, str(tiny_corpus), [dataclasses.replace(r, speaker_id=r.utt_id)],
+                       card)[0][0][1] for r in recs]
+    lps = ctc_log_probs(model, alone)
+    sj = json.loads((out / "sherpa.json").read_text())
+    graph_dir = ctc_graph(StepContext(cfg, "r", "decode"), card, {})[0]
+    search = Searcher(read_graph(graph_dir), cfg.decode.beam, cfg.decode.max_active)
+    want = [search.best_words(ctc_scores(lp, sj["acwt"], sj["blank_penalty"]))[0] for lp in lps]
+    got = sherpa_decode.words(sherpa_decode.from_folder(str(out)), waves, 16000)
+    same = sum(a == b for a, b in zip(got, want))
+    print(f"sherpa-onnx TLG.fst vs amflow T o L o G: same words {same}/{len(recs)}, "
+          f"{sum(map(len, want))} words")
+    assert len(recs) >= 15 and sum(map(len, want)) >= len(recs) and same == len(recs)
+    greedy = sherpa_decode.words(sherpa_decode.from_folder(str(out), graph=False), waves, 16000)
+    assert greedy == [greedy_words(lp, tok, sj["blank_penalty"]) for lp in lps]
+    # the how-to's block, as written, on the folder: sherpa-onnx alone, words from the LM
+    assert _run_howto(out, waves[0], out.parent / "howto") == want[0] and want[0]
+
+
+def _run_howto(folder, wave, tmp) -> list[str]:
+    """docs/how-to/export.md's sherpa-onnx block, run by this Python on `folder` and `wave`
+    (nothing of amflow imported: its own directory is the working directory)."""
+    import ast
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import soundfile as sf
+
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "how-to" / "export.md").read_text()
+    block = doc.split("### Decode with sherpa-onnx", 1)[1].split("```python\n", 1)[1]
+    block = block.split("```", 1)[0]
+    assert 'd = "data/runs/demo-ssl/export-ctc"' in block and '"utterance.wav"' in block
+    tmp.mkdir(exist_ok=True)
+    sf.write(tmp / "utterance.wav", np.asarray(wave, np.float32), 16000, subtype="FLOAT")
+    code = block.replace('"data/runs/demo-ssl/export-ctc"', repr(str(folder)))
+    run = subprocess.run([sys.executable, "-c", code], cwd=tmp, capture_output=True,
+                         text=True, timeout=120, env={"PATH": "/usr/bin:/bin"})
+    assert run.returncode == 0, run.stderr
+    return ast.literal_eval(run.stdout.strip().splitlines()[-1])
+
+
+def test_the_export_takes_the_scales_decode_tuned_on_dev_for_this_model(ctc_run, tmp_path):
+    """The blank penalty (greedy graph and graph search alike) and the LM weight come from
+    `amflow decode`'s result.json when it decoded this model (T o L o G first), and say so;
+    another model's decode, a hybrid decode or none: the config's first values."""
+    from amflow.services.ctc_export import tuned_scales
+    from core.runs import StepContext
+
+    cfg, _, _ = ctc_run
+    cfg = dataclasses.replace(cfg, storage=dataclasses.replace(cfg.storage, root=str(tmp_path)),
+                              decode=dataclasses.replace(cfg.decode, tag="ctc"))
+    ctx = StepContext(cfg, "r", "export")
+    model = ctx.other("train-ctc", "model.pt")
+    res = tmp_path / "runs" / "r" / "decode-ctc" / "result.json"
+    fallback = tuned_scales(ctx, model)
+    assert (fallback.blank_penalty, fallback.lm_weight) == (0.5, 0.8)
+    assert "no decode of it" in fallback.source
+    res.parent.mkdir(parents=True)
+    tlg = {"model": model, "search": "tlg", "lm_weight": 1.6, "acwt": 0.625,
+           "blank_penalty": 3.0, "tune_split": "dev", "tuning": [{"wer": 0.3}]}
+    res.write_text(json.dumps(tlg))
+    got = tuned_scales(ctx, model)
+    assert (got.lm_weight, got.acwt, got.blank_penalty) == (1.6, 0.625, 3.0)
+    assert got.source == f"{ctx.other('decode-ctc', 'result.json')} (T o L o G, tuned on dev)"
+    res.write_text(json.dumps({**tlg, "search": "greedy", "blank_penalty": 1.5}))
+    got = tuned_scales(ctx, model)
+    assert (got.blank_penalty, got.lm_weight) == (1.5, 0.8) and "greedy" in got.source
+    res.write_text(json.dumps({**tlg, "model": ctx.other("train-other", "model.pt")}))
+    assert tuned_scales(ctx, model).blank_penalty == 0.5
+    res.write_text(json.dumps({**tlg, "search": None}))
+    assert "hybrid" in tuned_scales(ctx, model).source
+    res.write_text(json.dumps({**tlg, "tune_split": "test"}))  # never the test split's
+    assert tuned_scales(ctx, model).blank_penalty == 0.5
+
+
+def _fixed_output_graph(scores: list[np.ndarray]) -> bytes:
+    """A sherpa-onnx zipformer-CTC graph that ignores its input and gives `scores` (one
+    [T_i, C] matrix per stream of one decode_streams call) as its log_probs."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    t, c = max(len(x) for x in scores), scores[0].shape[1]
+    out = np.full((len(scores), t, c), -30.0, np.float32)
+    for i, x in enumerate(scores):
+        out[i, :len(x)] = x
+    lens = np.array([len(x) for x in scores], np.int64)
+    const = [helper.make_node("Constant", [], [name], value=numpy_helper.from_array(v, name))
+             for name, v in (("log_probs", out), ("log_probs_len", lens))]
+    graph = helper.make_graph(
+        const, "fixed", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", "T", 64]),
+                         helper.make_tensor_value_info("x_lens", TensorProto.INT64, ["N"])],
+        [helper.make_tensor_value_info("log_probs", TensorProto.FLOAT, list(out.shape)),
+         helper.make_tensor_value_info("log_probs_len", TensorProto.INT64, [len(scores)])])
+    return helper.make_model(graph, ir_version=8,
+                             opset_imports=[helper.make_opsetid("", 13)]).SerializeToString()
+
+
+@pytest.mark.parametrize("kind", ["char", "bpe"])
+def test_sherpa_onnx_reads_the_exported_graph_as_amflow_searches_its_own(kind, tmp_path):
+    """sherpa-onnx's graph search over known scores (a fixed-output graph) with the graph
+    the export ships (amflow's L o G, repeats="blank", weights and scores scaled as
+    ctc_export.sherpa_search does) against amflow decode's search with its own T o L o G
+    (decode.beam 10): the known paths' words exactly, and the same words on all noisy
+    paths but at most one (measured: 43/43 for char and BPE tokens; the graph amflow
+    searches itself, shipped as it is, gives 39/43 with char tokens: sherpa-onnx reads a
+    token on two frames in a row as one, where amflow's compact T may read two)."""
+    from amflow.services.ctc_export import SHERPA_BEAM
+    from decoding.ctc_decode import ctc_scores
+    from decoding.ctc_graph import build_tlg, scaled
+    from decoding.lexicon import words_of
+    from decoding.lm import estimate
+    from decoding.search import Searcher
+    from serving import sherpa_decode
+    from serving.ctc_onnx import tokens_txt
+    from tests.test_ctc import TEXTS, _known_path
+    from training.ctc.tokens import train_tokenizer
+
+    tok = train_tokenizer(TEXTS, kind, vocab_size=40)
+    arpa = estimate([words_of(t) for t in TEXTS], order=2).to_arpa()
+    acwt, penalty, beam = 0.625, 1.0, 10.0
+    k = SHERPA_BEAM / beam
+    scaled(build_tlg(tok, arpa, repeats="blank"), k).write(str(tmp_path))
+    (tmp_path / "tokens.txt").write_text(tokens_txt(tok))
+    rng = np.random.default_rng(0)
+    known = ["all the small balls fell", "the cat ran to the dog", "hello bob's small wall"]
+    lps = [_known_path(tok, t) for t in known]
+    for i in range(40):
+        lp = _known_path(tok, TEXTS[i % len(TEXTS)]) + rng.normal(0, 1.5, (1, tok.num_classes))
+        lp = lp + rng.normal(0, 2.0, lp.shape)
+        lps.append((lp - np.log(np.exp(lp).sum(-1, keepdims=True))).astype(np.float32))
+    own = Searcher(build_tlg(tok, arpa), beam, 2000)
+    want = [own.best_words(ctc_scores(lp, acwt, penalty))[0] for lp in lps]
+    (tmp_path / "model.onnx").write_bytes(
+        _fixed_output_graph([ctc_scores(lp, k * acwt, penalty) for lp in lps]))
+    rec = sherpa_decode.recognizer(
+        str(tmp_path / "model.onnx"), str(tmp_path / "tokens.txt"),
+        {"sampling_rate": 16000, "feature_dim": 64}, graph=str(tmp_path / "HLG.fst"),
+        max_active=2000)
+    got = sherpa_decode.words(rec, [np.zeros(8000, np.float32)] * len(lps), 16000)
+    assert got[:3] == [words_of(t) for t in known]
+    same = sum(a == b for a, b in zip(got, want))
+    print(f"{kind}: sherpa-onnx = amflow on {same}/{len(lps)} paths, "
+          f"{sum(map(len, want))} words")
+    assert same >= len(lps) - 1 and sum(map(len, want)) > 3 * len(lps)
 
 
 @pytest.mark.parametrize("bidirectional,attention", [(False, 0.0), (True, 0.0), (False, 0.3)])

@@ -207,13 +207,15 @@ def export_ctc(ctx: StepContext, model, card, corpus: str, quantize: str | None,
 
     check_ctc_card(card, uri)
     tokenizer = Tokenizer.from_dict(card.tokenizer)
-    penalty, penalty_from = E.blank_penalty(ctx)
-    files = stamp(E.graphs(model, card, penalty, quantize), uri, data)
-    files.update({k: v.encode() for k, v in
-                  E.beside(model, card, tokenizer, penalty, penalty_from).items()})
+    scales = E.tuned_scales(ctx, uri)  # decode's, tuned on dev (never test)
+    search = E.sherpa_search(ctx, card, tokenizer, scales)  # TLG.fst, the scores' scale
+    files = stamp(E.graphs(model, card, scales.blank_penalty, quantize, search.scale), uri, data)
+    files.update({k: v.encode() for k, v in E.beside(
+        model, card, tokenizer, scales, E.sherpa_json(ctx, scales, search)).items()})
+    files.update(E.graph_files(search))
     files.update(gate_file(ctx, card))
     ci = E.check_inputs(ctx, card, corpus)
-    checks = E.run_checks(ctx, model, card, tokenizer, files, ci, penalty)
+    checks = E.run_checks(ctx, model, card, tokenizer, files, ci, scales, search)
     checks["streaming_graph"] = ("not exported: a bidirectional model reads whole "
                                  "utterances (it cannot stream)" if model.bidirectional
                                  else "model.streaming.onnx (streaming.json)")

@@ -345,13 +345,14 @@ STEPS: dict[str, Step] = {
         "and whole-utterance graphs; the CTC student: a whole-utterance graph, one "
         "sherpa-onnx loads and (unidirectional) a streaming graph; optional int8), checked "
         "against torch",
-        reads="--model a train step or model.pt URI, the run's lexicon, LM and graph (hybrid), "
-              "the acwt or greedy blank penalty decode tuned, export.check_split's "
-              "utterances of data.corpus",
+        reads="--model a train step or model.pt URI, the run's lexicon, LM and graph (hybrid; "
+              "CTC: the LM, when there is one), the acwt (hybrid) or LM weight and blank "
+              "penalty (CTC) decode tuned on dev, export.check_split's utterances of "
+              "data.corpus",
         writes="runs/<id>/export[-<decode.tag>]/ (untagged: export-<t> for train-<t>): "
                "model.onnx, model.streaming.onnx (hybrid; "
                "CTC: unidirectional, with streaming.json), model.sherpa.onnx + tokens.txt "
-               "(CTC) (+ *.int8.onnx), card.json, "
+               "+ sherpa.json (+ TLG.fst, words.txt with an LM) (CTC) (+ *.int8.onnx), card.json, "
                "classes.txt (hybrid), features.json, decoding.json, checks.json, "
                "_SUCCESS.json (only when the checks pass)",
         add_args=_export_args),

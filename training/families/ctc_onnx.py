@@ -170,10 +170,14 @@ class UtteranceFrontEnd(nn.Module):
 
 
 class SherpaCtc(nn.Module):
-    """The front end, the model, the blank penalty: sherpa_graph's module."""
+    """The front end, the model, the blank penalty, the scale: sherpa_graph's module.
+    `scale` multiplies its outputs (greedy search does not see it): sherpa-onnx's graph
+    search takes them as its acoustic scores as they come, so the acoustic scale goes in
+    here (amflow/services/ctc_export.py says which)."""
 
-    def __init__(self, model, card, blank_penalty: float = 0.0):
+    def __init__(self, model, card, blank_penalty: float = 0.0, scale: float = 1.0):
         super().__init__()
+        self.scale = float(scale)
         self.front = UtteranceFrontEnd(features_config(card), card.cmvn, model.input_dim)
         self.encoder = CtcEncoderExport(model)
         pen = torch.zeros(model.num_classes)
@@ -183,7 +187,8 @@ class SherpaCtc(nn.Module):
     def forward(self, x: torch.Tensor, x_lens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         rows, r_lens = self.front(x, x_lens)
         lp, n = self.encoder(rows, r_lens)
-        return lp + self.penalty, n
+        out = lp + self.penalty
+        return (out if self.scale == 1.0 else out * self.scale), n
 
 
 def features_config(card):
@@ -225,12 +230,13 @@ def utterance_graph(model, card) -> bytes:
     return _export(CtcEncoderExport(model), x, metadata(model, card, "amflow_ctc", "model rows"))
 
 
-def sherpa_graph(model, card, blank_penalty: float = 0.0) -> bytes:
+def sherpa_graph(model, card, blank_penalty: float = 0.0, scale: float = 1.0) -> bytes:
     bins = int(features_config(card).num_mel_bins)
     x = torch.randn(2, 130, bins) * 3 + 10
     meta = metadata(model, card, "amflow_ctc_sherpa", "log-mel fbank frames")
     meta["blank_penalty"] = str(float(blank_penalty))
-    return _export(SherpaCtc(model, card, blank_penalty), x, meta)
+    meta["scale"] = str(float(scale))
+    return _export(SherpaCtc(model, card, blank_penalty, scale), x, meta)
 
 
 STREAM_INPUTS = ("x", "lengths", "final")
