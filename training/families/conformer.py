@@ -1,0 +1,124 @@
+"""The Conformer family: a streaming Conformer-style student (model.conformer; the network
+is training/families/conformer_model.py) with the hybrid head: frame classes over the
+run's senones or phones, trained like the LSTM student (labels, the teacher's top-k soft
+targets, sequence criteria), decoded over H o L o G with the class priors, served chunk by
+chunk by `amflow serve` on torch.
+
+Its streaming step (ConformerStream) holds a stream's rows until they fill a chunk, runs
+whole chunks with the cached keys/values and convolution histories, and on the call that
+carries an utterance's last rows (`utterance_end`) runs the partial last chunk: the outputs
+equal the eval-mode whole-utterance pass, which uses the same chunking.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import torch
+from torch import nn
+
+from core.config import ModelConfig
+from training.families.base import ModelFamily, register_family
+from training.families.conformer_model import (ConformerModel, stream_chunk,
+                                               zero_stream_state)
+
+# The attention context a frame of an unlimited left context (left_chunks -1) is counted
+# with in flops_per_frame: half of a 10 s utterance at 33 Hz (it grows with the utterance).
+UNLIMITED_CONTEXT_FRAMES = 167
+
+
+def stream_rows(model: ConformerModel, x: torch.Tensor, state: list[torch.Tensor]
+                ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """New rows x [1, n, D] of one stream -> (logits [1, m, C] of the rows that completed
+    chunks, the state). state = [held rows [1, p, D], final flag, *zero_stream_state]:
+    rows short of a chunk wait, unless the flag says these are the utterance's last."""
+    held, final, inner = state[0], state[1], list(state[2:])
+    rows = torch.cat([held, x], 1)
+    chunk = model.chunk
+    done = rows.shape[1] if bool(final) else rows.shape[1] // chunk * chunk
+    outs = [torch.zeros(1, 0, model.num_classes, dtype=x.dtype, device=x.device)]
+    for start in range(0, done, chunk):
+        y, inner = stream_chunk(model, rows[:, start:min(start + chunk, done)], inner)
+        outs.append(y)
+    return torch.cat(outs, 1), [rows[:, done:], final, *inner]
+
+
+class ConformerStream:
+    """The recognizer's streaming step (serving/recognizer.py): streams run one at a time
+    through stream_rows; `lookahead` is 0 because the step holds its chunk's rows itself
+    and is told by `utterance_end(state)` which forward carries an utterance's last rows.
+    The frame count and the flag stay float32 whatever the serving dtype (a bf16 count
+    would skip positions past 256)."""
+
+    lookahead = 0
+
+    def __init__(self, model: ConformerModel, dtype: torch.dtype = torch.float32,
+                 device: str = "cpu"):
+        self.model = model.to(device=device, dtype=dtype).eval()
+        self.dtype, self.device = dtype, device
+        self.input_dim = int(model.input_dim)
+        zero = zero_stream_state(self.model)
+        held = np.zeros((1, 0, self.input_dim), np.float32)
+        self._zero = [held, np.float32(0)] + [t.float().cpu().numpy() for t in zero]
+
+    def zero_state(self) -> list[np.ndarray]:
+        return list(self._zero)
+
+    def utterance_end(self, state: list[np.ndarray]) -> list[np.ndarray]:
+        return [state[0], np.float32(1), *state[2:]]
+
+    def _tensor(self, a: np.ndarray) -> torch.Tensor:
+        t = torch.from_numpy(np.asarray(a, np.float32))
+        return t.to(self.device, self.dtype if t.dim() else torch.float32)
+
+    def forward(self, rows: list[np.ndarray], states: list) -> tuple[list, list]:
+        outs, new = [], []
+        with torch.inference_mode():
+            for r, s in zip(rows, states):
+                y, st = stream_rows(self.model, self._tensor(r)[None],
+                                    [self._tensor(t) for t in s])
+                outs.append(torch.log_softmax(y[0].float(), -1).cpu().numpy())
+                new.append([t.float().cpu().numpy() for t in st])
+        return outs, new
+
+
+def attention_flops_per_frame(model: ConformerModel) -> int:
+    """The attention's own operations per frame (its projections are weights): scores and
+    the weighted sum, 2 x dim x (keys a frame sees) each, per block. A frame sees
+    left_chunks x chunk cached keys and on average (chunk + 1) / 2 of its own chunk."""
+    c = model.config
+    if c["left_chunks"] < 0:
+        keys = UNLIMITED_CONTEXT_FRAMES
+    else:
+        keys = c["left_chunks"] * c["chunk"] + (c["chunk"] + 1) / 2
+    return int(round(c["layers"] * 2 * 2 * c["dim"] * keys))
+
+
+@register_family("conformer")
+class ConformerFamily(ModelFamily):
+    """The streaming Conformer student with the hybrid head (model.conformer)."""
+
+    decoder = "hybrid"
+    streams = True
+
+    def build(self, input_dim: int, num_classes: int, model_cfg: ModelConfig,
+              stack: int = 3) -> nn.Module:
+        return ConformerModel(input_dim, num_classes, **dataclasses.asdict(model_cfg.conformer))
+
+    def spec(self, model):
+        return dict(model.config)
+
+    def from_spec(self, spec):
+        return ConformerModel(**{k: v for k, v in spec.items() if k not in ("format", "kind")})
+
+    def lookahead(self, model):
+        return int(model.lookahead)  # a chunk's first frame waits for the rest of it
+
+    def chunk_right_context(self, model, batches):
+        return int(model.lookahead)  # a chunk pass sees what the stream's chunks see
+
+    def flops_per_frame(self, model):
+        return super().flops_per_frame(model) + attention_flops_per_frame(model)
+
+    def stream_model(self, model, dtype, device):
+        return ConformerStream(model, dtype, device)
