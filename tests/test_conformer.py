@@ -149,6 +149,20 @@ def test_the_family_counts_parameters_and_flops_per_frame():
     assert fam.flops_per_frame(wider) - fam.flops_per_frame(model) == 2 * 2 * 2 * 32 * 8
 
 
+def test_the_utterance_graph_equals_torch_on_padded_batches_of_any_length():
+    from serving.onnx_runtime import session, utterance_log_posteriors
+
+    model = _model(chunk=4, left_chunks=1)
+    graph = get_family("conformer").export_graphs(model, None)
+    assert sorted(graph) == ["model.onnx"] and not model.training
+    rng = np.random.default_rng(3)
+    feats = [rng.standard_normal((n, 24)).astype(np.float32) for n in (1, 6, 29, 50, 50)]
+    onnx_lp = utterance_log_posteriors(session(graph["model.onnx"]), feats)
+    from serving.export_checks import compare
+
+    assert compare(onnx_lp, _whole(model, feats)) <= 1e-4
+
+
 @pytest.fixture(scope="module")
 def conformer_run(tiny_corpus, tmp_path_factory):
     """`amflow train` of a small Conformer student in the SSL regime (the teacher's top-k
@@ -177,7 +191,8 @@ def conformer_run(tiny_corpus, tmp_path_factory):
         "train.regime=ssl", "train.sub_epochs=2", "train.finetune_epochs=1", "train.threads=1",
         "train.minibatch_frames=512", "train.chunk_frames=16", "train.chunk_left_context=8",
         "train.optimizer=adam", "train.lr=0.003", "train.final_lr=0.001", "train.grow=false",
-        "train.augment.enabled=false", "decode.acwt=[1.0]", "model.conformer.chunk=4",
+        "train.augment.enabled=false", "decode.acwt=[1.0]", "export.check_utterances=4",
+        "model.conformer.chunk=4",
         "model.conformer.left_chunks=2", *sizes])
     summary = train_step.run(StepContext(cfg, "r", "train"), None)
     return cfg, root / "runs" / "r", summary
@@ -185,6 +200,7 @@ def conformer_run(tiny_corpus, tmp_path_factory):
 
 def test_the_conformer_trains_through_amflow_train_and_serves_the_offline_words(
         conformer_run, tiny_corpus):
+    from amflow.steps import export
     from amflow.steps.serve import load_assets
     from core.model_card import ModelCard
     from core.runs import StepContext
@@ -201,6 +217,12 @@ def test_the_conformer_trains_through_amflow_train_and_serves_the_offline_words(
     assert isinstance(model, ConformerModel) and meta["spec"]["kind"] == "conformer"
     m = summary["metrics"]
     assert m["steps"] > 0 and m["dev_frame_acc"] > 0.3  # learnt (chance: 1 / classes)
+
+    done = export.run(StepContext(cfg, "r", "export"),
+                      SimpleNamespace(model="train", format="onnx", quantize=None, data=None))
+    checks = json.loads((run / "export" / "checks.json").read_text())
+    g = checks["graphs"]["model.onnx"]
+    assert done["metrics"]["passed"] and g["checked"] and g["max_abs_diff"] <= 1e-4
 
     serve = dataclasses.replace(cfg.serve, device="cpu", dtype="fp32", backend="torch",
                                 speech_gate=False)

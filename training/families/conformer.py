@@ -122,3 +122,8 @@ class ConformerFamily(ModelFamily):
 
     def stream_model(self, model, dtype, device):
         return ConformerStream(model, dtype, device)
+
+    def export_graphs(self, model, card):
+        from training.families.conformer_onnx import utterance_graph
+
+        return {"model.onnx": utterance_graph(model, card)}

@@ -44,7 +44,7 @@ def chunk_mask(steps: int, chunk: int, left_chunks: int, lengths: torch.Tensor |
     allowed = allowed[None]
     if lengths is not None:
         allowed = allowed & (t[None, None, :] < lengths.to(t.device)[:, None, None])
-    return (allowed | torch.eye(steps, dtype=torch.bool, device=device))[:, None]
+    return (allowed | (t[:, None] == t[None, :]))[:, None]  # (not eye: ONNX has no bool EyeLike)
 
 
 def rotary(x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
