@@ -132,8 +132,8 @@ def test_training_draws_a_chunking_per_minibatch():
     # a full-context draw is the whole-utterance encoder
     x = torch.randn(1, 20, 24)
     with torch.no_grad():
-        full_ctx = model.output(model.encode(x, None, 0, -1))
-        assert torch.allclose(full_ctx, model.output(model.encode(x, None, 20, 0)), atol=1e-6)
+        full_ctx = model.output(model.encode_chunked(x, None, 0, -1))
+        assert torch.allclose(full_ctx, model.output(model.encode_chunked(x, None, 20, 0)), atol=1e-6)
 
 
 def test_the_family_counts_parameters_and_flops_per_frame():
@@ -239,3 +239,40 @@ def test_the_conformer_trains_through_amflow_train_and_serves_the_offline_words(
                                                           assets["acwt"]))[0])
                for lp in log_posteriors(model.eval(), [x for _, x in feats])]
     assert served == offline and any(served)
+
+
+def test_the_ctc_head_learns_characters_through_amflow_train(tmp_path, local_cfg):
+    """train.model=conformer_ctc: the same encoder with a CTC output over the transcripts'
+    characters, trained by the CTC student's loop (whole utterances, labels); its loss
+    falls, its card names the tokenizer, and it streams its whole-utterance outputs."""
+    from amflow.steps import train as train_step
+    from core.runs import StepContext
+    from core.storage import Storage
+    from serving.export_checks import compare, streamed_log_posteriors
+    from tests.test_ctc import _ctc_run, _losses
+    from training.checkpoint import load_model_card
+    from training.ctc.tokens import Tokenizer
+    from training.families.conformer_model import ConformerCtcModel
+
+    corpus = _ctc_run(str(tmp_path / "store"))
+    sizes = [f"model.conformer.{k}={v}" for k, v in SMALL.items()]
+    cfg = local_cfg(f"data.corpus={corpus}", "train.model=conformer_ctc", "train.threads=1",
+                    "train.minibatch_frames=600", "train.lr=0.003", "train.final_lr=0.001",
+                    "train.log_every=2", "train.epochs=3", "train.finetune_epochs=3",
+                    "train.freq_masks=0", "train.time_masks=0", "model.conformer.chunk=4",
+                    *sizes)
+    fam = get_family("conformer_ctc")
+    assert fam.decoder == "ctc" and fam.whole_utterances and not fam.grows
+    assert fam.config(cfg.model) is cfg.model.conformer  # the encoder's section
+    res = train_step.run(StepContext(cfg, "r", "train"), None)
+    losses = _losses(tmp_path / "store" / "runs" / "r" / "train" / "metrics.jsonl")
+    assert losses[-1] < 0.8 * losses[0]
+    model, card = load_model_card(Storage(), res["metrics"]["model_uri"])
+    assert isinstance(model, ConformerCtcModel) and card.kind == "conformer_ctc"
+    tok = Tokenizer.from_dict(card.tokenizer)
+    assert model.num_classes == len(tok.symbols) and card.priors is None
+    rng = np.random.default_rng(5)
+    feats = [rng.standard_normal((n, model.input_dim)).astype(np.float32) for n in (5, 33)]
+    model.eval()
+    assert compare(streamed_log_posteriors(fam.stream_model(model, torch.float32, "cpu"),
+                                           feats, chunk_rows=3), _whole(model, feats)) <= 1e-5

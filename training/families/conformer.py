@@ -19,8 +19,8 @@ from torch import nn
 
 from core.config import ModelConfig
 from training.families.base import ModelFamily, register_family
-from training.families.conformer_model import (ConformerModel, stream_chunk,
-                                               zero_stream_state)
+from training.families.conformer_model import (ConformerCtcModel, ConformerModel,
+                                               stream_chunk, zero_stream_state)
 
 # The attention context a frame of an unlimited left context (left_chunks -1) is counted
 # with in flops_per_frame: half of a 10 s utterance at 33 Hz (it grows with the utterance).
@@ -101,15 +101,21 @@ class ConformerFamily(ModelFamily):
     decoder = "hybrid"
     streams = True
 
+    model_class = ConformerModel
+
+    def config(self, model_cfg: ModelConfig):
+        return model_cfg.conformer  # both heads share the encoder's section
+
     def build(self, input_dim: int, num_classes: int, model_cfg: ModelConfig,
               stack: int = 3) -> nn.Module:
-        return ConformerModel(input_dim, num_classes, **dataclasses.asdict(model_cfg.conformer))
+        return self.model_class(input_dim, num_classes,
+                                **dataclasses.asdict(model_cfg.conformer))
 
     def spec(self, model):
         return dict(model.config)
 
     def from_spec(self, spec):
-        return ConformerModel(**{k: v for k, v in spec.items() if k not in ("format", "kind")})
+        return self.model_class(**{k: v for k, v in spec.items() if k not in ("format", "kind")})
 
     def lookahead(self, model):
         return int(model.lookahead)  # a chunk's first frame waits for the rest of it
@@ -127,3 +133,17 @@ class ConformerFamily(ModelFamily):
         from training.families.conformer_onnx import utterance_graph
 
         return {"model.onnx": utterance_graph(model, card)}
+
+
+@register_family("conformer_ctc")
+class ConformerCtcFamily(ConformerFamily):
+    """The same streaming encoder (model.conformer) with the CTC head over characters or
+    BPE pieces (the GRU CTC student's tokens, model.ctc.tokens): trained on whole
+    transcripts (labels and train.pseudolabels), decoded over T o L o G or greedily,
+    served chunk by chunk with the same streaming step."""
+
+    decoder = "ctc"
+    whole_utterances = True  # its targets are whole transcripts: no chunk passes
+    grows = False  # over tokens, not phone classes
+    regimes = ("labeled",)  # its pseudo-labels are transcripts (train.pseudolabels)
+    model_class = ConformerCtcModel

@@ -205,8 +205,8 @@ class ConformerModel(nn.Module):
         left = -1 if self.left_chunks < 0 else int(torch.randint(0, self.left_chunks + 1, ()))
         return chunk, left
 
-    def encode(self, x: torch.Tensor, lengths: torch.Tensor | None, chunk: int,
-               left_chunks: int) -> torch.Tensor:
+    def encode_chunked(self, x: torch.Tensor, lengths: torch.Tensor | None, chunk: int,
+                       left_chunks: int) -> torch.Tensor:
         """The encoder's output [B, T, dim] with this chunking (chunk 0: full context)."""
         steps = x.shape[1]
         k = self.frontend.kernel_size[0]
@@ -221,7 +221,28 @@ class ConformerModel(nn.Module):
         return h
 
     def forward(self, x: torch.Tensor, lengths: torch.Tensor | None = None) -> torch.Tensor:
-        return self.output(self.drop(self.encode(x, lengths, *self.chunking())))
+        return self.output(self.drop(self.encode_chunked(x, lengths, *self.chunking())))
+
+
+class ConformerCtcModel(ConformerModel):
+    """The same encoder with a CTC output over tokens (the blank is class 0): the CTC
+    student's interface (training/ctc/loss.py, decoding/ctc_decode.py): `encode(x, lengths)
+    -> (h, output lengths)` and `ctc_output(h, n)`; one output per row (no subsampling), no
+    attention decoder."""
+
+    kind = "conformer_ctc"
+    decoder = None  # (the GRU CTC student's optional attention decoder)
+    attention_weight = 0.0
+
+    def encode(self, x: torch.Tensor, lengths: torch.Tensor | None = None
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+        if lengths is None:
+            lengths = torch.full((x.shape[0],), x.shape[1], dtype=torch.long)
+        lengths = lengths.to(x.device)
+        return self.encode_chunked(x, lengths, *self.chunking()), lengths
+
+    def ctc_output(self, h: torch.Tensor, n: torch.Tensor) -> torch.Tensor:
+        return self.output(self.drop(h))
 
 
 def stream_state_names(model: ConformerModel) -> list[str]:
