@@ -161,6 +161,16 @@ def test_the_utterance_graph_equals_torch_on_padded_batches_of_any_length():
     from serving.export_checks import compare
 
     assert compare(onnx_lp, _whole(model, feats)) <= 1e-4
+    # the CTC head's whole-utterance graph too (amflow export refuses it: no sherpa graph)
+    from training.families.conformer_model import ConformerCtcModel
+    from training.families.conformer_onnx import utterance_graph
+
+    torch.manual_seed(1)
+    ctc = ConformerCtcModel(24, 9, **SMALL, chunk=3, left_chunks=-1).eval()
+    onnx_lp = utterance_log_posteriors(session(utterance_graph(ctc)), feats)
+    assert compare(onnx_lp, _whole(ctc, feats)) <= 1e-4
+    with pytest.raises(ValueError, match="does not take a conformer_ctc model yet"):
+        get_family("conformer_ctc").export_graphs(ctc, None)
 
 
 @pytest.fixture(scope="module")
@@ -243,20 +253,35 @@ def test_the_conformer_trains_through_amflow_train_and_serves_the_offline_words(
 
 def test_the_ctc_head_learns_characters_through_amflow_train(tmp_path, local_cfg):
     """train.model=conformer_ctc: the same encoder with a CTC output over the transcripts'
-    characters, trained by the CTC student's loop (whole utterances, labels); its loss
+    characters, trained by the CTC student's loop (whole utterances, the labeled
+    transcripts and the kept pseudo-labels of train.pseudolabels); its loss
     falls, its card names the tokenizer, and it streams its whole-utterance outputs."""
     from amflow.steps import train as train_step
     from core.runs import StepContext
     from core.storage import Storage
     from serving.export_checks import compare, streamed_log_posteriors
-    from tests.test_ctc import _ctc_run, _losses
+    from tests.test_ctc import _ctc_run, _losses, _spelled
     from training.checkpoint import load_model_card
     from training.ctc.tokens import Tokenizer
     from training.families.conformer_model import ConformerCtcModel
 
-    corpus = _ctc_run(str(tmp_path / "store"))
+    import pyarrow as pa
+
+    root = tmp_path / "store"
+    corpus = _ctc_run(str(root), unlabeled=12)
+    # the pseudolabel step's labels of the unlabeled split: 8 kept, 4 dropped
+    spelled = [x for u in sorted((root / "runs" / "r" / "repartition" / "unlabeled").glob(
+        "part-*")) for x in _spelled(str(u))]
+    kept = [i % 3 != 0 for i in range(len(spelled))]
+    step = root / "runs" / "teach" / "pseudolabel"
+    Storage().write_parquet(str(step / "labels" / "part-00000.parquet"), pa.table({
+        "utt_id": [u for u, _ in spelled], "text": [t for _, t in spelled],
+        "confidence": [0.9] * 12, "am_score": [-1.0] * 12, "lm_score": [-2.0] * 12,
+        "kept": kept, "reason": ["" if k else "low_confidence" for k in kept]}))
+    (step / "_SUCCESS.json").write_text("{}")
     sizes = [f"model.conformer.{k}={v}" for k, v in SMALL.items()]
     cfg = local_cfg(f"data.corpus={corpus}", "train.model=conformer_ctc", "train.threads=1",
+                    "train.pseudolabels=teach",
                     "train.minibatch_frames=600", "train.lr=0.003", "train.final_lr=0.001",
                     "train.log_every=2", "train.epochs=3", "train.finetune_epochs=3",
                     "train.freq_masks=0", "train.time_masks=0", "model.conformer.chunk=4",
@@ -265,7 +290,8 @@ def test_the_ctc_head_learns_characters_through_amflow_train(tmp_path, local_cfg
     assert fam.decoder == "ctc" and fam.whole_utterances and not fam.grows
     assert fam.config(cfg.model) is cfg.model.conformer  # the encoder's section
     res = train_step.run(StepContext(cfg, "r", "train"), None)
-    losses = _losses(tmp_path / "store" / "runs" / "r" / "train" / "metrics.jsonl")
+    assert res["metrics"]["transcripts"] == {"labeled": 32, "dev": 8, "pseudo": 8}
+    losses = _losses(root / "runs" / "r" / "train" / "metrics.jsonl")
     assert losses[-1] < 0.8 * losses[0]
     model, card = load_model_card(Storage(), res["metrics"]["model_uri"])
     assert isinstance(model, ConformerCtcModel) and card.kind == "conformer_ctc"

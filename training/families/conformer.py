@@ -147,3 +147,12 @@ class ConformerCtcFamily(ConformerFamily):
     grows = False  # over tokens, not phone classes
     regimes = ("labeled",)  # its pseudo-labels are transcripts (train.pseudolabels)
     model_class = ConformerCtcModel
+
+    def export_graphs(self, model, card):
+        # `amflow export` of a CTC family also builds the sherpa-onnx graph and the
+        # streaming graph, which are the GRU CTC student's (training/families/ctc_onnx.py):
+        # refused here, clearly, rather than failing inside them.
+        raise ValueError("amflow export does not take a conformer_ctc model yet: its "
+                         "sherpa-onnx and streaming graphs are built for the GRU CTC student "
+                         "only (training.families.conformer_onnx.utterance_graph exports its "
+                         "whole-utterance graph; amflow serve streams it on torch)")
