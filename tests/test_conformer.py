@@ -302,3 +302,26 @@ def test_the_ctc_head_learns_characters_through_amflow_train(tmp_path, local_cfg
     model.eval()
     assert compare(streamed_log_posteriors(fam.stream_model(model, torch.float32, "cpu"),
                                            feats, chunk_rows=3), _whole(model, feats)) <= 1e-5
+
+
+def test_a_config_names_the_built_in_families_before_they_are_imported():
+    """The CLI loads the config before anything imports training/families: the schema's
+    lists of built-in names (core/config/train.py) must be the registry's."""
+    import subprocess
+    import sys
+
+    from training.families import family_names
+
+    code = ("import sys; from core.config import load_config; "
+            "from core.config.train import MODEL_FAMILIES, TOKEN_FAMILIES; "
+            "load_config(None, ['train.model=conformer_ctc', 'train.pseudolabels=R']); "
+            "assert 'training.families' not in sys.modules; "
+            "print(sorted(MODEL_FAMILIES), sorted(TOKEN_FAMILIES))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, timeout=120)
+    names, tokens = (json.loads(s.replace("'", '"')) for s in
+                     out.stdout.strip().replace("] [", "]\n[").splitlines())
+    built_in = [n for n in family_names()  # (not a test's own family: the toy's)
+                if type(get_family(n)).__module__.startswith("training.families.")]
+    assert names == built_in
+    assert tokens == sorted(n for n in names if get_family(n).token_targets)

@@ -93,16 +93,16 @@ class ConformerConfig:
     ff_mult: int = 4  # feed-forward hidden units = ff_mult x dim
     conv_kernel: int = 15  # causal depthwise convolution, frames (15: 450 ms at 33 Hz)
     frontend_kernel: int = 3  # the front end's causal convolution over the rows, frames
-    # Decoding and streaming: attention within chunks of `chunk` frames and `left_chunks`
-    # chunks before (-1: every earlier frame). A chunk's first frame waits for chunk - 1
-    # more (8: 240 ms at 33 Hz).
+    # decoding and streaming: attention within chunks of this many frames; a chunk's first
+    # frame waits for chunk - 1 more (8: 240 ms at 33 Hz)
     chunk: int = 8
-    left_chunks: int = 4
-    # Training (U2's dynamic chunks): per minibatch, full context with probability
-    # full_context_share, else a chunk drawn from 1..max_train_chunk with a left context
-    # drawn from 0..left_chunks (all of it with -1); false: always chunk / left_chunks.
+    left_chunks: int = 4  # earlier chunks a frame attends to (-1: every earlier frame)
+    # training (WeNet U2): per minibatch a random chunking, so one model serves any chunk and
+    # whole utterances; false: always chunk / left_chunks
     dynamic_chunks: bool = True
-    max_train_chunk: int = 16
+    max_train_chunk: int = 16  # dynamic chunks: the chunk is drawn from 1..max_train_chunk
+    # dynamic chunks: the share of minibatches with full context (the rest draw a chunk and
+    # a left context from 0..left_chunks, all of it with -1)
     full_context_share: float = 0.5
     dropout: float = 0.1  # in the feed-forward, attention and convolution modules
 
