@@ -50,6 +50,13 @@ def test_the_family_builds_from_config_and_rebuilds_from_its_spec():
     x = torch.randn(2, 13, 24)
     assert torch.equal(model.eval()(x), again.eval()(x))
     assert load_config(None, ["train.model=conformer"]).train.model == "conformer"
+    # train.grow's phone stage hands its model on with a new output layer
+    from training.grow import grow_output
+
+    grown = grow_output(model, [0, 0, 3, 10, 5], [0.0, -0.7, 0.0, 0.0, 0.0])
+    again = model_from_spec(json.loads(json.dumps(model_spec(grown))))
+    again.load_state_dict(grown.state_dict())
+    assert again.num_classes == 5 and torch.equal(grown.eval()(x), again.eval()(x))
 
 
 @pytest.mark.parametrize("override, key", [

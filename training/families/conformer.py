@@ -112,7 +112,8 @@ class ConformerFamily(ModelFamily):
                                 **dataclasses.asdict(model_cfg.conformer))
 
     def spec(self, model):
-        return dict(model.config)
+        # the output layer's size, not the built one: train.grow replaces the layer
+        return {**model.config, "num_classes": model.num_classes}
 
     def from_spec(self, spec):
         return self.model_class(**{k: v for k, v in spec.items() if k not in ("format", "kind")})
