@@ -332,3 +332,59 @@ def test_a_config_names_the_built_in_families_before_they_are_imported():
                 if type(get_family(n)).__module__.startswith("training.families.")]
     assert names == built_in
     assert tokens == sorted(n for n in names if get_family(n).token_targets)
+
+
+def test_the_ctc_head_streams_the_offline_decode_words_through_batch_dispatch(tiny_corpus,
+                                                                             tmp_path):
+    """A random conformer_ctc model (peaky outputs: the search finds words) with the tiny
+    corpus's T o L o G: three concurrent streams in different chunk sizes through the
+    dispatcher (several streams in one forward) finalise the offline CTC decode's words
+    (CtcDecodeWorker, what `amflow decode` runs)."""
+    from core.config import FeaturesConfig, ServeConfig, StorageConfig, features_dict
+    from core.storage import Storage
+    from decoding.ctc_decode import CtcDecodeWorker
+    from decoding.ctc_graph import build_tlg
+    from decoding.lexicon import words_of
+    from decoding.lm import estimate
+    from serving.app import make_recognizer
+    from serving.recognizer import featurize, transcribe
+    from tasks.select import read_records
+    from tests.stream_driver import drive_streams
+    from tests.test_serving import _speaker_waves
+    from training.checkpoint import model_payload, to_bytes
+    from training.ctc.tokens import train_tokenizer
+    from training.families.conformer_model import ConformerCtcModel
+
+    st = Storage(StorageConfig(root=str(tiny_corpus.parent)))
+    recs, _, _ = read_records(st, str(tiny_corpus))
+    tok = train_tokenizer([r.text for r in recs], "char")
+    build_tlg(tok, estimate([words_of(r.text) for r in recs], order=2).to_arpa()).write(
+        str(tmp_path))
+    fcfg = FeaturesConfig()
+    dim = fcfg.num_mel_bins * fcfg.stack
+    torch.manual_seed(0)
+    model = ConformerCtcModel(dim, tok.num_classes, **SMALL, chunk=4, left_chunks=2).eval()
+    with torch.no_grad():
+        model.output.weight.mul_(6.0)
+    data = to_bytes(model_payload(
+        model, cmvn={"count": 1, "sum": [0.0] * dim, "sumsq": [1.0] * dim},
+        phones=tok.symbols, features=features_dict(fcfg), info={"tokenizer": tok.to_dict()}))
+    spk_recs, waves = _speaker_waves(tiny_corpus)
+    worker = CtcDecodeWorker(data, str(tmp_path), str(tiny_corpus), st.cfg, 13.0, 2000)
+    hyps = worker.search(worker.score(spk_recs)["utts"],
+                         {"acwt": 1.0, "lm_weight": 1.0, "blank_penalty": 1.0})["hyps"]
+    words = [" ".join(w) for _, w, _ in hyps]
+    assert sum(len(w) for w in words) > 0, "the offline words are all empty: a vacuous test"
+    assets = {"model": data, "kind": "conformer_ctc", "log_prior": None, "acwt": 1.0,
+              "blank_penalty": 1.0, "beam": 13.0, "max_active": 2000,
+              "graph": {n: (tmp_path / n).read_bytes()
+                        for n in ("HLG.fst", "words.txt", "graph.json")}}
+    rec = make_recognizer(assets, ServeConfig(device="cpu", dtype="fp32", speech_gate=False,
+                                              backend="torch"))
+    assert isinstance(rec.model, ConformerStream) and rec.model.lookahead == 0
+    assert [m["final"] for m in transcribe(rec, waves)] == words
+    results, batches = drive_streams(rec, waves, [(1600, True), (700, True), (4000, True)],
+                                     prepare=featurize, pause_s=0.001)
+    for msgs in results:
+        assert [m["final"] for m in msgs if "final" in m] == words
+    assert max(batches) >= 2  # streams shared forwards
