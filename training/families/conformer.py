@@ -20,33 +20,45 @@ from torch import nn
 from core.config import ModelConfig
 from training.families.base import ModelFamily, register_family
 from training.families.conformer_model import (ConformerCtcModel, ConformerModel,
-                                               stream_chunk, zero_stream_state)
+                                               stream_chunk, stream_chunks, zero_stream_state)
 
 # The attention context a frame of an unlimited left context (left_chunks -1) is counted
 # with in flops_per_frame: half of a 10 s utterance at 33 Hz (it grows with the utterance).
 UNLIMITED_CONTEXT_FRAMES = 167
 
 
-def stream_rows(model: ConformerModel, x: torch.Tensor, state: list[torch.Tensor]
-                ) -> tuple[torch.Tensor, list[torch.Tensor]]:
-    """New rows x [1, n, D] of one stream -> (logits [1, m, C] of the rows that completed
-    chunks, the state). state = [held rows [1, p, D], final flag, *zero_stream_state]:
-    rows short of a chunk wait, unless the flag says these are the utterance's last."""
-    held, final, inner = state[0], state[1], list(state[2:])
-    rows = torch.cat([held, x], 1)
+def stream_rows(model: ConformerModel, xs: list[torch.Tensor], states: list[list[torch.Tensor]]
+                ) -> list[tuple[torch.Tensor, list[torch.Tensor]]]:
+    """New rows xs[b] [1, n_b, D] of B streams -> per stream (logits [1, m_b, C] of the rows
+    that completed chunks, its state). A state is [held rows [1, p, D], final flag,
+    *zero_stream_state]: rows short of a chunk wait, unless the flag says they are the
+    utterance's last. Whole chunks of all streams run together (one batch per round of
+    chunks); an utterance's partial last chunk runs alone."""
+    rows = [torch.cat([s[0], x], 1) for x, s in zip(xs, states)]
+    inner = [list(s[2:]) for s in states]
+    done = [0] * len(rows)
+    outs = [[torch.zeros(1, 0, model.num_classes, dtype=r.dtype, device=r.device)] for r in rows]
     chunk = model.chunk
-    done = rows.shape[1] if bool(final) else rows.shape[1] // chunk * chunk
-    outs = [torch.zeros(1, 0, model.num_classes, dtype=x.dtype, device=x.device)]
-    for start in range(0, done, chunk):
-        y, inner = stream_chunk(model, rows[:, start:min(start + chunk, done)], inner)
-        outs.append(y)
-    return torch.cat(outs, 1), [rows[:, done:], final, *inner]
+    while ready := [b for b, r in enumerate(rows) if r.shape[1] - done[b] >= chunk]:
+        y, new = stream_chunks(model, torch.cat([rows[b][:, done[b]:done[b] + chunk]
+                                                 for b in ready]), [inner[b] for b in ready])
+        for j, b in enumerate(ready):
+            outs[b].append(y[j:j + 1])
+            inner[b], done[b] = new[j], done[b] + chunk
+    for b, s in enumerate(states):
+        if bool(s[1]) and rows[b].shape[1] > done[b]:  # the utterance's partial last chunk
+            y, inner[b] = stream_chunk(model, rows[b][:, done[b]:], inner[b])
+            outs[b].append(y)
+            done[b] = rows[b].shape[1]
+    return [(torch.cat(outs[b], 1), [rows[b][:, done[b]:], s[1], *inner[b]])
+            for b, s in enumerate(states)]
 
 
 class ConformerStream:
-    """The recognizer's streaming step (serving/recognizer.py): streams run one at a time
-    through stream_rows; `lookahead` is 0 because the step holds its chunk's rows itself
-    and is told by `utterance_end(state)` which forward carries an utterance's last rows.
+    """The recognizer's streaming step (serving/recognizer.py): the streams of a forward
+    run their whole chunks together (stream_rows); `lookahead` is 0 because the step holds
+    its chunk's rows itself and is told by `utterance_end(state)` which forward carries an
+    utterance's last rows.
     The frame count and the flag stay float32 whatever the serving dtype (a bf16 count
     would skip positions past 256)."""
 
@@ -74,9 +86,9 @@ class ConformerStream:
     def forward(self, rows: list[np.ndarray], states: list) -> tuple[list, list]:
         outs, new = [], []
         with torch.inference_mode():
-            for r, s in zip(rows, states):
-                y, st = stream_rows(self.model, self._tensor(r)[None],
-                                    [self._tensor(t) for t in s])
+            done = stream_rows(self.model, [self._tensor(r)[None] for r in rows],
+                               [[self._tensor(t) for t in s] for s in states])
+            for y, st in done:
                 outs.append(torch.log_softmax(y[0].float(), -1).cpu().numpy())
                 new.append([t.float().cpu().numpy() for t in st])
         return outs, new

@@ -48,11 +48,14 @@ def chunk_mask(steps: int, chunk: int, left_chunks: int, lengths: torch.Tensor |
 
 
 def rotary(x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-    """Rotary position embedding of x [B, H, T, dh] at frame `positions` [T]: each pair of
-    dimensions (i, i + dh/2) rotated by position x 10000^(-2i/dh)."""
+    """Rotary position embedding of x [B, H, T, dh] at frame `positions` ([T], or [B, T]
+    for streams at different frames): each pair of dimensions (i, i + dh/2) rotated by
+    position x 10000^(-2i/dh)."""
     half = x.shape[-1] // 2
     inv = 10000.0 ** (-torch.arange(half, device=x.device, dtype=torch.float32) / half)
-    angle = positions.to(torch.float32)[:, None] * inv[None, :]
+    angle = positions.to(torch.float32)[..., None] * inv  # [T, half] or [B, T, half]
+    if angle.dim() == 3:
+        angle = angle[:, None]  # over the heads
     cos, sin = angle.cos().to(x.dtype), angle.sin().to(x.dtype)
     a, b = x[..., :half], x[..., half:]
     return torch.cat([a * cos - b * sin, a * sin + b * cos], -1)
@@ -141,13 +144,15 @@ class ConformerBlock(nn.Module):
         return self.norm(x + 0.5 * self.ff2(x))
 
     def stream(self, x: torch.Tensor, positions: torch.Tensor, keys: torch.Tensor,
-               values: torch.Tensor, conv_hist: torch.Tensor):
-        """One chunk x [1, n, dim] after cached keys/values [1, H, L, dh] and the conv's
-        last kernel - 1 inputs [1, kernel - 1, dim]: (y, all keys, all values, conv input)."""
+               values: torch.Tensor, conv_hist: torch.Tensor, key_mask: torch.Tensor | None):
+        """One chunk x [B, n, dim] of B streams after their cached keys/values [B, H, L, dh]
+        (left-padded to one length: `key_mask` [B, 1, 1, L + n] says which are real, None:
+        all) and the conv's last kernel - 1 inputs [B, kernel - 1, dim]: (y, all keys, all
+        values, conv input). Every real cached key is in the chunk's left context."""
         x = x + 0.5 * self.ff1(x)
         q, k, v = self.attn.project(x, positions)
         keys, values = torch.cat([keys, k], 2), torch.cat([values, v], 2)
-        x = x + self.attn.attend(q, keys, values, None)  # every cached key is in range
+        x = x + self.attn.attend(q, keys, values, key_mask)
         h = torch.cat([conv_hist, self.conv.glu(x)], 1)
         x = x + self.conv.finish(h)
         return self.norm(x + 0.5 * self.ff2(x)), keys, values, h
@@ -270,21 +275,45 @@ def zero_stream_state(model: ConformerModel) -> list[torch.Tensor]:
 def stream_chunk(model: ConformerModel, x: torch.Tensor, state: list[torch.Tensor]
                  ) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """One chunk x [1, n, D] (n <= chunk; fewer only at an utterance's end) after `state`
-    (zero_stream_state's layout): (logits [1, n, C], the next state). The caches keep the
-    last left_chunks x chunk frames, which are exactly the whole pass's left context."""
-    front, offset, rest = state[0], state[1], state[2:]
-    k = model.frontend.kernel_size[0]
-    inp = torch.cat([front, x], 1)
+    (zero_stream_state's layout): (logits [1, n, C], the next state)."""
+    y, (new,) = stream_chunks(model, x, [state])
+    return y, new
+
+
+def _left_padded(caches: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Per-stream caches [1, H, L_b, dh] as one [B, H, max L, dh], zeros on the left, and
+    which positions are real ([B, max L] bool; None when every L_b is the same)."""
+    longest = max(c.shape[2] for c in caches)
+    if all(c.shape[2] == longest for c in caches):
+        return torch.cat(caches), None
+    padded = torch.cat([F.pad(c, (0, 0, longest - c.shape[2], 0)) for c in caches])
+    lens = torch.tensor([c.shape[2] for c in caches], device=padded.device)
+    return padded, torch.arange(longest, device=padded.device)[None] >= longest - lens[:, None]
+
+
+def stream_chunks(model: ConformerModel, x: torch.Tensor, states: list[list[torch.Tensor]]
+                  ) -> tuple[torch.Tensor, list[list[torch.Tensor]]]:
+    """One chunk of each of B streams, x [B, n, D] (n <= chunk), after each stream's state
+    (zero_stream_state's layout; their caches may differ in length: a stream that began
+    later holds fewer keys): (logits [B, n, C], each stream's next state). The caches keep
+    the last left_chunks x chunk frames, exactly the whole pass's left context."""
+    n, kf = x.shape[1], model.frontend.kernel_size[0]
+    inp = torch.cat([torch.cat([s[0] for s in states]), x], 1)
     h = F.silu(model.frontend(inp.transpose(1, 2)).transpose(1, 2))
-    n = x.shape[1]
-    positions = offset.long() + torch.arange(n, device=x.device)
+    offsets = torch.stack([s[1] for s in states])
+    positions = offsets.long()[:, None] + torch.arange(n, device=x.device)
     keep = None if model.left_chunks < 0 else model.left_chunks * model.chunk
-    new = [inp[:, inp.shape[1] - (k - 1):], offset + n]
+    new = [[inp[b:b + 1, inp.shape[1] - (kf - 1):], offsets[b] + n] for b in range(len(states))]
     for i, block in enumerate(model.blocks):
-        keys, values, conv = rest[3 * i:3 * i + 3]
-        h, keys, values, conv_in = block.stream(h, positions, keys, values, conv)
-        if keep is not None:
-            keys, values = keys[:, :, keys.shape[2] - min(keep, keys.shape[2]):], \
-                values[:, :, values.shape[2] - min(keep, values.shape[2]):]
-        new += [keys, values, conv_in[:, conv_in.shape[1] - (block.conv.kernel - 1):]]
+        cached = [s[2 + 3 * i] for s in states]
+        keys, real = _left_padded(cached)
+        values, _ = _left_padded([s[3 + 3 * i] for s in states])
+        mask = None if real is None else F.pad(real, (0, n), value=True)[:, None, None]
+        h, keys, values, conv_in = block.stream(h, positions, keys, values,
+                                                torch.cat([s[4 + 3 * i] for s in states]), mask)
+        for b, c in enumerate(cached):
+            kept = c.shape[2] + n if keep is None else min(keep, c.shape[2] + n)
+            new[b] += [keys[b:b + 1, :, keys.shape[2] - kept:],
+                       values[b:b + 1, :, values.shape[2] - kept:],
+                       conv_in[b:b + 1, conv_in.shape[1] - (block.conv.kernel - 1):]]
     return model.output(h), new
