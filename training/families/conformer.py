@@ -8,6 +8,9 @@ Its streaming step (ConformerStream) holds a stream's rows until they fill a chu
 whole chunks with the cached keys/values and convolution histories, and on the call that
 carries an utterance's last rows (`utterance_end`) runs the partial last chunk: the outputs
 equal the eval-mode whole-utterance pass, which uses the same chunking.
+
+`conformer_ctc` (ConformerCtcFamily) is the same encoder with the CTC head over tokens,
+trained like the GRU CTC student on transcripts and pseudo-labels.
 """
 from __future__ import annotations
 
