@@ -123,8 +123,11 @@ def utterance_log_posteriors(sess, feats: Sequence[np.ndarray], batch_frames: in
     utterance's end either way), as decoding.decode.log_posteriors batches them."""
     from decoding.batching import batched
 
+    # a graph that attends across frames (the Conformer's) also takes the lengths
+    with_lengths = "lengths" in {i.name for i in sess.get_inputs()}
+
     def forward(x: np.ndarray, lens: np.ndarray) -> list[np.ndarray]:
-        (y,) = sess.run(None, {"x": x})
+        (y,) = sess.run(None, {"x": x, **({"lengths": lens} if with_lengths else {})})
         return [y[j, :n] for j, n in enumerate(lens)]
 
     return batched(feats, forward, batch_frames)

@@ -80,9 +80,51 @@ class CtcConfig:
 
 
 @dataclass
+class ConformerConfig:
+    """The streaming Conformer-style student (train.model: conformer;
+    training/families/conformer.py): a causal convolutional front end at the features' 33 Hz,
+    Macaron blocks (half feed-forward, rotary self-attention over chunks with a left context,
+    causal depthwise convolution, half feed-forward), trained with dynamic chunk sizes (WeNet
+    U2) so one model decodes with any chunk. The defaults are the embedded corpus's size."""
+
+    dim: int = 96  # model width (attention, convolution, feed-forward input)
+    heads: int = 4  # attention heads; dim / heads must be even (rotary positions)
+    layers: int = 4  # Conformer blocks
+    ff_mult: int = 4  # feed-forward hidden units = ff_mult x dim
+    conv_kernel: int = 15  # causal depthwise convolution, frames (15: 450 ms at 33 Hz)
+    frontend_kernel: int = 3  # the front end's causal convolution over the rows, frames
+    # decoding and streaming: attention within chunks of this many frames; a chunk's first
+    # frame waits for chunk - 1 more (8: 240 ms at 33 Hz)
+    chunk: int = 8
+    left_chunks: int = 4  # earlier chunks a frame attends to (-1: every earlier frame)
+    # training (WeNet U2): per minibatch a random chunking, so one model serves any chunk and
+    # whole utterances; false: always chunk / left_chunks
+    dynamic_chunks: bool = True
+    max_train_chunk: int = 16  # dynamic chunks: the chunk is drawn from 1..max_train_chunk
+    # dynamic chunks: the share of minibatches with full context (the rest draw a chunk and
+    # a left context from 0..left_chunks, all of it with -1)
+    full_context_share: float = 0.5
+    dropout: float = 0.1  # in the feed-forward, attention and convolution modules
+
+    def validate(self, key: str) -> None:
+        for name in ("dim", "heads", "layers", "ff_mult", "conv_kernel", "frontend_kernel",
+                     "chunk", "max_train_chunk"):
+            check(getattr(self, name) >= 1, f"{key}.{name}", "must be >= 1")
+        check(self.dim % (2 * self.heads) == 0, f"{key}.dim",
+              f"must be a multiple of 2 x {key}.heads ({2 * self.heads}): rotary positions "
+              "rotate pairs of each head's dimensions")
+        check(self.left_chunks >= -1, f"{key}.left_chunks", "must be >= -1 (-1: all)")
+        check(0 <= self.full_context_share <= 1, f"{key}.full_context_share",
+              "must be in [0, 1]")
+        check(0 <= self.dropout < 1, f"{key}.dropout", "must be in [0, 1)")
+
+
+@dataclass
 class ModelConfig:
     student: StudentConfig = field(default_factory=StudentConfig)
     teacher: TeacherConfig = field(default_factory=TeacherConfig)
     ctc: CtcConfig = field(default_factory=CtcConfig)  # the CTC student (train.model: ctc)
+    # the streaming Conformer student (train.model: conformer)
+    conformer: ConformerConfig = field(default_factory=ConformerConfig)
     # 0 = the run's phone inventory size; a larger number (e.g. 3183 senones) in config.
     num_classes: int = 0

@@ -79,7 +79,7 @@ def build_ctc_plan(storage: Storage, cfg: Config, run_id: str, repartition_uri: 
         splits["dev"] = dev
         report["splits"][tc.batches.dev_split] = {"partitions": len(dev)}
     symbols = list(data.tokenizer["symbols"])
-    plan = WorkerPlan(cfg=cfg, run_id=run_id, train_dir=train_dir, kind="ctc",
+    plan = WorkerPlan(cfg=cfg, run_id=run_id, train_dir=train_dir, kind=cfg.train.model,
                       splits=splits, cmvn=cmvn, phones=symbols, num_classes=len(symbols),
                       feat_dim=int(feat_dim or 0), stack=cfg.features.stack, inputs=inputs,
                       launch=launch, ctc=data)

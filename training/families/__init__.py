@@ -3,7 +3,7 @@ name. Each family is one file here, registered with `@register_family("<name>")`
 import below loads the built-in ones (docs/how-to/add-a-model-family.md)."""
 from training.families.base import (DECODERS, ModelFamily, TorchStream, family_names,
                                     family_of, get_family, register_family)
-from training.families import ctc, lstm  # noqa: F401  (registers student, teacher, ctc)
+from training.families import conformer, ctc, lstm  # noqa: F401  (registers the built-in families)
 
 __all__ = ["DECODERS", "ModelFamily", "TorchStream", "family_names", "family_of", "get_family",
            "register_family"]

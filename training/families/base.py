@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from core.config.train import MODEL_FAMILIES
+from core.config.train import MODEL_FAMILIES, TOKEN_FAMILIES
 from core.config import ModelConfig
 
 DECODERS = ("hybrid", "ctc")
@@ -150,6 +150,8 @@ def register_family(name: str) -> Callable[[type], type]:
                              f"of {', '.join(DECODERS)}")
         _FAMILIES[name] = family
         MODEL_FAMILIES.add(name)  # train.model accepts it (core/config/train.py)
+        if family.token_targets:  # and validates it as a transcript-trained model
+            TOKEN_FAMILIES.add(name)
         return cls
     return add
 
