@@ -1,8 +1,9 @@
 """A run remembers its settings: `runs/<id>/_run.json`.
 
 The first step of a run records the config file it was given (its absolute path and
-digest) and the `--set` overrides that describe the run (every key but the ones that
-name which model a step works on: `INSTANCE_KEYS`). Every later step of that run starts
+digest) and the `--set` overrides that describe the run: every key but the ones that
+name which model a step works on (`INSTANCE_KEYS`) and those in the sections the step
+reads itself (its own `--set`s live in its `_config.json`). Every later step of that run starts
 from that record, so `amflow <step> --run-id R` alone is enough (with the default
 storage root; a run under another root is found with `--config` or
 `--set storage.root=...`).
@@ -117,10 +118,11 @@ class RunSettings:
     def remember(self, config_path: str | None, overrides: list[str], step: str,
                  forced: list[Change], folder: str = "") -> None:
         """Write the record: the first step's config and run-wide sets, later steps' new
-        run-wide sets (a key set again replaces its value), and forced changes. The sets
-        a tagged step (train-baseline) gives its own sections are that model's, kept in
-        its own `_config.json`, not the run's."""
-        own = sections_read(step) if folder and folder != step else ()
+        run-wide sets (a key set again replaces its value), and forced changes. What a
+        step sets in the sections it reads itself (`amflow evaluate --set
+        evaluate.baseline=...`, train.* of train-baseline) is that step's, kept in its own
+        `_config.json`, not the run's: run again without it, it is gone."""
+        own = sections_read(step)
         run_sets = [s for s in overrides if not is_instance_key(_key_of(s))
                     and _key_of(s).split(".")[0] not in own]
         rec = dict(self.record) or {"config": config_path, "config_digest":
@@ -181,8 +183,9 @@ def conflicts(settings: RunSettings, step: str, folder: str, changes: list[Chang
             if is_instance_key(c.key) or c.key.split(".")[0] not in sections_read(name):
                 continue
             if ran.get(c.key) != c.after:
-                out.append((c, f"{c.key} = {c.after!r} would change the inputs of step "
-                               f"{done!r}, which finished with {c.key} = {ran.get(c.key)!r}"))
+                out.append((Change(c.key, ran.get(c.key), c.after),
+                            f"{c.key} = {c.after!r} would change the inputs of step "
+                            f"{done!r}, which finished with {c.key} = {ran.get(c.key)!r}"))
     return out
 
 

@@ -38,18 +38,20 @@ def _start(store: Path, run: str, step: str, sets: list[str], config: str | None
 
 def test_the_first_step_records_the_config_and_the_run_wide_sets(tmp_path):
     store = tmp_path / "store"
-    _start(store, "r", "select", ["select.hours=0.5", "train.tag=teacher"])
+    _start(store, "r", "select", ["features.num_mel_bins=40", "select.hours=0.5",
+                                  "train.tag=teacher"])
     rec = json.loads((store / "runs" / "r" / RUN_RECORD).read_text())
     assert rec["config"] == CONFIG and rec["first_step"] == "select"
-    # train.tag names which model a step works on: not a setting of the run
-    assert rec["sets"] == [f"storage.root={store}", "select.hours=0.5"]
+    # train.tag names which model a step works on, select.hours is select's own (its
+    # _config.json): neither is a setting of the run
+    assert rec["sets"] == [f"storage.root={store}", "features.num_mel_bins=40"]
 
 
 def test_run_id_alone_is_enough_after_the_first_step(tmp_path):
     store = tmp_path / "store"
-    _start(store, "r", "select", ["select.hours=0.5", "features.num_mel_bins=40"])
+    _start(store, "r", "select", ["lm.order=4", "features.num_mel_bins=40"])
     resolved, _, _ = _start(store, "r", "features", [], config=None)
-    assert resolved.config.select.hours == 0.5
+    assert resolved.config.lm.order == 4
     assert resolved.config.features.num_mel_bins == 40
     assert resolved.config.storage.root == str(store)
 
@@ -63,10 +65,10 @@ def test_a_change_a_finished_step_read_is_refused_naming_key_and_step(tmp_path):
     msg = str(err.value)
     assert "select.hours" in msg and "'select'" in msg and "0.5" in msg and "--force" in msg
     # a key the finished step did not read is a new setting of the run, not a conflict
-    resolved, _, _ = _start(store, "r", "features", ["features.num_mel_bins=40"], config=None)
-    assert resolved.config.features.num_mel_bins == 40
+    resolved, _, _ = _start(store, "r", "features", ["decode.beam=20"], config=None)
+    assert resolved.config.decode.beam == 20
     rec = json.loads((store / "runs" / "r" / RUN_RECORD).read_text())
-    assert "features.num_mel_bins=40" in rec["sets"]
+    assert "decode.beam=20" in rec["sets"]
 
 
 def test_force_records_the_change_in_the_history(tmp_path):
@@ -111,11 +113,11 @@ def test_config_show_prints_the_runs_settings(tmp_path, capsys):
     from amflow.cli import main
 
     store = tmp_path / "store"
-    _start(store, "r", "select", ["select.hours=0.5"])
+    _start(store, "r", "select", ["features.num_mel_bins=40"])
     assert main(["config", "show", "--config", CONFIG, "--run-id", "r",
                  "--set", f"storage.root={store}"]) == 0
     out = capsys.readouterr().out
-    assert RUN_RECORD in out and "select.hours = 0.5" in out
+    assert RUN_RECORD in out and "features.num_mel_bins = 40" in out
 
 
 def test_settings_open_on_a_new_run_is_empty(tmp_path):
@@ -149,3 +151,12 @@ def test_amflow_config_names_the_default_config(tmp_path, monkeypatch, capsys):
     assert main(["config", "show", "--run-id", "r"]) == 0
     out = capsys.readouterr().out
     assert "features.num_mel_bins = 40" in out and "select.hours = 0.25" in out
+
+
+def test_a_steps_own_set_is_not_the_runs(tmp_path):
+    """evaluate --set evaluate.baseline=M, then evaluate without it: no baseline (the
+    step's own key stays in its _config.json, the run does not impose it)."""
+    store = tmp_path / "store"
+    _start(store, "r", "evaluate", ["evaluate.baseline=/m.pt"])
+    resolved, _, _ = _start(store, "r", "evaluate", [], config=None)
+    assert not resolved.config.evaluate.baseline
