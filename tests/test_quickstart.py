@@ -58,7 +58,11 @@ def test_quickstart_runs_every_step_and_prints_the_wer_table(tmp_path):
     store, logs = tmp_path / "store", tmp_path / "logs"
     done = _quickstart(store, logs)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
-    assert done.stdout.count("\n=== ") == 1 + sum(map(len, STEPS.values())) + 1
+    from amflow.recipes.definition import load_recipe
+
+    headers = {line.split()[1] for line in done.stdout.splitlines() if line.startswith("=== ")}
+    assert headers == {*load_recipe("ssl").for_cli().ids(), "compare"}
+    assert len(headers) == 1 + sum(map(len, STEPS.values())) + 1  # corpus, steps, compare
     assert json.loads((store / "corpus" / "_SUCCESS.json").read_text())
     for run, steps in STEPS.items():
         for step in steps:
