@@ -165,15 +165,20 @@ def changed_keys(before: Config, after: Config) -> list[Change]:
     return out
 
 
-def conflicts(settings: RunSettings, step: str, folder: str, changes: list[Change]
-              ) -> list[tuple[Change, str]]:
+def conflicts(settings: RunSettings, step: str, folder: str, changes: list[Change],
+              interval_run: bool = False) -> list[tuple[Change, str]]:
     """Why each change would make a finished step of the run disagree with its settings:
     the step read the key's section and ran with another value. A sibling (the same step
-    with another tag, e.g. train-baseline beside train-teacher) is its own model."""
+    with another tag, e.g. train-baseline beside train-teacher) is its own model. In an
+    interval's run (daily_data's partition: `interval_run`), the per-interval steps are
+    keyed by their inputs and redo what changed when they next run (targets after a new
+    teacher): a change to what they read is the point of a reprocessing backfill."""
+    from amflow.steps.registry import STEPS
+
     out = []
     for done in settings.finished_steps():
         name = step_name_of(done)
-        if not name or (name == step and done != folder):
+        if not name or (name == step and done != folder) or (interval_run and STEPS[name].per_interval):
             continue
         record = settings.recorded_config(done)
         if record is None:
@@ -221,7 +226,8 @@ def settle(cfg_path: str | None, default_path: str | None, overrides: list[str],
     changes = [c for c in changed_keys(before.config, resolved.config)
                if not is_instance_key(c.key)]
     folder = step_dir_of(step, resolved.config)
-    found = conflicts(settings, step, folder, changes)
+    found = conflicts(settings, step, folder, changes,
+                      interval_run=bool(resolved.config.select.interval_start))
     if found and not force:
         raise ConfigError(
             found[0][0].key, f"run {run_id!r} remembers its settings ({join(settings.uri, RUN_RECORD)}): "

@@ -300,7 +300,14 @@ def test_documented_backfill_commands_do_what_the_text_says(airflow, tmp_path):
             tries = {t: tis[t]["try_number"] for t in expected}
             done = all(tis[t]["state"] in ("success", "skipped") for t in tis)  # align: ctm
             return done and tries == expected
-        airflow.wait(reached, 240, f"tries {expected}")
+        # train -> sequence -> evaluate_sequence -> decode_sequence: four tasks in a row,
+        # each a fresh task process, on a machine where the other tests take every core
+        try:
+            airflow.wait(reached, 480, f"tries {expected}")
+        except AssertionError as e:
+            now = {t: (ti["state"], ti["try_number"]) for t, ti in
+                   airflow.task_instances("ssl_student", run_id).items()}
+            raise AssertionError(f"(state, try) now: {now}\n{e}") from None
         airflow.settle("ssl_student", run_id)  # before the next clear (see settle)
         others = {t: ti["try_number"] for t, ti in
                   airflow.task_instances("ssl_student", run_id).items() if t not in expected}

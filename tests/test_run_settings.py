@@ -160,3 +160,20 @@ def test_a_steps_own_set_is_not_the_runs(tmp_path):
     _start(store, "r", "evaluate", ["evaluate.baseline=/m.pt"])
     resolved, _, _ = _start(store, "r", "evaluate", [], config=None)
     assert not resolved.config.evaluate.baseline
+
+
+def test_an_intervals_run_takes_a_new_teacher_a_plain_run_refuses_it(tmp_path):
+    """daily_data reprocesses an interval's partition after a new teacher: its targets are
+    keyed by the teacher's digest and redo what changed, so the new value is no conflict
+    there. The same change in a run that is not an interval's is refused."""
+    store = tmp_path / "store"
+    day = ["select.interval_start=2026-03-03T00:00:00", "select.interval_end=2026-03-04T00:00:00"]
+    _start(store, "daily", "select", [*day, "targets.teacher=/m/a.pt"])
+    _finish(store, "daily", "targets", [f"storage.root={store}", *day, "targets.teacher=/m/a.pt"])
+    resolved, _, forced = _start(store, "daily", "select", [*day, "targets.teacher=/m/b.pt"],
+                                 config=None)
+    assert resolved.config.targets.teacher == "/m/b.pt" and not forced
+    _start(store, "plain", "select", ["targets.teacher=/m/a.pt"])
+    _finish(store, "plain", "targets", [f"storage.root={store}", "targets.teacher=/m/a.pt"])
+    with pytest.raises(ConfigError, match="targets.teacher"):
+        _start(store, "plain", "select", ["targets.teacher=/m/b.pt"], config=None)
