@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.amflow-installed
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: setup system-deps docs quickstart demo test test-fast test-exhaustive test-backfill bench-daily airflow bench serve bench-serve rehearsal clean image test-image
+.PHONY: setup system-deps docs quickstart demo test test-fast test-exhaustive test-corpus-ui test-backfill bench-daily airflow bench serve bench-serve rehearsal clean image test-image
 
 # Setup says what it does, phase by phase (docs/how-to/installation.md): the venv, then
 # amflow's pinned dependencies with a line per large download (scripts/pip_progress.py:
@@ -63,11 +63,16 @@ test-backfill: setup
 bench-daily: setup
 	$(VENV)/bin/pytest -q -rs -s -m benchmark tests/test_airflow_daily.py | grep -E "AMFLOW_BENCH|passed|failed"
 
+# The teacher DAG triggered from its form on the own-corpus how-to's YAML, the student it
+# starts, real steps (~10 min): Airflow on your corpus (docs/how-to/own-corpus.md).
+test-corpus-ui: setup
+	$(VENV)/bin/pytest -q -rs -m corpus_ui tests/test_airflow_own_corpus.py
+
 test-exhaustive: setup
 	$(VENV)/bin/pytest -q -rs -m exhaustive tests
 
 test-fast: setup
-	$(VENV)/bin/pytest -q -rs -m "not slow and not isolated and not cluster and not exhaustive and not benchmark" tests
+	$(VENV)/bin/pytest -q -rs -m "not slow and not isolated and not cluster and not exhaustive and not benchmark and not corpus_ui" tests
 
 # Both DAGs the cluster way on this machine: local S3 (moto) with injected faults, a Ray
 # head + pool nodes, Ray jobs, nodes killed mid-step; checks and per-step overhead vs local

@@ -141,10 +141,14 @@ def common_params(cfg: Config) -> dict[str, Param]:
                                     "Ray cluster on S3)."),
         # exclusive bounds: the form's number box clamps to minimum/maximum (0 or "abc"
         # became 0.01); without them a bad value is refused with a message instead.
-        "hours": Param(cfg.select.hours, type="number", exclusiveMinimum=0,
+        # Empty too: a default copied from local.yaml (1 h) silently capped a user's own
+        # config's select.hours when the form was sent with only the config field changed.
+        "hours": Param(None, type=["null", "number"], exclusiveMinimum=0,
                        exclusiveMaximum=HOURS_LIMIT, title="Hours of audio",
                        description=f"select.hours: audio to select (more than 0, less than "
-                                   f"{HOURS_LIMIT:,}); more than the corpus holds selects it all."),
+                                   f"{HOURS_LIMIT:,}); more than the corpus holds selects it "
+                                   f"all; empty: the config's (configs/local.yaml: "
+                                   f"{cfg.select.hours:g})."),
         # Empty = the value in the chosen config file (the form cannot know which file
         # will be picked, and a default copied from local.yaml would override aws.yaml).
         "algorithm": Param(None, type=["null", "string"], enum=[None, *ALGORITHMS],
@@ -418,12 +422,27 @@ class AmflowStepOperator(BaseOperator):
         uri = model_uri(summary) if isinstance(summary, dict) else ""
         return ["--model", uri] if uri else []
 
+    def resolved_config(self, context) -> str:
+        """The config file: the form's; in a run a teacher's model event started (nobody
+        sent a form), the one that teacher ran with, so that a teacher trained on a user's
+        own YAML is followed by a student on that YAML, not on the form's default."""
+        for event in reversed(self._triggering_events(context)):
+            config = (event.extra or {}).get("config")
+            if config:
+                return str(config)
+        return str(context["params"].get("config") or DEFAULT_CONFIG)
+
+    def _triggering_events(self, context) -> list:
+        if self.teacher_asset is None:
+            return []
+        try:
+            return list(context["triggering_asset_events"][self.teacher_asset])
+        except (KeyError, TypeError):
+            return []
+
     def _latest_teacher(self, context) -> str:
         asset = self.teacher_asset
-        try:
-            events = context["triggering_asset_events"][asset]
-        except (KeyError, TypeError):
-            events = []
+        events = self._triggering_events(context)
         if not events:
             try:
                 events = list(context["inlet_events"][asset])
@@ -439,11 +458,15 @@ class AmflowStepOperator(BaseOperator):
                           reused: bool = False) -> None:
         if not self.outlets:
             return
+        from amflow.jobs.base import resolve_config
         from amflow.orchestration.operator import flat_results, model_uri
 
         uri = model_uri(summary) if self.model_output else summary.get("uri", "")
         metrics = summary.get("metrics") or {}
+        step = getattr(self, "_amflow_step", None)
         extra = {"uri": uri, "run_id": run_id, "step": self.step,
+                 # the file the step ran with: a run this event starts reads it too
+                 "config": str(resolve_config(step.config)) if step else "",
                  "airflow_run_id": context["dag_run"].run_id,
                  "counts": summary.get("counts", {}), "bytes": summary.get("bytes", 0),
                  "wall_s": summary.get("wall_s"),

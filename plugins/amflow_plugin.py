@@ -45,6 +45,9 @@ def _dag_run_conf(dag_id: str, run_id: str) -> dict:
         if run is None:
             raise HTTPException(404, f"no run {run_id!r} of DAG {dag_id!r}")
         conf = dict(run.conf or {})
+        if not conf.get("config"):  # started by a teacher's model event: that teacher's file
+            configs = [(e.extra or {}).get("config") for e in run.consumed_asset_events]
+            conf["config"] = next((c for c in reversed(configs) if c), None)
         if dag_id == "daily_data" and run.data_interval_start and run.data_interval_end:
             conf["_interval"] = (run.data_interval_start, run.data_interval_end)
         return conf
@@ -52,6 +55,7 @@ def _dag_run_conf(dag_id: str, run_id: str) -> dict:
 
 def _storage_root(conf: dict) -> tuple[object, str]:
     """The run's storage (as its tasks saw it: its config file and overrides)."""
+    from amflow.jobs.base import step_workdir
     from core.config import load_config
     from core.storage import Storage
 
@@ -59,8 +63,8 @@ def _storage_root(conf: dict) -> tuple[object, str]:
     path = path if path.is_absolute() else PROJECT_ROOT / path
     cfg = load_config(path, [str(o) for o in conf.get("overrides") or []])
     root = cfg.storage.root
-    if "://" not in root and not os.path.isabs(root):
-        root = str(PROJECT_ROOT / root)  # relative roots resolve where local steps run
+    if "://" not in root and not os.path.isabs(root):  # resolved where local steps run
+        root = str(Path(cfg.runner.workdir or step_workdir(str(path))) / root)
     return Storage(cfg.storage), root
 
 

@@ -10,7 +10,7 @@
 # Then the tests marked `isolated`, which need a process in which no in-process Ray ran.
 set -u
 PYTEST=.venv/bin/pytest
-NOT_HERE="not cluster and not exhaustive and not benchmark"
+NOT_HERE="not cluster and not exhaustive and not benchmark and not corpus_ui"
 SKIP="$NOT_HERE and not isolated"
 waits_log=$(mktemp /tmp/amflow-test-waits.XXXXXX)
 trap 'rm -f "$waits_log"' EXIT

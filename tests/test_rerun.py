@@ -226,3 +226,31 @@ def test_the_asset_event_of_a_kept_step_says_its_wall_time_is_an_earlier_one():
         extra = events[TEACHER_EVAL].extra
         assert extra["reused"] is reused and extra["wall_s"] == 12.5
         assert extra["frame_accuracy"] == 0.7
+
+
+def test_a_student_run_a_teacher_event_started_reads_the_teachers_config(tmp_path):
+    """Trigger `teacher` on your own YAML: its model event names that file, and the
+    ssl_student run the event starts (nobody fills its form) reads it, not the default."""
+    if str(ROOT / "dags") not in sys.path:
+        sys.path.insert(0, str(ROOT / "dags"))
+    from amflow_common import DEFAULT_CONFIG, TEACHER_MODEL, AmflowStepOperator
+
+    mine = str(tmp_path / "mine.yaml")
+    train = AmflowStepOperator(task_id="train", step="train", outlets=[TEACHER_MODEL],
+                               model_output=True)
+    train._amflow_step = SimpleNamespace(config=mine)
+    events = {TEACHER_MODEL: SimpleNamespace(extra={})}
+    train.emit_asset_events({"outlet_events": events,
+                             "dag_run": SimpleNamespace(run_id="manual__t")},
+                            {"uri": "/s/runs/t/train-teacher"}, "t")
+    event = events[TEACHER_MODEL]
+    assert event.extra["config"] == mine
+    targets = AmflowStepOperator(task_id="targets", step="targets", teacher_asset=TEACHER_MODEL)
+    started = {"params": {"config": DEFAULT_CONFIG, "teacher": None},
+               "triggering_asset_events": {TEACHER_MODEL: [event]}}
+    assert targets.resolved_config(started) == mine
+    assert "targets.teacher=/s/runs/t/train-teacher/model.pt" in targets.resolved_overrides(started)
+    # a run triggered from the form reads the form's config
+    form = {"params": {"config": "configs/aws.yaml", "teacher": None},
+            "triggering_asset_events": {}}
+    assert targets.resolved_config(form) == "configs/aws.yaml"

@@ -47,6 +47,23 @@ def test_ids_are_stable_and_path_safe():
     assert len(J.job_id("d" * 300, "r" * 300, "t" * 300, 12)) < 100
 
 
+def test_a_users_config_outside_the_checkout_runs_its_steps_in_its_folder(tmp_path):
+    """The own-corpus how-to's YAML (storage.root: ./mine), given to a DAG by its absolute
+    path: local steps run beside it, as `amflow` does when run from that folder; the
+    shipped configs keep running in the checkout (configs/local.yaml's ./data)."""
+    mine = tmp_path / "mine.yaml"
+    mine.write_text("storage: {root: ./mine}\n")
+    assert J.step_workdir(str(mine)) == str(tmp_path)
+    assert J.step_workdir("configs/local.yaml") == str(ROOT)
+    assert J.step_workdir(None) == str(ROOT)
+    from core.config import load_config
+
+    cfg = load_config(str(mine), ["runner.mode=local", f"runner.state_dir={tmp_path / 'jobs'}"])
+    assert J.make_backend(cfg, tmp_path / "jobs", str(mine)).cwd == str(tmp_path)
+    pinned = load_config(str(mine), [f"runner.workdir={ROOT}"])
+    assert J.make_backend(pinned, tmp_path / "jobs", str(mine)).cwd == str(ROOT)
+
+
 def test_step_command_and_summary_parsing():
     argv = J.step_command(["amflow"], "train", config="configs/local.yaml", run_id="r1",
                           overrides=["train.workers=2"], extra_args=["--model", "m.pt"],

@@ -21,8 +21,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from core.config import Config
-from amflow.jobs.base import (FAILED, PENDING, PROJECT_ROOT, RUNNING, STOPPED, SUCCEEDED,
-                              TERMINAL, Emit, RunnerError, default_state_dir)
+from amflow.jobs.base import (FAILED, PENDING, RUNNING, STOPPED, SUCCEEDED, TERMINAL, Emit,
+                              RunnerError, default_state_dir, step_workdir)
 from amflow.jobs.container import AWS_ENV, ContainerBackend, default_image, host_paths, is_remote
 from amflow.jobs.follow import FIRST_POLL_S, Outcome, StepRunner, next_poll_s
 from amflow.jobs.local import LocalBackend
@@ -30,22 +30,22 @@ from amflow.jobs.naming import (SUMMARY_PREFIX, amflow_run_id, job_id, job_prefi
                                 parse_summary, step_command)
 
 
-def _local(cfg: Config, state_dir: Path | None):
+def _local(cfg: Config, state_dir: Path | None, config: str | None):
     r = cfg.runner
     return LocalBackend(state_dir or Path(r.state_dir or default_state_dir()),
-                        cwd=r.workdir or str(PROJECT_ROOT), env=dict(r.env))
+                        cwd=r.workdir or step_workdir(config), env=dict(r.env))
 
 
-def _ray_job(cfg: Config, state_dir: Path | None):  # noqa: ARG001 - Ray keeps the state
+def _ray_job(cfg: Config, state_dir: Path | None, config: str | None):  # noqa: ARG001 - Ray keeps the state
     from amflow.jobs.ray_job import RayJobBackend  # imports ray: only when chosen
 
     r = cfg.runner
     return RayJobBackend(r.ray_dashboard, cwd=r.workdir or None, env=dict(r.env))
 
 
-def _container(cfg: Config, state_dir: Path | None):
+def _container(cfg: Config, state_dir: Path | None, config: str | None):
     r = cfg.runner
-    cwd = r.workdir or str(PROJECT_ROOT)
+    cwd = r.workdir or step_workdir(config)
     # inputs elsewhere (a model URI, a lexicon) must lie under these, the working dir or S3
     uris = [cfg.storage.root, cfg.data.corpus]
     network = r.container_network or ("host" if any(map(is_remote, uris)) else "none")
@@ -59,12 +59,13 @@ def _container(cfg: Config, state_dir: Path | None):
 BACKENDS = {"local": _local, "container": _container, "ray_job": _ray_job}
 
 
-def make_backend(cfg: Config, state_dir: Path | None = None):
-    """The job backend of `runner.mode`."""
-    return BACKENDS[cfg.runner.mode](cfg, state_dir)
+def make_backend(cfg: Config, state_dir: Path | None = None, config: str | None = None):
+    """The job backend of `runner.mode`; `config`: the file the steps get (a local step runs
+    in its folder when it lies outside the project: amflow.jobs.base.step_workdir)."""
+    return BACKENDS[cfg.runner.mode](cfg, state_dir, config)
 
 
 __all__ = ["BACKENDS", "FIRST_POLL_S", "FAILED", "PENDING", "RUNNING", "STOPPED", "SUCCEEDED", "SUMMARY_PREFIX",
            "TERMINAL", "Emit", "LocalBackend", "Outcome", "RunnerError", "StepRunner",
            "amflow_run_id", "default_state_dir", "job_id", "job_prefix", "make_backend",
-           "next_poll_s", "parse_summary", "step_command"]
+           "next_poll_s", "parse_summary", "step_command", "step_workdir"]

@@ -47,3 +47,14 @@ def resolve_config(path: str) -> Path:
     """A config path as the steps see it: relative paths are relative to the project."""
     p = Path(path)
     return p if p.is_absolute() else PROJECT_ROOT / p
+
+
+def step_workdir(config: str | None) -> str:
+    """Where a step started on this machine runs when runner.workdir is empty: the project
+    for the configs inside it (configs/local.yaml's ./data is the checkout's), else the
+    config file's folder, so that a user's YAML (storage.root: ./mine) means in Airflow
+    what it means to `amflow` run beside it, as docs/how-to/own-corpus.md does."""
+    if not config:
+        return str(PROJECT_ROOT)
+    path = resolve_config(config).resolve()
+    return str(PROJECT_ROOT) if path.is_relative_to(PROJECT_ROOT) else str(path.parent)

@@ -10,7 +10,7 @@ from typing import Any
 from core.config import load_config
 from amflow.jobs import (STOPPED, SUCCEEDED, TERMINAL, Emit, Outcome, RunnerError, StepRunner,
                          amflow_run_id, default_state_dir, job_id, make_backend, step_command)
-from amflow.jobs.base import resolve_config
+from amflow.jobs.base import PROJECT_ROOT, resolve_config
 from amflow.orchestration.handback import unchanged_summary
 from amflow.orchestration.rerun import REDO, Attempt, Decision, decide, reused_summary
 from core.runs import SUCCESS, TAG_KEYS, step_dir_name
@@ -83,9 +83,18 @@ class AirflowStep:
         r = self.cfg.runner
         self.state_dir = Path(r.state_dir or default_state_dir())
         self.state_dir.mkdir(parents=True, exist_ok=True)
-        self.backend = make_backend(self.cfg, self.state_dir)
+        self.backend = make_backend(self.cfg, self.state_dir, self.config)
         self.runner = StepRunner(self.backend, self.state_dir, poll_s=r.poll_s, emit=self.emit)
         self.job_id = job_id(self.dag_id, self.airflow_run_id, self.task_id, self.try_number)
+
+    def _config_for_step(self) -> str:
+        """The --config a step gets: as given (relative to the project, where steps run by
+        default, or to a Ray job's working dir), absolute where the step runs in the
+        config's own folder (a user's YAML outside the checkout: step_workdir)."""
+        here = self.backend.mode in ("local", "container")
+        if here and self.backend.cwd != str(PROJECT_ROOT):
+            return str(resolve_config(self.config))
+        return self.config
 
     def _where_steps_run(self, path: str) -> str:
         here = self.backend.mode in ("local", "container")  # steps see this machine's disk
@@ -193,7 +202,7 @@ class AirflowStep:
         self.redone = self.decision.force
         self.runner.emit(f"[amflow-runner] step {self.step} of run {self.run_id}, try "
                          f"{self.try_number}: {self.decision.reason}")
-        argv = step_command(r.command, self.step, config=self.config,
+        argv = step_command(r.command, self.step, config=self._config_for_step(),
                             run_id=self.run_id if self.step != "corpus" else None,
                             overrides=self.overrides, extra_args=self.extra_args,
                             force=self.redone)

@@ -108,6 +108,13 @@ def _run_id(op, context) -> str:
     return str(own or context["params"].get("run_id") or "")
 
 
+def _config(op, context) -> str:
+    """The operator's config (a teacher's model event may name it), else the form's."""
+    if hasattr(op, "resolved_config"):
+        return op.resolved_config(context)
+    return str(context["params"].get("config") or "configs/local.yaml")
+
+
 def _airflow_step(op, context) -> AirflowStep:
     from airflow.sdk.exceptions import AirflowFailException
 
@@ -117,7 +124,7 @@ def _airflow_step(op, context) -> AirflowStep:
         step = AirflowStep(step=op.step, dag_id=ti.dag_id,
                            airflow_run_id=context["dag_run"].run_id, task_id=ti.task_id,
                            try_number=ti.try_number,
-                           config=str(params.get("config") or "configs/local.yaml"),
+                           config=_config(op, context),
                            overrides=list(op.resolved_overrides(context)),
                            extra_args=list(op.resolved_extra_args(context)),
                            rerun=str(params.get("rerun") or "redo"),
