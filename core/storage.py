@@ -74,19 +74,23 @@ def basename(uri: str) -> str:
 class Storage:
     """Bytes, JSON and Parquet I/O over one URI namespace."""
 
-    def __init__(self, cfg: StorageConfig | None = None):
+    def __init__(self, cfg: StorageConfig | None = None, base: str = ""):
         self.cfg = cfg or StorageConfig()
+        # where relative local paths resolve ("": this process's cwd). A reader in another
+        # folder than the steps that wrote them (Airflow's API server reading a run under a
+        # user's ./mine) gives the steps' folder: their summaries name ./mine/runs/...
+        self.base = base
         self._s3: pafs.S3FileSystem | None = None
         self._local = pafs.LocalFileSystem()
 
     # -- pickling: filesystems are rebuilt where the object lands (e.g. a Ray worker).
     def __getstate__(self) -> dict:
-        return {"cfg": asdict(self.cfg)}
+        return {"cfg": asdict(self.cfg), "base": self.base}
 
     def __setstate__(self, state: dict) -> None:
         d = dict(state["cfg"])
         d["s3"] = S3Config(**d["s3"])
-        self.__init__(StorageConfig(**d))
+        self.__init__(StorageConfig(**d), state.get("base", ""))
 
     # -- resolution
     def s3_filesystem(self) -> pafs.S3FileSystem:
@@ -115,7 +119,7 @@ class Storage:
             return self.s3_filesystem(), uri[len("s3://"):].rstrip("/")
         if uri.startswith("file://"):
             uri = uri[len("file://"):]
-        return self._local, os.path.abspath(os.path.expanduser(uri))
+        return self._local, os.path.abspath(os.path.join(self.base, os.path.expanduser(uri)))
 
     def boto3_client(self):
         """A boto3 S3 client with the same endpoint and credentials (for S3-API-only calls)."""

@@ -342,6 +342,16 @@ RUN_END_CALLBACKS = {"on_success_callback": stop_orphaned_jobs,
                      "on_failure_callback": stop_orphaned_jobs}
 
 
+def _all_triggering_events(context) -> list:
+    """The asset events that started this DAG run (every task of it sees them), oldest first."""
+    try:
+        by_asset = context["triggering_asset_events"]
+        events = [e for asset in by_asset for e in by_asset[asset]]
+    except (KeyError, TypeError):
+        return []
+    return sorted(events, key=lambda e: str(getattr(e, "timestamp", "") or ""))
+
+
 class AmflowStepOperator(BaseOperator):
     """Run `amflow <step>` where `runner.mode` says; return its summary (XCom).
 
@@ -426,7 +436,7 @@ class AmflowStepOperator(BaseOperator):
         """The config file: the form's; in a run a teacher's model event started (nobody
         sent a form), the one that teacher ran with, so that a teacher trained on a user's
         own YAML is followed by a student on that YAML, not on the form's default."""
-        for event in reversed(self._triggering_events(context)):
+        for event in reversed(_all_triggering_events(context)):
             config = (event.extra or {}).get("config")
             if config:
                 return str(config)

@@ -62,10 +62,13 @@ def _storage_root(conf: dict) -> tuple[object, str]:
     path = Path(str(conf.get("config") or "configs/local.yaml"))
     path = path if path.is_absolute() else PROJECT_ROOT / path
     cfg = load_config(path, [str(o) for o in conf.get("overrides") or []])
+    # relative paths (the root, the URIs in the steps' summaries) are where local steps ran
+    workdir = cfg.runner.workdir or step_workdir(str(path))
+    storage = Storage(cfg.storage, base=workdir)
     root = cfg.storage.root
-    if "://" not in root and not os.path.isabs(root):  # resolved where local steps run
-        root = str(Path(cfg.runner.workdir or step_workdir(str(path))) / root)
-    return Storage(cfg.storage), root
+    if "://" not in root and not os.path.isabs(root):
+        root = os.path.join(workdir, root)
+    return storage, root
 
 
 @app.get("/runs/{dag_id}/{run_id}", response_class=HTMLResponse,

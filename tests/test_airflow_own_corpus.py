@@ -18,6 +18,7 @@ from core.config import parse_override
 from tests.airflow_env import ROOT, _q, shared_standalone
 from tests.own_corpus_data import make_kaldi_corpus
 from tests.test_airflow_browser import CHROMIUM, _logged_in_page
+from tests.test_airflow_browser import patient_expect  # noqa: F401 - autouse: waits 60 s
 from tests.test_own_corpus import TINY_SSL, howto_blocks
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.corpus_ui]
@@ -77,7 +78,7 @@ def test_teacher_triggered_from_the_form_on_your_yaml_then_the_student_it_starts
     with _logged_in_page(airflow, last_shot=SHOTS / "99-last.png") as page:
         page.goto(f"{airflow.base}/dags/teacher")
         page.get_by_test_id("trigger-dag-button").click()
-        expect(page.get_by_role("dialog").get_by_text("Config file")).to_be_visible()
+        expect(page.locator("input[name=element_config]")).to_be_visible()
         page.fill("input[name=element_config]", str(mine))  # the only field changed
         page.screenshot(path=SHOTS / "01-teacher-form.png", full_page=True)
         page.get_by_test_id("trigger-dag-submit").dispatch_event("click")

@@ -249,6 +249,9 @@ def test_a_student_run_a_teacher_event_started_reads_the_teachers_config(tmp_pat
     started = {"params": {"config": DEFAULT_CONFIG, "teacher": None},
                "triggering_asset_events": {TEACHER_MODEL: [event]}}
     assert targets.resolved_config(started) == mine
+    # every task of that run, not only the one that reads the teacher's model
+    select = AmflowStepOperator(task_id="select", step="select")
+    assert select.resolved_config(started) == mine
     assert "targets.teacher=/s/runs/t/train-teacher/model.pt" in targets.resolved_overrides(started)
     # a run triggered from the form reads the form's config
     form = {"params": {"config": "configs/aws.yaml", "teacher": None},

@@ -129,3 +129,19 @@ def test_parquet_keeps_statistics_for_scalar_columns_only(tmp_path):
     assert stats["blob"] is None or not stats["blob"].has_min_max
     assert n < 20 * 4000 + 4000  # random blobs do not compress: no second copy of two
     assert st.read_parquet(uri).column("blob").to_pylist() == blobs
+
+
+def test_a_reader_elsewhere_resolves_relative_paths_where_the_steps_ran(tmp_path, monkeypatch):
+    """A summary written by a step that ran in a user's folder names ./mine/runs/...; the
+    Airflow API server, in another folder, reads it with that folder as its base."""
+    import pickle
+
+    from core.storage import Storage
+
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "r.json").write_text('{"wer": 0.1}')
+    monkeypatch.chdir("/")
+    st = Storage(base=str(tmp_path))
+    assert st.exists("./mine/r.json") and st.read_json("mine/r.json") == {"wer": 0.1}
+    assert not Storage().exists("./mine/r.json")  # the process's cwd by default
+    assert pickle.loads(pickle.dumps(st)).exists("./mine/r.json")
