@@ -36,6 +36,7 @@ from core.storage import join
 from training.ctc.plan import build_ctc_plan, ctc_inputs
 from training.data import SplitIndex, partition_uris
 from training.families import get_family
+from training.inputs import with_min_updates
 from training.launch import (PHONE_STAGE, phone_stage_plan, start_from, store_priors, train)
 from training.loop import fingerprint_changes, plan_fingerprint
 from training.models import resolve_num_classes
@@ -141,6 +142,7 @@ def build_plan(ctx: StepContext, train_dir: str) -> tuple[WorkerPlan, dict[str, 
     splits: dict[str, list[str]] = {}
     report: dict[str, Any] = {"splits": {}, "rejects": []}
     feat_dim = None
+    labeled: list[SplitIndex] = []  # what an epoch is (train.min_updates)
     for kind, name in _split_kinds(cfg).items():
         uris = partition_uris(storage, ctx.other("repartition", name))
         if not uris:
@@ -151,6 +153,7 @@ def build_plan(ctx: StepContext, train_dir: str) -> tuple[WorkerPlan, dict[str, 
             hint = (" (run `amflow targets` before repartition)" if kind == "unlabeled" else "")
             raise StepError(f"split '{name}' has no usable rows{hint}: rejected {index.rejected}")
         feat_dim = index.feat_dim
+        labeled += [index] if kind == "labeled" else []
         splits[kind] = uris
         report["splits"][name] = {"partitions": len(uris), "rows": index.rows_in,
                                   "usable": len(index), "rejected": index.rejected,
@@ -164,6 +167,7 @@ def build_plan(ctx: StepContext, train_dir: str) -> tuple[WorkerPlan, dict[str, 
     if dev_uris:
         splits["dev"] = dev_uris
         report["splits"][tc.batches.dev_split] = {"partitions": len(dev_uris)}
+    cfg, report["min_updates"] = with_min_updates(cfg, labeled)
     plan = WorkerPlan(
         cfg=cfg, run_id=ctx.run_id, train_dir=train_dir, kind=tc.model, splits=splits,
         cmvn=cmvn, phones=list(phones), num_classes=int(num_classes), feat_dim=int(feat_dim),
