@@ -16,7 +16,8 @@ config (amflow.cli, amflow.run_settings, `amflow config show`):
    (the hours it selected per split).
 
 None of them (the corpus not made yet, no run): the hours are not known and auto takes
-no row (the schema's defaults); the steps before select read no model or train key.
+no row (the schema's defaults); the steps before select read no model or train key. A
+run that trained a model with no record (before model.size existed) keeps the defaults.
 """
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ from core.config.loading import Resolved
 from core.config.sizes import AUTO, NONE, CorpusHours, why
 from core.outcomes import SUCCESS
 from core.runs import Run
-from core.storage import Storage, join
+from core.storage import Storage, basename, join
 
 SIZE_RECORD = "_size.json"
 
@@ -57,6 +58,8 @@ def auto_hours(cfg: Config, run_id: str | None = None) -> CorpusHours | None:
         record = _record(st, cfg, run_id)
         if record is not None:
             return record
+        if _trained_unsized(st, cfg, run_id):
+            return None
     return _corpus_hours(st, cfg) or (_selected_hours(st, cfg, run_id) if run_id else None)
 
 
@@ -71,6 +74,15 @@ def _record(st: Storage, cfg: Config, run_id: str) -> CorpusHours | None:
     rec = st.read_json(uri)
     return CorpusHours(float(rec["labeled_hours"]), float(rec["unlabeled_hours"]),
                        f"kept for the run: {uri}", str(rec["size"]))
+
+
+def _trained_unsized(st: Storage, cfg: Config, run_id: str) -> bool:
+    """Whether a model of the run finished without a size record: trained before
+    model.size existed (or with the hours unknown), at the schema's defaults, which the
+    rest of the run keeps (its finished steps recorded model.size auto)."""
+    return any(basename(d).split("-")[0] in ("train", "sequence")
+               and st.exists(join(d, SUCCESS))
+               for d in st.subdirs(Run(cfg.storage.root, run_id).uri))
 
 
 def _corpus_hours(st: Storage, cfg: Config) -> CorpusHours | None:

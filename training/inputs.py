@@ -24,12 +24,11 @@ checkpoint recorded.
 """
 from __future__ import annotations
 
-import math
 from typing import Any, Iterator, Protocol
 
 import numpy as np
 
-from core.config import Config, TrainConfig, with_overrides
+from core.config import TrainConfig
 from core.outcomes import StepError
 from core.storage import Storage
 from training.data import (Batch, BatchLoader, Normalizer, PassSpec, SplitIndex, plan_pass,
@@ -137,28 +136,11 @@ class StoredPartitions:
 def epoch_minibatches(tc: TrainConfig, indexes: list[SplitIndex], stack: int) -> int:
     """A worker's minibatches in one epoch over `indexes` (the labeled data): its first
     pass as plan_pass cuts it (chunks, or whole utterances for a family trained on them),
-    the partitions shared evenly by train.workers."""
+    the partitions shared evenly by train.workers. What train.min_updates is divided by
+    (amflow/services/train_plan.py)."""
     whole = get_family(tc.model).whole_utterances
     first = PassInfo(0, 0, "labeled", "full" if whole else "chunk", 0, 0, 1, 1.0, True)
     spec = pass_spec(tc, first, 0, stack, 0)  # the right context cuts no more minibatches
     total = sum(plan_pass(index, spec).num_batches for index in indexes)
     return max(1, total // tc.workers)
 
-
-def with_min_updates(cfg: Config, indexes: list[SplitIndex]
-                     ) -> tuple[Config, dict[str, Any] | None]:
-    """train.min_updates > 0 (the labeled regime): `cfg` with train.epochs raised to
-    ceil(min_updates / epoch_minibatches) when that is more, so a small labeled set gets
-    as many updates as a larger one; and what was derived, for the step's summary (None:
-    off, or another regime: ssl passes and sequence epochs are counted as configured)."""
-    tc = cfg.train
-    wanted = tc.passes.min_updates
-    if wanted <= 0 or tc.recipe != "labeled":
-        return cfg, None
-    per_epoch = epoch_minibatches(tc, indexes, cfg.features.stack)
-    epochs = max(tc.passes.epochs, math.ceil(wanted / per_epoch))
-    derived = {"min_updates": wanted, "minibatches_per_epoch": per_epoch,
-               "train_epochs": tc.passes.epochs, "epochs": epochs}
-    if epochs == tc.passes.epochs:
-        return cfg, derived
-    return with_overrides(cfg, {"train.epochs": epochs}), derived

@@ -16,12 +16,14 @@ from typing import Any
 from amflow.model_size import resolve_sized
 from core.config import Config, grown_stage
 from core.config.explain import CONFIG_RECORD, render, rows, rows_of_record
-from core.runs import StepError, run_uri
+from core.config.sizes import AUTO
+from core.runs import SUCCESS, StepError, run_uri
 from core.storage import Storage, join
 
 
 def run(ctx: Any, args: Any) -> dict[str, Any]:
     cfg: Config = ctx.cfg  # never a run's context: --run-id names the run to read
+    note = ""
     if args.run_id:
         table, where = _recorded(cfg, args)
     else:
@@ -29,8 +31,11 @@ def run(ctx: Any, args: Any) -> dict[str, Any]:
         if args.stage == "grown":
             resolved = grown_stage(resolved)
         table, where = rows(resolved, args.all), args.config_path or "defaults"
+        if resolved.config.model.size == AUTO:
+            note = (f"# model.size auto: the corpus's hours are not known yet (no "
+                    f"{join(cfg.data.corpus, SUCCESS)}): no size is laid until they are\n")
     print(f"# amflow config of {where}{'' if args.all else ' (keys set away from defaults)'}")
-    print(render(table), flush=True)
+    print(note + render(table), flush=True)
     return {"keys": len(table), "from": where}
 
 

@@ -17,7 +17,7 @@ from core.outcomes import SUCCESS, Reject, StepError
 from core.storage import Storage, join
 from training.ctc.data import prepare_transcripts, read_transcripts
 from training.data import SplitIndex, partition_uris
-from training.inputs import with_min_updates
+from training.inputs import epoch_minibatches
 from training.plan import LaunchSpec, WorkerPlan
 
 
@@ -82,7 +82,8 @@ def build_ctc_plan(storage: Storage, cfg: Config, run_id: str, repartition_uri: 
         splits["dev"] = dev
         report["splits"][tc.batches.dev_split] = {"partitions": len(dev)}
     symbols = list(data.tokenizer["symbols"])
-    cfg, report["min_updates"] = with_min_updates(cfg, indexes)
+    if tc.passes.min_updates > 0:  # what train.min_updates divides by
+        report["epoch_minibatches"] = epoch_minibatches(tc, indexes, cfg.features.stack)
     plan = WorkerPlan(cfg=cfg, run_id=run_id, train_dir=train_dir, kind=cfg.train.model,
                       splits=splits, cmvn=cmvn, phones=symbols, num_classes=len(symbols),
                       feat_dim=int(feat_dim or 0), stack=cfg.features.stack, inputs=inputs,
