@@ -178,9 +178,9 @@ class PassesConfig:
     # labeled regime: at least this many optimizer updates (0 = off). train.epochs is
     # raised to ceil(min_updates / minibatches of one epoch) when that is more, so a small
     # labeled set trains as long as a larger one (model.size's rows set it); the
-    # minibatches of one epoch are its first chunked pass's per worker
-    # (amflow/services/train_plan.py). An epoch count given beside the size's (the config,
-    # --set, a preset) turns the size's off.
+    # minibatches of one epoch are those of its first pass (chunks, or whole utterances
+    # for the CTC students) per worker (training/inputs.py epoch_minibatches). An epoch
+    # count given beside the size's (the config, --set, a preset) turns the size's off.
     min_updates: int = 0
     finetune_epochs: int = 1  # the last units run on whole sequences instead of chunks
     sub_epochs: int = 4  # ssl: the unlabeled pass is cut into this many units
