@@ -16,6 +16,9 @@ read is refused, naming the key, the step and the value it ran with: the run's o
 would no longer agree with its settings. `--force` lets it through and writes the change
 into the record's history (`amflow config show --run-id R` prints it). Changes to keys no
 finished step read become run settings for the steps after.
+
+With model.size auto, every resolution of the run's config takes the size the run chose
+(`runs/<id>/_size.json`, amflow.model_size), so a size is no change between its steps.
 """
 from __future__ import annotations
 
