@@ -11,7 +11,7 @@ import pytest
 
 from core.config import Config, ConfigError, TrainConfig, load_config, resolve_config
 from core.config.explain import rows
-from core.config.sizes import SIZES, CorpusHours, choose, why
+from core.config.sizes import SIZES, SIZES_FILE, CorpusHours, choose, why
 
 ROOT = Path(__file__).resolve().parents[1]
 LOCAL, TINY = ROOT / "configs" / "local.yaml", ROOT / "configs" / "tiny.yaml"
@@ -235,7 +235,7 @@ def test_min_updates_raises_the_epochs_of_a_small_labeled_set():
 
 def _corpus(tmp_path: Path, labeled_h: float, unlabeled_h: float) -> list[str]:
     corpus = tmp_path / "corpus"
-    corpus.mkdir(exist_ok=True)
+    corpus.mkdir(parents=True, exist_ok=True)
     seconds = {"labeled": labeled_h * 3600, "unlabeled": unlabeled_h * 3600, "dev": 60.0}
     (corpus / "_SUCCESS.json").write_text(json.dumps({"split_seconds": seconds}))
     return [f"storage.root={tmp_path / 'store'}", f"data.corpus={corpus}",
@@ -307,3 +307,29 @@ def test_the_trainings_summary_line_says_the_size_and_why():
                     "transcribed, 2.1 h untranscribed -> small; train.min_updates 2,000 / 59 "
                     "minibatches an epoch -> 34 epochs (train.epochs 16)")
     assert human_summary("decode", {"counts": {"in": 1, "out": 1}}) == "amflow decode: 1 in, 1 out"
+
+
+def test_config_show_says_the_size_and_where_each_value_came_from(tmp_path, capsys,
+                                                                   monkeypatch):
+    from amflow.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "mine.yaml").write_text("storage: {root: ./mine}\ndata: {corpus: ./mine/corpus}\n"
+                                        "select: {hours: 100000}\ntrain: {model: teacher}\n")
+    assert main(["config", "show", "--config", "mine.yaml"]) == 0
+    assert "# model.size auto: the corpus's hours are not known yet" in capsys.readouterr().out
+    _corpus(tmp_path / "mine", 0.3, 3.1)
+    assert main(["config", "show", "--config", "mine.yaml"]) == 0
+    lines = {line.split(" = ")[0]: line for line in capsys.readouterr().out.splitlines()
+             if " = " in line}
+    assert lines["model.size"].startswith('model.size = "small"')
+    assert lines["model.size"].endswith("# auto: 0.30 h transcribed, 3.1 h untranscribed -> "
+                                        "small (./mine/corpus/_SUCCESS.json)")
+    assert lines["model.teacher.hidden"].endswith("# model.size small (" + str(SIZES_FILE) + ")")
+    assert "# train.teacher_preset (in model.size small" in lines["train.epochs"]
+
+def test_a_sequence_stage_is_not_raised_by_the_sizes_floor():
+    r = resolve_config(None, ["train.model=student", "train.regime=sequence"], DEMO_HOURS)
+    p = r.config.train.passes
+    assert (p.epochs, p.min_updates) == (3, 0)  # configs/presets/sequence.yaml's 3 epochs
+    assert r.source("train.min_updates").startswith("train.sequence_preset")
