@@ -71,7 +71,8 @@ def test_auto_takes_the_row_of_the_hours_and_says_why():
     assert r.source("train.epochs").startswith("train.teacher_preset (in model.size small")
     big = resolve_config(None, [], CorpusHours(400.0, 0.0, "x"))
     assert big.config.model.size == "large" and big.config.model.student.layers == 5
-    assert why(CorpusHours(30.0, 2.1, "x")) == "auto: 30 h transcribed, 2.1 h untranscribed -> medium"
+    assert why(CorpusHours(30.0, 2.1, "x")) == ("auto: 30 h transcribed, 2.1 h untranscribed "
+                                               "-> medium")
 
 
 def test_auto_without_hours_and_none_are_the_schema_defaults():
