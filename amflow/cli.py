@@ -17,7 +17,7 @@ from typing import Any
 
 # STEPS and Step live in the registry; amflow.cli.STEPS / .Step stay importable from here
 from amflow.steps.registry import STEPS, Step, load_entry, step_context  # noqa: F401
-from core.config import ConfigError, resolve_config
+from core.config import ConfigError
 
 SUMMARY_PREFIX = "AMFLOW_SUMMARY "
 # The config a command without --config reads: AMFLOW_CONFIG (the DAGs' default too), else
@@ -92,8 +92,10 @@ def _settle(args: argparse.Namespace, step: Step) -> tuple[Any, Any, list, str |
     default = os.environ.get(CONFIG_ENV) or (
         DEFAULT_CONFIG if Path(DEFAULT_CONFIG).exists() else None)
     if not (step.needs_run and step.in_a_run):
+        from amflow.model_size import resolve_sized
+
         path = args.config or default
-        return resolve_config(path, [*(args.overrides or []), *step.sets]), None, [], path
+        return resolve_sized(path, [*(args.overrides or []), *step.sets]), None, [], path
     from amflow.run_settings import settle
 
     return settle(args.config, default, args.overrides or [], list(step.sets), args.run_id,
@@ -118,6 +120,9 @@ def main(argv: list[str] | None = None) -> int:
         if settings is not None and ctx.run_id:  # the run remembers what it was given
             settings.remember(_absolute(args.config_path), args.overrides or [], args.step,
                               forced, step_dir_of(args.step, resolved.config))
+            from amflow.model_size import remember_size  # and the size it chose
+
+            remember_size(ctx.storage, resolved.config, ctx.run_id, resolved)
         summary = load_entry(step.entry)(ctx, args)
         if ctx.run_id:  # a step of a run keeps the config it ran with
             _record_config(ctx, resolved, argv, summary)

@@ -16,6 +16,9 @@ read is refused, naming the key, the step and the value it ran with: the run's o
 would no longer agree with its settings. `--force` lets it through and writes the change
 into the record's history (`amflow config show --run-id R` prints it). Changes to keys no
 finished step read become run settings for the steps after.
+
+With model.size auto, every resolution of the run's config takes the size the run chose
+(`runs/<id>/_size.json`, amflow.model_size), so a size is no change between its steps.
 """
 from __future__ import annotations
 
@@ -25,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from amflow.model_size import auto_hours, sized
 from core.config import ConfigError, Config, resolve_config
 from core.config.loading import Resolved
 from core.runs import SUCCESS, run_uri, step_dir_of
@@ -208,21 +212,25 @@ def settle(cfg_path: str | None, default_path: str | None, overrides: list[str],
     and run-wide sets) under this command's overrides. Refuses (ConfigError naming the key
     and the finished step) a change a finished step read, unless `force`. Returns the
     resolved config, the run's settings, the changes forced through and the config path."""
-    first = resolve_config(cfg_path or default_path, [*overrides, *step_sets])
+    here = cfg_path or default_path
+    first = resolve_config(here, [*overrides, *step_sets])
     if not run_id or "/" in run_id:
-        return first, None, [], cfg_path or default_path
+        return sized(first, here, [*overrides, *step_sets]), None, [], here
     settings = RunSettings.open(first.config, run_id)
     if not settings.known:
-        return first, settings, [], cfg_path or default_path
+        return sized(first, here, [*overrides, *step_sets], run_id), settings, [], here
     path = cfg_path or settings.config_path
     if path and not Path(path).exists():
         raise ConfigError("storage.root", f"run {run_id!r} was started with --config {path}, "
                           "which no longer exists: give --config")
     instance = [s for s in overrides if is_instance_key(_key_of(s))]
     model = [] if instance else settings.model  # naming no model: the run's first one
-    before = resolve_config(settings.config_path,
-                            [*settings.sets, *model, *instance, *step_sets])
     resolved = resolve_config(path, [*settings.sets, *model, *overrides, *step_sets])
+    hours = auto_hours(resolved.config, run_id)  # model.size auto: the run's one size
+    before = resolve_config(settings.config_path,
+                            [*settings.sets, *model, *instance, *step_sets], hours)
+    if hours is not None:
+        resolved = resolve_config(path, [*settings.sets, *model, *overrides, *step_sets], hours)
     changes = [c for c in changed_keys(before.config, resolved.config)
                if not is_instance_key(c.key)]
     folder = step_dir_of(step, resolved.config)

@@ -41,4 +41,20 @@ def human_summary(step: str, summary: dict[str, Any]) -> str:
     wall = summary.get("wall_s")
     if isinstance(wall, (int, float)):
         parts.append(f"{wall:.1f} s")
-    return f"amflow {step}: " + (", ".join(parts) if parts else "done")
+    return f"amflow {step}: " + (", ".join(parts) if parts else "done") + _size(summary)
+
+
+def _size(summary: dict[str, Any]) -> str:
+    """A training's model size and why, and the epochs train.min_updates gave it."""
+    size = summary.get("model_size")
+    if not isinstance(size, dict) or "why" not in size:
+        return ""
+    budget = summary.get("metrics", {}).get("min_updates")
+    return f"; model size {size['why']}" + (f"; {budget_line(budget)}" if budget else "")
+
+
+def budget_line(derived: dict[str, Any]) -> str:
+    """`train.min_updates 2,000 / 59 minibatches an epoch -> 34 epochs (train.epochs 16)`."""
+    return (f"train.min_updates {derived['min_updates']:,} / "
+            f"{derived['minibatches_per_epoch']:,} minibatches an epoch -> "
+            f"{derived['epochs']} epochs (train.epochs {derived['train_epochs']})")

@@ -82,6 +82,9 @@ def test_own_corpus_recipe_from_kaldi_dirs_to_wer(tmp_path, monkeypatch):
     wer = json.loads((tmp_path / "mine" / "wer.json").read_text())
     assert 0.0 <= wer["wer"] <= 1.5 and wer["split"] == "test" and wer["tuning"]
     assert not wer["rejected"]
+    # mine.yaml names no size: the corpus's hours chose one, the training says which and why
+    size = json.loads((run / "train" / "_SUCCESS.json").read_text())["model_size"]
+    assert size["size"] == "small" and size["why"].startswith("auto: ")
 
 
 @pytest.mark.slow
@@ -117,3 +120,11 @@ def test_own_corpus_semi_supervised_in_two_commands(tmp_path, monkeypatch, capsy
                      re.M), out[-3000:]
     assert json.loads((runs / "mine-ssl-ssl" / "_run.json").read_text())["config"] == \
         str(tmp_path / "mine.yaml")
+    # one size for both runs (chosen from the corpus, kept per run), said by each training
+    sizes = {run: json.loads((runs / run / "_size.json").read_text())["size"]
+             for run in ("mine-ssl-teacher", "mine-ssl-ssl")}
+    assert set(sizes.values()) == {"small"}, sizes
+    teacher = json.loads((runs / "mine-ssl-teacher" / "train-teacher" / "_SUCCESS.json")
+                         .read_text())
+    assert teacher["model_size"]["why"].startswith("auto: ") and "-> small" in out
+    assert re.search(r"^ *amflow train: .*; model size auto: [0-9.]+ h transcribed", out, re.M)

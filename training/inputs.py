@@ -33,6 +33,7 @@ from core.outcomes import StepError
 from core.storage import Storage
 from training.data import (Batch, BatchLoader, Normalizer, PassSpec, SplitIndex, plan_pass,
                            rank_partitions)
+from training.families import get_family
 from training.schedules import PassInfo
 
 
@@ -130,3 +131,16 @@ class StoredPartitions:
 
     def close(self) -> None:
         pass
+
+
+def epoch_minibatches(tc: TrainConfig, indexes: list[SplitIndex], stack: int) -> int:
+    """A worker's minibatches in one epoch over `indexes` (the labeled data): its first
+    pass as plan_pass cuts it (chunks, or whole utterances for a family trained on them),
+    the partitions shared evenly by train.workers. What train.min_updates is divided by
+    (amflow/services/train_plan.py)."""
+    whole = get_family(tc.model).whole_utterances
+    first = PassInfo(0, 0, "labeled", "full" if whole else "chunk", 0, 0, 1, 1.0, True)
+    spec = pass_spec(tc, first, 0, stack, 0)  # the right context cuts no more minibatches
+    total = sum(plan_pass(index, spec).num_batches for index in indexes)
+    return max(1, total // tc.workers)
+

@@ -27,15 +27,17 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import Any
+import math
+from typing import Any, Callable
 
-from core.config import Config, Resolved, grown_stage
+from core.config import Config, Resolved, grown_stage, with_overrides
 from core.runs import SUCCESS, Reject, Run, StepContext, StepError, step_dir_name
 from core.senones import ContextTree
 from core.storage import join
 from training.ctc.plan import build_ctc_plan, ctc_inputs
 from training.data import SplitIndex, partition_uris
 from training.families import get_family
+from training.inputs import epoch_minibatches
 from training.launch import (PHONE_STAGE, phone_stage_plan, start_from, store_priors, train)
 from training.loop import fingerprint_changes, plan_fingerprint
 from training.models import resolve_num_classes
@@ -127,8 +129,10 @@ def build_plan(ctx: StepContext, train_dir: str) -> tuple[WorkerPlan, dict[str, 
         plan, report = build_ctc_plan(storage, cfg, ctx.run_id, ctx.other("repartition"),
                                       train_dir, cmvn, training_inputs(ctx), launch,
                                       pseudolabels_dir(cfg))
+        budget, report["min_updates"] = with_min_updates(
+            cfg, lambda: report["epoch_minibatches"])
         init_model, _ = _init_model(ctx, plan)
-        return dataclasses.replace(plan, init_model=init_model,
+        return dataclasses.replace(plan, cfg=budget, init_model=init_model,
                                    data_window=_data_window(ctx)), report
     phones = storage.read_json(phones_uri) if storage.exists(phones_uri) else []
     context_uri = ctx.other("features", "context.json")
@@ -141,6 +145,7 @@ def build_plan(ctx: StepContext, train_dir: str) -> tuple[WorkerPlan, dict[str, 
     splits: dict[str, list[str]] = {}
     report: dict[str, Any] = {"splits": {}, "rejects": []}
     feat_dim = None
+    labeled: list[SplitIndex] = []  # what an epoch is (train.min_updates)
     for kind, name in _split_kinds(cfg).items():
         uris = partition_uris(storage, ctx.other("repartition", name))
         if not uris:
@@ -151,6 +156,7 @@ def build_plan(ctx: StepContext, train_dir: str) -> tuple[WorkerPlan, dict[str, 
             hint = (" (run `amflow targets` before repartition)" if kind == "unlabeled" else "")
             raise StepError(f"split '{name}' has no usable rows{hint}: rejected {index.rejected}")
         feat_dim = index.feat_dim
+        labeled += [index] if kind == "labeled" else []
         splits[kind] = uris
         report["splits"][name] = {"partitions": len(uris), "rows": index.rows_in,
                                   "usable": len(index), "rejected": index.rejected,
@@ -164,6 +170,8 @@ def build_plan(ctx: StepContext, train_dir: str) -> tuple[WorkerPlan, dict[str, 
     if dev_uris:
         splits["dev"] = dev_uris
         report["splits"][tc.batches.dev_split] = {"partitions": len(dev_uris)}
+    cfg, report["min_updates"] = with_min_updates(
+        cfg, lambda: epoch_minibatches(tc, labeled, cfg.features.stack))
     plan = WorkerPlan(
         cfg=cfg, run_id=ctx.run_id, train_dir=train_dir, kind=tc.model, splits=splits,
         cmvn=cmvn, phones=list(phones), num_classes=int(num_classes), feat_dim=int(feat_dim),
@@ -172,6 +180,27 @@ def build_plan(ctx: StepContext, train_dir: str) -> tuple[WorkerPlan, dict[str, 
         launch=launch)
     init_model, grow = _init_model(ctx, plan)
     return dataclasses.replace(plan, init_model=init_model, grow=grow), report
+
+
+def with_min_updates(cfg: Config, count: Callable[[], int]
+                     ) -> tuple[Config, dict[str, Any] | None]:
+    """train.min_updates > 0 (the labeled regime): `cfg` with train.epochs raised to
+    ceil(min_updates / minibatches of one epoch) when that is more (`count()`: a worker's
+    minibatches in one epoch of the labeled data, training.inputs.epoch_minibatches;
+    counted only here), so a small labeled set gets as many updates as a larger one; and
+    what was derived, for the step's summary (None: off, or another regime: ssl passes and
+    sequence epochs are trained as configured)."""
+    tc = cfg.train
+    wanted = tc.passes.min_updates
+    if wanted <= 0 or tc.recipe != "labeled":
+        return cfg, None
+    per_epoch = max(count(), 1)
+    epochs = max(tc.passes.epochs, math.ceil(wanted / per_epoch))
+    derived = {"min_updates": wanted, "minibatches_per_epoch": per_epoch,
+               "train_epochs": tc.passes.epochs, "epochs": epochs}
+    if epochs == tc.passes.epochs:
+        return cfg, derived
+    return with_overrides(cfg, {"train.epochs": epochs}), derived
 
 
 def cmvn_source(ctx: StepContext) -> str:

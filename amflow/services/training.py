@@ -9,6 +9,8 @@ from typing import Any, Callable
 
 from core.config import ConfigError
 from core.runs import SUCCESS, StepContext, StepError, rejects_table
+from amflow.model_size import size_summary
+from amflow.summary_line import budget_line
 from amflow.services.train_plan import (build_plan, clear_outputs, cmvn_source,
                                         train_dir_name, train_grown, training_inputs)
 from training.families import get_family
@@ -40,6 +42,9 @@ def run_training(ctx: StepContext, args: Any = None,
     elif ctx.storage.exists(ctx.path(SUCCESS)):
         return _finished(ctx)
     plan, report = build_plan(ctx, ctx.step_uri)
+    log.info("%s: model size %s", ctx.step, size_summary(ctx.storage, cfg, ctx.run_id)["why"])
+    if report.get("min_updates"):
+        log.info("%s: %s", ctx.step, budget_line(report["min_updates"]))
     grow = grows(tc)
     phone_stage = None
     if grow:
@@ -64,6 +69,8 @@ def run_training(ctx: StepContext, args: Any = None,
         metrics["phone_stage_classes"] = phone_stage["classes"]
         metrics.update({f"phone_stage_{k}": first[k] for k in
                         ("dev_frame_acc", "dev_loss", "steps", "train_seconds") if k in first})
+    if report.get("min_updates"):  # train.epochs as train.min_updates raised it
+        metrics["min_updates"] = report["min_updates"]
     if plan.ctc is not None:
         metrics["tokenizer"] = {k: plan.ctc.tokenizer[k] for k in ("kind", "digest")}
         metrics["tokens"] = len(plan.ctc.tokenizer["symbols"])
@@ -74,7 +81,8 @@ def run_training(ctx: StepContext, args: Any = None,
         inputs["data_window"] = [i["run_id"] for i in plan.data_window["intervals"]]
     extra = {"model_uri": result["model_uri"], "resumed_from_step": result.get("resumed_from_step"),
              "minibatches_per_pass": result.get("minibatches_per_pass"),
-             "config_fingerprint": config_fingerprint(cfg, plan.inputs)}
+             "config_fingerprint": config_fingerprint(cfg, plan.inputs),
+             "model_size": size_summary(ctx.storage, cfg, ctx.run_id)}
     return ctx.finish(inputs=inputs, counts=counts, metrics=metrics,
                       bytes_written=int(result.get("model_bytes", 0)), extra=extra)
 

@@ -13,23 +13,29 @@ from __future__ import annotations
 
 from typing import Any
 
-from core.config import Config, grown_stage, resolve_config
+from amflow.model_size import resolve_sized
+from core.config import Config, grown_stage
 from core.config.explain import CONFIG_RECORD, render, rows, rows_of_record
-from core.runs import StepError, run_uri
+from core.config.sizes import AUTO
+from core.runs import SUCCESS, StepError, run_uri
 from core.storage import Storage, join
 
 
 def run(ctx: Any, args: Any) -> dict[str, Any]:
     cfg: Config = ctx.cfg  # never a run's context: --run-id names the run to read
+    note = ""
     if args.run_id:
         table, where = _recorded(cfg, args)
     else:
-        resolved = resolve_config(args.config_path, [*args.overrides, *args.step_sets])
+        resolved = resolve_sized(args.config_path, [*args.overrides, *args.step_sets])
         if args.stage == "grown":
             resolved = grown_stage(resolved)
         table, where = rows(resolved, args.all), args.config_path or "defaults"
+        if resolved.config.model.size == AUTO:
+            note = (f"# model.size auto: the corpus's hours are not known yet (no "
+                    f"{join(cfg.data.corpus, SUCCESS)}): no size is laid until they are\n")
     print(f"# amflow config of {where}{'' if args.all else ' (keys set away from defaults)'}")
-    print(render(table), flush=True)
+    print(note + render(table), flush=True)
     return {"keys": len(table), "from": where}
 
 
@@ -56,7 +62,8 @@ def _run_settings(cfg: Config, args: Any) -> tuple[list, str]:
         raise StepError(f"{uri} not found: run {args.run_id!r} has no remembered settings "
                         "(its first step ran with an older amflow, or it has not started); "
                         "--step S shows what a finished step ran with")
-    resolved = resolve_config(settings.config_path, [*settings.sets, *args.overrides])
+    resolved = resolve_sized(settings.config_path, [*settings.sets, *args.overrides],
+                             args.run_id)
     for entry in settings.record.get("history", []):
         changed = ", ".join(f"{k}: {v[0]!r} -> {v[1]!r}" for k, v in entry["changed"].items())
         print(f"# {entry['time']} {entry['step']} --force: {changed}")

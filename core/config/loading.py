@@ -12,9 +12,10 @@ import yaml
 
 from core.config.coercion import build, coerce, deep_update
 from core.config.errors import ConfigError
-from core.config.overlays import DEFAULT, apply_presets, grown_stage_label, mark_sources, \
-    new_key, read_preset_files, rename_old_keys
+from core.config.overlays import DEFAULT, apply_presets, apply_size, grown_stage_label, \
+    mark_sources, new_key, read_preset_files, rename_old_keys
 from core.config.schema import Config
+from core.config.sizes import CorpusHours
 from core.config.train import TRAIN_KEYS, TRAIN_SECTIONS, TrainConfig
 
 
@@ -87,9 +88,11 @@ def _nest(key: str, value: Any) -> dict:
 class Resolved:
     """A loaded config and where each key's value came from: `sources` maps a user key
     (`train.lr`) to "--set", the config file's path, or the preset that set it
-    ("train.teacher_preset (configs/presets/teacher.yaml)"); a key not in it is a default."""
+    ("train.teacher_preset (configs/presets/teacher.yaml)"); a key not in it is a default.
+    `hours`: the corpus's hours model.size auto was resolved with (None: not known)."""
     config: Config
     sources: dict[str, str] = field(default_factory=dict)
+    hours: CorpusHours | None = None
 
     def source(self, key: str) -> str:
         """Where `key`'s value came from: its own entry, else the nearest mapping above it
@@ -101,10 +104,12 @@ class Resolved:
         return DEFAULT
 
 
-def resolve_config(path: str | Path | None = None,
-                   overrides: list[str] | None = None) -> Resolved:
-    """Defaults <- YAML file <- `key=value` overrides <- the presets that apply (an
-    explicit --set still wins over a preset), then every section validated."""
+def resolve_config(path: str | Path | None = None, overrides: list[str] | None = None,
+                   hours: CorpusHours | None = None) -> Resolved:
+    """Defaults <- model.size's row <- YAML file <- `key=value` overrides <- the presets
+    that apply (an explicit --set still wins over a preset), then every section validated.
+    model.size auto takes its row from the corpus's `hours` (None: no row; the app finds
+    them: amflow/model_size.py)."""
     data: dict[str, Any] = {}
     sources: dict[str, str] = {}
     labels: dict[str, str] = {}  # preset -> the file it was read from
@@ -120,8 +125,10 @@ def resolve_config(path: str | Path | None = None,
         deep_update(data, _nest(key, value))
         mark_sources(sources, _nest(key, value), "--set")
     rename_old_keys(data)  # a mapping --set whole may hold an old key
+    apply_size(data, sources, hours)
     apply_presets(data, explicit, sources, labels)
-    return Resolved(build(Config, data, ""), sources)
+    used = hours if sources.get("model.size", "").startswith("auto:") else None
+    return Resolved(build(Config, data, ""), sources, used)
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:

@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from core.config.errors import check
+from core.config.sizes import SIZE_NAMES
 
 @dataclass
 class StudentConfig:
@@ -121,6 +122,11 @@ class ConformerConfig:
 
 @dataclass
 class ModelConfig:
+    # The shapes and training budget that fit the corpus (configs/presets/sizes.yaml, one
+    # row per size): auto chooses the row from the corpus's transcribed and untranscribed
+    # hours, once per run; small, medium or large names one; none takes no row (the
+    # schema's defaults). A key the config or --set gives keeps its value.
+    size: str = "auto"
     student: StudentConfig = field(default_factory=StudentConfig)
     teacher: TeacherConfig = field(default_factory=TeacherConfig)
     ctc: CtcConfig = field(default_factory=CtcConfig)  # the CTC student (train.model: ctc)
@@ -128,3 +134,7 @@ class ModelConfig:
     conformer: ConformerConfig = field(default_factory=ConformerConfig)
     # 0 = the run's phone inventory size; a larger number (e.g. 3183 senones) in config.
     num_classes: int = 0
+
+    def validate(self, key: str) -> None:
+        check(self.size in SIZE_NAMES, f"{key}.size",
+              f"must be one of {', '.join(SIZE_NAMES)}, got {self.size!r}")

@@ -1,5 +1,6 @@
-"""The presets: train.* values laid over a config's own for one kind of training, and the
-record of where each key's value came from.
+"""The presets: train.* values laid over a config's own for one kind of training; the
+model size's values laid under them (apply_size); and the record of where each key's
+value came from.
 
 `train.teacher_preset` (when train.model is teacher), `train.ctc_preset` (when train.model
 is ctc), `train.sequence_preset` (when train.regime is sequence) and `train.grow_preset`
@@ -22,6 +23,8 @@ from typing import Any
 from core.config.coercion import coerce
 from core.config.errors import ConfigError
 from core.config.schema import user_keys
+from core.config.sizes import AUTO, NONE, SIZE_NAMES, SIZES_FILE, CorpusHours, size_of, \
+    values, why
 from core.config.train import GROW_PRESET, PRESETS_DIR, TRAIN_KEYS, TrainConfig, \
     read_preset_file, train_key_type
 
@@ -38,6 +41,10 @@ OLD_KEYS = {"teacher_recipe": "teacher_preset", "ctc_recipe": "ctc_preset",
 NOT_IN_A_GROWN_PRESET = frozenset({"grow", "init_model", "tag", "grow_preset"})
 _DEFAULT_FILES = {"sequence_preset": PRESETS_DIR / "sequence.yaml",
                   "grow_preset": PRESETS_DIR / "grow.yaml"}
+# The train keys of a training's length: an epoch count the user gives (train.epochs, or
+# train.min_updates) is their budget, so the size's are not laid beside it.
+BUDGET = ("epochs", "min_updates", "pseudolabel_epochs", "finetune_epochs")
+SIZE_LABEL = "model.size"  # how the values a size sets are labelled: "model.size small (...)"
 
 
 def new_key(key: str) -> str:
@@ -129,6 +136,70 @@ def read_preset_files(data: dict[str, Any], base_dir: Path, labels: dict[str, st
             sources[f"train.{name}"] = _shown(path)
 
 
+def apply_size(data: dict[str, Any], sources: dict[str, str],
+               hours: CorpusHours | None) -> None:
+    """model.size's row laid under the user's values (the config file's and --set's, which
+    `sources` holds so far), each key it sets recorded as the size's. auto chooses the
+    row from `hours` (None: not known yet, so no row: the schema's defaults) and model.size
+    then holds the row's name, its source saying why. The presets go over the result
+    afterwards, as over a config file's values."""
+    name = _size_name(data, sources, hours)
+    if name in (AUTO, NONE):
+        return
+    label = f"{SIZE_LABEL} {name} ({_shown(SIZES_FILE)})"
+    given = set(sources)
+    budget_given = bool({"train.epochs", "train.min_updates"} & given)
+    for key, value in _leaves(values(name)):
+        last = key.rpartition(".")[2]
+        if _given(key, given) or (key.startswith("train.") and last in BUDGET and budget_given):
+            continue
+        if last in ("teacher_preset", "ctc_preset"):  # never over the user's train keys
+            value = {k: v for k, v in value.items() if f"train.{k}" not in given
+                     and not (k in BUDGET and budget_given)}
+        _put(data, key, value)
+        sources[key] = label
+
+
+def _size_name(data: dict[str, Any], sources: dict[str, str],
+               hours: CorpusHours | None) -> str:
+    """model.size as given, checked; auto with known `hours`: the row they choose, written
+    into model.size with why as its source."""
+    model = data.get("model")
+    setting = model.get("size", AUTO) if isinstance(model, dict) else AUTO
+    if setting not in SIZE_NAMES:
+        raise ConfigError("model.size", f"must be one of {', '.join(SIZE_NAMES)}, got "
+                                        f"{setting!r}")
+    if setting != AUTO or hours is None or not isinstance(data.setdefault("model", {}), dict):
+        return setting
+    data["model"]["size"] = name = size_of(hours)
+    sources["model.size"] = f"{why(hours)} ({hours.source})"
+    return name
+
+
+def _leaves(mapping: dict[str, Any], prefix: str = ""):
+    """(dotted user key, value) of each key a config mapping sets; a key that holds a
+    mapping (train.teacher_preset) is one leaf."""
+    for k, v in mapping.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict) and key not in _mapping_keys():
+            yield from _leaves(v, key + ".")
+        else:
+            yield key, v
+
+
+def _given(key: str, given: set[str]) -> bool:
+    """Whether the user set `key`, or a mapping above it whole (`--set model.teacher={...}`)."""
+    return any(key == g or key.startswith(g + ".") for g in given)
+
+
+def _put(data: dict[str, Any], key: str, value: Any) -> None:
+    *path, last = key.split(".")
+    node = data
+    for part in path:
+        node = node.setdefault(part, {})
+    node[last] = value
+
+
 def apply_presets(data: dict[str, Any], explicit: set[str], sources: dict[str, str],
                   labels: dict[str, str]) -> None:
     """train.teacher_preset's keys replace train.* when train.model is teacher (the
@@ -184,6 +255,18 @@ def _lay_over(train: dict[str, Any], preset: dict[str, Any], explicit: set[str],
         if isinstance(preset[k], dict) and k != "grow_preset":
             laid = {m: x for m, x in preset[k].items() if m not in mine}
         mark_sources(sources, {"train": {k: laid}}, label)
+    _epochs_over_size_floor(train, preset, explicit, sources, label)
+
+
+def _epochs_over_size_floor(train: dict[str, Any], preset: dict[str, Any],
+                            explicit: set[str], sources: dict[str, str], label: str) -> None:
+    """A preset's epoch count is not raised by the size's train.min_updates (a preset of
+    the user's says how long its training is); one that sets both keeps both."""
+    if ("epochs" in preset and "min_updates" not in preset
+            and "train.min_updates" not in explicit and train.get("min_updates")
+            and sources.get("train.min_updates", "").startswith(SIZE_LABEL + " ")):
+        train["min_updates"] = 0
+        sources["train.min_updates"] = label
 
 
 def grown_stage_label(sources: dict[str, str]) -> str:

@@ -175,6 +175,13 @@ class PassesConfig:
     """train.*: how many passes over which data (training/schedules.py plan_passes)."""
 
     epochs: int = 6  # labeled regime: passes over the labeled data
+    # labeled regime: at least this many optimizer updates (0 = off). train.epochs is
+    # raised to ceil(min_updates / minibatches of one epoch) when that is more, so a small
+    # labeled set trains as long as a larger one (model.size's rows set it); the
+    # minibatches of one epoch are those of its first pass (chunks, or whole utterances
+    # for the CTC students) per worker (training/inputs.py epoch_minibatches). An epoch
+    # count given beside the size's (the config, --set, a preset) turns the size's off.
+    min_updates: int = 0
     finetune_epochs: int = 1  # the last units run on whole sequences instead of chunks
     sub_epochs: int = 4  # ssl: the unlabeled pass is cut into this many units
     unlabeled_passes: int = 1  # ssl: passes over the unlabeled data (the paper: 1)
@@ -188,6 +195,7 @@ class PassesConfig:
 
     def validate(self, key: str) -> None:
         check(self.epochs >= 1, f"{key}.epochs", "must be >= 1")
+        check(self.min_updates >= 0, f"{key}.min_updates", "must be >= 0")
         check(self.pseudolabel_epochs >= 0, f"{key}.pseudolabel_epochs", "must be >= 0")
         check(self.unlabeled_passes >= 1, f"{key}.unlabeled_passes", "must be >= 1")
         check(self.finetune_epochs >= 0, f"{key}.finetune_epochs", "must be >= 0")
@@ -528,7 +536,7 @@ TRAIN_KEY_ORDER: tuple[str, ...] = (
     "sequence_prior_scale", "den_ngram_order", "den_min_count", "teacher_preset",
     "sequence_preset", "init_model", "phone_weight", "grow", "grow_preset", "pseudolabels",
     "ctc_preset", "pseudolabel_epochs", "sequence_select", "sequence_select_utts",
-    "sequence_kd_weight")
+    "sequence_kd_weight", "min_updates")
 
 
 assert set(TRAIN_KEY_ORDER) == set(TRAIN_KEYS) and len(TRAIN_KEY_ORDER) == len(TRAIN_KEYS)

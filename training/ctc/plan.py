@@ -17,6 +17,7 @@ from core.outcomes import SUCCESS, Reject, StepError
 from core.storage import Storage, join
 from training.ctc.data import prepare_transcripts, read_transcripts
 from training.data import SplitIndex, partition_uris
+from training.inputs import epoch_minibatches
 from training.plan import LaunchSpec, WorkerPlan
 
 
@@ -55,6 +56,7 @@ def build_ctc_plan(storage: Storage, cfg: Config, run_id: str, repartition_uri: 
     names = [tc.batches.labeled_split] + ([tc.batches.unlabeled_split] if tc.pseudolabels else [])
     report: dict[str, Any] = {"splits": {}, "rejects": [], "transcripts": data.counts}
     labeled: list[str] = []
+    indexes: list[SplitIndex] = []  # what an epoch is (train.min_updates)
     feat_dim = None
     for name in names:
         uris = _split_uris(storage, repartition_uri, name,
@@ -62,6 +64,7 @@ def build_ctc_plan(storage: Storage, cfg: Config, run_id: str, repartition_uri: 
         index = SplitIndex.load(storage, uris, "tokens", feat_dim, transcripts, out_per_row)
         feat_dim = feat_dim or index.feat_dim
         labeled += uris
+        indexes.append(index)
         report["splits"][name] = {"partitions": len(uris), "rows": index.rows_in,
                                   "usable": len(index), "rejected": index.rejected,
                                   "frames": index.total_frames}
@@ -79,6 +82,8 @@ def build_ctc_plan(storage: Storage, cfg: Config, run_id: str, repartition_uri: 
         splits["dev"] = dev
         report["splits"][tc.batches.dev_split] = {"partitions": len(dev)}
     symbols = list(data.tokenizer["symbols"])
+    if tc.passes.min_updates > 0:  # what train.min_updates divides by
+        report["epoch_minibatches"] = epoch_minibatches(tc, indexes, cfg.features.stack)
     plan = WorkerPlan(cfg=cfg, run_id=run_id, train_dir=train_dir, kind=cfg.train.model,
                       splits=splits, cmvn=cmvn, phones=symbols, num_classes=len(symbols),
                       feat_dim=int(feat_dim or 0), stack=cfg.features.stack, inputs=inputs,
