@@ -200,6 +200,10 @@ def _put(data: dict[str, Any], key: str, value: Any) -> None:
     node[last] = value
 
 
+# The model families that have a preset of their own (train.model -> the preset's key).
+MODEL_PRESETS = {"teacher": "teacher_preset", "ctc": "ctc_preset"}
+
+
 def apply_presets(data: dict[str, Any], explicit: set[str], sources: dict[str, str],
                   labels: dict[str, str]) -> None:
     """train.teacher_preset's keys replace train.* when train.model is teacher (the
@@ -218,11 +222,11 @@ def apply_presets(data: dict[str, Any], explicit: set[str], sources: dict[str, s
     if isinstance(train.get("grow_preset"), dict):  # a key set: the others keep their defaults
         train["grow_preset"] = {**GROW_PRESET, **train["grow_preset"]}
     _preset_keys(train, "grow_preset")  # checked here, applied by train.grow's second stage
-    for name, applies in (("teacher_preset", train.get("model") == "teacher"),
-                          ("ctc_preset", train.get("model") == "ctc"),
-                          ("sequence_preset", train.get("regime") == "sequence")):
+    applies = {MODEL_PRESETS.get(train.get("model")),
+               "sequence_preset" if train.get("regime") == "sequence" else None}
+    for name in ("teacher_preset", "ctc_preset", "sequence_preset"):  # in this order
         preset = _preset_keys(train, name)
-        if applies:
+        if name in applies:
             _lay_over(train, preset, explicit, sources, labels[name])
     _pseudolabel_epochs(train, explicit, sources)
 
@@ -232,8 +236,8 @@ def _pseudolabel_epochs(train: dict[str, Any], explicit: set[str],
     """train.pseudolabel_epochs replaces train.epochs for the CTC SSL student (train.model
     ctc with train.pseudolabels), unless train.epochs was --set."""
     epochs = train.get("pseudolabel_epochs")
-    if (train.get("model") == "ctc" and train.get("pseudolabels") and epochs
-            and "train.epochs" not in explicit):
+    ctc = MODEL_PRESETS.get(train.get("model")) == "ctc_preset"
+    if ctc and train.get("pseudolabels") and epochs and "train.epochs" not in explicit:
         train["epochs"] = epochs
         sources["train.epochs"] = (f"train.pseudolabel_epochs "
                                    f"({sources.get('train.pseudolabel_epochs', DEFAULT)})")
