@@ -5,29 +5,28 @@
 - The CLI and config references come from the parser and the schema
   (scripts/docs_reference.py): every key and flag is there, and a field added to a config
   section appears in the reference with no other edit.
-- Every `amflow ...` command in a fenced bash block of docs/tutorial and docs/how-to parses
-  with the real parser, and its `--set` overrides load (the key exists, the value fits).
-  A block that needs a cluster or real AWS credentials is preceded by
-  `<!-- not run: <why> -->` and listed as not run.
+- Every `amflow ...` command in a fenced shell block of docs/tutorial and docs/how-to parses
+  with the real parser, and its `--set` overrides load (the key exists, the value fits),
+  whether a test runs its block or not (blocks marked `# not run by the tests: <why>` are
+  listed; which blocks run where: scripts/docs_check.py, tests/test_doc_commands.py).
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import importlib.util
+import io
 import os
 import re
 import shlex
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-COMMAND_DIRS = ["docs/tutorial", "docs/how-to"]
-NOT_RUN = re.compile(r"<!--\s*not run:\s*(.+?)\s*-->")
 # A shell line that runs amflow (perhaps after `do`, `then`, `time`, `nice -n N`).
 AMFLOW_LINE = re.compile(r"^(?:(?:do|then|time|nice(?: -n -?\d+)?)\s+)*(?:\S*/)?amflow\s+")
 
@@ -145,15 +144,12 @@ def test_cli_reference_lists_every_step_and_flag():
                 assert gen._prose(action.help)[:40] in section, (name, action.help)
 
 
-def _fenced_bash(text: str) -> list[tuple[str, str | None]]:
-    """(block, why it is not run or None) for each ```bash / ```sh / ```console block."""
-    blocks = []
-    fence = r"^[ \t]*```(?:bash|sh|console|shell)[ \t]*\n(.*?)^[ \t]*```"
-    for m in re.finditer(fence, text, re.M | re.S):
-        before = text[:m.start()].rstrip().splitlines()[-1:] or [""]
-        why = NOT_RUN.search(before[0])
-        blocks.append((textwrap.dedent(m.group(1)), why.group(1) if why else None))
-    return blocks
+def _docs_check():
+    spec = importlib.util.spec_from_file_location("docs_check", ROOT / "scripts" / "docs_check.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["docs_check"] = module  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
 
 
 def _amflow_commands(block: str) -> list[list[str]]:
@@ -168,17 +164,16 @@ def _amflow_commands(block: str) -> list[list[str]]:
 
 
 def doc_commands() -> tuple[list[tuple[str, list[str]]], list[tuple[str, str]]]:
-    """(page, argv) of every amflow command to check, and (page, why) of each block marked
-    not run."""
+    """(page:line, argv) of every amflow command in a shell block, marked run or not (a
+    block that is not run still parses), and (page:line, why) of each block not run."""
+    dc = _docs_check()
     run, not_run = [], []
-    for folder in COMMAND_DIRS:
-        for page in sorted((ROOT / folder).glob("*.md")):
-            where = str(page.relative_to(ROOT))
-            for block, why in _fenced_bash(page.read_text()):
-                if why:
-                    not_run.append((where, why))
-                else:
-                    run += [(where, argv) for argv in _amflow_commands(block)]
+    for block in dc.all_blocks():
+        if block.lang not in dc.SHELL:
+            continue
+        if block.marker and block.marker.runner is None:
+            not_run.append((block.where(), block.marker.why))
+        run += [(block.where(), argv) for argv in _amflow_commands(block.body)]
     return run, not_run
 
 
@@ -191,9 +186,11 @@ def test_doc_commands_parse_and_their_overrides_load():
     parser, failures = build_parser(), []
     for where, argv in run:
         try:
-            args = parser.parse_args(argv)
-        except SystemExit:
-            failures.append(f"{where}: amflow {' '.join(argv)}: does not parse")
+            with contextlib.redirect_stdout(io.StringIO()):  # `amflow --help` prints, exits 0
+                args = parser.parse_args(argv)
+        except SystemExit as exc:
+            if exc.code:
+                failures.append(f"{where}: amflow {' '.join(argv)}: does not parse")
             continue
         config = ROOT / (args.config or "configs/local.yaml")  # the CLI's default
         try:
