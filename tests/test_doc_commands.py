@@ -11,19 +11,11 @@ functions; the file must exist, define those functions and name the page it read
 from __future__ import annotations
 
 import ast
-import importlib.util
-import sys
 from pathlib import Path
 
+from tests.conftest import docs_check_module
+
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def _docs_check():
-    spec = importlib.util.spec_from_file_location("docs_check", ROOT / "scripts" / "docs_check.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["docs_check"] = module  # its dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
 
 
 # Which tests run which page blocks: file -> (the pages it reads, the functions that run
@@ -50,7 +42,7 @@ def _defined(path: Path) -> set[str]:
 
 
 def test_every_command_is_run_by_a_test_or_marked_not_run():
-    dc = _docs_check()
+    dc = docs_check_module()
     unchecked, bad, counts = [], [], {"run by a test": 0, "make docs-check": 0, "not run": 0}
     for block in dc.all_blocks():
         if not block.lang:
@@ -79,7 +71,7 @@ def test_every_command_is_run_by_a_test_or_marked_not_run():
 
 
 def test_the_tests_named_run_the_pages_they_are_named_on():
-    dc = _docs_check()
+    dc = docs_check_module()
     failures = []
     for block in dc.all_blocks():
         runner = block.marker.runner if block.marker else None
@@ -106,7 +98,7 @@ def test_the_tests_named_run_the_pages_they_are_named_on():
 
 
 def test_markers_and_placeholders():
-    dc = _docs_check()
+    dc = docs_check_module()
     m, bad = dc.parse_marker("# run by tests/test_doc_pages.py in data (R = demo-teacher, T.pt = x/model.pt)")
     assert not bad and (m.runner, m.where, m.names) == (
         "tests/test_doc_pages.py", "data", {"R": "demo-teacher", "T.pt": "x/model.pt"})
@@ -123,7 +115,7 @@ def test_markers_and_placeholders():
 
 
 def test_command_lines_of_a_block():
-    dc = _docs_check()
+    dc = docs_check_module()
     shell = dc.Block("p.md", 1, "bash", "# run by make docs-check\namflow a \\\n  --b c\n\n"
                      "# a comment\nfor x in 1; do\n  echo $x\ndone\n", None)
     assert dc.commands(shell) == ["amflow a    --b c", "for x in 1; do", "echo $x", "done"]

@@ -26,6 +26,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import docs_check_module
+
 ROOT = Path(__file__).resolve().parents[1]
 # A shell line that runs amflow (perhaps after `do`, `then`, `time`, `nice -n N`).
 AMFLOW_LINE = re.compile(r"^(?:(?:do|then|time|nice(?: -n -?\d+)?)\s+)*(?:\S*/)?amflow\s+")
@@ -144,14 +146,6 @@ def test_cli_reference_lists_every_step_and_flag():
                 assert gen._prose(action.help)[:40] in section, (name, action.help)
 
 
-def _docs_check():
-    spec = importlib.util.spec_from_file_location("docs_check", ROOT / "scripts" / "docs_check.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["docs_check"] = module  # its dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
-
-
 def _amflow_commands(block: str) -> list[list[str]]:
     """Each `amflow ...` command of a block (continuation lines joined), as argv."""
     commands = []
@@ -166,7 +160,7 @@ def _amflow_commands(block: str) -> list[list[str]]:
 def doc_commands() -> tuple[list[tuple[str, list[str]]], list[tuple[str, str]]]:
     """(page:line, argv) of every amflow command in a shell block, marked run or not (a
     block that is not run still parses), and (page:line, why) of each block not run."""
-    dc = _docs_check()
+    dc = docs_check_module()
     run, not_run = [], []
     for block in dc.all_blocks():
         if block.lang not in dc.SHELL:

@@ -1,6 +1,8 @@
 """The quickstart (`make quickstart`: `amflow run ssl --config configs/tiny.yaml`).
 
-- End to end, the suite's smoke test: the recipe runs every step of both runs in one
+- End to end, the suite's smoke test: the tutorial's command as written (the session's
+  one quickstart run, conftest.quickstart_checkout, under make demo's run names, which
+  tests/test_doc_pages.py then uses) runs every step of both runs in one
   process (each finished: its _SUCCESS.json), and the WER table printed at the end has a
   row per decoded model, each WER a number in [0, 100] inside its 95 % CI and equal to the
   WER in that decode's result.json; run again with the same run id, every step is kept.
@@ -9,19 +11,16 @@
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.conftest import QUICKSTART_RUN, ROOT, docs_check_module
 
 pytestmark = pytest.mark.integration
 
-RUN = "qs"
+RUN = QUICKSTART_RUN
 # The steps the quickstart runs, as they lie under <storage.root>/runs/<run_id>/.
 STEPS = {
     f"{RUN}-teacher": ["select", "align", "features", "repartition", "train-teacher",
@@ -36,16 +35,6 @@ ROW = re.compile(r"^\| (?P<run>\S+) \| (?P<decode>\S+) \| (?P<wer>[^|]+) \| "
 TUTORIAL = ROOT / "docs" / "tutorial" / "quickstart.md"
 
 
-def _quickstart(store: Path, logs: Path, *extra: str) -> subprocess.CompletedProcess:
-    env = dict(os.environ)
-    # the checkout under test, and the interpreter running the tests
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-    cmd = [sys.executable, "-m", "amflow.cli", "run", "ssl", "--config",
-           str(ROOT / "configs" / "tiny.yaml"), "--run-id", RUN, "--logs", str(logs),
-           "--set", f"storage.root={store}", "--set", f"data.corpus={store / 'corpus'}", *extra]
-    return subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=3600)
-
-
 def test_the_tutorial_lists_the_recipes_steps():
     from amflow.recipes.definition import load_recipe
 
@@ -53,10 +42,11 @@ def test_the_tutorial_lists_the_recipes_steps():
     assert ids == load_recipe("ssl").for_cli().ids()
 
 
-@pytest.mark.slow  # ~3 minutes on 2 quiet cores (docs/results/2026-12-07-one-command.md)
-def test_quickstart_runs_every_step_and_prints_the_wer_table(tmp_path):
-    store, logs = tmp_path / "store", tmp_path / "logs"
-    done = _quickstart(store, logs)
+@pytest.mark.slow  # ~5 minutes on 2 cores (docs/results/2026-12-07-one-command.md)
+def test_quickstart_runs_every_step_and_prints_the_wer_table(quickstart_checkout):
+    """The tutorial's command as written (conftest.quickstart_checkout: its block, with
+    --run-id and --logs)."""
+    done, store = quickstart_checkout.run, quickstart_checkout.store
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
     from amflow.recipes.definition import load_recipe
 
@@ -85,6 +75,9 @@ def test_quickstart_runs_every_step_and_prints_the_wer_table(tmp_path):
     assert json.loads((store / "runs" / f"{RUN}-ssl" / "decode-ctc" / "result.json")
                       .read_text())["model_kind"] == "ctc"
     # the same run id again keeps every step: nothing is redone
-    again = _quickstart(store, logs, "--from", "ssl.train")
+    again = subprocess.run(["bash", "-c", quickstart_checkout.command + " --from ssl.train"],
+                           cwd=quickstart_checkout.root, capture_output=True, text=True,
+                           env=docs_check_module().environment(quickstart_checkout.root),
+                           timeout=3600)
     assert again.returncode == 0, again.stdout[-4000:] + again.stderr[-4000:]
     assert json.loads(again.stdout.splitlines()[-1].split(" ", 1)[1])["kept"] == 4
