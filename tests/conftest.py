@@ -222,17 +222,21 @@ def fake_env(tmp_path, monkeypatch):
 QUICKSTART_RUN = "demo"
 
 
-def docs_check_module():
-    """scripts/docs_check.py, loaded once (the page blocks and their markers)."""
-    if "docs_check" not in sys.modules:
+def script_module(name: str):
+    """scripts/<name>.py as a module, loaded once (scripts/ is no package)."""
+    if name not in sys.modules:
         import importlib.util
 
-        spec = importlib.util.spec_from_file_location("docs_check",
-                                                      ROOT / "scripts" / "docs_check.py")
+        spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
         module = importlib.util.module_from_spec(spec)
-        sys.modules["docs_check"] = module  # its dataclasses look their module up
+        sys.modules[name] = module  # its dataclasses look their module up
         spec.loader.exec_module(module)
-    return sys.modules["docs_check"]
+    return sys.modules[name]
+
+
+def docs_check_module():
+    """scripts/docs_check.py: the page blocks, their markers, the runner."""
+    return script_module("docs_check")
 
 
 @dataclasses.dataclass

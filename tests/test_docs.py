@@ -26,7 +26,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import docs_check_module
+from tests.conftest import docs_check_module, script_module
+from tests.test_doc_links import broken_site_links
 
 ROOT = Path(__file__).resolve().parents[1]
 # A shell line that runs amflow (perhaps after `do`, `then`, `time`, `nice -n N`).
@@ -46,12 +47,15 @@ def test_docs_build_strictly(tmp_path):
     env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
     out = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-q",
                           "-f", str(ROOT / "mkdocs.yml"), "-d", str(tmp_path / "site")],
-                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, (
         "mkdocs build --strict failed (missing? pip install -e '.[docs]'):\n"
         + out.stdout[-3000:] + out.stderr[-5000:])
-    for page in ["reference/cli/index.html", "reference/config/index.html", "index.html"]:
+    for page in ["reference/cli/index.html", "reference/config/index.html", "index.html",
+                 "reference/api/index.html", "reference/api/training/index.html"]:
         assert (tmp_path / "site" / page).exists(), page
+    broken = broken_site_links(tmp_path / "site")  # what mkdocs's own check does not see
+    assert not broken, "broken links on the built site:\n" + "\n".join(broken[:100])
 
 
 def test_committed_references_are_current():
@@ -196,6 +200,30 @@ def test_doc_commands_parse_and_their_overrides_load():
     for where, why in not_run:
         print(f"  {where}: {why}")
     assert not failures, "\n".join(failures)
+
+
+def test_sample_output_on_the_pages_is_its_generated_file():
+    """A page's sample region (`<!-- sample: FILE -->`) shows FILE's text, which `make
+    docs-samples` writes from a run (scripts/docs_samples.py)."""
+    samples = script_module("docs_samples")
+    assert samples.pages(), "no page shows a generated sample"
+    assert all((ROOT / name).exists() for name in samples.SAMPLES), "run make docs-samples"
+    assert samples.stale_regions() == []
+
+
+def test_a_sample_region_that_differs_from_its_file_is_found(tmp_path, monkeypatch):
+    samples = script_module("docs_samples")
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "out.txt").write_text("| a | 1 |\n")
+    page = tmp_path / "docs" / "p.md"
+    page.write_text("x\n<!-- sample: out.txt (made) -->\n```text\n| a | 2 |\n```\n"
+                    "<!-- /sample -->\ny\n")
+    monkeypatch.setattr(samples, "ROOT", tmp_path)
+    assert [s.split(":")[0] for s in samples.stale_regions(tmp_path)] == ["docs/p.md"]
+    samples.rewrite_pages(tmp_path)
+    assert page.read_text() == ("x\n<!-- sample: out.txt (made) -->\n```text\n| a | 1 |\n"
+                                "```\n<!-- /sample -->\ny\n")
+    assert samples.stale_regions(tmp_path) == []
 
 
 def test_readme_is_a_guide_not_a_log():

@@ -33,6 +33,14 @@ ROW = re.compile(r"^\| (?P<run>\S+) \| (?P<decode>\S+) \| (?P<wer>[^|]+) \| "
 
 
 TUTORIAL = ROOT / "docs" / "tutorial" / "quickstart.md"
+# The table the tutorial shows: a run's, written by `make docs-samples` (scripts/docs_samples.py)
+SAMPLE = ROOT / "docs" / "samples" / "quickstart-compare.txt"
+
+
+def _table(text: str) -> dict[tuple[str, str], re.Match]:
+    """The WER table's rows by (run suffix: teacher or ssl, decode step)."""
+    rows = [m for m in map(ROW.match, text.splitlines()) if m]
+    return {(m["run"].rsplit("-", 1)[1], m["decode"]): m for m in rows}
 
 
 def test_the_tutorial_lists_the_recipes_steps():
@@ -40,6 +48,16 @@ def test_the_tutorial_lists_the_recipes_steps():
 
     ids = re.findall(r"^\| `([a-z]+\.[a-z-]+)` \|", TUTORIAL.read_text(), re.M)
     assert ids == load_recipe("ssl").for_cli().ids()
+
+
+def test_the_tutorials_words_on_its_sample_table_hold():
+    """What the tutorial says of the table it shows, checked on the table."""
+    wer = {k: float(m["wer"]) for k, m in _table(SAMPLE.read_text()).items()}
+    assert set(wer) == {("teacher", "decode-teacher"), ("teacher", "decode-baseline"),
+                        ("ssl", "decode"), ("ssl", "decode-ctc")}
+    teacher = wer[("teacher", "decode-teacher")]  # "well ahead of both students"
+    assert teacher + 5 < min(wer[("teacher", "decode-baseline")], wer[("ssl", "decode")])
+    assert max(wer, key=wer.get) == ("ssl", "decode-ctc")  # "spells poorly"
 
 
 @pytest.mark.slow  # ~5 minutes on 2 cores (docs/results/2026-12-07-one-command.md)
@@ -69,6 +87,17 @@ def test_quickstart_runs_every_step_and_prints_the_wer_table(quickstart_checkout
         assert 0 <= lo <= wer <= hi <= 100, m.group(0)
         result = json.loads((store / "runs" / run / decode / "result.json").read_text())
         assert abs(100 * result["wer"] - wer) < 0.006, (run, decode)
+    # the table the tutorial shows is what this code gives: the same rows, model kinds and
+    # paths (the run's name and storage aside), each WER inside the sample's 95 % CI
+    sample = _table(SAMPLE.read_text())
+    fresh = _table(done.stdout)
+    assert set(fresh) == set(sample)
+    for key, m in fresh.items():
+        s = sample[key]
+        assert s.group(0).rsplit("/", 1)[1] == m.group(0).rsplit("/", 1)[1], key  # model (kind)
+        assert float(s["lo"]) <= float(m["wer"]) <= float(s["hi"]), (
+            f"{key}: WER {m['wer']} outside the tutorial's sample's CI {s['lo']}-{s['hi']}: "
+            "the sample is stale, run make docs-samples")
     # the tiny CTC student learned from the labeled transcripts and the kept pseudo-labels
     ctc = json.loads((store / "runs" / f"{RUN}-ssl" / "train-ctc" / "_SUCCESS.json").read_text())
     assert ctc["metrics"]["transcripts"]["pseudo"] > 0, ctc["metrics"]
