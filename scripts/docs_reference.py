@@ -270,7 +270,8 @@ def _docstring_md(doc: str | None) -> list[str]:
         while block and not block[-1].strip():
             block.pop()
         if block:
-            out.extend(["", "```text", *textwrap.dedent("\n".join(block)).splitlines(), "```", ""])
+            out.extend(([""] if out and out[-1] else []) + ["```text",
+                       *textwrap.dedent("\n".join(block)).splitlines(), "```", ""])
         block.clear()
 
     for line in doc.splitlines():
@@ -333,11 +334,11 @@ def api_modules(package: str, root: Path = ROOT) -> list[tuple[str, Path]]:
     return sorted(out)
 
 
-def module_md(name: str, path: Path) -> list[str]:
+def module_md(name: str, path: Path, root: Path = ROOT) -> list[str]:
     """A module's section: its docstring, then its public classes and functions in the
     order of the source."""
     tree = ast.parse(path.read_text(encoding="utf-8"))
-    lines = [f"## {name}", "", f"`{path.relative_to(ROOT)}`", "",
+    lines = [f"## {name}", "", f"`{path.relative_to(root)}`", "",
              *_docstring_md(ast.get_docstring(tree))]
     for node in tree.body:
         if isinstance(node, ast.ClassDef) and _public(node.name):
@@ -371,7 +372,7 @@ def api_reference(root: Path = ROOT) -> dict[str, str]:
         for name, path in modules:
             anchor = name.replace(".", "")
             index.append(f"| [`{name}`]({package}.md#{anchor}) | {_summary(path)} |")
-            body += module_md(name, path)
+            body += module_md(name, path, root)
         index.append("")
         pages[f"{API_DIR}/{package}.md"] = "\n".join(body).rstrip() + "\n"
     pages[f"{API_DIR}/index.md"] = "\n".join(index).rstrip() + "\n"

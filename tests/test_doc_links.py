@@ -58,7 +58,10 @@ def broken_site_links(site: Path) -> list[str]:
             if not _local(ref):
                 continue
             parts = urlsplit(ref)
-            target = (html.parent / unquote(parts.path)).resolve() if parts.path else html
+            path = unquote(parts.path)
+            # /x: from the site's root (the 404 page's links, as mkdocs writes them)
+            base = site if path.startswith("/") else html.parent
+            target = (base / path.lstrip("/")).resolve() if path else html
             if target.is_dir():
                 target = target / "index.html"
             if not target.is_file():
@@ -98,11 +101,12 @@ def test_the_link_checks_find_what_is_broken(tmp_path):
     (tmp_path / "a" / "index.html").write_text(
         '<h2 id="x">x</h2><a href="../b/">b</a><a href="../c/">c</a>'
         '<a href="#x">x</a><a href="#y">y</a><a href="../b/#z">z</a>'
-        '<img src="../img.png"><a href="https://example.org/nowhere">ext</a>')
+        '<img src="../img.png"><a href="https://example.org/nowhere">ext</a>'
+        '<a href="/b/">root</a><a href="/d/">d</a>')
     (tmp_path / "b").mkdir()
     (tmp_path / "b" / "index.html").write_text('<p id="z">z</p>')
     assert broken_site_links(tmp_path) == ["a/index.html: ../c/", "a/index.html: #y (no such anchor)",
-                                          "a/index.html: ../img.png"]
+                                          "a/index.html: ../img.png", "a/index.html: /d/"]
     refs = markdown_links("[a](x.md) `[b](y.md)` [c](<z.md#q> \"t\")\n```\n[d](w.md)\n```\n"
                           '<a href="v.md">v</a> [e](https://x.org)')
     assert refs == ["x.md", "z.md#q", "https://x.org", "v.md"]
