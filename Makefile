@@ -45,7 +45,7 @@ docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
 
 # The guides' commands that need make demo's runs, as written, on them (after `make demo`;
-# not in CI: the demo takes ~30 min): every block marked `# run by make docs-check` or
+# not in CI: the demo takes tens of minutes): every block marked `# run by make docs-check` or
 # `# run by tests/test_doc_pages.py` (scripts/docs_check.py; the test runs the latter on the
 # quickstart's runs).
 docs-check: $(STAMP)

@@ -158,13 +158,18 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
-def _prose(text: str) -> str:
-    """A table cell of free text: <tag> shown as written, not taken for HTML (outside
-    `code spans`, which show it as written anyway)."""
-    parts = _cell(text).split("`")
+def _html_escaped(text: str) -> str:
+    """Text with <tag> shown as written, not taken for HTML (outside `code spans`, which
+    show it as written anyway)."""
+    parts = text.split("`")
     for i in range(0, len(parts), 2):  # the even parts lie outside code spans
         parts[i] = parts[i].replace("<", "&lt;").replace(">", "&gt;")
     return "`".join(parts)
+
+
+def _prose(text: str) -> str:
+    """A table cell of free text, <tag> shown as written."""
+    return _html_escaped(_cell(text))
 
 
 def _doc(cls: type) -> str:
@@ -279,7 +284,7 @@ def _docstring_md(doc: str | None) -> list[str]:
             block.append(line)  # an indented run goes on across blank lines
         else:
             flush()
-            out.append(_prose(line) if line.strip() else "")
+            out.append(_html_escaped(line))
     flush()
     while out and not out[-1]:
         out.pop()
