@@ -154,16 +154,24 @@ def run_block(block: Block, root: Path, timeout: float = 1800) -> subprocess.Com
                           text=True, timeout=timeout)
 
 
+def _text(out: bytes | str | None) -> str:
+    return out.decode(errors="replace") if isinstance(out, bytes) else out or ""
+
+
 def selected(blocks: list[Block], runners: tuple[str, ...]) -> list[Block]:
     return [b for b in blocks if b.marker and b.marker.runner in runners]
 
 
-def run_all(blocks: list[Block], root: Path) -> list[str]:
+def run_all(blocks: list[Block], root: Path, timeout: float = 1800) -> list[str]:
     """Run the blocks one after another, each page's in its order; the failures."""
     failures = []
     for block in blocks:
         start = time.monotonic()
-        done = run_block(block, root)
+        try:
+            done = run_block(block, root, timeout)
+        except subprocess.TimeoutExpired as exc:
+            done = subprocess.CompletedProcess(exc.cmd, f"timed out after {timeout:.0f} s",
+                                               _text(exc.stdout), _text(exc.stderr))
         took = time.monotonic() - start
         if done.returncode == 0:
             print(f"ok      {block.where()} ({took:.0f} s)", flush=True)

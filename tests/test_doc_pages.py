@@ -31,7 +31,7 @@ def test_page_blocks_run_on_the_quickstarts_runs(quickstart_checkout, tmp_path):
     pages = {b.page for b in blocks}
     assert {"docs/tutorial/demo.md", "docs/how-to/export.md",
             "docs/how-to/read-parquet.md"} <= pages, pages
-    failures = dc.run_all(blocks, root)
+    failures = dc.run_all(blocks, root, timeout=600)
     assert not failures, f"blocks that failed (their output is above): {failures}"
     # what the blocks say they make
     runs = root / "data" / "runs"
