@@ -126,3 +126,19 @@ def test_command_lines_of_a_block():
 def test_make_docs_check_runs_the_script():
     make = (ROOT / "Makefile").read_text()
     assert "\ndocs-check:" in make and "scripts/docs_check.py" in make.split("\ndocs-check:")[1]
+
+
+def test_the_runner_runs_a_block_where_its_marker_says_and_reports_failures(tmp_path, capsys):
+    dc = docs_check_module()
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "x.txt").write_text("hello")
+    ok = dc.Block("p.md", 3, "bash", "# run by make docs-check in data (R = x)\n"
+                  "test \"$(cat R.txt)\" = hello\n", dc.parse_marker("# run by make docs-check in data (R = x)")[0])
+    py = dc.Block("p.md", 9, "python", "# run by make docs-check in data\n"
+                  "assert open('x.txt').read() == 'hello'\n", dc.parse_marker("# run by make docs-check in data")[0])
+    bad = dc.Block("p.md", 20, "bash", "# run by make docs-check\nfalse\necho never\n",
+                   dc.parse_marker("# run by make docs-check")[0])
+    assert dc.run_all([ok, py, bad], tmp_path) == ["p.md:20"]
+    out = capsys.readouterr().out
+    assert "ok      p.md:3" in out and "ok      p.md:9" in out and "FAILED  p.md:20" in out
+    assert "never" not in out  # -e: the block stops at its first failing command
