@@ -37,7 +37,10 @@ def test_page_blocks_run_on_the_quickstarts_runs(quickstart_checkout, tmp_path):
     runs = root / "data" / "runs"
     for folder in ("demo-ssl/export", "demo-ssl/export-ctc", "demo-teacher/export-baseline"):
         checks = json.loads((runs / folder / "checks.json").read_text())
-        assert checks, folder
+        assert checks["passed"], folder
+    # the baseline's export took the acoustic scale decode tuned for the baseline
+    decoding = json.loads((runs / "demo-teacher" / "export-baseline" / "decoding.json").read_text())
+    assert decoding["acwt_from"].endswith("demo-teacher/decode-baseline/result.json"), decoding
     assert (runs / "demo-ssl" / "export-ctc" / "model.sherpa.int8.onnx").exists()
     day = json.loads((runs / "daily-2026-03-08" / "targets" / "_SUCCESS.json").read_text())
     assert day["counts"]["out"] > 0, day["counts"]
