@@ -18,6 +18,7 @@ sample: the same rows, each WER inside the sample's 95 % CI.
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -28,22 +29,31 @@ ROOT = Path(__file__).resolve().parents[1]
 AMFLOW = ROOT / ".venv" / "bin" / "amflow"
 REGION = re.compile(r"^<!-- sample: (?P<file>\S+)[^\n]*-->\n```text\n(?P<body>.*?)^```\n"
                     r"<!-- /sample -->$", re.M | re.S)
+OPENING = re.compile(r"^<!-- sample:", re.M)  # a region's first line (not a mention in prose)
 QUICKSTART_RUN = "qs"
+
+
+def _amflow(*args: str, root: Path, **kw) -> subprocess.CompletedProcess:
+    """This checkout's amflow (its code first on the path, whatever the venv was installed
+    from)."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT),
+                                                                     os.environ.get("PYTHONPATH")]))}
+    return subprocess.run([str(AMFLOW), *args], cwd=root, env=env, check=True, **kw)
 
 
 def quickstart_compare(root: Path = ROOT) -> str:
     """The quickstart's WER table as `amflow compare` prints it at the end of `make
     quickstart --run-id qs`, and a line saying how many test words and utterances."""
-    subprocess.run([str(AMFLOW), "run", "ssl", "--config", "configs/tiny.yaml",
-                    "--run-id", QUICKSTART_RUN], cwd=root, check=True)
+    _amflow("run", "ssl", "--config", "configs/tiny.yaml", "--run-id", QUICKSTART_RUN, root=root)
     runs = [f"{QUICKSTART_RUN}-teacher", f"{QUICKSTART_RUN}-ssl"]
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "compare.json"
-        shown = subprocess.run([str(AMFLOW), "compare", *runs, "--config", "configs/tiny.yaml",
-                                "--out", str(out)], cwd=root, check=True, capture_output=True,
-                               text=True).stdout
+        shown = _amflow("compare", *runs, "--config", "configs/tiny.yaml", "--out", str(out),
+                        root=root, capture_output=True, text=True).stdout
         rows = json.loads(out.read_text())["rows"]
-    table = shown[shown.index("# amflow compare:"):].rstrip() + "\n"
+    # from its title to its footnote (the lines after it are the step's, for logs and XCom)
+    table = shown[shown.index("# amflow compare:"):]
+    table = table[:table.index("\n", table.index("\nn.s.:") + 1) + 1]
     test = json.loads((root / "data" / "quickstart" / "runs" / runs[0] / "decode-baseline" /
                        "result.json").read_text())
     return table + (f"\n({test['errors']['ref_words']} test words in {rows[0]['utterances']} "
@@ -59,7 +69,7 @@ def regions(text: str) -> list[re.Match]:
 
 
 def pages() -> list[Path]:
-    return sorted(p for p in (ROOT / "docs").rglob("*.md") if "<!-- sample:" in p.read_text())
+    return sorted(p for p in (ROOT / "docs").rglob("*.md") if OPENING.search(p.read_text()))
 
 
 def stale_regions(root: Path = ROOT) -> list[str]:
@@ -67,7 +77,7 @@ def stale_regions(root: Path = ROOT) -> list[str]:
     out = []
     for page in pages():
         text = page.read_text()
-        if text.count("<!-- sample:") != len(regions(text)):
+        if len(OPENING.findall(text)) != len(regions(text)):
             out.append(f"{page.relative_to(root)}: a sample region is not `<!-- sample: FILE "
                        "-->`, a ```text block, `<!-- /sample -->`")
         for m in regions(text):

@@ -94,7 +94,7 @@ def test_quickstart_runs_every_step_and_prints_the_wer_table(quickstart_checkout
     assert set(fresh) == set(sample)
     for key, m in fresh.items():
         s = sample[key]
-        assert s.group(0).rsplit("/", 1)[1] == m.group(0).rsplit("/", 1)[1], key  # model (kind)
+        assert s.string.rsplit("/", 1)[1] == m.string.rsplit("/", 1)[1], key  # model (kind)
         assert float(s["lo"]) <= float(m["wer"]) <= float(s["hi"]), (
             f"{key}: WER {m['wer']} outside the tutorial's sample's CI {s['lo']}-{s['hi']}: "
             "the sample is stale, run make docs-samples")
