@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.amflow-installed
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: setup system-deps docs quickstart demo test test-fast test-exhaustive test-corpus-ui test-backfill bench-daily airflow bench serve bench-serve rehearsal clean image test-image
+.PHONY: setup system-deps docs docs-check docs-samples quickstart demo test test-fast test-exhaustive test-corpus-ui test-backfill bench-daily airflow bench serve bench-serve rehearsal clean image test-image
 
 # Setup says what it does, phase by phase (docs/how-to/installation.md): the venv, then
 # amflow's pinned dependencies with a line per large download (scripts/pip_progress.py:
@@ -43,6 +43,19 @@ demo: setup
 # page fails. The CLI and config references are generated (scripts/docs_reference.py).
 docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
+
+# The guides' commands that need make demo's runs, as written, on them (after `make demo`;
+# not in CI: the demo takes tens of minutes): every block marked `# run by make docs-check` or
+# `# run by tests/test_doc_pages.py` (scripts/docs_check.py; the test runs the latter on the
+# quickstart's runs).
+docs-check: $(STAMP)
+	$(PY) scripts/docs_check.py
+
+# The sample output the guides show, made by a run, not typed (scripts/docs_samples.py): the
+# quickstart with --run-id qs (its finished steps kept), its WER table into docs/samples/,
+# then each page's sample region rewritten from the file (tests/test_docs.py compares them).
+docs-samples: setup
+	$(PY) scripts/docs_samples.py
 
 # Tests marked `isolated` need a process in which no in-process Ray ever ran.
 # Tests marked `cluster` (the rehearsal, ~20 min) run with `make rehearsal` only.

@@ -59,6 +59,12 @@ SECTIONS: dict[str, tuple[str, list[str]]] = {
     "results": ("Results log", []),
 }
 GENERATED = {"reference/cli.md": "cli", "reference/config.md": "config"}
+# The libraries whose Python API is documented (reference/api/<package>.md, and an index)
+API_PACKAGES = ["core", "tasks", "alignment", "training", "decoding", "serving"]
+API_DIR = "reference/api"
+# Documented elsewhere: the config schema's sections are the config reference (every key,
+# its type, default and meaning), so core.config shows its package docstring only.
+API_SKIP = ("core.config.",)
 
 
 # ---------------------------------------------------------------- config reference
@@ -152,13 +158,18 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
-def _prose(text: str) -> str:
-    """A table cell of free text: <tag> shown as written, not taken for HTML (outside
-    `code spans`, which show it as written anyway)."""
-    parts = _cell(text).split("`")
+def _html_escaped(text: str) -> str:
+    """Text with <tag> shown as written, not taken for HTML (outside `code spans`, which
+    show it as written anyway)."""
+    parts = text.split("`")
     for i in range(0, len(parts), 2):  # the even parts lie outside code spans
         parts[i] = parts[i].replace("<", "&lt;").replace(">", "&gt;")
     return "`".join(parts)
+
+
+def _prose(text: str) -> str:
+    """A table cell of free text, <tag> shown as written."""
+    return _html_escaped(_cell(text))
 
 
 def _doc(cls: type) -> str:
@@ -243,6 +254,136 @@ def cli_reference(parser: argparse.ArgumentParser | None = None) -> str:
     return "\n".join(lines) + "\n"
 
 
+# ---------------------------------------------------------------- Python API reference
+#
+# Read from the source with `ast`, not by importing it: no library is imported (torch, Ray,
+# the decoders), nothing runs, and the pages are the same on every machine. A module is
+# public unless a part of its dotted name starts with `_` (or API_SKIP names it); its
+# public names are the top-level functions and classes whose names do not, and a class's
+# public methods and `__init__`.
+
+
+def _docstring_md(doc: str | None) -> list[str]:
+    """A docstring as Markdown: its prose with <tags> shown as written, and each run of
+    indented lines (the layouts docstrings draw: columns, examples) as a text block."""
+    if not doc:
+        return []
+    out: list[str] = []
+    block: list[str] = []
+
+    def flush() -> None:
+        while block and not block[-1].strip():
+            block.pop()
+        if block:
+            out.extend(([""] if out and out[-1] else []) + ["```text",
+                       *textwrap.dedent("\n".join(block)).splitlines(), "```", ""])
+        block.clear()
+
+    for line in doc.splitlines():
+        if line.startswith("    ") or (block and not line.strip()):
+            block.append(line)  # an indented run goes on across blank lines
+        else:
+            flush()
+            out.append(_html_escaped(line))
+    flush()
+    while out and not out[-1]:
+        out.pop()
+    return out + [""]
+
+
+def _signature(node: ast.FunctionDef | ast.AsyncFunctionDef) -> str:
+    ret = f" -> {ast.unparse(node.returns)}" if node.returns else ""
+    return f"{node.name}({ast.unparse(node.args)}){ret}"
+
+
+def _public(name: str) -> bool:
+    return not name.startswith("_")
+
+
+def _function_md(node, level: str, owner: str = "") -> list[str]:
+    kind = "async def" if isinstance(node, ast.AsyncFunctionDef) else "def"
+    deco = [f"@{ast.unparse(d)}" for d in node.decorator_list]
+    return [f"{level} `{owner}{node.name}`", "", "```python", *deco,
+            f"{kind} {_signature(node)}", "```", "", *_docstring_md(ast.get_docstring(node))]
+
+
+def _class_md(node: ast.ClassDef) -> list[str]:
+    bases = ", ".join(ast.unparse(b) for b in node.bases + node.keywords)
+    deco = [f"@{ast.unparse(d)}" for d in node.decorator_list]
+    lines = [f"### `{node.name}`", "", "```python", *deco,
+             f"class {node.name}" + (f"({bases})" if bases else ""), "```", "",
+             *_docstring_md(ast.get_docstring(node))]
+    fields = [f"{ast.unparse(s.target)}: {ast.unparse(s.annotation)}"
+              + (f" = {ast.unparse(s.value)}" if s.value else "")
+              for s in node.body if isinstance(s, ast.AnnAssign) and _public(ast.unparse(s.target))]
+    if fields:
+        lines += ["Fields:", "", "```python", *fields, "```", ""]
+    for item in node.body:
+        if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)) and \
+                (_public(item.name) or item.name == "__init__"):
+            lines += _function_md(item, "####", f"{node.name}.")
+    return lines
+
+
+def api_modules(package: str, root: Path = ROOT) -> list[tuple[str, Path]]:
+    """(dotted name, file) of the package's public modules, in name order (the package's
+    own __init__ first)."""
+    out = []
+    for path in sorted((root / package).rglob("*.py")):
+        parts = list(path.relative_to(root).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        name = ".".join(parts)
+        if all(_public(p) for p in parts) and not name.startswith(API_SKIP):
+            out.append((name, path))
+    return sorted(out)
+
+
+def module_md(name: str, path: Path, root: Path = ROOT) -> list[str]:
+    """A module's section: its docstring, then its public classes and functions in the
+    order of the source."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    lines = [f"## {name}", "", f"`{path.relative_to(root)}`", "",
+             *_docstring_md(ast.get_docstring(tree))]
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef) and _public(node.name):
+            lines += _class_md(node)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and _public(node.name):
+            lines += _function_md(node, "###")
+    return lines
+
+
+def _summary(path: Path) -> str:
+    doc = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8"))) or ""
+    first = doc.strip().split("\n\n", 1)[0].replace("\n", " ")
+    return _prose(first)
+
+
+def api_reference(root: Path = ROOT) -> dict[str, str]:
+    """{uri: Markdown} of the Python API pages: an index and a page per package."""
+    pages: dict[str, str] = {}
+    index = ["# Python API reference", "",
+             "Generated from the libraries' docstrings and signatures (read from the source: "
+             "`scripts/docs_reference.py`), like the [CLI](../cli.md) and [config](../config.md) "
+             "references. The libraries are called on plain paths and values, with no run, "
+             "step or config file ([architecture](../../explanation/architecture.md)); the "
+             "app (`amflow/`) is the CLI, documented in the CLI reference.", ""]
+    for package in API_PACKAGES:
+        modules = api_modules(package, root)
+        title = f"# Python API: {package}"
+        body = [title, "", f"Generated from the docstrings and signatures of `{package}/` "
+                "(`scripts/docs_reference.py`); [all libraries](index.md).", ""]
+        index += [f"## [{package}]({package}.md)", "", "| module | what it is |", "|---|---|"]
+        for name, path in modules:
+            anchor = name.replace(".", "")
+            index.append(f"| [`{name}`]({package}.md#{anchor}) | {_summary(path)} |")
+            body += module_md(name, path, root)
+        index.append("")
+        pages[f"{API_DIR}/{package}.md"] = "\n".join(body).rstrip() + "\n"
+    pages[f"{API_DIR}/index.md"] = "\n".join(index).rstrip() + "\n"
+    return pages
+
+
 # ---------------------------------------------------------------- mkdocs hooks
 
 def _title(path: Path) -> str | None:
@@ -258,7 +399,7 @@ def build_nav(docs: Path) -> list:
     for folder, (title, pinned) in SECTIONS.items():
         names = {p.name for p in (docs / folder).glob("*.md")}
         if folder == "reference":
-            names |= {Path(g).name for g in GENERATED}
+            names |= {Path(g).name for g in GENERATED if Path(g).parent.name == folder}
         if not names:
             continue
         rest = sorted(names - set(pinned), reverse=(folder == "results"))
@@ -266,7 +407,11 @@ def build_nav(docs: Path) -> list:
         if "index.md" in rest:
             rest.remove("index.md")
             first.insert(0, "index.md")
-        nav.append({title: [f"{folder}/{n}" for n in first + rest]})
+        pages: list = [f"{folder}/{n}" for n in first + rest]
+        if folder == "reference":  # the Python API: a section of its own, its index first
+            api = [f"{API_DIR}/index.md"] + [f"{API_DIR}/{p}.md" for p in API_PACKAGES]
+            pages.append({"Python API": api})
+        nav.append({title: pages})
     return nav
 
 
@@ -295,7 +440,8 @@ def generated_pages() -> tuple[dict[str, str], list[str]]:
     with _stable_env():
         config_md, missing = config_reference()
         made = {"cli": cli_reference(), "config": config_md}
-    return {uri: made[what] for uri, what in GENERATED.items()}, missing
+    pages = {uri: made[what] for uri, what in GENERATED.items()}
+    return pages | api_reference(), missing
 
 
 def main(argv: list[str], docs: Path = ROOT / "docs") -> int:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import shutil
@@ -213,3 +214,71 @@ def fake_env(tmp_path, monkeypatch):
         plan.write_text(json.dumps(steps))
 
     return cfg, set_plan, tmp_path
+
+
+# The quickstart's recipe (docs/tutorial/quickstart.md), run once per session under `make
+# demo`'s run names: tests/test_quickstart.py checks the run, tests/test_doc_pages.py runs
+# the guides' commands that name the demo's runs on it, as written.
+QUICKSTART_RUN = "demo"
+
+
+def script_module(name: str):
+    """scripts/<name>.py as a module, loaded once (scripts/ is no package)."""
+    if name not in sys.modules:
+        import importlib.util
+
+        spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module  # its dataclasses look their module up
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+def docs_check_module():
+    """scripts/docs_check.py: the page blocks, their markers, the runner."""
+    return script_module("docs_check")
+
+
+@dataclasses.dataclass
+class QuickstartCheckout:
+    root: Path  # laid out like a checkout: configs/, .venv, data/runs/demo-teacher, demo-ssl
+    command: str  # what ran: the tutorial's command and the run's name
+    run: subprocess.CompletedProcess
+
+    @property
+    def store(self) -> Path:
+        return self.root / "data"
+
+
+def quickstart_configs(root: Path) -> None:
+    """configs/tiny.yaml with its storage at ./data (configs/local.yaml's place), as
+    configs/tiny.yaml and configs/local.yaml: a command that reads the embedded demo's
+    config reads the tiny one. The presets and recipes are the checkout's."""
+    text = (ROOT / "configs" / "tiny.yaml").read_text()
+    for old, new in [("root: ./data/quickstart\n", "root: ./data\n"),
+                     ("corpus: ./data/quickstart/corpus\n", "corpus: ./data/corpus\n")]:
+        assert text.count(old) == 1, f"configs/tiny.yaml no longer has {old!r}"
+        text = text.replace(old, new)
+    (root / "configs").mkdir(parents=True)
+    for name in ("tiny.yaml", "local.yaml"):
+        (root / "configs" / name).write_text(text)
+    for folder in ("presets", "recipes"):
+        (root / "configs" / folder).symlink_to(ROOT / "configs" / folder)
+    (root / ".venv").symlink_to(ROOT / ".venv")
+
+
+@pytest.fixture(scope="session")
+def quickstart_checkout(tmp_path_factory) -> QuickstartCheckout:
+    """The tutorial's command (the block tests/test_quickstart.py runs), as written, with
+    `--run-id demo --logs logs`, in a folder laid out like a checkout (quickstart_configs)."""
+    docs_check = docs_check_module()
+    (block,) = [b for b in docs_check.page_blocks(ROOT / "docs" / "tutorial" / "quickstart.md")
+                if b.marker and b.marker.runner == "tests/test_quickstart.py"]
+    (command,) = docs_check.commands(block)
+    root = tmp_path_factory.mktemp("quickstart") / "checkout"
+    quickstart_configs(root)
+    command += f" --run-id {QUICKSTART_RUN} --logs logs"
+    run = subprocess.run(["bash", "-euo", "pipefail", "-c", command], cwd=root,
+                         env=docs_check.environment(root), capture_output=True, text=True,
+                         timeout=3600)
+    return QuickstartCheckout(root, command, run)

@@ -315,7 +315,8 @@ def _logged_in_page(airflow, viewport: tuple[int, int] = (1400, 1000),
 def _doc_cli() -> list[str]:
     from tests.test_airflow_standalone import _doc_commands
 
-    return [line for line in _doc_commands()[0].splitlines() if line.strip()]
+    return [line for line in _doc_commands()[0].splitlines()
+            if line.strip() and not line.startswith("#")]
 
 
 def test_compare_page_form_messages_and_port_clash(airflow, tmp_path):

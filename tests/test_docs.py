@@ -5,29 +5,31 @@
 - The CLI and config references come from the parser and the schema
   (scripts/docs_reference.py): every key and flag is there, and a field added to a config
   section appears in the reference with no other edit.
-- Every `amflow ...` command in a fenced bash block of docs/tutorial and docs/how-to parses
-  with the real parser, and its `--set` overrides load (the key exists, the value fits).
-  A block that needs a cluster or real AWS credentials is preceded by
-  `<!-- not run: <why> -->` and listed as not run.
+- Every `amflow ...` command in a fenced shell block of docs/tutorial and docs/how-to parses
+  with the real parser, and its `--set` overrides load (the key exists, the value fits),
+  whether a test runs its block or not (blocks marked `# not run by the tests: <why>` are
+  listed; which blocks run where: scripts/docs_check.py, tests/test_doc_commands.py).
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import importlib.util
+import io
 import os
 import re
 import shlex
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
 
+from tests.conftest import docs_check_module, script_module
+from tests.test_doc_links import broken_site_links
+
 ROOT = Path(__file__).resolve().parents[1]
-COMMAND_DIRS = ["docs/tutorial", "docs/how-to"]
-NOT_RUN = re.compile(r"<!--\s*not run:\s*(.+?)\s*-->")
 # A shell line that runs amflow (perhaps after `do`, `then`, `time`, `nice -n N`).
 AMFLOW_LINE = re.compile(r"^(?:(?:do|then|time|nice(?: -n -?\d+)?)\s+)*(?:\S*/)?amflow\s+")
 
@@ -43,14 +45,18 @@ def _generator():
 
 def test_docs_build_strictly(tmp_path):
     env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
-    out = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-q",
+    # no -q: with it mkdocs 1.6 no longer counts the warnings --strict fails on
+    out = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict",
                           "-f", str(ROOT / "mkdocs.yml"), "-d", str(tmp_path / "site")],
-                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, (
         "mkdocs build --strict failed (missing? pip install -e '.[docs]'):\n"
         + out.stdout[-3000:] + out.stderr[-5000:])
-    for page in ["reference/cli/index.html", "reference/config/index.html", "index.html"]:
+    for page in ["reference/cli/index.html", "reference/config/index.html", "index.html",
+                 "reference/api/index.html", "reference/api/training/index.html"]:
         assert (tmp_path / "site" / page).exists(), page
+    broken = broken_site_links(tmp_path / "site")  # what mkdocs's own check does not see
+    assert not broken, "broken links on the built site:\n" + "\n".join(broken[:100])
 
 
 def test_committed_references_are_current():
@@ -145,15 +151,59 @@ def test_cli_reference_lists_every_step_and_flag():
                 assert gen._prose(action.help)[:40] in section, (name, action.help)
 
 
-def _fenced_bash(text: str) -> list[tuple[str, str | None]]:
-    """(block, why it is not run or None) for each ```bash / ```sh / ```console block."""
-    blocks = []
-    fence = r"^[ \t]*```(?:bash|sh|console|shell)[ \t]*\n(.*?)^[ \t]*```"
-    for m in re.finditer(fence, text, re.M | re.S):
-        before = text[:m.start()].rstrip().splitlines()[-1:] or [""]
-        why = NOT_RUN.search(before[0])
-        blocks.append((textwrap.dedent(m.group(1)), why.group(1) if why else None))
-    return blocks
+def test_api_reference_lists_every_public_function_and_class_of_the_libraries():
+    import ast
+
+    gen = _generator()
+    pages = gen.api_reference()
+    for package in gen.API_PACKAGES:
+        md = pages[f"reference/api/{package}.md"]
+        for name, path in gen.api_modules(package):
+            assert f"\n## {name}\n" in md, name
+            for node in ast.parse(path.read_text()).body:
+                if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and gen._public(node.name):
+                    assert f"### `{node.name}`" in md, (name, node.name)
+    assert "core.config.loading" not in pages["reference/api/core.md"]  # the config reference's
+
+
+def test_a_function_added_to_a_library_appears_in_the_api_reference(tmp_path):
+    gen = _generator()
+    lib = tmp_path / "lib"
+    (lib / "_private").mkdir(parents=True)
+    (lib / "__init__.py").write_text('"""The lib."""\n')
+    (lib / "_private" / "x.py").write_text("def hidden(): ...\n")
+    (lib / "mod.py").write_text('''"""A module.
+
+Rows:
+
+    a : int   the first <thing>
+"""
+
+
+def public(a: int, *, b: str = "x") -> list[int]:
+    """Does <it>."""
+
+
+def _helper(): ...
+
+
+class Thing(Base):
+    """A thing."""
+
+    size: int = 3
+
+    def run(self, n) -> None:
+        """Runs."""
+
+    def _inner(self): ...
+''')
+    assert [n for n, _ in gen.api_modules("lib", tmp_path)] == ["lib", "lib.mod"]
+    md = "\n".join(gen.module_md("lib.mod", lib / "mod.py", tmp_path))
+    assert "```text\na : int   the first <thing>\n```" in md  # a layout kept as drawn
+    assert "def public(a: int, *, b: str='x') -> list[int]" in md and "Does &lt;it&gt;." in md
+    assert "class Thing(Base)" in md and "size: int = 3" in md
+    assert "#### `Thing.run`" in md and "def run(self, n) -> None" in md
+    assert "_helper" not in md and "_inner" not in md and "hidden" not in md
 
 
 def _amflow_commands(block: str) -> list[list[str]]:
@@ -168,17 +218,16 @@ def _amflow_commands(block: str) -> list[list[str]]:
 
 
 def doc_commands() -> tuple[list[tuple[str, list[str]]], list[tuple[str, str]]]:
-    """(page, argv) of every amflow command to check, and (page, why) of each block marked
-    not run."""
+    """(page:line, argv) of every amflow command in a shell block, marked run or not (a
+    block that is not run still parses), and (page:line, why) of each block not run."""
+    dc = docs_check_module()
     run, not_run = [], []
-    for folder in COMMAND_DIRS:
-        for page in sorted((ROOT / folder).glob("*.md")):
-            where = str(page.relative_to(ROOT))
-            for block, why in _fenced_bash(page.read_text()):
-                if why:
-                    not_run.append((where, why))
-                else:
-                    run += [(where, argv) for argv in _amflow_commands(block)]
+    for block in dc.all_blocks():
+        if block.lang not in dc.SHELL:
+            continue
+        if block.marker and block.marker.runner is None:
+            not_run.append((block.where(), block.marker.why))
+        run += [(block.where(), argv) for argv in _amflow_commands(block.body)]
     return run, not_run
 
 
@@ -191,9 +240,11 @@ def test_doc_commands_parse_and_their_overrides_load():
     parser, failures = build_parser(), []
     for where, argv in run:
         try:
-            args = parser.parse_args(argv)
-        except SystemExit:
-            failures.append(f"{where}: amflow {' '.join(argv)}: does not parse")
+            with contextlib.redirect_stdout(io.StringIO()):  # `amflow --help` prints, exits 0
+                args = parser.parse_args(argv)
+        except SystemExit as exc:
+            if exc.code:
+                failures.append(f"{where}: amflow {' '.join(argv)}: does not parse")
             continue
         config = ROOT / (args.config or "configs/local.yaml")  # the CLI's default
         try:
@@ -205,6 +256,30 @@ def test_doc_commands_parse_and_their_overrides_load():
     for where, why in not_run:
         print(f"  {where}: {why}")
     assert not failures, "\n".join(failures)
+
+
+def test_sample_output_on_the_pages_is_its_generated_file():
+    """A page's sample region (`<!-- sample: FILE -->`) shows FILE's text, which `make
+    docs-samples` writes from a run (scripts/docs_samples.py)."""
+    samples = script_module("docs_samples")
+    assert samples.pages(), "no page shows a generated sample"
+    assert all((ROOT / name).exists() for name in samples.SAMPLES), "run make docs-samples"
+    assert samples.stale_regions() == []
+
+
+def test_a_sample_region_that_differs_from_its_file_is_found(tmp_path, monkeypatch):
+    samples = script_module("docs_samples")
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "out.txt").write_text("| a | 1 |\n")
+    page = tmp_path / "docs" / "p.md"
+    page.write_text("x\n<!-- sample: out.txt (made) -->\n```text\n| a | 2 |\n```\n"
+                    "<!-- /sample -->\ny\n")
+    monkeypatch.setattr(samples, "ROOT", tmp_path)
+    assert [s.split(":")[0] for s in samples.stale_regions(tmp_path)] == ["docs/p.md"]
+    samples.rewrite_pages(tmp_path)
+    assert page.read_text() == ("x\n<!-- sample: out.txt (made) -->\n```text\n| a | 1 |\n"
+                                "```\n<!-- /sample -->\ny\n")
+    assert samples.stale_regions(tmp_path) == []
 
 
 def test_readme_is_a_guide_not_a_log():

@@ -33,12 +33,14 @@ TINY_SSL = [*TINY, "model.student.layers=1", "model.student.hidden=32", "model.c
 
 def howto_blocks(which: int = 0) -> tuple[str, list[list[str]]]:
     """The page's mine.yaml and the commands of its `which`-th bash block (continuation
-    lines joined), as argv: 0 the supervised path, 1 the semi-supervised one."""
+    lines joined, comments left out: the first line says this test runs it), as argv:
+    0 the supervised path, 1 the semi-supervised one."""
     text = HOWTO.read_text()
     (yaml_block,) = re.findall(r"```yaml\n(.*?)```", text, re.S)
     bash_block = re.findall(r"```bash\n(.*?)```", text, re.S)[which]
     joined = bash_block.replace("\\\n", " ")
-    commands = [shlex.split(line) for line in joined.splitlines() if line.strip()]
+    assert bash_block.startswith("# run by tests/test_own_corpus.py\n"), bash_block[:80]
+    commands = [argv for line in joined.splitlines() if (argv := shlex.split(line, comments=True))]
     assert all(c[0] == "amflow" for c in commands)
     return yaml_block, commands
 

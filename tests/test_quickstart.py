@@ -1,6 +1,8 @@
 """The quickstart (`make quickstart`: `amflow run ssl --config configs/tiny.yaml`).
 
-- End to end, the suite's smoke test: the recipe runs every step of both runs in one
+- End to end, the suite's smoke test: the tutorial's command as written (the session's
+  one quickstart run, conftest.quickstart_checkout, under make demo's run names, which
+  tests/test_doc_pages.py then uses) runs every step of both runs in one
   process (each finished: its _SUCCESS.json), and the WER table printed at the end has a
   row per decoded model, each WER a number in [0, 100] inside its 95 % CI and equal to the
   WER in that decode's result.json; run again with the same run id, every step is kept.
@@ -9,19 +11,16 @@
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.conftest import QUICKSTART_RUN, ROOT, docs_check_module
 
 pytestmark = pytest.mark.integration
 
-RUN = "qs"
+RUN = QUICKSTART_RUN
 # The steps the quickstart runs, as they lie under <storage.root>/runs/<run_id>/.
 STEPS = {
     f"{RUN}-teacher": ["select", "align", "features", "repartition", "train-teacher",
@@ -34,16 +33,14 @@ ROW = re.compile(r"^\| (?P<run>\S+) \| (?P<decode>\S+) \| (?P<wer>[^|]+) \| "
 
 
 TUTORIAL = ROOT / "docs" / "tutorial" / "quickstart.md"
+# The table the tutorial shows: a run's, written by `make docs-samples` (scripts/docs_samples.py)
+SAMPLE = ROOT / "docs" / "samples" / "quickstart-compare.txt"
 
 
-def _quickstart(store: Path, logs: Path, *extra: str) -> subprocess.CompletedProcess:
-    env = dict(os.environ)
-    # the checkout under test, and the interpreter running the tests
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-    cmd = [sys.executable, "-m", "amflow.cli", "run", "ssl", "--config",
-           str(ROOT / "configs" / "tiny.yaml"), "--run-id", RUN, "--logs", str(logs),
-           "--set", f"storage.root={store}", "--set", f"data.corpus={store / 'corpus'}", *extra]
-    return subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=3600)
+def _table(text: str) -> dict[tuple[str, str], re.Match]:
+    """The WER table's rows by (run suffix: teacher or ssl, decode step)."""
+    rows = [m for m in map(ROW.match, text.splitlines()) if m]
+    return {(m["run"].rsplit("-", 1)[1], m["decode"]): m for m in rows}
 
 
 def test_the_tutorial_lists_the_recipes_steps():
@@ -53,10 +50,21 @@ def test_the_tutorial_lists_the_recipes_steps():
     assert ids == load_recipe("ssl").for_cli().ids()
 
 
-@pytest.mark.slow  # ~3 minutes on 2 quiet cores (docs/results/2026-12-07-one-command.md)
-def test_quickstart_runs_every_step_and_prints_the_wer_table(tmp_path):
-    store, logs = tmp_path / "store", tmp_path / "logs"
-    done = _quickstart(store, logs)
+def test_the_tutorials_words_on_its_sample_table_hold():
+    """What the tutorial says of the table it shows, checked on the table."""
+    wer = {k: float(m["wer"]) for k, m in _table(SAMPLE.read_text()).items()}
+    assert set(wer) == {("teacher", "decode-teacher"), ("teacher", "decode-baseline"),
+                        ("ssl", "decode"), ("ssl", "decode-ctc")}
+    teacher = wer[("teacher", "decode-teacher")]  # "well ahead of both students"
+    assert teacher + 5 < min(wer[("teacher", "decode-baseline")], wer[("ssl", "decode")])
+    assert max(wer, key=wer.get) == ("ssl", "decode-ctc")  # "spells poorly"
+
+
+@pytest.mark.slow  # ~5 minutes on 2 cores (docs/results/2026-12-07-one-command.md)
+def test_quickstart_runs_every_step_and_prints_the_wer_table(quickstart_checkout):
+    """The tutorial's command as written (conftest.quickstart_checkout: its block, with
+    --run-id and --logs)."""
+    done, store = quickstart_checkout.run, quickstart_checkout.store
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
     from amflow.recipes.definition import load_recipe
 
@@ -79,12 +87,26 @@ def test_quickstart_runs_every_step_and_prints_the_wer_table(tmp_path):
         assert 0 <= lo <= wer <= hi <= 100, m.group(0)
         result = json.loads((store / "runs" / run / decode / "result.json").read_text())
         assert abs(100 * result["wer"] - wer) < 0.006, (run, decode)
+    # the table the tutorial shows is what this code gives: the same rows, model kinds and
+    # paths (the run's name and storage aside), each WER inside the sample's 95 % CI
+    sample = _table(SAMPLE.read_text())
+    fresh = _table(done.stdout)
+    assert set(fresh) == set(sample)
+    for key, m in fresh.items():
+        s = sample[key]
+        assert s.string.rsplit("/", 1)[1] == m.string.rsplit("/", 1)[1], key  # model (kind)
+        assert float(s["lo"]) <= float(m["wer"]) <= float(s["hi"]), (
+            f"{key}: WER {m['wer']} outside the tutorial's sample's CI {s['lo']}-{s['hi']}: "
+            "the sample is stale, run make docs-samples")
     # the tiny CTC student learned from the labeled transcripts and the kept pseudo-labels
     ctc = json.loads((store / "runs" / f"{RUN}-ssl" / "train-ctc" / "_SUCCESS.json").read_text())
     assert ctc["metrics"]["transcripts"]["pseudo"] > 0, ctc["metrics"]
     assert json.loads((store / "runs" / f"{RUN}-ssl" / "decode-ctc" / "result.json")
                       .read_text())["model_kind"] == "ctc"
     # the same run id again keeps every step: nothing is redone
-    again = _quickstart(store, logs, "--from", "ssl.train")
+    again = subprocess.run(["bash", "-c", quickstart_checkout.command + " --from ssl.train"],
+                           cwd=quickstart_checkout.root, capture_output=True, text=True,
+                           env=docs_check_module().environment(quickstart_checkout.root),
+                           timeout=3600)
     assert again.returncode == 0, again.stdout[-4000:] + again.stderr[-4000:]
     assert json.loads(again.stdout.splitlines()[-1].split(" ", 1)[1])["kept"] == 4
