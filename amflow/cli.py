@@ -99,7 +99,7 @@ def _settle(args: argparse.Namespace, step: Step) -> tuple[Any, Any, list, str |
     from amflow.run_settings import settle
 
     return settle(args.config, default, args.overrides or [], list(step.sets), args.run_id,
-                  args.step, args.force)
+                  args.step, args.force, names_model=bool(getattr(args, "model", None)))
 
 
 def main(argv: list[str] | None = None) -> int:

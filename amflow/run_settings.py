@@ -206,12 +206,15 @@ def _ran_with(record: dict[str, Any]) -> Config:
 
 
 def settle(cfg_path: str | None, default_path: str | None, overrides: list[str],
-           step_sets: list[str], run_id: str | None, step: str, force: bool
+           step_sets: list[str], run_id: str | None, step: str, force: bool,
+           names_model: bool = False
            ) -> tuple[Resolved, RunSettings | None, list[Change], str | None]:
     """The config `amflow <step> --run-id R` runs with: the run's record (its config file
     and run-wide sets) under this command's overrides. Refuses (ConfigError naming the key
     and the finished step) a change a finished step read, unless `force`. Returns the
-    resolved config, the run's settings, the changes forced through and the config path."""
+    resolved config, the run's settings, the changes forced through and the config path.
+    `names_model`: the command names its model (`--model train-baseline`), so the run's
+    first model keys (decode.tag=teacher of a teacher run) are not its."""
     here = cfg_path or default_path
     first = resolve_config(here, [*overrides, *step_sets])
     if not run_id or "/" in run_id:
@@ -224,7 +227,7 @@ def settle(cfg_path: str | None, default_path: str | None, overrides: list[str],
         raise ConfigError("storage.root", f"run {run_id!r} was started with --config {path}, "
                           "which no longer exists: give --config")
     instance = [s for s in overrides if is_instance_key(_key_of(s))]
-    model = [] if instance else settings.model  # naming no model: the run's first one
+    model = [] if instance or names_model else settings.model  # else the run's first one
     resolved = resolve_config(path, [*settings.sets, *model, *overrides, *step_sets])
     hours = auto_hours(resolved.config, run_id)  # model.size auto: the run's one size
     before = resolve_config(settings.config_path,

@@ -177,3 +177,16 @@ def test_an_intervals_run_takes_a_new_teacher_a_plain_run_refuses_it(tmp_path):
     _finish(store, "plain", "targets", [f"storage.root={store}", "targets.teacher=/m/a.pt"])
     with pytest.raises(ConfigError, match="targets.teacher"):
         _start(store, "plain", "select", ["targets.teacher=/m/b.pt"], config=None)
+
+
+def test_a_command_naming_its_model_does_not_take_the_runs_first_models_keys(tmp_path):
+    """`amflow export --run-id demo-teacher --model train-baseline`: the baseline, not the
+    teacher's decode.tag (which put the baseline's export in export-teacher/)."""
+    store = tmp_path / "store"
+    teacher = ["train.model=teacher", "train.tag=teacher", "decode.tag=teacher"]
+    _start(store, "r", "select", teacher)
+    root = [f"storage.root={store}"]
+    resolved, _, _, _ = settle(None, None, root, [], "r", "export", False, names_model=True)
+    assert resolved.config.decode.tag == "" and resolved.config.train.model == "student"
+    resolved, _, _, _ = settle(None, None, root, [], "r", "export", False)
+    assert resolved.config.decode.tag == "teacher"
