@@ -141,7 +141,7 @@ def test_follow_streams_every_line_once_in_order_across_short_tries(clock, tmp_p
 
 def test_airflow_step_asks_once_whether_its_job_exists_and_submits_once(tmp_path, monkeypatch):
     backend = FakeBackend(0.5)
-    monkeypatch.setattr(A, "make_backend", lambda cfg, state_dir=None: backend)
+    monkeypatch.setattr(A, "make_backend", lambda cfg, state_dir=None, config=None: backend)
     cfg = tmp_path / "cfg.yaml"
     cfg.write_text(f"runner: {{state_dir: {tmp_path / 'jobs'}, poll_s: 2}}\n"
                    f"storage: {{root: {tmp_path / 'store'}}}\n")
