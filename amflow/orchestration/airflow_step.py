@@ -91,14 +91,15 @@ class AirflowStep:
         """The --config a step gets: as given (relative to the project, where steps run by
         default, or to a Ray job's working dir), absolute where the step runs in the
         config's own folder (a user's YAML outside the checkout: step_workdir)."""
-        here = self.backend.mode in ("local", "container")
-        if here and self.backend.cwd != str(PROJECT_ROOT):
+        if self._steps_run_here() and self.backend.cwd != str(PROJECT_ROOT):
             return str(resolve_config(self.config))
         return self.config
 
+    def _steps_run_here(self) -> bool:
+        return self.backend.mode in ("local", "container")  # steps see this machine's disk
+
     def _where_steps_run(self, path: str) -> str:
-        here = self.backend.mode in ("local", "container")  # steps see this machine's disk
-        if "://" not in path and not os.path.isabs(path) and here:
+        if "://" not in path and not os.path.isabs(path) and self._steps_run_here():
             return os.path.join(self.backend.cwd, path)  # relative paths resolve where steps run
         return path
 
