@@ -15,6 +15,7 @@ import contextlib
 import datetime as dt
 import json
 import shutil
+import sqlite3
 import sys
 import time
 from pathlib import Path
@@ -94,27 +95,54 @@ def _new_teacher(airflow: Standalone, uri: str) -> None:
                                                       "extra": {"uri": uri}})
 
 
-def _backfill(airflow: Standalone, days: list[str], conf: dict, reprocess: str
-              ) -> dict[str, str]:
+def _backfill(airflow: Standalone, days: list[str], conf: dict, reprocess: str,
+              asks: int = 3) -> dict[str, str]:
     """POST /api/v2/backfills over the days, wait until it completes: {day: run id}.
-    A reprocessing backfill is asked once more for the days whose steps it did not run
-    again (their tries did not move), as a user would who sees nothing happen: Airflow 3.3
-    can lose the clear of a run that the scheduler is still marking finished
-    (Standalone.settle), and a reprocess skips a run it holds in flight."""
+    A reprocessing backfill is asked again (up to `asks` in all) for the days whose steps
+    it did not run again (their tries did not move), as a user would who sees nothing
+    happen: Airflow 3.3 can lose the clear of a run that the scheduler is still marking
+    finished (Standalone.settle), and a reprocess skips a run it holds in flight. CI on
+    2026-12-07 saw the same day lost twice in a row; what Airflow recorded for each ask
+    (its backfill_dag_run row, the tasks' states) is printed, and is in the failure."""
     if reprocess == "none":  # new runs: nothing to compare with
         return _backfill_once(airflow, days, conf, reprocess)
     before = _tries(airflow, _runs(airflow, days))
     runs = _backfill_once(airflow, days, conf, reprocess)
     after = _tries(airflow, runs)
-    stale = [d for d in days if not _moved(before[d], after[d])]
-    if stale:
-        print(f"backfill ({reprocess}): Airflow did not run {stale} again; asked once more")
+    seen = []
+    for _ in range(asks - 1):
+        stale = [d for d in days if not _moved(before[d], after[d])]
+        if not stale:
+            break
+        seen.append(_why_not_run(airflow, runs, stale))
+        print(f"backfill ({reprocess}): Airflow did not run {stale} again; asked once more: "
+              f"{seen[-1]}")
         for day in stale:
-            airflow.settle(DAG, runs[day])
+            airflow.settle(DAG, runs[day], quiet_s=15)
         _backfill_once(airflow, stale, conf, reprocess)
         after = _tries(airflow, runs)
-        assert all(_moved(before[d], after[d]) for d in days), (before, after)
+    assert all(_moved(before[d], after[d]) for d in days), (before, after, seen)
     return runs
+
+
+def _why_not_run(airflow: Standalone, runs: dict[str, str], days: list[str]) -> dict:
+    """What Airflow holds of the days a backfill did not run again: each task's (state,
+    try) and the newest backfill's record of the day (the reason it gave for not running
+    it, when it gave one), read from the test Airflow's SQLite database."""
+    out = {}
+    for day in days:
+        tis = airflow.task_instances(DAG, runs[day])
+        out[day] = {"tasks": {s: (tis[s]["state"], tis[s]["try_number"]) for s in STEPS}}
+    try:
+        with contextlib.closing(sqlite3.connect(airflow.home / "airflow.db", timeout=10)) as db:
+            rows = db.execute(
+                "SELECT b.id, r.logical_date, r.dag_run_id, r.exception_reason "
+                "FROM backfill_dag_run r JOIN backfill b ON b.id = r.backfill_id "
+                "WHERE b.dag_id = ? ORDER BY b.id DESC LIMIT 4", (DAG,)).fetchall()
+        out["backfill_dag_run"] = [list(r) for r in rows]
+    except sqlite3.Error as e:  # a diagnosis, not the test: say why it is missing
+        out["backfill_dag_run"] = f"unreadable: {e}"
+    return out
 
 
 def _runs(airflow: Standalone, days: list[str]) -> dict[str, dict]:
