@@ -342,11 +342,13 @@ RUN_END_CALLBACKS = {"on_success_callback": stop_orphaned_jobs,
                      "on_failure_callback": stop_orphaned_jobs}
 
 
-def _all_triggering_events(context) -> list:
-    """The asset events that started this DAG run (every task of it sees them), oldest first."""
+def _triggering_events(context, asset: Asset | None = None) -> list:
+    """The asset events that started this DAG run (every task of it sees them), oldest
+    first: those of `asset` only when one is named."""
     try:
         by_asset = context["triggering_asset_events"]
-        events = [e for asset in by_asset for e in by_asset[asset]]
+        assets = [asset] if asset is not None else list(by_asset)
+        events = [e for a in assets for e in by_asset[a]]
     except (KeyError, TypeError):
         return []
     return sorted(events, key=lambda e: str(getattr(e, "timestamp", "") or ""))
@@ -436,23 +438,17 @@ class AmflowStepOperator(BaseOperator):
         """The config file: the form's; in a run a teacher's model event started (nobody
         sent a form), the one that teacher ran with, so that a teacher trained on a user's
         own YAML is followed by a student on that YAML, not on the form's default."""
-        for event in reversed(_all_triggering_events(context)):
+        for event in reversed(_triggering_events(context)):
             config = (event.extra or {}).get("config")
             if config:
                 return str(config)
         return str(context["params"].get("config") or DEFAULT_CONFIG)
 
-    def _triggering_events(self, context) -> list:
-        if self.teacher_asset is None:
-            return []
-        try:
-            return list(context["triggering_asset_events"][self.teacher_asset])
-        except (KeyError, TypeError):
-            return []
-
     def _latest_teacher(self, context) -> str:
         asset = self.teacher_asset
-        events = self._triggering_events(context)
+        if asset is None:
+            return ""
+        events = _triggering_events(context, asset)
         if not events:
             try:
                 events = list(context["inlet_events"][asset])
