@@ -127,8 +127,9 @@ def _backfill(airflow: Standalone, days: list[str], conf: dict, reprocess: str,
 
 def _why_not_run(airflow: Standalone, runs: dict[str, str], days: list[str]) -> dict:
     """What Airflow holds of the days a backfill did not run again: each task's (state,
-    try) and the newest backfill's record of the day (the reason it gave for not running
-    it, when it gave one), read from the test Airflow's SQLite database."""
+    try), and the newest backfills' backfill_dag_run rows (up to 4: the day, its run, the
+    reason a backfill gave for not running it, when it gave one), read from the test
+    Airflow's SQLite database."""
     out = {}
     for day in days:
         tis = airflow.task_instances(DAG, runs[day])
