@@ -41,8 +41,9 @@ CHAIN = [("corpus", None), ("select", "c"), ("features", "c")]
 SETS = ["corpus.hours=0.05", "select.splits=labeled,unlabeled,dev,test",
         "select.shard_hours=0.005", "ray.num_cpus=2", "runner.poll_s=0.5", CTM_LABELS]
 # What differs between two runs of a step anywhere, in its JSON run records only: when, how
-# long, how fast, on which host. Every other byte (audio, Parquet, lexicon, JSON) must match.
-VOLATILE = re.compile(r"(^|_)(wall_s|cpu_s|compute_s|started_at|finished_at|created_at|host)$"
+# long, how fast, on which host (`created`: when the run's settings were first written,
+# `runs/<id>/_run.json`). Every other byte (audio, Parquet, lexicon, JSON) must match.
+VOLATILE = re.compile(r"(^|_)(wall_s|cpu_s|compute_s|started_at|finished_at|created_at|created|host)$"
                       r"|_per_wall_s|^xrt")
 ARTIFACT = ROOT / "test-artifacts" / "container_overhead.json"
 BANNER = "[amflow-container] Debian"  # the first line of a step in the image (not a note)
@@ -95,8 +96,11 @@ def _stable(obj):
 
 
 def _unplaced(rec):
-    """A step's recorded config (`_config.json`) without `runner.mode`: the one key the two
-    runs set apart on purpose, as their host differs; every other key must match."""
+    """A step's recorded config (`_config.json`) or the run's settings (`_run.json`, its
+    run-wide `--set`s) without `runner.mode`: the one key the two runs set apart on purpose,
+    as their host differs; every other key must match."""
+    if isinstance(rec, dict) and "sets" in rec and "first_step" in rec:
+        return {**rec, "sets": [s for s in rec["sets"] if not s.startswith("runner.mode=")]}
     if isinstance(rec, dict) and "config" in rec and "argv" in rec:
         rec = json.loads(json.dumps(rec))
         rec["config"].get("runner", {}).pop("mode", None)
