@@ -102,7 +102,8 @@ def sequence_choice_rows(selections: dict[str, dict | None]) -> list[dict[str, A
                      "epoch": sel.get("chosen_epoch"), "epochs": sel.get("epochs"),
                      "split": sel.get("split"), "ce_dev": sel.get("ce_wer"),
                      "chosen_dev": sel.get("chosen_wer"), "delta": sel.get("delta"),
-                     "p": sel.get("p_mapsswe"), "last_dev": sel.get("last_wer")})
+                     "p": sel.get("p_mapsswe"), "last_dev": sel.get("last_wer"),
+                     "rejected": sel.get("rejected")})
     return rows
 
 
@@ -111,6 +112,11 @@ def shipped_text(row: dict[str, Any]) -> str:
     epoch, else the epoch dev chose (or the last one, unchosen, before the choice existed)."""
     if row["rule"] == "last":
         return f"last epoch {row['epoch'] or ''} (not chosen on dev)".replace("  ", " ")
+    rejected = row.get("rejected")
+    if rejected:  # dev's lowest epoch, whose gain the paired test called chance
+        kept = "CE model" if row["epoch"] == 0 else f"epoch {row['epoch']} of {row['epochs']}"
+        return (f"{kept} ({rejected['name']} was {100 * rejected['delta']:+.2f} on dev, "
+                f"p = {rejected['p_mapsswe']:.2g}: not significant)")
     if row["epoch"] == 0:
         return "CE model (dev rejected every epoch)"
     return f"epoch {row['epoch']} of {row['epochs']}"

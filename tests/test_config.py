@@ -89,7 +89,7 @@ def test_every_flat_train_key_lives_in_one_section_and_round_trips(tmp_path):
 
     cfg = load_config(ROOT / "configs/local.yaml", ["train.gtc_tau=0.5", "train.log_every=3"])
     flat = cfg.to_dict()["train"]
-    assert set(flat) == set(TRAIN_KEYS) and len(flat) == 81  # 75th: train.pseudolabels, 76th: ctc_preset, 77th: pseudolabel_epochs, 78th-80th: sequence_select(_utts), sequence_kd_weight, 81st: min_updates
+    assert set(flat) == set(TRAIN_KEYS) and len(flat) == 82  # 75th: train.pseudolabels, 76th: ctc_preset, 77th: pseudolabel_epochs, 78th-80th: sequence_select(_utts), sequence_kd_weight, 81st: min_updates, 82nd: sequence_select_alpha
     assert (cfg.train.algo.gtc_tau, cfg.train.checkpoints.log_every) == (0.5, 3)
     assert cfg.get("train.gtc_tau") == 0.5
     assert cfg.get("train.augment.servers") == cfg.train.augment.servers

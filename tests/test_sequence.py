@@ -503,6 +503,39 @@ def test_the_lowest_dev_wer_wins_and_the_ce_model_wins_ties():
     assert sel["chosen"] == "ce" and sel["delta"] == 0.0 and not sel["significant"]
 
 
+def test_an_epoch_ships_only_when_its_dev_gain_passes_the_paired_test():
+    """The 2026-12-07 demo's case: an epoch a little lower on dev, by errors that move both
+    ways between utterances (p well above 0.05), is not shipped: the CE model is, and the
+    summary names the rejected epoch with its p. A gain on every utterance passes."""
+    from amflow.steps.sequence import choose, summarize
+    from tasks.report import render_sequence_choice, sequence_choice_rows
+
+    names = [("ce", "ce.pt"), ("epoch 1", "e1.pt"), ("epoch 2", "model.pt")]
+    ce = [2, 3] * 30  # 60 utterances, 150 errors
+    noisy = [1, 4] * 28 + [1, 3, 1, 3]  # 148 errors: 2 fewer, half the utterances worse
+    worse = [3, 3] * 30
+    scores = [_score(ce), _score(noisy), _score(worse)]
+    assert choose(scores, alpha=1.0) == 1  # the lowest, however small its gain
+    assert choose(scores, alpha=0.05) == 0
+    sel = summarize(names, scores, "dev", alpha=0.05)
+    assert sel["chosen"] == "ce" and sel["delta"] == 0.0 and sel["alpha"] == 0.05
+    rej = sel["rejected"]
+    assert (rej["name"], rej["epoch"]) == ("epoch 1", 1) and rej["p_mapsswe"] > 0.05
+    assert rej["delta"] == pytest.approx(-2 / 600)
+    row = sequence_choice_rows({"ssl": sel})
+    assert "| SSL | CE model (epoch 1 was -0.33 on dev, p = " in render_sequence_choice(row)
+    # a gain on every utterance passes: shipped, nothing rejected
+    sel = summarize(names, [_score(ce), _score([1, 2] * 30), _score(worse)], "dev", 0.05)
+    assert sel["chosen"] == "epoch 1" and sel["significant"] and "rejected" not in sel
+    # the significant epoch wins over a lower one the test rejects
+    scores = [_score(ce), _score([2, 2, 2, 3] * 15), _score([0, 8, 0, 0] * 15)]  # 135, 120
+    assert scores[2]["wer"] < scores[1]["wer"] and choose(scores, 0.05) == 1
+    sel = summarize(names, scores, "dev", 0.05)
+    assert sel["chosen"] == "epoch 1" and sel["rejected"]["name"] == "epoch 2"
+    # frame errors (dev_frames) have no rows to test: the lowest wins
+    assert choose([{"wer": 0.2}, {"wer": 0.19}], alpha=0.05) == 1
+
+
 def test_dev_subset_is_fixed_whatever_the_order(monkeypatch):
     from types import SimpleNamespace
 

@@ -9,11 +9,16 @@ train[-<tag>]/model.pt) and the model after every epoch (epochs/epoch-<k>.pt, wr
 the trainer) are decoded on a fixed subset of the dev split (decode.tune_split;
 train.sequence_select_utts utterances, the same ones for every candidate) the way
 `amflow decode` tunes: the CE model at every decode.acwt, each epoch at the CE model's
-best and its neighbours in that grid; a candidate's WER is the best of its. The lowest
-WER wins, the earliest on ties, so the CE model wins a tie: model.pt becomes the winner's
-bytes (the CE model's own when it wins). `_SUCCESS.json` metrics `selection` say which
-won, every candidate's dev WER and acwt, and the paired test (decoding/significance.py,
-the one `amflow compare` runs) of the winner against the CE model on those utterances.
+best and its neighbours in that grid; a candidate's WER is the best of its. An epoch
+is a candidate only when it beats the CE model by more than chance on those utterances:
+the paired test (decoding/significance.py, the one `amflow compare` runs) gives p <
+train.sequence_select_alpha (0.05). On a small dev subset a lower WER alone is mostly
+noise: the 2026-12-07 demo shipped an epoch 0.40 points better on 60 dev utterances (p =
+0.62) that was 1.76 points worse on test (p = 0.003). The lowest WER among the CE model
+and those epochs wins, the earliest on ties, so the CE model wins a tie: model.pt becomes
+the winner's bytes (the CE model's own when it wins). `_SUCCESS.json` metrics `selection`
+say which won, every candidate's dev WER and acwt, the winner's paired test against the
+CE model, and dev's lowest epoch where the test rejected it (`rejected`).
 train.sequence_select=dev_frames chooses by the dev frame error the trainer measured
 instead (no decoding; dev_wer's fallback, with a warning, when the run has no LM yet);
 train.sequence_select=last ships the last epoch (the step before this choice existed).
@@ -61,7 +66,7 @@ def choose_on_dev(ctx: StepContext, plan: Any, result: dict[str, Any]) -> dict[s
         log.warning("sequence: %s; shipping the last epoch", split)
         return {"selection": {"rule": "last", "why": split, "chosen_epoch": epochs,
                               "epochs": epochs}}
-    selection = summarize(candidates, scores, split)
+    selection = summarize(candidates, scores, split, sc.sequence_select_alpha)
     chosen_uri = candidates[selection["chosen_index"]][1]
     if chosen_uri != model_uri:
         ctx.storage.write_bytes(model_uri, ctx.storage.read_bytes(chosen_uri))
@@ -176,18 +181,38 @@ def score_on_dev(ctx: StepContext, model_uri: str, corpus: str, recs: list,
     return {**best, "tuning": tuning}
 
 
-def choose(scores: list[dict[str, Any]]) -> int:
-    """The candidate with the lowest dev WER, the earliest on ties: the CE model (index 0)
-    keeps its place unless an epoch beats it."""
+def lowest(scores: list[dict[str, Any]]) -> int:
+    """The candidate with the lowest dev error, the earliest on ties (the CE model, index
+    0, wins a tie)."""
     return min(range(len(scores)), key=lambda i: (scores[i]["wer"], i))
 
 
+def choose(scores: list[dict[str, Any]], alpha: float = 1.0) -> int:
+    """The lowest dev error among the CE model (index 0) and the epochs that beat it by
+    more than chance: with per-utterance rows (dev_wer), an epoch is a candidate only when
+    the paired test of it against the CE model gives p < `alpha` (alpha 1: any gain);
+    the earliest wins a tie, so the CE model keeps its place unless an epoch beats it.
+    Frame errors (dev_frames) have no rows to test: the lowest wins."""
+    ce = scores[0]
+
+    def beats_ce(s: dict[str, Any]) -> bool:
+        if s["wer"] >= ce["wer"]:
+            return False
+        if alpha >= 1 or "rows" not in ce:
+            return True
+        return compare_rows(ce["rows"], s["rows"])["p_mapsswe"] < alpha
+
+    eligible = [0] + [i for i in range(1, len(scores)) if beats_ce(scores[i])]
+    return min(eligible, key=lambda i: (scores[i]["wer"], i))
+
+
 def summarize(candidates: list[tuple[str, str]], scores: list[dict[str, Any]],
-              split: str) -> dict[str, Any]:
+              split: str, alpha: float = 1.0) -> dict[str, Any]:
     """The `selection` metrics: every candidate's dev error (WER, or frame error with
     dev_frames) and acwt, the winner, and its paired test against the CE model (and the
-    last epoch's, the model shipped before) where there are per-utterance rows."""
-    best = choose(scores)
+    last epoch's, the model shipped before, and dev's lowest where the test rejected it)
+    where there are per-utterance rows."""
+    best = choose(scores, alpha)
     ce, won, last = scores[0], scores[best], scores[-1]
     by_wer = "rows" in ce
     out = {
@@ -203,7 +228,14 @@ def summarize(candidates: list[tuple[str, str]], scores: list[dict[str, Any]],
     if by_wer:
         test, last_test = compare_rows(ce["rows"], won["rows"]), compare_rows(ce["rows"],
                                                                              last["rows"])
-        out.update({"p_mapsswe": test["p_mapsswe"], "p_bootstrap": test["p_bootstrap"],
-                    "significant": test["significant"],
+        out.update({"alpha": alpha, "p_mapsswe": test["p_mapsswe"],
+                    "p_bootstrap": test["p_bootstrap"], "significant": test["significant"],
                     "last_p_mapsswe": last_test["p_mapsswe"]})
+        low = lowest(scores)
+        if low != best:  # dev's lowest, not shipped: its gain did not pass the test
+            out["rejected"] = {"name": candidates[low][0], "epoch": low,
+                               "wer": scores[low]["wer"],
+                               "delta": scores[low]["wer"] - ce["wer"],
+                               "p_mapsswe": compare_rows(ce["rows"],
+                                                         scores[low]["rows"])["p_mapsswe"]}
     return out
