@@ -77,6 +77,7 @@ def test_export_writes_both_graphs_and_what_a_deployment_needs_checked_against_t
     for name in ("model.onnx", "model.streaming.onnx"):
         g = checks["graphs"][name]
         assert g["checked"] and g["max_abs_diff"] <= 1e-4 and g["same_words"] == 5
+        assert g["max_scaled_diff"] <= g["max_abs_diff"]  # divided by max(1, |log p|)
     assert checks["torch_hyp_words"] > 5  # words came out (a vacuous check would have none)
     int8 = checks["graphs"]["model.int8.onnx"]
     assert not int8["checked"] and "delta_ci95" in int8["wer_vs_torch"]
@@ -103,7 +104,28 @@ def test_an_export_whose_outputs_differ_from_torch_fails_its_step(tiny_run, monk
         _export(cfg, model="train")
     checks = json.loads((run / "export-broken" / "checks.json").read_text())
     assert not checks["passed"] and checks["graphs"]["model.onnx"]["max_abs_diff"] > 1e-2
+    assert checks["graphs"]["model.onnx"]["max_scaled_diff"] > 1e-3
     assert not (run / "export-broken" / "_SUCCESS.json").exists()
+
+
+def test_the_tolerance_scales_with_the_log_posteriors_size():
+    """float32 rounds relative to a number's size: 1.25e-4 off a log-posterior of -8.7
+    (the demo CTC student's streaming graph, 2026-12-07) is 1.4e-5 of it and passes the
+    1e-4 check; the same 1.25e-4 off a log-posterior near 0 (a class a search follows)
+    does not; every class's difference counts, the largest decides."""
+    from serving.export_checks import compare, scaled_diff
+
+    ref = [np.array([[-0.05, -8.7, -30.0]], np.float32), np.array([[-2.0, -0.2]], np.float32)]
+    far_class = [ref[0] + np.float32([0, 1.25e-4, 0]), ref[1]]
+    near_class = [ref[0] + np.float32([1.25e-4, 0, 0]), ref[1]]
+    assert compare(ref, far_class) == pytest.approx(1.25e-4, rel=1e-3)
+    assert scaled_diff(ref, far_class) == pytest.approx(1.25e-4 / 8.7, rel=1e-2)
+    assert scaled_diff(ref, near_class) == pytest.approx(1.25e-4, rel=1e-2)
+    assert scaled_diff(ref, [ref[0], ref[1] + np.float32([[3e-4, 0]])]) == pytest.approx(
+        1.5e-4, rel=1e-2)  # 3e-4 off -2.0
+    assert scaled_diff(ref, ref) == 0.0
+    with pytest.raises(ValueError, match="differ in shape"):
+        scaled_diff(ref, ref[:1])
 
 
 def test_the_recognizer_on_the_onnx_streaming_graph_gives_the_torch_recognizers_words(

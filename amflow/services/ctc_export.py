@@ -33,7 +33,8 @@ decode.beam (1 without an LM): sherpa-onnx's graph search then searches amflow d
 score (acwt x (log p - penalty) + graph cost) with decode.beam; greedy search is unchanged.
 The checks, on export.check_split's utterances:
   model.onnx         on amflow's features (per-speaker streams, as decode): log-probs
-                     within export.tolerance of torch's, the same greedy words
+                     within export.tolerance of torch's (in units of each value's size
+                     above 1: serving/export_checks.py scaled_diff), the same greedy words
   model.streaming.onnx  the same rows as concurrent streams (export.streams a batch,
                      export.chunk_rows (+1 for every other stream) rows a call, `final` on
                      each utterance's last): log-probs within export.tolerance of torch's
@@ -301,9 +302,10 @@ def _graph_row(ref, lp, ref_words, hyps, recs, ref_rows, tol, held, seconds) -> 
     from serving import export_checks as X
 
     diff = X.compare(ref, lp) if lp is not None else None
+    scaled = X.scaled_diff(ref, lp) if lp is not None else None
     same = sum(a == b for a, b in zip(ref_words, hyps))
-    passed = (diff is None or diff <= tol) and hyps == ref_words
-    return {"max_abs_diff": diff, "same_words": same,
+    passed = (scaled is None or scaled <= tol) and hyps == ref_words
+    return {"max_abs_diff": diff, "max_scaled_diff": scaled, "same_words": same,
             "wer_vs_torch": X.paired_delta(ref_rows, X.wer_rows(recs, hyps)),
             "seconds": round(seconds, 2), "checked": held, "passed": passed if held else None}
 

@@ -24,7 +24,8 @@ Every graph's metadata names the model.pt it came from (amflow_model_digest,
 amflow_model_uri): `amflow serve` refuses a graph exported from another model.
 The checks (serving/export_checks.py), on real utterances: the whole-utterance graph's and
 the streaming graph's (8 streams a batch, 4-5 rows a step) log-posteriors within
-export.tolerance of torch's, and the same 1-best words from the run's graph. A failed check
+export.tolerance of torch's (in units of the value's size above 1: max_scaled_diff), and
+the same 1-best words from the run's graph. A failed check
 fails the step (checks.json says which; no _SUCCESS.json). int8 is measured, not held to
 the tolerance: its largest difference, its words and its WER change against torch's, with
 a 95 % CI.
@@ -118,12 +119,13 @@ def run_checks(ctx: StepContext, decoder, files: dict[str, bytes], recs, feats,
     for name, lp in lps.items():
         hyps = X.words(searcher, lp, decoder.log_prior, acwt)
         rows = X.wer_rows(recs, hyps)
-        diff = X.compare(ref, lp)
+        scaled = X.scaled_diff(ref, lp)
         held = ".int8." not in name  # int8 is measured, not held to the tolerance
         graphs_out[name] = {
-            "max_abs_diff": diff, "same_words": sum(a == b for a, b in zip(ref_words, hyps)),
+            "max_abs_diff": X.compare(ref, lp), "max_scaled_diff": scaled,
+            "same_words": sum(a == b for a, b in zip(ref_words, hyps)),
             "wer_vs_torch": X.paired_delta(ref_rows, rows), "seconds": round(times[name], 2),
-            "checked": held, "passed": (diff <= ec.tolerance and hyps == ref_words) if held
+            "checked": held, "passed": (scaled <= ec.tolerance and hyps == ref_words) if held
             else None}
     frames = sum(len(x) for x in feats)
     return {"utterances": len(feats), "frames": frames, "split": ec.check_split,
@@ -234,12 +236,16 @@ def _keep(ctx: StepContext, files: dict[str, bytes], checks: dict, n: int, rejec
     print(render(checks), flush=True)
     if not checks["passed"]:
         raise StepError(f"the export's checks failed (see {ctx.path('checks.json')}): "
-                        + "; ".join(f"{n}: max |diff| {g['max_abs_diff']:.2e}, same words "
+                        + "; ".join(f"{n}: max |diff| {g['max_abs_diff']:.2e} (scaled "
+                                    f"{g['max_scaled_diff']:.2e}, tolerance "
+                                    f"{ctx.cfg.export.tolerance:.0e}), same words "
                                     f"{g['same_words']}/{checks['utterances']}"
                                     for n, g in checks["graphs"].items() if g["passed"] is False))
     metrics = {"passed": True, "utterances": checks["utterances"],
                "tolerance": ctx.cfg.export.tolerance,
                **{f"{k}.max_abs_diff": g["max_abs_diff"] for k, g in checks["graphs"].items()},
+               **{f"{k}.max_scaled_diff": g.get("max_scaled_diff")
+                  for k, g in checks["graphs"].items()},
                **{f"{k}.same_words": g["same_words"] for k, g in checks["graphs"].items()},
                "checks": checks}
     # counts: the check utterances (an unreadable one is rejected, the others checked)
@@ -257,7 +263,8 @@ def render(checks: dict) -> str:
         w = g["wer_vs_torch"]
         verdict = {True: "ok", False: "FAILED", None: "measured"}[g["passed"]]
         diff = "-" if g["max_abs_diff"] is None else f"{g['max_abs_diff']:.2e}"
-        lines.append(f"  {name:28s} max |diff| {diff:>8s}  same words "
+        scaled = "-" if g.get("max_scaled_diff") is None else f"{g['max_scaled_diff']:.2e}"
+        lines.append(f"  {name:28s} max |diff| {diff:>8s} (scaled {scaled:>8s})  same words "
                      f"{g['same_words']}/{checks['utterances']}  WER {w['wer_b']:.4f} "
                      f"(delta {w['delta']:+.4f}, 95% CI {w['delta_ci95']})  {g['seconds']} s  "
                      f"{verdict}")

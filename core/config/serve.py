@@ -11,7 +11,10 @@ class ExportConfig:
 
     check_split: str = "test"  # the split of data.corpus whose utterances the checks run on
     check_utterances: int = 0  # at most this many of them (0: every one of the split)
-    tolerance: float = 1e-4  # most |log-posterior difference| ONNX may have from torch (fp32)
+    # Most log-posterior difference an fp32 graph may have from torch, in units of the
+    # value's size above 1: |onnx - torch| <= tolerance x max(1, |torch|) on every frame
+    # and class (float32 rounds relative to size; serving/export_checks.py scaled_diff).
+    tolerance: float = 1e-4
     chunk_rows: int = 4  # rows per streaming step in the streaming graph's check (120 ms)
     streams: int = 8  # streams batched together in that check (their row counts differ)
 
