@@ -1,6 +1,6 @@
 """The decoding graph T o L o G of a CTC model (training/ctc/): tokens to words.
 
-    build_tlg(tokenizer, arpa_text, words=None) -> DecodingGraph
+    build_tlg(tokenizer, arpa_text, words=None, repeats="blank") -> DecodingGraph
         L: the token-to-word lexicon: each word of the vocabulary (the LM's unigrams, or
            `words`) spelled by the model's tokenizer (Tokenizer.encode_word: the word-start
            piece, then characters or BPE pieces), with disambiguation symbols #1.. on
@@ -10,19 +10,22 @@
            <unk> are left out (counted in info.unspellable).
         G: the ARPA LM (kaldilm.arpa2fst).
         LG = det(L o G), minimised, disambiguators removed (decoding.graph.compose_lg, the
-           phone graphs' L o G build without optional silence), then T, the CTC topology: every token arc becomes an entry arc and a
-           state that loops on the token (a token lasts one frame or more) and leaves by
-           epsilon, and every state gets a blank self-loop (blanks before, between and
-           after tokens). Like k2's compact CTC topology it also lets two equal tokens
-           follow each other without a blank between them.
+           phone graphs' L o G build without optional silence), then T, the CTC topology,
+           by `repeats`:
+           repeats="blank" (decode.ctc_topology standard, the default): the standard CTC
+           topology (H o L o G): a token follows itself only after a blank, as CTC
+           training reads a path, and as sherpa-onnx's graph search does
+           (offline-ctc-fst-decoder.cc: a frame whose label is the previous frame's
+           continues that token); the graph `amflow export` ships to sherpa-onnx is
+           this one, so its words are decode's.
+           repeats="compact" (decode.ctc_topology compact): every token arc becomes an
+           entry arc and a state that loops on the token (a token lasts one frame or
+           more) and leaves by epsilon, and every LG state gets a blank self-loop.
+           Like k2's compact CTC topology it also lets two equal tokens follow each
+           other without a blank between them.
         Input labels: class id + 1 (class 0, the blank, is label 1): kaldi-decoder's
         DecodableCtc reads column i-1 for label i, so the score matrix is the model's
         log-probabilities (acwt-scaled, blank penalty subtracted) as they come.
-        repeats="blank": the standard CTC topology instead (H o L o G): a token follows
-        itself only after a blank. sherpa-onnx's graph search reads its best path that
-        way (offline-ctc-fst-decoder.cc: a frame whose label is the previous frame's
-        continues that token), so the graph `amflow export` ships to it is this one:
-        the same L o G, only the repeats read as CTC reads them.
     scaled(graph, factor) -> the graph with every arc and final weight times `factor`
 
 The search is decoding.search.Searcher's (FasterDecoder), as for the hybrid graphs.
@@ -164,9 +167,10 @@ def scaled(graph: DecodingGraph, factor: float) -> DecodingGraph:
 
 
 def build_tlg(tokenizer, arpa_text: str, words: Iterable[str] | None = None,
-              repeats: str = "compact") -> DecodingGraph:
+              repeats: str = "blank") -> DecodingGraph:
     """T o L o G for `tokenizer`'s model (see the module doc); repeats="blank": the
-    standard CTC topology's H o L o G (sherpa-onnx's reading)."""
+    standard CTC topology's H o L o G (CTC's and sherpa-onnx's reading), "compact": k2's
+    compact one."""
     import kaldifst
 
     if repeats not in ("compact", "blank"):

@@ -79,12 +79,16 @@ def _known_path(tok: Tokenizer, text: str) -> np.ndarray:
     return lp
 
 
-@pytest.mark.parametrize("kind", ["char", "bpe"])
-def test_tlg_decodes_a_known_path_to_its_words(kind):
+@pytest.mark.parametrize("kind,repeats", [("char", "blank"), ("bpe", "blank"),
+                                          ("char", "compact")])
+def test_tlg_decodes_a_known_path_to_its_words(kind, repeats):
+    """Both topologies (decode.ctc_topology standard: repeats="blank", the default; and
+    compact) read a CTC path to its words."""
     tok = train_tokenizer(TEXTS, kind, vocab_size=40)
     arpa = estimate([words_of(t) for t in TEXTS], order=2).to_arpa()
-    graph = build_tlg(tok, arpa)
+    graph = build_tlg(tok, arpa, repeats=repeats)
     assert graph.info["unspellable"] == 0 and graph.info["words"] >= 15
+    assert graph.info["kind"] == ("HLG" if repeats == "blank" else "TLG")
     search = Searcher(graph, beam=13, max_active=2000)
     for text in ("all the balls fell", "the cat ran to the dog", "hello bob's small wall"):
         lp = _known_path(tok, text)
@@ -277,6 +281,9 @@ def test_decode_step_scores_a_ctc_model_into_the_decode_json(tiny_corpus, ray_lo
                                                       out=str(out)))
     result = json.loads(out.read_text())
     assert result["model_kind"] == "ctc" and result["search"] == "tlg"
+    # decode.ctc_topology standard (the default): CTC's reading of repeats, the graph the
+    # export ships to sherpa-onnx
+    assert result["graph"]["kind"] == "HLG" and result["graph"]["repeats"] == "blank"
     assert len(result["tuning"]) == 4 and result["tune_split"] == "dev"
     assert {"wer", "wer_ci95", "per_condition", "sub", "del", "ins"} <= set(result)
     assert result["tokenizer"]["digest"] == tok.digest
@@ -295,6 +302,15 @@ def test_decode_step_scores_a_ctc_model_into_the_decode_json(tiny_corpus, ray_lo
                               "decode.ctc_search=greedy", "decode.tag=greedy"), "r", "decode"),
         argparse.Namespace(model=uri, data=None, split="test", out=None))
     assert greedy["metrics"]["search"] == "greedy"
+    compact = decode_step.run(
+        StepContext(local_cfg(f"data.corpus={tiny_corpus}", "decode.workers=1",
+                              "decode.ctc_topology=compact", "decode.tag=compact",
+                              "decode.ctc_lm_weights=[1.0]", "decode.blank_penalties=[0]"),
+                    "r", "decode"),
+        argparse.Namespace(model=uri, data=None, split="test", out=str(tmp_path / "c.json")))
+    assert compact["counts"]["out"] == summary["counts"]["out"]
+    assert json.loads((tmp_path / "c.json").read_text())["graph"]["kind"] == "TLG"
+    assert len(list((tmp_path / "store" / "runs" / "r" / "graph").iterdir())) == 2  # one each
     # a joint CTC/attention model: the prefix beam's n-best rescored by its decoder
     joint = CtcModel(feat_dim, tok.num_classes, cfg.features.stack, channels=(4,),
                      time_strides=(3,), freq_strides=(4,), time_kernels=(3,), hidden=16,

@@ -119,7 +119,10 @@ def ctc_graph(ctx: StepContext, card, read: dict[str, bytes]) -> tuple[str, dict
     lm, hint = lm_uri(ctx)
     arpa = load_lm(ctx.storage, lm, hint, read)
     tok = Tokenizer.from_dict(card.tokenizer)
+    topology = ctx.cfg.decode.ctc_topology
+    repeats = "blank" if topology == "standard" else "compact"
+    key = ["ctc-tlg"] if topology == "compact" else ["ctc-tlg", f"repeats={repeats}"]
     graph_dir, info = ensure_graph(ctx.storage, ctx.other("graph"), None, "", arpa,
-                                   [*tok.symbols, tok.digest, "ctc-tlg"], 0.0,
-                                   builder=lambda: build_tlg(tok, arpa))
+                                   [*tok.symbols, tok.digest, *key], 0.0,
+                                   builder=lambda: build_tlg(tok, arpa, repeats=repeats))
     return graph_dir, info, set(lm_words(arpa))
