@@ -51,10 +51,15 @@ def frame_energy_db(logmel: np.ndarray) -> np.ndarray:
     return (top[:, 0] + np.log(np.exp(x - top).sum(axis=1))) * DB_PER_NEPER
 
 
-def _sliding(x: np.ndarray, w: int, fill: float, how) -> np.ndarray:
-    """how(x[j - w + 1 .. j]) for every j, `fill` before x's start."""
-    pad = np.concatenate([np.full(w - 1, fill), x])
-    return how(np.lib.stride_tricks.sliding_window_view(pad, w), axis=1)
+def _sliding(x: np.ndarray, w: int, fill: float, how, last: int | None = None) -> np.ndarray:
+    """how(x[j - w + 1 .. j]) for the last `last` j of x (every j when None), `fill`
+    before x's start. A served chunk wants its few new frames' values over a history of
+    a floor window (300 frames): only their windows are computed, not the history's."""
+    n = len(x) if last is None else min(int(last), len(x))
+    need = n + w - 1
+    tail = x[len(x) - need:] if len(x) >= need else np.concatenate(
+        [np.full(need - len(x), fill), x])
+    return how(np.lib.stride_tricks.sliding_window_view(tail, w), axis=1)
 
 
 class SpeechActivity:
@@ -99,14 +104,14 @@ class SpeechActivity:
         ext = np.concatenate([self.hist, e])
         w = max(self.floor_frames, self.steady_frames)
         # the floor of frame j: the least energy among it and floor_frames - 1 frames before
-        floor = _sliding(ext, self.floor_frames, np.inf, np.min)[-len(e):]
+        floor = _sliding(ext, self.floor_frames, np.inf, np.min, len(e))
         if self.steady_frames > 1:
             # where the energy held within steady_db for steady_frames, that level is the
             # floor: a steady sound is no speech (syllables swing 10 dB and more, several
             # times a second), however far above a quieter past it is (hum after speech)
             s = self.steady_frames
-            low = _sliding(ext, s, np.inf, np.min)[-len(e):]
-            high = _sliding(ext, s, -np.inf, np.max)[-len(e):]
+            low = _sliding(ext, s, np.inf, np.min, len(e))
+            high = _sliding(ext, s, -np.inf, np.max, len(e))
             floor = np.where(high - low < self.steady_db, np.maximum(floor, low), floor)
         self.hist = ext[-(w - 1):] if w > 1 else ext[:0]
         return e > floor + self.threshold_db
@@ -120,7 +125,7 @@ class SpeechActivity:
             return db
         ext = np.concatenate([self.power, db])
         top = ext.max()
-        mean = _sliding(np.exp((ext - top) / DB_PER_NEPER), k, np.nan, np.nanmean)[-len(db):]
+        mean = _sliding(np.exp((ext - top) / DB_PER_NEPER), k, np.nan, np.nanmean, len(db))
         self.power = ext[-(k - 1):]
         return top + DB_PER_NEPER * np.log(mean)
 

@@ -106,3 +106,19 @@ def test_the_served_recognizer_gates_by_default_and_gives_no_words_without_speec
         finals[gate] = [m["final"] for m in transcribe(rec, waves)]
     assert finals[True] == ["", "", "", ""]
     assert any(finals[False]), finals  # the fault the gate is for
+
+
+@pytest.mark.parametrize("w", [1, 9, 50, 300])
+def test_a_chunks_windows_alone_are_the_full_computations_last(w):
+    """A served chunk computes only its new frames' windows (`last`): the same values as
+    every window of the history and the chunk, then its last ones, padding included."""
+    from tasks.speech_activity import _sliding
+
+    rng = np.random.default_rng(w)
+    for n in (1, 5, 40, 309):
+        x = rng.normal(size=n)
+        for how, fill in ((np.min, np.inf), (np.max, -np.inf), (np.nanmean, np.nan)):
+            every = _sliding(x, w, fill, how)
+            assert len(every) == n
+            for last in (1, 10, n):
+                assert np.array_equal(_sliding(x, w, fill, how, last), every[-last:])
