@@ -11,6 +11,7 @@ its words are the same (amflow export runs these on real utterances of the run).
     compare(torch_lp, other_lp) -> max |difference| over every frame
     scaled_diff(torch_lp, other_lp) -> max |difference| / max(1, |torch's value|): what
         export.tolerance holds a graph to
+    graph_row(...) -> one graph's checks.json line (both differences, words, WER, passed)
     words(searcher, lps, log_prior, acwt) -> 1-best words per utterance
     wer_rows(records, hyps) -> per-utterance scores (hyps.jsonl's fields)
     paired_delta(rows_a, rows_b) -> WER of each, the change, its 95 % bootstrap CI and p
@@ -55,10 +56,15 @@ def _stream_group(model, feats: Sequence[np.ndarray], chunk_rows: int) -> list[n
     return [np.concatenate(o)[la:] for o in outs]
 
 
-def compare(a: Sequence[np.ndarray], b: Sequence[np.ndarray]) -> float:
+def _pairs(a: Sequence[np.ndarray], b: Sequence[np.ndarray]) -> list[tuple]:
+    """(torch's, the graph's) per utterance, the empty ones left out; both alike in shape."""
     if len(a) != len(b) or any(x.shape != y.shape for x, y in zip(a, b)):
         raise ValueError("the two sets of log-posteriors differ in shape")
-    return max((float(np.abs(x - y).max()) for x, y in zip(a, b) if x.size), default=0.0)
+    return [(x, y) for x, y in zip(a, b) if x.size]
+
+
+def compare(a: Sequence[np.ndarray], b: Sequence[np.ndarray]) -> float:
+    return max((float(np.abs(x - y).max()) for x, y in _pairs(a, b)), default=0.0)
 
 
 def scaled_diff(a: Sequence[np.ndarray], b: Sequence[np.ndarray]) -> float:
@@ -70,10 +76,23 @@ def scaled_diff(a: Sequence[np.ndarray], b: Sequence[np.ndarray]) -> float:
     largest |difference| was 1.25e-4, at log p = -8.7 (an unlikely class); 4.0e-5 where
     log p > -1 (the classes a search follows), 4.8e-5 of the value at most, the same
     greedy class on all 35,901 frames, the same words on every utterance."""
-    if len(a) != len(b) or any(x.shape != y.shape for x, y in zip(a, b)):
-        raise ValueError("the two sets of log-posteriors differ in shape")
     return max((float((np.abs(x - y) / np.maximum(1.0, np.abs(x))).max())
-                for x, y in zip(a, b) if x.size), default=0.0)
+                for x, y in _pairs(a, b)), default=0.0)
+
+
+def graph_row(ref, lp, ref_words, hyps, recs, ref_rows, tolerance: float, held: bool,
+              seconds: float) -> dict:
+    """One graph's line of checks.json: its largest difference from torch's log-posteriors
+    (`ref`; plain and scaled; None when the runtime gives words only, lp None), how many
+    utterances keep torch's words, its WER change with a CI, and, when `held`, whether it
+    passes: scaled difference within `tolerance` and every utterance's words the same."""
+    diff = compare(ref, lp) if lp is not None else None
+    scaled = scaled_diff(ref, lp) if lp is not None else None
+    passed = (scaled is None or scaled <= tolerance) and hyps == ref_words
+    return {"max_abs_diff": diff, "max_scaled_diff": scaled,
+            "same_words": sum(a == b for a, b in zip(ref_words, hyps)),
+            "wer_vs_torch": paired_delta(ref_rows, wer_rows(recs, hyps)),
+            "seconds": round(seconds, 2), "checked": held, "passed": passed if held else None}
 
 
 def words(searcher, lps: Sequence[np.ndarray], log_prior: np.ndarray, acwt: float

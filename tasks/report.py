@@ -112,14 +112,12 @@ def shipped_text(row: dict[str, Any]) -> str:
     epoch, else the epoch dev chose (or the last one, unchosen, before the choice existed)."""
     if row["rule"] == "last":
         return f"last epoch {row['epoch'] or ''} (not chosen on dev)".replace("  ", " ")
+    kept = "CE model" if row["epoch"] == 0 else f"epoch {row['epoch']} of {row['epochs']}"
     rejected = row.get("rejected")
     if rejected:  # dev's lowest epoch, whose gain the paired test called chance
-        kept = "CE model" if row["epoch"] == 0 else f"epoch {row['epoch']} of {row['epochs']}"
         return (f"{kept} ({rejected['name']} was {100 * rejected['delta']:+.2f} on dev, "
                 f"p = {rejected['p_mapsswe']:.2g}: not significant)")
-    if row["epoch"] == 0:
-        return "CE model (dev rejected every epoch)"
-    return f"epoch {row['epoch']} of {row['epochs']}"
+    return kept + (" (dev rejected every epoch)" if row["epoch"] == 0 else "")
 
 
 def render_sequence_choice(rows: list[dict[str, Any]]) -> str:

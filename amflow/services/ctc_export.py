@@ -298,18 +298,6 @@ def _sherpa_words(files: dict[str, bytes], name: str, card, waves, graph: bool =
         return sherpa_decode.words(rec, waves, int(card.features["sample_rate"]))
 
 
-def _graph_row(ref, lp, ref_words, hyps, recs, ref_rows, tol, held, seconds) -> dict:
-    from serving import export_checks as X
-
-    diff = X.compare(ref, lp) if lp is not None else None
-    scaled = X.scaled_diff(ref, lp) if lp is not None else None
-    same = sum(a == b for a, b in zip(ref_words, hyps))
-    passed = (scaled is None or scaled <= tol) and hyps == ref_words
-    return {"max_abs_diff": diff, "max_scaled_diff": scaled, "same_words": same,
-            "wer_vs_torch": X.paired_delta(ref_rows, X.wer_rows(recs, hyps)),
-            "seconds": round(seconds, 2), "checked": held, "passed": passed if held else None}
-
-
 def _unscaled(lp: list[np.ndarray], scale: float, penalty: float) -> list[np.ndarray]:
     """model.sherpa.onnx's outputs back to log-probabilities (torch's are without the
     penalty and the scale)."""
@@ -344,8 +332,8 @@ def run_checks(ctx: StepContext, model, card, tokenizer, files: dict[str, bytes]
         key = "alone" if sherpa else "streams"
         if sherpa:  # the graph scaled and lowered the blank: torch's are without it
             lp = _unscaled(lp, search.scale, penalty)
-        out[name] = _graph_row(ref[key], lp, ref_words[key], hyps, ci.recs, ref_rows, tol,
-                               ".int8." not in name, secs)
+        out[name] = X.graph_row(ref[key], lp, ref_words[key], hyps, ci.recs, ref_rows, tol,
+                                ".int8." not in name, secs)
     runtime = sherpa_runtime(files, card, ci, ref_words, ref_rows)
     tlg = tlg_checks(ctx, tokenizer, files, card, ci, ref, scales, search) if runtime else {}
     out.update(runtime)
@@ -393,7 +381,7 @@ def tlg_checks(ctx: StepContext, tokenizer, files, card, ci: CheckInputs, ref: d
     for name in [n for n in files if ".sherpa." in n]:
         t0 = time.perf_counter()
         hyps = _sherpa_words(files, name, card, ci.waves, graph=True, max_active=dc.max_active)
-        graphs[f"sherpa-onnx+TLG.fst:{name}"] = _graph_row(
+        graphs[f"sherpa-onnx+TLG.fst:{name}"] = X.graph_row(
             None, None, words["alone"], hyps, ci.recs, rows, 0.0, False,
             time.perf_counter() - t0)
     return {"graph": search.note, "lm_weight": scales.lm_weight, "acwt": scales.acwt,
@@ -419,11 +407,13 @@ def sherpa_runtime(files, card, ci: CheckInputs, ref_words, ref_rows) -> dict[st
         import sherpa_onnx  # noqa: F401
     except ImportError:
         return {}
+    from serving import export_checks as X
+
     out = {}
     for name in [n for n in files if ".sherpa." in n]:
         t0 = time.perf_counter()
         hyps = _sherpa_words(files, name, card, ci.waves)
-        row = _graph_row(None, None, ref_words["alone"], hyps, ci.recs, ref_rows, 0.0, False,
-                         time.perf_counter() - t0)
+        row = X.graph_row(None, None, ref_words["alone"], hyps, ci.recs, ref_rows, 0.0, False,
+                          time.perf_counter() - t0)
         out[f"sherpa-onnx:{name}"] = row
     return out

@@ -226,16 +226,16 @@ def summarize(candidates: list[tuple[str, str]], scores: list[dict[str, Any]],
         "delta": won["wer"] - ce["wer"], "last_wer": last["wer"],
         "last_delta": last["wer"] - ce["wer"]}
     if by_wer:
-        test, last_test = compare_rows(ce["rows"], won["rows"]), compare_rows(ce["rows"],
-                                                                             last["rows"])
+        low = lowest(scores)
+        tests = {i: compare_rows(ce["rows"], scores[i]["rows"])
+                 for i in {best, len(scores) - 1, low}}
+        test = tests[best]
         out.update({"alpha": alpha, "p_mapsswe": test["p_mapsswe"],
                     "p_bootstrap": test["p_bootstrap"], "significant": test["significant"],
-                    "last_p_mapsswe": last_test["p_mapsswe"]})
-        low = lowest(scores)
+                    "last_p_mapsswe": tests[len(scores) - 1]["p_mapsswe"]})
         if low != best:  # dev's lowest, not shipped: its gain did not pass the test
             out["rejected"] = {"name": candidates[low][0], "epoch": low,
                                "wer": scores[low]["wer"],
                                "delta": scores[low]["wer"] - ce["wer"],
-                               "p_mapsswe": compare_rows(ce["rows"],
-                                                         scores[low]["rows"])["p_mapsswe"]}
+                               "p_mapsswe": tests[low]["p_mapsswe"]}
     return out
