@@ -211,6 +211,9 @@ def test_ctc_preset_applies_to_the_ctc_student_only_and_set_wins():
     assert load_config(None, [recipe, "train.model=ctc"]).train.passes.epochs == 21
     teacher = load_config(None, [recipe, "train.model=teacher"])
     assert teacher.train.passes.epochs != 21
+    # the Conformer's CTC head trains like the GRU CTC student; its hybrid head does not
+    assert load_config(None, [recipe, "train.model=conformer_ctc"]).train.passes.epochs == 21
+    assert load_config(None, [recipe, "train.model=conformer"]).train.passes.epochs != 21
     for bad, key in (("{epochz: 3}", "train.ctc_preset.epochz"),
                      ("{model: student}", "train.ctc_preset.model")):
         with pytest.raises(ConfigError) as err:
@@ -230,6 +233,8 @@ def test_pseudolabel_epochs_are_the_ctc_ssl_students_and_set_epochs_wins():
     resolved = resolve_config(None, ssl)
     assert resolved.config.train.passes.epochs == 14
     assert resolved.source("train.epochs").startswith("train.pseudolabel_epochs")
+    conformer = [*ssl[:-1], "train.model=conformer_ctc", "train.pseudolabels=r1"]
+    assert load_config(None, conformer).train.passes.epochs == 14
     assert load_config(None, [*ssl, "train.epochs=5"]).train.passes.epochs == 5
     # 0 (the default) leaves the recipe's train.epochs alone; the hybrid student ignores it
     assert load_config(None, ["train.model=ctc", "train.ctc_preset={epochs: 7}",

@@ -168,7 +168,7 @@ def test_the_utterance_graph_equals_torch_on_padded_batches_of_any_length():
     from serving.export_checks import compare
 
     assert compare(onnx_lp, _whole(model, feats)) <= 1e-4
-    # the CTC head's whole-utterance graph too (amflow export refuses it: no sherpa graph)
+    # the CTC head's whole-utterance graph in the hybrid's convention (x, lengths)
     from training.families.conformer_model import ConformerCtcModel
     from training.families.conformer_onnx import utterance_graph
 
@@ -176,10 +176,52 @@ def test_the_utterance_graph_equals_torch_on_padded_batches_of_any_length():
     ctc = ConformerCtcModel(24, 9, **SMALL, chunk=3, left_chunks=-1).eval()
     onnx_lp = utterance_log_posteriors(session(utterance_graph(ctc)), feats)
     assert compare(onnx_lp, _whole(ctc, feats)) <= 1e-4
-    with pytest.raises(ValueError, match="does not take a conformer_ctc model yet"):
-        get_family("conformer_ctc").export_graphs(ctc, None)
 
 
+def test_the_ctc_head_exports_as_the_ctc_students_do():
+    """conformer_ctc's model.onnx in the CTC convention (x, x_lens -> log_probs,
+    log_probs_len) and its sherpa-onnx graph (fbank frames in; the per-utterance mean
+    normalisation, stacking and CMVN inside) equal torch, in a padded batch and alone.
+    (`amflow export` runs the sherpa-onnx recognizer on them: the demo's results page.)"""
+    import onnxruntime as ort
+
+    from core.config import FeaturesConfig
+    from decoding.ctc_decode import ctc_log_probs
+    from serving.ctc_onnx import SherpaCtc, sherpa_graph
+    from training.families.conformer_model import ConformerCtcModel
+
+    torch.manual_seed(2)
+    model = ConformerCtcModel(3 * 16, 9, **SMALL, chunk=4, left_chunks=2).eval()
+    rng = np.random.default_rng(4)
+    feats = dataclasses.asdict(FeaturesConfig())
+    feats.update(num_mel_bins=16, stack=3, subsample=3)
+    card = SimpleNamespace(features=feats, cmvn={"count": 10, "sum": list(rng.normal(
+        size=48) * 10), "sumsq": list(rng.uniform(100, 300, 48) * 10)})
+    graphs = get_family("conformer_ctc").export_graphs(model, card)
+    assert sorted(graphs) == ["model.onnx"]
+    sess = ort.InferenceSession(graphs["model.onnx"], providers=["CPUExecutionProvider"])
+    rows = [rng.standard_normal((n, 48)).astype(np.float32) for n in (50, 37, 5, 12)]
+    x = np.zeros((4, 50, 48), np.float32)
+    for i, r in enumerate(rows):
+        x[i, :len(r)] = r
+    lp, n = sess.run(None, {"x": x, "x_lens": np.array([len(r) for r in rows])})
+    assert n.tolist() == [50, 37, 5, 12]
+    for i, ref in enumerate(ctc_log_probs(model, rows)):
+        assert np.abs(lp[i, :n[i]] - ref).max() < 1e-4
+        alone = sess.run(None, {"x": rows[i][None], "x_lens": np.array([len(rows[i])])})[0]
+        assert np.abs(alone[0] - ref).max() < 1e-4
+    sherpa = ort.InferenceSession(sherpa_graph(model, card, 1.5), providers=[
+        "CPUExecutionProvider"])
+    lens = np.array([700, 90, 2])
+    fb = np.full((3, 700, 16), -23.02585, np.float32)  # sherpa-onnx pads with log(1e-10)
+    for i, k in enumerate(lens):
+        fb[i, :k] = rng.normal(size=(k, 16)) * 3 + 12
+    got, n_out = sherpa.run(None, {"x": fb, "x_lens": lens})
+    with torch.no_grad():
+        ref, n_ref = SherpaCtc(model, card, 1.5)(torch.from_numpy(fb), torch.from_numpy(lens))
+    assert n_out.tolist() == n_ref.tolist() == [233, 30, 0]
+    for i, k in enumerate(n_out[:2]):
+        assert np.abs(got[i, :k] - ref[i, :k].numpy()).max() < 1e-4
 @pytest.fixture(scope="module")
 def conformer_run(tiny_corpus, tmp_path_factory):
     """`amflow train` of a small Conformer student in the SSL regime (the teacher's top-k

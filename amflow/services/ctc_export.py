@@ -193,8 +193,10 @@ def sherpa_json(ctx: StepContext, scales: Scales, search: SherpaSearch) -> dict:
         "graph_info": search.graph.info if search.graph is not None else None}
 
 
-def beside(model, card, tokenizer, scales: Scales, sherpa: dict) -> dict[str, str]:
-    from serving.ctc_onnx import sherpa_features, streaming_json, tokens_txt
+def beside(model, card, tokenizer, scales: Scales, sherpa: dict, streaming: bool
+           ) -> dict[str, str]:
+    """The files beside the graphs; streaming.json when model.streaming.onnx was made."""
+    from serving.ctc_onnx import output_frame_shift, sherpa_features, streaming_json, tokens_txt
     from serving.onnx_export import features_json
 
     feats = features_json(card)
@@ -211,9 +213,8 @@ def beside(model, card, tokenizer, scales: Scales, sherpa: dict) -> dict[str, st
                 "blank_penalty_in": "model.sherpa.onnx subtracts it from the blank's log-"
                 "probability (and multiplies by sherpa.json's scale); model.onnx does not "
                 "(subtract it before the search)",
-                "subsampling": model.subsampling, "tokenizer": tokenizer.kind}
-    out = {} if model.bidirectional else {
-        "streaming.json": json.dumps(streaming_json(model), indent=1)}
+                "subsampling": output_frame_shift(model, card), "tokenizer": tokenizer.kind}
+    out = {"streaming.json": json.dumps(streaming_json(model), indent=1)} if streaming else {}
     return {**out, "card.json": json.dumps(card.to_meta(), indent=1),
             "tokens.txt": tokens_txt(tokenizer),
             "features.json": json.dumps(feats, indent=1),

@@ -206,17 +206,21 @@ def export_ctc(ctx: StepContext, model, card, corpus: str, quantize: str | None,
     scales = E.tuned_scales(ctx, uri)  # decode's, tuned on dev (never test)
     search = E.sherpa_search(ctx, card, tokenizer, scales)  # TLG.fst, the scores' scale
     files = stamp(E.graphs(model, card, scales.blank_penalty, quantize, search.scale), uri, data)
+    streaming = "model.streaming.onnx" in files
     files.update({k: v.encode() for k, v in E.beside(
-        model, card, tokenizer, scales, E.sherpa_json(ctx, scales, search)).items()})
+        model, card, tokenizer, scales, E.sherpa_json(ctx, scales, search), streaming).items()})
     files.update(E.graph_files(search))
     files.update(gate_file(ctx, card))
     ci = E.check_inputs(ctx, card, corpus)
     checks = E.run_checks(ctx, model, card, tokenizer, files, ci, scales, search)
-    checks["streaming_graph"] = ("not exported: a bidirectional model reads whole "
-                                 "utterances (it cannot stream)" if model.bidirectional
-                                 else "model.streaming.onnx (streaming.json)")
+    checks["streaming_graph"] = ("model.streaming.onnx (streaming.json)" if streaming else
+                                 "not exported: a bidirectional model reads whole utterances "
+                                 "(it cannot stream)" if getattr(model, "bidirectional", False)
+                                 else f"not exported: a {card.kind} model has no streaming "
+                                 "graph yet (amflow serve streams it on torch)")
     checks["attention_decoder"] = ("not exported (decode.ctc_search rescore needs it: "
-                                   "amflow's torch decode)" if model.decoder is not None else None)
+                                   "amflow's torch decode)" if getattr(model, "decoder", None)
+                                   is not None else None)
     return _keep(ctx, files, checks, len(ci.recs), ci.rejected, inputs)
 
 

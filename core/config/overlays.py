@@ -201,13 +201,16 @@ def _put(data: dict[str, Any], key: str, value: Any) -> None:
 
 
 # The model families that have a preset of their own (train.model -> the preset's key).
-MODEL_PRESETS = {"teacher": "teacher_preset", "ctc": "ctc_preset"}
+# Both CTC-head families train on whole transcripts and pseudo-labels alike: the CTC
+# preset (epochs, minibatches, rate, SortaGrad, pseudolabel_epochs) is theirs.
+MODEL_PRESETS = {"teacher": "teacher_preset", "ctc": "ctc_preset",
+                 "conformer_ctc": "ctc_preset"}
 
 
 def apply_presets(data: dict[str, Any], explicit: set[str], sources: dict[str, str],
                   labels: dict[str, str]) -> None:
     """train.teacher_preset's keys replace train.* when train.model is teacher (the
-    end-to-end student's, train.ctc_preset, when it is ctc), then
+    end-to-end students', train.ctc_preset, when it is ctc or conformer_ctc), then
     train.sequence_preset's when train.regime is sequence; sources records each.
 
     The teacher is trained differently from the students (bigger, longer, regularised
@@ -233,8 +236,8 @@ def apply_presets(data: dict[str, Any], explicit: set[str], sources: dict[str, s
 
 def _pseudolabel_epochs(train: dict[str, Any], explicit: set[str],
                         sources: dict[str, str]) -> None:
-    """train.pseudolabel_epochs replaces train.epochs for the CTC SSL student (train.model
-    ctc with train.pseudolabels), unless train.epochs was --set."""
+    """train.pseudolabel_epochs replaces train.epochs for a CTC SSL student (train.model
+    ctc or conformer_ctc with train.pseudolabels), unless train.epochs was --set."""
     epochs = train.get("pseudolabel_epochs")
     ctc = MODEL_PRESETS.get(train.get("model")) == "ctc_preset"
     if ctc and train.get("pseudolabels") and epochs and "train.epochs" not in explicit:

@@ -430,8 +430,8 @@ class TrainConfig:
     # e.g. configs/presets/teacher.yaml; formerly train.teacher_recipe); its grow_preset,
     # a mapping, goes over train.grow_preset's values for the teacher's grown stage.
     teacher_preset: dict[str, Any] = field(default_factory=dict)
-    # train.* values used instead when train.model is ctc (the end-to-end student; an
-    # explicit --set train.<key> still wins), e.g. configs/presets/ctc.yaml (formerly
+    # train.* values used instead when train.model is ctc or conformer_ctc (the end-to-end
+    # students; an explicit --set train.<key> still wins), e.g. configs/presets/ctc.yaml (formerly
     # train.ctc_recipe).
     ctc_preset: dict[str, Any] = field(default_factory=dict)
     # train.* values used instead when train.regime is sequence (after teacher_preset's;

@@ -104,6 +104,12 @@ class ModelFamily:
         utterance to log-posteriors; model.streaming.onnx when it streams)."""
         raise ValueError(f"a {self.name} model has no ONNX export")
 
+    def ctc_export_module(self, model: nn.Module) -> nn.Module:
+        """A CTC model's encoder and CTC output as a traceable module: (x [N, T, D] rows,
+        x_lens [N]) -> (log-probabilities [N, T', C], output lengths [N]); the CTC
+        export's model.onnx and, behind the in-graph front end, model.sherpa.onnx."""
+        raise ValueError(f"a {self.name} model has no CTC output to export")
+
 
 class TorchStream:
     """A streaming step from a family's pure torch step, for families without a tuned one:

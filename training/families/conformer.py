@@ -164,11 +164,15 @@ class ConformerCtcFamily(ConformerFamily):
     regimes = ("labeled",)  # its pseudo-labels are transcripts (train.pseudolabels)
     model_class = ConformerCtcModel
 
+    def ctc_export_module(self, model):
+        from training.families.ctc_onnx import CtcLogProbs
+
+        return CtcLogProbs(model)  # the chunked encoder traces as it is
+
     def export_graphs(self, model, card):
-        # `amflow export` of a CTC family also builds the sherpa-onnx graph and the
-        # streaming graph, which are the GRU CTC student's (training/families/ctc_onnx.py):
-        # refused here, clearly, rather than failing inside them.
-        raise ValueError("amflow export does not take a conformer_ctc model yet: its "
-                         "sherpa-onnx and streaming graphs are built for the GRU CTC student "
-                         "only (training.families.conformer_onnx.utterance_graph exports its "
-                         "whole-utterance graph; amflow serve streams it on torch)")
+        # the CTC students' convention (x, x_lens -> log_probs, log_probs_len), so `amflow
+        # export`'s CTC checks, the sherpa-onnx graph and its loaders take it as they take
+        # the GRU student's; no streaming graph yet (amflow serve streams it on torch)
+        from training.families.ctc_onnx import utterance_graph
+
+        return {"model.onnx": utterance_graph(model, card)}

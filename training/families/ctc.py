@@ -35,6 +35,11 @@ class CtcFamily(ModelFamily):
     def subsampling(self, model):
         return model.subsampling // model.stack  # 10 ms frames per output / rows' 10 ms frames
 
+    def ctc_export_module(self, model):
+        from training.families.ctc_onnx import CtcEncoderExport
+
+        return CtcEncoderExport(model)
+
     def stream_model(self, model, dtype, device):
         from training.families.ctc_stream import CtcStreamModel
 

@@ -121,6 +121,26 @@ class CtcEncoderExport(nn.Module):
         return torch.log_softmax(logits, -1), n  # n <= T': the convolutions' own count
 
 
+class CtcLogProbs(nn.Module):
+    """A model with the CTC student's interface (encode(x, lengths) -> (h, n),
+    ctc_output(h, n)) that traces as it is (the Conformer's CTC head): + log_softmax."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.m = model.eval()
+
+    def forward(self, x: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        h, n = self.m.encode(x, lengths)
+        return torch.log_softmax(self.m.ctc_output(h, n), -1), n
+
+
+def export_module(model) -> nn.Module:
+    """The model's family's traceable encoder + CTC output (ModelFamily.ctc_export_module)."""
+    from training.families.base import family_of
+
+    return family_of(model).ctc_export_module(model)
+
+
 class UtteranceFrontEnd(nn.Module):
     """fbank frames [N, T, bins] + lengths -> model rows [N, T', stack*bins] + lengths:
     tasks.features' causal mean normalisation of one utterance (each its own stream), its
@@ -179,7 +199,7 @@ class SherpaCtc(nn.Module):
         super().__init__()
         self.scale = float(scale)
         self.front = UtteranceFrontEnd(features_config(card), card.cmvn, model.input_dim)
-        self.encoder = CtcEncoderExport(model)
+        self.encoder = export_module(model)
         pen = torch.zeros(model.num_classes)
         pen[0] = -float(blank_penalty)
         self.register_buffer("penalty", pen)
@@ -227,7 +247,7 @@ def _export(module: nn.Module, x: torch.Tensor, meta: dict[str, str]) -> bytes:
 
 def utterance_graph(model, card) -> bytes:
     x = torch.randn(2, 40, model.input_dim)
-    return _export(CtcEncoderExport(model), x, metadata(model, card, "amflow_ctc", "model rows"))
+    return _export(export_module(model), x, metadata(model, card, "amflow_ctc", "model rows"))
 
 
 def sherpa_graph(model, card, blank_penalty: float = 0.0, scale: float = 1.0) -> bytes:
@@ -315,11 +335,18 @@ def metadata(model, card, model_type: str, inputs: str) -> dict[str, str]:
     keys too: sherpa-onnx's CTC loaders of other conventions read them)."""
     return {"model_type": model_type, "inputs": inputs,
             "vocab_size": str(model.num_classes), "subsampling_factor": str(
-                model.subsampling), "input_dim": str(model.input_dim), "blank_id": "0",
-            "bidirectional": str(int(model.bidirectional)),
+                output_frame_shift(model, card)), "input_dim": str(model.input_dim),
+            "blank_id": "0", "bidirectional": str(int(getattr(model, "bidirectional", False))),
             "lookahead": str(int(model.lookahead)),
             "output": "log-probabilities over tokens.txt (0 = the blank) per output frame",
             "features": json.dumps(dict(card.features))}
+
+
+def output_frame_shift(model, card) -> int:
+    """10 ms frames per output frame: the family's rows per output x the rows' stack."""
+    from training.families.base import family_of
+
+    return family_of(model).subsampling(model) * int(dict(card.features).get("stack", 1))
 
 
 def tokens_txt(tokenizer) -> str:
