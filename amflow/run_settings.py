@@ -38,8 +38,11 @@ RUN_RECORD = "_run.json"
 
 # Keys that say which model or output folder of the run a step works on: the teacher and
 # the baseline are two trainings of one run, so these differ from step to step by design.
+# decode.chunking says which chunking of a Conformer a decode or serve runs (each its own
+# decode.tag), as train.tag says which training.
 INSTANCE_KEYS = frozenset({"train.model", "train.regime", "train.recipe", "train.tag", "train.pseudolabels",
-                           "train.init_model", "decode.tag", "evaluate.tag", "export.tag"})
+                           "train.init_model", "decode.tag", "evaluate.tag", "export.tag",
+                           "decode.chunking"})
 
 def is_instance_key(key: str) -> bool:
     return key in INSTANCE_KEYS or key.endswith(".tag")

@@ -430,3 +430,51 @@ def test_the_ctc_head_streams_the_offline_decode_words_through_batch_dispatch(ti
     for msgs in results:
         assert [m["final"] for m in msgs if "final" in m] == words
     assert max(batches) >= 2  # streams shared forwards
+
+
+def test_decode_chunking_rechunks_a_conformer_and_is_refused_for_other_families():
+    """decode.chunking: "CxL" or "full" gives the model file another eval-mode chunking (the
+    same weights; U2's dynamic chunks made one model decode with any); "" leaves the bytes
+    as they are; a bad value names the key; a model without attention chunks refuses."""
+    from core.config.decode import chunking_of
+    from training.checkpoint import card_from_bytes, model_payload, to_bytes, with_chunking
+
+    for good, want in (("", None), ("4x8", (4, 8)), ("16x-1", (16, -1)), ("1x0", (1, 0))):
+        assert chunking_of(load_config(None, [f"decode.chunking={good}"]).decode.chunking) == want
+    assert chunking_of("full")[1] == -1
+    for bad in ("0x4", "4x", "x4", "4x-2", "whole", "4*8"):
+        with pytest.raises(ConfigError) as err:
+            load_config(None, [f"decode.chunking={bad}"])
+        assert err.value.key == "decode.chunking"
+    model = _model(chunk=8, left_chunks=4)
+    data = to_bytes(model_payload(model, cmvn=None, phones=None, features={}))
+    assert with_chunking(data, None) is data
+    small, _ = card_from_bytes(with_chunking(data, (4, 8)))
+    assert (small.chunk, small.left_chunks, small.lookahead) == (4, 8, 3)
+    assert all(torch.equal(a, b) for a, b in zip(small.state_dict().values(),
+                                                 model.state_dict().values()))
+    rows = np.random.default_rng(5).standard_normal((37, 24)).astype(np.float32)
+    whole, _ = card_from_bytes(with_chunking(data, chunking_of("full")))
+    full = _model(chunk=8, left_chunks=4)
+    with torch.no_grad():  # "full" is the whole-utterance pass (chunk 0: full context)
+        ref = full.output(full.encode_chunked(torch.from_numpy(rows)[None], None, 0, -1))
+    assert np.abs(_whole(whole, [rows])[0] - torch.log_softmax(ref, -1)[0].numpy()).max() < 1e-5
+    from training.families.lstm import StudentLSTM
+
+    lstm = to_bytes(model_payload(StudentLSTM(24, 16, 1, 11), cmvn=None,
+                                  phones=None, features={}))
+    with pytest.raises(ValueError, match="no attention chunks"):
+        with_chunking(lstm, (4, 8))
+
+
+def test_serve_takes_a_train_step_of_the_run_as_decode_does(tmp_path):
+    """`amflow serve --run-id R --model train-conformer` serves R's train-conformer/model.pt
+    (the how-to's chunking commands name the model so); a URI is taken as it is."""
+    from amflow.steps.serve import serve_context
+    from core.runs import StepContext
+
+    cfg = load_config(None, [f"storage.root={tmp_path}"])
+    ctx = StepContext(cfg, "r", "serve")
+    assert serve_context(ctx, "train-conformer")[1] == ctx.other("train-conformer", "model.pt")
+    assert serve_context(ctx, "x/model.pt")[1] == "x/model.pt"
+    assert serve_context(ctx, None)[1] == ctx.other("train", "model.pt")

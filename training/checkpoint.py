@@ -101,6 +101,20 @@ def model_from_bytes(data: bytes, name: str = "model", map_location: Any = "cpu"
     return model, meta
 
 
+def with_chunking(data: bytes, chunking: tuple[int, int] | None) -> bytes:
+    """A model file's bytes with another eval-mode attention chunking (decode.chunking as
+    core.config.decode.chunking_of gives it; None: unchanged): its family's spec says the
+    (chunk, left chunks), the weights stay. Decode and serve load these bytes."""
+    if chunking is None:
+        return data
+    from training.families import get_family
+
+    payload = from_bytes(data, weights_only=True)
+    payload["spec"] = get_family(payload["spec"]["kind"]).with_chunking(payload["spec"],
+                                                                         *chunking)
+    return to_bytes(payload)
+
+
 def load_model_card(storage: Storage, uri: str, map_location: Any = "cpu"
                     ) -> tuple[nn.Module, ModelCard]:
     """`load_model` with the metadata as a typed `ModelCard` (load_model keeps returning

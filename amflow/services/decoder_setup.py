@@ -76,7 +76,22 @@ def read_inputs(ctx: StepContext, model: str, corpus: str) -> dict[str, bytes]:
     on S3 is fetched once, not twice."""
     st = ctx.storage
     uris = (model, lm_uri(ctx)[0], ctx.cfg.data.lexicon_uri(corpus))
-    return {u: st.read_bytes(u) for u in uris if st.exists(u)}
+    read = {u: st.read_bytes(u) for u in uris if st.exists(u)}
+    if model in read:
+        read[model] = chunked(ctx, read[model], model)
+    return read
+
+
+def chunked(ctx: StepContext, data: bytes, model: str) -> bytes:
+    """The model's bytes with decode.chunking's attention chunks (a Conformer; "": as they
+    are). Their digest is the decode's model_digest, so another chunking decodes anew."""
+    from core.config.decode import chunking_of
+    from training.checkpoint import with_chunking
+
+    try:
+        return with_chunking(data, chunking_of(ctx.cfg.decode.chunking))
+    except ValueError as exc:
+        raise StepError(f"decode.chunking={ctx.cfg.decode.chunking}: {model}: {exc}") from None
 
 
 # decode.* keys that place or pace the decode, or name where it goes: the words are the
@@ -97,6 +112,8 @@ def decode_inputs(ctx: StepContext, model: str, corpus: str, split: str,
             if k not in OPERATIONAL_KEYS}
     gate = D.decode_gate(ctx.cfg)  # off: absent, so decodes recorded before it stay done
     keys.pop("speech_gate")
+    if not keys["chunking"]:  # the model's own: absent, so decodes recorded before it stay done
+        keys.pop("chunking")
     if gate is not None:
         keys["speech_gate"] = dataclasses.asdict(gate)
 

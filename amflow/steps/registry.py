@@ -178,7 +178,8 @@ def _bench_args(p: argparse.ArgumentParser) -> None:
 
 
 def _serve_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", help="student model.pt URI (default: the run's train output)")
+    p.add_argument("--model", help="student model.pt URI, or a train step of --run-id "
+                   "(train-conformer) (default: the run's train output)")
     p.add_argument("--detach", action="store_true",
                    help="return once deployed: with ray.address set, the app lives on in that "
                         "cluster (a local Ray started here ends with this process)")

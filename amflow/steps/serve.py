@@ -30,6 +30,8 @@ def serve_context(ctx: Any, model: str | None) -> tuple[StepContext, str]:
     """A StepContext on the model's run (…/runs/<R>/<train dir>/model.pt), where the
     graph, LM and tuned acwt live; --run-id wins; a context with no run needs --model."""
     if ctx.run_id:
+        if model and not ("/" in model or "://" in model or model.endswith(".pt")):
+            model = ctx.other(model, "model.pt")  # a train step of the run, as decode takes it
         return ctx, model or ctx.other(train_dir_name(ctx.cfg.decode.tag), "model.pt")
     if not model:
         raise StepError("amflow serve needs --model (or --run-id to serve that run's student)")
@@ -92,7 +94,10 @@ def load_assets(ctx: StepContext, model_uri: str) -> dict[str, Any]:
     cfg = ctx.cfg
     if not ctx.storage.exists(model_uri):
         raise StepError(f"model {model_uri} not found")
-    data = ctx.storage.read_bytes(model_uri)
+    if cfg.decode.chunking == "full":
+        raise StepError("decode.chunking=full decodes each utterance whole: nothing to stream; "
+                        "serve a chunking such as 8x4 (or the model's own: empty)")
+    data = decoder_setup.chunked(ctx, ctx.storage.read_bytes(model_uri), model_uri)
     model, card = card_from_bytes(data, model_uri)
     if get_family(card.kind).token_targets:
         return _ctc_assets(ctx, model_uri, data, model, card)

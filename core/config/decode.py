@@ -1,6 +1,7 @@
 """Scoring models: `evaluate.*`, `lm.*`, `decode.*`, `report.*`."""
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 from core.config.errors import check
@@ -53,6 +54,20 @@ class LmConfig:
               "empty (no text to estimate from)")
 
 
+CHUNKING = r"(full|[1-9][0-9]*x(-1|[0-9]+))?"
+FULL_CHUNK = 1_000_000  # "full": one chunk longer than any utterance
+
+
+def chunking_of(value: str) -> tuple[int, int] | None:
+    """decode.chunking as (chunk rows, left chunks); None for "" (the model's own)."""
+    if not value:
+        return None
+    if value == "full":
+        return FULL_CHUNK, -1
+    chunk, left = value.split("x")
+    return int(chunk), int(left)
+
+
 @dataclass
 class DecodeConfig:
     """`amflow decode`: WFST decoding to words and WER (decoding/decode.py)."""
@@ -93,6 +108,12 @@ class DecodeConfig:
     # as served. false (default): every frame, the WER every recorded decode measured.
     speech_gate: bool = False
     ctc_nbest: int = 8  # rescore: the prefix beam's width and n-best
+    # A streaming Conformer's attention chunks in decode and serve, its weights unchanged
+    # (U2's dynamic chunk training lets one model decode with any): "" the model's own
+    # (model.conformer.chunk and left_chunks at training), "CxL" chunks of C rows (C - 1 rows
+    # of look-ahead) with L chunks of left context (-1: every earlier row), "full" each
+    # utterance whole (decode only: nothing to stream). Other families refuse a value.
+    chunking: str = ""
     # tlg: LM weights (the acoustic scale is their inverse) and blank penalties (subtracted
     # from the blank's log-probability) tried on decode.tune_split, every pair; the best
     # pair scores the split.
@@ -107,6 +128,9 @@ class DecodeConfig:
         check(self.ctc_topology in ("standard", "compact"), f"{key}.ctc_topology",
               "must be standard or compact")
         check(self.ctc_nbest >= 1, f"{key}.ctc_nbest", "must be >= 1")
+        check(re.fullmatch(CHUNKING, self.chunking) is not None, f"{key}.chunking",
+              f"must be empty, full, or CxL (chunk rows >= 1 x left chunks >= -1, e.g. 4x8), "
+              f"got {self.chunking!r}")
         check(bool(self.ctc_lm_weights) and all(w > 0 for w in self.ctc_lm_weights),
               f"{key}.ctc_lm_weights", "must be a non-empty list of weights > 0")
         check(bool(self.blank_penalties), f"{key}.blank_penalties", "must be a non-empty list")

@@ -104,6 +104,12 @@ class ModelFamily:
         utterance to log-posteriors; model.streaming.onnx when it streams)."""
         raise ValueError(f"a {self.name} model has no ONNX export")
 
+    def with_chunking(self, spec: dict[str, Any], chunk: int, left_chunks: int
+                      ) -> dict[str, Any]:
+        """The spec with another eval-mode attention chunking (decode.chunking)."""
+        raise ValueError(f"a {self.name} model has no attention chunks: decode.chunking "
+                         "takes a Conformer (train.model conformer or conformer_ctc)")
+
     def ctc_export_module(self, model: nn.Module) -> nn.Module:
         """A CTC model's encoder and CTC output as a traceable module: (x [N, T, D] rows,
         x_lens [N]) -> (log-probabilities [N, T', C], output lengths [N]); the CTC

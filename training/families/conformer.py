@@ -145,6 +145,9 @@ class ConformerFamily(ModelFamily):
     def stream_model(self, model, dtype, device):
         return ConformerStream(model, dtype, device)
 
+    def with_chunking(self, spec, chunk, left_chunks):
+        return {**spec, "chunk": int(chunk), "left_chunks": int(left_chunks)}
+
     def export_graphs(self, model, card):
         from training.families.conformer_onnx import utterance_graph
 

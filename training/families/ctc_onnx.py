@@ -346,7 +346,8 @@ def output_frame_shift(model, card) -> int:
     """10 ms frames per output frame: the family's rows per output x the rows' stack."""
     from training.families.base import family_of
 
-    return family_of(model).subsampling(model) * int(dict(card.features).get("stack", 1))
+    stack = dict(card.features).get("stack", getattr(model, "stack", 1))  # the GRU knows its own
+    return family_of(model).subsampling(model) * int(stack)
 
 
 def tokens_txt(tokenizer) -> str:
