@@ -32,17 +32,21 @@ def tagged_context(ctx: StepContext, step: str = "decode", name: str = "") -> St
 def model_uri(ctx: StepContext, model: str | None) -> str:
     """--model: a train step of this run (its model.pt: `train-baseline`) or a model URI;
     by default train[-<decode.tag>]/model.pt."""
-    if not model:
-        uri = ctx.other(model_dir_name(ctx.cfg.decode.tag), "model.pt")
-    elif "/" in model or "://" in model or model.endswith(".pt"):
-        uri = model
-    else:
-        uri = ctx.other(model, "model.pt")
+    uri = step_or_uri(ctx, model) if model else ctx.other(model_dir_name(ctx.cfg.decode.tag),
+                                                          "model.pt")
     if not ctx.storage.exists(uri):
         raise StepError(f"model {uri} not found: train one with `amflow train`, or pass "
                         f"--model a train step of run {ctx.run_id} (e.g. train-baseline) or "
                         "a model.pt URI")
     return uri
+
+
+def step_or_uri(ctx: StepContext, model: str) -> str:
+    """--model as given: a model URI (a path, or a name ending in .pt) as it is, a bare name
+    as that train step of the run (`train-baseline` -> its model.pt)."""
+    if "/" in model or "://" in model or model.endswith(".pt"):
+        return model
+    return ctx.other(model, "model.pt")
 
 
 def resolve_inputs(ctx: StepContext, args: Any) -> tuple[str, str]:

@@ -30,9 +30,9 @@ def serve_context(ctx: Any, model: str | None) -> tuple[StepContext, str]:
     """A StepContext on the model's run (…/runs/<R>/<train dir>/model.pt), where the
     graph, LM and tuned acwt live; --run-id wins; a context with no run needs --model."""
     if ctx.run_id:
-        if model and not ("/" in model or "://" in model or model.endswith(".pt")):
-            model = ctx.other(model, "model.pt")  # a train step of the run, as decode takes it
-        return ctx, model or ctx.other(train_dir_name(ctx.cfg.decode.tag), "model.pt")
+        if model:  # a train step of the run, or a URI, as decode takes --model
+            return ctx, decoder_setup.step_or_uri(ctx, model)
+        return ctx, ctx.other(train_dir_name(ctx.cfg.decode.tag), "model.pt")
     if not model:
         raise StepError("amflow serve needs --model (or --run-id to serve that run's student)")
     parts = model.replace("\\", "/").split("/")
