@@ -269,7 +269,8 @@ def test_the_conformer_trains_through_amflow_train_and_serves_the_offline_words(
     from serving.app import make_recognizer
     from serving.recognizer import transcribe
     from tests.test_serving import _speaker_waves
-    from training.checkpoint import load_model
+    from core.storage import digest_of
+    from training.checkpoint import load_model, with_chunking
 
     cfg, run, summary = conformer_run
     model, meta = load_model(Storage(), str(run / "train" / "model.pt"))
@@ -282,6 +283,15 @@ def test_the_conformer_trains_through_amflow_train_and_serves_the_offline_words(
     checks = json.loads((run / "export" / "checks.json").read_text())
     g = checks["graphs"]["model.onnx"]
     assert done["metrics"]["passed"] and g["checked"] and g["max_abs_diff"] <= 1e-4
+    # at another decode.chunking: its own folder, its graph stamped with the rechunked
+    # bytes' digest (the one serve checks), the model's own export left as it was
+    rechunked = dataclasses.replace(cfg, decode=dataclasses.replace(cfg.decode, chunking="2x1"))
+    export.run(StepContext(rechunked, "r", "export"),
+               SimpleNamespace(model="train", format="onnx", quantize=None, data=None))
+    other = json.loads((run / "export-2x1" / "checks.json").read_text())
+    model_bytes = (run / "train" / "model.pt").read_bytes()
+    assert other["model_digest"] == digest_of(with_chunking(model_bytes, (2, 1)))
+    assert json.loads((run / "export" / "checks.json").read_text()) == checks
 
     serve = dataclasses.replace(cfg.serve, device="cpu", dtype="fp32", backend="torch",
                                 speech_gate=False)

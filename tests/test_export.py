@@ -175,6 +175,9 @@ def test_the_export_folder_follows_the_model_so_exports_never_overwrite_each_oth
     s3 = StepContext(dataclasses.replace(cfg, storage=dataclasses.replace(
         cfg.storage, root="s3://b/root")), "r", "export")
     assert export_dir_name(s3, "s3://b/root/runs/r/train-ctc/model.pt", b"") == "export-ctc"
+    chunked = dataclasses.replace(cfg, decode=dataclasses.replace(cfg.decode, chunking="4x8"))
+    assert export_dir_name(StepContext(chunked, "r", "export"), str(
+        run / "train-conformer" / "model.pt"), b"") == "export-conformer-4x8"
 
 
 def test_a_graph_exported_from_another_model_is_refused_naming_both(tiny_run, tiny_corpus):

@@ -24,13 +24,15 @@ def export_dir_name(ctx: StepContext, uri: str, data: bytes) -> str:
     when tagged (as documented); untagged, the folder follows the model (train ->
     export, train-<t> -> export-<t>, any other run folder F -> export-F, outside the run
     -> export-model-<digest>), so an untagged CTC export (train-ctc) no longer overwrites
-    the hybrid student's export/."""
+    the hybrid student's export/. An untagged export at another decode.chunking than the
+    model's own gets the chunking as a suffix (export-conformer-4x8), so it does not
+    overwrite the model's own either."""
     tag = ctx.cfg.decode.tag
     if tag:
         return step_dir_name("export", tag)
     folder = run_folder(ctx, uri)
     if folder is None:
         return f"export-model-{digest_of(data)}"
-    if folder == "train":
-        return "export"
-    return step_dir_name("export", folder.removeprefix("train-"))
+    name = "export" if folder == "train" else step_dir_name("export", folder.removeprefix("train-"))
+    chunking = ctx.cfg.decode.chunking
+    return f"{name}-{chunking}" if chunking else name

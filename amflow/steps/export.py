@@ -9,7 +9,9 @@ Reads   --model  a train step of the run (`train-baseline`) or a model URI (defa
 Writes  runs/<R>/<export_dir_name>/: export-<decode.tag> when tagged; untagged, the folder
         follows the model: train/model.pt -> export, train-<t>/ -> export-<t>, another
         folder F of the run -> export-F, a model outside the run -> export-model-<digest>
-        (so exports of different models never overwrite each other)
+        (so exports of different models never overwrite each other); an untagged export
+        at a decode.chunking other than the model's own adds it (export-conformer-4x8):
+        a Conformer's graphs are exported at that chunking, as decode and serve read it
           model.onnx               whole utterance: x [B, T, D] -> log_probs [B, T, C]
           model.streaming.onnx     one step: x, lengths, h0, c0 -> log_probs, hn, cn
           model.int8.onnx, model.streaming.int8.onnx   with --quantize int8
@@ -164,7 +166,9 @@ def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
         raise StepError(f"--format {fmt} --quantize {quantize}: amflow exports --format "
                         f"{'|'.join(FORMATS)} with --quantize {'|'.join(QUANTIZE)} or none")
     uri, corpus = decoder_setup.resolve_inputs(ctx, args)
-    data = ctx.storage.read_bytes(uri)
+    # decode.chunking's attention chunks (a Conformer), as decode and serve read the model:
+    # the graphs are stamped with these bytes' digest, the one serve then checks
+    data = decoder_setup.chunked(ctx, ctx.storage.read_bytes(uri), uri)
     ctx = decoder_setup.tagged_context(ctx, "export", export_dir_name(ctx, uri, data))
     inputs = export_inputs(ctx, uri, data, corpus, fmt, quantize)
     done = ctx.finished_on(inputs, ctx.path("checks.json"))

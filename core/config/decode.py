@@ -108,7 +108,7 @@ class DecodeConfig:
     # as served. false (default): every frame, the WER every recorded decode measured.
     speech_gate: bool = False
     ctc_nbest: int = 8  # rescore: the prefix beam's width and n-best
-    # A streaming Conformer's attention chunks in decode and serve, its weights unchanged
+    # A streaming Conformer's attention chunks in decode, serve and export, its weights unchanged
     # (U2's dynamic chunk training lets one model decode with any): "" the model's own
     # (model.conformer.chunk and left_chunks at training), "CxL" chunks of C rows (C - 1 rows
     # of look-ahead) with L chunks of left context (-1: every earlier row), "full" each
