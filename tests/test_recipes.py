@@ -159,3 +159,108 @@ def test_a_recipe_that_needs_a_key_says_so(tmp_path, capsys):
                "--dry-run", "--set", f"storage.root={tmp_path}"])
     assert rc != 0
     assert "targets.teacher" in capsys.readouterr().err
+
+
+def test_amflow_run_waits_for_each_steps_upstream_steps_only():
+    """The edges `amflow run` follows: `after:` (across runs too), else the step it runs
+    beside's, else the one before it; a step it leaves out stands for its own upstream."""
+    ssl = load_recipe("ssl")
+    steps = list(ssl.for_cli().steps)
+    up = ssl.upstream_for_cli(steps)
+    assert up["teacher.corpus"] == frozenset()
+    assert up["teacher.lm"] == {"teacher.select"}  # beside the alignment and the training
+    assert up["teacher.train-baseline"] == up["teacher.train-teacher"] == {"teacher.repartition"}
+    # evaluate-teacher is Airflow's alone: the decode waits for what it waits for
+    assert up["teacher.decode-teacher"] == {"teacher.train-teacher", "teacher.lm"}
+    assert up["teacher.decode-baseline"] == {"teacher.train-baseline", "teacher.lm"}
+    assert up["ssl.select"] == {"teacher.train-teacher"}  # not the teacher's decodes
+    assert up["ssl.train-ctc"] == {"ssl.pseudolabel", "ssl.repartition"}
+    # --from: what comes before the slice is done
+    part = ssl.for_cli().between("ssl.train", None)
+    assert ssl.upstream_for_cli(part)["ssl.train"] == frozenset()
+    # a run's first step without `after:` follows the runs before it; Airflow keeps the
+    # edges within a run only
+    two = parse_recipe("two", {"runs": {"a": {"steps": ["select", "align"]},
+                                        "b": {"steps": ["select", {"step": "lm",
+                                                                   "after": ["a.select"]}]}}})
+    up2 = two.upstream_for_cli(list(two.for_cli().steps))
+    assert up2["b.select"] == {"a.select", "a.align"} and up2["b.lm"] == {"a.select"}
+    assert [t.upstream for t in two.dag_tasks("b")] == [(), ("select",)]
+
+
+class _Step:
+    def __init__(self, sid):
+        self.id = sid
+
+
+def test_the_scheduler_runs_ready_steps_at_once_up_to_jobs_and_in_order_otherwise():
+    """Steps start when their upstream steps end, at most `jobs` at a time, one on the
+    calling thread; with jobs 1, in the recipe's order."""
+    import threading
+    import time
+
+    from amflow.recipes.scheduler import Scheduler
+
+    ids = ["a", "b", "c", "d", "e"]
+    upstream = {"a": frozenset(), "b": frozenset("a"), "c": frozenset("a"),
+                "d": frozenset("b"), "e": frozenset({"c", "d"})}
+    length = {"a": 0.05, "b": 0.3, "c": 0.05, "d": 0.05, "e": 0.05}
+
+    def run(jobs):
+        log, lock = [], threading.Lock()
+        live = {"now": 0, "most": 0}
+
+        def work(step, where):
+            with lock:
+                assert upstream[step.id] <= {sid for sid, kind, _ in log if kind == "end"}
+                live["now"] += 1
+                live["most"] = max(live["most"], live["now"])
+                log.append((step.id, "start", where))
+            time.sleep(length[step.id])
+            with lock:
+                live["now"] -= 1
+                log.append((step.id, "end", where))
+            return step.id
+
+        def start_process(step, on_done):
+            threading.Thread(target=lambda: on_done(step, work(step, "process"), None)).start()
+
+        done = Scheduler([_Step(i) for i in ids], upstream, jobs,
+                         lambda s: work(s, "here"), start_process).run()
+        assert sorted(done) == ids
+        return log, live["most"]
+
+    log, most = run(jobs=2)
+    assert most == 2
+    # c is ready with b (both after a): it runs in its own process while b runs here,
+    # and does not wait for b's end
+    assert ("b", "start", "here") in log and ("c", "start", "process") in log
+    assert log.index(("c", "end", "process")) < log.index(("b", "end", "here"))
+    log, most = run(jobs=1)
+    assert most == 1 and [sid for sid, kind, _ in log if kind == "start"] == ids
+    assert {where for _, _, where in log} == {"here"}
+
+
+def test_a_failed_step_stops_new_starts_and_is_raised_after_the_running_ones_end():
+    import threading
+    import time
+
+    from amflow.recipes.scheduler import Scheduler
+
+    upstream = {"a": frozenset(), "b": frozenset(), "c": frozenset("a")}
+    ended = []
+
+    def here(step):
+        time.sleep(0.05)
+        raise RuntimeError(f"{step.id} failed")
+
+    def start_process(step, on_done):
+        def go():
+            time.sleep(0.2)
+            ended.append(step.id)
+            on_done(step, step.id, None)
+        threading.Thread(target=go).start()
+
+    with pytest.raises(RuntimeError, match="a failed"):
+        Scheduler([_Step(i) for i in "abc"], upstream, 2, here, start_process).run()
+    assert ended == ["b"]  # b finished; c (after a) never started

@@ -33,9 +33,13 @@ and the Airflow DAGs (dags/: `dag_tasks(run)`, one DAG per run).
   the DAG trains when its form says so.
 - `only: cli` / `only: airflow`: a step one executor leaves out (the corpus has a DAG of its
   own; the DAGs also score frame accuracy, which `amflow run` leaves out for time).
-- In Airflow a step's upstream tasks are its `after:` steps (earlier ones of its run), else
-  those of the step it runs `beside`, else the run's step before it. `amflow run` runs the
-  steps in their order, which `after:` therefore only may name earlier steps of.
+- A step's upstream steps are its `after:` steps, else those of the step it runs `beside`,
+  else the run's step before it; a run's first step without `after:` follows every step
+  of the runs before it. `after:` names earlier steps: of its own run, or of an earlier run
+  (`after: teacher.train-teacher`: the SSL run starts once the teacher is trained).
+  Airflow takes the edges within a run (a DAG is one run; the runs are joined by assets);
+  `amflow run` takes them all, and starts each step once its upstream steps are done
+  (`upstream_for_cli`; several at once, `--jobs`).
 - `task:` the step's Airflow task id (default: the part after the dot, `-` as `_`).
 - In Airflow a set that names a run (`{run:X}`, `{run_id:X}`) is left out: a DAG run's amflow
   run id is known only when it runs, and the DAGs pass those values themselves (the teacher
@@ -170,8 +174,9 @@ class Recipe:
         upstream: dict[str, tuple[str, ...]] = {}
         out = []
         for i, s in enumerate(steps):
-            if s.after:
-                ups = s.after
+            own_run = tuple(a for a in s.after if a.split(".", 1)[0] == run)
+            if own_run:
+                ups = own_run
             elif s.beside:
                 ups = upstream.get(s.beside, ())
             else:
@@ -184,6 +189,41 @@ class Recipe:
             out.append(DagTask(s.task, s, airflow_sets(s.sets),
                                tuple(task_of[u] for u in ups), s.when))
         return out
+
+
+    def upstream(self) -> dict[str, tuple[str, ...]]:
+        """Each step's upstream step ids, every step of the recipe (the module's doc)."""
+        out: dict[str, tuple[str, ...]] = {}
+        last: dict[str, str] = {}
+        for i, s in enumerate(self.steps):
+            if s.after:
+                out[s.id] = s.after
+            elif s.beside:
+                out[s.id] = out[s.beside]
+            elif s.run in last:
+                out[s.id] = (last[s.run],)
+            else:
+                out[s.id] = tuple(x.id for x in self.steps[:i])
+            last[s.run] = s.id
+        return out
+
+    def upstream_for_cli(self, steps: list[RecipeStep]) -> dict[str, frozenset[str]]:
+        """What each of `steps` (a slice of `for_cli()`'s) waits for in `amflow run`: its
+        upstream steps among them. A step `amflow run` leaves out (Airflow's own, a param
+        off) stands for its own upstream steps; one before the slice (--from) is done."""
+        raw, wanted = self.upstream(), {s.id for s in steps}
+        cli = set(self.for_cli().ids())
+
+        def resolve(sid: str) -> set[str]:
+            out: set[str] = set()
+            for u in raw[sid]:
+                if u in wanted:
+                    out.add(u)
+                elif u not in cli:
+                    out |= resolve(u)
+            return out
+
+        return {s.id: frozenset(resolve(s.id)) for s in steps}
 
 
 def last_wins(sets: list[str] | tuple[str, ...]) -> list[str]:
@@ -357,13 +397,14 @@ def _check_beside(name: str, steps: list[RecipeStep]) -> None:
 
 
 def _check_after(name: str, steps: list[RecipeStep]) -> None:
-    """`after` names earlier steps of the same run: `amflow run`'s order keeps the DAG's."""
+    """`after` names earlier steps (of the same run or an earlier one): the recipe's order
+    is one in which every step comes after its upstream steps."""
     seen: set[str] = set()
     for s in steps:
-        late = [a for a in s.after if a not in seen or a.split(".", 1)[0] != s.run]
+        late = [a for a in s.after if a not in seen]
         if late:
             raise RecipeError(f"recipe {name}: step {s.id} is after {late[0]!r}, which must "
-                              f"be an earlier step of run {s.run!r}")
+                              f"be an earlier step (of run {s.run!r} or an earlier run)")
         seen.add(s.id)
 
 

@@ -1,11 +1,13 @@
-"""`amflow run <recipe> --config FILE [--run-id R] [--from ID] [--to ID]`: a recipe, top
-to bottom, in this one process.
+"""`amflow run <recipe> --config FILE [--run-id R] [--from ID] [--to ID] [--jobs N]`: a
+recipe, top to bottom, in this one process.
 
 Each step is `amflow <step>` as the CLI runs it (the same arguments, the same checks,
 the run's remembered settings), called in this interpreter: torch is imported once and
 one Ray (local, or `ray.address`) serves every step, instead of a new process and a new
-Ray per step. A step marked `beside: <id>` in the recipe runs as its own `amflow`
-process next to that step (the teacher and the baseline train at once, one core each).
+Ray per step. A step starts once its upstream steps (the recipe's `after:`, else the step
+before it) are done, up to `--jobs` at once (amflow.recipes.scheduler): while this
+interpreter runs one, a step that is ready too runs as its own `amflow` process (the
+baseline trains beside the teacher, the baseline's decode beside the teacher's training).
 Finished steps are kept (each step's own resume check); `--from`/`--to` run a slice.
 The recipe's steps `only: airflow` are the DAGs' alone, and a step whose param (`when:`) is
 off by default is left out, named in one line at the start (amflow.recipes.definition).
@@ -28,6 +30,7 @@ from typing import Any, Iterator
 
 from amflow.recipes.definition import (Recipe, RecipeError, RecipeStep, last_wins, load_recipe,
                                        substitute)
+from amflow.recipes.scheduler import Scheduler
 from core.config import Config
 from core.runs import StepError, run_uri
 
@@ -40,6 +43,7 @@ class StepTime:
     wall_s: float
     step_s: float | None      # the step's own wall (its _SUCCESS.json); None: not reported
     kept: bool                 # finished before this run of the recipe
+    started: float = 0.0       # time.perf_counter() when it started
 
     @property
     def fixed_s(self) -> float | None:
@@ -61,20 +65,24 @@ def _run(ctx: Any, args: Any) -> dict[str, Any]:
     _check_requires(recipe, cfg)
     run_id = args.run_id or f"{recipe.name}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}"
     plan = Plan(recipe, cfg, run_id, args)
+    jobs = getattr(args, "jobs", None)
+    jobs = 2 if jobs is None else jobs
+    if jobs < 1:
+        raise RecipeError(f"--jobs {jobs}: at least 1 (1: one step after another)")
     steps = recipe.between(args.from_step, args.to_step)
     print(f"amflow run {recipe.name}: run id {run_id} ({', '.join(plan.run_ids.values())}), "
           f"config {args.config_path or 'defaults'}; {len(steps)} of {len(recipe.steps)} "
-          f"steps; logs in {plan.logs}", flush=True)
+          f"steps, up to {jobs} at once; logs in {plan.logs}", flush=True)
     _say_off(full)
     if args.dry_run:
         for s in steps:
             print("$ amflow " + " ".join(plan.argv(s)))
         return {"recipe": recipe.name, "run_id": run_id, "steps": len(steps), "dry_run": True}
     t0 = time.perf_counter()
-    times = plan.run_all(steps)
+    times = plan.run_all(steps, full.upstream_for_cli(steps), jobs)
     compared = plan.compare() if recipe.compare and steps[-1] == recipe.steps[-1] else None
     _shutdown_ray()
-    print(_times_table(times, time.perf_counter() - t0), flush=True)
+    print(_times_table(times, [s.id for s in steps], t0, time.perf_counter() - t0), flush=True)
     return {"recipe": recipe.name, "run_id": run_id, "runs": plan.run_ids,
             "steps": len(times), "kept": sum(t.kept for t in times),
             "wall_s": round(time.perf_counter() - t0, 1),
@@ -109,6 +117,8 @@ class Plan:
 
     def __init__(self, recipe: Recipe, cfg: Config, run_id: str, args: Any):
         self.recipe, self.args = recipe, args
+        self.out = sys.stdout  # the terminal: a step run here has sys.stdout redirected
+        self.say_lock = threading.Lock()
         self.run_ids = {r: f"{run_id}-{r}" for r in recipe.runs}
         self.run_uris = {r: _absolute(run_uri(cfg, rid)) for r, rid in self.run_ids.items()}
         self.corpus = cfg.data.corpus
@@ -130,19 +140,14 @@ class Plan:
             out.append("--force")
         return out + list(s.args)
 
-    def run_all(self, steps: list[RecipeStep]) -> list[StepTime]:
-        times: list[StepTime] = []
-        ids = {s.id for s in steps}
-        beside = {s.beside: s for s in steps if s.beside in ids}
-        for s in steps:
-            if s.beside in ids:
-                continue  # started with the step it runs beside
-            partner = beside.get(s.id)
-            proc = self._start_process(partner) if partner else None
-            times.append(self._in_process(s))
-            if proc is not None:
-                times.append(self._finish_process(partner, *proc))
-        return times
+    def say(self, text: str) -> None:
+        """A line for the terminal, whichever thread says it."""
+        with self.say_lock:
+            print(text, file=self.out, flush=True)
+
+    def run_all(self, steps: list[RecipeStep], upstream: dict[str, frozenset[str]],
+                jobs: int) -> list[StepTime]:
+        return Scheduler(steps, upstream, jobs, self._in_process, self._start_process).run()
 
     def _corpus_there(self) -> str:
         """Why the `corpus` step is skipped: data.corpus holds a corpus already (imported,
@@ -159,46 +164,58 @@ class Plan:
         from amflow.cli import main
 
         argv = self.argv(s)
-        print(f"\n=== {s.id}\n$ amflow {' '.join(argv)}", flush=True)
+        self.say(f"\n=== {s.id}\n$ amflow {' '.join(argv)}")
         why = self._corpus_there() if s.step == "corpus" else ""
         if why:
-            print(f"  kept: {why}", flush=True)
-            return StepTime(s.id, 0.0, None, True)
+            self.say(f"  kept: {why}")
+            return StepTime(s.id, 0.0, None, True, time.perf_counter())
         t0 = time.perf_counter()
         with _step_log(self.logs / f"{s.id}.log") as out:
             rc = main(argv)
         wall = time.perf_counter() - t0
-        summary = _report(s, out.getvalue(), rc, self.logs / f"{s.id}.log", wall, self.run_ids)
+        summary = self._report(s, out.getvalue(), rc, wall)
         return _step_time(s, summary, wall, t0)
 
-    def _start_process(self, s: RecipeStep) -> tuple[subprocess.Popen, float, dict]:
-        """The step as its own `amflow` process, waited on by a thread that notes when it
-        ends (its partner may finish first or last)."""
+    def _start_process(self, s: RecipeStep, on_done: Any) -> None:
+        """The step as its own `amflow` process, waited on by a thread that reports it and
+        calls on_done(step, StepTime | None, error) when it ends."""
         argv = self.argv(s)
-        print(f"\n=== {s.id} (beside {s.beside}, its own process)\n$ amflow {' '.join(argv)}",
-              flush=True)
+        self.say(f"\n=== {s.id} (its own process, beside the running steps)\n"
+                 f"$ amflow {' '.join(argv)}")
         log = open(self.logs / f"{s.id}.log", "w")  # noqa: SIM115 - closed when it ends
         cmd = [sys.executable, "-m", "amflow.cli", *argv]
+        t0 = time.perf_counter()
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, text=True)
-        done: dict = {}
 
         def wait() -> None:
-            done["out"], _ = proc.communicate()
-            done["end"] = time.perf_counter()
+            out, _ = proc.communicate()
             log.close()
+            wall = time.perf_counter() - t0
+            try:
+                summary = self._report(s, out, proc.returncode, wall, own_process=True)
+            except StepError as exc:
+                on_done(s, None, exc)
+                return
+            on_done(s, _step_time(s, summary, wall, t0), None)
 
-        done["thread"] = threading.Thread(target=wait, daemon=True)
-        done["thread"].start()
-        return proc, time.perf_counter(), done
+        threading.Thread(target=wait, daemon=True).start()
 
-    def _finish_process(self, s: RecipeStep, proc: subprocess.Popen, t0: float,
-                        done: dict) -> StepTime:
-        done["thread"].join()
-        wall = done["end"] - t0
-        print(f"\n=== {s.id} (beside {s.beside})", flush=True)
-        summary = _report(s, done["out"], proc.returncode, self.logs / f"{s.id}.log", wall,
-                          self.run_ids)
-        return _step_time(s, summary, wall, t0)
+    def _report(self, s: RecipeStep, stdout: str, rc: int, wall: float,
+                own_process: bool = False) -> dict[str, Any]:
+        """What the step said for people, and its time; a failure stops the recipe."""
+        log = self.logs / f"{s.id}.log"
+        if rc:
+            tail = "".join(log.read_text().splitlines(keepends=True)[-30:]) if log.exists() else ""
+            print(tail, file=sys.stderr)
+            raise StepError(f"step {s.id} (amflow {s.step}) failed with exit code {rc}; its log: "
+                            f"{log}. After a fix, the same command with --run-id "
+                            f"{self.run_ids[s.run].rsplit('-', 1)[0]} --from {s.id} goes on "
+                            "from there")
+        lines = [f"  {line}" for line in stdout.splitlines()
+                 if line.strip() and not line.startswith(SUMMARY_PREFIX)]
+        head = [f"\n=== {s.id} (its own process) ended"] if own_process else []
+        self.say("\n".join([*head, *lines, f"  ({s.id} took {wall:.1f} s)"]))
+        return _summary_of(stdout) or {}
 
     def compare(self) -> dict[str, Any]:
         from amflow.cli import main
@@ -258,27 +275,11 @@ def _summary_of(stdout: str) -> dict[str, Any] | None:
     return None
 
 
-def _report(s: RecipeStep, stdout: str, rc: int, log: Path, wall: float,
-            run_ids: dict[str, str]) -> dict[str, Any]:
-    """What the step said for people, and its time; a failure stops the recipe."""
-    if rc:
-        tail = "".join(log.read_text().splitlines(keepends=True)[-30:]) if log.exists() else ""
-        print(tail, file=sys.stderr)
-        raise StepError(f"step {s.id} (amflow {s.step}) failed with exit code {rc}; its log: "
-                        f"{log}. After a fix, the same command with --run-id "
-                        f"{run_ids[s.run].rsplit('-', 1)[0]} --from {s.id} goes on from there")
-    for line in stdout.splitlines():
-        if line.strip() and not line.startswith(SUMMARY_PREFIX):
-            print(f"  {line}")
-    print(f"  ({s.id} took {wall:.1f} s)", flush=True)
-    return _summary_of(stdout) or {}
-
-
 def _step_time(s: RecipeStep, summary: dict[str, Any], wall: float, t0: float) -> StepTime:
     step_s = summary.get("wall_s")
     started = summary.get("started_at")
     kept = bool(started) and _epoch(started) < time.time() - (time.perf_counter() - t0) - 1
-    return StepTime(s.id, wall, float(step_s) if step_s is not None else None, kept)
+    return StepTime(s.id, wall, float(step_s) if step_s is not None else None, kept, t0)
 
 
 def _epoch(iso: str) -> float:
@@ -287,13 +288,15 @@ def _epoch(iso: str) -> float:
     return dt.datetime.fromisoformat(iso).timestamp()
 
 
-def _times_table(times: list[StepTime], total: float) -> str:
-    rows = ["", f"{'step':<26} {'wall s':>8} {'step s':>8} {'fixed s':>8}"]
-    for t in times:
+def _times_table(times: list[StepTime], order: list[str], t0: float, total: float) -> str:
+    """Every step's start (seconds after the recipe's), wall, own wall and fixed cost, in
+    the recipe's order (steps at the same time overlap in start .. start + wall)."""
+    rows = ["", f"{'step':<26} {'start s':>8} {'wall s':>8} {'step s':>8} {'fixed s':>8}"]
+    for t in sorted(times, key=lambda t: order.index(t.id)):
         step_s = "" if t.step_s is None else f"{t.step_s:8.1f}"
         fixed = "kept" if t.kept else ("" if t.fixed_s is None else f"{t.fixed_s:8.2f}")
-        rows.append(f"{t.id:<26} {t.wall_s:8.1f} {step_s:>8} {fixed:>8}")
-    rows.append(f"{'all':<26} {total:8.1f}")
+        rows.append(f"{t.id:<26} {t.started - t0:8.1f} {t.wall_s:8.1f} {step_s:>8} {fixed:>8}")
+    rows.append(f"{'all':<26} {'':>8} {total:8.1f}")
     return "\n".join(rows)
 
 

@@ -213,6 +213,10 @@ def _run_args(p: argparse.ArgumentParser) -> None:
                         "train-ctc); finished steps before it are not looked at")
     p.add_argument("--to", dest="to_step", metavar="STEP", help="stop after this step")
     p.add_argument("--dry-run", action="store_true", help="print the commands, run none")
+    p.add_argument("--jobs", type=int, default=2, metavar="N",
+                   help="run up to N steps at once where the recipe allows (a step starts "
+                        "once its upstream steps are done; 1: one after another, in the "
+                        "recipe's order)")
     p.add_argument("--logs", help="the folder for the steps' logs "
                                   "(default: <storage.root>/logs/<run-id>/)")
 
