@@ -169,7 +169,8 @@ def decode_ctc(cfg: Config, out_uri: str, model_uri: str, model_bytes: bytes, ca
     pool = D.Pool(cfg, model_bytes, graph_dir, None, corpus, worker=CtcDecodeWorker,
                   worker_args=(graph_dir, corpus, cfg.storage, dc.beam, dc.max_active,
                                dc.batch_frames, 1, dc.ctc_search, dc.ctc_nbest,
-                               D.decode_gate(cfg)))
+                               D.decode_gate(cfg)),
+                  inline=D.inline_for(cfg, storage, corpus, recs, [dc.tune_split]))
     tuning, best = tune(dc, storage, pool, corpus, vocab or _AnyWord(), graph is None)
     scored = pool.score(D.shards_of(recs, 2 * dc.workers), f"decode {split}: features+model")
     hyps, search_s, frames = pool.search(scored, best, f"decode {split}: search")

@@ -192,31 +192,55 @@ def _workers_that_fit(wanted: int, resources: dict) -> int:
 class Pool:
     """decode.workers DecodeWorker actors (or `worker`, a subclass) behind
     ray.util.ActorPool; a worker of another kind (decoding/ctc_decode.py's) with the same
-    score / search methods takes `worker_args` after the model's bytes."""
+    score / search methods takes `worker_args` after the model's bytes.
+    `inline` (a split below ray.inline_hours of audio: `inline_for`): one worker in this
+    process, the shards one after another, with the threads a Ray task has
+    (ray.worker_threads): the same arithmetic, so the same words, without a Ray or an actor
+    to start for a few minutes of audio."""
 
     def __init__(self, cfg: Config, model_bytes: bytes, graph_dir: str,
                  log_prior: np.ndarray | None, corpus: str, worker: type = DecodeWorker,
-                 worker_args: tuple | None = None):
+                 worker_args: tuple | None = None, inline: bool = False):
+        dc = cfg.decode
+        self.cfg = cfg
+        args = worker_args if worker_args is not None else (
+            graph_dir, log_prior, corpus, cfg.storage, dc.beam, dc.max_active, 1,
+            decode_gate(cfg))
+        self.local = None
+        if inline:
+            from core.raycluster import worker_threads
+
+            with worker_threads(cfg):
+                self.local, self.workers = worker(model_bytes, *args), 1
+            return
         import ray
         from ray.util import ActorPool
 
         from core.raycluster import init_ray
 
         init_ray(cfg)
-        dc = cfg.decode
         self.workers = _workers_that_fit(dc.workers, ray.cluster_resources())
         actor = ray.remote(num_cpus=1, **_pool_resources(cfg))(worker)
         model_ref = ray.put(model_bytes)
-        args = worker_args if worker_args is not None else (
-            graph_dir, log_prior, corpus, cfg.storage, dc.beam, dc.max_active, 1,
-            decode_gate(cfg))
         self.actors = [actor.remote(model_ref, *args) for _ in range(self.workers)]
         self.pool = ActorPool(self.actors)
+
+    def _results(self, method: str, items: list, *extra: Any):
+        """Each worker method's result over `items` (in any order on Ray)."""
+        if self.local is None:
+            yield from self.pool.map_unordered(
+                lambda a, x: getattr(a, method).remote(x, *extra), items)
+            return
+        from core.raycluster import worker_threads
+
+        for item in items:
+            with worker_threads(self.cfg):
+                yield getattr(self.local, method)(item, *extra)
 
     def score(self, shards: list[list], desc: str) -> list[dict]:
         prog = Progress(sum(len(s) for s in shards), desc=desc, unit="utts", interval_s=10)
         out = []
-        for res in self.pool.map_unordered(lambda a, s: a.score.remote(s), shards):
+        for res in self._results("score", shards):
             out.append(res)
             prog.update(len(res["utts"]) + len(res["rejects"]))
         prog.close()
@@ -229,13 +253,27 @@ class Pool:
                         interval_s=10)
         hyps, search_s, frames = [], 0.0, 0
         jobs = [s["utts"] for s in scored if s["utts"]]
-        for res in self.pool.map_unordered(lambda a, u: a.search.remote(u, acwt), jobs):
+        for res in self._results("search", jobs, acwt):
             hyps += res["hyps"]
             search_s += res["search_s"]
             frames += res["frames"]
             prog.update(len(res["hyps"]))
         prog.close()
         return hyps, search_s, frames
+
+
+def inline_for(cfg: Config, storage: Storage, corpus: str, records: Sequence,
+               other_splits: Sequence[str] = ()) -> bool:
+    """Whether a decode of `records` (and of `other_splits`, e.g. the tuning split) is
+    below ray.inline_hours of audio: its Pool then runs in the step's process."""
+    from core.raycluster import runs_inline
+
+    if cfg.ray.inline_hours <= 0:
+        return False
+    seconds = sum(r.duration for r in records)
+    for split in other_splits:
+        seconds += sum(r.duration for r in split_records(storage, corpus, split)[0])
+    return runs_inline(cfg, seconds / 3600)
 
 
 def _pool_resources(cfg: Config) -> dict:

@@ -439,3 +439,47 @@ def test_acwt_at_the_grid_edge_is_a_warning(caplog):
         assert warn_grid_edge(rows, 0.2, "dev") == "lowest"
     assert "acwt 0.5 (WER 28.00 % on dev) is the highest of decode.acwt [0.2, 0.3, 0.5]" \
         in caplog.text and "add e.g. 0.75" in caplog.text and "add e.g. 0.133" in caplog.text
+
+
+def test_a_decode_below_ray_inline_hours_runs_in_the_step_and_gives_the_same_words(
+        tiny_corpus, tmp_path, monkeypatch):
+    """ray.inline_hours above the test and dev splits' audio: the decode's workers run in
+    the step's own process (no actor started), with the same words and WER as on Ray."""
+    from amflow.steps import decode as step
+    from core.config import load_config
+    from core.runs import StepContext
+    from decoding import decode as D
+    from tests.test_export import _student
+
+    classes = [p.strip() for p in (tiny_corpus / "phones.txt").read_text().splitlines()]
+    run = tmp_path / "runs" / "r"
+    (run / "train").mkdir(parents=True)
+    (run / "train" / "model.pt").write_bytes(_student(classes, seed=0))
+    lex = L.read_lexicon((tiny_corpus / "lexicon.txt").read_text())
+    (run / "lm").mkdir()
+    (run / "lm" / "lm.arpa").write_text(
+        lm.estimate(lm.generator_sentences(300, 5), 2, vocabulary=lex.prons).to_arpa())
+    words, where = {}, {}
+    for tag, hours in (("ray", 0.0), ("inline", 100.0)):
+        cfg = load_config(None, [f"storage.root={tmp_path}", f"data.corpus={tiny_corpus}",
+                                 "decode.acwt=[0.5,1.0]", f"decode.tag={tag}",
+                                 f"ray.inline_hours={hours}", "ray.num_cpus=2"])
+        ctx = StepContext(cfg, "r", "decode")
+        pools = []
+
+        def spy(*args, _real=D.Pool, **kw):
+            pools.append(_real(*args, **kw))
+            return pools[-1]
+
+        with monkeypatch.context() as m:
+            m.setattr(D, "Pool", spy)
+            step.run(ctx, SimpleNamespace(split="test", model=str(run / "train" / "model.pt"),
+                                          data=None, out=None))
+        where[tag] = pools[0].local is not None
+        result = json.loads((run / f"decode-{tag}" / "result.json").read_text())
+        hyps = [json.loads(line) for line in
+                (run / f"decode-{tag}" / "hyps.jsonl").read_text().splitlines()]
+        words[tag] = (result["wer"], result["acwt"],
+                      sorted((h["utt_id"], h["hyp"]) for h in hyps))
+    assert where == {"ray": False, "inline": True}
+    assert words["inline"] == words["ray"] and any(h for _, h in words["ray"][2])

@@ -28,7 +28,8 @@ def _decode(ctx: StepContext, a: DecoderAssets, corpus: str, split: str) -> tupl
     recs, rejects = D.split_records(ctx.storage, corpus, split)
     n_in = len(recs) + len(rejects)
     t0 = time.perf_counter()
-    pool = D.Pool(ctx.cfg, a.model_bytes, a.graph_dir, a.log_prior, corpus)
+    pool = D.Pool(ctx.cfg, a.model_bytes, a.graph_dir, a.log_prior, corpus,
+                  inline=D.inline_for(ctx.cfg, ctx.storage, corpus, recs, [dc.tune_split]))
     tuning, acwt = D.tune_acwt(dc, ctx.storage, pool, corpus, a.lexicon)
     scored = pool.score(D.shards_of(recs, 2 * dc.workers), f"decode {split}: features+model")
     hyps, search_s, frames = pool.search(scored, acwt, f"decode {split}: search")

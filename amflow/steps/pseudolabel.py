@@ -33,6 +33,7 @@ from typing import Any
 
 from amflow.services import decoder_setup
 from core.progress import Progress
+from core.raycluster import runs_inline
 from core.runs import Reject, StepContext, StepError, rejects_table
 from decoding import decode as D
 from decoding import pseudolabel as PL
@@ -214,8 +215,10 @@ def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
         return earlier
     assets = decoder_setup.load_assets(ctx, model, corpus, read)
     read.clear()  # the LM's text is in the graph now
+    # below ray.inline_hours of selected audio: the workers in this process (D.Pool)
+    hours = select.get("metrics", {}).get("audio_hours")
     pool = D.Pool(ctx.cfg, assets.model_bytes, assets.graph_dir, assets.log_prior, corpus,
-                  worker=PL.PseudoLabelWorker)
+                  worker=PL.PseudoLabelWorker, inline=runs_inline(ctx.cfg, hours))
     dev = dev_choice(ctx, pool, corpus)
     done = {e["shard"]: m for e in entries if (m := ctx.shard_done(e["shard"])) is not None}
     t0 = time.perf_counter()
