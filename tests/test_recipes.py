@@ -264,3 +264,15 @@ def test_a_failed_step_stops_new_starts_and_is_raised_after_the_running_ones_end
     with pytest.raises(RuntimeError, match="a failed"):
         Scheduler([_Step(i) for i in "abc"], upstream, 2, here, start_process).run()
     assert ended == ["b"]  # b finished; c (after a) never started
+
+
+def test_the_step_more_steps_wait_on_goes_first():
+    """The teacher's training before the baseline's, the SSL run's select before the
+    teacher's decode: among ready steps, the one with the most steps after it."""
+    from amflow.recipes.scheduler import Scheduler
+
+    order = []
+    upstream = {"decode": frozenset(), "select": frozenset(), "train": frozenset({"select"})}
+    Scheduler([_Step(i) for i in upstream], upstream, 1, lambda s: order.append(s.id),
+              lambda s, done: None).run()
+    assert order == ["select", "decode", "train"]

@@ -4,8 +4,10 @@ are done (Recipe.upstream_for_cli), at most `jobs` at once, like `make -j`.
 One step at a time runs on the calling thread (`in_process`: in the recipe's interpreter,
 with its warm torch and Ray); a step that becomes ready while that one runs starts as its
 own process (`start_process`), so a short step (a decode, the LM) does not wait behind a
-long one (the teacher's training). Among ready steps the recipe's order decides: the
-first goes to this thread when it is free. A failure lets the running steps finish and
+long one (the teacher's training). Among ready steps, the one with the most steps after it
+(that wait on it, directly or not) goes first, to this thread when it is free: the
+teacher's training before the baseline's, the SSL run's first step before the teacher's
+decode. Ties go by the recipe's order. A failure lets the running steps finish and
 starts nothing new; the first error is raised once they have.
 """
 from __future__ import annotations
@@ -22,7 +24,10 @@ class Scheduler(Generic[S]):
                  in_process: Callable[[S], Any], start_process: Callable[[S, Done], None]):
         if jobs < 1:
             raise ValueError(f"jobs must be >= 1, got {jobs}")
-        self.pending = list(steps)  # in the recipe's order
+        # the order steps are taken in when ready: most steps after them first, then the
+        # recipe's order
+        after = _steps_after(upstream)
+        self.pending = sorted(steps, key=lambda s: -len(after[s.id]))
         self.upstream, self.jobs = upstream, jobs
         self.in_process, self.start_process = in_process, start_process
         self.done: set[str] = set()
@@ -99,3 +104,21 @@ class Scheduler(Generic[S]):
             elif self.main_busy:
                 self._start_ready_processes()
             self.cond.notify_all()
+
+
+def _steps_after(upstream: dict[str, frozenset[str]]) -> dict[str, set[str]]:
+    """For each step, the steps that wait on it, directly or through others."""
+    down: dict[str, set[str]] = {sid: set() for sid in upstream}
+    for sid, ups in upstream.items():
+        for u in ups:
+            down.setdefault(u, set()).add(sid)
+    memo: dict[str, set[str]] = {}
+
+    def closure(sid: str) -> set[str]:
+        if sid not in memo:
+            memo[sid] = set()
+            for d in down.get(sid, ()):
+                memo[sid] |= {d} | closure(d)
+        return memo[sid]
+
+    return {sid: closure(sid) for sid in upstream}
