@@ -31,7 +31,7 @@ import json
 import logging
 import time
 from collections import defaultdict
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -225,22 +225,23 @@ class Pool:
         self.actors = [actor.remote(model_ref, *args) for _ in range(self.workers)]
         self.pool = ActorPool(self.actors)
 
-    def _results(self, method: str, items: list, *extra: Any):
-        """Each worker method's result over `items` (in any order on Ray)."""
+    def results(self, method: str, items: list, args: Callable[[Any], tuple] = lambda x: (x,)):
+        """The worker method's result for each of `items` (its arguments: `args(item)`), in
+        any order on Ray."""
         if self.local is None:
             yield from self.pool.map_unordered(
-                lambda a, x: getattr(a, method).remote(x, *extra), items)
+                lambda a, x: getattr(a, method).remote(*args(x)), items)
             return
         from core.raycluster import worker_threads
 
         for item in items:
             with worker_threads(self.cfg):
-                yield getattr(self.local, method)(item, *extra)
+                yield getattr(self.local, method)(*args(item))
 
     def score(self, shards: list[list], desc: str) -> list[dict]:
         prog = Progress(sum(len(s) for s in shards), desc=desc, unit="utts", interval_s=10)
         out = []
-        for res in self._results("score", shards):
+        for res in self.results("score", shards):
             out.append(res)
             prog.update(len(res["utts"]) + len(res["rejects"]))
         prog.close()
@@ -253,7 +254,7 @@ class Pool:
                         interval_s=10)
         hyps, search_s, frames = [], 0.0, 0
         jobs = [s["utts"] for s in scored if s["utts"]]
-        for res in self._results("search", jobs, acwt):
+        for res in self.results("search", jobs, lambda u: (u, acwt)):
             hyps += res["hyps"]
             search_s += res["search_s"]
             frames += res["frames"]

@@ -173,7 +173,11 @@ def test_amflow_run_waits_for_each_steps_upstream_steps_only():
     # evaluate-teacher is Airflow's alone: the decode waits for what it waits for
     assert up["teacher.decode-teacher"] == {"teacher.train-teacher", "teacher.lm"}
     assert up["teacher.decode-baseline"] == {"teacher.train-baseline", "teacher.lm"}
-    assert up["ssl.select"] == {"teacher.train-teacher"}  # not the teacher's decodes
+    # the SSL run's selection and LM beside the teacher's training; what reads the
+    # teacher after it, not after the teacher's decodes
+    assert up["ssl.select"] == {"teacher.corpus"}
+    assert up["ssl.align"] == {"ssl.select", "teacher.train-teacher"}  # the teacher's tree
+    assert up["ssl.pseudolabel"] == {"ssl.lm", "teacher.train-teacher"}
     assert up["ssl.train-ctc"] == {"ssl.pseudolabel", "ssl.repartition"}
     # --from: what comes before the slice is done
     part = ssl.for_cli().between("ssl.train", None)

@@ -94,7 +94,7 @@ def search_labels(pool: D.Pool, scored: list[dict], acwt: float, desc: str) -> l
     prog = Progress(sum(len(s["utts"]) for s in scored), desc=desc, unit="utts", interval_s=10)
     labels: list[PL.Label] = []
     jobs = [s["utts"] for s in scored if s["utts"]]
-    for res in pool.pool.map_unordered(lambda a, u: a.label_scored.remote(u, acwt), jobs):
+    for res in pool.results("label_scored", jobs, lambda u: (u, acwt)):
         labels += res["labels"]
         prog.update(len(res["labels"]))
     prog.close()
@@ -159,7 +159,7 @@ def label_shards(ctx: StepContext, pool: D.Pool, entries: list[dict], acwt: floa
     prog = Progress(sum(len(r) for _, r in jobs), desc="pseudolabel", unit="utts",
                     interval_s=10)
     markers, audio, t0 = [], 0.0, time.perf_counter()
-    for res in pool.pool.map_unordered(lambda a, j: a.label.remote(j[1], acwt, j[0]), jobs):
+    for res in pool.results("label", jobs, lambda j: (j[1], acwt, j[0])):
         markers.append(write_shard(ctx, res, threshold))
         audio += res["audio_s"]
         t = markers[-1]["tally"]
