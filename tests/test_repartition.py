@@ -177,6 +177,35 @@ def _feature_setup(tmp_path, local_cfg, ray_local, parts_hours="0.0002", *extra)
     return cfg, tmp_path / "store"
 
 
+def test_below_ray_inline_hours_the_partitions_are_made_in_the_step_and_are_the_same(
+        tmp_path, local_cfg, ray_local, monkeypatch):
+    """ray.inline_hours above the run's audio: features and repartition without Ray
+    tasks, and the same partitions, row for row, as on Ray."""
+    from amflow.steps import repartition as step
+
+    inline = []
+
+    def spy(*args, _real=step.map_shards, **kw):
+        inline.append(kw.get("inline"))
+        return _real(*args, **kw)
+
+    monkeypatch.setattr(step, "map_shards", spy)
+    root = tmp_path / "corpus"
+    make_corpus(root, speakers=4, utts=3, labeled=2, dev=1, seconds=(0.6, 1.2))
+    store = tmp_path / "store"
+    parts = {}
+    for run, hours in (("ray", 0.0), ("inline", 100.0)):
+        cfg = local_cfg(CTM_LABELS, f"data.corpus={root}", "select.shard_hours=0.0005",
+                        "select.splits=labeled,unlabeled,dev", "train.workers=2",
+                        "repartition.partition_hours=0.0005", f"ray.inline_hours={hours}")
+        _steps(cfg, run, "select", "features", "repartition")
+        parts[run] = {split: sorted((r["utt_id"], r["split"], len(r["feats"]))
+                                    for rows in _read_split(store, run, split)[1].values()
+                                    for r in rows) for split in ("labeled", "unlabeled")}
+    assert inline == [False] * 3 + [True] * 3  # plan, map, reduce: on Ray, then here
+    assert parts["inline"] == parts["ray"] and parts["ray"]["labeled"]
+
+
 def test_shuffle_reads_each_input_once_and_keeps_rejects(tmp_path, local_cfg, ray_local,
                                                          serial_shuffle):
     cfg, store = _feature_setup(tmp_path, local_cfg, ray_local)

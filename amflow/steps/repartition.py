@@ -1,7 +1,8 @@
 """`amflow repartition`: join the run's features (and targets) into equal training partitions.
 
 Resolves features/targets through the run layout; the plan, map and reduce stages live in
-`tasks.repartition` and fan out over Ray through `map_shards`.
+`tasks.repartition` and fan out over Ray through `map_shards` (below `ray.inline_hours` of
+audio, in this process).
 """
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import logging
 import time
 from typing import Any
 
-from core.raycluster import map_shards
+from core.raycluster import map_shards, runs_inline
 from core.runs import SUCCESS, StepContext, StepError
 from amflow.services.daily_window import window_partitions
 from tasks.interval_window import Partition, check_settings, merge_cmvn, window_asked
@@ -77,13 +78,16 @@ def run(ctx: StepContext, args: Any = None) -> dict[str, Any]:
                                             targets is not None, sources)
     job = RepartitionJob(ctx.cfg.storage, ctx.other("features"), ctx.other("targets"),
                          ctx.step_uri)
-    planned = map_shards(ctx, plan_jobs, plan_window, job, unit="windows")
-    mapped = map_shards(ctx, map_jobs, map_shard, job, unit="shards")
+    # below ray.inline_hours of the run's own audio (no window): in this process
+    inline = not window and runs_inline(ctx.cfg, feat.get("metrics", {}).get("audio_hours"))
+    planned = map_shards(ctx, plan_jobs, plan_window, job, unit="windows", inline=inline)
+    mapped = map_shards(ctx, map_jobs, map_shard, job, unit="shards", inline=inline)
     reduce_jobs = plan_reduce_jobs(splits, plans, mapped)
     if forget_lost_buckets(st, ctx.step_uri, reduce_jobs, ctx.force):
-        mapped = map_shards(ctx, map_jobs, map_shard, job, unit="shards")
+        mapped = map_shards(ctx, map_jobs, map_shard, job, unit="shards", inline=inline)
         reduce_jobs = plan_reduce_jobs(splits, plans, mapped)
-    stats = map_shards(ctx, reduce_jobs, reduce_partition, job, unit="partitions")
+    stats = map_shards(ctx, reduce_jobs, reduce_partition, job, unit="partitions",
+                       inline=inline)
     if sum(s["rows"] for s in stats) != sum(m["out"] for m in mapped):
         raise StepError(f"repartition: partitions hold {sum(s['rows'] for s in stats)} rows "
                         f"but the map stage routed {sum(m['out'] for m in mapped)}: re-run "

@@ -55,10 +55,10 @@ class RayConfig:
     # Custom resources each step requests, so it lands on its pool on a cluster
     # (e.g. {"features": {"pool_c4": 0.01}}). Empty on a laptop.
     step_resources: dict[str, dict[str, float]] = field(default_factory=dict)
-    # A step (features, targets, decode, pseudolabel) whose input holds less audio than
-    # this (hours) runs its shards in its own process, not on Ray: starting Ray's workers
-    # (a teacher actor, decode actors) costs a few minutes of audio more than its work.
-    # 0: always Ray.
+    # A step (features, targets, repartition, decode, pseudolabel) whose input holds less
+    # audio than this (hours) runs its shards in its own process, not on Ray: starting Ray's
+    # workers (a teacher actor, decode actors) costs a few minutes of audio more than its
+    # work. 0: always Ray.
     inline_hours: float = 0.0
 
     def validate(self, key: str) -> None:
