@@ -87,13 +87,26 @@ class ConformerStream:
         return t.to(self.device, self.dtype if t.dim() else torch.float32)
 
     def forward(self, rows: list[np.ndarray], states: list) -> tuple[list, list]:
-        outs, new = [], []
-        with torch.inference_mode():
-            done = stream_rows(self.model, [self._tensor(r)[None] for r in rows],
-                               [[self._tensor(t) for t in s] for s in states])
-            for y, st in done:
-                outs.append(torch.log_softmax(y[0].float(), -1).cpu().numpy())
-                new.append([t.float().cpu().numpy() for t in st])
+        """Only the streams whose rows fill a chunk (or end their utterance) go through the
+        model; the others just hold their new rows (no state to convert: at 100-ms client
+        chunks, most calls of a stream), with no output yet."""
+        outs: list = [None] * len(rows)
+        new: list = [None] * len(rows)
+        run = []
+        for i, (r, s) in enumerate(zip(rows, states)):
+            held = s[0].shape[1] + len(r)
+            if held >= self.model.chunk or (bool(s[1]) and held):
+                run.append(i)
+            else:
+                outs[i] = np.zeros((0, self.model.num_classes), np.float32)
+                new[i] = [np.concatenate([s[0], np.asarray(r, np.float32)[None]], 1), *s[1:]]
+        if run:
+            with torch.inference_mode():
+                done = stream_rows(self.model, [self._tensor(rows[i])[None] for i in run],
+                                   [[self._tensor(t) for t in states[i]] for i in run])
+                for i, (y, st) in zip(run, done):
+                    outs[i] = torch.log_softmax(y[0].float(), -1).cpu().numpy()
+                    new[i] = [t.float().cpu().numpy() for t in st]
         return outs, new
 
 
