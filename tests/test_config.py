@@ -89,7 +89,7 @@ def test_every_flat_train_key_lives_in_one_section_and_round_trips(tmp_path):
 
     cfg = load_config(ROOT / "configs/local.yaml", ["train.gtc_tau=0.5", "train.log_every=3"])
     flat = cfg.to_dict()["train"]
-    assert set(flat) == set(TRAIN_KEYS) and len(flat) == 82  # 75th: train.pseudolabels, 76th: ctc_preset, 77th: pseudolabel_epochs, 78th-80th: sequence_select(_utts), sequence_kd_weight, 81st: min_updates, 82nd: sequence_select_alpha
+    assert set(flat) == set(TRAIN_KEYS) and len(flat) == 83  # 75th: train.pseudolabels, 76th: ctc_preset, 77th: pseudolabel_epochs, 78th-80th: sequence_select(_utts), sequence_kd_weight, 81st: min_updates, 82nd: sequence_select_alpha, 83rd: conformer_ctc_preset
     assert (cfg.train.algo.gtc_tau, cfg.train.checkpoints.log_every) == (0.5, 3)
     assert cfg.get("train.gtc_tau") == 0.5
     assert cfg.get("train.augment.servers") == cfg.train.augment.servers
@@ -288,3 +288,26 @@ def test_the_teacher_preset_may_set_its_own_grown_stage_over_the_shared_one():
         with pytest.raises(ConfigError) as err:
             load_config(None, [f"train.teacher_preset={bad}"])
         assert err.value.key == key, bad
+
+
+def test_the_conformer_ctc_head_gets_its_preset_over_the_ctc_one():
+    """conformer_ctc: train.ctc_preset, then train.conformer_ctc_preset over it (the demo's:
+    a warm-up, a higher rate, more epochs); the GRU CTC student and the hybrid Conformer
+    take none of it; --set still wins."""
+    from core.config.loading import resolve_config
+
+    both = ["train.ctc_preset={epochs: 14, lr: 0.002, sortagrad: true}",
+            "train.conformer_ctc_preset={epochs: 20, lr: 0.004, lr_warmup_units: 2}"]
+    conf = resolve_config(None, [*both, "train.model=conformer_ctc"])
+    t = conf.config.train
+    assert (t.passes.epochs, t.optim.lr, t.optim.lr_warmup_units, t.passes.sortagrad) == (
+        20, 0.004, 2, True)
+    assert conf.source("train.lr").startswith("train.conformer_ctc_preset")
+    gru = load_config(None, [*both, "train.model=ctc"]).train
+    assert (gru.passes.epochs, gru.optim.lr, gru.optim.lr_warmup_units) == (14, 0.002, 0)
+    assert load_config(None, [*both, "train.model=conformer"]).train.optim.lr_warmup_units == 0
+    assert load_config(None, [*both, "train.model=conformer_ctc",
+                              "train.lr=0.001"]).train.optim.lr == 0.001
+    local = load_config(ROOT / "configs" / "local.yaml",
+                        ["train.model=conformer_ctc", "train.pseudolabels=r1"]).train
+    assert (local.passes.epochs, local.optim.lr, local.optim.lr_warmup_units) == (20, 0.004, 2)

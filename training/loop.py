@@ -84,7 +84,8 @@ OPERATIONAL_KEYS = {"checkpoint_every", "prefetch", "log_every", "keep_checkpoin
 # training it does not apply to differ, e.g. the phone stage when only the grown stage's
 # preset changed, or a teacher's checkpoint when only the sequence preset did. Their old
 # names (*_recipe), which older fingerprints hold, are left out alike.
-RECIPE_KEYS = {"teacher_preset", "ctc_preset", "sequence_preset", "grow_preset",
+RECIPE_KEYS = {"teacher_preset", "ctc_preset", "conformer_ctc_preset", "sequence_preset",
+               "grow_preset",
                "teacher_recipe", "ctc_recipe", "sequence_recipe", "grow_recipe"}
 
 

@@ -31,7 +31,8 @@ from core.config.train import GROW_PRESET, PRESETS_DIR, TRAIN_KEYS, TrainConfig,
 log = logging.getLogger(__name__)
 
 DEFAULT = "default"
-PRESET_NAMES = ("teacher_preset", "ctc_preset", "sequence_preset", "grow_preset")
+PRESET_NAMES = ("teacher_preset", "ctc_preset", "conformer_ctc_preset", "sequence_preset",
+                "grow_preset")
 # train.* names from before "recipe" meant a pipeline of runs: accepted, with a WARNING.
 OLD_KEYS = {"teacher_recipe": "teacher_preset", "ctc_recipe": "ctc_preset",
             "sequence_recipe": "sequence_preset", "grow_recipe": "grow_preset",
@@ -153,7 +154,8 @@ def apply_size(data: dict[str, Any], sources: dict[str, str],
         last = key.rpartition(".")[2]
         if _given(key, given) or (key.startswith("train.") and last in BUDGET and budget_given):
             continue
-        if last in ("teacher_preset", "ctc_preset"):  # never over the user's train keys
+        if last in ("teacher_preset", "ctc_preset", "conformer_ctc_preset"):  # never over
+            # the user's train keys
             value = {k: v for k, v in value.items() if f"train.{k}" not in given
                      and not (k in BUDGET and budget_given)}
         _put(data, key, value)
@@ -200,18 +202,20 @@ def _put(data: dict[str, Any], key: str, value: Any) -> None:
     node[last] = value
 
 
-# The model families that have a preset of their own (train.model -> the preset's key).
-# Both CTC-head families train on whole transcripts and pseudo-labels alike: the CTC
-# preset (epochs, minibatches, rate, SortaGrad, pseudolabel_epochs) is theirs.
-MODEL_PRESETS = {"teacher": "teacher_preset", "ctc": "ctc_preset",
-                 "conformer_ctc": "ctc_preset"}
+# The model families that have presets of their own (train.model -> the presets' keys, laid
+# in this order). Both CTC-head families train on whole transcripts and pseudo-labels alike:
+# the CTC preset (epochs, minibatches, rate, SortaGrad, pseudolabel_epochs) is theirs; the
+# Conformer's goes over it (a warm-up, a higher rate, more epochs: attention needs them).
+MODEL_PRESETS = {"teacher": ("teacher_preset",), "ctc": ("ctc_preset",),
+                 "conformer_ctc": ("ctc_preset", "conformer_ctc_preset")}
 
 
 def apply_presets(data: dict[str, Any], explicit: set[str], sources: dict[str, str],
                   labels: dict[str, str]) -> None:
     """train.teacher_preset's keys replace train.* when train.model is teacher (the
-    end-to-end students', train.ctc_preset, when it is ctc or conformer_ctc), then
-    train.sequence_preset's when train.regime is sequence; sources records each.
+    end-to-end students', train.ctc_preset, when it is ctc or conformer_ctc, and then
+    train.conformer_ctc_preset's for conformer_ctc), then train.sequence_preset's when
+    train.regime is sequence; sources records each.
 
     The teacher is trained differently from the students (bigger, longer, regularised
     harder) on the same labeled data, and sequence training is a short, slow-rate stage
@@ -225,9 +229,10 @@ def apply_presets(data: dict[str, Any], explicit: set[str], sources: dict[str, s
     if isinstance(train.get("grow_preset"), dict):  # a key set: the others keep their defaults
         train["grow_preset"] = {**GROW_PRESET, **train["grow_preset"]}
     _preset_keys(train, "grow_preset")  # checked here, applied by train.grow's second stage
-    applies = {MODEL_PRESETS.get(train.get("model")),
+    applies = {*MODEL_PRESETS.get(train.get("model"), ()),
                "sequence_preset" if train.get("regime") == "sequence" else None}
-    for name in ("teacher_preset", "ctc_preset", "sequence_preset"):  # in this order
+    for name in ("teacher_preset", "ctc_preset", "conformer_ctc_preset",
+                 "sequence_preset"):  # in this order
         preset = _preset_keys(train, name)
         if name in applies:
             _lay_over(train, preset, explicit, sources, labels[name])
@@ -239,7 +244,7 @@ def _pseudolabel_epochs(train: dict[str, Any], explicit: set[str],
     """train.pseudolabel_epochs replaces train.epochs for a CTC SSL student (train.model
     ctc or conformer_ctc with train.pseudolabels), unless train.epochs was --set."""
     epochs = train.get("pseudolabel_epochs")
-    ctc = MODEL_PRESETS.get(train.get("model")) == "ctc_preset"
+    ctc = "ctc_preset" in MODEL_PRESETS.get(train.get("model"), ())
     if ctc and train.get("pseudolabels") and epochs and "train.epochs" not in explicit:
         train["epochs"] = epochs
         sources["train.epochs"] = (f"train.pseudolabel_epochs "

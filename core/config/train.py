@@ -434,6 +434,10 @@ class TrainConfig:
     # students; an explicit --set train.<key> still wins), e.g. configs/presets/ctc.yaml (formerly
     # train.ctc_recipe).
     ctc_preset: dict[str, Any] = field(default_factory=dict)
+    # train.* values laid over ctc_preset's when train.model is conformer_ctc (the
+    # Conformer's CTC head wants a warm-up, a higher peak rate and more epochs than the GRU
+    # student), e.g. configs/presets/conformer_ctc.yaml.
+    conformer_ctc_preset: dict[str, Any] = field(default_factory=dict)
     # train.* values used instead when train.regime is sequence (after teacher_preset's;
     # configs/presets/sequence.yaml; formerly train.sequence_recipe).
     sequence_preset: dict[str, Any] = field(default_factory=lambda: dict(SEQUENCE_PRESET))
@@ -542,7 +546,8 @@ TRAIN_KEY_ORDER: tuple[str, ...] = (
     "sequence_ce_weight", "sequence_l2", "leaky_hmm", "sequence_am_scale",
     "sequence_prior_scale", "den_ngram_order", "den_min_count", "teacher_preset",
     "sequence_preset", "init_model", "phone_weight", "grow", "grow_preset", "pseudolabels",
-    "ctc_preset", "pseudolabel_epochs", "sequence_select", "sequence_select_utts",
+    "ctc_preset", "conformer_ctc_preset", "pseudolabel_epochs", "sequence_select",
+    "sequence_select_utts",
     "sequence_kd_weight", "min_updates", "sequence_select_alpha")
 
 
