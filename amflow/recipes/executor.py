@@ -209,8 +209,9 @@ class Plan:
             print(tail, file=sys.stderr)
             raise StepError(f"step {s.id} (amflow {s.step}) failed with exit code {rc}; its log: "
                             f"{log}. After a fix, the same command with --run-id "
-                            f"{self.run_ids[s.run].rsplit('-', 1)[0]} --from {s.id} goes on "
-                            "from there")
+                            f"{self.run_ids[s.run].rsplit('-', 1)[0]} goes on from there: "
+                            "the finished steps are kept, and those that were not started "
+                            "(steps run side by side) run too")
         lines = [f"  {line}" for line in stdout.splitlines()
                  if line.strip() and not line.startswith(SUMMARY_PREFIX)]
         head = [f"\n=== {s.id} (its own process) ended"] if own_process else []
