@@ -449,16 +449,9 @@ def test_a_decode_below_ray_inline_hours_runs_in_the_step_and_gives_the_same_wor
     from core.config import load_config
     from core.runs import StepContext
     from decoding import decode as D
-    from tests.test_export import _student
+    from tests.test_export import write_student_run
 
-    classes = [p.strip() for p in (tiny_corpus / "phones.txt").read_text().splitlines()]
-    run = tmp_path / "runs" / "r"
-    (run / "train").mkdir(parents=True)
-    (run / "train" / "model.pt").write_bytes(_student(classes, seed=0))
-    lex = L.read_lexicon((tiny_corpus / "lexicon.txt").read_text())
-    (run / "lm").mkdir()
-    (run / "lm" / "lm.arpa").write_text(
-        lm.estimate(lm.generator_sentences(300, 5), 2, vocabulary=lex.prons).to_arpa())
+    run = write_student_run(tmp_path, tiny_corpus)
     words, where = {}, {}
     for tag, hours in (("ray", 0.0), ("inline", 100.0)):
         cfg = load_config(None, [f"storage.root={tmp_path}", f"data.corpus={tiny_corpus}",

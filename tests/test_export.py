@@ -31,15 +31,12 @@ def _student(classes: list[str], seed: int) -> bytes:
     return to_bytes(payload)
 
 
-@pytest.fixture(scope="module")
-def tiny_run(tiny_corpus, tmp_path_factory):
-    """A run with a small random student (peaky outputs: varied words), class priors, a
-    CMVN, and a word bigram LM: what `amflow export` reads."""
-    from core.config import load_config
+def write_student_run(root, tiny_corpus):
+    """runs/r under `root`: a small random student's train/model.pt (_student) and a word
+    bigram LM over the tiny corpus's lexicon (lm/lm.arpa); the run's folder."""
     from decoding import lexicon as L
     from decoding import lm
 
-    root = tmp_path_factory.mktemp("export_store")
     classes = [p.strip() for p in (tiny_corpus / "phones.txt").read_text().splitlines()]
     run = root / "runs" / "r"
     (run / "train").mkdir(parents=True)
@@ -48,6 +45,17 @@ def tiny_run(tiny_corpus, tmp_path_factory):
     (run / "lm").mkdir()
     (run / "lm" / "lm.arpa").write_text(
         lm.estimate(lm.generator_sentences(300, 5), 2, vocabulary=lex.prons).to_arpa())
+    return run
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tiny_corpus, tmp_path_factory):
+    """A run with a small random student (peaky outputs: varied words), class priors, a
+    CMVN, and a word bigram LM: what `amflow export` reads."""
+    from core.config import load_config
+
+    root = tmp_path_factory.mktemp("export_store")
+    run = write_student_run(root, tiny_corpus)
     cfg = load_config(None, [f"storage.root={root}", f"data.corpus={tiny_corpus}",
                              "export.check_utterances=5", "decode.acwt=[1.0]"])
     return cfg, run

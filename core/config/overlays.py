@@ -154,8 +154,7 @@ def apply_size(data: dict[str, Any], sources: dict[str, str],
         last = key.rpartition(".")[2]
         if _given(key, given) or (key.startswith("train.") and last in BUDGET and budget_given):
             continue
-        if last in ("teacher_preset", "ctc_preset", "conformer_ctc_preset"):  # never over
-            # the user's train keys
+        if last in MODEL_PRESET_NAMES:  # never over the user's train keys
             value = {k: v for k, v in value.items() if f"train.{k}" not in given
                      and not (k in BUDGET and budget_given)}
         _put(data, key, value)
@@ -208,6 +207,7 @@ def _put(data: dict[str, Any], key: str, value: Any) -> None:
 # Conformer's goes over it (a warm-up, a higher rate, more epochs: attention needs them).
 MODEL_PRESETS = {"teacher": ("teacher_preset",), "ctc": ("ctc_preset",),
                  "conformer_ctc": ("ctc_preset", "conformer_ctc_preset")}
+MODEL_PRESET_NAMES = tuple(n for n in PRESET_NAMES if any(n in v for v in MODEL_PRESETS.values()))
 
 
 def apply_presets(data: dict[str, Any], explicit: set[str], sources: dict[str, str],
@@ -231,8 +231,7 @@ def apply_presets(data: dict[str, Any], explicit: set[str], sources: dict[str, s
     _preset_keys(train, "grow_preset")  # checked here, applied by train.grow's second stage
     applies = {*MODEL_PRESETS.get(train.get("model"), ()),
                "sequence_preset" if train.get("regime") == "sequence" else None}
-    for name in ("teacher_preset", "ctc_preset", "conformer_ctc_preset",
-                 "sequence_preset"):  # in this order
+    for name in (*MODEL_PRESET_NAMES, "sequence_preset"):  # in this order
         preset = _preset_keys(train, name)
         if name in applies:
             _lay_over(train, preset, explicit, sources, labels[name])
